@@ -1,0 +1,1 @@
+"""ldp-gatekeeper: a per-object privacy-budget gatekeeper for Local Differential Privacy."""

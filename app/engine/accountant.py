@@ -1,0 +1,143 @@
+"""Per-object privacy accounting for finite domains: filter + odometer (Definition 4.5).
+
+An :class:`Accountant` holds everything public about one protected object — domain, budget,
+filter, likelihood state, basic-composition total, counts and the loss trajectory — and *never*
+the object's value. :func:`submit` is the only place where a decision and the value meet: it
+decides first, without the value, and only then samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from app.engine.domain import Domain, Scalar
+from app.engine.filters import (
+    CandidateEvaluation,
+    Decision,
+    FilterKind,
+    decide,
+    evaluate_candidate,
+)
+from app.engine.likelihood import LikelihoodState, LossBounds
+from app.engine.limits import DEFAULT_LIMITS, EngineLimits
+from app.engine.mechanisms import Mechanism, Output
+
+
+@dataclass(frozen=True)
+class TrajectoryPoint:
+    """The odometer after the ``accepted``-th accepted query."""
+
+    accepted: int
+    realized_loss: LossBounds
+    basic_composition: float
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"accepted", "realized_loss", "basic_composition"}``."""
+        return {
+            "accepted": self.accepted,
+            "realized_loss": self.realized_loss.to_json(),
+            "basic_composition": self.basic_composition,
+        }
+
+
+@dataclass(frozen=True)
+class Odometer:
+    """A snapshot of an object's privacy odometer (DESIGN.md, odometer object)."""
+
+    budget: float
+    realized_loss: LossBounds
+    basic_composition: float
+    accepted: int
+    rejected: int
+
+    @property
+    def remaining(self) -> float:
+        """Budget left by the certified upper bound of the realized loss (never negative)."""
+        return max(0.0, self.budget - self.realized_loss.upper)
+
+    def to_json(self) -> dict[str, Any]:
+        """The odometer object without ``updated_at`` (the service adds timestamps)."""
+        return {
+            "budget": self.budget,
+            "realized_loss": self.realized_loss.to_json(),
+            "remaining": self.remaining,
+            "basic_composition": self.basic_composition,
+            "accepted": self.accepted,
+            "rejected": self.rejected,
+        }
+
+
+@dataclass
+class Accountant:
+    """Filter and odometer of one object over a finite domain."""
+
+    domain: Domain
+    budget: float
+    filter: FilterKind = FilterKind.BAYESIAN
+    limits: EngineLimits = DEFAULT_LIMITS
+    state: LikelihoodState = field(init=False)
+    basic_total: Fraction = Fraction(0)
+    accepted: int = 0
+    rejected: int = 0
+    trajectory: list[TrajectoryPoint] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state = LikelihoodState(self.domain)
+
+    def evaluate(self, mechanism: Mechanism) -> CandidateEvaluation:
+        """Per-output bounds of the loss after ``mechanism`` (no state change)."""
+        return evaluate_candidate(self.state, mechanism, max_listed=self.limits.max_listed_outputs)
+
+    def dry_run(self, mechanism: Mechanism) -> Decision:
+        """Would the filter accept ``mechanism`` now? Changes nothing."""
+        return decide(
+            kind=self.filter,
+            budget=self.budget,
+            loss_now=self.state.loss(),
+            basic_total=self.basic_total,
+            candidate=self.evaluate(mechanism),
+        )
+
+    def record(self, mechanism: Mechanism, output: Output) -> None:
+        """Add an accepted ``(query, output)`` to the history."""
+        self.state.apply(mechanism.term(output))
+        self.basic_total += mechanism.epsilon_exact
+        self.accepted += 1
+        self.trajectory.append(
+            TrajectoryPoint(self.accepted, self.state.loss(), float(self.basic_total))
+        )
+
+    def record_rejection(self) -> None:
+        """Count a rejected query."""
+        self.rejected += 1
+
+    def odometer(self) -> Odometer:
+        """The current odometer."""
+        return Odometer(
+            self.budget, self.state.loss(), float(self.basic_total), self.accepted, self.rejected
+        )
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """A decision and, if accepted, the sampled output (internal form and JSON)."""
+
+    decision: Decision
+    output: Output | None = None
+    output_json: Any = None
+
+
+def submit(
+    accountant: Accountant, mechanism: Mechanism, value: Mapping[str, Scalar]
+) -> SubmitResult:
+    """Decide on ``mechanism`` without the value; if accepted, sample with it and record."""
+    decision = accountant.dry_run(mechanism)
+    if not decision.accepted:
+        accountant.record_rejection()
+        return SubmitResult(decision)
+    output = mechanism.sample(value)
+    accountant.record(mechanism, output)
+    return SubmitResult(decision, output, mechanism.output_json(output))

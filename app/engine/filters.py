@@ -1,0 +1,185 @@
+r"""Privacy filters: Bayesian (Algorithm 2), simplified Bayesian (Algorithm 3) and basic.
+
+All three decide from public information only — the recorded history and the candidate query —
+never from the object's value.
+
+* **bayesian** accepts iff for *every* output ``y`` of the query the certified upper bound of the
+  realized loss of ``history + (query, y)`` is at most the budget (Corollary 4.1).
+* **simplified** accepts iff ``loss_upper(history) + ε ≤ ε_g`` (eq. 29), ε the tight ε.
+* **basic** accepts iff ``Σ ε_i + ε ≤ ε_g``, summed exactly in rationals.
+
+Comparison rule. Float comparisons use certified upper bounds and the budget minus
+:data:`~app.engine.numerics.DECISION_MARGIN`, so rounding and exact ties reject. Basic
+composition is summed in exact rationals (ε as written, ``0.1 -> 1/10``), so ten queries of
+``ε = 0.1`` fit a budget of exactly 1. Because ``loss ≤ Σ ε_i`` always holds (Lemma 6.1), the
+Bayesian and simplified filters also accept whenever basic composition does: they never accept
+fewer queries than basic composition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from app.engine.likelihood import LikelihoodState, LossBounds, bounds_from
+from app.engine.mechanisms import Mechanism
+from app.engine.numerics import DECISION_MARGIN, decimal_fraction
+
+
+class FilterKind(StrEnum):
+    """The filters an object can be protected by."""
+
+    BAYESIAN = "bayesian"
+    SIMPLIFIED = "simplified"
+    BASIC = "basic"
+
+
+@dataclass(frozen=True)
+class OutputLoss:
+    """Certified bounds on the realized loss after one output of a candidate query."""
+
+    output: Any
+    lower: float
+    upper: float
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"output", "lower", "upper"}``."""
+        return {"output": self.output, "lower": self.lower, "upper": self.upper}
+
+
+@dataclass(frozen=True)
+class CandidateEvaluation:
+    """What a candidate query would do to the realized loss, output by output.
+
+    ``per_output`` lists every output when ``complete``; otherwise the worst ones (at most the
+    listing limit), and ``worst_case_upper`` still covers all outputs.
+    """
+
+    epsilon: float
+    epsilon_exact: Fraction
+    per_output: tuple[OutputLoss, ...]
+    worst_case_upper: float
+    complete: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """Per-output bounds and the worst case."""
+        return {
+            "per_output": [o.to_json() for o in self.per_output],
+            "per_output_complete": self.complete,
+            "worst_case_upper": self.worst_case_upper,
+            "epsilon": self.epsilon,
+        }
+
+
+def evaluate_candidate(
+    state: LikelihoodState, mechanism: Mechanism, *, max_listed: int
+) -> CandidateEvaluation:
+    """Bounds on the realized loss after each output of ``mechanism`` (inner loop of Alg. 2)."""
+    candidate = mechanism.candidate_losses(state)
+    err = state.error_after(candidate.term_magnitude, candidate.extra_error)
+    losses = candidate.losses
+    complete = candidate.complete and losses.size <= max_listed
+    if losses.size <= max_listed:
+        order = np.arange(losses.size)
+    else:
+        order = np.sort(np.argsort(losses)[-max_listed:])
+    per_output = tuple(
+        OutputLoss(candidate.output_of(int(j)), *_pair(bounds_from(float(losses[j]), err)))
+        for j in order
+    )
+    worst = bounds_from(float(losses.max()), err).upper
+    return CandidateEvaluation(
+        mechanism.epsilon, mechanism.epsilon_exact, per_output, worst, complete
+    )
+
+
+def _pair(b: LossBounds) -> tuple[float, float]:
+    return b.lower, b.upper
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of a filter for one candidate query."""
+
+    filter: FilterKind
+    accepted: bool
+    reason: str
+    budget: float
+    realized_loss: LossBounds
+    basic_composition: Fraction
+    candidate: CandidateEvaluation
+
+    @property
+    def worst_case_after(self) -> float:
+        """Certified upper bound of the realized loss after the worst output."""
+        return self.candidate.worst_case_upper
+
+    def to_json(self) -> dict[str, Any]:
+        """The dry-run body of DESIGN.md (``decision``, ``reason``, ``realized_loss`` ...)."""
+        return {
+            "decision": "accept" if self.accepted else "reject",
+            "reason": self.reason,
+            "filter": self.filter.value,
+            "budget": self.budget,
+            "realized_loss": self.realized_loss.to_json(),
+            "worst_case_after": self.worst_case_after,
+            "per_output": [o.to_json() for o in self.candidate.per_output],
+            "per_output_complete": self.candidate.complete,
+            "epsilon": self.candidate.epsilon,
+            "basic_composition": float(self.basic_composition),
+            "basic_composition_after": float(self.basic_composition + self.candidate.epsilon_exact),
+        }
+
+
+def decide(
+    *,
+    kind: FilterKind,
+    budget: float,
+    loss_now: LossBounds,
+    basic_total: Fraction,
+    candidate: CandidateEvaluation,
+) -> Decision:
+    """Apply filter ``kind`` to a candidate evaluated against the current history."""
+    budget_exact = decimal_fraction(budget)
+    basic_after = basic_total + candidate.epsilon_exact
+    basic_ok = basic_after <= budget_exact
+    limit = budget - DECISION_MARGIN
+    if basic_ok:
+        accepted = True
+        reason = (
+            f"basic composition certifies it: the sum of epsilons after the query "
+            f"({float(basic_after):.6g}) is within the budget ({budget:g})"
+        )
+    elif kind is FilterKind.BASIC:
+        accepted = False
+        reason = (
+            f"basic composition: the sum of epsilons after the query "
+            f"({float(basic_after):.6g}) would exceed the budget ({budget:g})"
+        )
+    elif kind is FilterKind.SIMPLIFIED:
+        charged = loss_now.upper + float(candidate.epsilon_exact)
+        accepted = charged <= limit
+        relation = "is within" if accepted else "would exceed"
+        reason = (
+            f"realized loss plus the query's epsilon ({charged:.6g}) {relation} "
+            f"the budget ({budget:g})"
+        )
+    else:
+        worst = candidate.worst_case_upper
+        accepted = worst <= limit
+        if accepted:
+            reason = (
+                f"for every output the realized loss after the query stays within the "
+                f"budget (worst case {worst:.6g} <= {budget:g})"
+            )
+        else:
+            bad = max(candidate.per_output, key=lambda o: o.upper)
+            reason = (
+                f"an output of the query would raise the realized loss to {bad.upper:.6g}, "
+                f"above the budget ({budget:g})"
+            )
+    return Decision(kind, accepted, reason, budget, loss_now, basic_total, candidate)

@@ -1,0 +1,187 @@
+"""What every mechanism (query type) provides to the engine.
+
+A mechanism is parsed against a domain and then knows: its tight ε (the smallest ε for which it
+is ε-LDP over that domain), its outputs, ``log Pr(M(x) = y)`` as a :class:`Term` for any output,
+the realized loss after each possible output given a :class:`LikelihoodState` (the inner loop of
+Algorithm 2), and how to draw an output given the true value with an exact CSPRNG sampler.
+
+Only :meth:`Mechanism.sample` ever sees the true value; everything a filter decision uses
+(:meth:`Mechanism.candidate_losses`, :meth:`Mechanism.term`) depends on the public query alone.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import numpy as np
+
+from app.engine.domain import Domain, Scalar
+from app.engine.errors import InvalidInput
+from app.engine.likelihood import LikelihoodState, Term, losses_from_table
+from app.engine.limits import EngineLimits
+from app.engine.numerics import FloatArray, certified_upper, decimal_fraction
+
+#: Internal form of an output: an index into the mechanism's outputs, or a bit vector.
+Output = int | tuple[int, ...]
+
+
+def output_index(output: Output) -> int:
+    """The index form of an output (raises ``TypeError`` for a bit vector)."""
+    if not isinstance(output, int):
+        raise TypeError("this mechanism's outputs are indexes")
+    return output
+
+
+def output_bits(output: Output) -> tuple[int, ...]:
+    """The bit-vector form of an output (raises ``TypeError`` for an index)."""
+    if not isinstance(output, tuple):
+        raise TypeError("this mechanism's outputs are bit vectors")
+    return output
+
+
+#: Relative slack allowed between a computed tight ε and the declared one before the declared
+#: value counts as too low (rounding in the computation of the tight ε).
+EPSILON_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class CandidateLosses:
+    """Computed realized loss after each output of a candidate query.
+
+    ``losses[j]`` is the loss after output ``output_of(j)``. When the mechanism has too many
+    outputs to enumerate (``complete`` False), the entries are representatives that include a
+    worst one, so ``losses.max()`` is still the worst case over *all* outputs.
+    """
+
+    losses: FloatArray
+    output_of: Callable[[int], Any]
+    term_magnitude: float
+    extra_error: float = 0.0
+    complete: bool = True
+
+
+class Mechanism(abc.ABC):
+    """A parsed, validated LDP query bound to a domain."""
+
+    kind: ClassVar[str]
+
+    def __init__(
+        self, domain: Domain, declared_epsilon: float | None, tight_epsilon: float, field: str
+    ) -> None:
+        if (
+            declared_epsilon is not None
+            and tight_epsilon > declared_epsilon * (1 + EPSILON_SLACK) + 1e-12
+        ):
+            raise InvalidInput(
+                f"{field}.epsilon",
+                f"is lower than the mechanism's real epsilon over this domain "
+                f"({tight_epsilon:.6g})",
+            )
+        self.domain = domain
+        self.declared_epsilon = declared_epsilon
+        #: The tight ε over the domain (float).
+        self.epsilon = max(0.0, tight_epsilon)
+        if declared_epsilon is not None and self.epsilon >= declared_epsilon * (1 - EPSILON_SLACK):
+            exact = decimal_fraction(declared_epsilon)
+        else:
+            exact = certified_upper(self.epsilon) if self.epsilon > 0 else Fraction(0)
+            if declared_epsilon is not None:
+                exact = min(exact, decimal_fraction(declared_epsilon))
+        #: A rational upper bound of the tight ε used for exact basic composition.
+        self.epsilon_exact: Fraction = exact
+
+    # --- description -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def to_json(self) -> dict[str, Any]:
+        """The query in canonical JSON-contract form."""
+
+    # --- outputs -----------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def output_count(self) -> int:
+        """Number of possible outputs (may be astronomically large, e.g. 2**k bit vectors)."""
+
+    @abc.abstractmethod
+    def parse_output(self, raw: Any, field: str) -> Output:
+        """Validate an output of this query from JSON and return its internal form."""
+
+    @abc.abstractmethod
+    def output_json(self, output: Output) -> Any:
+        """The JSON form of an internal output."""
+
+    # --- likelihood (finite domains) ---------------------------------------------------------
+    @abc.abstractmethod
+    def term(self, output: Output) -> Term:
+        """``log Pr(M(x) = output)`` over the domain's grid."""
+
+    @abc.abstractmethod
+    def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
+        """Realized loss of ``state`` extended by each possible output (without mutating it)."""
+
+    # --- sampling ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def sample(self, value: Mapping[str, Scalar]) -> Output:
+        """Draw an output for the true ``value`` with the exact CSPRNG sampler."""
+
+
+class TabulatedMechanism(Mechanism):
+    """A mechanism with a small number of outputs whose log-likelihood is a dense table.
+
+    Subclasses implement :meth:`log_table`: an array of shape ``(*cells, n_outputs)`` over the
+    attributes :attr:`axes`, computed once and cached.
+    """
+
+    axes: tuple[int, ...]
+    _table: FloatArray | None = None
+
+    @abc.abstractmethod
+    def log_table(self) -> FloatArray:
+        """``log Pr(y_j | cell)`` for every cell of :attr:`axes` and output ``j``."""
+
+    def table(self) -> FloatArray:
+        """The cached :meth:`log_table`."""
+        if self._table is None:
+            self._table = self.log_table()
+        return self._table
+
+    @property
+    def extra_error(self) -> float:
+        """Rounding error beyond the default model that one update of this mechanism adds."""
+        return 0.0
+
+    def term(self, output: Output) -> Term:
+        """The column of the table for ``output``."""
+        column = self.table()[..., output_index(output)]
+        return Term(self.axes, np.ascontiguousarray(column), self.extra_error)
+
+    def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
+        """Loss after every output, from per-cell extremes of ``log P`` (O(|X| + cells·outputs))."""
+        table = self.table()
+        maxima, minima = state.extremes_over(self.axes)
+        losses = losses_from_table(maxima, minima, table)
+        return CandidateLosses(
+            losses, self.output_json, float(np.max(np.abs(table))), self.extra_error
+        )
+
+
+def check_epsilon(raw: Any, field: str, limits: EngineLimits) -> float:
+    """Validate a declared ε: a finite number in ``(0, limits.max_epsilon]``."""
+    from app.engine.jsonfields import as_positive_number
+
+    return as_positive_number(raw, field, maximum=limits.max_epsilon)
+
+
+def rr_log_probs(epsilon: float, k: int) -> tuple[float, float]:
+    r"""Log-probabilities of k-ary randomised response: (same value, each other value).
+
+    .. math::
+
+        \log\frac{e^\varepsilon}{k-1+e^\varepsilon},\quad \log\frac{1}{k-1+e^\varepsilon}
+    """
+    log_norm = float(np.logaddexp(math.log(k - 1), epsilon)) if k > 1 else epsilon
+    return epsilon - log_norm, -log_norm

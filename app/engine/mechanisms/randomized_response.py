@@ -1,0 +1,174 @@
+"""Randomised-response mechanisms: ``grr`` (k-ary) and ``binary_rr`` (a predicate).
+
+``grr`` on an attribute with ``k`` values outputs x's value with probability
+``e^ε / (k - 1 + e^ε)`` and each other value with ``1 / (k - 1 + e^ε)``. ``binary_rr`` outputs
+the predicate's truth (``1``/``0``) with probability ``e^ε / (1 + e^ε)``.
+
+Both samplers replace ``e^ε`` by a rational ``r <= e^ε`` (:func:`app.engine.numerics.exp_lower`)
+so the privacy ratio of the distribution actually sampled is exactly ``r``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from app.engine.domain import Domain, Scalar
+from app.engine.errors import InvalidInput
+from app.engine.jsonfields import as_integer, check_keys, path
+from app.engine.likelihood import LikelihoodState, Term
+from app.engine.limits import EngineLimits
+from app.engine.mechanisms.base import (
+    CandidateLosses,
+    Mechanism,
+    Output,
+    TabulatedMechanism,
+    check_epsilon,
+    output_index,
+    rr_log_probs,
+)
+from app.engine.numerics import FloatArray, exp_lower, log1p_exp
+from app.engine.predicates import Predicate, parse_predicate
+from app.engine.sampling import bernoulli, uniform_index
+
+
+class GeneralizedRR(Mechanism):
+    """``grr``: k-ary randomised response on a finite attribute."""
+
+    kind = "grr"
+
+    def __init__(
+        self, raw: Mapping[str, Any], domain: Domain, field: str, limits: EngineLimits
+    ) -> None:
+        check_keys(raw, field, required=("mechanism", "attribute", "epsilon"))
+        attr_field = path(field, "attribute")
+        if not isinstance(raw["attribute"], str):
+            raise InvalidInput(attr_field, "must be a string")
+        self.axis = domain.axis(raw["attribute"], attr_field)
+        self.attribute = domain.attributes[self.axis]
+        if not self.attribute.is_finite:
+            raise InvalidInput(attr_field, "must name an integer or categorical attribute")
+        eps = check_epsilon(raw["epsilon"], path(field, "epsilon"), limits)
+        self.k = self.attribute.size
+        self.eps = eps
+        self.log_hit, self.log_miss = rr_log_probs(eps, self.k)
+        super().__init__(domain, eps, eps if self.k > 1 else 0.0, field)
+
+    def to_json(self) -> dict[str, Any]:
+        """Canonical JSON."""
+        return {"mechanism": self.kind, "attribute": self.attribute.name, "epsilon": self.eps}
+
+    @property
+    def output_count(self) -> int:
+        """k: one output per attribute value."""
+        return self.k
+
+    def parse_output(self, raw: Any, field: str) -> Output:
+        """An output is a value of the attribute."""
+        return self.attribute.index_of(raw, field)
+
+    def output_json(self, output: Output) -> Any:
+        """The attribute value."""
+        return self.attribute.value_at(output_index(output))
+
+    def term(self, output: Output) -> Term:
+        """``log_hit`` on points whose attribute equals the output, ``log_miss`` elsewhere."""
+        values = np.full(self.k, self.log_miss)
+        values[output_index(output)] = self.log_hit
+        return Term((self.axis,), values)
+
+    def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
+        """Loss after each of the k outputs in O(|X| + k) using the top two per-value extremes.
+
+        After output ``v`` the cells ``w != v`` keep their extremes (plus ``log_miss``) and cell
+        ``v`` gains ``log_hit``; so ``max = max(M_v + hit, max_{w != v} M_w + miss)`` and likewise
+        for the minimum, where ``max_{w != v}`` is the top value unless ``v`` holds it.
+        """
+        maxima, minima = state.extremes_over((self.axis,))
+        losses = _rr_losses(maxima, minima, self.log_hit, self.log_miss)
+        magnitude = max(abs(self.log_hit), abs(self.log_miss))
+        return CandidateLosses(losses, self.output_json, magnitude)
+
+    def sample(self, value: Mapping[str, Scalar]) -> Output:
+        """Keep the true value with probability ``r / (k - 1 + r)``, else a uniform other value."""
+        v = self.attribute.index_of(value[self.attribute.name], self.attribute.name)
+        if self.k == 1:
+            return 0
+        r = exp_lower(self.eps)
+        keep = bernoulli(r / (self.k - 1 + r))
+        other = uniform_index(self.k - 1)
+        other += other >= v
+        return v if keep else other
+
+
+def _rr_losses(maxima: FloatArray, minima: FloatArray, hit: float, miss: float) -> FloatArray:
+    """Loss after each output of k-ary RR given per-value extremes ``maxima``/``minima``."""
+    k = maxima.shape[0]
+    if k == 1:
+        return np.array([float(maxima[0] - minima[0])])
+    top = np.argsort(maxima)[-2:][::-1]
+    bottom = np.argsort(minima)[:2]
+    idx = np.arange(k)
+    other_max = np.where(idx == top[0], maxima[top[1]], maxima[top[0]])
+    other_min = np.where(idx == bottom[0], minima[bottom[1]], minima[bottom[0]])
+    hi = np.maximum(maxima + hit, other_max + miss)
+    lo = np.minimum(minima + hit, other_min + miss)
+    return np.asarray(hi - lo, dtype=np.float64)
+
+
+class BinaryRR(TabulatedMechanism):
+    """``binary_rr``: randomised response on the truth of a predicate; outputs ``0``/``1``."""
+
+    kind = "binary_rr"
+
+    def __init__(
+        self, raw: Mapping[str, Any], domain: Domain, field: str, limits: EngineLimits
+    ) -> None:
+        check_keys(raw, field, required=("mechanism", "predicate", "epsilon"))
+        self.predicate: Predicate = parse_predicate(
+            raw["predicate"], domain, path(field, "predicate")
+        )
+        eps = check_epsilon(raw["epsilon"], path(field, "epsilon"), limits)
+        self.eps = eps
+        self.axes = (self.predicate.axis,)
+        can_true, can_false = self.predicate.attainable()
+        super().__init__(domain, eps, eps if (can_true and can_false) else 0.0, field)
+
+    def to_json(self) -> dict[str, Any]:
+        """Canonical JSON."""
+        return {"mechanism": self.kind, "predicate": self.predicate.to_json(), "epsilon": self.eps}
+
+    @property
+    def output_count(self) -> int:
+        """Two outputs."""
+        return 2
+
+    def parse_output(self, raw: Any, field: str) -> Output:
+        """``1`` or ``0``."""
+        out = as_integer(raw, field)
+        if out not in (0, 1):
+            raise InvalidInput(field, "must be 0 or 1")
+        return out
+
+    def output_json(self, output: Output) -> Any:
+        """``0`` or ``1``."""
+        return int(output)  # type: ignore[arg-type]
+
+    def log_table(self) -> FloatArray:
+        """Rows: attribute values; columns: outputs 0 and 1."""
+        if not self.predicate.attribute.is_finite:
+            raise ValueError("tabulating a predicate needs a finite attribute")
+        truth = self.predicate.truth_table()
+        log_true, log_false = -log1p_exp(-self.eps), -log1p_exp(self.eps)
+        col1 = np.where(truth, log_true, log_false)
+        col0 = np.where(truth, log_false, log_true)
+        return np.stack([col0, col1], axis=-1)
+
+    def sample(self, value: Mapping[str, Scalar]) -> Output:
+        """Report the truth with probability ``r / (1 + r)``, its negation otherwise."""
+        truth = int(self.predicate.evaluate(value[self.predicate.attribute.name]))
+        r = exp_lower(self.eps)
+        honest = int(bernoulli(r / (1 + r)))
+        return truth ^ (1 - honest)
