@@ -1,1 +1,1 @@
-"""Placeholder for the api layer (see DESIGN.md, Architecture); filled by the service issues."""
+"""Placeholder for the api layer (see DESIGN.md, Architecture)."""

@@ -89,14 +89,23 @@ class Accountant:
 
     def evaluate(self, mechanism: Mechanism) -> CandidateEvaluation:
         """Per-output bounds of the loss after ``mechanism`` (no state change)."""
-        return evaluate_candidate(self.state, mechanism, max_listed=self.limits.max_listed_outputs)
+        return evaluate_candidate(
+            self.state,
+            mechanism,
+            max_listed=self.limits.max_listed_outputs,
+            basic_total=self.basic_total,
+        )
+
+    def loss(self) -> LossBounds:
+        """Certified bounds on the realized loss now (capped by exact basic composition)."""
+        return self.state.loss(self.basic_total)
 
     def dry_run(self, mechanism: Mechanism) -> Decision:
         """Would the filter accept ``mechanism`` now? Changes nothing."""
         return decide(
             kind=self.filter,
             budget=self.budget,
-            loss_now=self.state.loss(),
+            loss_now=self.loss(),
             basic_total=self.basic_total,
             candidate=self.evaluate(mechanism),
         )
@@ -106,9 +115,7 @@ class Accountant:
         self.state.apply(mechanism.term(output))
         self.basic_total += mechanism.epsilon_exact
         self.accepted += 1
-        self.trajectory.append(
-            TrajectoryPoint(self.accepted, self.state.loss(), float(self.basic_total))
-        )
+        self.trajectory.append(TrajectoryPoint(self.accepted, self.loss(), float(self.basic_total)))
 
     def record_rejection(self) -> None:
         """Count a rejected query."""
@@ -117,7 +124,7 @@ class Accountant:
     def odometer(self) -> Odometer:
         """The current odometer."""
         return Odometer(
-            self.budget, self.state.loss(), float(self.basic_total), self.accepted, self.rejected
+            self.budget, self.loss(), float(self.basic_total), self.accepted, self.rejected
         )
 
 

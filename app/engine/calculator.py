@@ -83,7 +83,7 @@ def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict
         )
     state, basic = replay_history(domain, obj["history"], limits=limits)
     answer: dict[str, Any] = {
-        "realized_loss": state.loss().to_json(),
+        "realized_loss": state.loss(basic).to_json(),
         "basic_composition": float(basic),
         "status": "ok",
     }
@@ -91,12 +91,14 @@ def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict
         if budget is None:
             raise InvalidInput("budget", "is required when a candidate is given")
         mechanism = parse_query(obj["candidate"], domain, "candidate", limits=limits)
-        evaluation = evaluate_candidate(state, mechanism, max_listed=limits.max_listed_outputs)
+        evaluation = evaluate_candidate(
+            state, mechanism, max_listed=limits.max_listed_outputs, basic_total=basic
+        )
         accepted = {
             kind.value: decide(
                 kind=kind,
                 budget=budget,
-                loss_now=state.loss(),
+                loss_now=state.loss(basic),
                 basic_total=basic,
                 candidate=evaluation,
             ).accepted

@@ -76,9 +76,14 @@ class CandidateEvaluation:
 
 
 def evaluate_candidate(
-    state: LikelihoodState, mechanism: Mechanism, *, max_listed: int
+    state: LikelihoodState, mechanism: Mechanism, *, max_listed: int, basic_total: Fraction
 ) -> CandidateEvaluation:
-    """Bounds on the realized loss after each output of ``mechanism`` (inner loop of Alg. 2)."""
+    """Bounds on the realized loss after each output of ``mechanism`` (inner loop of Alg. 2).
+
+    ``basic_total`` is the exact ``Σ ε_i`` of the history; ``basic_total + ε`` caps every upper
+    bound (Lemma 6.1).
+    """
+    cap = basic_total + mechanism.epsilon_exact
     candidate = mechanism.candidate_losses(state)
     err = state.error_after(candidate.term_magnitude, candidate.extra_error)
     losses = candidate.losses
@@ -88,10 +93,10 @@ def evaluate_candidate(
     else:
         order = np.sort(np.argsort(losses)[-max_listed:])
     per_output = tuple(
-        OutputLoss(candidate.output_of(int(j)), *_pair(bounds_from(float(losses[j]), err)))
+        OutputLoss(candidate.output_of(int(j)), *_pair(bounds_from(float(losses[j]), err, cap)))
         for j in order
     )
-    worst = bounds_from(float(losses.max()), err).upper
+    worst = bounds_from(float(losses.max()), err, cap).upper
     return CandidateEvaluation(
         mechanism.epsilon, mechanism.epsilon_exact, per_output, worst, complete
     )

@@ -13,11 +13,12 @@ constant changes no ratio ``P(x)/P(x')`` and so no loss or posterior.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from app.engine.domain import Domain
-from app.engine.numerics import FloatArray, update_error
+from app.engine.numerics import FloatArray, float_up, update_error
 
 
 @dataclass(frozen=True)
@@ -32,9 +33,16 @@ class LossBounds:
         return {"lower": self.lower, "upper": self.upper}
 
 
-def bounds_from(computed: float, err: float) -> LossBounds:
-    """Turn a computed loss and a bound on the error of each ``log P`` into certified bounds."""
-    return LossBounds(max(0.0, computed - 2.0 * err), computed + 2.0 * err)
+def bounds_from(computed: float, err: float, cap: Fraction | None = None) -> LossBounds:
+    """Turn a computed loss and a bound on the error of each ``log P`` into certified bounds.
+
+    ``cap`` is another certified upper bound — the exact basic-composition total ``Σ ε_i``
+    (Lemma 6.1) — and the upper bound reported is the smaller of the two.
+    """
+    upper = computed + 2.0 * err
+    if cap is not None:
+        upper = min(upper, float_up(cap))
+    return LossBounds(min(max(0.0, computed - 2.0 * err), upper), upper)
 
 
 @dataclass(frozen=True)
@@ -89,9 +97,12 @@ class LikelihoodState:
         """``max log P - min log P`` as computed in float64 (max is 0 by normalisation)."""
         return -self._min
 
-    def loss(self) -> LossBounds:
-        """Certified bounds on the realized loss of the history recorded so far."""
-        return bounds_from(self.computed_loss, self.err)
+    def loss(self, cap: Fraction | None = None) -> LossBounds:
+        """Certified bounds on the realized loss of the history recorded so far.
+
+        ``cap``, when given, is the exact basic-composition total of that history.
+        """
+        return bounds_from(self.computed_loss, self.err, cap)
 
     def extremes_over(self, axes: tuple[int, ...]) -> tuple[FloatArray, FloatArray]:
         """Per-cell maxima and minima of ``log P`` over all attributes *not* in ``axes``.

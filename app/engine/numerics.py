@@ -88,6 +88,12 @@ def certified_upper(x: float) -> Fraction:
     return exact_fraction(math.nextafter(bumped, math.inf))
 
 
+def float_up(x: Fraction) -> float:
+    """The smallest float not below the rational ``x``."""
+    f = float(x)
+    return f if exact_fraction(f) >= x else math.nextafter(f, math.inf)
+
+
 def exp_lower(x: float) -> Fraction:
     """A rational ``r`` with ``0 < r <= e**x`` (the float exp rounded one ulp down).
 

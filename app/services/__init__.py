@@ -1,1 +1,1 @@
-"""Placeholder for the services layer (see DESIGN.md, Architecture); filled by the service issues."""
+"""Placeholder for the services layer (see DESIGN.md, Architecture)."""

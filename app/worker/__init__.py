@@ -1,1 +1,1 @@
-"""Placeholder for the worker layer (see DESIGN.md, Architecture); filled by the service issues."""
+"""Placeholder for the worker layer (see DESIGN.md, Architecture)."""
