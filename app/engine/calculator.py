@@ -72,8 +72,9 @@ def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict
     domain = parse_domain(obj["domain"], "domain", limits=limits)
     options = as_object(obj.get("options", {}), "options")
     check_keys(options, "options", required=(), optional=("tolerance",))
+    tolerance = DEFAULT_TOLERANCE
     if "tolerance" in options:
-        as_positive_number(options["tolerance"], "options.tolerance")
+        tolerance = as_positive_number(options["tolerance"], "options.tolerance")
     budget = None
     if "budget" in obj:
         budget = as_positive_number(obj["budget"], "budget", maximum=MAX_BUDGET)
@@ -82,10 +83,12 @@ def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict
             "domain", "realized loss over continuous domains (real attributes) is not supported yet"
         )
     state, basic = replay_history(domain, obj["history"], limits=limits)
+    loss = state.loss(basic)
     answer: dict[str, Any] = {
-        "realized_loss": state.loss(basic).to_json(),
+        "realized_loss": loss.to_json(),
         "basic_composition": float(basic),
-        "status": "ok",
+        # finite domains are exact up to rounding; a tolerance below the rounding bound is a limit
+        "status": "ok" if loss.upper - loss.lower <= tolerance else "limit",
     }
     if "candidate" in obj:
         if budget is None:

@@ -205,7 +205,7 @@ def _parse_attribute(raw: Any, field_path: str, limits: EngineLimits) -> Attribu
     kind_raw = obj.get("type")
     if "type" not in obj:
         raise InvalidInput(path(field_path, "type"), "is required")
-    if kind_raw not in {k.value for k in AttributeKind}:
+    if not isinstance(kind_raw, str) or kind_raw not in {k.value for k in AttributeKind}:
         raise InvalidInput(path(field_path, "type"), "must be one of integer, categorical, real")
     kind = AttributeKind(kind_raw)
     name = (

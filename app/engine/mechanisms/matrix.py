@@ -33,7 +33,7 @@ def _parse_probabilities(raw: Any, field: str, rows: int, cols: int) -> FloatArr
     for i, row in enumerate(items):
         as_list(row, path(field, i), min_len=cols, max_len=cols)
     try:
-        if any(isinstance(v, bool) for row in items for v in row):
+        if not all(type(v) in (int, float) for row in items for v in row):
             raise TypeError
         matrix = np.array(items, dtype=np.float64)
     except (TypeError, ValueError, OverflowError):
@@ -102,6 +102,11 @@ class MatrixMechanism(TabulatedMechanism):
         with np.errstate(divide="ignore"):
             logs = np.log(self.probabilities)
         tight = float((logs.max(axis=0) - logs.min(axis=0)).max())
+        if tight > limits.max_epsilon:
+            raise InvalidInput(
+                path(field, "probabilities"),
+                f"give the query an epsilon above the limit of {limits.max_epsilon:g}",
+            )
         declared = None
         if "epsilon" in raw:
             declared = check_epsilon(raw["epsilon"], path(field, "epsilon"), limits)

@@ -38,6 +38,8 @@ from app.engine.sampling import bernoulli
 #: Relative slack for a ``linear`` query without ``truncate`` whose range is met up to rounding
 #: (e.g. ``‖θ‖₁ = 1`` normalised in floating point); its ``t`` is clipped to ``[0, 1]``.
 RANGE_SLACK = 1e-9
+#: Largest ``|c| + Σ |w_a| max|x_a|`` accepted: keeps every query value and sum finite.
+MAX_QUERY_MAGNITUDE = 1e150
 
 
 class ScalarResponse(TabulatedMechanism):
@@ -65,6 +67,15 @@ class ScalarResponse(TabulatedMechanism):
         self.expm1_eps = math.expm1(self.eps)
         self.log_norm = log1p_exp(self.eps)
         self.z_min, self.z_max = self._z_range(domain)
+        magnitude = abs(self.intercept) + sum(
+            abs(w) * max(abs(domain.attributes[a].low), abs(domain.attributes[a].high))
+            for a, w in self.weights.items()
+        )
+        if not magnitude <= MAX_QUERY_MAGNITUDE:
+            raise InvalidInput(
+                weights_field,
+                f"make the query's value exceed {MAX_QUERY_MAGNITUDE:g} in magnitude",
+            )
         self._check_range(field)
         t, one_minus_t = self.response(np.array([self.z_min, self.z_max]))
         log_hi = np.log1p(t * self.expm1_eps)
