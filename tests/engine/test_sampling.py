@@ -3,9 +3,8 @@
 Statistical checks use 4.5σ bounds for single frequencies and chi-square goodness-of-fit tests
 for whole distributions: at p > 0.001 for grr with k = 5 (the threshold the issue names) and at
 p > 1e-6 for the others, so that a correct sampler makes the whole file fail with probability
-*exactly* by replacing ``secrets.randbelow`` with an enumeration of all its
-possible results.
-*exactly* by replacing ``secrets.randbelow`` with an enumeration of all its possible results.
+of order 1e-3 per run rather than 1e-2. The helpers of ``app/engine/sampling.py`` are also
+checked *exactly* by replacing ``secrets.randbelow`` with an enumeration of all its results.
 """
 
 from __future__ import annotations
