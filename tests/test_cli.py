@@ -377,7 +377,7 @@ def test_missing_file(tmp_path: Path) -> None:
     assert "not found" in (problem["title"] + " " + problem.get("detail", "")).lower()
 
 
-def test_continuous_domain_is_not_supported_yet(tmp_path: Path) -> None:
+def test_unsupported_query_on_a_continuous_domain(tmp_path: Path) -> None:
     request = {
         "domain": {
             "attributes": [
@@ -399,11 +399,57 @@ def test_continuous_domain_is_not_supported_yet(tmp_path: Path) -> None:
     result = run("loss", str(write_request(tmp_path, request)))
     assert result.returncode != 0
     assert result.stdout == ""
-    problem = check_problem(result.stderr, field="domain")
+    problem = check_problem(result.stderr, field="history[0].query")
     text = json.dumps(problem).lower()
-    assert "not supported yet" in text
+    assert "not supported" in text
     # it is not reported as a validation error of the request
     assert problem["type"] != "validation-error"
+
+
+def test_continuous_domain_answers_with_certified_bounds(tmp_path: Path) -> None:
+    request = {
+        "domain": {
+            "attributes": [
+                {"name": "x", "type": "real", "low": -1, "high": 1},
+                {"name": "y", "type": "real", "low": -1, "high": 1},
+            ]
+        },
+        "history": [
+            {
+                "query": {
+                    "mechanism": "linear",
+                    "weights": {"x": 0.5, "y": 0.5},
+                    "range": [-1, 1],
+                    "epsilon": 1.0,
+                },
+                "output": 1,
+            },
+            {
+                "query": {
+                    "mechanism": "linear",
+                    "weights": {"x": 0.5, "y": 0.5},
+                    "range": [-1, 1],
+                    "epsilon": 1.0,
+                },
+                "output": -1,
+            },
+        ],
+        "budget": 2.0,
+        "candidate": {"mechanism": "logistic", "weights": {"x": 2.0}, "epsilon": 0.5},
+        "options": {"tolerance": 1e-4},
+    }
+    result = run("loss", str(write_request(tmp_path, request)))
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    loss = answer["realized_loss"]
+    # two opposite outputs of one query: P ∝ (1 + tE)(1 + (1 - t)E), t = (x + y + 2)/4,
+    # E = e - 1; largest at t = 1/2, smallest at t in {0, 1}: the ratio is (e + 1)^2 / (4e)
+    expected = math.log((math.e + 1) ** 2 / (4 * math.e))
+    assert loss["lower"] <= expected <= loss["upper"]
+    assert loss["upper"] - loss["lower"] <= 1e-4
+    assert answer["status"] == "ok"
+    assert set(answer["candidate"]["accepted"]) == {"bayesian", "simplified", "basic"}
+    assert answer["candidate"]["accepted"]["basic"] is False
 
 
 def test_loss_requires_a_file_argument() -> None:

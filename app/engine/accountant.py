@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from app.engine.continuous.branch_and_bound import BnBSettings
+from app.engine.continuous.candidate import evaluate_continuous
+from app.engine.continuous.state import ContinuousLoss, ContinuousState
 from app.engine.domain import Domain, Scalar
 from app.engine.filters import (
     CandidateEvaluation,
@@ -24,6 +27,7 @@ from app.engine.filters import (
 from app.engine.likelihood import LikelihoodState, LossBounds
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits
 from app.engine.mechanisms import Mechanism, Output
+from app.engine.numerics import DECISION_MARGIN
 
 
 @dataclass(frozen=True)
@@ -72,29 +76,48 @@ class Odometer:
 
 @dataclass
 class Accountant:
-    """Filter and odometer of one object over a finite domain."""
+    """Filter and odometer of one object over a finite or continuous domain.
+
+    Finite domains keep the exact likelihood array (:class:`LikelihoodState`); continuous ones
+    keep the history's terms and bound the loss by branch-and-bound (:class:`ContinuousState`,
+    settings in ``bnb``).
+    """
 
     domain: Domain
     budget: float
     filter: FilterKind = FilterKind.BAYESIAN
     limits: EngineLimits = DEFAULT_LIMITS
-    state: LikelihoodState = field(init=False)
+    bnb: BnBSettings = field(default_factory=BnBSettings)
+    state: LikelihoodState | ContinuousState = field(init=False)
     basic_total: Fraction = Fraction(0)
     accepted: int = 0
     rejected: int = 0
     trajectory: list[TrajectoryPoint] = field(default_factory=list)
+    _pending: tuple[Mechanism, dict[int, ContinuousLoss]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        self.state = LikelihoodState(self.domain)
+        if self.domain.is_finite:
+            self.state = LikelihoodState(self.domain)
+        else:
+            self.state = ContinuousState(self.domain, self.bnb)
 
-    def evaluate(self, mechanism: Mechanism) -> CandidateEvaluation:
-        """Per-output bounds of the loss after ``mechanism`` (no state change)."""
-        return evaluate_candidate(
-            self.state,
-            mechanism,
-            max_listed=self.limits.max_listed_outputs,
-            basic_total=self.basic_total,
+    def evaluate(self, mechanism: Mechanism, target: float | None = None) -> CandidateEvaluation:
+        """Per-output bounds of the loss after ``mechanism`` (no change to the history).
+
+        ``target`` lets a continuous object stop at a cheap bound that already decides.
+        """
+        if isinstance(self.state, LikelihoodState):
+            return evaluate_candidate(
+                self.state,
+                mechanism,
+                max_listed=self.limits.max_listed_outputs,
+                basic_total=self.basic_total,
+            )
+        evaluation, computed = evaluate_continuous(
+            self.state, mechanism, basic_total=self.basic_total, target=target
         )
+        self._pending = (mechanism, computed)
+        return evaluation
 
     def loss(self) -> LossBounds:
         """Certified bounds on the realized loss now (capped by exact basic composition)."""
@@ -107,12 +130,19 @@ class Accountant:
             budget=self.budget,
             loss_now=self.loss(),
             basic_total=self.basic_total,
-            candidate=self.evaluate(mechanism),
+            candidate=self.evaluate(mechanism, target=self.budget - DECISION_MARGIN),
         )
 
     def record(self, mechanism: Mechanism, output: Output) -> None:
         """Add an accepted ``(query, output)`` to the history."""
-        self.state.apply(mechanism.term(output))
+        if isinstance(self.state, LikelihoodState):
+            self.state.apply(mechanism.term(output))
+        else:
+            known = None
+            if self._pending is not None and self._pending[0] is mechanism:
+                known = self._pending[1].get(int(output))  # type: ignore[arg-type]
+            self.state.record(mechanism, output, known=known)
+        self._pending = None
         self.basic_total += mechanism.epsilon_exact
         self.accepted += 1
         self.trajectory.append(TrajectoryPoint(self.accepted, self.loss(), float(self.basic_total)))

@@ -16,12 +16,24 @@ Answer::
 
 from __future__ import annotations
 
+from dataclasses import replace
+from fractions import Fraction
 from typing import Any
 
+from app.engine.continuous.branch_and_bound import BnBSettings
+from app.engine.continuous.candidate import evaluate_continuous
+from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain, parse_domain
-from app.engine.errors import InvalidInput, Unsupported
+from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind, decide, evaluate_candidate
-from app.engine.jsonfields import as_list, as_object, as_positive_number, check_keys, path
+from app.engine.jsonfields import (
+    as_integer,
+    as_list,
+    as_object,
+    as_positive_number,
+    check_keys,
+    path,
+)
 from app.engine.likelihood import LikelihoodState
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits
 from app.engine.mechanisms import parse_query
@@ -36,76 +48,104 @@ def replay_history(
     field: str = "history",
     *,
     limits: EngineLimits = DEFAULT_LIMITS,
-) -> tuple[LikelihoodState, Any]:
-    """Validate a history and fold it into a likelihood state.
+    bnb: BnBSettings | None = None,
+) -> tuple[LikelihoodState | ContinuousState, Fraction]:
+    """Validate a history and fold it into a state (finite array or continuous terms).
 
-    Returns the state and the exact basic-composition total (a ``Fraction``).
+    Returns the state and the exact basic-composition total.
     """
-    from fractions import Fraction
-
     items = as_list(raw_history, field, max_len=limits.max_history)
-    state = LikelihoodState(domain)
+    state: LikelihoodState | ContinuousState
+    if domain.is_finite:
+        state = LikelihoodState(domain)
+    else:
+        state = ContinuousState(domain, bnb or BnBSettings())
     basic = Fraction(0)
     for i, item in enumerate(items):
         item_field = path(field, i)
         obj = as_object(item, item_field)
         check_keys(obj, item_field, required=("query", "output"))
-        mechanism = parse_query(obj["query"], domain, path(item_field, "query"), limits=limits)
+        query_field = path(item_field, "query")
+        mechanism = parse_query(obj["query"], domain, query_field, limits=limits)
         output = mechanism.parse_output(obj["output"], path(item_field, "output"))
-        state.apply(mechanism.term(output))
+        if isinstance(state, LikelihoodState):
+            state.apply(mechanism.term(output))
+        else:
+            state.record(mechanism, output, query_field)
         basic += mechanism.epsilon_exact
     return state, basic
 
 
+def _options(raw: Any) -> tuple[float, BnBSettings]:
+    options = as_object(raw, "options")
+    check_keys(options, "options", required=(), optional=("tolerance", "time_limit", "max_nodes"))
+    tolerance = DEFAULT_TOLERANCE
+    if "tolerance" in options:
+        tolerance = as_positive_number(options["tolerance"], "options.tolerance")
+    settings = BnBSettings(tolerance=tolerance)
+    if "time_limit" in options:
+        settings = replace(
+            settings,
+            time_limit=as_positive_number(options["time_limit"], "options.time_limit", maximum=600),
+        )
+    if "max_nodes" in options:
+        nodes = as_integer(options["max_nodes"], "options.max_nodes")
+        if not 1 <= nodes <= 10_000_000:
+            raise InvalidInput("options.max_nodes", "must be between 1 and 10000000")
+        settings = replace(settings, max_nodes=nodes)
+    return tolerance, settings
+
+
 def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Answer a loss-calculator request (see the module docstring for the shapes).
+
+    ``options`` may also carry ``time_limit`` (seconds per search) and ``max_nodes`` for
+    continuous domains. ``status`` is ``"limit"`` when ``upper - lower`` exceeds the tolerance
+    (a search hit a limit, or the tolerance is below the rounding bound); the bounds are sound
+    either way.
 
     Raises
     ------
     InvalidInput
         For any malformed field, naming it.
     Unsupported
-        For continuous domains, until the continuous-domain bounds land.
+        For queries not yet supported on continuous domains.
     """
     obj = as_object(request, "")
     check_keys(obj, "", required=("domain", "history"), optional=("budget", "candidate", "options"))
     domain = parse_domain(obj["domain"], "domain", limits=limits)
-    options = as_object(obj.get("options", {}), "options")
-    check_keys(options, "options", required=(), optional=("tolerance",))
-    tolerance = DEFAULT_TOLERANCE
-    if "tolerance" in options:
-        tolerance = as_positive_number(options["tolerance"], "options.tolerance")
+    tolerance, settings = _options(obj.get("options", {}))
     budget = None
     if "budget" in obj:
         budget = as_positive_number(obj["budget"], "budget", maximum=MAX_BUDGET)
-    if not domain.is_finite:
-        raise Unsupported(
-            "domain", "realized loss over continuous domains (real attributes) is not supported yet"
-        )
-    state, basic = replay_history(domain, obj["history"], limits=limits)
+    if "candidate" in obj and budget is None:
+        raise InvalidInput("budget", "is required when a candidate is given")
+    state, basic = replay_history(domain, obj["history"], limits=limits, bnb=settings)
     loss = state.loss(basic)
     answer: dict[str, Any] = {
         "realized_loss": loss.to_json(),
         "basic_composition": float(basic),
-        # finite domains are exact up to rounding; a tolerance below the rounding bound is a limit
         "status": "ok" if loss.upper - loss.lower <= tolerance else "limit",
     }
     if "candidate" in obj:
-        if budget is None:
-            raise InvalidInput("budget", "is required when a candidate is given")
+        assert budget is not None  # noqa: S101 - checked above
         mechanism = parse_query(obj["candidate"], domain, "candidate", limits=limits)
-        evaluation = evaluate_candidate(
-            state, mechanism, max_listed=limits.max_listed_outputs, basic_total=basic
-        )
+        if isinstance(state, LikelihoodState):
+            evaluation = evaluate_candidate(
+                state, mechanism, max_listed=limits.max_listed_outputs, basic_total=basic
+            )
+        else:
+            evaluation, _ = evaluate_continuous(
+                state, mechanism, basic_total=basic, target=None, field_path="candidate"
+            )
         accepted = {
             kind.value: decide(
-                kind=kind,
-                budget=budget,
-                loss_now=state.loss(basic),
-                basic_total=basic,
-                candidate=evaluation,
+                kind=kind, budget=budget, loss_now=loss, basic_total=basic, candidate=evaluation
             ).accepted
             for kind in FilterKind
         }
+        gaps = [o.upper - o.lower for o in evaluation.per_output]
+        if evaluation.complete and gaps and max(gaps) > tolerance:
+            answer["status"] = "limit"
         answer["candidate"] = {**evaluation.to_json(), "accepted": accepted}
     return answer

@@ -1328,11 +1328,15 @@ BAD_REQUESTS = [
         ]
     ),
     pytest.param(
-        _request(domain=copy.deepcopy(CONTINUOUS), history=[], candidate=...),
-        "domain",
+        _request(
+            domain=copy.deepcopy(CONTINUOUS),
+            history=[],
+            candidate=q(GRR, attribute="sex"),
+        ),
+        "candidate",
         None,
         Unsupported,
-        id="continuous-empty-history",
+        id="continuous-unsupported-candidate",
     ),
     pytest.param(
         _request(
@@ -1340,7 +1344,7 @@ BAD_REQUESTS = [
             history=[{"query": brr(pred("age", ">", 40)), "output": 1}],
             candidate=brr(pred("age", "<", 30)),
         ),
-        "domain",
+        "history[0].query",
         None,
         Unsupported,
         id="continuous-history-and-candidate",
@@ -1371,12 +1375,17 @@ def test_calculator_request_must_be_an_object(request_: Any) -> None:
 
 def test_unsupported_is_not_an_invalid_input() -> None:
     assert not issubclass(Unsupported, InvalidInput)
-    err = expect_error(
-        lambda: compute_loss({"domain": copy.deepcopy(CONTINUOUS), "history": []}),
-        "domain",
-        exc_type=Unsupported,
-    )
+    request = {
+        "domain": copy.deepcopy(CONTINUOUS),
+        "history": [],
+        "budget": 1.0,
+        "candidate": q(GRR, attribute="sex"),
+    }
+    err = expect_error(lambda: compute_loss(request), "candidate", exc_type=Unsupported)
     assert "not supported" in err.message  # type: ignore[attr-defined]
+    # an empty history on a continuous domain is fine: nothing learned, loss 0
+    empty = compute_loss({"domain": copy.deepcopy(CONTINUOUS), "history": []})
+    assert empty["realized_loss"] == {"lower": 0.0, "upper": 0.0}
 
 
 def test_history_length_limit() -> None:

@@ -1,0 +1,184 @@
+r"""Certified linear over- and under-estimators of a univariate term on an interval.
+
+For a term :math:`h` on :math:`[l, u]` the functions here return lines
+:math:`L_j(z) = α_j z + β_j` with
+
+* :func:`concave_overestimator`: :math:`\min_j L_j(z) \ge h(z)` for all :math:`z \in [l, u]`;
+* :func:`convex_underestimator`: :math:`\max_j L_j(z) \le h(z)` for all :math:`z \in [l, u]`.
+
+Why the lines are valid (for a CV term, convex on :math:`(-\infty, z^*]` and concave on
+:math:`[z^*, \infty)`; a CC term is handled as the negation of a CV term):
+
+*Overestimators.* If :math:`u \le z^*` :math:`h` is convex on the interval and the secant through
+the end points lies above it. If :math:`l \ge z^*` :math:`h` is concave there and every tangent lies
+above it. Otherwise a tangent at :math:`p \in [z^*, u]` lies above :math:`h` on the concave part;
+on the convex part :math:`h - L_p` is convex, so its maximum over :math:`[l, z^*]` is at
+:math:`l` or
+at :math:`z^*` (where it is :math:`\le 0`): the tangent is valid iff
+:math:`g(p) = L_p(l) - h(l) \ge 0`. Since :math:`g'(p) = h''(p)(l - p) \ge 0` on the concave part,
+the valid tangent points form an interval :math:`[p_0, u]`, found by bisection; if even
+:math:`g(u) < 0` the secant is valid (then :math:`h'(u)` exceeds the secant slope, so
+:math:`h - \text{secant}` is increasing on the concave part and :math:`\le 0`).
+
+*Underestimators* mirror this: tangents on the convex part, valid on the whole interval iff
+:math:`L_p(u) \le h(u)`; the secant when :math:`h` is concave on the interval or no tangent is
+valid.
+
+Rounding. Every intercept is moved outward by
+:math:`δ = 256u\,(1 + |h|_{\max} + |α|(|l| + |u| + 1))`, :math:`u = 2^{-53}`, which covers the error
+of evaluating :math:`h`, :math:`h'` and the line in float64 (a few ulp each) and of the bisection's
+float test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from app.engine.continuous.univariate import ResponseCurve, Shape
+from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
+
+#: Tangent points placed in the valid range of a concave (or convex) part by default.
+DEFAULT_TANGENTS = 3
+_BISECTION_STEPS = 60
+
+
+@dataclass(frozen=True)
+class Lines:
+    """Lines ``slopes[j] * z + intercepts[j]``."""
+
+    slopes: FloatArray
+    intercepts: FloatArray
+
+    def negated(self) -> Lines:
+        """The lines of ``-h``."""
+        return Lines(-self.slopes, -self.intercepts)
+
+    def evaluate(self, z: FloatArray) -> FloatArray:
+        """Every line at every ``z``: shape ``(len(z), n_lines)``."""
+        return np.asarray(np.outer(z, self.slopes) + self.intercepts, dtype=np.float64)
+
+
+def _slack(h: ResponseCurve, l: float, u: float, slopes: FloatArray) -> FloatArray:
+    hmax = float(np.max(np.abs(h.value(np.array([l, u])))))
+    return np.asarray(
+        256.0 * UNIT_ROUNDOFF * (1.0 + hmax + np.abs(slopes) * (abs(l) + abs(u) + 1.0)),
+        dtype=np.float64,
+    )
+
+
+def _tangents(h: ResponseCurve, points: FloatArray) -> tuple[FloatArray, FloatArray]:
+    slopes = h.deriv(points)
+    return slopes, h.value(points) - slopes * points
+
+
+def _secant(h: ResponseCurve, l: float, u: float) -> tuple[FloatArray, FloatArray]:
+    hl, hu = h.value(np.array([l, u]))
+    slope = (hu - hl) / (u - l)
+    return np.array([slope]), np.array([hl - slope * l])
+
+
+def _spread(lo: float, hi: float, extra: Sequence[float], count: int) -> FloatArray:
+    base = np.linspace(lo, hi, count) if hi > lo else np.array([lo])
+    chosen = np.concatenate([base, np.clip(np.asarray(extra, dtype=np.float64), lo, hi)])
+    return np.unique(chosen)
+
+
+def _bisect(h: ResponseCurve, lo: float, hi: float, anchor: float, want_left: bool) -> float:
+    """Boundary of the valid tangent points in ``[lo, hi]`` (see module docstring).
+
+    With ``want_left`` False we look for the smallest ``p`` whose tangent passes ``g(p) >= 0`` at
+    ``anchor`` (overestimators, ``g`` increasing); with True the largest ``p`` whose tangent passes
+    ``L_p(anchor) <= h(anchor)`` (underestimators, increasing in ``p`` too). The returned end of the
+    bracket always satisfies the test.
+    """
+    h_anchor = float(h.value(np.array([anchor]))[0])
+
+    def passes(p: float) -> bool:
+        s, b = _tangents(h, np.array([p]))
+        at_anchor = float(s[0] * anchor + b[0])
+        return at_anchor >= h_anchor if not want_left else at_anchor <= h_anchor
+
+    if want_left:
+        good, bad = lo, hi  # passes(lo) checked by the caller
+        for _ in range(_BISECTION_STEPS):
+            mid = 0.5 * (good + bad)
+            if mid in (good, bad):
+                break
+            good, bad = (mid, bad) if passes(mid) else (good, mid)
+        return good
+    bad, good = lo, hi
+    for _ in range(_BISECTION_STEPS):
+        mid = 0.5 * (good + bad)
+        if mid in (good, bad):
+            break
+        bad, good = (bad, mid) if passes(mid) else (mid, good)
+    return good
+
+
+def _passes_over(h: ResponseCurve, p: float, l: float) -> bool:
+    s, b = _tangents(h, np.array([p]))
+    return float(s[0] * l + b[0]) >= float(h.value(np.array([l]))[0])
+
+
+def _passes_under(h: ResponseCurve, p: float, u: float) -> bool:
+    s, b = _tangents(h, np.array([p]))
+    return float(s[0] * u + b[0]) <= float(h.value(np.array([u]))[0])
+
+
+def _over_cv(h: ResponseCurve, l: float, u: float, extra: Sequence[float], count: int) -> Lines:
+    z_star = h.inflection
+    if u - l <= 0.0:
+        slopes, intercepts = np.zeros(1), h.value(np.array([l]))
+    elif u <= z_star:
+        slopes, intercepts = _secant(h, l, u)
+    elif l >= z_star:
+        slopes, intercepts = _tangents(h, _spread(l, u, extra, count))
+    elif not _passes_over(h, u, l):
+        slopes, intercepts = _secant(h, l, u)
+    else:
+        p0 = _bisect(h, z_star, u, l, want_left=False)
+        slopes, intercepts = _tangents(h, _spread(p0, u, extra, count))
+    return Lines(slopes, intercepts + _slack(h, l, u, slopes))
+
+
+def _under_cv(h: ResponseCurve, l: float, u: float, extra: Sequence[float], count: int) -> Lines:
+    z_star = h.inflection
+    if u - l <= 0.0:
+        slopes, intercepts = np.zeros(1), h.value(np.array([l]))
+    elif l >= z_star:
+        slopes, intercepts = _secant(h, l, u)
+    elif u <= z_star:
+        slopes, intercepts = _tangents(h, _spread(l, u, extra, count))
+    elif not _passes_under(h, l, u):
+        slopes, intercepts = _secant(h, l, u)
+    else:
+        p1 = _bisect(h, l, z_star, u, want_left=True)
+        slopes, intercepts = _tangents(h, _spread(l, p1, extra, count))
+    return Lines(slopes, intercepts - _slack(h, l, u, slopes))
+
+
+def concave_overestimator(
+    h: ResponseCurve, l: float, u: float, extra: Sequence[float] = (), count: int = DEFAULT_TANGENTS
+) -> Lines:
+    """Lines whose minimum is ``>= h`` on ``[l, u]``.
+
+    As ``count`` grows they approach the concave envelope of ``h``.
+
+    ``extra`` asks for tangents at further points (e.g. where a relaxation's optimum sits); they
+    are moved into the valid range.
+    """
+    if h.shape is Shape.CV:
+        return _over_cv(h, l, u, extra, count)
+    return _under_cv(h.negated(), l, u, extra, count).negated()
+
+
+def convex_underestimator(
+    h: ResponseCurve, l: float, u: float, extra: Sequence[float] = (), count: int = DEFAULT_TANGENTS
+) -> Lines:
+    """Lines whose maximum is ``<= h`` on ``[l, u]``."""
+    if h.shape is Shape.CV:
+        return _under_cv(h, l, u, extra, count)
+    return _over_cv(h.negated(), l, u, extra, count).negated()

@@ -1,0 +1,155 @@
+"""The public state of an object over a continuous domain, and bounds on its realized loss.
+
+``log P(x) = Σ_i h_i(θ_i·x + c_i)`` over the box of the domain's numeric attributes (integer ones
+are relaxed to intervals by the search and rounded for incumbents; categorical attributes carry
+no weights and do not matter). ``max log P`` and ``min log P = -max(-log P)`` are bounded by the
+certified branch-and-bound, so the realized loss lies in
+``[max_lower - min_upper, max_upper - min_lower]``.
+
+Only ``linear`` and ``logistic`` queries are supported on continuous domains so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+
+import numpy as np
+
+from app.engine.continuous.branch_and_bound import BnBSettings, MaxResult, maximize
+from app.engine.continuous.problem import Box, TermSet
+from app.engine.continuous.univariate import ResponseCurve
+from app.engine.domain import AttributeKind, Domain
+from app.engine.errors import Unsupported
+from app.engine.likelihood import LossBounds
+from app.engine.mechanisms import Mechanism, Output
+from app.engine.mechanisms.base import output_index
+from app.engine.mechanisms.regression import LinearQuery, LogisticQuery, ScalarResponse
+from app.engine.numerics import FloatArray, float_up
+
+
+@dataclass(frozen=True)
+class ContinuousLoss:
+    """Certified bounds on the realized loss with how the searches ended."""
+
+    lower: float
+    upper: float
+    limit: bool
+    nodes: int
+    seconds: float
+
+    def bounds(self, cap: Fraction | None = None) -> LossBounds:
+        """As :class:`LossBounds`, the upper bound capped by exact basic composition."""
+        upper = self.upper if cap is None else min(self.upper, float_up(cap))
+        return LossBounds(min(self.lower, upper), upper)
+
+
+@dataclass(frozen=True)
+class _Term:
+    theta: FloatArray
+    c: float
+    curve: ResponseCurve
+    #: Bound on |clipped mechanism - affine continuation| over the domain (plain linear only).
+    excess: float
+
+
+def box_of(domain: Domain) -> tuple[Box, tuple[int, ...]]:
+    """The box of the numeric attributes of ``domain`` and their axes."""
+    axes = tuple(i for i, a in enumerate(domain.attributes) if a.is_numeric)
+    lo = np.array([domain.attributes[i].low for i in axes], dtype=np.float64)
+    hi = np.array([domain.attributes[i].high for i in axes], dtype=np.float64)
+    integer = np.array([domain.attributes[i].kind is AttributeKind.INTEGER for i in axes])
+    return Box(lo, hi, integer), axes
+
+
+def _term(mechanism: Mechanism, output: Output, axes: tuple[int, ...], field_path: str) -> _Term:
+    if not isinstance(mechanism, ScalarResponse):
+        raise Unsupported(
+            field_path,
+            f"{mechanism.kind} queries are not supported on continuous domains yet "
+            "(linear and logistic are)",
+        )
+    theta = np.zeros(len(axes))
+    for axis, w in mechanism.weights.items():
+        theta[axes.index(axis)] = w
+    high = output_index(output) == 1
+    if isinstance(mechanism, LogisticQuery):
+        return _Term(theta, mechanism.intercept, ResponseCurve(True, high, mechanism.eps), 0.0)
+    assert isinstance(mechanism, LinearQuery)  # noqa: S101 - the two ScalarResponse kinds
+    curve = ResponseCurve(False, high, mechanism.eps, mechanism.a, mechanism.b, mechanism.truncate)
+    excess = 0.0
+    if not mechanism.truncate:
+        beyond = max(mechanism.a - mechanism.z_min, mechanism.z_max - mechanism.b, 0.0)
+        # |d/dz log(1 + tE)| <= E / (b - a) for t >= 0
+        excess = beyond * mechanism.expm1_eps / (mechanism.b - mechanism.a) * 1.0001
+    return _Term(theta, mechanism.intercept, curve, excess)
+
+
+@dataclass
+class ContinuousState:
+    """History terms of a continuous-domain object and cached bounds on its loss."""
+
+    domain: Domain
+    settings: BnBSettings = field(default_factory=BnBSettings)
+    _terms: list[_Term] = field(default_factory=list)
+    _cached: ContinuousLoss | None = None
+
+    def __post_init__(self) -> None:
+        self.box, self.axes = box_of(self.domain)
+
+    def term_set(self, extra: list[_Term] | None = None) -> tuple[TermSet, float]:
+        """The history (plus ``extra`` terms) as a :class:`TermSet` and its total excess."""
+        terms = self._terms + (extra or [])
+        if not terms:
+            return TermSet(np.zeros((0, len(self.axes))), np.zeros(0), ()), 0.0
+        theta = np.array([t.theta for t in terms])
+        c = np.array([t.c for t in terms])
+        return TermSet(theta, c, tuple(t.curve for t in terms)), sum(t.excess for t in terms)
+
+    def _bound(self, extra: list[_Term] | None = None) -> ContinuousLoss:
+        terms, excess = self.term_set(extra)
+        if terms.size == 0:
+            return ContinuousLoss(0.0, 0.0, False, 0, 0.0)
+        half = replace(self.settings, tolerance=self.settings.tolerance / 2.0)
+        top: MaxResult = maximize(terms, self.box, half)
+        bottom: MaxResult = maximize(terms.negated(), self.box, half)
+        lower = max(0.0, top.lower + bottom.lower - 2.0 * excess)
+        upper = top.upper + bottom.upper + 2.0 * excess
+        return ContinuousLoss(
+            lower,
+            upper,
+            top.status.hit_limit or bottom.status.hit_limit,
+            top.nodes + bottom.nodes,
+            top.seconds + bottom.seconds,
+        )
+
+    def loss_detail(self) -> ContinuousLoss:
+        """Bounds on the realized loss of the history (cached)."""
+        if self._cached is None:
+            self._cached = self._bound()
+        return self._cached
+
+    def loss(self, cap: Fraction | None = None) -> LossBounds:
+        """Certified bounds on the realized loss, capped by ``cap`` (exact Σε) when given."""
+        return self.loss_detail().bounds(cap)
+
+    def loss_after(
+        self, mechanism: Mechanism, output: Output, field_path: str = "query"
+    ) -> ContinuousLoss:
+        """Bounds on the loss of the history extended by ``(mechanism, output)``."""
+        return self._bound([_term(mechanism, output, self.axes, field_path)])
+
+    def record(
+        self,
+        mechanism: Mechanism,
+        output: Output,
+        field_path: str = "query",
+        known: ContinuousLoss | None = None,
+    ) -> None:
+        """Append an accepted ``(mechanism, output)``; ``known`` reuses bounds already computed."""
+        self._terms.append(_term(mechanism, output, self.axes, field_path))
+        self._cached = known
+
+    def check_supported(self, mechanism: Mechanism, field_path: str) -> None:
+        """Raise :class:`Unsupported` for a mechanism this state cannot account for."""
+        _term(mechanism, 0, self.axes, field_path)
