@@ -78,7 +78,12 @@ def replay_history(
 
 def _options(raw: Any) -> tuple[float, BnBSettings]:
     options = as_object(raw, "options")
-    check_keys(options, "options", required=(), optional=("tolerance", "time_limit", "max_nodes"))
+    check_keys(
+        options,
+        "options",
+        required=(),
+        optional=("tolerance", "time_limit", "max_nodes", "grouping"),
+    )
     tolerance = DEFAULT_TOLERANCE
     if "tolerance" in options:
         tolerance = as_positive_number(options["tolerance"], "options.tolerance")
@@ -93,16 +98,21 @@ def _options(raw: Any) -> tuple[float, BnBSettings]:
         if not 1 <= nodes <= 10_000_000:
             raise InvalidInput("options.max_nodes", "must be between 1 and 10000000")
         settings = replace(settings, max_nodes=nodes)
+    if "grouping" in options:
+        size = as_integer(options["grouping"], "options.grouping")
+        if not 1 <= size <= 10_000:
+            raise InvalidInput("options.grouping", "must be between 1 and 10000")
+        settings = replace(settings, grouping=size)
     return tolerance, settings
 
 
 def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Answer a loss-calculator request (see the module docstring for the shapes).
 
-    ``options`` may also carry ``time_limit`` (seconds per search) and ``max_nodes`` for
-    continuous domains. ``status`` is ``"limit"`` when ``upper - lower`` exceeds the tolerance
-    (a search hit a limit, or the tolerance is below the rounding bound); the bounds are sound
-    either way.
+    ``options`` may also carry ``time_limit`` (seconds per search), ``max_nodes`` and
+    ``grouping`` (appendix B group size; off by default) for continuous domains. ``status`` is
+    ``"limit"`` when ``upper - lower`` exceeds the tolerance (a search hit a limit, or the
+    tolerance is below the rounding bound); the bounds are sound either way.
 
     Raises
     ------

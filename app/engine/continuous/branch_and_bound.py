@@ -84,6 +84,10 @@ class BnBSettings:
         Largest ``2**d`` enumerated by the exact vertex path.
     local_search:
         Polish the root incumbent with L-BFGS-B.
+    grouping:
+        Appendix B: bound the history in consecutive groups of this many queries and add the
+        groups' bounds (``max Σ_g F_g <= Σ_g max F_g``). Cheaper for long histories but looser,
+        so the filter accepts fewer queries; ``None`` (the default) bounds the whole history.
     """
 
     tolerance: float = 5e-5
@@ -93,6 +97,7 @@ class BnBSettings:
     tangents: int = 3
     max_vertices: int = 4096
     local_search: bool = True
+    grouping: int | None = None
 
 
 @dataclass(frozen=True)

@@ -110,17 +110,30 @@ class ContinuousState:
         terms, excess = self.term_set(extra)
         if terms.size == 0:
             return ContinuousLoss(0.0, 0.0, False, 0, 0.0)
-        half = replace(self.settings, tolerance=self.settings.tolerance / 2.0)
-        top: MaxResult = maximize(terms, self.box, half)
-        bottom: MaxResult = maximize(terms.negated(), self.box, half)
-        lower = max(0.0, top.lower + bottom.lower - 2.0 * excess)
-        upper = top.upper + bottom.upper + 2.0 * excess
+        m = self.settings.grouping
+        groups = [np.arange(terms.size)]
+        if m is not None and terms.size > m:
+            groups = [np.arange(i, min(i + m, terms.size)) for i in range(0, terms.size, m)]
+        tolerance = self.settings.tolerance / (2.0 * len(groups))
+        settings = replace(self.settings, tolerance=tolerance)
+        upper, nodes, seconds, limit = 0.0, 0, 0.0, False
+        points: list[FloatArray] = []
+        for index in groups:
+            part = terms.subset(index) if len(groups) > 1 else terms
+            top: MaxResult = maximize(part, self.box, settings)
+            bottom: MaxResult = maximize(part.negated(), self.box, settings)
+            upper += top.upper + bottom.upper
+            nodes += top.nodes + bottom.nodes
+            seconds += top.seconds + bottom.seconds
+            limit = limit or top.status.hit_limit or bottom.status.hit_limit
+            points += [top.x, bottom.x]
+        if len(groups) == 1:
+            lower = top.lower + bottom.lower
+        else:  # certified lower bound: the whole F at the groups' extreme points
+            values, errs = terms.evaluate_many(np.array(points))
+            lower = float(np.max(values - errs) - np.min(values + errs))
         return ContinuousLoss(
-            lower,
-            upper,
-            top.status.hit_limit or bottom.status.hit_limit,
-            top.nodes + bottom.nodes,
-            top.seconds + bottom.seconds,
+            max(0.0, lower - 2.0 * excess), upper + 2.0 * excess, limit, nodes, seconds
         )
 
     def loss_detail(self) -> ContinuousLoss:
