@@ -37,6 +37,10 @@ class InvalidInput(EngineError):
         super().__init__(f"{field}: {message}")
         self.errors: tuple[FieldError, ...] = (FieldError(field, message),)
 
+    def __reduce__(self) -> tuple[type[InvalidInput], tuple[str, str]]:
+        """Pickle with the constructor's arguments (errors cross process boundaries)."""
+        return (type(self), (self.errors[0].field, self.errors[0].message))
+
     @property
     def field(self) -> str:
         """The path of the first offending field."""
@@ -55,3 +59,7 @@ class Unsupported(EngineError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+    def __reduce__(self) -> tuple[type[Unsupported], tuple[str, str]]:
+        """Pickle with the constructor's arguments (errors cross process boundaries)."""
+        return (type(self), (self.field, self.message))

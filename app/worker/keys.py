@@ -1,0 +1,49 @@
+"""Canonical keys for bound computations.
+
+Two requests get the same key exactly when they describe the same computation: the domain and
+every query are re-serialised from their parsed, canonical form (so key order, ``1`` vs ``1.0``
+and defaulted fields do not matter), and the history is a *multiset*: realized loss does not
+depend on the order of the queries, so the entries are sorted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from app.engine.domain import parse_domain
+from app.engine.jsonfields import as_list, as_object, path
+from app.engine.mechanisms import parse_query
+
+KEY_VERSION = "v1"
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def request_key(request: Mapping[str, Any]) -> str:
+    """SHA-256 hex key of a calculator request (raises ``InvalidInput`` on malformed input)."""
+    obj = as_object(request, "")
+    domain = parse_domain(obj.get("domain"), "domain")
+    entries = []
+    for i, item in enumerate(as_list(obj.get("history"), "history")):
+        entry = as_object(item, path("history", i))
+        mech = parse_query(entry.get("query"), domain, path(path("history", i), "query"))
+        output = mech.parse_output(entry.get("output"), path(path("history", i), "output"))
+        entries.append(_canonical([mech.to_json(), mech.output_json(output)]))
+    entries.sort()
+    candidate = None
+    if "candidate" in obj:
+        candidate = parse_query(obj["candidate"], domain, "candidate").to_json()
+    material = {
+        "version": KEY_VERSION,
+        "domain": domain.to_json(),
+        "history": entries,
+        "candidate": candidate,
+        "budget": obj.get("budget"),
+        "options": obj.get("options", {}),
+    }
+    return hashlib.sha256(_canonical(material).encode()).hexdigest()

@@ -1,0 +1,190 @@
+"""Run bound computations in a process pool, with a time limit and a sound fallback.
+
+Each call runs :func:`app.engine.calculator.compute_loss` in a worker process with the search's
+own time limit (``options.time_limit``, default :attr:`WorkerSettings.time_limit`), so a hard
+history comes back with ``"status": "limit"`` and sound bounds. As a safety net the caller also
+stops waiting after ``time_limit * 4 + grace`` seconds; it then answers with basic composition
+— ``0 <= loss <= Σ ε`` (Lemma 6.1), the fallback of last resort — computed in the calling process,
+and logs the event. Only complete (non-fallback) answers are cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import logging
+import multiprocessing
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from app.engine.calculator import compute_loss
+from app.engine.domain import parse_domain
+from app.engine.filters import FilterKind
+from app.engine.errors import InvalidInput
+from app.engine.jsonfields import as_list, as_object, as_positive_number, path
+from app.engine.mechanisms import parse_query
+from app.engine.numerics import DECISION_MARGIN, decimal_fraction, float_up
+from app.worker.cache import LRUCache, ResultCache
+from app.worker.keys import request_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """Settings of the bound worker.
+
+    Attributes
+    ----------
+    processes:
+        Worker processes (0 computes in the calling thread: for tests and the CLI).
+    time_limit:
+        Seconds a single search may take before answering with ``"status": "limit"``.
+    grace:
+        Extra seconds of the safety net beyond ``4 * time_limit``.
+    cache_entries:
+        Entries of the default in-process LRU cache.
+    """
+
+    processes: int = 2
+    time_limit: float = 10.0
+    grace: float = 5.0
+    cache_entries: int = 4096
+
+
+def _with_time_limit(request: dict[str, Any], time_limit: float) -> dict[str, Any]:
+    options = dict(request.get("options") or {})
+    options.setdefault("time_limit", time_limit)
+    return {**request, "options": options}
+
+
+def _run(request: dict[str, Any]) -> dict[str, Any]:
+    """Worker-process entry point."""
+    return compute_loss(request)
+
+
+def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
+    """The calculator's answer from basic composition alone (always sound, never tight)."""
+    obj = as_object(request, "")
+    domain = parse_domain(obj["domain"], "domain")
+    total = Fraction(0)
+    for i, item in enumerate(as_list(obj["history"], "history")):
+        entry = as_object(item, path("history", i))
+        total += parse_query(
+            entry["query"], domain, path(path("history", i), "query")
+        ).epsilon_exact
+    answer: dict[str, Any] = {
+        "realized_loss": {"lower": 0.0, "upper": float_up(total)},
+        "basic_composition": float(total),
+        "status": "limit",
+    }
+    if "candidate" in obj:
+        mech = parse_query(obj["candidate"], domain, "candidate")
+        after = total + mech.epsilon_exact
+        if "budget" not in obj:
+            raise InvalidInput("budget", "is required when a candidate is given")
+        budget = as_positive_number(obj["budget"], "budget")
+        basic_ok = after <= decimal_fraction(budget)
+        outputs = []
+        if mech.output_count <= 256:
+            outputs = [
+                {"output": mech.output_json(j), "lower": 0.0, "upper": float_up(after)}
+                for j in range(mech.output_count)
+            ]
+        answer["candidate"] = {
+            "per_output": outputs,
+            "per_output_complete": bool(outputs),
+            "worst_case_upper": float_up(after),
+            "epsilon": mech.epsilon,
+            "accepted": {
+                FilterKind.BAYESIAN.value: basic_ok,
+                FilterKind.SIMPLIFIED.value: basic_ok
+                or float_up(total) + float(mech.epsilon_exact) <= budget - DECISION_MARGIN,
+                FilterKind.BASIC.value: basic_ok,
+            },
+        }
+    return answer
+
+
+class BoundWorker:
+    """Computes calculator answers off the caller's thread, cached by canonical request key."""
+
+    def __init__(
+        self, settings: WorkerSettings | None = None, cache: ResultCache | None = None
+    ) -> None:
+        self.settings = settings or WorkerSettings()
+        self.cache: ResultCache = (
+            cache if cache is not None else LRUCache(self.settings.cache_entries)
+        )
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        if self.settings.processes > 0:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.settings.processes,
+                mp_context=multiprocessing.get_context("spawn"),
+            )
+        self.fallbacks = 0
+
+    @property
+    def deadline(self) -> float:
+        """Seconds the caller waits before falling back to basic composition."""
+        return 4.0 * self.settings.time_limit + self.settings.grace
+
+    def compute(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The calculator's answer for ``request`` (blocking).
+
+        Raises ``InvalidInput``/``Unsupported`` for bad requests, like the calculator.
+        """
+        key = request_key(request)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return copy.deepcopy(cached)
+        job = _with_time_limit(request, self.settings.time_limit)
+        if self._pool is None:
+            answer = _run(job)
+        else:
+            future = self._pool.submit(_run, job)
+            try:
+                answer = future.result(timeout=self.deadline)
+            except concurrent.futures.TimeoutError:
+                return self._fallback(request)
+        self.cache.set(key, answer)
+        return copy.deepcopy(answer)
+
+    async def compute_async(self, request: dict[str, Any]) -> dict[str, Any]:
+        """:meth:`compute` without blocking the event loop."""
+        key = request_key(request)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return copy.deepcopy(cached)
+        job = _with_time_limit(request, self.settings.time_limit)
+        if self._pool is None:
+            answer = await asyncio.to_thread(_run, job)
+        else:
+            future = asyncio.wrap_future(self._pool.submit(_run, job))
+            try:
+                answer = await asyncio.wait_for(future, timeout=self.deadline)
+            except TimeoutError:
+                return self._fallback(request)
+        self.cache.set(key, answer)
+        return copy.deepcopy(answer)
+
+    def _fallback(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.fallbacks += 1
+        log.warning(
+            "bound computation exceeded %.1f s; answering with basic composition", self.deadline
+        )
+        return basic_fallback(request)
+
+    def close(self) -> None:
+        """Stop the worker processes (running computations are cancelled)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> BoundWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,156 @@
+"""The bound worker: same answers as the calculator, canonical caching, time limits, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.engine.calculator import compute_loss
+from app.engine.errors import InvalidInput, Unsupported
+from app.worker.cache import LRUCache
+from app.worker.keys import request_key
+from app.worker.pool import BoundWorker, WorkerSettings, basic_fallback
+
+NAMES = [f"x{i}" for i in range(1, 10)]
+BOX = {"attributes": [{"name": n, "type": "real", "low": -1, "high": 1} for n in NAMES]}
+
+
+def _logistic_history(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    history = []
+    for _ in range(n):
+        th = rng.uniform(-10, 10, 10)
+        query = {
+            "mechanism": "logistic",
+            "weights": dict(zip(NAMES, th[1:].tolist(), strict=True)),
+            "intercept": float(th[0]),
+            "epsilon": 0.1,
+        }
+        history.append({"query": query, "output": int(rng.integers(2))})
+    return history
+
+
+def _request(history: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"domain": copy.deepcopy(BOX), "history": history, **extra}
+
+
+@pytest.fixture(scope="module")
+def worker() -> Any:
+    with BoundWorker(WorkerSettings(processes=1, time_limit=5.0)) as w:
+        yield w
+
+
+def test_process_pool_answers_like_the_calculator(worker: BoundWorker) -> None:
+    request = _request(
+        _logistic_history(4, 1), budget=1.0, candidate=_logistic_history(1, 2)[0]["query"]
+    )
+    assert worker.compute(copy.deepcopy(request)) == compute_loss(copy.deepcopy(request))
+
+
+def test_identical_histories_are_computed_once_whatever_their_order(worker: BoundWorker) -> None:
+    cache = LRUCache(16)
+    local = BoundWorker(WorkerSettings(processes=0), cache)
+    history = _logistic_history(3, 3)
+    first = local.compute(_request(history))
+    assert (cache.hits, cache.misses) == (0, 1)
+    shuffled = list(reversed(history))
+    # equivalent spelling: integer-valued floats, explicit default intercept order
+    shuffled[0] = copy.deepcopy(shuffled[0])
+    shuffled[0]["query"]["epsilon"] = 0.1
+    assert local.compute(_request(shuffled)) == first
+    assert (cache.hits, cache.misses) == (1, 1)
+    assert request_key(_request(history)) == request_key(_request(shuffled))
+    assert request_key(_request(history)) != request_key(_request(history[:2]))
+
+
+def test_lru_evicts_the_least_recently_used() -> None:
+    cache = LRUCache(2)
+    cache.set("a", {"v": 1})
+    cache.set("b", {"v": 2})
+    assert cache.get("a") == {"v": 1}
+    cache.set("c", {"v": 3})
+    assert cache.get("b") is None
+    assert cache.get("a") == {"v": 1}
+    assert len(cache) == 2
+
+
+def test_a_hard_history_returns_a_sound_limit_within_the_time_limit(worker: BoundWorker) -> None:
+    request = _request(_logistic_history(40, 4), options={"time_limit": 0.3, "tolerance": 1e-9})
+    start = time.perf_counter()
+    answer = worker.compute(request)
+    elapsed = time.perf_counter() - start
+    assert answer["status"] == "limit"
+    loss = answer["realized_loss"]
+    assert 0.0 <= loss["lower"] <= loss["upper"] <= answer["basic_composition"] + 1e-9
+    assert elapsed < 10.0
+
+
+def test_the_safety_net_falls_back_to_basic_composition() -> None:
+    # a worker whose deadline is far shorter than the search's own limit must not hang
+    settings = WorkerSettings(processes=1, time_limit=30.0, grace=-119.8)
+    with BoundWorker(settings) as w:
+        request = _request(
+            _logistic_history(60, 5), options={"time_limit": 30.0, "tolerance": 1e-12}
+        )
+        start = time.perf_counter()
+        answer = w.compute(request)
+        assert time.perf_counter() - start < 5.0
+    assert answer["status"] == "limit"
+    assert answer["realized_loss"]["lower"] == 0.0
+    assert answer["realized_loss"]["upper"] >= answer["basic_composition"]
+    assert w.fallbacks == 1
+
+
+def test_fallback_decisions_follow_basic_composition() -> None:
+    history = _logistic_history(3, 6)
+    answer = basic_fallback(_request(history, budget=1.0, candidate=history[0]["query"]))
+    cand = answer["candidate"]
+    assert cand["accepted"]["bayesian"] == cand["accepted"]["basic"]
+    assert cand["worst_case_upper"] >= answer["basic_composition"]
+
+
+def test_errors_cross_the_process_boundary_with_their_field(worker: BoundWorker) -> None:
+    bad = _request(_logistic_history(1, 7))
+    bad["history"][0]["query"]["epsilon"] = -1
+    with pytest.raises(InvalidInput) as info:
+        worker.compute(bad)
+    assert info.value.field == "history[0].query.epsilon"
+    unsupported = _request(
+        [],
+        budget=1.0,
+        candidate={
+            "mechanism": "binary_rr",
+            "epsilon": 1.0,
+            "predicate": {"attribute": "x1", "op": ">", "value": 0},
+        },
+    )
+    with pytest.raises(Unsupported) as info2:
+        worker.compute(unsupported)
+    assert info2.value.field == "candidate"
+
+
+def test_async_api_does_not_block_the_event_loop(worker: BoundWorker) -> None:
+    async def main() -> tuple[dict[str, Any], int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        answer = await worker.compute_async(
+            _request(_logistic_history(8, 8), options={"tolerance": 1e-6})
+        )
+        task.cancel()
+        return answer, ticks
+
+    answer, ticks = asyncio.run(main())
+    assert answer["realized_loss"]["lower"] <= answer["realized_loss"]["upper"]
+    assert ticks >= 3  # the loop kept running while the process computed
