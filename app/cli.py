@@ -59,13 +59,68 @@ def cmd_loss(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_database() -> tuple[Any, Any]:
+    """Wait for the database and migrate it (the prestart steps); returns (settings, engine)."""
+    from app.db.migrate import upgrade
+    from app.db.session import make_engine, wait_for_database
+    from app.settings import get_settings
+
+    settings = get_settings()
+    engine = make_engine(settings.database_url)
+    wait_for_database(engine, settings.database_wait_seconds)
+    upgrade(settings.database_url)
+    return settings, engine
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Start the HTTP service (not built yet: prints a notice and exits cleanly)."""
+    """Wait for the database, migrate it, then serve with uvicorn."""
+    import uvicorn
+
+    settings, engine = _prepare_database()
+    engine.dispose()
+    workers = args.workers or settings.web_workers
     print(
-        f"gatekeeper: service not built yet (would listen on {args.host}:{args.port}); "
-        "the engine and `gatekeeper loss` are available."
+        f"gatekeeper: serving on http://{args.host or settings.host}:{args.port or settings.port}"
+        f" with {workers} worker(s), database {settings.database_url.split('://')[0]}",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        "app.api.main:app_factory",
+        factory=True,
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        workers=workers,
+        log_level=settings.log_level.lower(),
     )
     return 0
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    """Create an API key and print it once."""
+    from app.db.session import make_session_factory
+    from app.services.auth import Role, create_key
+
+    _, engine = _prepare_database()
+    with make_session_factory(engine)() as session, session.begin():
+        _, secret = create_key(session=session, role=Role(args.role), label=args.label)
+    print(secret)
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Recompute every object's state from its history; non-zero exit on any mismatch."""
+    from app.db.session import make_session_factory
+    from app.verify import verify_all
+
+    _, engine = _prepare_database()
+    report = verify_all(make_session_factory(engine))
+    for line in report.problems:
+        print(f"MISMATCH {line}")
+    print(
+        f"verified {report.checked} object(s): "
+        + ("ok" if report.ok else f"{len(report.problems)} mismatch(es)")
+    )
+    return 0 if report.ok else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,11 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
     loss.add_argument("file", help="request JSON file, or - for standard input")
     loss.add_argument("--pretty", action="store_true", help="indent the JSON answer")
     loss.set_defaults(func=cmd_loss)
-    serve = sub.add_parser("serve", help="start the HTTP service")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1)
+    serve = sub.add_parser("serve", help="migrate the database, then start the HTTP service")
+    serve.add_argument("--host", default=None, help="default: HOST or 127.0.0.1")
+    serve.add_argument("--port", type=int, default=None, help="default: PORT or 8000")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="uvicorn worker processes (default: WEB_WORKERS or 1)",
+    )
     serve.set_defaults(func=cmd_serve)
+    keys = sub.add_parser("keys", help="manage API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="create a key and print it once")
+    create.add_argument("--role", required=True, choices=["admin", "analyst", "viewer"])
+    create.add_argument("--label", default=None)
+    create.set_defaults(func=cmd_keys_create)
+    verify = sub.add_parser("verify", help="recompute every object's state from its history")
+    verify.set_defaults(func=cmd_verify)
     return parser
 
 

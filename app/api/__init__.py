@@ -1,1 +1,1 @@
-"""Placeholder for the api layer (see DESIGN.md, Architecture)."""
+"""The HTTP API: thin FastAPI routers over :mod:`app.services` (DESIGN.md, REST API v1)."""

@@ -101,6 +101,26 @@ class Accountant:
         else:
             self.state = ContinuousState(self.domain, self.bnb)
 
+    @classmethod
+    def restore(
+        cls,
+        *,
+        domain: Domain,
+        budget: float,
+        filter: FilterKind,
+        logp: bytes,
+        err: float,
+        basic_total: Fraction,
+        accepted: int,
+        rejected: int,
+        limits: EngineLimits = DEFAULT_LIMITS,
+    ) -> Accountant:
+        """Rebuild a finite-domain accountant from persisted state (no trajectory)."""
+        acc = cls(domain, budget, filter, limits)
+        acc.state = LikelihoodState.from_bytes(domain, logp, err)
+        acc.basic_total, acc.accepted, acc.rejected = basic_total, accepted, rejected
+        return acc
+
     def evaluate(self, mechanism: Mechanism, target: float | None = None) -> CandidateEvaluation:
         """Per-output bounds of the loss after ``mechanism`` (no change to the history).
 

@@ -27,6 +27,7 @@ from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind, decide, evaluate_candidate
 from app.engine.jsonfields import (
+    as_bool,
     as_integer,
     as_list,
     as_object,
@@ -37,6 +38,7 @@ from app.engine.jsonfields import (
 from app.engine.likelihood import LikelihoodState
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits
 from app.engine.mechanisms import parse_query
+from app.engine.numerics import DECISION_MARGIN
 
 DEFAULT_TOLERANCE = 1e-4
 MAX_BUDGET = 10_000.0
@@ -76,13 +78,13 @@ def replay_history(
     return state, basic
 
 
-def _options(raw: Any) -> tuple[float, BnBSettings]:
+def _options(raw: Any) -> tuple[float, BnBSettings, bool]:
     options = as_object(raw, "options")
     check_keys(
         options,
         "options",
         required=(),
-        optional=("tolerance", "time_limit", "max_nodes", "grouping"),
+        optional=("tolerance", "time_limit", "max_nodes", "grouping", "fast"),
     )
     tolerance = DEFAULT_TOLERANCE
     if "tolerance" in options:
@@ -103,14 +105,17 @@ def _options(raw: Any) -> tuple[float, BnBSettings]:
         if not 1 <= size <= 10_000:
             raise InvalidInput("options.grouping", "must be between 1 and 10000")
         settings = replace(settings, grouping=size)
-    return tolerance, settings
+    fast = as_bool(options.get("fast", False), "options.fast")
+    return tolerance, settings, fast
 
 
 def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Answer a loss-calculator request (see the module docstring for the shapes).
 
     ``options`` may also carry ``time_limit`` (seconds per search), ``max_nodes`` and
-    ``grouping`` (appendix B group size; off by default) for continuous domains. ``status`` is
+    ``grouping`` (appendix B group size; off by default) for continuous domains, and ``fast``:
+    stop at a cheap sound bound when it already decides the candidate under ``budget`` (the
+    per-output bounds may then be loose; used by the service's filter decisions). ``status`` is
     ``"limit"`` when ``upper - lower`` exceeds the tolerance (a search hit a limit, or the
     tolerance is below the rounding bound); the bounds are sound either way.
 
@@ -124,7 +129,7 @@ def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict
     obj = as_object(request, "")
     check_keys(obj, "", required=("domain", "history"), optional=("budget", "candidate", "options"))
     domain = parse_domain(obj["domain"], "domain", limits=limits)
-    tolerance, settings = _options(obj.get("options", {}))
+    tolerance, settings, fast = _options(obj.get("options", {}))
     budget = None
     if "budget" in obj:
         budget = as_positive_number(obj["budget"], "budget", maximum=MAX_BUDGET)
@@ -145,8 +150,9 @@ def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict
                 state, mechanism, max_listed=limits.max_listed_outputs, basic_total=basic
             )
         else:
+            target = budget - DECISION_MARGIN if fast else None
             evaluation, _ = evaluate_continuous(
-                state, mechanism, basic_total=basic, target=None, field_path="candidate"
+                state, mechanism, basic_total=basic, target=target, field_path="candidate"
             )
         accepted = {
             kind.value: decide(

@@ -21,8 +21,8 @@ from typing import Any
 
 from app.engine.calculator import compute_loss
 from app.engine.domain import parse_domain
-from app.engine.filters import FilterKind
 from app.engine.errors import InvalidInput
+from app.engine.filters import FilterKind
 from app.engine.jsonfields import as_list, as_object, as_positive_number, path
 from app.engine.mechanisms import parse_query
 from app.engine.numerics import DECISION_MARGIN, decimal_fraction, float_up

@@ -1,0 +1,71 @@
+"""Request examples shown in the OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DOMAIN: dict[str, Any] = {
+    "attributes": [
+        {"name": "age", "type": "integer", "low": 18, "high": 90},
+        {"name": "sex", "type": "integer", "low": 0, "high": 1},
+        {"name": "disease", "type": "categorical", "values": ["none", "flu", "covid"]},
+    ]
+}
+GRR = {"mechanism": "grr", "attribute": "disease", "epsilon": 0.5}
+BINARY_RR = {
+    "mechanism": "binary_rr",
+    "epsilon": 0.3,
+    "predicate": {"attribute": "age", "op": ">=", "value": 65},
+}
+LINEAR = {
+    "mechanism": "linear",
+    "weights": {"age": 0.01},
+    "intercept": -0.5,
+    "range": [-0.5, 0.5],
+    "truncate": True,
+    "epsilon": 0.4,
+}
+
+REGISTER = {
+    "finite": {
+        "summary": "A finite object",
+        "value": {
+            "id": "patient-17",
+            "domain": DOMAIN,
+            "value": {"age": 34, "sex": 1, "disease": "flu"},
+            "budget": {"epsilon": 2.0},
+            "filter": "bayesian",
+        },
+    },
+    "continuous": {
+        "summary": "A continuous object",
+        "value": {
+            "id": "device-3",
+            "domain": {
+                "attributes": [
+                    {"name": "x1", "type": "real", "low": -1, "high": 1},
+                    {"name": "x2", "type": "real", "low": -1, "high": 1},
+                ]
+            },
+            "value": {"x1": 0.2, "x2": -0.4},
+            "budget": {"epsilon": 1.0},
+        },
+    },
+}
+QUERY = {
+    "grr": {"summary": "Generalised randomised response", "value": {"query": GRR}},
+    "binary_rr": {"summary": "Randomised response on a predicate", "value": {"query": BINARY_RR}},
+    "linear": {"summary": "Truncated linear query", "value": {"query": LINEAR}},
+}
+LOSS = {
+    "calculator": {
+        "summary": "Loss of a history and a candidate",
+        "value": {
+            "domain": DOMAIN,
+            "history": [{"query": BINARY_RR, "output": 1}, {"query": BINARY_RR, "output": 0}],
+            "budget": 2.0,
+            "candidate": GRR,
+            "options": {"tolerance": 1e-4},
+        },
+    },
+}

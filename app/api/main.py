@@ -1,0 +1,96 @@
+"""The FastAPI application: ``create_app(settings)`` and the module-level ``app`` for uvicorn."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+
+from app.api import problems
+from app.api.deps import Runtime
+from app.api.routes import misc, objects
+from app.db.session import make_engine, make_session_factory
+from app.engine.limits import DEFAULT_LIMITS
+from app.services.auth import ensure_bootstrap_admin
+from app.services.locks import ObjectLocks
+from app.settings import Settings, get_settings
+from app.worker.pool import BoundWorker, WorkerSettings
+
+log = logging.getLogger("gatekeeper")
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    """Engine, sessions, worker pool, locks and Redis client for one process."""
+    engine = make_engine(settings.database_url)
+    redis_client = None
+    if settings.redis_url:
+        import redis
+
+        redis_client = redis.Redis.from_url(
+            settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+        )
+    worker = BoundWorker(
+        WorkerSettings(processes=settings.bound_processes, time_limit=settings.bound_time_limit)
+    )
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        sessions=make_session_factory(engine),
+        worker=worker,
+        locks=ObjectLocks(redis_client, settings.lock_timeout, settings.lock_wait),
+        limits=DEFAULT_LIMITS,
+        redis=redis_client,
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the application (migrations are run beforehand by ``gatekeeper serve``)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = build_runtime(settings)
+        app.state.runtime = runtime
+        if settings.gatekeeper_bootstrap_admin_key:
+            with runtime.sessions() as session, session.begin():
+                if ensure_bootstrap_admin(
+                    session=session, secret=settings.gatekeeper_bootstrap_admin_key
+                ):
+                    log.info("bootstrap admin key registered")
+        yield
+        runtime.worker.close()
+        runtime.engine.dispose()
+
+    app = FastAPI(
+        title="ldp-gatekeeper",
+        version="0.1.0",
+        description="Per-object privacy-budget gatekeeper for Local Differential Privacy: the "
+        "Bayesian Privacy Filter and Odometer. Errors are application/problem+json.",
+        lifespan=lifespan,
+    )
+    problems.install(app)
+
+    @app.middleware("http")
+    async def limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+            return problems.problem(
+                413,
+                "payload-too-large",
+                "Payload too large",
+                f"request bodies are limited to {settings.max_body_bytes} bytes",
+            )
+        return await call_next(request)
+
+    app.include_router(objects.router)
+    app.include_router(misc.router)
+    return app
+
+
+def app_factory() -> FastAPI:
+    """Factory for ``uvicorn --factory app.api.main:app_factory``."""
+    return create_app()

@@ -1,0 +1,123 @@
+"""One JSON error shape: RFC 9457 ``application/problem+json``.
+
+``{"type", "title", "status", "detail", "errors": [{"field", "message"}], ...}`` — validation
+errors name the field and never echo the submitted value.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.engine.errors import InvalidInput, Unsupported
+from app.services.errors import ServiceError
+
+log = logging.getLogger(__name__)
+PROBLEM = "application/problem+json"
+
+
+def problem(
+    status: int,
+    type_: str,
+    title: str,
+    detail: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    """A problem+json response."""
+    body = {"type": type_, "title": title, "status": status, "detail": detail, **extra}
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [p for p in loc if p not in ("body", "query", "path", "header")]
+    text = ""
+    for p in parts:
+        text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
+    return text or "body"
+
+
+async def _validation(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)  # noqa: S101 - registered for this type
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return problem(400, "invalid-json", "Invalid JSON", "the request body is not valid JSON")
+    items = [
+        {"field": _field(tuple(e.get("loc", ()))), "message": str(e.get("msg", "invalid"))}
+        for e in errors
+    ]
+    detail = f"{items[0]['field']}: {items[0]['message']}" if items else "invalid request"
+    return problem(422, "validation-error", "Invalid input", detail, errors=items)
+
+
+async def _invalid(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, InvalidInput)  # noqa: S101 - registered for this type
+    items = [{"field": e.field or "body", "message": e.message} for e in exc.errors]
+    detail = f"{items[0]['field']}: {items[0]['message']}"
+    return problem(422, "validation-error", "Invalid input", detail, errors=items)
+
+
+async def _unsupported(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Unsupported)  # noqa: S101 - registered for this type
+    return problem(
+        422,
+        "unsupported",
+        "Not supported",
+        f"{exc.field}: {exc.message}",
+        errors=[{"field": exc.field, "message": exc.message}],
+    )
+
+
+async def _service(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServiceError)  # noqa: S101 - registered for this type
+    headers = {}
+    extra = dict(exc.extra)
+    if "retry_after" in extra:
+        headers["Retry-After"] = str(extra.pop("retry_after"))
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return problem(exc.status, exc.type, exc.title, exc.detail, headers=headers or None, **extra)
+
+
+async def _http(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)  # noqa: S101 - registered for this type
+    titles = {
+        404: "Not found",
+        405: "Method not allowed",
+        413: "Payload too large",
+        415: "Unsupported media type",
+    }
+    slug = {
+        404: "not-found",
+        405: "method-not-allowed",
+        413: "payload-too-large",
+        415: "unsupported-media-type",
+    }
+    return problem(
+        exc.status_code,
+        slug.get(exc.status_code, "http-error"),
+        titles.get(exc.status_code, "HTTP error"),
+        str(exc.detail),
+        headers=getattr(exc, "headers", None),
+    )
+
+
+async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error: %s", type(exc).__name__)
+    return problem(500, "internal-error", "Internal error", "an unexpected error occurred")
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into problem+json."""
+    app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(InvalidInput, _invalid)
+    app.add_exception_handler(Unsupported, _unsupported)
+    app.add_exception_handler(ServiceError, _service)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _unexpected)

@@ -1,0 +1,1 @@
+"""Routers of API v1."""

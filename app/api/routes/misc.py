@@ -1,0 +1,136 @@
+"""Odometer summary, the loss calculator, keys, health and metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response, status
+from fastapi.concurrency import run_in_threadpool
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from app.api import examples
+from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, body_doc
+from app.api.problems import problem
+from app.engine.errors import InvalidInput
+from app.engine.jsonfields import as_object, as_string, check_keys
+from app.services import objects as object_service
+from app.services.auth import Role, create_key, revoke_key
+from app.services.errors import NotFound
+
+router = APIRouter()
+
+
+@router.get("/v1/odometers", tags=["odometers"])
+async def odometers(
+    runtime: RuntimeDep,
+    _: ViewerDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    remaining_lt: Annotated[float | None, Query(description="Only remaining < this")] = None,
+    remaining_gt: Annotated[float | None, Query(description="Only remaining > this")] = None,
+    include_retired: bool = False,
+) -> dict[str, Any]:
+    """A page of odometers across objects, filtered by remaining budget."""
+    return await run_in_threadpool(
+        object_service.list_odometers,
+        session_factory=runtime.sessions,
+        limit=limit,
+        offset=offset,
+        remaining_lt=remaining_lt,
+        remaining_gt=remaining_gt,
+        include_retired=include_retired,
+    )
+
+
+@router.post("/v1/loss", tags=["calculator"], openapi_extra=body_doc(examples.LOSS))
+async def loss(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, Any]:
+    """The stateless loss calculator (DESIGN.md): realized loss of a history and a candidate."""
+    as_object(body, "")
+    return await runtime.worker.compute_async(body)
+
+
+@router.post(
+    "/v1/keys",
+    tags=["keys"],
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra=body_doc({"analyst": {"value": {"role": "analyst", "label": "app"}}}),
+)
+async def new_key(
+    runtime: RuntimeDep,
+    _: AdminDep,
+    body: JsonBody,
+) -> dict[str, Any]:
+    """Create an API key (admin); the secret is shown once."""
+    obj = as_object(body, "")
+    check_keys(obj, "", required=("role",), optional=("label",))
+    if obj["role"] not in {r.value for r in Role}:
+        raise InvalidInput("role", "must be one of admin, analyst, viewer")
+    label = as_string(obj["label"], "label", max_len=200) if "label" in obj else None
+
+    def create() -> dict[str, Any]:
+        with runtime.sessions() as session, session.begin():
+            row, secret = create_key(session=session, role=Role(obj["role"]), label=label)
+            return {"id": row.id, "role": row.role, "label": row.label, "key": secret}
+
+    return await run_in_threadpool(create)
+
+
+@router.delete("/v1/keys/{key_id}", tags=["keys"])
+async def drop_key(runtime: RuntimeDep, _: AdminDep, key_id: int) -> dict[str, Any]:
+    """Revoke an API key (admin)."""
+
+    def revoke() -> bool:
+        with runtime.sessions() as session, session.begin():
+            return revoke_key(session=session, key_id=key_id)
+
+    if not await run_in_threadpool(revoke):
+        raise NotFound("no key with that id")
+    return {"id": key_id, "revoked": True}
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["health"])
+async def readyz(runtime: RuntimeDep) -> Response:
+    """The database (and Redis, when configured) answer."""
+
+    def check() -> dict[str, str]:
+        checks = {}
+        try:
+            with runtime.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception:
+            checks["database"] = "unavailable"
+        if runtime.redis is not None:
+            try:
+                runtime.redis.ping()
+                checks["redis"] = "ok"
+            except Exception:
+                checks["redis"] = "unavailable"
+        return checks
+
+    checks = await run_in_threadpool(check)
+    if all(v == "ok" for v in checks.values()):
+        from fastapi.responses import JSONResponse
+
+        return JSONResponse({"status": "ok", **checks})
+    return problem(
+        503,
+        "not-ready",
+        "Not ready",
+        "a dependency is unavailable",
+        headers={"Retry-After": "2"},
+        checks=checks,
+    )
+
+
+@router.get("/metrics", tags=["health"], include_in_schema=False)
+async def metrics() -> Response:
+    """Prometheus metrics."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

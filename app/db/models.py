@@ -1,0 +1,104 @@
+"""SQLAlchemy 2 typed models.
+
+* :class:`ProtectedObject` — one protected object: its domain, budget, filter, the *private*
+  value, the accounting state (finite domains: the ``log P`` array; all: cached loss bounds,
+  exact basic-composition total, counts) and a ``version`` that every accepted query advances
+  with a compare-and-set.
+* :class:`QueryRecord` — one accepted query: sequence number, canonical query, output, ε, the
+  loss bounds after it, the analyst key, the idempotency key with the request's fingerprint and
+  the stored response replayed to retries.
+* :class:`ApiKey` — hashed API keys with their role.
+
+The state of an object is always re-derivable from its query records (``gatekeeper verify``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import (
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now."""
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of all models."""
+
+
+class ApiKey(Base):
+    """An API key, stored as the SHA-256 of the secret (keys are 256-bit random)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    prefix: Mapped[str] = mapped_column(String(16), nullable=False)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    label: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class ProtectedObject(Base):
+    """A protected object and its accounting state."""
+
+    __tablename__ = "objects"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    domain: Mapped[str] = mapped_column(Text, nullable=False)
+    value: Mapped[str] = mapped_column(Text, nullable=False)
+    budget: Mapped[float] = mapped_column(Float, nullable=False)
+    filter: Mapped[str] = mapped_column(String(16), nullable=False)
+    finite: Mapped[bool] = mapped_column(nullable=False)
+    state: Mapped[bytes | None] = mapped_column(LargeBinary)
+    state_err: Mapped[float] = mapped_column(Float, default=0.0)
+    loss_lower: Mapped[float] = mapped_column(Float, default=0.0)
+    loss_upper: Mapped[float] = mapped_column(Float, default=0.0)
+    basic_total: Mapped[str] = mapped_column(String(400), default="0")
+    accepted: Mapped[int] = mapped_column(Integer, default=0)
+    rejected: Mapped[int] = mapped_column(Integer, default=0)
+    version: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class QueryRecord(Base):
+    """An accepted query and its output."""
+
+    __tablename__ = "queries"
+    __table_args__ = (
+        UniqueConstraint("object_id", "seq", name="uq_queries_object_seq"),
+        UniqueConstraint("object_id", "idempotency_key", name="uq_queries_object_idempotency"),
+        Index("ix_queries_object_created", "object_id", "created_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    object_id: Mapped[str] = mapped_column(ForeignKey("objects.id"), nullable=False)
+    seq: Mapped[int] = mapped_column(Integer, nullable=False)
+    query: Mapped[str] = mapped_column(Text, nullable=False)
+    output: Mapped[str] = mapped_column(Text, nullable=False)
+    epsilon: Mapped[float] = mapped_column(Float, nullable=False)
+    epsilon_exact: Mapped[str] = mapped_column(String(400), nullable=False)
+    loss_lower: Mapped[float] = mapped_column(Float, nullable=False)
+    loss_upper: Mapped[float] = mapped_column(Float, nullable=False)
+    basic_after: Mapped[float] = mapped_column(Float, nullable=False)
+    analyst_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    response: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,53 @@
+"""Engines and sessions for SQLite (embedded default) and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``; SQLite files get their folder, WAL mode and a busy timeout."""
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions that keep loaded attributes after commit."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def wait_for_database(engine: Engine, seconds: float) -> None:
+    """Retry ``SELECT 1`` until the database answers or ``seconds`` pass (prestart step)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            return
+        except OperationalError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)

@@ -1,0 +1,72 @@
+"""Errors of the service layer; the API renders each as one problem+json shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    """A failure with an HTTP status, a problem type and a human title."""
+
+    status = 500
+    type = "internal-error"
+    title = "Internal error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class BadJson(ServiceError):
+    """The request body is not JSON."""
+
+    status, type, title = 400, "invalid-json", "Invalid JSON"
+
+
+class NotFound(ServiceError):
+    """The object (or key) does not exist."""
+
+    status, type, title = 404, "not-found", "Not found"
+
+
+class AlreadyExists(ServiceError):
+    """An object with that id exists."""
+
+    status, type, title = 409, "already-exists", "Already exists"
+
+
+class Retired(ServiceError):
+    """The object was retired; its history is kept but it answers no queries."""
+
+    status, type, title = 409, "object-retired", "Object retired"
+
+
+class BudgetExhausted(ServiceError):
+    """The filter rejected the query."""
+
+    status, type, title = 409, "budget-exhausted", "Budget exhausted"
+
+
+class IdempotencyMismatch(ServiceError):
+    """An Idempotency-Key was reused with a different request body."""
+
+    status, type, title = 422, "idempotency-key-reused", "Idempotency key reused"
+
+
+class Busy(ServiceError):
+    """The object is being worked on elsewhere for too long; retry later."""
+
+    status, type, title = 503, "busy", "Object busy"
+
+
+class Unauthorized(ServiceError):
+    """Missing or invalid API key."""
+
+    status, type, title = 401, "unauthorized", "Unauthorized"
+
+
+class Forbidden(ServiceError):
+    """The key's role may not do this."""
+
+    status, type, title = 403, "forbidden", "Forbidden"

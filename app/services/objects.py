@@ -1,0 +1,219 @@
+"""Registering, reading and retiring protected objects; odometers.
+
+Views returned here never contain the object's value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db.models import ProtectedObject, QueryRecord
+from app.engine.calculator import MAX_BUDGET
+from app.engine.domain import parse_domain
+from app.engine.errors import InvalidInput
+from app.engine.filters import FilterKind
+from app.engine.jsonfields import as_object, as_positive_number, check_keys
+from app.engine.limits import EngineLimits
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+
+
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    if moment.tzinfo is None:  # SQLite returns naive datetimes
+        moment = moment.replace(tzinfo=UTC)
+    return moment.isoformat()
+
+
+def odometer_view(row: ProtectedObject) -> dict[str, Any]:
+    """The odometer object of DESIGN.md."""
+    return {
+        "budget": row.budget,
+        "realized_loss": {"lower": row.loss_lower, "upper": row.loss_upper},
+        "remaining": max(0.0, row.budget - row.loss_upper),
+        "basic_composition": float(_fraction(row.basic_total)),
+        "accepted": row.accepted,
+        "rejected": row.rejected,
+        "updated_at": _iso(row.updated_at),
+    }
+
+
+def object_view(row: ProtectedObject) -> dict[str, Any]:
+    """Metadata of an object — never its value."""
+    return {
+        "id": row.id,
+        "domain": json.loads(row.domain),
+        "budget": {"epsilon": row.budget},
+        "filter": row.filter,
+        "finite": row.finite,
+        "status": "retired" if row.retired_at is not None else "active",
+        "created_at": _iso(row.created_at),
+        "retired_at": _iso(row.retired_at),
+        "odometer": odometer_view(row),
+    }
+
+
+def _fraction(text: str) -> Any:
+    from fractions import Fraction
+
+    return Fraction(text)
+
+
+def register_object(
+    *, session_factory: sessionmaker[Session], body: Any, limits: EngineLimits
+) -> dict[str, Any]:
+    """Validate and store a new object; returns its view.
+
+    Raises ``InvalidInput`` naming the field, or :class:`~app.services.errors.AlreadyExists`.
+    """
+    from app.services.errors import AlreadyExists
+
+    obj = as_object(body, "")
+    check_keys(obj, "", required=("id", "domain", "value", "budget"), optional=("filter",))
+    object_id = obj["id"]
+    if not isinstance(object_id, str) or not ID_PATTERN.match(object_id):
+        raise InvalidInput(
+            "id",
+            "must be 1-128 characters of letters, digits and ._:@- starting with a letter or digit",
+        )
+    domain = parse_domain(obj["domain"], "domain", limits=limits)
+    value = domain.parse_value(obj["value"], "value")
+    budget_obj = as_object(obj["budget"], "budget")
+    check_keys(budget_obj, "budget", required=("epsilon",))
+    budget = as_positive_number(budget_obj["epsilon"], "budget.epsilon", maximum=MAX_BUDGET)
+    filter_raw = obj.get("filter", FilterKind.BAYESIAN.value)
+    if filter_raw not in {k.value for k in FilterKind}:
+        raise InvalidInput("filter", "must be one of bayesian, simplified, basic")
+    now = datetime.now(UTC)
+    row = ProtectedObject(
+        id=object_id,
+        domain=json.dumps(domain.to_json()),
+        value=json.dumps(value),
+        budget=budget,
+        filter=filter_raw,
+        finite=domain.is_finite,
+        state=None,
+        state_err=0.0,
+        loss_lower=0.0,
+        loss_upper=0.0,
+        basic_total="0",
+        accepted=0,
+        rejected=0,
+        version=0,
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        with session_factory() as session, session.begin():
+            session.add(row)
+    except IntegrityError:
+        raise AlreadyExists(f"an object with id {object_id!r} already exists") from None
+    return object_view(row)
+
+
+def load_object(session: Session, object_id: str) -> ProtectedObject:
+    """The object row, or :class:`~app.services.errors.NotFound`."""
+    from app.services.errors import NotFound
+
+    row = session.get(ProtectedObject, object_id)
+    if row is None:
+        raise NotFound("no object with that id")
+    return row
+
+
+def get_object(*, session_factory: sessionmaker[Session], object_id: str) -> dict[str, Any]:
+    """An object's view."""
+    with session_factory() as session:
+        return object_view(load_object(session, object_id))
+
+
+def retire_object(*, session_factory: sessionmaker[Session], object_id: str) -> dict[str, Any]:
+    """Retire an object: it answers no more queries; its history is kept."""
+    with session_factory() as session, session.begin():
+        row = load_object(session, object_id)
+        if row.retired_at is None:
+            row.retired_at = datetime.now(UTC)
+            row.version += 1
+        return object_view(row)
+
+
+def get_odometer(*, session_factory: sessionmaker[Session], object_id: str) -> dict[str, Any]:
+    """An object's odometer."""
+    with session_factory() as session:
+        return odometer_view(load_object(session, object_id))
+
+
+def odometer_history(
+    *, session_factory: sessionmaker[Session], object_id: str, limit: int, after: int
+) -> dict[str, Any]:
+    """Realized-loss bounds and basic composition after each accepted query (for charts)."""
+    with session_factory() as session:
+        row = load_object(session, object_id)
+        records = session.scalars(
+            select(QueryRecord)
+            .where(QueryRecord.object_id == object_id, QueryRecord.seq > after)
+            .order_by(QueryRecord.seq)
+            .limit(limit)
+        ).all()
+        points = [
+            {
+                "accepted": r.seq,
+                "realized_loss": {"lower": r.loss_lower, "upper": r.loss_upper},
+                "basic_composition": r.basic_after,
+                "epsilon": r.epsilon,
+                "at": _iso(r.created_at),
+            }
+            for r in records
+        ]
+        next_after = points[-1]["accepted"] if len(points) == limit else None
+        return {
+            "object_id": object_id,
+            "budget": row.budget,
+            "points": points,
+            "next_after": next_after,
+        }
+
+
+def list_odometers(
+    *,
+    session_factory: sessionmaker[Session],
+    limit: int,
+    offset: int,
+    remaining_lt: float | None,
+    remaining_gt: float | None,
+    include_retired: bool,
+) -> dict[str, Any]:
+    """A page of odometers across objects, filtered by remaining budget."""
+    remaining = ProtectedObject.budget - ProtectedObject.loss_upper
+    query = select(ProtectedObject)
+    count = select(func.count()).select_from(ProtectedObject)
+    conditions = []
+    if remaining_lt is not None:
+        conditions.append(remaining < remaining_lt)
+    if remaining_gt is not None:
+        conditions.append(remaining > remaining_gt)
+    if not include_retired:
+        conditions.append(ProtectedObject.retired_at.is_(None))
+    for condition in conditions:
+        query, count = query.where(condition), count.where(condition)
+    with session_factory() as session:
+        total = session.scalar(count) or 0
+        rows = session.scalars(query.order_by(ProtectedObject.id).limit(limit).offset(offset)).all()
+        items = [
+            {
+                "id": r.id,
+                "filter": r.filter,
+                "status": "retired" if r.retired_at else "active",
+                **odometer_view(r),
+            }
+            for r in rows
+        ]
+    return {"items": items, "total": total, "limit": limit, "offset": offset}

@@ -1,0 +1,80 @@
+"""Typed settings from the environment (pydantic-settings), shared by the service and the CLI.
+
+Every setting reads the environment variable of the same name, upper-case (``DATABASE_URL``,
+``REDIS_URL``, ``GATEKEEPER_ENV``...). The embedded default — a SQLite file under ``./data``,
+in-process locks, no Redis — needs no configuration. With ``GATEKEEPER_ENV=production`` the
+settings refuse what is only safe on a laptop: SQLite, a missing or short bootstrap key, a
+missing Redis with several uvicorn workers.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import lru_cache
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///./data/gatekeeper.db"
+
+
+class Environment(StrEnum):
+    """Where the service runs."""
+
+    DEVELOPMENT = "development"
+    PRODUCTION = "production"
+
+
+class Settings(BaseSettings):
+    """All configuration of ldp-gatekeeper."""
+
+    model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=False)
+
+    gatekeeper_env: Environment = Environment.DEVELOPMENT
+    database_url: str = DEFAULT_DATABASE_URL
+    redis_url: str | None = None
+    gatekeeper_bootstrap_admin_key: str | None = Field(default=None, repr=False)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    web_workers: int = Field(default=1, ge=1, le=64)
+    bound_processes: int = Field(default=1, ge=0, le=64)
+    bound_time_limit: float = Field(default=10.0, gt=0, le=600)
+    lock_timeout: float = Field(default=30.0, gt=0, le=3600)
+    lock_wait: float = Field(default=30.0, gt=0, le=3600)
+    submit_attempts: int = Field(default=50, ge=1, le=1000)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    database_wait_seconds: float = Field(default=30.0, ge=0)
+    log_level: str = "INFO"
+
+    @field_validator("redis_url", "gatekeeper_bootstrap_admin_key", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @property
+    def is_sqlite(self) -> bool:
+        """Whether the database is a SQLite file."""
+        return self.database_url.startswith("sqlite")
+
+    @model_validator(mode="after")
+    def _refuse_unsafe_production(self) -> Settings:
+        if self.gatekeeper_env is not Environment.PRODUCTION:
+            return self
+        problems = []
+        if self.is_sqlite:
+            problems.append("DATABASE_URL must point to PostgreSQL in production")
+        key = self.gatekeeper_bootstrap_admin_key
+        if key is not None and len(key) < 32:
+            problems.append("GATEKEEPER_BOOTSTRAP_ADMIN_KEY must be at least 32 characters")
+        if self.web_workers > 1 and not self.redis_url:
+            problems.append("REDIS_URL is required with several web workers in production")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings (read once from the environment)."""
+    return Settings()
