@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     gatekeeper_env: Environment = Environment.DEVELOPMENT
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
+    #: Use Redis for per-object locks across replicas (correctness never depends on it).
+    redis_locks: bool = True
     gatekeeper_bootstrap_admin_key: str | None = Field(default=None, repr=False)
 
     host: str = "127.0.0.1"

@@ -16,6 +16,7 @@ from app.engine.limits import DEFAULT_LIMITS
 from app.services.auth import ensure_bootstrap_admin
 from app.services.locks import ObjectLocks
 from app.settings import Settings, get_settings
+from app.worker.cache import RedisCache
 from app.worker.pool import BoundWorker, WorkerSettings
 
 log = logging.getLogger("gatekeeper")
@@ -31,15 +32,18 @@ def build_runtime(settings: Settings) -> Runtime:
         redis_client = redis.Redis.from_url(
             settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
         )
+    cache = RedisCache(redis_client) if redis_client is not None else None
     worker = BoundWorker(
-        WorkerSettings(processes=settings.bound_processes, time_limit=settings.bound_time_limit)
+        WorkerSettings(processes=settings.bound_processes, time_limit=settings.bound_time_limit),
+        cache,
     )
+    lock_client = redis_client if settings.redis_locks else None
     return Runtime(
         settings=settings,
         engine=engine,
         sessions=make_session_factory(engine),
         worker=worker,
-        locks=ObjectLocks(redis_client, settings.lock_timeout, settings.lock_wait),
+        locks=ObjectLocks(lock_client, settings.lock_timeout, settings.lock_wait),
         limits=DEFAULT_LIMITS,
         redis=redis_client,
     )

@@ -1,0 +1,213 @@
+"""Fixtures for service tests on SQLite, a real PostgreSQL and a real Redis.
+
+PostgreSQL and Redis come from ``GATEKEEPER_TEST_POSTGRES_URL`` (default
+``postgresql://postgres@127.0.0.1:5432/test``) and ``GATEKEEPER_TEST_REDIS_URL`` (default
+``redis://127.0.0.1:6379/15``). Each test module gets a fresh PostgreSQL database (created from
+the admin URL, migrated with Alembic like production, dropped afterwards) and a fresh SQLite
+file, so tests never see each other's rows. When a service is unreachable the tests that need
+it are skipped with instructions — except under ``CI=true``, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.main import create_app
+from app.db.migrate import upgrade
+from app.settings import Settings
+
+ADMIN_KEY = "test-admin-" + "k" * 40
+POSTGRES_URL = os.environ.get(
+    "GATEKEEPER_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+)
+REDIS_URL = os.environ.get("GATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _unavailable(what: str, how: str) -> None:
+    message = f"{what} is not reachable; {how}"
+    if IN_CI:
+        pytest.fail(f"CI=true requires it: {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def _reachable(url: str, default_port: int) -> bool:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection(
+            (parsed.hostname or "127.0.0.1", parsed.port or default_port), timeout=1.0
+        ):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this module."""
+    if not _reachable(POSTGRES_URL, 5432):
+        _unavailable(
+            f"PostgreSQL at {POSTGRES_URL}",
+            "start it or set GATEKEEPER_TEST_POSTGRES_URL to an admin URL",
+        )
+    import psycopg
+
+    admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+    name = "gk_test_" + secrets.token_hex(6)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = admin.rsplit("/", 1)[0] + "/" + name
+    upgrade(url)
+    yield url
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """A reachable Redis (database 15 by default); the keys the tests create are removed."""
+    if not _reachable(REDIS_URL, 6379):
+        _unavailable(f"Redis at {REDIS_URL}", "start it or set GATEKEEPER_TEST_REDIS_URL")
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    yield REDIS_URL
+    for key in client.scan_iter("gatekeeper:*"):
+        client.delete(key)
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A fresh, migrated SQLite file for this module."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'gatekeeper.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """Each test using it runs on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def make_settings(database_url: str, redis_url: str | None = None, **extra: Any) -> Settings:
+    """Settings for an in-process app."""
+    return Settings(
+        database_url=database_url,
+        redis_url=redis_url,
+        gatekeeper_bootstrap_admin_key=ADMIN_KEY,
+        bound_processes=0,
+        bound_time_limit=5.0,
+        **extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def client(database_url: str) -> Iterator[TestClient]:
+    """An in-process client of the app on SQLite or PostgreSQL (bootstrap admin key set)."""
+    with TestClient(create_app(make_settings(database_url))) as test_client:
+        yield test_client
+
+
+def auth(key: str) -> dict[str, str]:
+    """The Authorization header for ``key``."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+def new_key(client: TestClient | httpx.Client, role: str) -> str:
+    """Create a key with ``role`` through the API (as the bootstrap admin)."""
+    response = client.post("/v1/keys", json={"role": role}, headers=auth(ADMIN_KEY))
+    assert response.status_code == 201, response.text
+    return str(response.json()["key"])
+
+
+def unique_id(prefix: str = "obj") -> str:
+    """An object id no other test uses."""
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A ``gatekeeper serve`` subprocess (several uvicorn workers) for multi-process tests."""
+
+    def __init__(self, env: dict[str, str], workers: int, log_path: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        full_env = {**os.environ, "GATEKEEPER_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, **env}
+        self.process = subprocess.Popen(  # noqa: S603 - our own CLI
+            [
+                sys.executable,
+                "-m",
+                "app.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--workers",
+                str(workers),
+            ],
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        """Terminate the server and its workers."""
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+def start_server(
+    tmp_path: Path, *, database_url: str, redis_url: str | None, workers: int = 4, **env: str
+) -> Server:
+    """Start a multi-worker server against ``database_url`` (and Redis if given)."""
+    settings_env = {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url or "",
+        "BOUND_PROCESSES": "1",
+        **env,
+    }
+    return Server(settings_env, workers, tmp_path / "server.log")
