@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+#: The Alembic scripts: ``migrations/`` at the project root, or ``GATEKEEPER_MIGRATIONS_DIR``.
+MIGRATIONS = Path(
+    os.environ.get("GATEKEEPER_MIGRATIONS_DIR")
+    or Path(__file__).resolve().parents[2] / "migrations"
+)
 
 
 def alembic_config(url: str) -> Config:

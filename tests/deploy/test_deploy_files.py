@@ -1,0 +1,145 @@
+"""Dockerfile and docker-compose.yml, read against what the tests run natively.
+
+No Docker engine runs here, so the files are checked for what they reference (paths, settings,
+routes, users) and the entrypoint is *run* natively with the environment docker-compose gives
+the API container, against the test PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from app.api.main import create_app
+from app.settings import Settings
+from tests.service.conftest import _free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
+KEY = "compose-test-key-" + "x" * 32
+
+
+def _api_env() -> dict[str, str]:
+    env = {k: str(v) for k, v in COMPOSE["services"]["api"]["environment"].items()}
+    env["GATEKEEPER_BOOTSTRAP_ADMIN_KEY"] = KEY
+    return env
+
+
+def test_compose_environment_names_known_settings() -> None:
+    fields = {name.upper() for name in Settings.model_fields}
+    unknown = set(_api_env()) - fields
+    assert not unknown, f"compose sets variables the service does not read: {unknown}"
+
+
+def test_compose_environment_passes_the_production_checks() -> None:
+    env = _api_env()
+    settings = Settings(**{k.lower(): v for k, v in env.items()})
+    assert settings.gatekeeper_env == "production"
+    assert not settings.is_sqlite
+    assert settings.redis_url
+    assert settings.web_workers == 4
+
+
+def test_compose_wires_healthy_dependencies_and_a_volume() -> None:
+    services = COMPOSE["services"]
+    assert set(services) == {"api", "postgres", "redis"}
+    depends = services["api"]["depends_on"]
+    assert depends["postgres"]["condition"] == "service_healthy"
+    assert depends["redis"]["condition"] == "service_healthy"
+    assert "healthcheck" in services["postgres"]
+    assert "healthcheck" in services["redis"]
+    assert any(v.startswith("pgdata:") for v in services["postgres"]["volumes"])
+    env = services["api"]["environment"]
+    pg = services["postgres"]["environment"]
+    expected = (
+        f"postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/"
+        f"{pg['POSTGRES_DB']}"
+    )
+    assert env["DATABASE_URL"] == expected
+    assert env["REDIS_URL"].startswith("redis://redis:6379")
+
+
+def test_dockerfile_copies_what_exists_runs_unprivileged_and_checks_readiness() -> None:
+    for source in re.findall(r"^COPY\s+(?:--\S+\s+)*(.+?)\s+\S+$", DOCKERFILE, re.M):
+        for item in source.split():
+            assert (ROOT / item).exists(), f"Dockerfile copies missing {item}"
+    users = re.findall(r"^USER\s+(\S+)", DOCKERFILE, re.M)
+    assert users, "the image must not run as root"
+    assert users[-1] not in ("root", "0")
+    assert 'ENTRYPOINT ["gatekeeper-entrypoint"]' in DOCKERFILE
+    assert "docker/entrypoint.sh /usr/local/bin/gatekeeper-entrypoint" in DOCKERFILE
+    assert os.access(ENTRYPOINT, os.X_OK)
+    paths = set(create_app(Settings()).openapi()["paths"])
+    for probe in re.findall(r"/(readyz|healthz)", DOCKERFILE):
+        assert f"/{probe}" in paths
+    exposed = re.findall(r"^EXPOSE\s+(\d+)", DOCKERFILE, re.M)
+    assert exposed == [re.search(r"PORT=(\d+)", DOCKERFILE).group(1)]  # type: ignore[union-attr]
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for needed in ("app", "migrations", "pyproject.toml", "alembic.ini", "docker"):
+        assert needed not in ignored
+
+
+@pytest.mark.slow
+def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
+    postgres_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Run docker/entrypoint.sh as the container would: wait, migrate, bootstrap, serve."""
+    # a fresh, *unmigrated* database: the entrypoint must migrate it itself
+    import psycopg
+
+    admin = postgres_url.rsplit("/", 1)[0] + "/test"
+    name = f"gk_entry_{os.getpid()}_{int(time.time())}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    port = _free_port()
+    env = {
+        **os.environ,
+        **_api_env(),
+        "DATABASE_URL": postgres_url.rsplit("/", 1)[0] + "/" + name,
+        "REDIS_URL": redis_url,
+        "PORT": str(port),
+        "HOST": "127.0.0.1",
+        "WEB_WORKERS": "2",
+        "BOUND_PROCESSES": "1",
+        "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+    }
+    log = (tmp_path / "entry.log").open("w")
+    proc = subprocess.Popen(  # noqa: S603 - our own entrypoint
+        ["/bin/sh", str(ENTRYPOINT)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        ready = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                ready = httpx.get(url + "/readyz", timeout=1)
+                if ready.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        assert ready is not None, (tmp_path / "entry.log").read_text()[-3000:]
+        assert ready.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+        keys = httpx.post(
+            url + "/v1/keys",
+            json={"role": "viewer"},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=5,
+        )
+        assert keys.status_code == 201, keys.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
