@@ -76,6 +76,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Wait for the database, migrate it, then serve with uvicorn."""
     import uvicorn
 
+    from app.logs import configure, uvicorn_log_config
+    from app.settings import get_settings
+
+    configure(get_settings().log_level)
     settings, engine = _prepare_database()
     engine.dispose()
     workers = args.workers or settings.web_workers
@@ -91,6 +95,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port or settings.port,
         workers=workers,
         log_level=settings.log_level.lower(),
+        log_config=uvicorn_log_config(settings.log_level),
     )
     return 0
 

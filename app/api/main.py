@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
 
+from app import logs
 from app.api import problems
 from app.api.deps import Runtime
 from app.api.routes import misc, objects
@@ -20,6 +23,7 @@ from app.worker.cache import RedisCache
 from app.worker.pool import BoundWorker, WorkerSettings
 
 log = logging.getLogger("gatekeeper")
+access = logging.getLogger("gatekeeper.access")
 
 
 def build_runtime(settings: Settings) -> Runtime:
@@ -89,6 +93,34 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 f"request bodies are limited to {settings.max_body_bytes} bytes",
             )
         return await call_next(request)
+
+    # added last, so outermost: every response (413s too) gets a request id and a log line
+    @app.middleware("http")
+    async def request_context(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        incoming = request.headers.get("x-request-id", "")
+        rid = incoming if 0 < len(incoming) <= 64 and incoming.isprintable() else uuid.uuid4().hex
+        token = logs.request_id.set(rid)
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            response.headers["X-Request-ID"] = rid
+            return response
+        finally:
+            route = request.scope.get("route")
+            access.info(
+                "request",
+                extra={
+                    "method": request.method,
+                    "path": getattr(route, "path", "unmatched"),
+                    "status": status,
+                    "duration_ms": round(1000 * (time.perf_counter() - start), 2),
+                },
+            )
+            logs.request_id.reset(token)
 
     app.include_router(objects.router)
     app.include_router(misc.router)
