@@ -459,17 +459,19 @@ def test_loss_requires_a_file_argument() -> None:
 
 
 # --- gatekeeper serve --------------------------------------------------------------------------
-def test_serve_is_a_placeholder() -> None:
-    result = run("serve")
+def test_serve_documents_its_options() -> None:
+    # serving itself is exercised by tests/deploy and tests/service (real servers)
+    result = run("serve", "--help")
     assert result.returncode == 0, result.stderr
-    assert "not built yet" in result.stdout
+    for option in ("--host", "--port", "--workers"):
+        assert option in result.stdout
 
 
-def test_serve_accepts_its_options() -> None:
-    result = run("serve", "--host", "0.0.0.0", "--port", "8123", "--workers", "2")  # noqa: S104
-    assert result.returncode == 0, result.stderr
-    assert "not built yet" in result.stdout
-    assert "8123" in result.stdout
+def test_commands_are_listed() -> None:
+    result = run("--help")
+    assert result.returncode == 0
+    for command in ("serve", "loss", "keys", "verify"):
+        assert command in result.stdout
 
 
 def test_unknown_command_fails() -> None:
