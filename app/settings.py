@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from functools import lru_cache
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./data/gatekeeper.db"
@@ -76,7 +76,24 @@ class Settings(BaseSettings):
         return self
 
 
+class SettingsError(ValueError):
+    """Invalid configuration; the message never contains the values (they may be secrets)."""
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings (read once from the environment)."""
-    return Settings()
+    """The process-wide settings (read once from the environment).
+
+    Raises
+    ------
+    SettingsError
+        Naming each bad variable and what is wrong, without echoing any value.
+    """
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors(include_input=False, include_url=False, include_context=False):
+            where = ".".join(str(p) for p in error["loc"]).upper() or "settings"
+            problems.append(f"{where}: {error['msg']}")
+        raise SettingsError("invalid configuration: " + "; ".join(problems)) from None

@@ -24,6 +24,8 @@ from app.engine.mechanisms import parse_query
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
 TOLERANCE = 1e-9
+#: Continuous objects: two searches to the default tolerance (1e-4) agree within twice that.
+CONTINUOUS_TOLERANCE = 2e-4
 
 
 @dataclass
@@ -77,9 +79,17 @@ def verify_object(session: Session, row: ProtectedObject, report: Report) -> Non
     else:
         answer = compute_loss({"domain": json.loads(row.domain), "history": history})
         lower, upper = answer["realized_loss"]["lower"], answer["realized_loss"]["upper"]
-        # independent certified intervals must overlap; a stored bound can be looser
+        # two certified intervals of the same loss must overlap ...
         if lower > row.loss_upper + TOLERANCE or row.loss_lower > upper + TOLERANCE:
             report.problems.append(f"{row.id}: stored loss bounds contradict the history's")
+        # ... and, when the recomputation closed its gap, agree within the search tolerance
+        elif answer["status"] == "ok" and (
+            abs(lower - row.loss_lower) > CONTINUOUS_TOLERANCE
+            or abs(upper - row.loss_upper) > CONTINUOUS_TOLERANCE
+        ):
+            report.problems.append(f"{row.id}: stored loss bounds differ from the history's")
+        if row.loss_upper > float(basic) + TOLERANCE:
+            report.problems.append(f"{row.id}: stored loss exceeds basic composition")
         report.checked += 1
         return
     if abs(lower - row.loss_lower) > TOLERANCE or abs(upper - row.loss_upper) > TOLERANCE:

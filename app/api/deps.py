@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.engine.errors import InvalidInput
 from app.engine.limits import EngineLimits
 from app.services.auth import Role, authenticate
-from app.services.errors import BadJson, Forbidden, Unauthorized
+from app.services.errors import BadJson, Forbidden, PayloadTooLarge, Unauthorized
 from app.services.locks import ObjectLocks
 from app.settings import Settings
 from app.worker.pool import BoundWorker
@@ -68,8 +68,20 @@ CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
 async def json_body(request: Request) -> Any:
-    """The request body parsed as JSON, whatever its Content-Type (400 if it is not JSON)."""
-    raw = await request.body()
+    """The request body parsed as JSON, whatever its Content-Type (400 if it is not JSON).
+
+    The size limit is enforced while reading, so a chunked body without ``Content-Length``
+    cannot get around it (413).
+    """
+    limit = get_runtime(request).settings.max_body_bytes
+    size = 0
+    parts: list[bytes] = []
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request bodies are limited to {limit} bytes")
+        parts.append(chunk)
+    raw = b"".join(parts)
     if not raw:
         raise InvalidInput("body", "is required (a JSON document)")
     try:

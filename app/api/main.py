@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
+from sqlalchemy.exc import IntegrityError
 
-from app import logs
+from app import logs, metrics
 from app.api import problems
 from app.api.deps import Runtime
 from app.api.routes import misc, objects
@@ -62,11 +63,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runtime = build_runtime(settings)
         app.state.runtime = runtime
         if settings.gatekeeper_bootstrap_admin_key:
-            with runtime.sessions() as session, session.begin():
-                if ensure_bootstrap_admin(
-                    session=session, secret=settings.gatekeeper_bootstrap_admin_key
-                ):
-                    log.info("bootstrap admin key registered")
+            try:
+                with runtime.sessions() as session, session.begin():
+                    if ensure_bootstrap_admin(
+                        session=session, secret=settings.gatekeeper_bootstrap_admin_key
+                    ):
+                        log.info("bootstrap admin key registered")
+            except IntegrityError:  # another uvicorn worker registered it at the same moment
+                log.info("bootstrap admin key registered by another worker")
         yield
         runtime.worker.close()
         runtime.engine.dispose()
@@ -85,7 +89,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > settings.max_body_bytes):
+        if length is not None and not length.isdigit():
+            return problems.problem(
+                400, "bad-request", "Bad request", "the Content-Length header is not a number"
+            )
+        if length is not None and int(length) > settings.max_body_bytes:
             return problems.problem(
                 413,
                 "payload-too-large",
@@ -111,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return response
         finally:
             route = request.scope.get("route")
+            path = getattr(route, "path", "unmatched")
             access.info(
                 "request",
                 extra={
@@ -119,6 +128,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     "status": status,
                     "duration_ms": round(1000 * (time.perf_counter() - start), 2),
                 },
+            )
+            metrics.REQUESTS.labels(request.method, path, str(status)).observe(
+                time.perf_counter() - start
             )
             logs.request_id.reset(token)
 

@@ -99,6 +99,8 @@ def as_string(raw: Any, field: str, *, max_len: int = 256) -> str:
         raise InvalidInput(field, "must not be empty")
     if len(raw) > max_len:
         raise InvalidInput(field, f"must be at most {max_len} characters")
+    if "\x00" in raw:
+        raise InvalidInput(field, "must not contain NUL characters")
     return raw
 
 

@@ -7,6 +7,7 @@ is stored; with that much entropy a fast hash is enough (there is nothing to bru
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -15,6 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey
+
+log = logging.getLogger(__name__)
 
 
 class Role(StrEnum):
@@ -55,13 +58,18 @@ def authenticate(*, session: Session, secret: str) -> ApiKey | None:
 
 
 def ensure_bootstrap_admin(*, session: Session, secret: str) -> bool:
-    """Make sure an admin key with ``secret`` exists; True if it was created now."""
+    """Make sure an admin key with ``secret`` exists; True if it was created now.
+
+    A bootstrap key that was revoked (or repurposed) is left as it is: restarting the service
+    must not undo a revocation.
+    """
     existing = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(secret)))
     if existing is not None:
-        if existing.revoked_at is None and existing.role == Role.ADMIN.value:
-            return False
-        existing.role, existing.revoked_at = Role.ADMIN.value, None
-        return True
+        if existing.revoked_at is not None:
+            log.warning("the bootstrap admin key was revoked; it stays revoked")
+        elif existing.role != Role.ADMIN.value:
+            log.warning("the bootstrap admin key exists with another role; left unchanged")
+        return False
     create_key(session=session, role=Role.ADMIN, label="bootstrap", secret=secret)
     return True
 

@@ -24,6 +24,12 @@ class BadJson(ServiceError):
     status, type, title = 400, "invalid-json", "Invalid JSON"
 
 
+class PayloadTooLarge(ServiceError):
+    """The request body exceeds the configured limit."""
+
+    status, type, title = 413, "payload-too-large", "Payload too large"
+
+
 class NotFound(ServiceError):
     """The object (or key) does not exist."""
 

@@ -22,7 +22,7 @@ from app.engine.filters import FilterKind
 from app.engine.jsonfields import as_object, as_positive_number, check_keys
 from app.engine.limits import EngineLimits
 
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$")
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -79,7 +79,7 @@ def register_object(
     obj = as_object(body, "")
     check_keys(obj, "", required=("id", "domain", "value", "budget"), optional=("filter",))
     object_id = obj["id"]
-    if not isinstance(object_id, str) or not ID_PATTERN.match(object_id):
+    if not isinstance(object_id, str) or not ID_PATTERN.fullmatch(object_id):
         raise InvalidInput(
             "id",
             "must be 1-128 characters of letters, digits and ._:@- starting with a letter or digit",
@@ -123,7 +123,8 @@ def load_object(session: Session, object_id: str) -> ProtectedObject:
     """The object row, or :class:`~app.services.errors.NotFound`."""
     from app.services.errors import NotFound
 
-    row = session.get(ProtectedObject, object_id)
+    # an id that could never have been registered (e.g. a NUL byte, which PostgreSQL rejects)
+    row = session.get(ProtectedObject, object_id) if ID_PATTERN.fullmatch(object_id) else None
     if row is None:
         raise NotFound("no object with that id")
     return row

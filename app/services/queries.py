@@ -30,9 +30,11 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app import metrics
 from app.db.models import ProtectedObject, QueryRecord
 from app.engine.accountant import Accountant
 from app.engine.domain import Domain, parse_domain
+from app.engine.errors import InvalidInput, Unsupported
 from app.engine.filters import (
     CandidateEvaluation,
     Decision,
@@ -53,7 +55,8 @@ log = logging.getLogger(__name__)
 
 def fingerprint(query: Any) -> str:
     """SHA-256 of the canonical JSON of a submitted query (the idempotency fingerprint)."""
-    text = json.dumps(query, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    # allow_nan: a NaN query must reach validation (422), not crash the fingerprint
+    text = json.dumps(query, sort_keys=True, separators=(",", ":"), allow_nan=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -63,6 +66,7 @@ class SubmitOutcome:
 
     body: dict[str, Any]
     replayed: bool
+    filter: str | None = None
 
 
 @dataclass
@@ -114,14 +118,15 @@ def _evaluate(
     if row.finite:
         acc = _restore(row, domain, limits)
         return _Evaluated(acc.dry_run(mech), acc)
-    answer = worker.compute(
+    answer = _as_query_errors(
+        worker.compute,
         {
             "domain": json.loads(row.domain),
             "history": _history(session, row.id),
             "budget": row.budget,
             "candidate": query,
             "options": {"fast": True},
-        }
+        },
     )
     cand = answer["candidate"]
     evaluation = CandidateEvaluation(
@@ -137,6 +142,25 @@ def _evaluate(
             kind=kind, budget=row.budget, loss_now=loss, basic_total=basic, candidate=evaluation
         ),
         None,
+    )
+
+
+def _as_query_errors(compute: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Run a calculator request whose ``candidate`` is the client's ``query``, naming it so."""
+    try:
+        answer: dict[str, Any] = compute(request)
+    except InvalidInput as exc:
+        raise InvalidInput(_rename(exc.field), exc.message) from None
+    except Unsupported as exc:
+        raise Unsupported(_rename(exc.field), exc.message) from None
+    return answer
+
+
+def _rename(field_path: str) -> str:
+    return (
+        "query" + field_path[len("candidate") :]
+        if field_path.startswith("candidate")
+        else field_path
     )
 
 
@@ -167,7 +191,9 @@ class _LostRace(Exception):
     """Another writer advanced the object first."""
 
 
-def _replay(session: Session, object_id: str, key: str | None, print_: str) -> SubmitOutcome | None:
+def _replay(
+    session: Session, object_id: str, key: str | None, print_: str, owner: int | None
+) -> SubmitOutcome | None:
     if key is None:
         return None
     record = session.scalar(
@@ -177,6 +203,9 @@ def _replay(session: Session, object_id: str, key: str | None, print_: str) -> S
     )
     if record is None:
         return None
+    if record.analyst_key_id != owner:
+        # another client's key: never replay its output to us
+        raise IdempotencyMismatch("this Idempotency-Key was already used by another client")
     if record.fingerprint != print_:
         raise IdempotencyMismatch("this Idempotency-Key was used with a different request body")
     return SubmitOutcome(json.loads(record.response), True)
@@ -257,12 +286,15 @@ def submit(
                 log.warning("submit retried after a database conflict: %s", type(exc).__name__)
                 continue
             if isinstance(outcome, Decision):
+                metrics.DECISIONS.labels(outcome.filter.value, "reject").inc()
                 raise BudgetExhausted(
                     outcome.reason,
                     realized_loss=outcome.realized_loss.to_json(),
                     worst_case_after=outcome.worst_case_after,
                     per_output=[o.to_json() for o in outcome.candidate.per_output],
                 )
+            if not outcome.replayed:
+                metrics.DECISIONS.labels(outcome.filter or "unknown", "accept").inc()
             return outcome
     raise Busy("too many concurrent writers on this object; retry later", retry_after=1)
 
@@ -278,7 +310,7 @@ def _attempt(
     print_: str,
 ) -> SubmitOutcome | Decision:
     with session_factory() as session, session.begin():
-        replay = _replay(session, object_id, idempotency_key, print_)
+        replay = _replay(session, object_id, idempotency_key, print_, analyst_key_id)
         if replay is not None:
             return replay
         row = _active(session, object_id)
@@ -332,7 +364,7 @@ def _attempt(
             "odometer": odometer_view(row),
         }
         record.response = json.dumps(body)
-        return SubmitOutcome(body, False)
+        return SubmitOutcome(body, False, row.filter)
 
 
 def list_queries(

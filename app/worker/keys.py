@@ -15,13 +15,15 @@ from typing import Any
 
 from app.engine.domain import parse_domain
 from app.engine.jsonfields import as_list, as_object, path
+from app.engine.limits import DEFAULT_LIMITS
 from app.engine.mechanisms import parse_query
 
 KEY_VERSION = "v1"
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    # allow_nan: malformed numbers must reach the calculator's validation (422), not crash here
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=True, default=repr)
 
 
 def request_key(request: Mapping[str, Any]) -> str:
@@ -29,7 +31,8 @@ def request_key(request: Mapping[str, Any]) -> str:
     obj = as_object(request, "")
     domain = parse_domain(obj.get("domain"), "domain")
     entries = []
-    for i, item in enumerate(as_list(obj.get("history"), "history")):
+    history = as_list(obj.get("history"), "history", max_len=DEFAULT_LIMITS.max_history)
+    for i, item in enumerate(history):
         entry = as_object(item, path("history", i))
         mech = parse_query(entry.get("query"), domain, path(path("history", i), "query"))
         output = mech.parse_output(entry.get("output"), path(path("history", i), "output"))

@@ -26,6 +26,7 @@ from app.engine.filters import FilterKind
 from app.engine.jsonfields import as_list, as_object, as_positive_number, path
 from app.engine.mechanisms import parse_query
 from app.engine.numerics import DECISION_MARGIN, decimal_fraction, float_up
+from app.metrics import BOUND_CACHE
 from app.worker.cache import LRUCache, ResultCache
 from app.worker.keys import request_key
 
@@ -55,7 +56,10 @@ class WorkerSettings:
 
 
 def _with_time_limit(request: dict[str, Any], time_limit: float) -> dict[str, Any]:
-    options = dict(request.get("options") or {})
+    raw = request.get("options", {})
+    if not isinstance(raw, dict):
+        return request  # the calculator rejects it, naming "options"
+    options = dict(raw)
     options.setdefault("time_limit", time_limit)
     return {**request, "options": options}
 
@@ -138,6 +142,7 @@ class BoundWorker:
         """
         key = request_key(request)
         cached = self.cache.get(key)
+        BOUND_CACHE.labels("hit" if cached is not None else "miss").inc()
         if cached is not None:
             return copy.deepcopy(cached)
         job = _with_time_limit(request, self.settings.time_limit)
@@ -154,8 +159,9 @@ class BoundWorker:
 
     async def compute_async(self, request: dict[str, Any]) -> dict[str, Any]:
         """:meth:`compute` without blocking the event loop."""
-        key = request_key(request)
+        key = await asyncio.to_thread(request_key, request)
         cached = self.cache.get(key)
+        BOUND_CACHE.labels("hit" if cached is not None else "miss").inc()
         if cached is not None:
             return copy.deepcopy(cached)
         job = _with_time_limit(request, self.settings.time_limit)

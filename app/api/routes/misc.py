@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Path, Query, Response, status
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
@@ -26,12 +27,15 @@ async def odometers(
     runtime: RuntimeDep,
     _: ViewerDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
     remaining_lt: Annotated[float | None, Query(description="Only remaining < this")] = None,
     remaining_gt: Annotated[float | None, Query(description="Only remaining > this")] = None,
     include_retired: bool = False,
 ) -> dict[str, Any]:
     """A page of odometers across objects, filtered by remaining budget."""
+    for name, bound in (("remaining_lt", remaining_lt), ("remaining_gt", remaining_gt)):
+        if bound is not None and not math.isfinite(bound):
+            raise InvalidInput(name, "must be a finite number")
     return await run_in_threadpool(
         object_service.list_odometers,
         session_factory=runtime.sessions,
@@ -64,7 +68,7 @@ async def new_key(
     """Create an API key (admin); the secret is shown once."""
     obj = as_object(body, "")
     check_keys(obj, "", required=("role",), optional=("label",))
-    if obj["role"] not in {r.value for r in Role}:
+    if not isinstance(obj["role"], str) or obj["role"] not in {r.value for r in Role}:
         raise InvalidInput("role", "must be one of admin, analyst, viewer")
     label = as_string(obj["label"], "label", max_len=200) if "label" in obj else None
 
@@ -77,7 +81,9 @@ async def new_key(
 
 
 @router.delete("/v1/keys/{key_id}", tags=["keys"])
-async def drop_key(runtime: RuntimeDep, _: AdminDep, key_id: int) -> dict[str, Any]:
+async def drop_key(
+    runtime: RuntimeDep, _: AdminDep, key_id: Annotated[int, Path(ge=1, le=2_147_483_647)]
+) -> dict[str, Any]:
     """Revoke an API key (admin)."""
 
     def revoke() -> bool:
@@ -130,7 +136,7 @@ async def readyz(runtime: RuntimeDep) -> Response:
     )
 
 
-@router.get("/metrics", tags=["health"], include_in_schema=False)
+@router.get("/metrics", tags=["health"])
 async def metrics() -> Response:
     """Prometheus metrics."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -139,7 +139,9 @@ async def history(
     caller: AnalystDep,
     object_id: str,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    after: Annotated[int, Query(ge=0, description="Return queries with seq > after")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=2_147_483_647, description="Return queries with seq > after")
+    ] = 0,
 ) -> dict[str, Any]:
     """Accepted queries with their outputs; an analyst sees only its own."""
     own = caller.key_id if caller.role is Role.ANALYST else None
@@ -167,7 +169,7 @@ async def odometer_history(
     _: ViewerDep,
     object_id: str,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
-    after: Annotated[int, Query(ge=0)] = 0,
+    after: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
 ) -> dict[str, Any]:
     """The loss after each accepted query, for charts."""
     return await run_in_threadpool(
