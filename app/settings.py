@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     database_wait_seconds: float = Field(default=30.0, ge=0)
     log_level: str = "INFO"
+    #: PostgreSQL connections per web worker (pool) and extra ones under bursts.
+    db_pool_size: int = Field(default=5, ge=1, le=100)
+    db_max_overflow: int = Field(default=5, ge=0, le=100)
 
     @field_validator("redis_url", "gatekeeper_bootstrap_admin_key", mode="before")
     @classmethod

@@ -29,7 +29,7 @@ access = logging.getLogger("gatekeeper.access")
 
 def build_runtime(settings: Settings) -> Runtime:
     """Engine, sessions, worker pool, locks and Redis client for one process."""
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, settings.db_pool_size, settings.db_max_overflow)
     redis_client = None
     if settings.redis_url:
         import redis

@@ -12,6 +12,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as SATimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.engine.errors import InvalidInput, Unsupported
@@ -108,6 +110,17 @@ async def _http(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _database(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable: %s", type(getattr(exc, "orig", exc)).__name__)
+    return problem(
+        503,
+        "database-unavailable",
+        "Service unavailable",
+        "the database is unavailable; retry later",
+        headers={"Retry-After": "2"},
+    )
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error: %s", type(exc).__name__)
     return problem(500, "internal-error", "Internal error", "an unexpected error occurred")
@@ -120,4 +133,6 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Unsupported, _unsupported)
     app.add_exception_handler(ServiceError, _service)
     app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(OperationalError, _database)
+    app.add_exception_handler(SATimeoutError, _database)
     app.add_exception_handler(Exception, _unexpected)

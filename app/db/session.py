@@ -20,8 +20,12 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``; SQLite files get their folder, WAL mode and a busy timeout."""
+def make_engine(url: str, pool_size: int = 5, max_overflow: int = 5) -> Engine:
+    """An engine for ``url``; SQLite files get their folder, WAL mode and a busy timeout.
+
+    PostgreSQL pools are per process: keep ``WEB_WORKERS * (pool_size + max_overflow)`` below the
+    server's ``max_connections``.
+    """
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
@@ -31,7 +35,9 @@ def make_engine(url: str) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    return create_engine(
+        url, pool_size=pool_size, max_overflow=max_overflow, pool_timeout=10, pool_recycle=1800
+    )
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -354,14 +354,15 @@ def _attempt(
         )
         if result.rowcount != 1:  # type: ignore[attr-defined]
             raise _LostRace
-        session.refresh(row)
+        # the ORM-enabled UPDATE above synchronised ``row`` with the values just written
+        odometer = odometer_view(row)
         body = {
             "query_id": record.id,
             "object_id": object_id,
             "seq": record.seq,
             "output": mech.output_json(output),
             "epsilon": mech.epsilon,
-            "odometer": odometer_view(row),
+            "odometer": odometer,
         }
         record.response = json.dumps(body)
         return SubmitOutcome(body, False, row.filter)
