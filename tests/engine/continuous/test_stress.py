@@ -1,0 +1,202 @@
+"""Soundness under stress (acceptance test 4).
+
+Histories of 200 queries over boxes of 20 real attributes, weights of magnitude 1e-6 to 1e3 (both
+signs), truncated kinks, and logistic terms saturated over the whole box (``|z|`` from 100 up to
+about 1e3) next to steep ones that cross zero. With a small time limit the searches cannot close
+the gap: the answers must still be finite, ordered, capped by basic composition and sound
+against an independent multistart search, say ``"limit"``, and come back within a small multiple
+of the time limit.
+
+The root of a search (Kelley rounds on the root relaxation and the L-BFGS-B polish) runs before
+the first time check, so a search overshoots its limit by work proportional to the history; the
+wall-time assertions allow for that (see the module constants).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from app.engine.calculator import compute_loss
+from app.engine.continuous.branch_and_bound import BnBSettings, Status, maximize
+from tests.engine.continuous.reference import (
+    LOGISTIC,
+    PLAIN,
+    TRUNCATED,
+    Instance,
+    spy_maximize,
+    z_range,
+)
+
+DIM, SIZE = 20, 200
+TIME_LIMIT = 0.5
+#: Allowed CPU seconds per second of time limit (root work runs before the first time check).
+CPU_FACTOR = 8.0
+#: Allowed wall seconds per second of time limit: a guard against hangs with room for a loaded
+#: machine (the CPU bound above is the tight check).
+WALL_FACTOR = 30.0
+TOLERANCE = 1e-4
+
+
+def stress_instance(
+    rng: np.random.Generator, kinds: tuple[str, ...], saturate: float = 0.3
+) -> Instance:
+    lo = rng.uniform(-1.0, 0.0, size=DIM)
+    hi = lo + rng.uniform(0.5, 2.0, size=DIM)
+    centre = 0.5 * (lo + hi)
+    weights, intercept = np.zeros((SIZE, DIM)), np.zeros(SIZE)
+    a, b = np.zeros(SIZE), np.ones(SIZE)
+    chosen = []
+    for i in range(SIZE):
+        kind = kinds[int(rng.integers(len(kinds)))]
+        chosen.append(kind)
+        reads = rng.choice(DIM, size=int(rng.integers(1, DIM + 1)), replace=False)
+        magnitudes = 10.0 ** rng.uniform(-6.0, 3.0, size=reads.size)
+        weights[i, reads] = rng.choice([-1.0, 1.0], size=reads.size) * magnitudes
+        z_lo, z_hi = z_range(weights[i], 0.0, lo, hi)
+        if kind == LOGISTIC and rng.uniform() < saturate:
+            # saturated over the whole box: the value stays between 100 and 1000 in magnitude
+            if z_hi - z_lo > 50.0:
+                weights[i] *= 50.0 / (z_hi - z_lo)
+                z_lo, z_hi = z_range(weights[i], 0.0, lo, hi)
+            side = rng.choice([-1.0, 1.0])
+            intercept[i] = side * rng.uniform(150.0, 950.0) - 0.5 * (z_lo + z_hi)
+        else:
+            intercept[i] = -float(weights[i] @ centre) + rng.normal(scale=2.0)
+        z_lo, z_hi = z_range(weights[i], intercept[i], lo, hi)
+        span = max(z_hi - z_lo, 1e-9)
+        if kind == PLAIN:
+            a[i] = z_lo - rng.uniform(0.0, 1.0) * span - 1e-6
+            b[i] = z_hi + rng.uniform(0.0, 1.0) * span + 1e-6
+        elif kind == TRUNCATED:
+            ends = np.sort(rng.uniform(z_lo - 0.2 * span, z_hi + 0.2 * span, size=2))
+            a[i], b[i] = ends[0], max(ends[1], ends[0] + 1e-6 * span + 1e-9)
+    eps = np.round(rng.uniform(0.05, 2.0, size=SIZE), 4)
+    high = rng.uniform(size=SIZE) < 0.5
+    return Instance(lo, hi, weights, intercept, chosen, a, b, eps, high)
+
+
+def reference_extremes(inst: Instance, rng: np.random.Generator) -> tuple[float, float]:
+    """Max and min of log P over 400 random points, the box centre and 4 L-BFGS-B starts."""
+    found_max, _, found_min, _ = inst.search(
+        rng, grid_points=1, random_points=400, starts=4, maxiter=300
+    )
+    return found_max, found_min
+
+
+def numeric_slack(inst: Instance, x: np.ndarray) -> float:
+    """Room for rounding between the two evaluations of log P (200 terms, |z| up to ~1e4)."""
+    return 1e-9 * (1.0 + float(np.abs(inst.term_logs(inst.values(x[None, :]))).sum()))
+
+
+FLAVOURS = {
+    "mixed": (PLAIN, TRUNCATED, LOGISTIC),
+    "logistic": (LOGISTIC,),
+    "truncated": (TRUNCATED,),
+    "plain": (PLAIN,),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour", list(FLAVOURS))
+def test_stress_calculator_is_sound_and_bounded_in_time(
+    flavour: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(list(FLAVOURS).index(flavour) + 77)
+    inst = stress_instance(rng, FLAVOURS[flavour])
+    z = inst.values(rng.uniform(inst.lo, inst.hi, size=(2000, DIM)))
+    if flavour in ("mixed", "logistic"):
+        assert np.abs(z).max() > 500.0, "saturated logistic terms are present"
+    request = inst.request(time_limit=TIME_LIMIT, max_nodes=400)
+
+    spy = spy_maximize(monkeypatch)
+    wall, cpu = time.perf_counter(), time.process_time()
+    answer = compute_loss(request)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    budget = TIME_LIMIT * len(spy.calls)
+    assert cpu <= CPU_FACTOR * budget, f"{cpu:.2f}s CPU for {budget}s of time limits"
+    assert wall <= WALL_FACTOR * budget, f"{wall:.2f}s wall for {budget}s of time limits"
+
+    loss = answer["realized_loss"]
+    assert np.isfinite(loss["lower"])
+    assert np.isfinite(loss["upper"])
+    assert 0.0 <= loss["lower"] <= loss["upper"] <= answer["basic_composition"] + 1e-9
+    gap = loss["upper"] - loss["lower"]
+    assert answer["status"] == ("ok" if gap <= TOLERANCE else "limit")
+    (_, _, top), (_, _, bottom) = spy.calls
+    for result in (top, bottom):
+        assert np.isfinite(result.lower)
+        assert np.isfinite(result.upper)
+        assert result.lower <= result.upper
+        assert np.all(result.x >= inst.lo)
+        assert np.all(result.x <= inst.hi)
+        if result.status is Status.OPTIMAL:
+            assert result.upper - result.lower <= TOLERANCE / 2 + 1e-12
+    if answer["status"] == "limit":
+        assert top.status.hit_limit or bottom.status.hit_limit
+
+    found_max, found_min = reference_extremes(inst, rng)
+    assert top.upper >= found_max - numeric_slack(inst, top.x)
+    assert -bottom.upper <= found_min + numeric_slack(inst, bottom.x)
+    assert loss["upper"] >= found_max - found_min - 2 * numeric_slack(inst, top.x)
+    # the lower bounds are values at the returned points
+    assert inst.logp(top.x)[0] >= top.lower - numeric_slack(inst, top.x)
+    assert -inst.logp(bottom.x)[0] >= bottom.lower - numeric_slack(inst, bottom.x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (BnBSettings(time_limit=TIME_LIMIT, max_nodes=10**7), Status.TIME_LIMIT),
+        (BnBSettings(time_limit=600.0, max_nodes=8), Status.NODE_LIMIT),
+    ],
+    ids=["time-limit", "node-limit"],
+)
+def test_stress_search_limits_report_their_status(settings: BnBSettings, expected: Status) -> None:
+    """``maximize`` on both sides of a saturated mixed history stops at its limit, soundly."""
+    rng = np.random.default_rng(5)
+    inst = stress_instance(rng, (PLAIN, TRUNCATED, LOGISTIC), saturate=0.5)
+    found_max, found_min = reference_extremes(inst, rng)
+    for terms, found in ((inst.term_set(), found_max), (inst.term_set().negated(), -found_min)):
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = maximize(terms, inst.box(), settings)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        assert result.status is expected
+        assert result.status.hit_limit
+        assert np.isfinite(result.lower)
+        assert np.isfinite(result.upper)
+        assert result.lower <= result.upper
+        assert result.upper - result.lower > settings.tolerance
+        assert result.upper >= found - numeric_slack(inst, result.x)
+        sign = 1.0 if found is found_max else -1.0
+        assert sign * inst.logp(result.x)[0] >= result.lower - numeric_slack(inst, result.x)
+        if expected is Status.TIME_LIMIT:
+            assert cpu <= CPU_FACTOR * TIME_LIMIT, f"{cpu:.2f}s CPU for a {TIME_LIMIT}s limit"
+            assert wall <= WALL_FACTOR * TIME_LIMIT, f"{wall:.2f}s for a {TIME_LIMIT}s limit"
+        else:
+            assert result.nodes <= settings.max_nodes + 2 * (settings.cut_rounds + 1)
+
+
+@pytest.mark.slow
+def test_stress_grouping_stays_sound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appendix-B grouping (opt-in) bounds groups separately: looser, but still sound."""
+    rng = np.random.default_rng(11)
+    inst = stress_instance(rng, (PLAIN, TRUNCATED, LOGISTIC))
+    spy = spy_maximize(monkeypatch)
+    wall = time.perf_counter()
+    answer = compute_loss(inst.request(time_limit=0.2, max_nodes=100, grouping=50))
+    wall = time.perf_counter() - wall
+    assert len(spy.calls) == 8  # 4 groups, two searches each
+    assert wall <= WALL_FACTOR * 0.2 * len(spy.calls)
+    loss = answer["realized_loss"]
+    assert np.isfinite(loss["upper"])
+    assert 0.0 <= loss["lower"] <= loss["upper"] <= answer["basic_composition"] + 1e-9
+    found_max, found_min = reference_extremes(inst, rng)
+    assert loss["upper"] >= found_max - found_min - 1e-6
+    # the grouped lower bound is whole-history values at the groups' extreme points
+    points = np.array([result.x for _, _, result in spy.calls])
+    values = inst.logp(points)
+    assert loss["lower"] <= values.max() - values.min() + 1e-6
