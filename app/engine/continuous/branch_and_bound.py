@@ -57,6 +57,8 @@ class Status(Enum):
     OPTIMAL = "ok"
     NODE_LIMIT = "node-limit"
     TIME_LIMIT = "time-limit"
+    #: Rounding-error bounds of the evaluations leave a gap wider than the tolerance.
+    PRECISION_LIMIT = "precision-limit"
 
     @property
     def hit_limit(self) -> bool:
@@ -277,14 +279,18 @@ class _Search:
         k = int(np.argmax(values - errs))
         if values[k] - errs[k] > self.best:
             self.best, self.best_x = float(values[k] - errs[k]), corners[k]
-        upper = self.best
-        # the best vertex value is exact up to its evaluation error, which offer() subtracted
-        _, err = self.terms.evaluate(self.best_x)
+        # every vertex's true value is at most its computed value plus its own error bound;
+        # the maximum is at some vertex, so the largest of those is a certified upper bound
+        upper = max(float(np.max(values + errs)), self.best)
         return MaxResult(
             self.best,
-            upper + 2 * err,
+            upper,
             self.best_x,
-            Status.OPTIMAL,
+            (
+                Status.OPTIMAL
+                if upper - self.best <= self.settings.tolerance
+                else Status.PRECISION_LIMIT
+            ),
             2**self.box.dim,
             time.perf_counter() - start,
         )

@@ -113,13 +113,19 @@ def relax(
     b[rows : rows + n] = u - terms.c
     A[rows + n :, :d] = -terms.theta
     b[rows + n :] = terms.c - l
+    # a line with a non-finite coefficient (slopes overflow at very large ε) is dropped: fewer
+    # over-estimating lines only loosen the relaxation, which stays an upper bound
+    keep = np.isfinite(b) & np.all(np.isfinite(A), axis=1)
+    A, b = A[keep], b[keep]
     cost = np.concatenate([np.zeros(d), np.ones(n)])
     v_lo = np.concatenate([x_lo, s_lo])
     v_hi = np.concatenate([x_hi, s_hi])
     interval_bound = float(np.sum(s_hi)) + 2 * (n + 2) * UNIT_ROUNDOFF * float(np.sum(np.abs(s_hi)))
+    if not np.isfinite(interval_bound):
+        return Relaxation(np.inf, None, None, np.zeros(n), False)
     const = terms.constant
     res = linprog(-cost, A_ub=A, b_ub=b, bounds=np.column_stack([v_lo, v_hi]), method="highs")
-    if res.status == 2:  # infeasible: the node holds no point
+    if res.status == 2:  # infeasible: the node holds no point (see the note on large ε below)
         return Relaxation(-np.inf, None, None, np.zeros(n), True)
     if res.status != 0 or res.x is None:
         y = np.zeros(A.shape[0])

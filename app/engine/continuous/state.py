@@ -76,12 +76,19 @@ def _term(mechanism: Mechanism, output: Output, axes: tuple[int, ...], field_pat
     if isinstance(mechanism, LogisticQuery):
         return _Term(theta, mechanism.intercept, ResponseCurve(True, high, mechanism.eps), 0.0)
     assert isinstance(mechanism, LinearQuery)  # noqa: S101 - the two ScalarResponse kinds
-    curve = ResponseCurve(False, high, mechanism.eps, mechanism.a, mechanism.b, mechanism.truncate)
+    truncate = mechanism.truncate
     excess = 0.0
-    if not mechanism.truncate:
+    if not truncate:
         beyond = max(mechanism.a - mechanism.z_min, mechanism.z_max - mechanism.b, 0.0)
-        # |d/dz log(1 + tE)| <= E / (b - a) for t >= 0
-        excess = beyond * mechanism.expm1_eps / (mechanism.b - mechanism.a) * 1.0001
+        # the affine continuation differs from the clipped mechanism by at most
+        # |d/dz log(1 + tE)| * beyond <= E/(b - a) / (1 + tE) * beyond; with
+        # t >= -beyond/(b - a) and beyond * E/(b - a) <= 1e-6 that is <= 1.0001 E/(b-a) beyond
+        steep = beyond * mechanism.expm1_eps / (mechanism.b - mechanism.a)
+        if steep <= 1e-6:
+            excess = steep * 1.0001
+        else:  # the continuation is not close (large ε): bound the clipped mechanism itself
+            truncate = True
+    curve = ResponseCurve(False, high, mechanism.eps, mechanism.a, mechanism.b, truncate)
     return _Term(theta, mechanism.intercept, curve, excess)
 
 
