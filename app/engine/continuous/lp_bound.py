@@ -39,9 +39,6 @@ from app.engine.continuous.envelopes import Lines, concave_overestimator
 from app.engine.continuous.problem import TermSet
 from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
 
-#: Largest line slope for which HiGHS's infeasibility verdict is trusted.
-BADLY_SCALED = 1e8
-
 
 @dataclass(frozen=True)
 class Relaxation:
@@ -128,10 +125,8 @@ def relax(
         return Relaxation(np.inf, None, None, np.zeros(n), False)
     const = terms.constant
     res = linprog(-cost, A_ub=A, b_ub=b, bounds=np.column_stack([v_lo, v_hi]), method="highs")
-    if res.status == 2 and float(np.max(np.abs(alpha), initial=0.0)) <= BADLY_SCALED:
-        return Relaxation(-np.inf, None, None, np.zeros(n), True)  # the node holds no point
-    # Badly scaled lines (slopes ~e^40 at very large ε) can make HiGHS call a non-empty node
-    # infeasible; then its word is not taken and the node gets a certified bound below.
+    if res.status == 2:  # infeasible: the node holds no point (see the note on large ε below)
+        return Relaxation(-np.inf, None, None, np.zeros(n), True)
     if res.status != 0 or res.x is None:
         y = np.zeros(A.shape[0])
         bound = min(interval_bound, _certify(A, b, cost, v_lo, v_hi, y))
