@@ -34,6 +34,7 @@ from app.engine.continuous.state import ContinuousState
 from app.engine.continuous.univariate import ResponseCurve
 from app.engine.domain import Domain, parse_domain
 from app.engine.mechanisms import parse_query
+from app.engine.numerics import decimal_fraction
 
 NAMES = [f"x{i}" for i in range(1, 10)]
 DIM = len(NAMES)
@@ -221,6 +222,7 @@ def run_experiment(
     *,
     max_queries: int = 2000,
     at_stop: Callable[[Accountant, History, dict[str, Any] | None], dict[str, Any]] | None = None,
+    budget: float = BUDGET,
 ) -> Run:
     """Algorithm 6: submit fresh queries until the first rejection (or ``max_queries``).
 
@@ -228,7 +230,7 @@ def run_experiment(
     it returns is kept in :attr:`Run.extra`.
     """
     domain = make_domain()
-    acc = Accountant(domain, budget=BUDGET, bnb=settings)
+    acc = Accountant(domain, budget=budget, bnb=settings)
     rng = np.random.default_rng(seed)
     history = History(kind)
     decisions: list[Decision] = []
@@ -242,7 +244,7 @@ def run_experiment(
         query = draw_query(kind, rng)
         mech = parse_query(query, domain)
         if tight_open:
-            if tight_total + mech.epsilon_exact <= Fraction(1):
+            if tight_total + mech.epsilon_exact <= decimal_fraction(budget):
                 tight_total += mech.epsilon_exact
                 tight_count += 1
             else:

@@ -43,6 +43,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ from app.engine.accountant import Accountant
 from app.engine.continuous.branch_and_bound import BnBSettings, maximize
 from app.engine.continuous.problem import TermSet
 from app.engine.continuous.state import ContinuousState
-from app.engine.mechanisms import parse_query
+from app.engine.mechanisms import Mechanism, parse_query
 from app.engine.numerics import DECISION_MARGIN
 
 TARGET_MS = {"linear": 20.0, "logistic": 500.0}
@@ -192,17 +193,40 @@ def group_loss_upper(history: History, settings: BnBSettings) -> float:
 
 
 def run_grouped(
-    kind: str, seed: int, group_size: int, settings: BnBSettings, max_queries: int
+    kind: str,
+    seed: int,
+    group_size: int,
+    settings: BnBSettings,
+    max_queries: int,
+    group_bound: Callable[[History], float] | None = None,
+    respond: Callable[[dict[str, Any], Mechanism], int] | None = None,
+    recorded: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Algorithm 6 with the loss bounded group by group (eq. 59), same query stream as the run.
 
     Decision as the engine's: accept if exact basic composition allows it, else iff for both
     outputs ``Σ_closed groups U_g + U(open group + query) <= budget - 1e-9``. Outputs are drawn
-    with the engine's CSPRNG sampler (``Mechanism.sample``) at the true value 0.
+    with the engine's CSPRNG sampler (``Mechanism.sample``) at the true value 0. ``U_g`` is
+    :func:`group_loss_upper` unless ``group_bound`` replaces it. What-if hooks (other mechanisms
+    than the engine's): ``respond(query, mechanism)`` draws the output instead of
+    ``Mechanism.sample``; ``recorded(query, output)`` is the entry the history gets.
     """
     domain = make_domain()
     rng = np.random.default_rng(seed)
     half = half_settings(settings)
+    if group_bound is None:
+
+        def group_bound(h: History) -> float:
+            return group_loss_upper(h, half)
+
+    def entry(query: dict[str, Any], output: int) -> dict[str, Any]:
+        return query if recorded is None else recorded(query, output)
+
+    def draw(query: dict[str, Any], mech: Mechanism) -> int:
+        if respond is not None:
+            return respond(query, mech)
+        return int(mech.sample(TRUE_VALUE))  # type: ignore[arg-type]
+
     closed: list[float] = []
     current = History(kind)
     basic = Fraction(0)
@@ -216,20 +240,20 @@ def run_grouped(
             ok = True
         else:
             base = current if len(current) < group_size else History(kind)
-            done = sum(closed) + (group_loss_upper(current, half) if base is not current else 0.0)
-            worst = max(group_loss_upper(base.extended(query, j), half) for j in (0, 1))
+            done = sum(closed) + (group_bound(current) if base is not current else 0.0)
+            worst = max(group_bound(base.extended(entry(query, j), j)) for j in (0, 1))
             ok = done + worst <= BUDGET - DECISION_MARGIN
         times.append(time.perf_counter() - t0)
         if not ok:
             break
-        output = int(mech.sample(TRUE_VALUE))  # type: ignore[arg-type]
+        output = draw(query, mech)
         if len(current) == group_size:
-            closed.append(group_loss_upper(current, half))
+            closed.append(group_bound(current))
             current = History(kind)
-        current.append(query, output)
+        current.append(entry(query, output), output)
         basic += mech.epsilon_exact
         accepted += 1
-    total_upper = sum(closed) + (group_loss_upper(current, half) if len(current) else 0.0)
+    total_upper = sum(closed) + (group_bound(current) if len(current) else 0.0)
     return {
         "source": "bench-sim",
         "seed": seed,

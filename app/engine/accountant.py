@@ -93,7 +93,9 @@ class Accountant:
     accepted: int = 0
     rejected: int = 0
     trajectory: list[TrajectoryPoint] = field(default_factory=list)
-    _pending: tuple[Mechanism, dict[int, ContinuousLoss]] | None = field(default=None, repr=False)
+    _pending: tuple[Mechanism, dict[int, ContinuousLoss], CandidateEvaluation] | None = field(
+        default=None, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.domain.is_finite:
@@ -136,7 +138,7 @@ class Accountant:
         evaluation, computed = evaluate_continuous(
             self.state, mechanism, basic_total=self.basic_total, target=target
         )
-        self._pending = (mechanism, computed)
+        self._pending = (mechanism, computed, evaluation)
         return evaluation
 
     def loss(self) -> LossBounds:
@@ -158,10 +160,14 @@ class Accountant:
         if isinstance(self.state, LikelihoodState):
             self.state.apply(mechanism.term(output))
         else:
-            known = None
+            known, decided = None, None
             if self._pending is not None and self._pending[0] is mechanism:
                 known = self._pending[1].get(int(output))  # type: ignore[arg-type]
-            self.state.record(mechanism, output, known=known)
+                # the bounds the decision used (a search's or the cheap ones) stay valid: the
+                # odometer never reads looser than what accepted the query
+                entry = self._pending[2].per_output[int(output)]  # type: ignore[arg-type]
+                decided = (entry.lower, entry.upper)
+            self.state.record(mechanism, output, known=known, decided=decided)
         self._pending = None
         self.basic_total += mechanism.epsilon_exact
         self.accepted += 1

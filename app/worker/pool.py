@@ -22,15 +22,19 @@ from typing import Any
 from app.engine.calculator import compute_loss
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
-from app.engine.filters import FilterKind
+from app.engine.filters import CandidateEvaluation, FilterKind, OutputLoss, decide
 from app.engine.jsonfields import as_list, as_object, as_positive_number, path
-from app.engine.mechanisms import parse_query
-from app.engine.numerics import DECISION_MARGIN, decimal_fraction, float_up
+from app.engine.likelihood import LossBounds
+from app.engine.mechanisms import Mechanism, parse_query
+from app.engine.numerics import float_up
 from app.metrics import BOUND_CACHE
 from app.worker.cache import LRUCache, ResultCache
 from app.worker.keys import request_key
 
 log = logging.getLogger(__name__)
+
+#: Outputs listed by the basic-composition fallback (all share the same bounds).
+FALLBACK_LISTED = 256
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,35 @@ def _run(request: dict[str, Any]) -> dict[str, Any]:
     return compute_loss(request)
 
 
+def basic_evaluation(
+    mech: Mechanism, basic_total: Fraction, max_listed: int
+) -> CandidateEvaluation:
+    """The candidate bounded by basic composition alone (sound, never tight, free to compute).
+
+    Every output's realized loss lies in ``[0, Σ ε_i + ε]`` (Lemma 6.1). The first
+    ``max_listed`` (at least 1) outputs are listed; all share the same bounds, so any of them is
+    a worst one.
+    """
+    after = float_up(basic_total + mech.epsilon_exact)
+    listed = min(mech.output_count, max(1, max_listed))
+    return CandidateEvaluation(
+        mech.epsilon,
+        mech.epsilon_exact,
+        tuple(OutputLoss(_output_json(mech, j), 0.0, after) for j in range(listed)),
+        after,
+        listed == mech.output_count and mech.output_count <= max_listed,
+    )
+
+
+def _output_json(mech: Mechanism, j: int) -> Any:
+    """The JSON form of the ``j``-th output: an index, or ``j``'s bits for bit-vector outputs."""
+    try:
+        return mech.output_json(j)
+    except TypeError:  # unary encoding: 2**k bit vectors, listed in binary counting order
+        k = mech.output_count.bit_length() - 1
+        return mech.output_json(tuple((j >> (k - 1 - i)) & 1 for i in range(k)))
+
+
 def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
     """The calculator's answer from basic composition alone (always sound, never tight)."""
     obj = as_object(request, "")
@@ -79,34 +112,29 @@ def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
         total += parse_query(
             entry["query"], domain, path(path("history", i), "query")
         ).epsilon_exact
+    loss_now = LossBounds(0.0, float_up(total))
     answer: dict[str, Any] = {
-        "realized_loss": {"lower": 0.0, "upper": float_up(total)},
+        "realized_loss": loss_now.to_json(),
         "basic_composition": float(total),
         "status": "limit",
     }
     if "candidate" in obj:
         mech = parse_query(obj["candidate"], domain, "candidate")
-        after = total + mech.epsilon_exact
         if "budget" not in obj:
             raise InvalidInput("budget", "is required when a candidate is given")
         budget = as_positive_number(obj["budget"], "budget")
-        basic_ok = after <= decimal_fraction(budget)
-        outputs = []
-        if mech.output_count <= 256:
-            outputs = [
-                {"output": mech.output_json(j), "lower": 0.0, "upper": float_up(after)}
-                for j in range(mech.output_count)
-            ]
+        evaluation = basic_evaluation(mech, total, FALLBACK_LISTED)
         answer["candidate"] = {
-            "per_output": outputs,
-            "per_output_complete": bool(outputs),
-            "worst_case_upper": float_up(after),
-            "epsilon": mech.epsilon,
+            **evaluation.to_json(),
             "accepted": {
-                FilterKind.BAYESIAN.value: basic_ok,
-                FilterKind.SIMPLIFIED.value: basic_ok
-                or float_up(total) + float(mech.epsilon_exact) <= budget - DECISION_MARGIN,
-                FilterKind.BASIC.value: basic_ok,
+                kind.value: decide(
+                    kind=kind,
+                    budget=budget,
+                    loss_now=loss_now,
+                    basic_total=total,
+                    candidate=evaluation,
+                ).accepted
+                for kind in FilterKind
             },
         }
     return answer

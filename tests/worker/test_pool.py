@@ -154,3 +154,28 @@ def test_async_api_does_not_block_the_event_loop(worker: BoundWorker) -> None:
     answer, ticks = asyncio.run(main())
     assert answer["realized_loss"]["lower"] <= answer["realized_loss"]["upper"]
     assert ticks >= 3  # the loop kept running while the process computed
+
+
+def test_fallback_lists_bit_vector_outputs_and_decides_like_the_filters() -> None:
+    domain = {"attributes": [{"name": "c", "type": "categorical", "values": ["a", "b", "c"]}]}
+    ue = {"mechanism": "unary_encoding", "attribute": "c", "epsilon": 0.5}
+    history = [{"query": ue, "output": [0, 1, 0]}]
+    for budget, basic_ok in ((1.0, True), (0.9, False)):
+        answer = basic_fallback(
+            {"domain": domain, "history": history, "budget": budget, "candidate": ue}
+        )
+        cand = answer["candidate"]
+        # 2**3 outputs, listed as bit vectors in counting order, all with the same sound bounds
+        assert [o["output"] for o in cand["per_output"]] == [
+            [(j >> 2) & 1, (j >> 1) & 1, j & 1] for j in range(8)
+        ]
+        assert cand["per_output_complete"] is True
+        assert {o["upper"] for o in cand["per_output"]} == {cand["worst_case_upper"]}
+        assert cand["worst_case_upper"] >= 1.0
+        assert answer["realized_loss"] == {"lower": 0.0, "upper": 0.5}
+        # basic composition decides basic and Bayesian alike; simplified charges 0.5 + 0.5
+        assert cand["accepted"] == {
+            "bayesian": basic_ok,
+            "simplified": basic_ok,
+            "basic": basic_ok,
+        }

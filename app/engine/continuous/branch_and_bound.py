@@ -19,6 +19,11 @@ is the largest certified bound among open nodes. The search ends when
 ``upper - lower <= tolerance`` (:attr:`Status.OPTIMAL`) or a node or time limit is hit
 (:attr:`Status.NODE_LIMIT`, :attr:`Status.TIME_LIMIT`) — the bounds are sound either way.
 
+The time limit holds for the whole search, root included: HiGHS gets the time left, Kelley rounds
+and L-BFGS-B stop when it runs out, and children that cannot be bounded in time keep their
+parent's bound (a valid upper bound of any sub-box). A search overruns its limit by at most one
+LP solve's bookkeeping and one objective evaluation.
+
 Exact fast paths. When every term is convex on its range, ``F`` is convex in ``x`` and its maximum
 is at a vertex of the box; with ``2**d`` small the vertices are enumerated. When every term is
 concave (histories of plain ``linear`` queries), ``F`` is concave: a local maximum ``x*`` found by
@@ -189,6 +194,11 @@ class _Search:
         self.nodes = 0
         #: Largest bound of any node discarded without being explored (it still counts).
         self.pruned = -math.inf
+        self.deadline = time.perf_counter() + settings.time_limit
+
+    def remaining(self) -> float:
+        """Seconds left before the time limit (negative once it has passed)."""
+        return self.deadline - time.perf_counter()
 
     def offer(self, x: FloatArray) -> None:
         """Consider a point as incumbent (rounded to integers and clipped to the box)."""
@@ -201,10 +211,11 @@ class _Search:
     def bound(self, x_lo: FloatArray, x_hi: FloatArray, l: FloatArray, u: FloatArray) -> Relaxation:
         """Relaxation with Kelley rounds; feeds incumbents."""
         extra: list[list[float]] = [[] for _ in range(self.terms.size)]
-        rel = relax(self.terms, x_lo, x_hi, l, u, extra, self.settings.tangents)
+        tangents = self.settings.tangents
+        rel = relax(self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining())
         self.nodes += 1
         for _ in range(self.settings.cut_rounds):
-            if rel.x is None or rel.z is None:
+            if rel.x is None or rel.z is None or self.remaining() <= 0.0:
                 break
             self.offer(rel.x)
             if rel.bound - self.best <= self.settings.tolerance:
@@ -214,7 +225,7 @@ class _Search:
                 break
             for i in np.flatnonzero(worst):
                 extra[i].append(float(rel.z[i]))
-            tighter = relax(self.terms, x_lo, x_hi, l, u, extra, self.settings.tangents)
+            tighter = relax(self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining())
             self.nodes += 1
             improved = rel.bound - tighter.bound
             rel = tighter if tighter.bound <= rel.bound else rel
@@ -233,8 +244,14 @@ class _Search:
             value = float(terms.batch.values(z).sum())
             return -value, -(terms.theta.T @ terms.batch.derivs(z))
 
+        def out_of_time(intermediate_result: object) -> None:
+            if self.remaining() <= 0.0:
+                raise StopIteration
+
         bounds = list(zip(self.box.lo, self.box.hi, strict=True))
         for start in (self.best_x.copy(), 0.5 * (self.box.lo + self.box.hi)):
+            if self.remaining() <= 0.0:
+                break
             try:
                 res = minimize(
                     negative,
@@ -242,6 +259,7 @@ class _Search:
                     jac=True,
                     method="L-BFGS-B",
                     bounds=bounds,
+                    callback=out_of_time,
                     options={"maxiter": 500, "ftol": 1e-15, "gtol": 1e-12},
                 )
             except (ValueError, FloatingPointError):  # pragma: no cover - defensive
@@ -321,7 +339,7 @@ def maximize(terms: TermSet, box: Box, settings: BnBSettings | None = None) -> M
         if search.nodes >= settings.max_nodes:
             status = Status.NODE_LIMIT
             break
-        if time.perf_counter() - start > settings.time_limit:
+        if search.remaining() <= 0.0:
             status = Status.TIME_LIMIT
             break
         node = queue.pop()
@@ -343,6 +361,10 @@ def maximize(terms: TermSet, box: Box, settings: BnBSettings | None = None) -> M
             ]
         for x_lo, x_hi, l, u in children:
             if np.any(x_lo > x_hi) or np.any(l > u):
+                continue
+            if search.remaining() <= 0.0:  # no time to bound it: the parent's bound covers it
+                search.pruned = max(search.pruned, node.relaxation.bound)
+                status = Status.TIME_LIMIT
                 continue
             rel = search.bound(x_lo, x_hi, l, u)
             if rel.bound - search.best > settings.tolerance:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -42,7 +43,9 @@ from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
 
 #: Tangent points placed in the valid range of a concave (or convex) part by default.
 DEFAULT_TANGENTS = 3
-_BISECTION_STEPS = 60
+#: Points per round of the vectorised bisection, and rounds (63**9 > 2**53).
+_GRID = 64
+_BISECTION_ROUNDS = 9
 
 
 @dataclass(frozen=True)
@@ -86,35 +89,41 @@ def _spread(lo: float, hi: float, extra: Sequence[float], count: int) -> FloatAr
     return np.unique(chosen)
 
 
+@lru_cache(maxsize=1 << 16)
 def _bisect(h: ResponseCurve, lo: float, hi: float, anchor: float, want_left: bool) -> float:
     """Boundary of the valid tangent points in ``[lo, hi]`` (see module docstring).
 
     With ``want_left`` False we look for the smallest ``p`` whose tangent passes ``g(p) >= 0`` at
     ``anchor`` (overestimators, ``g`` increasing); with True the largest ``p`` whose tangent passes
     ``L_p(anchor) <= h(anchor)`` (underestimators, increasing in ``p`` too). The returned end of the
-    bracket always satisfies the test.
+    bracket always satisfies the test (checked here in float, like any other point).
+
+    The bracket is narrowed by a factor of ``_GRID - 1`` per round: the test is evaluated on
+    ``_GRID`` points at once (one vectorised evaluation instead of one per halving). The result
+    is memoised: it does not depend on the extra tangent points a node asks for, and a
+    branch-and-bound child keeps every term's interval but one.
     """
     h_anchor = float(h.value(np.array([anchor]))[0])
 
-    def passes(p: float) -> bool:
-        s, b = _tangents(h, np.array([p]))
-        at_anchor = float(s[0] * anchor + b[0])
-        return at_anchor >= h_anchor if not want_left else at_anchor <= h_anchor
+    def passing(points: FloatArray) -> np.ndarray:
+        slopes, intercepts = _tangents(h, points)
+        at_anchor = slopes * anchor + intercepts
+        return np.asarray(at_anchor <= h_anchor if want_left else at_anchor >= h_anchor)
 
-    if want_left:
-        good, bad = lo, hi  # passes(lo) checked by the caller
-        for _ in range(_BISECTION_STEPS):
-            mid = 0.5 * (good + bad)
-            if mid in (good, bad):
-                break
-            good, bad = (mid, bad) if passes(mid) else (good, mid)
-        return good
-    bad, good = lo, hi
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (good + bad)
-        if mid in (good, bad):
+    # invariant: `good` passes (the caller checked the bracket's passing end), `bad` may not
+    good, bad = (lo, hi) if want_left else (hi, lo)
+    for _ in range(_BISECTION_ROUNDS):
+        grid = np.linspace(good, bad, _GRID)
+        ok = passing(grid)
+        ok[0] = True
+        # the test is monotone in p, so the passing points are a prefix of the grid; take the
+        # last of that prefix (a non-monotone rounding blip only ends the search earlier)
+        k = int(np.argmin(ok)) - 1 if not ok.all() else _GRID - 1
+        new_good, new_bad = float(grid[k]), float(grid[min(k + 1, _GRID - 1)])
+        if (new_good, new_bad) == (good, bad) or new_good == new_bad:
+            good = new_good
             break
-        bad, good = (bad, mid) if passes(mid) else (mid, good)
+        good, bad = new_good, new_bad
     return good
 
 
@@ -173,6 +182,22 @@ def concave_overestimator(
     if h.shape is Shape.CV:
         return _over_cv(h, l, u, extra, count)
     return _under_cv(h.negated(), l, u, extra, count).negated()
+
+
+@lru_cache(maxsize=1 << 16)
+def cached_concave_overestimator(
+    h: ResponseCurve, l: float, u: float, extra: tuple[float, ...], count: int
+) -> Lines:
+    """:func:`concave_overestimator`, memoised (the returned arrays are read-only).
+
+    A branch-and-bound child changes the interval of one term only, so the lines of every other
+    term (and their bisections) are reused from the parent: the cost of bounding a node no
+    longer grows with the work of building ``n`` envelopes.
+    """
+    lines = concave_overestimator(h, l, u, extra, count)
+    lines.slopes.setflags(write=False)
+    lines.intercepts.setflags(write=False)
+    return lines
 
 
 def convex_underestimator(

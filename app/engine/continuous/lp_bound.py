@@ -25,17 +25,35 @@ weak duality with explicit bounds (Neumaier & Shcherbina, 2004). We take ``y`` f
 duals, clip it to be non-negative, and evaluate the right-hand side in float64 plus a bound on
 its rounding error (:math:`γ_m \sum |\cdot|` terms). If HiGHS fails, ``y = 0`` gives the interval
 bound :math:`\sum_i s_i^{hi}`, which is always valid.
+
+Empty nodes. HiGHS's "infeasible" verdict is not taken on trust: with very steep envelope lines
+(slopes near :math:`e^{40}` at large ε) it has called non-empty nodes infeasible, and dropping
+such a node loses its maximum. A node is dropped only with a certificate that the system
+:math:`l \le θx + c \le u`, :math:`x^{lo} \le x \le x^{hi}` (the rows that decide emptiness:
+the :math:`s_i` can always sit at :math:`s_i^{lo}`) has no solution. Farkas: for
+:math:`y^+, y^- \ge 0` every feasible ``x`` satisfies
+
+.. math::
+
+    (y^+ - y^-)^\top(θx + c) - {y^+}^\top u + {y^-}^\top l \le 0,
+
+so if the minimum of the left-hand side over the coordinate box is positive, the node is empty.
+``y`` comes from the duals of a phase-1 LP (minimise the total violation of those rows) that
+involves only ``θ`` and the box, so it is well scaled whatever ε; the minimum over the box is
+evaluated in float64 and must exceed a bound on its rounding error. Without a certificate the node
+keeps the interval bound.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import linprog
 
-from app.engine.continuous.envelopes import Lines, concave_overestimator
+from app.engine.continuous.envelopes import Lines, cached_concave_overestimator
 from app.engine.continuous.problem import TermSet
 from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
 
@@ -80,6 +98,48 @@ def _certify(
     return float(main + 2.0 * err)
 
 
+def certified_empty(
+    terms: TermSet, x_lo: FloatArray, x_hi: FloatArray, l: FloatArray, u: FloatArray
+) -> bool:
+    """Whether ``{x in [x_lo, x_hi] : l <= θx + c <= u}`` is provably empty (module docstring).
+
+    ``False`` means "not proven empty", never "non-empty".
+    """
+    n, d = terms.size, x_lo.size
+    theta, c = terms.theta, terms.c
+    # phase 1: min Σ(p + q) s.t. θx - p <= u - c, -θx - q <= c - l, box, p, q >= 0
+    A = np.zeros((2 * n, d + 2 * n))
+    A[:n, :d], A[n:, :d] = theta, -theta
+    A[np.arange(n), d + np.arange(n)] = -1.0
+    A[n + np.arange(n), d + n + np.arange(n)] = -1.0
+    b = np.concatenate([u - c, c - l])
+    if not (np.all(np.isfinite(b)) and np.all(np.isfinite(theta))):
+        return False
+    cost = np.concatenate([np.zeros(d), np.ones(2 * n)])
+    bounds = np.column_stack(
+        [np.concatenate([x_lo, np.zeros(2 * n)]), np.concatenate([x_hi, np.full(2 * n, np.inf)])]
+    )
+    res = linprog(cost, A_ub=A, b_ub=b, bounds=bounds, method="highs")
+    if res.status != 0 or res.ineqlin is None:
+        return False
+    y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
+    y_up, y_down = y[:n], y[n:]
+    w = y_up - y_down
+    r = theta.T @ w
+    reach = np.minimum(r * x_lo, r * x_hi)
+    gap = float(np.sum(reach)) + float(w @ c) - float(y_up @ u) + float(y_down @ l)
+    gamma = 2.0 * (2 * n + d + 4) * UNIT_ROUNDOFF
+    scale = np.maximum(np.abs(x_lo), np.abs(x_hi))
+    err = gamma * (
+        float(np.abs(r) @ scale)
+        + float((np.abs(theta).T @ np.abs(w)) @ scale)
+        + float(np.abs(w) @ np.abs(c))
+        + float(y_up @ np.abs(u))
+        + float(y_down @ np.abs(l))
+    )
+    return gap > 2.0 * err
+
+
 def relax(
     terms: TermSet,
     x_lo: FloatArray,
@@ -88,17 +148,34 @@ def relax(
     u: FloatArray,
     extra: Sequence[Sequence[float]] | None = None,
     tangents: int = 3,
+    time_limit: float | None = None,
 ) -> Relaxation:
-    """Solve the relaxation of ``max F`` over one node and certify its bound."""
+    """Solve the relaxation of ``max F`` over one node and certify its bound.
+
+    ``time_limit`` (seconds) stops HiGHS early; the bound is then the interval bound (or the
+    weak-duality bound of whatever duals are available), still certified.
+    """
     n, d = terms.size, x_lo.size
-    lines: list[Lines] = [
-        concave_overestimator(h, float(l[i]), float(u[i]), extra[i] if extra else (), tangents)
-        for i, h in enumerate(terms.curves)
-    ]
+    start = time.perf_counter()
     ends = terms.batch.values(np.stack([l, u]))
     pad = 256 * UNIT_ROUNDOFF * (1.0 + np.abs(ends).max(axis=0))
     s_hi = ends.max(axis=0) + pad
     s_lo = ends.min(axis=0) - pad
+    interval_bound = float(np.sum(s_hi)) + 2 * (n + 2) * UNIT_ROUNDOFF * float(np.sum(np.abs(s_hi)))
+    if not np.isfinite(interval_bound):
+        return Relaxation(np.inf, None, None, np.zeros(n), False)
+    const = terms.constant
+    lines: list[Lines] = []
+    for i, h in enumerate(terms.curves):
+        # building n envelopes is the root's largest cost on long histories: stop with the
+        # (certified) interval bound once the time is up
+        if time_limit is not None and i % 64 == 63 and time.perf_counter() - start > time_limit:
+            return Relaxation(interval_bound + const, None, None, np.zeros(n), False)
+        lines.append(
+            cached_concave_overestimator(
+                h, float(l[i]), float(u[i]), tuple(extra[i]) if extra else (), tangents
+            )
+        )
     counts = np.array([ln.slopes.size for ln in lines])
     rows = int(counts.sum())
     owner = np.repeat(np.arange(n), counts)
@@ -120,12 +197,17 @@ def relax(
     cost = np.concatenate([np.zeros(d), np.ones(n)])
     v_lo = np.concatenate([x_lo, s_lo])
     v_hi = np.concatenate([x_hi, s_hi])
-    interval_bound = float(np.sum(s_hi)) + 2 * (n + 2) * UNIT_ROUNDOFF * float(np.sum(np.abs(s_hi)))
-    if not np.isfinite(interval_bound):
-        return Relaxation(np.inf, None, None, np.zeros(n), False)
-    const = terms.constant
-    res = linprog(-cost, A_ub=A, b_ub=b, bounds=np.column_stack([v_lo, v_hi]), method="highs")
-    if res.status == 2:  # infeasible: the node holds no point (see the note on large ε below)
+    left = None if time_limit is None else time_limit - (time.perf_counter() - start)
+    options = {} if left is None else {"time_limit": max(left, 1e-3)}
+    res = linprog(
+        -cost,
+        A_ub=A,
+        b_ub=b,
+        bounds=np.column_stack([v_lo, v_hi]),
+        method="highs",
+        options=options,
+    )
+    if res.status == 2 and certified_empty(terms, x_lo, x_hi, l, u):
         return Relaxation(-np.inf, None, None, np.zeros(n), True)
     if res.status != 0 or res.x is None:
         y = np.zeros(A.shape[0])

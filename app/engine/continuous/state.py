@@ -25,7 +25,7 @@ from app.engine.likelihood import LossBounds
 from app.engine.mechanisms import Mechanism, Output
 from app.engine.mechanisms.base import output_index
 from app.engine.mechanisms.regression import LinearQuery, LogisticQuery, ScalarResponse
-from app.engine.numerics import FloatArray, float_up
+from app.engine.numerics import UNIT_ROUNDOFF, FloatArray, float_up
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,9 @@ def box_of(domain: Domain) -> tuple[Box, tuple[int, ...]]:
     return Box(lo, hi, integer), axes
 
 
-def _term(mechanism: Mechanism, output: Output, axes: tuple[int, ...], field_path: str) -> _Term:
+def _term(
+    mechanism: Mechanism, output: Output, box: Box, axes: tuple[int, ...], field_path: str
+) -> _Term:
     if not isinstance(mechanism, ScalarResponse):
         raise Unsupported(
             field_path,
@@ -79,7 +81,17 @@ def _term(mechanism: Mechanism, output: Output, axes: tuple[int, ...], field_pat
     truncate = mechanism.truncate
     excess = 0.0
     if not truncate:
-        beyond = max(mechanism.a - mechanism.z_min, mechanism.z_max - mechanism.b, 0.0)
+        # the search sees query values up to a rounding pad beyond the reach over the box
+        # (Termset.value_ranges), so the continuation must be close there too
+        pad = (
+            (len(axes) + 2)
+            * UNIT_ROUNDOFF
+            * (
+                float(np.abs(theta) @ np.maximum(np.abs(box.lo), np.abs(box.hi)))
+                + abs(mechanism.intercept)
+            )
+        )
+        beyond = max(mechanism.a - mechanism.z_min, mechanism.z_max - mechanism.b, 0.0) + 2 * pad
         # the affine continuation differs from the clipped mechanism by at most
         # |d/dz log(1 + tE)| * beyond <= E/(b - a) / (1 + tE) * beyond; with
         # t >= -beyond/(b - a) and beyond * E/(b - a) <= 1e-6 that is <= 1.0001 E/(b-a) beyond
@@ -100,6 +112,8 @@ class ContinuousState:
     settings: BnBSettings = field(default_factory=BnBSettings)
     _terms: list[_Term] = field(default_factory=list)
     _cached: ContinuousLoss | None = None
+    #: Certified bounds known for the current history without a search (see :meth:`record`).
+    _decided: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         self.box, self.axes = box_of(self.domain)
@@ -144,10 +158,22 @@ class ContinuousState:
         )
 
     def loss_detail(self) -> ContinuousLoss:
-        """Bounds on the realized loss of the history (cached)."""
+        """Bounds on the realized loss of the history (cached).
+
+        Intersected with the bounds the last decision used, when known: both are certified, and
+        a search stopped by a limit can come back looser than the bound that accepted the query.
+        """
         if self._cached is None:
-            self._cached = self._bound()
+            self._cached = self._capped(self._bound())
         return self._cached
+
+    def _capped(self, found: ContinuousLoss) -> ContinuousLoss:
+        """``found`` intersected with the last decision's bounds (both certified)."""
+        if self._decided is None:
+            return found
+        lower = max(found.lower, self._decided[0])
+        upper = min(found.upper, self._decided[1])
+        return replace(found, lower=lower, upper=upper) if lower <= upper else found
 
     def loss(self, cap: Fraction | None = None) -> LossBounds:
         """Certified bounds on the realized loss, capped by ``cap`` (exact Σε) when given."""
@@ -157,7 +183,7 @@ class ContinuousState:
         self, mechanism: Mechanism, output: Output, field_path: str = "query"
     ) -> ContinuousLoss:
         """Bounds on the loss of the history extended by ``(mechanism, output)``."""
-        return self._bound([_term(mechanism, output, self.axes, field_path)])
+        return self._bound([_term(mechanism, output, self.box, self.axes, field_path)])
 
     def record(
         self,
@@ -165,11 +191,17 @@ class ContinuousState:
         output: Output,
         field_path: str = "query",
         known: ContinuousLoss | None = None,
+        decided: tuple[float, float] | None = None,
     ) -> None:
-        """Append an accepted ``(mechanism, output)``; ``known`` reuses bounds already computed."""
-        self._terms.append(_term(mechanism, output, self.axes, field_path))
-        self._cached = known
+        """Append an accepted ``(mechanism, output)``.
+
+        ``known`` reuses bounds a search already computed for the extended history; ``decided``
+        are the (certified) bounds the filter decision used for this output, kept as a cap.
+        """
+        self._terms.append(_term(mechanism, output, self.box, self.axes, field_path))
+        self._decided = decided
+        self._cached = None if known is None else self._capped(known)
 
     def check_supported(self, mechanism: Mechanism, field_path: str) -> None:
         """Raise :class:`Unsupported` for a mechanism this state cannot account for."""
-        _term(mechanism, 0, self.axes, field_path)
+        _term(mechanism, 0, self.box, self.axes, field_path)

@@ -60,26 +60,31 @@ class Instance:
         return [f"x{k}" for k in range(self.dim)]
 
     # --- the reference likelihood (DESIGN.md formulas) ----------------------------------------
-    def _prob_high_and_slope(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``Pr(high | z)`` and ``d Pr(high)/dz`` for every term (``z`` is ``(..., n)``)."""
-        k = (np.exp(self.eps) - 1.0) / (np.exp(self.eps) + 1.0)
-        base = 1.0 / (np.exp(self.eps) + 1.0)
+    def _probs(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``Pr(high | z)``, ``Pr(low | z)`` and ``d Pr(high)/dz`` for every term (``(..., n)``).
+
+        ``Pr(high) = t k + 1/(e^ε + 1)`` with ``k = (e^ε - 1)/(e^ε + 1)`` (eqs. 37, 40, 45) and
+        ``Pr(low) = 1 - Pr(high) = (1 - t) k + 1/(e^ε + 1)``, with ``1 - t`` formed directly
+        (``(b - y)/(b - a)``, ``σ(-z)``) so that large ε keeps its precision.
+        """
+        k = np.tanh(self.eps / 2.0)  # (e^ε - 1)/(e^ε + 1)
+        base = sigmoid(-self.eps)  # 1/(e^ε + 1)
         logistic = np.array([kind == LOGISTIC for kind in self.kinds])
         width = self.b - self.a
         # the mechanism clips y to [a, b] (plain queries only reach it up to rounding)
         y = np.clip(z, self.a, self.b)
-        t_lin = (y - self.a) / width
         inside = (z >= self.a) & (z <= self.b)
         dt_lin = np.where(inside, 1.0 / width, 0.0)
-        sig = sigmoid(z)
-        t = np.where(logistic, sig, t_lin)
-        dt = np.where(logistic, sig * (1.0 - sig), dt_lin)
-        return t * k + base, dt * k
+        sig, sig_neg = sigmoid(z), sigmoid(-z)
+        t = np.where(logistic, sig, (y - self.a) / width)
+        one_minus_t = np.where(logistic, sig_neg, (self.b - y) / width)
+        dt = np.where(logistic, sig * sig_neg, dt_lin)
+        return t * k + base, one_minus_t * k + base, dt * k
 
     def term_logs(self, z: np.ndarray) -> np.ndarray:
         """``log Pr(M_i = y_i | z_i)`` for every term."""
-        p_high, _ = self._prob_high_and_slope(z)
-        return np.log(np.where(self.high, p_high, 1.0 - p_high))
+        p_high, p_low, _ = self._probs(z)
+        return np.log(np.where(self.high, p_high, p_low))
 
     def values(self, points: np.ndarray) -> np.ndarray:
         """``z`` for each row of ``points``: shape ``(len(points), n)``.
@@ -100,8 +105,8 @@ class Instance:
 
     def logp_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
         z = self.values(x[None, :])[0]
-        p_high, slope = self._prob_high_and_slope(z)
-        p = np.where(self.high, p_high, 1.0 - p_high)
+        p_high, p_low, slope = self._probs(z)
+        p = np.where(self.high, p_high, p_low)
         dz = np.where(self.high, slope, -slope) / p
         return float(np.log(p).sum()), (self.weights * dz[:, None]).sum(axis=0)
 

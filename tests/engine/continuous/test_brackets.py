@@ -10,6 +10,8 @@ L-BFGS-B.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -106,6 +108,43 @@ def test_brackets_mixed_queries(seed: int, monkeypatch: pytest.MonkeyPatch) -> N
     ("kind", "seed"), [(PLAIN, 0), (PLAIN, 1), (LOGISTIC, 0), (LOGISTIC, 1), (TRUNCATED, 0)]
 )
 def test_brackets_single_kind(kind: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """25 instances of one query kind each (plain-linear histories take the concave path)."""
+    """5 instances of one query kind per case (plain-linear histories take the concave path)."""
     limited = run_chunk(2000 + seed, monkeypatch, (kind,), (1, 2, 3, 4))
     assert limited == 0, f"{limited} of {PER_CHUNK} instances hit a limit"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(2))
+def test_candidate_per_output_brackets(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``candidate.per_output``: the last query of an instance as the candidate of the others.
+
+    Each output's bounds bracket the reference loss of the history extended by that output,
+    and its lower bound is the loss between the two points the engine's searches returned.
+    """
+    make, search = np.random.default_rng(5000 + seed), np.random.default_rng(6000 + seed)
+    for _ in range(5):
+        inst = random_instance(make, dim=int(make.integers(1, 5)), size=int(make.integers(2, 9)))
+        request = inst.request(time_limit=600.0)
+        request["history"] = request["history"][:-1]
+        request["candidate"] = inst.query_json(inst.size - 1)
+        request["budget"] = 100.0
+        with monkeypatch.context() as patch:
+            spy = spy_maximize(patch)
+            answer = compute_loss(request)
+        assert answer["status"] == "ok"
+        per_output = answer["candidate"]["per_output"]
+        assert len(per_output) == 2
+        assert len(spy.calls) == 6  # the history, then each output: max and min
+        for j, entry in enumerate(per_output):
+            extended = replace(inst, high=inst.high.copy())
+            extended.high[-1] = bool(j)
+            assert entry["output"] == extended.output_json(inst.size - 1)
+            found_max, _, found_min, _ = extended.search(search)
+            assert 0.0 <= entry["lower"] <= entry["upper"]
+            assert entry["upper"] - entry["lower"] <= TOLERANCE
+            assert entry["upper"] >= found_max - found_min - SLACK, (entry, found_max - found_min)
+            (_, _, top), (_, _, bottom) = spy.calls[2 + 2 * j : 4 + 2 * j]
+            at_points = float(extended.logp(top.x)[0] - extended.logp(bottom.x)[0])
+            assert entry["lower"] <= at_points + SLACK
+        worst = answer["candidate"]["worst_case_upper"]
+        assert worst == max(o["upper"] for o in per_output)

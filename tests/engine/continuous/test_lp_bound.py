@@ -14,7 +14,7 @@ import pytest
 from scipy.optimize import linprog
 
 from app.engine.continuous.envelopes import concave_overestimator
-from app.engine.continuous.lp_bound import _certify, relax
+from app.engine.continuous.lp_bound import _certify, certified_empty, relax
 from app.engine.continuous.problem import Box, TermSet
 from tests.engine.continuous.reference import Instance, random_instance
 
@@ -129,9 +129,12 @@ def test_relaxation_bounds_the_node_and_matches_linprog(seed: int) -> None:
         if best > -np.inf:
             assert rel.bound >= best - 1e-9, (rel.bound, best)
             assert status == 0
-        if status == 2:
+        if status == 2:  # an empty, well-scaled node is proven empty by its Farkas certificate
             assert rel.bound == -np.inf
+            assert certified_empty(terms, x_lo, x_hi, zl, zu)
             continue
+        # a node the LP finds non-empty is never reported empty
+        assert rel.bound > -np.inf
         assert status == 0
         checked += 1
         scale = 1.0 + abs(optimum)
