@@ -1,4 +1,4 @@
-"""The ``gatekeeper`` command line: ``loss`` (the calculator) and ``serve``."""
+"""The ``gatekeeper`` command line: ``loss``, ``serve``, ``keys``, ``verify``, ``encryption``."""
 
 from __future__ import annotations
 
@@ -61,11 +61,13 @@ def cmd_loss(args: argparse.Namespace) -> int:
 
 def _prepare_database() -> tuple[Any, Any]:
     """Wait for the database and migrate it (the prestart steps); returns (settings, engine)."""
+    from app import crypto
     from app.db.migrate import upgrade
     from app.db.session import make_engine, wait_for_database
     from app.settings import get_settings
 
     settings = get_settings()
+    crypto.configure(settings.value_cipher())
     engine = make_engine(settings.database_url)
     wait_for_database(engine, settings.database_wait_seconds)
     upgrade(settings.database_url)
@@ -81,6 +83,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     configure(get_settings().log_level)
     settings, engine = _prepare_database()
+    _encrypt_legacy_values(engine)
     engine.dispose()
     workers = args.workers or settings.web_workers
     print(
@@ -97,6 +100,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level.lower(),
         log_config=uvicorn_log_config(settings.log_level),
     )
+    return 0
+
+
+def _encrypt_legacy_values(engine: Any) -> None:
+    """Encrypt private values stored in plaintext before encryption at rest existed."""
+    from app.crypto import encrypt_plaintext_rows
+    from app.db.session import make_session_factory
+
+    with make_session_factory(engine)() as session, session.begin():
+        changed = encrypt_plaintext_rows(session)
+    if changed:
+        print(
+            f"gatekeeper: encrypted {changed} private value(s) stored in plaintext", file=sys.stderr
+        )
+
+
+def cmd_encryption_new_key(args: argparse.Namespace) -> int:
+    """Print a new Fernet key (for GATEKEEPER_ENCRYPTION_KEYS)."""
+    from app.crypto import new_key
+
+    print(new_key())
+    return 0
+
+
+def cmd_encryption_rotate(args: argparse.Namespace) -> int:
+    """Re-encrypt every private value with the first key of GATEKEEPER_ENCRYPTION_KEYS."""
+    from app.crypto import rotate_rows
+    from app.db.session import make_session_factory
+
+    _, engine = _prepare_database()
+    with make_session_factory(engine)() as session, session.begin():
+        count = rotate_rows(session)
+    engine.dispose()
+    print(f"re-encrypted {count} private value(s) with the first key")
     return 0
 
 
@@ -154,17 +191,26 @@ def build_parser() -> argparse.ArgumentParser:
     create.set_defaults(func=cmd_keys_create)
     verify = sub.add_parser("verify", help="recompute every object's state from its history")
     verify.set_defaults(func=cmd_verify)
+    encryption = sub.add_parser("encryption", help="keys of the private values at rest")
+    encryption_sub = encryption.add_subparsers(dest="encryption_command", required=True)
+    new_key = encryption_sub.add_parser("new-key", help="print a new key")
+    new_key.set_defaults(func=cmd_encryption_new_key)
+    rotate = encryption_sub.add_parser(
+        "rotate", help="re-encrypt every value with the first key of GATEKEEPER_ENCRYPTION_KEYS"
+    )
+    rotate.set_defaults(func=cmd_encryption_rotate)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
+    from app.crypto import EncryptionKeyError
     from app.settings import SettingsError
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except SettingsError as exc:
+    except (SettingsError, EncryptionKeyError) as exc:
         print(f"gatekeeper: {exc}", file=sys.stderr)
         return 2
 

@@ -15,6 +15,8 @@ from functools import lru_cache
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.crypto import ValueCipher, cipher_from_settings
+
 DEFAULT_DATABASE_URL = "sqlite:///./data/gatekeeper.db"
 
 
@@ -36,6 +38,10 @@ class Settings(BaseSettings):
     #: Use Redis for per-object locks across replicas (correctness never depends on it).
     redis_locks: bool = True
     gatekeeper_bootstrap_admin_key: str | None = Field(default=None, repr=False)
+    #: Comma-separated Fernet keys for private values at rest; the first one encrypts.
+    gatekeeper_encryption_keys: str | None = Field(default=None, repr=False)
+    #: Key file used when no keys are given (created 0600 on first use, except in production).
+    gatekeeper_encryption_key_file: str = "./data/encryption.key"
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
@@ -46,13 +52,21 @@ class Settings(BaseSettings):
     lock_wait: float = Field(default=30.0, gt=0, le=3600)
     submit_attempts: int = Field(default=50, ge=1, le=1000)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    #: Requests a second per API key (0: no limit) and the burst allowed (0: twice the rate).
+    rate_limit_per_second: float = Field(default=0.0, ge=0, le=1e6)
+    rate_limit_burst: int = Field(default=0, ge=0, le=10**7)
     database_wait_seconds: float = Field(default=30.0, ge=0)
     log_level: str = "INFO"
     #: PostgreSQL connections per web worker (pool) and extra ones under bursts.
     db_pool_size: int = Field(default=5, ge=1, le=100)
     db_max_overflow: int = Field(default=5, ge=0, le=100)
+    #: Seconds a worker trusts an authenticated API key without asking the database; a key
+    #: revoked elsewhere keeps working that long in other worker processes (0: no cache).
+    auth_cache_seconds: float = Field(default=5.0, ge=0, le=300)
 
-    @field_validator("redis_url", "gatekeeper_bootstrap_admin_key", mode="before")
+    @field_validator(
+        "redis_url", "gatekeeper_bootstrap_admin_key", "gatekeeper_encryption_keys", mode="before"
+    )
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
@@ -61,6 +75,19 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         """Whether the database is a SQLite file."""
         return self.database_url.startswith("sqlite")
+
+    @property
+    def is_production(self) -> bool:
+        """Whether ``GATEKEEPER_ENV=production``."""
+        return self.gatekeeper_env is Environment.PRODUCTION
+
+    def value_cipher(self) -> ValueCipher:
+        """The cipher of private values these settings describe (:mod:`app.crypto`)."""
+        return cipher_from_settings(
+            self.gatekeeper_encryption_keys,
+            self.gatekeeper_encryption_key_file,
+            production=self.is_production,
+        )
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:

@@ -693,6 +693,16 @@ def verdicts(runs: list[Run], rate: float | None = None) -> list[str]:
                 f"target grr bayesian ({load}): {tp:.1f} submits/s ({tp_verdict}: >= 300), "
                 f"p99 {p99:.1f} ms ({'met' if p99 < 100 else 'MISSED'}: < 100)"
             )
+    cores = os.cpu_count() or 1
+    for r in runs:
+        measured = r.server_cpu + r.postgres_cpu + r.client_cpu
+        if r.ok:
+            out.append(
+                f"{r.scenario}/{r.filter}: measured CPU {1000 * measured / r.ok:.2f} ms/submit "
+                f"(this client {100 * r.client_cpu / max(1e-9, measured):.1f} %); "
+                f"{cores} cores / that = {cores * r.ok / max(1e-9, measured):.0f} submits/s "
+                f"if nothing else ran (an estimate, not a measurement)"
+            )
     for scenario in SCENARIOS:
         bay = [r for r in runs if r.scenario == scenario and r.filter == "bayesian"]
         bas = [r for r in runs if r.scenario == scenario and r.filter == "basic"]

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ParamSpec, TypeVar
 
+import anyio.to_thread
+from anyio import CapacityLimiter
 from fastapi import Depends, Header, Request
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.engine.errors import InvalidInput
 from app.engine.limits import EngineLimits
-from app.services.auth import Role, authenticate
+from app.services.auth import KeyCache, Role, authenticate, hash_key
 from app.services.errors import BadJson, Forbidden, PayloadTooLarge, Unauthorized
 from app.services.locks import ObjectLocks
 from app.settings import Settings
@@ -31,6 +34,27 @@ class Runtime:
     locks: ObjectLocks
     limits: EngineLimits
     redis: Any | None
+    keys: KeyCache
+    #: Blocking work of requests runs in at most this many threads at once (= DB_POOL_SIZE).
+    threads: CapacityLimiter
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+async def in_thread(
+    runtime: Runtime, func: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+) -> T:
+    """Run blocking ``func`` in a worker thread, at most ``DB_POOL_SIZE`` at a time.
+
+    Bounding the threads to the connection pool keeps the pool from opening and closing overflow
+    connections under load (each new PostgreSQL connection is a backend process) and keeps the
+    threads that contend for the GIL few; requests beyond it wait on the event loop.
+    """
+    return await anyio.to_thread.run_sync(
+        functools.partial(func, *args, **kwargs), limiter=runtime.threads
+    )
 
 
 @dataclass(frozen=True)
@@ -41,7 +65,11 @@ class Caller:
     role: Role
 
 
-def get_runtime(request: Request) -> Runtime:
+# Dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in the
+# thread pool, a hand-off per dependency per request.
+
+
+async def get_runtime(request: Request) -> Runtime:
     """The process's :class:`Runtime`."""
     runtime: Runtime = request.app.state.runtime
     return runtime
@@ -50,18 +78,28 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_caller(
+def _lookup(runtime: Runtime, secret: str) -> Caller | None:
+    with runtime.sessions() as session:
+        row = authenticate(session=session, secret=secret)
+        return None if row is None else Caller(row.id, Role(row.role))
+
+
+async def get_caller(
     runtime: RuntimeDep, authorization: Annotated[str | None, Header()] = None
 ) -> Caller:
-    """Authenticate ``Authorization: Bearer <key>``."""
+    """Authenticate ``Authorization: Bearer <key>`` (cached: :class:`KeyCache`)."""
     if not authorization or not authorization.lower().startswith("bearer "):
         raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
     secret = authorization[7:].strip()
-    with runtime.sessions() as session:
-        row = authenticate(session=session, secret=secret)
-        if row is None:
-            raise Unauthorized("the API key is not valid")
-        return Caller(row.id, Role(row.role))
+    digest = hash_key(secret)
+    cached = runtime.keys.get(digest)
+    if cached is not None:
+        return Caller(*cached)
+    caller = await in_thread(runtime, _lookup, runtime, secret)
+    if caller is None:
+        raise Unauthorized("the API key is not valid")
+    runtime.keys.put(digest, caller.key_id, caller.role)
+    return caller
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
@@ -73,7 +111,8 @@ async def json_body(request: Request) -> Any:
     The size limit is enforced while reading, so a chunked body without ``Content-Length``
     cannot get around it (413).
     """
-    limit = get_runtime(request).settings.max_body_bytes
+    runtime: Runtime = request.app.state.runtime
+    limit = runtime.settings.max_body_bytes
     size = 0
     parts: list[bytes] = []
     async for chunk in request.stream():
@@ -103,10 +142,10 @@ def body_doc(examples: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def require(*roles: Role) -> Callable[[Caller], Caller]:
+def require(*roles: Role) -> Callable[[Caller], Awaitable[Caller]]:
     """A dependency that admits only callers with one of ``roles``."""
 
-    def check(caller: CallerDep) -> Caller:
+    async def check(caller: CallerDep) -> Caller:
         if caller.role not in roles:
             allowed = ", ".join(r.value for r in roles)
             raise Forbidden(f"this operation needs one of the roles: {allowed}")

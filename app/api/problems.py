@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from app.engine.errors import InvalidInput, Unsupported
 from app.services.errors import ServiceError
@@ -121,6 +122,12 @@ async def _database(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _client_gone(_: Request, exc: Exception) -> JSONResponse:
+    # nobody will read this answer; 499 (as nginx logs it) keeps it out of the 5xx counts
+    log.info("the client closed the connection before its request body was read")
+    return problem(499, "client-closed-request", "Client closed request", "the client disconnected")
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error: %s", type(exc).__name__)
     return problem(500, "internal-error", "Internal error", "an unexpected error occurred")
@@ -135,4 +142,5 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(OperationalError, _database)
     app.add_exception_handler(SATimeoutError, _database)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected)

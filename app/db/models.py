@@ -29,6 +29,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from app.crypto import EncryptedText
+
 
 def utcnow() -> datetime:
     """Timezone-aware now."""
@@ -60,7 +62,8 @@ class ProtectedObject(Base):
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     domain: Mapped[str] = mapped_column(Text, nullable=False)
-    value: Mapped[str] = mapped_column(Text, nullable=False)
+    #: The private value as JSON, encrypted at rest (:class:`app.crypto.EncryptedText`).
+    value: Mapped[str] = mapped_column(EncryptedText, nullable=False)
     budget: Mapped[float] = mapped_column(Float, nullable=False)
     filter: Mapped[str] = mapped_column(String(16), nullable=False)
     finite: Mapped[bool] = mapped_column(nullable=False)
@@ -102,3 +105,22 @@ class QueryRecord(Base):
     fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
     response: Mapped[str] = mapped_column(Text, nullable=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class AuditEvent(Base):
+    """One entry of the audit log (:mod:`app.services.audit`); never holds a private value."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        Index("ix_audit_object", "object_id", "id"),
+        Index("ix_audit_kind", "kind", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    kind: Mapped[str] = mapped_column(String(32), nullable=False)
+    #: The API key that acted (None: the command line or the start-up bootstrap).
+    actor_key_id: Mapped[int | None] = mapped_column(Integer)
+    object_id: Mapped[str | None] = mapped_column(String(128))
+    #: JSON: what happened (query kind, ε, filter, loss bounds, role...), never a value.
+    detail: Mapped[str] = mapped_column(Text, nullable=False)

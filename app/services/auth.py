@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import threading
+import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -16,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey
+from app.services import audit
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +43,25 @@ def generate_key() -> str:
 
 
 def create_key(
-    *, session: Session, role: Role, label: str | None = None, secret: str | None = None
+    *,
+    session: Session,
+    role: Role,
+    label: str | None = None,
+    secret: str | None = None,
+    actor_key_id: int | None = None,
 ) -> tuple[ApiKey, str]:
     """Store a new key (or the given ``secret``) and return its row and secret."""
     secret = secret or generate_key()
     row = ApiKey(key_hash=hash_key(secret), prefix=secret[:10], role=role.value, label=label)
     session.add(row)
     session.flush()
+    audit.record(
+        session,
+        kind=audit.AuditKind.KEY_CREATED,
+        actor_key_id=actor_key_id,
+        object_id=None,
+        detail={"key_id": row.id, "role": role.value, "label": label},
+    )
     return row, secret
 
 
@@ -74,10 +90,67 @@ def ensure_bootstrap_admin(*, session: Session, secret: str) -> bool:
     return True
 
 
-def revoke_key(*, session: Session, key_id: int) -> bool:
+def revoke_key(*, session: Session, key_id: int, actor_key_id: int | None = None) -> bool:
     """Revoke a key; False if it does not exist."""
     row = session.get(ApiKey, key_id)
     if row is None:
         return False
-    row.revoked_at = datetime.now(UTC)
+    if row.revoked_at is None:
+        row.revoked_at = datetime.now(UTC)
+        audit.record(
+            session,
+            kind=audit.AuditKind.KEY_REVOKED,
+            actor_key_id=actor_key_id,
+            object_id=None,
+            detail={"key_id": key_id, "role": row.role},
+        )
     return True
+
+
+class KeyCache:
+    """Recently authenticated keys of this process, by key hash, for ``ttl`` seconds.
+
+    Saves a database round trip per request. Revocation semantics: a revoked key stops working
+    at once in the process that revoked it (:meth:`forget`) and within ``ttl`` seconds in every
+    other process (other uvicorn workers, other replicas), which keep using their cached entry
+    until it expires. ``ttl = 0`` disables the cache (every request reads the database). Only
+    successful lookups are cached; an unknown or revoked key is looked up every time.
+    """
+
+    def __init__(
+        self,
+        ttl: float,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: dict[str, tuple[float, int, Role]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key_hash: str) -> tuple[int, Role] | None:
+        """``(key id, role)`` if cached and not expired."""
+        entry = self._entries.get(key_hash)
+        if entry is None:
+            return None
+        if entry[0] <= self._clock():
+            with self._lock:
+                self._entries.pop(key_hash, None)
+            return None
+        return entry[1], entry[2]
+
+    def put(self, key_hash: str, key_id: int, role: Role) -> None:
+        """Remember an active key (no-op when disabled)."""
+        if self.ttl <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[key_hash] = (self._clock() + self.ttl, key_id, role)
+
+    def forget(self, key_id: int) -> None:
+        """Drop a key (after revoking it here)."""
+        with self._lock:
+            for digest in [d for d, e in self._entries.items() if e[1] == key_id]:
+                del self._entries[digest]

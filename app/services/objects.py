@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -21,6 +21,7 @@ from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
 from app.engine.jsonfields import as_object, as_positive_number, check_keys
 from app.engine.limits import EngineLimits
+from app.services import audit
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
@@ -33,7 +34,39 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat()
 
 
-def odometer_view(row: ProtectedObject) -> dict[str, Any]:
+class OdometerColumns(Protocol):
+    """The columns an odometer is made of (an ORM row or a submit's Core row)."""
+
+    @property
+    def budget(self) -> float:
+        """ε_g."""
+
+    @property
+    def loss_lower(self) -> float:
+        """Certified lower bound of the realized loss."""
+
+    @property
+    def loss_upper(self) -> float:
+        """Certified upper bound of the realized loss."""
+
+    @property
+    def basic_total(self) -> str:
+        """Exact Σ ε_i, as a fraction string."""
+
+    @property
+    def accepted(self) -> int:
+        """Accepted queries."""
+
+    @property
+    def rejected(self) -> int:
+        """Rejected queries."""
+
+    @property
+    def updated_at(self) -> datetime | None:
+        """Last change."""
+
+
+def odometer_view(row: OdometerColumns) -> dict[str, Any]:
     """The odometer object of DESIGN.md."""
     return {
         "budget": row.budget,
@@ -68,7 +101,11 @@ def _fraction(text: str) -> Any:
 
 
 def register_object(
-    *, session_factory: sessionmaker[Session], body: Any, limits: EngineLimits
+    *,
+    session_factory: sessionmaker[Session],
+    body: Any,
+    limits: EngineLimits,
+    actor_key_id: int | None = None,
 ) -> dict[str, Any]:
     """Validate and store a new object; returns its view.
 
@@ -114,6 +151,17 @@ def register_object(
     try:
         with session_factory() as session, session.begin():
             session.add(row)
+            audit.record(
+                session,
+                kind=audit.AuditKind.OBJECT_REGISTERED,
+                actor_key_id=actor_key_id,
+                object_id=object_id,
+                detail={
+                    "budget": budget,
+                    "filter": filter_raw,
+                    "attributes": [a["name"] for a in domain.to_json()["attributes"]],
+                },
+            )
     except IntegrityError:
         raise AlreadyExists(f"an object with id {object_id!r} already exists") from None
     return object_view(row)
@@ -136,13 +184,22 @@ def get_object(*, session_factory: sessionmaker[Session], object_id: str) -> dic
         return object_view(load_object(session, object_id))
 
 
-def retire_object(*, session_factory: sessionmaker[Session], object_id: str) -> dict[str, Any]:
+def retire_object(
+    *, session_factory: sessionmaker[Session], object_id: str, actor_key_id: int | None = None
+) -> dict[str, Any]:
     """Retire an object: it answers no more queries; its history is kept."""
     with session_factory() as session, session.begin():
         row = load_object(session, object_id)
         if row.retired_at is None:
             row.retired_at = datetime.now(UTC)
             row.version += 1
+            audit.record(
+                session,
+                kind=audit.AuditKind.OBJECT_RETIRED,
+                actor_key_id=actor_key_id,
+                object_id=object_id,
+                detail={"accepted": row.accepted, "rejected": row.rejected},
+            )
         return object_view(row)
 
 

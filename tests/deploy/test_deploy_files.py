@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from app.api.main import create_app
+from app.crypto import new_key
 from app.settings import Settings
 from tests.service.conftest import _free_port
 
@@ -26,11 +27,13 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 ENTRYPOINT = ROOT / "docker" / "entrypoint.sh"
 KEY = "compose-test-key-" + "x" * 32
+ENCRYPTION_KEY = new_key()
 
 
 def _api_env() -> dict[str, str]:
     env = {k: str(v) for k, v in COMPOSE["services"]["api"]["environment"].items()}
     env["GATEKEEPER_BOOTSTRAP_ADMIN_KEY"] = KEY
+    env["GATEKEEPER_ENCRYPTION_KEYS"] = ENCRYPTION_KEY
     return env
 
 

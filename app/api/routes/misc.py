@@ -6,16 +6,17 @@ import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response, status
-from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from app.api import examples
-from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, body_doc
+from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, body_doc, in_thread
 from app.api.problems import problem
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_object, as_string, check_keys
+from app.services import audit
 from app.services import objects as object_service
+from app.services.audit import MAX_PAGE, AuditKind
 from app.services.auth import Role, create_key, revoke_key
 from app.services.errors import NotFound
 
@@ -36,7 +37,8 @@ async def odometers(
     for name, bound in (("remaining_lt", remaining_lt), ("remaining_gt", remaining_gt)):
         if bound is not None and not math.isfinite(bound):
             raise InvalidInput(name, "must be a finite number")
-    return await run_in_threadpool(
+    return await in_thread(
+        runtime,
         object_service.list_odometers,
         session_factory=runtime.sessions,
         limit=limit,
@@ -44,6 +46,30 @@ async def odometers(
         remaining_lt=remaining_lt,
         remaining_gt=remaining_gt,
         include_retired=include_retired,
+    )
+
+
+@router.get("/v1/audit", tags=["audit"])
+async def audit_log(
+    runtime: RuntimeDep,
+    _: AdminDep,
+    object_id: Annotated[str | None, Query(max_length=128)] = None,
+    kind: AuditKind | None = None,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Events with a larger id")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+) -> dict[str, Any]:
+    """The audit log (admin): registrations, retirements, keys, every submit decision.
+
+    Oldest first; pass ``next_after`` back as ``after`` for the next page.
+    """
+    return await in_thread(
+        runtime,
+        audit.list_events,
+        session_factory=runtime.sessions,
+        object_id=object_id,
+        kind=kind,
+        after=after,
+        limit=limit,
     )
 
 
@@ -62,7 +88,7 @@ async def loss(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, 
 )
 async def new_key(
     runtime: RuntimeDep,
-    _: AdminDep,
+    caller: AdminDep,
     body: JsonBody,
 ) -> dict[str, Any]:
     """Create an API key (admin); the secret is shown once."""
@@ -74,24 +100,27 @@ async def new_key(
 
     def create() -> dict[str, Any]:
         with runtime.sessions() as session, session.begin():
-            row, secret = create_key(session=session, role=Role(obj["role"]), label=label)
+            row, secret = create_key(
+                session=session, role=Role(obj["role"]), label=label, actor_key_id=caller.key_id
+            )
             return {"id": row.id, "role": row.role, "label": row.label, "key": secret}
 
-    return await run_in_threadpool(create)
+    return await in_thread(runtime, create)
 
 
 @router.delete("/v1/keys/{key_id}", tags=["keys"])
 async def drop_key(
-    runtime: RuntimeDep, _: AdminDep, key_id: Annotated[int, Path(ge=1, le=2_147_483_647)]
+    runtime: RuntimeDep, caller: AdminDep, key_id: Annotated[int, Path(ge=1, le=2_147_483_647)]
 ) -> dict[str, Any]:
     """Revoke an API key (admin)."""
 
     def revoke() -> bool:
         with runtime.sessions() as session, session.begin():
-            return revoke_key(session=session, key_id=key_id)
+            return revoke_key(session=session, key_id=key_id, actor_key_id=caller.key_id)
 
-    if not await run_in_threadpool(revoke):
+    if not await in_thread(runtime, revoke):
         raise NotFound("no key with that id")
+    runtime.keys.forget(key_id)  # other processes: within AUTH_CACHE_SECONDS (KeyCache)
     return {"id": key_id, "revoked": True}
 
 
@@ -121,7 +150,7 @@ async def readyz(runtime: RuntimeDep) -> Response:
                 checks["redis"] = "unavailable"
         return checks
 
-    checks = await run_in_threadpool(check)
+    checks = await in_thread(runtime, check)
     if all(v == "ok" for v in checks.values()):
         from fastapi.responses import JSONResponse
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
-from fastapi.concurrency import run_in_threadpool
 
 from app.api import examples
-from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, body_doc
+from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, body_doc, in_thread
 from app.engine.jsonfields import as_object, check_keys
 from app.services import objects as object_service
 from app.services import queries as query_service
@@ -38,31 +37,37 @@ def _query_of(body: Any) -> Any:
 )
 async def register(
     runtime: RuntimeDep,
-    _: AdminDep,
+    caller: AdminDep,
     body: JsonBody,
 ) -> dict[str, Any]:
     """Register a protected object (admin). The value is stored and never returned."""
-    return await run_in_threadpool(
+    return await in_thread(
+        runtime,
         object_service.register_object,
         session_factory=runtime.sessions,
         body=body,
         limits=runtime.limits,
+        actor_key_id=caller.key_id,
     )
 
 
 @router.get("/{object_id}", responses=PROBLEMS)
 async def get_object(runtime: RuntimeDep, caller: AnalystDep, object_id: str) -> dict[str, Any]:
     """Metadata of an object: domain, budget, filter, odometer — never the value."""
-    return await run_in_threadpool(
-        object_service.get_object, session_factory=runtime.sessions, object_id=object_id
+    return await in_thread(
+        runtime, object_service.get_object, session_factory=runtime.sessions, object_id=object_id
     )
 
 
 @router.delete("/{object_id}", responses=PROBLEMS)
-async def retire(runtime: RuntimeDep, _: AdminDep, object_id: str) -> dict[str, Any]:
+async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: str) -> dict[str, Any]:
     """Retire an object (admin): it answers no more queries; its history is kept."""
-    return await run_in_threadpool(
-        object_service.retire_object, session_factory=runtime.sessions, object_id=object_id
+    return await in_thread(
+        runtime,
+        object_service.retire_object,
+        session_factory=runtime.sessions,
+        object_id=object_id,
+        actor_key_id=caller.key_id,
     )
 
 
@@ -75,9 +80,10 @@ async def dry_run(
 ) -> dict[str, Any]:
     """Would the filter accept this query now? Nothing changes; a rejection is a normal 200."""
     query = _query_of(body)
-    return await run_in_threadpool(
+    return await in_thread(
+        runtime,
         query_service.dry_run,
-        session_factory=runtime.sessions,
+        engine=runtime.engine,
         worker=runtime.worker,
         object_id=object_id,
         query=query,
@@ -116,9 +122,10 @@ async def submit(
 ) -> dict[str, Any]:
     """Run an accepted query: sample its output from the true value, record it, return it."""
     query = _query_of(body)
-    outcome = await run_in_threadpool(
+    outcome = await in_thread(
+        runtime,
         query_service.submit,
-        session_factory=runtime.sessions,
+        engine=runtime.engine,
         worker=runtime.worker,
         locks=runtime.locks,
         object_id=object_id,
@@ -145,7 +152,8 @@ async def history(
 ) -> dict[str, Any]:
     """Accepted queries with their outputs; an analyst sees only its own."""
     own = caller.key_id if caller.role is Role.ANALYST else None
-    return await run_in_threadpool(
+    return await in_thread(
+        runtime,
         query_service.list_queries,
         session_factory=runtime.sessions,
         object_id=object_id,
@@ -158,8 +166,8 @@ async def history(
 @router.get("/{object_id}/odometer", responses=PROBLEMS)
 async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: str) -> dict[str, Any]:
     """Realized loss (certified bounds), remaining budget, basic composition, counts."""
-    return await run_in_threadpool(
-        object_service.get_odometer, session_factory=runtime.sessions, object_id=object_id
+    return await in_thread(
+        runtime, object_service.get_odometer, session_factory=runtime.sessions, object_id=object_id
     )
 
 
@@ -172,7 +180,8 @@ async def odometer_history(
     after: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
 ) -> dict[str, Any]:
     """The loss after each accepted query, for charts."""
-    return await run_in_threadpool(
+    return await in_thread(
+        runtime,
         object_service.odometer_history,
         session_factory=runtime.sessions,
         object_id=object_id,

@@ -1,0 +1,676 @@
+"""Fault injection against a real multi-worker server: nothing acknowledged is lost, nothing is
+spent twice, and the stored state always follows from the stored history.
+
+Each scenario runs a ``gatekeeper serve`` subprocess (several uvicorn workers) under a load of
+submits from several client threads while a fault is injected, then audits the result:
+
+* **load** — clients submit ``grr`` queries with fresh ``Idempotency-Key`` headers, round-robin
+  over four objects: two ``basic``-filter objects whose budget admits exactly ``N_SMALL``
+  queries (ε = 0.1, budget ``N_SMALL x 0.1``, exact in rationals), one ``basic`` object with a
+  budget that is never reached, and one ``bayesian`` object. A client retries the *same* key
+  (as a careful client would) after a transport error or a ``503`` until it gets a definitive
+  answer: ``201`` (acknowledged, with its output) or ``409 budget-exhausted``. Any other status
+  is recorded as a failure.
+* **audit** — (1) every acknowledged key, sent again, returns ``201`` with
+  ``Idempotent-Replayed: true`` and the *same* output (the acknowledged output was stored);
+  (2) each object stores exactly as many queries as were acknowledged for it (nothing stored
+  that nobody was told about, nothing acknowledged and lost); (3) the exact-budget objects hold
+  exactly ``N_SMALL`` queries (no double spend, no premature rejection); (4) the Bayesian object's
+  certified loss is within its budget; (5) ``gatekeeper verify`` recomputes every object from its
+  stored history and finds no mismatch.
+
+Scenarios (``GATEKEEPER_FAULT_KILLS`` sets the least number of SIGKILLs the first one sends):
+
+* ``test_sigkill_workers_mid_submit`` — SIGKILL a random uvicorn worker every
+  ``KILL_PERIOD`` seconds (uvicorn starts a new one), so submits die before and after their
+  commit; the kills go on until both happened (a retry that was replayed means the first attempt
+  had committed; a retry that was not replayed means it had not) and the test checks that they
+  did.
+* ``test_postgres_restart_during_load`` — a PostgreSQL of the test's own (``initdb`` in a
+  temporary directory, its own port) is crashed (``pg_ctl stop -m immediate``) and started again
+  several times during the load; requests in between must answer ``503`` (with ``Retry-After``)
+  rather than hang or fail otherwise.
+* ``test_redis_restart_during_load`` — a Redis of the test's own is killed and restarted during
+  the load; requests keep being decided on the database alone (no 5xx, bounded latency).
+* ``test_redis_hang_during_load`` — the same Redis is frozen (SIGSTOP) instead: every call to it
+  now waits for the client's socket timeout (1 s) before the request goes on without it.
+* ``test_sigstop_lock_holder`` — a random worker is stopped (SIGSTOP) for longer than the Redis
+  lock timeout (1 s) and resumed, repeatedly, under load on few objects; the lock it held
+  expires, another worker takes the object, and the resumed worker's write must lose the
+  version compare-and-set instead of double-spending. The server log must show that a resumed
+  holder found its lock expired (the scenario really happened).
+
+The private PostgreSQL and Redis need ``initdb``/``pg_ctl`` and ``redis-server`` on ``PATH`` (as
+root, PostgreSQL runs as the ``postgres`` user through ``runuser``); without them these tests
+skip with that reason, or fail under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service.conftest import (
+    ADMIN_KEY,
+    ROOT,
+    Server,
+    _free_port,
+    _unavailable,
+    auth,
+    new_key,
+    start_server,
+    unique_id,
+)
+
+pytestmark = pytest.mark.slow
+
+N_SMALL = 12
+EPSILON = 0.1
+CLIENTS = 6
+WORKERS = 3
+KILLS = int(os.environ.get("GATEKEEPER_FAULT_KILLS", "60"))
+KILL_PERIOD = 0.25
+#: kills go on past ``KILLS`` until both sides of a commit were hit, but no further than this
+MAX_KILLS = max(8 * KILLS, 400)
+REQUEST_TIMEOUT = 60.0
+#: Seconds a Redis outage may add to the slowest answer seen before it (issue: "within 2 s").
+REDIS_OUTAGE_LATENCY = 2.0
+DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
+QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": EPSILON}
+
+
+# --- workers of a server ------------------------------------------------------------------------
+def worker_pids(server: Server) -> list[int]:
+    """The uvicorn worker processes of ``server`` (children started by multiprocessing)."""
+    master = server.process.pid
+    try:
+        children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    except OSError:
+        return []
+    pids = []
+    for child in children:
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            pids.append(int(child))
+    return pids
+
+
+def wait_for_workers(server: Server, count: int, timeout: float = 60.0) -> list[int]:
+    """Wait until ``count`` workers run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = worker_pids(server)
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.1)
+    raise AssertionError(f"only {worker_pids(server)} of {count} workers after {timeout}s")
+
+
+# --- load and audit -----------------------------------------------------------------------------
+@dataclass
+class Objects:
+    """The objects of one scenario (see the module docstring)."""
+
+    small: list[str]
+    large: str
+    bayesian: str
+
+    @property
+    def all(self) -> list[str]:
+        """Every object id, in the clients' round-robin order."""
+        return [*self.small, self.large, self.bayesian]
+
+
+def register_objects(client: httpx.Client) -> Objects:
+    """Register the scenario's four objects (as the bootstrap admin)."""
+
+    def register(prefix: str, budget: float, kind: str) -> str:
+        object_id = unique_id(prefix)
+        response = client.post(
+            "/v1/objects",
+            json={
+                "id": object_id,
+                "domain": DOMAIN,
+                "value": {"x": 2},
+                "budget": {"epsilon": budget},
+                "filter": kind,
+            },
+            headers=auth(ADMIN_KEY),
+        )
+        assert response.status_code == 201, response.text
+        return object_id
+
+    small = [register("small", N_SMALL * EPSILON, "basic") for _ in range(2)]
+    return Objects(small, register("large", 1000.0, "basic"), register("bayes", 2.0, "bayesian"))
+
+
+@dataclass
+class LoadResult:
+    """What the clients saw."""
+
+    #: key -> (object id, output) of every acknowledged submit
+    acked: dict[str, tuple[str, object]] = field(default_factory=dict)
+    #: key -> object id of every submit rejected with 409 budget-exhausted
+    rejected: dict[str, str] = field(default_factory=dict)
+    statuses: Counter[int] = field(default_factory=Counter)
+    transport_errors: int = 0
+    #: keys acknowledged on a retry, split by whether the retry was a replay
+    retried_replayed: int = 0
+    retried_fresh: int = 0
+    failures: list[str] = field(default_factory=list)
+    unresolved: list[str] = field(default_factory=list)
+    max_latency: float = 0.0
+    #: (start, seconds) of every answered request, on the ``time.monotonic()`` clock
+    timings: list[tuple[float, float]] = field(default_factory=list)
+    retry_after_missing: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def run_load(
+    url: str,
+    analyst: str,
+    objects: Objects,
+    stop: threading.Event,
+    deadline: float,
+    result: LoadResult,
+) -> LoadResult:
+    """Clients submit fresh keys until ``stop`` is set and every exact-budget object has
+    rejected a submit (so that "exactly ``N_SMALL``" is always checked), then settle their last
+    key. ``result`` is filled in as answers arrive (a fault may watch it)."""
+    counter = iter(range(10**9))
+    counter_lock = threading.Lock()
+
+    def settle(client: httpx.Client, object_id: str, key: str) -> None:
+        attempts = 0
+        while time.monotonic() < deadline:
+            attempts += 1
+            start = time.monotonic()
+            try:
+                response = client.post(
+                    f"/v1/objects/{object_id}/queries",
+                    json={"query": QUERY},
+                    headers={**auth(analyst), "Idempotency-Key": key},
+                )
+            except httpx.TransportError:
+                with result.lock:
+                    result.transport_errors += 1
+                time.sleep(0.05)
+                continue
+            elapsed = time.monotonic() - start
+            with result.lock:
+                result.statuses[response.status_code] += 1
+                result.max_latency = max(result.max_latency, elapsed)
+                result.timings.append((start, elapsed))
+            if response.status_code == 201:
+                body = response.json()
+                with result.lock:
+                    result.acked[key] = (object_id, body["output"])
+                    if attempts > 1:
+                        replayed = response.headers.get("Idempotent-Replayed") == "true"
+                        if replayed:
+                            result.retried_replayed += 1
+                        else:
+                            result.retried_fresh += 1
+                return
+            if response.status_code == 409 and response.json().get("type", "").endswith(
+                "budget-exhausted"
+            ):
+                with result.lock:
+                    result.rejected[key] = object_id
+                return
+            if response.status_code == 503:
+                if "retry-after" not in response.headers:
+                    with result.lock:
+                        result.retry_after_missing += 1
+                time.sleep(0.1)
+                continue
+            with result.lock:
+                result.failures.append(f"{response.status_code} {response.text[:300]}")
+            return
+        with result.lock:
+            result.unresolved.append(key)
+
+    def done() -> bool:
+        with result.lock:
+            exhausted = set(result.rejected.values())
+        return stop.is_set() and all(object_id in exhausted for object_id in objects.small)
+
+    def client_loop(index: int) -> None:
+        with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT) as client:
+            while not done() and time.monotonic() < deadline:
+                with counter_lock:
+                    n = next(counter)
+                object_id = objects.all[n % len(objects.all)]
+                settle(client, object_id, f"fault-{index}-{n}-{random.getrandbits(32):08x}")
+
+    threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return result
+
+
+def audit(url: str, database_url: str, analyst: str, objects: Objects, load: LoadResult) -> None:
+    """The checks of the module docstring."""
+    assert not load.failures, load.failures[:5]
+    assert not load.unresolved, f"{len(load.unresolved)} keys never got a definitive answer"
+    assert load.retry_after_missing == 0, "a 503 without Retry-After"
+    per_object = Counter(object_id for object_id, _ in load.acked.values())
+    with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT) as client:
+        for key, (object_id, output) in load.acked.items():
+            # a 503 (e.g. the first use of a pooled connection that died with a restarted
+            # PostgreSQL) means "retry", as it did for the clients
+            for _ in range(20):
+                again = client.post(
+                    f"/v1/objects/{object_id}/queries",
+                    json={"query": QUERY},
+                    headers={**auth(analyst), "Idempotency-Key": key},
+                )
+                if again.status_code != 503:
+                    break
+                time.sleep(0.2)
+            assert again.status_code == 201, (key, again.status_code, again.text)
+            assert again.headers.get("Idempotent-Replayed") == "true", key
+            assert again.json()["output"] == output, (key, output, again.json()["output"])
+        for object_id in objects.all:
+            odometer = client.get(f"/v1/objects/{object_id}/odometer", headers=auth(ADMIN_KEY))
+            assert odometer.status_code == 200, odometer.text
+            body = odometer.json()
+            assert body["accepted"] == per_object[object_id], (object_id, body, per_object)
+            if object_id in objects.small:
+                assert body["accepted"] == N_SMALL, (object_id, body)
+            if object_id == objects.bayesian:
+                assert body["realized_loss"]["upper"] <= body["budget"], body
+    verify = subprocess.run(
+        [sys.executable, "-m", "app.cli", "verify"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "ok" in verify.stdout, verify.stdout
+
+
+def check_outage_latency(load: LoadResult, first_fault: float) -> tuple[float, float]:
+    """The slowest answer before the first fault and after it; the fault may add at most
+    ``REDIS_OUTAGE_LATENCY`` seconds (a loaded test machine is slow with or without Redis)."""
+    before = [t for start, t in load.timings if start + t < first_fault]
+    after = [t for start, t in load.timings if start + t >= first_fault]
+    assert before, "no request was answered before the fault"
+    baseline, worst = max(before), max(after)
+    assert worst <= baseline + REDIS_OUTAGE_LATENCY, (baseline, worst)
+    return baseline, worst
+
+
+def serve(tmp_path: Path, database_url: str, redis_url: str, workers: int, **env: str) -> Server:
+    """A server for a fault scenario (bounds in the request thread: no pool processes to orphan
+    when a worker is killed; the objects here are finite anyway)."""
+    return start_server(
+        tmp_path,
+        database_url=database_url,
+        redis_url=redis_url,
+        workers=workers,
+        BOUND_PROCESSES="0",
+        **env,
+    )
+
+
+def under_fault(
+    server: Server,
+    database_url: str,
+    fault: Callable[[threading.Event], None],
+    budget: float,
+    live: LoadResult | None = None,
+) -> LoadResult:
+    """Register objects, run the load while ``fault`` runs, stop the load, audit. The load's
+    answers are collected in ``live`` (a fresh ``LoadResult`` if not given) while it runs."""
+    with httpx.Client(base_url=server.url, timeout=REQUEST_TIMEOUT) as client:
+        objects = register_objects(client)
+        analyst = new_key(client, "analyst")
+    stop = threading.Event()
+    deadline = time.monotonic() + budget
+    load = LoadResult() if live is None else live
+    loader = threading.Thread(
+        target=run_load, args=(server.url, analyst, objects, stop, deadline, load)
+    )
+    loader.start()
+    try:
+        fault(stop)
+    finally:
+        stop.set()
+        loader.join()
+    audit(server.url, database_url, analyst, objects, load)
+    return load
+
+
+# --- private PostgreSQL and Redis ---------------------------------------------------------------
+def _as_postgres() -> list[str]:
+    """``runuser -u postgres --`` when running as root (PostgreSQL refuses to run as root)."""
+    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster in a temporary directory, on its own port."""
+
+    def __init__(self, base: Path) -> None:
+        for tool in ("initdb", "pg_ctl"):
+            if shutil.which(tool) is None:
+                _unavailable(f"{tool} (PostgreSQL server binaries)", "install postgresql")
+        if os.geteuid() == 0 and shutil.which("runuser") is None:
+            _unavailable("runuser", "run as a non-root user or install util-linux")
+        self.base = base
+        self.data = base / "data"
+        self.port = _free_port()
+        base.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(base.parent, "postgres")
+            shutil.chown(base, "postgres")
+        self._run(["initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync"])
+        self.start()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, args: list[str]) -> None:
+        subprocess.run(  # noqa: S603 - fixed PostgreSQL tools
+            [*_as_postgres(), *args], check=True, capture_output=True, timeout=120
+        )
+
+    def start(self) -> None:
+        """Start (and wait until it accepts connections)."""
+        options = f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -F"
+        log = str(self.base / "postgres.log")
+        self._run(["pg_ctl", "-D", str(self.data), "-o", options, "-l", log, "-w", "start"])
+
+    def crash(self) -> None:
+        """Stop at once, as a crash would (no checkpoint; recovery at the next start)."""
+        self._run(["pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop"])
+
+    def stop(self) -> None:
+        """Shut down."""
+        self._run(["pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop"])
+
+
+class PrivateRedis:
+    """A ``redis-server`` on its own port with no persistence."""
+
+    def __init__(self, base: Path) -> None:
+        if shutil.which("redis-server") is None:
+            _unavailable("redis-server", "install redis-server")
+        self.base = base
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Start and wait until it answers."""
+        import redis
+
+        self.process = subprocess.Popen(  # noqa: S603 - fixed Redis binary on PATH
+            [  # noqa: S607 - found on PATH above
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.base),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url, socket_timeout=1.0)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                client.ping()
+                return
+            except redis.RedisError:
+                time.sleep(0.05)
+        raise RuntimeError("private redis-server did not start")
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open and nothing answers."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Unfreeze the server."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """Kill the server (no shutdown)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL of this test's own (it gets crashed and restarted).
+
+    Its directory is made directly under the system temporary directory: pytest's are private to
+    the user running the tests, and as root the server runs as ``postgres``.
+    """
+    base = Path(tempfile.mkdtemp(prefix="gatekeeper-pg-"))
+    try:
+        instance = PrivatePostgres(base / "pg")
+        yield instance
+        try:
+            instance.stop()
+        except subprocess.CalledProcessError:
+            instance.crash()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A Redis of this test's own (it gets killed and restarted)."""
+    (tmp_path / "redis").mkdir()
+    instance = PrivateRedis(tmp_path / "redis")
+    yield instance
+    instance.kill()
+
+
+# --- scenarios ----------------------------------------------------------------------------------
+def test_sigkill_workers_mid_submit(
+    postgres_url: str, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """At least ``KILLS`` SIGKILLs of random workers under load: nothing acknowledged lost or
+    doubled. Where a kill lands is up to chance, and few land between a commit and its response
+    (about 2 in 100 here), so the kills go on past ``KILLS`` (up to ``MAX_KILLS``) until a retry
+    has been seen on each side of the commit."""
+    server = serve(tmp_path, postgres_url, redis_url, WORKERS)
+    kills = 0
+    live = LoadResult()
+
+    def both_sides_seen() -> bool:
+        with live.lock:
+            return live.retried_replayed > 0 and live.retried_fresh > 0
+
+    def fault(stop: threading.Event) -> None:
+        nonlocal kills
+        time.sleep(1.0)
+        while kills < KILLS or (kills < MAX_KILLS and not both_sides_seen()):
+            alive = wait_for_workers(server, 1)
+            if len(alive) >= 2 or kills % 4 == 0:  # mostly keep one worker serving
+                os.kill(random.choice(alive), signal.SIGKILL)
+                kills += 1
+            time.sleep(KILL_PERIOD)
+        wait_for_workers(server, WORKERS)
+        time.sleep(1.0)
+
+    try:
+        load = under_fault(server, postgres_url, fault, budget=900.0, live=live)
+    finally:
+        server.stop()
+    assert KILLS <= kills <= MAX_KILLS
+    # both sides of the commit were hit: a retry found the first attempt committed (replayed) and
+    # a retry found it had not been (a fresh sample after the first attempt died)
+    assert load.retried_replayed > 0, load
+    assert load.retried_fresh > 0, load
+    with capsys.disabled():
+        print(
+            f"\nsigkill: {kills} kills, {len(load.acked)} acknowledged, {len(load.rejected)}"
+            f" rejected, {load.transport_errors} transport errors, retries replayed"
+            f" {load.retried_replayed} / fresh {load.retried_fresh}, statuses {dict(load.statuses)}"
+        )
+
+
+def test_postgres_restart_during_load(
+    private_postgres: PrivatePostgres,
+    redis_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Crash and restart PostgreSQL three times under load: 503s in between, nothing lost."""
+    server = serve(tmp_path, private_postgres.url, redis_url, 2, DATABASE_WAIT_SECONDS="60")
+
+    def fault(stop: threading.Event) -> None:
+        for _ in range(3):
+            time.sleep(1.5)
+            private_postgres.crash()
+            time.sleep(1.0)
+            private_postgres.start()
+        time.sleep(2.0)
+
+    try:
+        load = under_fault(server, private_postgres.url, fault, budget=300.0)
+    finally:
+        server.stop()
+    assert load.statuses[503] > 0, f"no request saw the outage: {load.statuses}"
+    with capsys.disabled():
+        print(
+            f"\npostgres restarts: 3 crashes, {len(load.acked)} acknowledged,"
+            f" {len(load.rejected)} rejected, statuses {dict(load.statuses)},"
+            f" transport errors {load.transport_errors}, max latency {load.max_latency:.2f}s"
+        )
+
+
+def test_redis_restart_during_load(
+    postgres_url: str,
+    private_redis: PrivateRedis,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Kill and restart Redis three times under load: decisions go on (database alone)."""
+    server = serve(tmp_path, postgres_url, private_redis.url, 2)
+
+    first_fault = math.inf
+
+    def fault(stop: threading.Event) -> None:
+        nonlocal first_fault
+        for _ in range(3):
+            time.sleep(1.5)
+            first_fault = min(first_fault, time.monotonic())
+            private_redis.kill()
+            time.sleep(1.5)
+            private_redis.start()
+        time.sleep(1.5)
+
+    try:
+        load = under_fault(server, postgres_url, fault, budget=300.0)
+    finally:
+        server.stop()
+    baseline, worst = check_outage_latency(load, first_fault)
+    with capsys.disabled():
+        print(
+            f"\nredis restarts: 3 kills, {len(load.acked)} acknowledged, {len(load.rejected)}"
+            f" rejected, statuses {dict(load.statuses)}, slowest answer {worst:.2f}s"
+            f" (before the first fault {baseline:.2f}s)"
+        )
+
+
+def test_redis_hang_during_load(
+    postgres_url: str,
+    private_redis: PrivateRedis,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Freeze Redis (SIGSTOP) twice for 3 s under load: requests still answer, none hangs."""
+    server = serve(tmp_path, postgres_url, private_redis.url, 2)
+
+    first_fault = math.inf
+
+    def fault(stop: threading.Event) -> None:
+        nonlocal first_fault
+        for _ in range(2):
+            time.sleep(1.5)
+            first_fault = min(first_fault, time.monotonic())
+            private_redis.pause()
+            time.sleep(3.0)
+            private_redis.resume()
+        time.sleep(1.5)
+
+    try:
+        load = under_fault(server, postgres_url, fault, budget=300.0)
+    finally:
+        private_redis.resume()
+        server.stop()
+    baseline, worst = check_outage_latency(load, first_fault)
+    with capsys.disabled():
+        print(
+            f"\nredis frozen: 2 x 3 s, {len(load.acked)} acknowledged, {len(load.rejected)}"
+            f" rejected, statuses {dict(load.statuses)}, slowest answer {worst:.2f}s"
+            f" (before the first fault {baseline:.2f}s)"
+        )
+
+
+def test_sigstop_lock_holder(
+    postgres_url: str, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stop workers for longer than the lock timeout, repeatedly: no double spend."""
+    server = serve(tmp_path, postgres_url, redis_url, 2, LOCK_TIMEOUT="1", LOCK_WAIT="10")
+    stops = 0
+
+    def fault(stop: threading.Event) -> None:
+        nonlocal stops
+        for _ in range(8):
+            time.sleep(0.4)
+            pid = random.choice(wait_for_workers(server, 2))
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(1.6)  # > LOCK_TIMEOUT, < uvicorn's 5 s worker health check
+            os.kill(pid, signal.SIGCONT)
+            stops += 1
+        time.sleep(1.0)
+
+    try:
+        load = under_fault(server, postgres_url, fault, budget=300.0)
+    finally:
+        server.stop()
+    expired = server.log_path.read_text().count("expired or was lost")
+    assert expired > 0, "no stopped worker was holding a lock (the scenario did not happen)"
+    with capsys.disabled():
+        print(
+            f"\nsigstop: {stops} stops, {expired} resumed holders found their lock expired,"
+            f" {len(load.acked)} acknowledged, {len(load.rejected)} rejected,"
+            f" statuses {dict(load.statuses)}"
+        )

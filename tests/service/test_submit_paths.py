@@ -1,0 +1,210 @@
+"""The submit's short paths keep the protocol's answers (SQLite and PostgreSQL, in-process).
+
+A fresh ``Idempotency-Key`` is not looked up before the INSERT (its unique constraint catches a
+used one), so every answer other than an accepted submit must look the key up first: a retry of
+a stored submit is replayed even after the budget ran out or the object was retired. Also:
+``X-Request-ID`` from the pure ASGI middleware, and the per-process API-key cache with its
+revocation semantics (``AUTH_CACHE_SECONDS``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.main import create_app
+from app.services.auth import KeyCache, Role
+from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
+
+DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
+QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": 0.6}
+
+
+def _register(client: TestClient, budget: float) -> str:
+    oid = unique_id("paths")
+    r = client.post(
+        "/v1/objects",
+        headers=auth(ADMIN_KEY),
+        json={
+            "id": oid,
+            "domain": DOMAIN,
+            "value": {"x": 2},
+            "budget": {"epsilon": budget},
+            "filter": "basic",
+        },
+    )
+    assert r.status_code == 201, r.text
+    return oid
+
+
+def _submit(
+    client: TestClient, oid: str, key: str, idem: str | None, query: dict[str, Any] = QUERY
+) -> httpx.Response:
+    headers = auth(key) if idem is None else {**auth(key), "Idempotency-Key": idem}
+    return client.post(f"/v1/objects/{oid}/queries", headers=headers, json={"query": query})
+
+
+def _problem_type(response: httpx.Response) -> str:
+    assert response.headers["content-type"].startswith("application/problem+json")
+    return str(response.json()["type"])
+
+
+@pytest.fixture(scope="module")
+def analyst(client: TestClient) -> str:
+    return new_key(client, "analyst")
+
+
+def test_a_stored_submit_is_replayed_after_the_budget_ran_out(
+    client: TestClient, analyst: str
+) -> None:
+    oid = _register(client, budget=1.0)  # basic filter: one query of 0.6 fits, two do not
+    first = _submit(client, oid, analyst, "pay-1")
+    assert first.status_code == 201, first.text
+    # the budget is spent: a new submit is rejected and counted
+    assert _problem_type(_submit(client, oid, analyst, "pay-2")) == "budget-exhausted"
+    # a retry of the stored one is its stored answer, not a rejection, and not counted
+    again = _submit(client, oid, analyst, "pay-1")
+    assert again.status_code == 201, again.text
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    assert again.json() == first.json()
+    # the same key with another body is refused as such, not as a rejection
+    other = _submit(client, oid, analyst, "pay-1", {**QUERY, "epsilon": 0.5})
+    assert other.status_code == 422
+    assert _problem_type(other) == "idempotency-key-reused"
+    odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
+    assert (odometer["accepted"], odometer["rejected"]) == (1, 1)
+
+
+def test_a_stored_submit_is_replayed_after_retirement(client: TestClient, analyst: str) -> None:
+    oid = _register(client, budget=10.0)
+    first = _submit(client, oid, analyst, "ret-1")
+    assert first.status_code == 201, first.text
+    assert client.delete(f"/v1/objects/{oid}", headers=auth(ADMIN_KEY)).status_code == 200
+    again = _submit(client, oid, analyst, "ret-1")
+    assert again.status_code == 201, again.text
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    assert again.json() == first.json()
+    assert _problem_type(_submit(client, oid, analyst, "ret-2")) == "object-retired"
+    assert _problem_type(_submit(client, oid, analyst, None)) == "object-retired"
+
+
+def test_a_stored_key_with_an_invalid_body_is_a_reused_key(
+    client: TestClient, analyst: str
+) -> None:
+    oid = _register(client, budget=10.0)
+    assert _submit(client, oid, analyst, "inv-1").status_code == 201
+    bad = {**QUERY, "attribute": "nope"}
+    assert _problem_type(_submit(client, oid, analyst, "inv-1", bad)) == "idempotency-key-reused"
+    assert _problem_type(_submit(client, oid, analyst, "inv-2", bad)) == "validation-error"
+
+
+def test_the_replayed_response_carries_the_query_id_of_the_history(
+    client: TestClient, analyst: str
+) -> None:
+    oid = _register(client, budget=10.0)
+    bodies = [_submit(client, oid, analyst, f"id-{n}").json() for n in range(3)]
+    replays = [_submit(client, oid, analyst, f"id-{n}").json() for n in range(3)]
+    assert replays == bodies
+    items = client.get(f"/v1/objects/{oid}/queries", headers=auth(ADMIN_KEY)).json()["items"]
+    assert [i["query_id"] for i in items] == [b["query_id"] for b in bodies]
+    assert [i["seq"] for i in items] == [b["seq"] for b in bodies] == [1, 2, 3]
+
+
+# --------------------------------------------------------------------------- request id
+
+
+def test_every_response_has_a_request_id(client: TestClient) -> None:
+    ids = {client.get("/healthz").headers["x-request-id"] for _ in range(3)}
+    assert len(ids) == 3
+    assert all(len(i) == 32 for i in ids)
+    echoed = client.get("/healthz", headers={"X-Request-ID": "trace-42"})
+    assert echoed.headers["x-request-id"] == "trace-42"
+    replaced = client.get("/healthz", headers={"X-Request-ID": "x" * 65})
+    assert replaced.headers["x-request-id"] != "x" * 65
+    # the body-size limit answers inside the request-id layer
+    too_big = client.post(
+        "/v1/objects",
+        headers={**auth(ADMIN_KEY), "Content-Length": str(10**9), "X-Request-ID": "big"},
+        content=b"{}",
+    )
+    assert too_big.status_code == 413
+    assert too_big.headers["x-request-id"] == "big"
+    unauthorized = client.get("/v1/odometers", headers={"X-Request-ID": "who"})
+    assert unauthorized.status_code == 401
+    assert unauthorized.headers["x-request-id"] == "who"
+
+
+# --------------------------------------------------------------------------- key cache
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_key_cache_expires_forgets_and_can_be_off() -> None:
+    clock = _Clock()
+    cache = KeyCache(5.0, clock=clock)
+    cache.put("h1", 1, Role.ANALYST)
+    cache.put("h2", 2, Role.ADMIN)
+    assert cache.get("h1") == (1, Role.ANALYST)
+    clock.now += 4.9
+    assert cache.get("h1") == (1, Role.ANALYST)
+    clock.now += 0.1
+    assert cache.get("h1") is None  # expired exactly at the TTL
+    assert cache.get("h2") is None
+    cache.put("h3", 3, Role.VIEWER)
+    cache.forget(3)
+    assert cache.get("h3") is None
+    off = KeyCache(0.0, clock=clock)
+    off.put("h1", 1, Role.ANALYST)
+    assert off.get("h1") is None
+    small = KeyCache(5.0, max_entries=2, clock=clock)
+    for n in range(5):
+        small.put(f"k{n}", n, Role.VIEWER)
+    assert small.get("k4") == (4, Role.VIEWER)
+    assert sum(small.get(f"k{n}") is not None for n in range(5)) <= 2
+
+
+@pytest.fixture
+def two_workers(database_url: str) -> Iterator[tuple[TestClient, TestClient]]:
+    """Two app instances on one database, like two uvicorn workers (key cache TTL 1 s)."""
+    settings = make_settings(database_url, auth_cache_seconds=1.0)
+    with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
+        yield a, b
+
+
+def test_revocation_is_immediate_here_and_within_the_ttl_elsewhere(
+    two_workers: tuple[TestClient, TestClient],
+) -> None:
+    a, b = two_workers
+    created = a.post("/v1/keys", headers=auth(ADMIN_KEY), json={"role": "viewer"}).json()
+    secret = created["key"]
+    assert a.get("/v1/odometers", headers=auth(secret)).status_code == 200
+    assert b.get("/v1/odometers", headers=auth(secret)).status_code == 200  # b caches it
+    assert a.delete(f"/v1/keys/{created['id']}", headers=auth(ADMIN_KEY)).status_code == 200
+    revoked_at = time.monotonic()
+    assert a.get("/v1/odometers", headers=auth(secret)).status_code == 401
+    # b still trusts its cached entry (documented: up to AUTH_CACHE_SECONDS) ...
+    still = b.get("/v1/odometers", headers=auth(secret)).status_code
+    assert still == 200 or time.monotonic() - revoked_at >= 1.0
+    # ... and no longer once it expired
+    time.sleep(max(0.0, 1.05 - (time.monotonic() - revoked_at)))
+    assert b.get("/v1/odometers", headers=auth(secret)).status_code == 401
+
+
+def test_without_the_cache_revocation_is_immediate_everywhere(database_url: str) -> None:
+    settings = make_settings(database_url, auth_cache_seconds=0.0)
+    with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
+        created = a.post("/v1/keys", headers=auth(ADMIN_KEY), json={"role": "viewer"}).json()
+        assert b.get("/v1/odometers", headers=auth(created["key"])).status_code == 200
+        assert a.delete(f"/v1/keys/{created['id']}", headers=auth(ADMIN_KEY)).status_code == 200
+        assert b.get("/v1/odometers", headers=auth(created["key"])).status_code == 401
