@@ -195,6 +195,10 @@ class _Search:
         #: Largest bound of any node discarded without being explored (it still counts).
         self.pruned = -math.inf
         self.deadline = time.perf_counter() + settings.time_limit
+        # one evaluated point before anything can run out of time: a search stopped by its
+        # limit before its first relaxation still has a finite lower bound (it had -inf)
+        if terms.size:
+            self.offer(self.best_x)
 
     def remaining(self) -> float:
         """Seconds left before the time limit (negative once it has passed)."""

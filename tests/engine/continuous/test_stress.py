@@ -189,6 +189,25 @@ def test_stress_search_limits_report_their_status() -> None:
                 assert result.nodes <= settings.max_nodes + 2 * (settings.cut_rounds + 1)
 
 
+@pytest.mark.parametrize("kinds", [(LOGISTIC,), (TRUNCATED,), (PLAIN, TRUNCATED, LOGISTIC)])
+def test_limit_before_the_first_relaxation_keeps_a_finite_bracket(kinds: tuple[str, ...]) -> None:
+    """A time limit that has passed before the root relaxation returns a point: the search
+    still holds an evaluated point (the box centre), so both of its bounds are finite and
+    ordered, and the lower one is a value of ``F`` (it was ``-inf``, which the accountant turned
+    into an uninformative bracket)."""
+    rng = np.random.default_rng(23)
+    inst = stress_instance(rng, kinds, saturate=0.5)
+    for sign in (1.0, -1.0):
+        terms = inst.term_set() if sign > 0 else inst.term_set().negated()
+        result = maximize(terms, inst.box(), BnBSettings(time_limit=0.0))
+        assert result.status is Status.TIME_LIMIT
+        assert np.isfinite(result.lower)
+        assert np.isfinite(result.upper)
+        assert result.lower <= result.upper
+        value = sign * inst.logp(result.x[None, :])[0]
+        assert abs(value - result.lower) <= numeric_slack(inst, result.x)
+
+
 @pytest.mark.slow
 def test_stress_grouping_stays_sound(monkeypatch: pytest.MonkeyPatch) -> None:
     """Appendix-B grouping (opt-in) bounds groups separately: looser, but still sound."""
