@@ -30,10 +30,11 @@ Scenarios (``GATEKEEPER_FAULT_KILLS`` sets the least number of SIGKILLs the firs
   temporary directory, its own port) is crashed (``pg_ctl stop -m immediate``) and started again
   several times during the load; requests in between must answer ``503`` (with ``Retry-After``)
   rather than hang or fail otherwise.
-* ``test_redis_restart_during_load`` — a Redis of the test's own is killed and restarted during
-  the load; requests keep being decided on the database alone (no 5xx, bounded latency).
-* ``test_redis_hang_during_load`` — the same Redis is frozen (SIGSTOP) instead: every call to it
-  now waits for the client's socket timeout (1 s) before the request goes on without it.
+* ``test_redis_outage_during_load[killed]`` — a Redis of the test's own is killed and restarted
+  during the load; requests keep being decided on the database alone (no 5xx, bounded latency).
+* ``test_redis_outage_during_load[frozen]`` — the same Redis is frozen (SIGSTOP) instead: every
+  call to it now waits for the client's socket timeout (1 s) before the request goes on
+  without it.
 * ``test_sigstop_lock_holder`` — a random worker is stopped (SIGSTOP) for longer than the Redis
   lock timeout (1 s) and resumed, repeatedly, under load on few objects; the lock it held
   expires, another worker takes the object, and the resumed worker's write must lose the
@@ -575,59 +576,48 @@ def test_postgres_restart_during_load(
         )
 
 
-def test_redis_restart_during_load(
+@dataclass(frozen=True)
+class RedisFault:
+    """One way for Redis to fail: ``times`` outages of ``seconds`` each, begun by ``begin`` and
+    ended by ``end`` (methods of :class:`PrivateRedis`)."""
+
+    name: str
+    times: int
+    seconds: float
+    begin: Callable[[PrivateRedis], None]
+    end: Callable[[PrivateRedis], None]
+
+
+REDIS_FAULTS = [
+    # killed and restarted: connections are refused, then Redis comes back empty
+    RedisFault("killed", 3, 1.5, PrivateRedis.kill, PrivateRedis.start),
+    # frozen (SIGSTOP): every call waits for the client's socket timeout (1 s)
+    RedisFault("frozen", 2, 3.0, PrivateRedis.pause, PrivateRedis.resume),
+]
+
+
+@pytest.mark.parametrize("outage", REDIS_FAULTS, ids=[f.name for f in REDIS_FAULTS])
+def test_redis_outage_during_load(
+    outage: RedisFault,
     postgres_url: str,
     private_redis: PrivateRedis,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Kill and restart Redis three times under load: decisions go on (database alone)."""
+    """Redis killed (x3) or frozen (x2 for 3 s) under load: decisions go on on the database
+    alone, and no answer takes much longer than before the first outage."""
     server = serve(tmp_path, postgres_url, private_redis.url, 2)
 
     first_fault = math.inf
 
     def fault(stop: threading.Event) -> None:
         nonlocal first_fault
-        for _ in range(3):
+        for _ in range(outage.times):
             time.sleep(1.5)
             first_fault = min(first_fault, time.monotonic())
-            private_redis.kill()
-            time.sleep(1.5)
-            private_redis.start()
-        time.sleep(1.5)
-
-    try:
-        load = under_fault(server, postgres_url, fault, budget=300.0)
-    finally:
-        server.stop()
-    baseline, worst = check_outage_latency(load, first_fault)
-    with capsys.disabled():
-        print(
-            f"\nredis restarts: 3 kills, {len(load.acked)} acknowledged, {len(load.rejected)}"
-            f" rejected, statuses {dict(load.statuses)}, slowest answer {worst:.2f}s"
-            f" (before the first fault {baseline:.2f}s)"
-        )
-
-
-def test_redis_hang_during_load(
-    postgres_url: str,
-    private_redis: PrivateRedis,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """Freeze Redis (SIGSTOP) twice for 3 s under load: requests still answer, none hangs."""
-    server = serve(tmp_path, postgres_url, private_redis.url, 2)
-
-    first_fault = math.inf
-
-    def fault(stop: threading.Event) -> None:
-        nonlocal first_fault
-        for _ in range(2):
-            time.sleep(1.5)
-            first_fault = min(first_fault, time.monotonic())
-            private_redis.pause()
-            time.sleep(3.0)
-            private_redis.resume()
+            outage.begin(private_redis)
+            time.sleep(outage.seconds)
+            outage.end(private_redis)
         time.sleep(1.5)
 
     try:
@@ -638,9 +628,9 @@ def test_redis_hang_during_load(
     baseline, worst = check_outage_latency(load, first_fault)
     with capsys.disabled():
         print(
-            f"\nredis frozen: 2 x 3 s, {len(load.acked)} acknowledged, {len(load.rejected)}"
-            f" rejected, statuses {dict(load.statuses)}, slowest answer {worst:.2f}s"
-            f" (before the first fault {baseline:.2f}s)"
+            f"\nredis {outage.name}: {outage.times} x {outage.seconds} s, {len(load.acked)}"
+            f" acknowledged, {len(load.rejected)} rejected, statuses {dict(load.statuses)},"
+            f" slowest answer {worst:.2f}s (before the first fault {baseline:.2f}s)"
         )
 
 
