@@ -10,9 +10,10 @@ The Redis lock is a plain ``SET key token NX PX timeout`` and a compare-and-dele
 same protocol as ``redis.lock.Lock`` with less client-side work per request.
 
 A release that Redis does not answer (down, or frozen past the client's socket timeout) is
-retried in the background until it succeeds or the lock has expired by itself: otherwise the
-stale lock would hold every other worker off the object for the whole lock timeout after Redis
-came back (measured: 30 s, ``tests/service/test_faults.py::test_redis_hang_during_load``).
+retried in the background (one thread per process, working through a queue) until it succeeds
+or the lock has expired by itself: otherwise the stale lock would hold every other worker off
+the object for the whole lock timeout after Redis came back (measured: 30 s,
+``tests/service/test_faults.py::test_redis_outage_during_load[frozen]``).
 After any Redis failure the locks skip Redis for :data:`REDIS_BACKOFF` seconds (the database
 alone decides, as always correctly): requests queued on one object's in-process lock would
 otherwise each wait out the client's socket timeout in turn (measured: 3 s with a 1 s timeout).
@@ -81,6 +82,10 @@ class ObjectLocks:
         self._redis_down_until = 0.0
         # deletes the key only if it still holds our token (run as EVALSHA, loaded on first use)
         self._release = redis.register_script(_RELEASE) if redis is not None else None
+        #: releases Redis did not answer: (key, token) -> when the lock expires by itself
+        self._pending: dict[tuple[str, str], float] = {}
+        self._pending_guard = threading.Lock()
+        self._retrier: threading.Thread | None = None
 
     @contextmanager
     def hold(self, object_id: str) -> Iterator[None]:
@@ -136,24 +141,42 @@ class ObjectLocks:
         return time.monotonic() < self._redis_down_until
 
     def _release_later(self, name: str, token: str, *, quiet: bool = False) -> None:
-        """Retry a failed release in a daemon thread until it succeeds or the lock expires."""
+        """Queue a failed release for the retry thread (started if it is not running)."""
+        if not quiet:
+            log.warning("redis did not answer the release of an object's lock; retrying it")
+        with self._pending_guard:
+            # retrying past the lock's expiry is pointless: it is gone by itself by then
+            self._pending[(name, token)] = time.monotonic() + self.timeout
+            if self._retrier is None:
+                self._retrier = threading.Thread(
+                    target=self._retry_releases, name="lock-release", daemon=True
+                )
+                self._retrier.start()
+
+    def _retry_releases(self) -> None:
+        """Retry the queued releases every 0.2 s; stop when none is left.
+
+        A release leaves the queue when it succeeds or when its lock has expired by itself.
+        """
         from redis.exceptions import RedisError
 
-        expires = time.monotonic() + self.timeout
-
-        def retry() -> None:
-            while time.monotonic() < expires:
-                time.sleep(0.2)
+        while True:
+            time.sleep(0.2)
+            with self._pending_guard:
+                now = time.monotonic()
+                due = [item for item, expires in self._pending.items() if expires > now]
+                self._pending = {item: self._pending[item] for item in due}
+                if not due:
+                    self._retrier = None
+                    return
+            for name, token in due:
                 try:
                     assert self._release is not None  # noqa: S101 - set with the client
                     self._release(keys=[name], args=[token])
                 except RedisError:
-                    continue
-                return
-
-        if not quiet:
-            log.warning("redis did not answer the release of an object's lock; retrying it")
-        threading.Thread(target=retry, name="lock-release", daemon=True).start()
+                    break  # still down: wait and try them all again
+                with self._pending_guard:
+                    self._pending.pop((name, token), None)
 
     def _acquire(self, name: str, token: str) -> bool:
         """``SET name token NX PX timeout``, retried with backoff (2 ms doubling to 50 ms)."""

@@ -445,7 +445,19 @@ def _attempt(
     print_: str,
     replay_first: bool,
 ) -> SubmitOutcome | Decision:
+    """One transaction of :func:`submit`: replay, or decide and record the outcome.
+
+    On a first attempt (``replay_first`` false) the key is looked up only when the answer would
+    not be an accepted submit: a retry of a stored submit gets the stored answer, whatever
+    changed since (the object retired, the budget spent by later queries).
+    """
     with engine.begin() as conn:
+
+        def stored_answer() -> SubmitOutcome | None:
+            if replay_first:  # already looked up at the start of this transaction
+                return None
+            return _replay(conn, object_id, key, print_, analyst_key_id)
+
         if replay_first:
             replay = _replay(conn, object_id, key, print_, analyst_key_id)
             if replay is not None:
@@ -456,103 +468,131 @@ def _attempt(
             mech = parse_query(query, domain, "query", limits=limits)
             evaluated = _decide_for_submit(conn, row, domain, mech, query, worker, limits)
         except (ServiceError, InvalidInput, Unsupported):
-            # a retry of a stored submit gets the stored answer, whatever changed since
-            replay = None if replay_first else _replay(conn, object_id, key, print_, analyst_key_id)
+            replay = stored_answer()
             if replay is not None:
                 return replay
             raise
         if not evaluated.decision.accepted:
-            replay = None if replay_first else _replay(conn, object_id, key, print_, analyst_key_id)
+            replay = stored_answer()
             if replay is not None:
                 return replay
-            conn.execute(_COUNT_REJECTION, {"where_id": object_id})
-            decision = evaluated.decision
-            audit.record(
-                conn,
-                kind=audit.AuditKind.DECISION_REJECTED,
-                actor_key_id=analyst_key_id,
-                object_id=object_id,
-                detail={
-                    "mechanism": mech.kind,
-                    "epsilon": mech.epsilon,
-                    "filter": row.filter,
-                    "reason": decision.reason,
-                    "realized_loss": decision.realized_loss.to_json(),
-                    "worst_case_after": decision.worst_case_after,
-                },
-            )
-            return decision
-        output = mech.sample(json.loads(row.value))
-        columns = _new_state(conn, row, evaluated, mech, output, query, worker)
-        now = datetime.now(UTC)
-        seq = row.accepted + 1
-        output_json = mech.output_json(output)
-        odometer = odometer_view(
-            replace(
-                row,
-                loss_lower=columns["loss_lower"],
-                loss_upper=columns["loss_upper"],
-                basic_total=columns["basic_total"],
-                accepted=seq,
-                updated_at=now,
-            )
-        )
-        # stored without the query id, which only the INSERT produces; _replay adds it back
-        stored = {
-            "object_id": object_id,
-            "seq": seq,
-            "output": output_json,
-            "epsilon": mech.epsilon,
-            "odometer": odometer,
-        }
-        inserted = conn.execute(
-            _INSERT_QUERY,
-            {
-                "object_id": object_id,
-                "seq": seq,
-                "query": json.dumps(mech.to_json()),
-                "output": json.dumps(output_json),
-                "epsilon": mech.epsilon,
-                "epsilon_exact": str(mech.epsilon_exact),
-                "loss_lower": columns["loss_lower"],
-                "loss_upper": columns["loss_upper"],
-                "basic_after": float(Fraction(columns["basic_total"])),
-                "analyst_key_id": analyst_key_id,
-                "idempotency_key": key,
-                "fingerprint": print_,
-                "response": json.dumps(stored),
-                "created_at": now,
-            },
-        )
-        result = conn.execute(
-            _COMPARE_AND_SET,
-            {
-                "where_id": object_id,
-                "where_version": row.version,
-                "version": row.version + 1,
-                "accepted": seq,
-                "updated_at": now,
-                **columns,
-            },
-        )
-        if result.rowcount != 1:
-            raise _LostRace
-        body = {"query_id": inserted.inserted_primary_key[0], **stored}  # type: ignore[index]
-        audit.record(
-            conn,
-            kind=audit.AuditKind.DECISION_ACCEPTED,
-            actor_key_id=analyst_key_id,
-            object_id=object_id,
-            detail={
-                "query_id": body["query_id"],
-                "seq": seq,
-                "mechanism": mech.kind,
-                "epsilon": mech.epsilon,
-                "filter": row.filter,
-                "realized_loss": odometer["realized_loss"],
-            },
+            _record_rejection(conn, row, mech, evaluated.decision, analyst_key_id)
+            return evaluated.decision
+        body = _record_acceptance(
+            conn, row, evaluated, mech, query, worker, key, print_, analyst_key_id
         )
         return SubmitOutcome(body, False, row.filter)
+
+
+def _record_rejection(
+    conn: Connection, row: _Row, mech: Mechanism, decision: Decision, analyst_key_id: int | None
+) -> None:
+    """Count a rejected submit on the object and write its audit event."""
+    conn.execute(_COUNT_REJECTION, {"where_id": row.id})
+    audit.record(
+        conn,
+        kind=audit.AuditKind.DECISION_REJECTED,
+        actor_key_id=analyst_key_id,
+        object_id=row.id,
+        detail={
+            "mechanism": mech.kind,
+            "epsilon": mech.epsilon,
+            "filter": row.filter,
+            "reason": decision.reason,
+            "realized_loss": decision.realized_loss.to_json(),
+            "worst_case_after": decision.worst_case_after,
+        },
+    )
+
+
+def _record_acceptance(
+    conn: Connection,
+    row: _Row,
+    evaluated: _Evaluated,
+    mech: Mechanism,
+    query: Any,
+    worker: BoundWorker,
+    key: str | None,
+    print_: str,
+    analyst_key_id: int | None,
+) -> dict[str, Any]:
+    """Sample the output, store it and the object's new state, and return the response body.
+
+    The object's row is updated by a compare-and-set on its version (:class:`_LostRace` if
+    another writer got there first); the audit event is written in the same transaction. This
+    is the only place that reads the private value, and only after the decision.
+    """
+    output = mech.sample(json.loads(row.value))
+    columns = _new_state(conn, row, evaluated, mech, output, query, worker)
+    now = datetime.now(UTC)
+    seq = row.accepted + 1
+    output_json = mech.output_json(output)
+    odometer = odometer_view(
+        replace(
+            row,
+            loss_lower=columns["loss_lower"],
+            loss_upper=columns["loss_upper"],
+            basic_total=columns["basic_total"],
+            accepted=seq,
+            updated_at=now,
+        )
+    )
+    # stored without the query id, which only the INSERT produces; _replay adds it back
+    stored = {
+        "object_id": row.id,
+        "seq": seq,
+        "output": output_json,
+        "epsilon": mech.epsilon,
+        "odometer": odometer,
+    }
+    inserted = conn.execute(
+        _INSERT_QUERY,
+        {
+            "object_id": row.id,
+            "seq": seq,
+            "query": json.dumps(mech.to_json()),
+            "output": json.dumps(output_json),
+            "epsilon": mech.epsilon,
+            "epsilon_exact": str(mech.epsilon_exact),
+            "loss_lower": columns["loss_lower"],
+            "loss_upper": columns["loss_upper"],
+            "basic_after": float(Fraction(columns["basic_total"])),
+            "analyst_key_id": analyst_key_id,
+            "idempotency_key": key,
+            "fingerprint": print_,
+            "response": json.dumps(stored),
+            "created_at": now,
+        },
+    )
+    result = conn.execute(
+        _COMPARE_AND_SET,
+        {
+            "where_id": row.id,
+            "where_version": row.version,
+            "version": row.version + 1,
+            "accepted": seq,
+            "updated_at": now,
+            **columns,
+        },
+    )
+    if result.rowcount != 1:
+        raise _LostRace
+    body = {"query_id": inserted.inserted_primary_key[0], **stored}  # type: ignore[index]
+    audit.record(
+        conn,
+        kind=audit.AuditKind.DECISION_ACCEPTED,
+        actor_key_id=analyst_key_id,
+        object_id=row.id,
+        detail={
+            "query_id": body["query_id"],
+            "seq": seq,
+            "mechanism": mech.kind,
+            "epsilon": mech.epsilon,
+            "filter": row.filter,
+            "realized_loss": odometer["realized_loss"],
+        },
+    )
+    return body
 
 
 def list_queries(

@@ -7,12 +7,14 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from app.services.errors import Busy
 from app.services.locks import ObjectLocks
+from tests.service.test_faults import PrivateRedis
 
 
 @pytest.fixture
@@ -101,3 +103,33 @@ def test_an_unreachable_redis_leaves_the_database_in_charge(
         ran = True
     assert ran
     assert "relying on the database alone" in caplog.text
+
+
+def test_a_release_redis_did_not_answer_is_retried_until_it_lands(tmp_path: Path) -> None:
+    """Redis frozen at release time: the release is queued, and once Redis answers again one
+    background thread deletes the lock (long before it would expire by itself)."""
+    server = PrivateRedis(tmp_path)
+    try:
+        frozen_client = redis.Redis.from_url(server.url, socket_timeout=0.3)
+        locks = ObjectLocks(frozen_client, timeout=30, wait=1)
+        observer = redis.Redis.from_url(server.url, socket_timeout=2.0)
+        assert observer.keys("*") == []
+        with locks.hold("frozen-at-release"):
+            (name,) = observer.keys("*")
+            server.pause()
+        # the release timed out and was queued for the one retry thread: the lock is still there
+        assert locks._pending
+        retrier = locks._retrier
+        assert retrier is not None
+        server.resume()
+        deadline = time.monotonic() + 5.0
+        while observer.exists(name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not observer.exists(name), "the queued release never deleted the lock"
+        retrier.join(timeout=5.0)
+        assert not retrier.is_alive()  # the retry thread stops once the queue is empty
+        assert locks._retrier is None
+        assert not locks._pending
+    finally:
+        server.resume()
+        server.kill()
