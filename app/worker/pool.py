@@ -15,6 +15,9 @@ import concurrent.futures
 import copy
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -66,6 +69,27 @@ def _with_time_limit(request: dict[str, Any], time_limit: float) -> dict[str, An
     options = dict(raw)
     options.setdefault("time_limit", time_limit)
     return {**request, "options": options}
+
+
+#: Seconds between a pool process's checks that the process that started it is still alive.
+PARENT_CHECK_PERIOD = 0.5
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Pool-process initializer: exit as soon as ``parent`` (the web worker) is gone.
+
+    A pool process otherwise outlives a web worker that exits while a computation runs, or that
+    is killed: it blocks on its task queue forever, holding memory and the multiprocessing
+    resource tracker (seen after every multi-worker benchmark and test server). A daemon thread
+    compares ``os.getppid()`` with ``parent`` (a dead parent's children are re-parented).
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_PERIOD)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _run(request: dict[str, Any]) -> dict[str, Any]:
@@ -155,6 +179,8 @@ class BoundWorker:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.settings.processes,
                 mp_context=multiprocessing.get_context("spawn"),
+                initializer=_exit_with_parent,
+                initargs=(os.getpid(),),
             )
         self.fallbacks = 0
 

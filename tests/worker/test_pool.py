@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +18,7 @@ from app.engine.calculator import compute_loss
 from app.engine.errors import InvalidInput, Unsupported
 from app.worker.cache import LRUCache
 from app.worker.keys import request_key
-from app.worker.pool import BoundWorker, WorkerSettings, basic_fallback
+from app.worker.pool import PARENT_CHECK_PERIOD, BoundWorker, WorkerSettings, basic_fallback
 
 NAMES = [f"x{i}" for i in range(1, 10)]
 BOX = {"attributes": [{"name": n, "type": "real", "low": -1, "high": 1} for n in NAMES]}
@@ -179,3 +183,49 @@ def test_fallback_lists_bit_vector_outputs_and_decides_like_the_filters() -> Non
             "simplified": basic_ok,
             "basic": basic_ok,
         }
+
+
+PARENT_DIES = """
+import os, sys
+from app.worker.pool import BoundWorker, WorkerSettings
+
+worker = BoundWorker(WorkerSettings(processes=1, time_limit=5.0))
+pool = worker._pool
+assert pool is not None
+pool.submit(os.getpid).result(timeout=60)  # the pool process exists once it has run a task
+print(*pool._processes, flush=True)
+os._exit(0)  # no shutdown: as if the web worker were killed
+"""
+
+
+def test_pool_processes_exit_when_their_web_worker_dies() -> None:
+    """A pool process whose parent exits without shutting the pool down (a killed or crashed
+    web worker) exits by itself instead of lingering forever."""
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("reads process states from /proc (Linux)")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(  # noqa: S603 - our own interpreter and script
+        [sys.executable, "-c", PARENT_DIES],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    children = [int(pid) for pid in done.stdout.split()]
+    assert len(children) == 1
+    deadline = time.monotonic() + 20 * PARENT_CHECK_PERIOD + 5.0
+    alive = children
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in children if Path(f"/proc/{pid}").exists() and not _zombie(pid)]
+    assert alive == [], f"pool process(es) {alive} outlived their parent"
+    assert os.getpid() not in children
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited but not been reaped (state ``Z``)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
