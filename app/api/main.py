@@ -10,7 +10,7 @@ from anyio import CapacityLimiter
 from fastapi import FastAPI
 from sqlalchemy.exc import IntegrityError
 
-from app import crypto
+from app import crypto, metrics, multiproc
 from app.api import problems
 from app.api.deps import Runtime
 from app.api.middleware import BodyLimit, RequestContext
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = build_runtime(settings)
         app.state.runtime = runtime
+        metrics.WEB_WORKERS.set(1)
         if settings.gatekeeper_bootstrap_admin_key:
             try:
                 with runtime.sessions() as session, session.begin():
@@ -81,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         runtime.worker.close()
         runtime.engine.dispose()
+        multiproc.mark_this_process_dead()
 
     app = FastAPI(
         title="ldp-gatekeeper",
