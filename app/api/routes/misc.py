@@ -1,4 +1,4 @@
-"""Odometer summary, the loss calculator, keys, health and metrics."""
+"""Odometer summary, the loss calculator, keys, who am I, health and metrics."""
 
 from __future__ import annotations
 
@@ -122,6 +122,12 @@ async def drop_key(
         raise NotFound("no key with that id")
     runtime.keys.forget(key_id)  # other processes: within AUTH_CACHE_SECONDS (KeyCache)
     return {"id": key_id, "revoked": True}
+
+
+@router.get("/v1/whoami", tags=["keys"])
+async def whoami(caller: ViewerDep) -> dict[str, Any]:
+    """The calling key's id and role (never its secret); 401 for a missing or bad key."""
+    return {"key_id": caller.key_id, "role": caller.role.value}
 
 
 @router.get("/healthz", tags=["health"])
