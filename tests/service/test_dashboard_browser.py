@@ -72,10 +72,14 @@ def browser(chromium: str, tmp_path: Path) -> Iterator[Browser]:
     opened.close()
 
 
-@pytest.fixture
-def server(tmp_path: Path, sqlite_url: str) -> Iterator[Server]:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, sqlite_url: str) -> Iterator[Server]:
     running = start_server(
-        tmp_path, database_url=sqlite_url, redis_url=None, workers=1, BOUND_PROCESSES="0"
+        tmp_path_factory.mktemp("server"),
+        database_url=sqlite_url,
+        redis_url=None,
+        workers=1,
+        BOUND_PROCESSES="0",
     )
     yield running
     running.stop()
@@ -401,3 +405,62 @@ def test_the_policy_blocks_inline_script(server: Server, browser: Browser) -> No
     assert browser.evaluate("window.injected") is None
     violations = browser.wait_for("window.__cspViolations.length && window.__cspViolations")
     assert any("script-src" in v for v in violations)
+
+
+FILTER_ROWS = [
+    {
+        "id": "alpha",
+        "budget": 1,
+        "lower": 0.3,
+        "upper": 0.3,
+        "remaining": 0.7,
+        "basic": 0.7,
+        "accepted": 6,
+        "rejected": 0,
+    },
+    {
+        "id": "Beta-2",
+        "budget": 3,
+        "lower": 0.1,
+        "upper": 0.12,
+        "remaining": 2.88,
+        "basic": 0.1,
+        "accepted": 1,
+        "rejected": 2,
+    },
+]
+
+
+#: (filter text, kind of filter, matching ids or the error message's key words)
+FILTER_CASES: list[tuple[str, str, list[str] | str]] = [
+    ("", "all", ["alpha", "Beta-2"]),
+    ("beta", "text", ["Beta-2"]),
+    ("remaining<1", "expression", ["alpha"]),
+    ("REMAINING < 3 AND accepted>=2", "expression", ["alpha"]),
+    ("loss = 0.12", "expression", ["Beta-2"]),
+    ("upper == 0.3 and lower <= 0.3", "expression", ["alpha"]),
+    ("rejected > 1e-1", "expression", ["Beta-2"]),
+    ("budget >= .5 and budget <= 3 and remaining > -1", "expression", ["alpha", "Beta-2"]),
+    ("remaining <", "error", "expected a number after remaining <"),
+    ("height < 1", "error", "expected a field"),
+    ("remaining < 1 or accepted > 2", "error", 'expected "and", found "or"'),
+    ("remaining < 1 and", "error", "expected a field"),
+    ("< 1", "error", "expected a field"),
+    ("remaining < 1;", "error", 'cannot read ";"'),
+]
+
+
+def test_filter_expressions(server: Server, browser: Browser) -> None:
+    """The filter module itself, imported in the page, on every kind of input."""
+    browser.navigate(f"{server.url}/dashboard/")
+    for text, kind, expected in FILTER_CASES:
+        result = browser.evaluate(
+            f"import('./filter.js').then(m => {{ const f = m.parseFilter({json.dumps(text)});"
+            f" return {{kind: f.kind, message: f.message || null,"
+            f" ids: f.test ? {json.dumps(FILTER_ROWS)}.filter(f.test).map(r => r.id) : null}}; }})"
+        )
+        assert result["kind"] == kind, (text, result)
+        if isinstance(expected, str):
+            assert expected in result["message"], (text, result)
+        else:
+            assert result["ids"] == expected, (text, result)
