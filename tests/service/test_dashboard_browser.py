@@ -36,6 +36,9 @@ from tests.service.conftest import (
     unique_id,
 )
 
+# checked before any server starts, so that a missing browser skips (or fails) at once
+pytestmark = pytest.mark.usefixtures("chromium")
+
 ARTIFACTS = ROOT / "test-artifacts"
 STATUS_SHOWN = (
     "!document.getElementById('status').hidden && document.getElementById('status').textContent"
