@@ -75,10 +75,15 @@ def _prepare_database() -> tuple[Any, Any]:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Wait for the database, migrate it, then serve with uvicorn."""
+    """Wait for the database, migrate it, then serve with uvicorn.
+
+    With several workers their metrics are summed through a temporary directory
+    (:func:`app.multiproc.metrics_directory`), removed when the server stops.
+    """
     import uvicorn
 
     from app.logs import configure, uvicorn_log_config
+    from app.multiproc import metrics_directory
     from app.settings import get_settings
 
     configure(get_settings().log_level)
@@ -91,15 +96,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f" with {workers} worker(s), database {settings.database_url.split('://')[0]}",
         file=sys.stderr,
     )
-    uvicorn.run(
-        "app.api.main:app_factory",
-        factory=True,
-        host=args.host or settings.host,
-        port=args.port or settings.port,
-        workers=workers,
-        log_level=settings.log_level.lower(),
-        log_config=uvicorn_log_config(settings.log_level),
-    )
+    # before the workers start: they read PROMETHEUS_MULTIPROC_DIR when importing prometheus
+    with metrics_directory(workers) as metrics_dir:
+        if metrics_dir is not None:
+            print(
+                f"gatekeeper: metrics of all workers are summed in {metrics_dir}", file=sys.stderr
+            )
+        uvicorn.run(
+            "app.api.main:app_factory",
+            factory=True,
+            host=args.host or settings.host,
+            port=args.port or settings.port,
+            workers=workers,
+            log_level=settings.log_level.lower(),
+            log_config=uvicorn_log_config(settings.log_level),
+        )
     return 0
 
 

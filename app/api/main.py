@@ -10,12 +10,12 @@ from anyio import CapacityLimiter
 from fastapi import FastAPI
 from sqlalchemy.exc import IntegrityError
 
-from app import crypto
+from app import crypto, metrics, multiproc
 from app.api import problems
 from app.api.deps import Runtime
 from app.api.middleware import BodyLimit, RequestContext
 from app.api.ratelimit import RateLimitMiddleware
-from app.api.routes import misc, objects
+from app.api.routes import dashboard, misc, objects
 from app.db.session import make_engine, make_session_factory
 from app.engine.limits import DEFAULT_LIMITS
 from app.services.auth import KeyCache, ensure_bootstrap_admin
@@ -69,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runtime = build_runtime(settings)
         app.state.runtime = runtime
+        metrics.WEB_WORKERS.set(1)
         if settings.gatekeeper_bootstrap_admin_key:
             try:
                 with runtime.sessions() as session, session.begin():
@@ -81,6 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         runtime.worker.close()
         runtime.engine.dispose()
+        multiproc.mark_this_process_dead()
 
     app = FastAPI(
         title="ldp-gatekeeper",
@@ -104,6 +106,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app.include_router(objects.router)
     app.include_router(misc.router)
+    app.include_router(dashboard.router)
     return app
 
 

@@ -1,4 +1,4 @@
-"""Pure ASGI middleware: request id + access log + latency metric, and the body-size limit.
+"""Pure ASGI middleware: request id + access log + latency metrics, and the body-size limit.
 
 Plain ASGI callables rather than ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware``
 runs every request through an extra task group and memory streams per layer, a measurable share
@@ -61,9 +61,11 @@ class RequestContext:
                 message = {**message, "headers": headers}
             await send(message)
 
+        metrics.IN_PROGRESS.inc()
         try:
             await self.app(scope, receive, send_with_id)
         finally:
+            metrics.IN_PROGRESS.dec()
             duration = time.perf_counter() - start
             path = getattr(scope.get("route"), "path", "unmatched")
             method = scope.get("method", "")

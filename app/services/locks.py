@@ -30,9 +30,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from app import metrics
 from app.services.errors import Busy
 
 log = logging.getLogger(__name__)
+
+_LOCK_ACQUIRED = metrics.LOCK_WAIT.labels("acquired")
+_LOCK_BUSY = metrics.LOCK_WAIT.labels("busy")
 
 #: Seconds the locks leave Redis alone after it failed to answer.
 REDIS_BACKOFF = 1.0
@@ -89,13 +93,26 @@ class ObjectLocks:
 
     @contextmanager
     def hold(self, object_id: str) -> Iterator[None]:
-        """Hold the in-process lock and, if configured, the Redis lock of ``object_id``."""
+        """Hold the in-process lock and, if configured, the Redis lock of ``object_id``.
+
+        The wait for both is observed in ``gatekeeper_lock_wait_seconds`` (result ``acquired``
+        or ``busy``).
+        """
+        start = time.perf_counter()
         local = self._local.get(object_id)
         if not local.acquire(timeout=self.wait):
+            _LOCK_BUSY.observe(time.perf_counter() - start)
             raise Busy("the object is busy; retry later", retry_after=1)
+        entered = False
         try:
             with self._redis_lock(object_id):
+                entered = True
+                _LOCK_ACQUIRED.observe(time.perf_counter() - start)
                 yield
+        except Busy:
+            if not entered:  # the Redis lock was not acquired (a Busy of the body is its own)
+                _LOCK_BUSY.observe(time.perf_counter() - start)
+            raise
         finally:
             local.release()
 

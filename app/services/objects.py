@@ -10,7 +10,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -275,3 +275,29 @@ def list_odometers(
             for r in rows
         ]
     return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+
+def object_counts(
+    *, session_factory: sessionmaker[Session], near_fraction: float
+) -> dict[str, int]:
+    """Objects by status, and active ones whose remaining budget is below ``near_fraction``.
+
+    One aggregate query (a scan of the objects table), run at each ``/metrics`` scrape.
+    Remaining is ``budget - loss_upper``, as in the odometer.
+    """
+    active = ProtectedObject.retired_at.is_(None)
+    near = active & (
+        ProtectedObject.budget - ProtectedObject.loss_upper < near_fraction * ProtectedObject.budget
+    )
+    statement = select(
+        func.count(),
+        func.coalesce(func.sum(case((active, 1), else_=0)), 0),
+        func.coalesce(func.sum(case((near, 1), else_=0)), 0),
+    ).select_from(ProtectedObject)
+    with session_factory() as session:
+        total, active_count, near_count = session.execute(statement).one()
+    return {
+        "active": int(active_count),
+        "retired": int(total) - int(active_count),
+        "near_exhaustion": int(near_count),
+    }

@@ -65,6 +65,10 @@ from app.worker.pool import BoundWorker, basic_evaluation
 
 log = logging.getLogger(__name__)
 
+#: Finite objects' bounds are computed by the accountant in the request thread (the worker pool
+#: times its own computations: ``engine="calculator"``).
+_ACCOUNTANT_SECONDS = metrics.BOUND_SECONDS.labels("accountant")
+
 
 def fingerprint(query: Any) -> str:
     """SHA-256 of the canonical JSON of a submitted query (the idempotency fingerprint)."""
@@ -179,7 +183,9 @@ def _evaluate(
     """The filter's decision with every output's loss bounds (what a dry-run shows)."""
     if row.finite:
         acc = _restore(row, domain, limits)
-        return _Evaluated(acc.dry_run(mech), acc)
+        with _ACCOUNTANT_SECONDS.time():
+            decision = acc.dry_run(mech)
+        return _Evaluated(decision, acc)
     return _Evaluated(
         _continuous_decision(row, mech, query, _history_of(conn, row.id), worker), None
     )
@@ -323,7 +329,9 @@ def _decide_for_submit(
     if quick.accepted:
         return _Evaluated(quick, acc)
     if acc is not None:
-        return _Evaluated(acc.dry_run(mech), acc)
+        with _ACCOUNTANT_SECONDS.time():
+            decision = acc.dry_run(mech)
+        return _Evaluated(decision, acc)
     return _Evaluated(
         _continuous_decision(row, mech, query, _history_of(conn, row.id), worker), None
     )
@@ -342,8 +350,9 @@ def _new_state(
     basic_after = Fraction(row.basic_total) + mech.epsilon_exact
     if evaluated.accountant is not None:
         acc = evaluated.accountant
-        acc.record(mech, output)
-        loss = acc.loss()
+        with _ACCOUNTANT_SECONDS.time():
+            acc.record(mech, output)
+            loss = acc.loss()
         state = acc.state
         if not isinstance(state, LikelihoodState):  # pragma: no cover - finite objects only
             raise TypeError("a finite object must have a likelihood array")

@@ -30,11 +30,14 @@ from app.engine.jsonfields import as_list, as_object, as_positive_number, path
 from app.engine.likelihood import LossBounds
 from app.engine.mechanisms import Mechanism, parse_query
 from app.engine.numerics import float_up
-from app.metrics import BOUND_CACHE
+from app.metrics import BOUND_CACHE, BOUND_FALLBACKS, BOUND_SECONDS
 from app.worker.cache import LRUCache, ResultCache
 from app.worker.keys import request_key
 
 log = logging.getLogger(__name__)
+
+#: Time of the computations this worker runs (cache misses, fallbacks included).
+_CALCULATOR_SECONDS = BOUND_SECONDS.labels("calculator")
 
 #: Outputs listed by the basic-composition fallback (all share the same bounds).
 FALLBACK_LISTED = 256
@@ -200,14 +203,18 @@ class BoundWorker:
         if cached is not None:
             return copy.deepcopy(cached)
         job = _with_time_limit(request, self.settings.time_limit)
-        if self._pool is None:
-            answer = _run(job)
-        else:
-            future = self._pool.submit(_run, job)
-            try:
-                answer = future.result(timeout=self.deadline)
-            except concurrent.futures.TimeoutError:
-                return self._fallback(request)
+        answer: dict[str, Any] | None
+        with _CALCULATOR_SECONDS.time():
+            if self._pool is None:
+                answer = _run(job)
+            else:
+                future = self._pool.submit(_run, job)
+                try:
+                    answer = future.result(timeout=self.deadline)
+                except concurrent.futures.TimeoutError:
+                    answer = None
+        if answer is None:
+            return self._fallback(request)
         self.cache.set(key, answer)
         return copy.deepcopy(answer)
 
@@ -219,19 +226,24 @@ class BoundWorker:
         if cached is not None:
             return copy.deepcopy(cached)
         job = _with_time_limit(request, self.settings.time_limit)
-        if self._pool is None:
-            answer = await asyncio.to_thread(_run, job)
-        else:
-            future = asyncio.wrap_future(self._pool.submit(_run, job))
-            try:
-                answer = await asyncio.wait_for(future, timeout=self.deadline)
-            except TimeoutError:
-                return self._fallback(request)
+        answer: dict[str, Any] | None
+        with _CALCULATOR_SECONDS.time():
+            if self._pool is None:
+                answer = await asyncio.to_thread(_run, job)
+            else:
+                future = asyncio.wrap_future(self._pool.submit(_run, job))
+                try:
+                    answer = await asyncio.wait_for(future, timeout=self.deadline)
+                except TimeoutError:
+                    answer = None
+        if answer is None:
+            return self._fallback(request)
         self.cache.set(key, answer)
         return copy.deepcopy(answer)
 
     def _fallback(self, request: dict[str, Any]) -> dict[str, Any]:
         self.fallbacks += 1
+        BOUND_FALLBACKS.inc()
         log.warning(
             "bound computation exceeded %.1f s; answering with basic composition", self.deadline
         )

@@ -1,4 +1,4 @@
-"""Odometer summary, the loss calculator, keys, health and metrics."""
+"""Odometer summary, the loss calculator, keys, who am I, health and metrics."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response, status
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
-from app.api import examples
+from app.api import examples, scrape
 from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, body_doc, in_thread
 from app.api.problems import problem
 from app.engine.errors import InvalidInput
@@ -124,6 +124,12 @@ async def drop_key(
     return {"id": key_id, "revoked": True}
 
 
+@router.get("/v1/whoami", tags=["keys"])
+async def whoami(caller: ViewerDep) -> dict[str, Any]:
+    """The calling key's id and role (never its secret); 401 for a missing or bad key."""
+    return {"key_id": caller.key_id, "role": caller.role.value}
+
+
 @router.get("/healthz", tags=["health"])
 async def healthz() -> dict[str, str]:
     """The process is up."""
@@ -166,6 +172,7 @@ async def readyz(runtime: RuntimeDep) -> Response:
 
 
 @router.get("/metrics", tags=["health"])
-async def metrics() -> Response:
-    """Prometheus metrics."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+async def metrics(runtime: RuntimeDep) -> Response:
+    """Prometheus metrics, summed over the web workers, and object counts (docs/dashboard.md)."""
+    body = await in_thread(runtime, scrape.render, runtime.sessions)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,69 @@
+"""The body of ``GET /metrics``: this process's (or all workers') metrics plus object counts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as SATimeoutError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app import multiproc
+from app.metrics import NEAR_EXHAUSTION_FRACTION
+from app.services.objects import object_counts
+
+log = logging.getLogger(__name__)
+
+
+class ObjectCounts(Collector):
+    """Gauges read from the database when scraped (the database is the one source of truth).
+
+    ``gatekeeper_objects{status}`` and ``gatekeeper_objects_near_exhaustion``. When the database
+    does not answer, the families are left out of the scrape (and a warning is logged) so that
+    the process metrics are still served.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """The object gauges, or nothing if the database is unavailable."""
+        try:
+            counts = object_counts(
+                session_factory=self.sessions, near_fraction=NEAR_EXHAUSTION_FRACTION
+            )
+        except (OperationalError, SATimeoutError) as exc:
+            log.warning("object gauges skipped: database unavailable (%s)", type(exc).__name__)
+            return
+        objects = GaugeMetricFamily(
+            "gatekeeper_objects", "Protected objects by status", labels=["status"]
+        )
+        objects.add_metric(["active"], counts["active"])
+        objects.add_metric(["retired"], counts["retired"])
+        yield objects
+        yield GaugeMetricFamily(
+            "gatekeeper_objects_near_exhaustion",
+            "Active objects whose remaining budget (budget - realized loss upper bound) is below "
+            f"{NEAR_EXHAUSTION_FRACTION:g} of their budget",
+            value=counts["near_exhaustion"],
+        )
+
+
+def render(sessions: sessionmaker[Session]) -> bytes:
+    """Prometheus text exposition of the service's metrics (blocking: files and database)."""
+    path = multiproc.directory()
+    if path is None:
+        process = generate_latest(REGISTRY)
+    else:
+        multiproc.mark_dead_workers(path)
+        aggregated = CollectorRegistry()
+        MultiProcessCollector(aggregated, path)  # type: ignore[no-untyped-call]
+        process = generate_latest(aggregated)
+    scraped = CollectorRegistry()
+    scraped.register(ObjectCounts(sessions))
+    return process + generate_latest(scraped)

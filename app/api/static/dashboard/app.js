@@ -1,0 +1,520 @@
+// The dashboard: sign-in, the list of objects, one object's chart, reading and history.
+// Everything shown comes from the JSON API (GET /v1/whoami, /v1/odometers,
+// /v1/objects/{id}/odometer, /odometer/history and, for analysts and admins, /queries).
+
+import { ApiError, Poller, describeError, getJson } from "./api.js";
+import { renderChart } from "./chart.js";
+import { parseFilter } from "./filter.js";
+import { renderReading } from "./reading.js";
+
+const STORAGE_KEY = "gatekeeper.apiKey";
+const PAGE = 1000;
+const MAX_OBJECTS = 20000;
+const $ = (id) => document.getElementById(id);
+
+function pollSeconds() {
+  const asked = Number(new URLSearchParams(window.location.search).get("poll"));
+  return Number.isFinite(asked) && asked >= 1 ? asked : 5;
+}
+
+const state = {
+  key: null,
+  who: null,
+  interval: pollSeconds(),
+  poller: null,
+  rows: [],
+  total: 0,
+  sortKey: "id",
+  sortDir: 1,
+  filter: parseFilter(""),
+  detail: null,
+};
+
+// --- small helpers -----------------------------------------------------------------------------
+
+function show(viewId) {
+  for (const id of ["sign-in-view", "list-view", "detail-view"]) {
+    $(id).hidden = id !== viewId;
+  }
+}
+
+function setStatus(message) {
+  $("status").textContent = message;
+  $("status").hidden = false;
+}
+
+function clearStatus() {
+  $("status").hidden = true;
+  $("status").textContent = "";
+}
+
+function fmt(value) {
+  if (typeof value !== "number") {
+    return String(value ?? "");
+  }
+  return Number.isInteger(value) ? String(value) : value.toFixed(4);
+}
+
+function fmtTime(iso) {
+  if (!iso) {
+    return "";
+  }
+  const date = new Date(iso);
+  return Number.isNaN(date.getTime()) ? iso : date.toLocaleString();
+}
+
+function cell(value, { numeric = false, text } = {}) {
+  const td = document.createElement("td");
+  td.textContent = text ?? fmt(value);
+  if (numeric) {
+    td.className = "num";
+    td.dataset.value = String(value);
+    td.title = String(value);
+  }
+  return td;
+}
+
+function objectHref(id) {
+  return `#/objects/${encodeURIComponent(id)}`;
+}
+
+function encode(id) {
+  return encodeURIComponent(id);
+}
+
+function mayReadQueries() {
+  return state.who !== null && state.who.role !== "viewer";
+}
+
+function touched() {
+  $("updated").textContent = `Updated ${new Date().toLocaleTimeString()} · refreshing every ${state.interval} s`;
+}
+
+function startPolling(task) {
+  if (state.poller) {
+    state.poller.stop();
+  }
+  state.poller = new Poller(task, {
+    interval: state.interval,
+    onSuccess: () => {
+      clearStatus();
+      touched();
+    },
+    onError: (error, delay) => {
+      setStatus(`${describeError(error)} Retrying in ${delay} s.`);
+    },
+  });
+  state.poller.start();
+}
+
+// --- sign-in -----------------------------------------------------------------------------------
+
+function showSignedIn() {
+  $("who").textContent = `#${state.who.key_id} (${state.who.role})`;
+  $("session").hidden = false;
+}
+
+async function signIn(key) {
+  const who = await getJson("v1/whoami", key);
+  state.key = key;
+  state.who = who;
+  sessionStorage.setItem(STORAGE_KEY, key);
+  showSignedIn();
+}
+
+function signOut(message) {
+  if (state.poller) {
+    state.poller.stop();
+    state.poller = null;
+  }
+  sessionStorage.removeItem(STORAGE_KEY);
+  state.key = null;
+  state.who = null;
+  state.rows = [];
+  state.detail = null;
+  $("session").hidden = true;
+  clearStatus();
+  $("sign-in-error").hidden = !message;
+  $("sign-in-error").textContent = message || "";
+  $("key").value = "";
+  show("sign-in-view");
+  $("key").focus();
+}
+
+async function onSignInSubmit(event) {
+  event.preventDefault();
+  const key = $("key").value.trim();
+  $("sign-in-error").hidden = true;
+  try {
+    await signIn(key);
+  } catch (error) {
+    const message =
+      error instanceof ApiError && error.status === 401
+        ? "This API key was not accepted: it is unknown or has been revoked."
+        : describeError(error);
+    $("sign-in-error").textContent = message;
+    $("sign-in-error").hidden = false;
+    return;
+  }
+  $("key").value = "";
+  route();
+}
+
+// A key saved in this tab: check it (retrying while the service is unreachable).
+function resume(key) {
+  show("sign-in-view");
+  state.poller = new Poller(
+    async () => {
+      try {
+        await signIn(key);
+      } catch (error) {
+        if (error instanceof ApiError && error.status === 401) {
+          signOut("Your saved API key is no longer accepted; sign in again.");
+          return;
+        }
+        throw error;
+      }
+      state.poller.stop();
+      route();
+    },
+    {
+      interval: state.interval,
+      onError: (error, delay) => setStatus(`${describeError(error)} Retrying in ${delay} s.`),
+    },
+  );
+  state.poller.start();
+}
+
+// --- the list of objects -----------------------------------------------------------------------
+
+function rowOf(item) {
+  return {
+    id: item.id,
+    filter: item.filter,
+    status: item.status,
+    budget: item.budget,
+    lower: item.realized_loss.lower,
+    upper: item.realized_loss.upper,
+    remaining: item.remaining,
+    basic: item.basic_composition,
+    accepted: item.accepted,
+    rejected: item.rejected,
+    updated: item.updated_at,
+  };
+}
+
+async function loadList() {
+  const retired = $("include-retired").checked ? "&include_retired=true" : "";
+  const rows = [];
+  let offset = 0;
+  let total = 0;
+  do {
+    const page = await getJson(`v1/odometers?limit=${PAGE}&offset=${offset}${retired}`, state.key);
+    rows.push(...page.items.map(rowOf));
+    total = page.total;
+    offset += page.items.length;
+    if (page.items.length === 0) {
+      break;
+    }
+  } while (offset < total && offset < MAX_OBJECTS);
+  state.rows = rows;
+  state.total = total;
+  renderList();
+}
+
+function compare(a, b) {
+  const x = a[state.sortKey];
+  const y = b[state.sortKey];
+  if (typeof x === "number" && typeof y === "number") {
+    return (x - y) * state.sortDir || a.id.localeCompare(b.id);
+  }
+  return String(x ?? "").localeCompare(String(y ?? "")) * state.sortDir || a.id.localeCompare(b.id);
+}
+
+function renderList() {
+  const filterError = $("filter-error");
+  if (state.filter.kind === "error") {
+    filterError.textContent = `Filter not understood: ${state.filter.message}`;
+    filterError.hidden = false;
+  } else {
+    filterError.hidden = true;
+  }
+  const test = state.filter.kind === "error" ? () => true : state.filter.test;
+  const shown = state.rows.filter(test).sort(compare);
+  const body = document.createElement("tbody");
+  for (const row of shown) {
+    const tr = document.createElement("tr");
+    tr.dataset.id = row.id;
+    if (row.status === "retired") {
+      tr.classList.add("retired");
+    }
+    if (row.remaining < 0.1 * row.budget) {
+      tr.classList.add("near-exhaustion");
+    }
+    const idCell = document.createElement("td");
+    const link = document.createElement("a");
+    link.href = objectHref(row.id);
+    link.textContent = row.id;
+    idCell.append(link);
+    tr.append(
+      idCell,
+      cell(row.filter, { text: row.status === "retired" ? `${row.filter} (retired)` : row.filter }),
+      cell(row.budget, { numeric: true }),
+      cell(row.lower, { numeric: true }),
+      cell(row.upper, { numeric: true }),
+      cell(row.remaining, { numeric: true }),
+      cell(row.basic, { numeric: true }),
+      cell(row.accepted, { numeric: true }),
+      cell(row.rejected, { numeric: true }),
+      cell(row.updated, { text: fmtTime(row.updated) }),
+    );
+    body.append(tr);
+  }
+  $("objects").tBodies[0].replaceWith(body);
+  const more = state.total > state.rows.length ? ` (first ${state.rows.length} loaded)` : "";
+  $("count").textContent = `${shown.length} of ${state.total} objects${more}`;
+  for (const th of $("objects").tHead.rows[0].cells) {
+    const sorted = th.dataset.key === state.sortKey;
+    th.setAttribute("aria-sort", sorted ? (state.sortDir > 0 ? "ascending" : "descending") : "none");
+  }
+}
+
+function onHeaderClick(event) {
+  const th = event.target.closest("th");
+  if (!th || !th.dataset.key) {
+    return;
+  }
+  if (state.sortKey === th.dataset.key) {
+    state.sortDir = -state.sortDir;
+  } else {
+    state.sortKey = th.dataset.key;
+    state.sortDir = 1;
+  }
+  renderList();
+}
+
+// --- one object --------------------------------------------------------------------------------
+
+function newDetail(id) {
+  return { id, odometer: null, points: [], queries: new Map(), drawn: "", read: "", prior: 0.5 };
+}
+
+async function loadDetail() {
+  const d = state.detail;
+  const base = `v1/objects/${encode(d.id)}`;
+  const odometer = await getJson(`${base}/odometer`, state.key);
+  const last = () => (d.points.length ? d.points[d.points.length - 1].accepted : 0);
+  if (d.odometer === null || last() < odometer.accepted) {
+    const before = last();
+    let after = before;
+    for (;;) {
+      const page = await getJson(`${base}/odometer/history?limit=${PAGE}&after=${after}`, state.key);
+      for (const p of page.points) {
+        d.points.push({
+          accepted: p.accepted,
+          lower: p.realized_loss.lower,
+          upper: p.realized_loss.upper,
+          basic: p.basic_composition,
+          epsilon: p.epsilon,
+          at: p.at,
+        });
+      }
+      if (page.next_after === null || page.next_after === undefined) {
+        break;
+      }
+      after = page.next_after;
+    }
+    if (mayReadQueries()) {
+      after = before;
+      for (;;) {
+        const page = await getJson(`${base}/queries?limit=${PAGE}&after=${after}`, state.key);
+        for (const q of page.items) {
+          d.queries.set(q.seq, q);
+        }
+        if (page.next_after === null || page.next_after === undefined) {
+          break;
+        }
+        after = page.next_after;
+      }
+    }
+  }
+  d.odometer = odometer;
+  renderDetail();
+}
+
+function describeQuery(query) {
+  const parts = [query.mechanism];
+  if (query.attribute) {
+    parts.push(`on ${query.attribute}`);
+  }
+  if (query.predicate) {
+    parts.push(`[${query.predicate.attribute} ${query.predicate.op} ${JSON.stringify(query.predicate.value)}]`);
+  }
+  if (query.weights) {
+    parts.push(`weights ${JSON.stringify(query.weights)}`);
+  }
+  if (query.variant) {
+    parts.push(query.variant);
+  }
+  return parts.join(" ");
+}
+
+function renderNumbers(odometer) {
+  const list = $("detail-numbers");
+  list.replaceChildren();
+  const items = [
+    ["budget", "Budget ε_g", odometer.budget],
+    ["lower", "Realized loss, lower bound", odometer.realized_loss.lower],
+    ["upper", "Realized loss, upper bound", odometer.realized_loss.upper],
+    ["remaining", "Remaining budget", odometer.remaining],
+    ["basic", "Basic composition Σε", odometer.basic_composition],
+    ["accepted", "Accepted queries", odometer.accepted],
+    ["rejected", "Rejected queries", odometer.rejected],
+  ];
+  for (const [key, label, value] of items) {
+    const dt = document.createElement("dt");
+    dt.textContent = label;
+    const dd = document.createElement("dd");
+    dd.id = `num-${key}`;
+    dd.dataset.value = String(value);
+    dd.title = String(value);
+    dd.textContent = fmt(value);
+    list.append(dt, dd);
+  }
+  const dt = document.createElement("dt");
+  dt.textContent = "Updated";
+  const dd = document.createElement("dd");
+  dd.textContent = fmtTime(odometer.updated_at);
+  list.append(dt, dd);
+}
+
+function renderHistory(d) {
+  const withQueries = mayReadQueries();
+  const head = $("history").tHead.rows[0];
+  const columns = [
+    ["#", true],
+    ["time", false],
+    ["ε of the query", true],
+    ["loss lower after", true],
+    ["loss upper after", true],
+    ["basic composition after", true],
+  ];
+  if (withQueries) {
+    columns.push(["query", false], ["output", false]);
+  }
+  head.replaceChildren(
+    ...columns.map(([name, numeric]) => {
+      const th = document.createElement("th");
+      th.scope = "col";
+      th.textContent = name;
+      if (numeric) {
+        th.className = "num";
+      }
+      return th;
+    }),
+  );
+  $("history-note").textContent = withQueries
+    ? state.who.role === "analyst"
+      ? "Newest first. As an analyst you see the query and output of your own queries only."
+      : "Newest first."
+    : "Newest first. A viewer key shows the loss after each query; analyst and admin keys also show each query and its output.";
+  const body = document.createElement("tbody");
+  for (const p of [...d.points].reverse()) {
+    const tr = document.createElement("tr");
+    tr.dataset.seq = String(p.accepted);
+    tr.append(
+      cell(p.accepted, { numeric: true }),
+      cell(p.at, { text: fmtTime(p.at) }),
+      cell(p.epsilon, { numeric: true }),
+      cell(p.lower, { numeric: true }),
+      cell(p.upper, { numeric: true }),
+      cell(p.basic, { numeric: true }),
+    );
+    if (withQueries) {
+      const q = d.queries.get(p.accepted);
+      tr.append(
+        cell(null, { text: q ? describeQuery(q.query) : "(another analyst's)" }),
+        cell(null, { text: q ? JSON.stringify(q.output) : "" }),
+      );
+    }
+    body.append(tr);
+  }
+  $("history").tBodies[0].replaceWith(body);
+}
+
+function renderDetail() {
+  const d = state.detail;
+  const odometer = d.odometer;
+  $("detail-id").textContent = d.id;
+  const known = state.rows.find((r) => r.id === d.id);
+  $("detail-meta").textContent = known ? `· ${known.filter} filter · ${known.status}` : "";
+  renderNumbers(odometer);
+  const drawn = `${d.points.length}:${odometer.realized_loss.upper}:${odometer.budget}`;
+  if (drawn !== d.drawn) {
+    renderChart($("chart"), $("chart-legend"), { budget: odometer.budget, points: d.points });
+    renderHistory(d);
+    d.drawn = drawn;
+  }
+  const read = `${odometer.realized_loss.lower}:${odometer.realized_loss.upper}:${odometer.accepted}`;
+  if (read !== d.read) {
+    const input = renderReading($("reading"), {
+      loss: odometer.realized_loss.upper,
+      lower: odometer.realized_loss.lower,
+      budget: odometer.budget,
+      accepted: odometer.accepted,
+      prior: d.prior,
+    });
+    input.addEventListener("input", () => {
+      d.prior = Number(input.value);
+    });
+    d.read = read;
+  }
+}
+
+// --- routing -----------------------------------------------------------------------------------
+
+function route() {
+  if (state.key === null) {
+    show("sign-in-view");
+    return;
+  }
+  const match = /^#\/objects\/(.+)$/.exec(window.location.hash);
+  if (match) {
+    const id = decodeURIComponent(match[1]);
+    if (!state.detail || state.detail.id !== id) {
+      state.detail = newDetail(id);
+    }
+    show("detail-view");
+    document.title = `${id} · ldp-gatekeeper`;
+    startPolling(loadDetail);
+  } else {
+    state.detail = null;
+    show("list-view");
+    document.title = "ldp-gatekeeper · privacy budgets";
+    startPolling(loadList);
+  }
+}
+
+function main() {
+  $("sign-in-form").addEventListener("submit", onSignInSubmit);
+  $("sign-out").addEventListener("click", () => signOut(""));
+  $("objects").tHead.addEventListener("click", onHeaderClick);
+  $("filter").addEventListener("input", () => {
+    state.filter = parseFilter($("filter").value);
+    renderList();
+  });
+  $("include-retired").addEventListener("change", () => {
+    if (state.key !== null) {
+      startPolling(loadList);
+    }
+  });
+  window.addEventListener("hashchange", route);
+  const saved = sessionStorage.getItem(STORAGE_KEY);
+  if (saved) {
+    resume(saved);
+  } else {
+    signOut("");
+  }
+}
+
+main();

@@ -1,0 +1,469 @@
+"""The dashboard end to end: a real headless Chromium against a real ``gatekeeper serve``.
+
+The browser is driven through the DevTools Protocol (``tests/service/cdp.py``). The page must
+sign in with a viewer key, show each object's numbers exactly as the odometer JSON has them,
+filter and sort, refresh by polling, draw the chart, show the history and the plain-language
+reading, and report bad keys, revoked keys and an unreachable service — with no script error
+and no Content-Security-Policy violation. A screenshot is saved under ``test-artifacts/``.
+
+Chromium is Debian's ``chromium`` package: without it these tests are skipped, except under
+``CI=true``, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.service.cdp import Browser, find_chromium
+from tests.service.conftest import (
+    ADMIN_KEY,
+    IN_CI,
+    POSTGRES_URL,
+    ROOT,
+    Server,
+    auth,
+    new_key,
+    start_server,
+    unique_id,
+)
+
+# checked before any server starts, so that a missing browser skips (or fails) at once
+pytestmark = pytest.mark.usefixtures("chromium")
+
+ARTIFACTS = ROOT / "test-artifacts"
+STATUS_SHOWN = (
+    "!document.getElementById('status').hidden && document.getElementById('status').textContent"
+)
+DOMAIN = {
+    "attributes": [
+        {"name": "x", "type": "integer", "low": 0, "high": 3},
+        {"name": "disease", "type": "categorical", "values": ["none", "flu", "covid"]},
+    ]
+}
+GRR_X = {"mechanism": "grr", "attribute": "x", "epsilon": 0.1}
+BINARY = {
+    "mechanism": "binary_rr",
+    "epsilon": 0.15,
+    "predicate": {"attribute": "disease", "op": "==", "value": "flu"},
+}
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = find_chromium()
+    if found is None:
+        message = "Chromium is not installed: `apt-get install chromium` (or set CHROMIUM)"
+        if IN_CI:
+            pytest.fail(f"CI=true requires it: {message}", pytrace=False)
+        pytest.skip(message)
+    return found
+
+
+@pytest.fixture
+def browser(chromium: str, tmp_path: Path) -> Iterator[Browser]:
+    opened = Browser(chromium, tmp_path / "profile")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, sqlite_url: str) -> Iterator[Server]:
+    running = start_server(
+        tmp_path_factory.mktemp("server"),
+        database_url=sqlite_url,
+        redis_url=None,
+        workers=1,
+        BOUND_PROCESSES="0",
+    )
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def pg_server(tmp_path: Path, postgres_url: str) -> Iterator[Server]:
+    running = start_server(
+        tmp_path, database_url=postgres_url, redis_url=None, workers=1, BOUND_PROCESSES="0"
+    )
+    yield running
+    running.stop()
+
+
+@contextmanager
+def database_refusing_connections(url: str) -> Iterator[None]:
+    """The server's PostgreSQL database refuses connections (and drops open ones) for a while."""
+    name = url.rsplit("/", 1)[1]
+    admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+
+    def allow(flag: bool) -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {str(flag).lower()}')
+            if not flag:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    (name,),
+                )
+
+    allow(False)
+    try:
+        yield
+    finally:
+        allow(True)
+
+
+def register(http: httpx.Client, oid: str, budget: float) -> None:
+    r = http.post(
+        "/v1/objects",
+        headers=auth(ADMIN_KEY),
+        json={
+            "id": oid,
+            "domain": DOMAIN,
+            "value": {"x": 2, "disease": "flu"},
+            "budget": {"epsilon": budget},
+        },
+    )
+    assert r.status_code == 201, r.text
+
+
+def submit(http: httpx.Client, key: str, oid: str, query: dict[str, Any]) -> None:
+    r = http.post(f"/v1/objects/{oid}/queries", headers=auth(key), json={"query": query})
+    assert r.status_code == 201, r.text
+
+
+def sign_in(browser: Browser, key: str) -> None:
+    browser.wait_for("!document.getElementById('sign-in-view').hidden")
+    browser.type_into("#key", key)
+    browser.click("#sign-in-form button")
+
+
+def row_values(browser: Browser, oid: str) -> list[str]:
+    """The exact numbers (data-value) of an object's row, in column order."""
+    return list(
+        browser.evaluate(
+            f"[...document.querySelector('#objects tr[data-id={json.dumps(oid)}]')"
+            ".querySelectorAll('td.num')].map(td => td.dataset.value)"
+        )
+    )
+
+
+def visible_ids(browser: Browser) -> list[str]:
+    return list(
+        browser.evaluate(
+            "[...document.querySelectorAll('#objects tbody tr')].map(r => r.dataset.id)"
+        )
+    )
+
+
+def odometer_row(odometer: dict[str, Any]) -> list[str]:
+    """What the page must show for an odometer, as JavaScript prints the numbers."""
+    values = [
+        odometer["budget"],
+        odometer["realized_loss"]["lower"],
+        odometer["realized_loss"]["upper"],
+        odometer["remaining"],
+        odometer["basic_composition"],
+        odometer["accepted"],
+        odometer["rejected"],
+    ]
+    # JSON numbers round-trip: the page's String(number) parses back to the same float
+    return [repr(float(v)) for v in values]
+
+
+def as_floats(values: list[str]) -> list[str]:
+    return [repr(float(v)) for v in values]
+
+
+def test_dashboard_end_to_end(
+    server: Server, browser: Browser, capsys: pytest.CaptureFixture[str]
+) -> None:
+    http = httpx.Client(base_url=server.url, timeout=30)
+    analyst = new_key(http, "analyst")
+    viewer = new_key(http, "viewer")
+    spent, fresh = unique_id("spent"), unique_id("fresh")
+    register(http, spent, 1.0)
+    register(http, fresh, 3.0)
+    for query in [GRR_X, BINARY, GRR_X, GRR_X, BINARY, GRR_X]:
+        submit(http, analyst, spent, query)
+    submit(http, analyst, fresh, GRR_X)
+
+    browser.navigate(f"{server.url}/dashboard/?poll=1")
+    sign_in(browser, viewer)
+    browser.wait_for(f"!!document.querySelector('#objects tr[data-id={json.dumps(spent)}]')")
+    viewer_id = http.get("/v1/whoami", headers=auth(viewer)).json()["key_id"]
+    assert (
+        browser.evaluate("document.getElementById('who').textContent") == f"#{viewer_id} (viewer)"
+    )
+    assert browser.evaluate("sessionStorage.length") == 1
+    assert browser.evaluate("localStorage.length") == 0
+
+    # the numbers are the odometer JSON's
+    listed = {o["id"]: o for o in http.get("/v1/odometers", headers=auth(viewer)).json()["items"]}
+    for oid in (spent, fresh):
+        assert as_floats(row_values(browser, oid)) == odometer_row(listed[oid])
+    assert listed[spent]["remaining"] < 1.0 < listed[fresh]["remaining"]
+
+    # filter: an expression hides the fresh object, text matches ids, a bad one says why
+    browser.type_into("#filter", "remaining < 1")
+    browser.wait_for(f"!document.querySelector('#objects tr[data-id={json.dumps(fresh)}]')")
+    assert spent in visible_ids(browser)
+    browser.type_into("#filter", "remaining < 1 and accepted >= 7")
+    browser.wait_for("document.querySelectorAll('#objects tbody tr').length === 0")
+    browser.type_into("#filter", "accepted = 6 and rejected <= 0")
+    browser.wait_for("document.querySelectorAll('#objects tbody tr').length === 1")
+    assert visible_ids(browser) == [spent]
+    browser.type_into("#filter", fresh[-8:])
+    browser.wait_for("document.querySelectorAll('#objects tbody tr').length === 1")
+    assert visible_ids(browser) == [fresh]
+    browser.type_into("#filter", "remaining <")
+    message = browser.wait_for(
+        "!document.getElementById('filter-error').hidden && "
+        "document.getElementById('filter-error').textContent"
+    )
+    assert "expected a number" in message
+    browser.evaluate(
+        "(() => { const f = document.getElementById('filter'); f.value = '';"
+        " f.dispatchEvent(new Event('input')); })()"
+    )
+    assert set(visible_ids(browser)) == {spent, fresh}
+
+    # sort: by remaining, then reversed
+    browser.click("#objects th[data-key=remaining] button")
+    by_remaining = sorted(listed.values(), key=lambda o: (o["remaining"], o["id"]))
+    assert visible_ids(browser) == [o["id"] for o in by_remaining]
+    browser.click("#objects th[data-key=remaining] button")
+    assert visible_ids(browser)[0] == by_remaining[-1]["id"]
+    assert (
+        browser.evaluate(
+            "document.querySelector('#objects th[data-key=remaining]').getAttribute('aria-sort')"
+        )
+        == "descending"
+    )
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.screenshot(ARTIFACTS / "dashboard-list.png")
+
+    # polling: a new submit shows up without reloading
+    submit(http, analyst, fresh, GRR_X)
+    row = f"document.querySelector('#objects tr[data-id={json.dumps(fresh)}]')"
+    browser.wait_for(f"{row}.querySelectorAll('td.num')[5].dataset.value === '2'", timeout=15)
+
+    # one object: numbers, chart, reading, history
+    browser.click(f"#objects tr[data-id={json.dumps(spent)}] a")
+    browser.wait_for("document.querySelectorAll('#history tbody tr').length === 6")
+    odometer = http.get(f"/v1/objects/{spent}/odometer", headers=auth(viewer)).json()
+    shown = browser.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#detail-numbers dd[id]')]"
+        ".map(d => [d.id, d.dataset.value]))"
+    )
+    assert as_floats(
+        [
+            shown[f"num-{k}"]
+            for k in ("budget", "lower", "upper", "remaining", "basic", "accepted", "rejected")
+        ]
+    ) == odometer_row(odometer)
+    path = browser.evaluate("document.querySelector('#chart path.loss-upper').getAttribute('d')")
+    assert path.count("L") == 6  # the origin and one point per accepted query
+    assert browser.evaluate("document.querySelector('#chart path.basic').getAttribute('d')")
+    assert browser.evaluate("!!document.querySelector('#chart line.budget')")
+    assert browser.evaluate("document.querySelectorAll('#chart .dots circle').length") == 6
+    box = browser.evaluate(
+        "(() => { const b = document.querySelector('#chart path.loss-upper').getBBox();"
+        " return [b.width, b.height]; })()"
+    )
+    assert box[0] > 100  # drawn, not collapsed
+    assert box[1] > 10
+
+    history = http.get(f"/v1/objects/{spent}/odometer/history", headers=auth(viewer)).json()
+    seqs = browser.evaluate(
+        "[...document.querySelectorAll('#history tbody tr')].map(r => r.dataset.seq)"
+    )
+    assert seqs == [str(p["accepted"]) for p in reversed(history["points"])]
+    first = browser.evaluate(
+        "[...document.querySelector('#history tbody tr:last-child').querySelectorAll('td.num')]"
+        ".map(td => td.dataset.value)"
+    )
+    point = history["points"][0]
+    assert as_floats(first) == [
+        repr(float(v))
+        for v in (
+            1,
+            point["epsilon"],
+            point["realized_loss"]["lower"],
+            point["realized_loss"]["upper"],
+            point["basic_composition"],
+        )
+    ]
+
+    loss = odometer["realized_loss"]["upper"]
+    reading = browser.evaluate("document.getElementById('reading').textContent")
+    assert f"e^{loss:.3f} = {math.exp(loss):.3f}" in reading
+    assert browser.evaluate("document.getElementById('reading-half').textContent") == (
+        f"{math.exp(loss) / (1 + math.exp(loss)):.3f}"
+    )
+    assert browser.evaluate("document.getElementById('reading-advantage').textContent") == (
+        f"{math.tanh(loss / 4):.3f}"
+    )
+    browser.type_into("#prior", "0.2")
+    top = 0.2 * math.exp(loss) / (0.2 * math.exp(loss) + 0.8)
+    low = 0.2 / (0.2 + 0.8 * math.exp(loss))
+    assert (
+        browser.wait_for("document.getElementById('prior-result').textContent")
+        == f" → after: at most {top:.3f}, at least {low:.3f}"
+    )
+
+    shot = browser.screenshot(ARTIFACTS / "dashboard.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with capsys.disabled():
+        print(f"\ndashboard screenshot: {shot}")
+
+    # an analyst also sees each query (its own) and its output
+    browser.click("#sign-out")
+    sign_in(browser, analyst)
+    browser.wait_for(
+        "document.querySelectorAll('#history tbody tr').length === 6 && "
+        "document.querySelector('#history thead').textContent.includes('output')"
+    )
+    queries = browser.evaluate(
+        "[...document.querySelectorAll('#history tbody tr')].map(r => r.cells[6].textContent)"
+    )
+    assert queries[-1] == "grr on x"
+    assert queries[-2] == 'binary_rr [disease == "flu"]'
+
+    assert browser.problems() == []
+
+
+def test_bad_and_revoked_keys_and_outages_are_shown(
+    pg_server: Server, postgres_url: str, browser: Browser
+) -> None:
+    server = pg_server
+    http = httpx.Client(base_url=server.url, timeout=30)
+    browser.navigate(f"{server.url}/dashboard/?poll=1")
+    sign_in(browser, "gk_not-a-key")
+    message = browser.wait_for(
+        "!document.getElementById('sign-in-error').hidden && "
+        "document.getElementById('sign-in-error').textContent"
+    )
+    assert "not accepted" in message
+    assert browser.evaluate("sessionStorage.length") == 0
+
+    r = http.post("/v1/keys", json={"role": "viewer"}, headers=auth(ADMIN_KEY))
+    key_id, viewer = r.json()["id"], r.json()["key"]
+    sign_in(browser, viewer)
+    browser.wait_for("!document.getElementById('list-view').hidden")
+    # the key is kept for the tab: a reload stays signed in
+    browser.navigate(f"{server.url}/dashboard/?poll=1")
+    browser.wait_for("!document.getElementById('list-view').hidden")
+
+    # revoked while the page polls: the page says so and keeps polling (backing off)
+    assert http.delete(f"/v1/keys/{key_id}", headers=auth(ADMIN_KEY)).status_code == 200
+    status = browser.wait_for(
+        STATUS_SHOWN,
+        timeout=15,
+    )
+    assert "not accepted" in status
+    assert "Retrying in 2 s" in status
+    browser.wait_for(
+        "document.getElementById('status').textContent.includes('Retrying in 4 s')", timeout=15
+    )
+
+    # a new key, then the service goes away
+    viewer = new_key(http, "viewer")
+    browser.click("#sign-out")
+    sign_in(browser, viewer)
+    browser.wait_for(
+        "!document.getElementById('list-view').hidden && document.getElementById('status').hidden"
+    )
+    # the database goes away: the service answers 503, the page says so and recovers by itself
+    with database_refusing_connections(postgres_url):
+        status = browser.wait_for(STATUS_SHOWN, timeout=15)
+        assert "The service answered 503: the database is unavailable" in status
+    browser.wait_for("document.getElementById('status').hidden", timeout=30)
+    server.stop()
+    status = browser.wait_for(
+        STATUS_SHOWN,
+        timeout=15,
+    )
+    assert "Cannot reach the service" in status
+
+    assert browser.problems() == []
+
+
+def test_the_policy_blocks_inline_script(server: Server, browser: Browser) -> None:
+    """The page's CSP is enforced by the browser (and the violation detector works)."""
+    browser.navigate(f"{server.url}/dashboard/")
+    browser.wait_for("!document.getElementById('sign-in-view').hidden")
+    assert browser.problems() == []
+    browser.evaluate(
+        "(() => { const s = document.createElement('script');"
+        " s.textContent = 'window.injected = 1'; document.body.append(s); })()"
+    )
+    assert browser.evaluate("window.injected") is None
+    violations = browser.wait_for("window.__cspViolations.length && window.__cspViolations")
+    assert any("script-src" in v for v in violations)
+
+
+FILTER_ROWS = [
+    {
+        "id": "alpha",
+        "budget": 1,
+        "lower": 0.3,
+        "upper": 0.3,
+        "remaining": 0.7,
+        "basic": 0.7,
+        "accepted": 6,
+        "rejected": 0,
+    },
+    {
+        "id": "Beta-2",
+        "budget": 3,
+        "lower": 0.1,
+        "upper": 0.12,
+        "remaining": 2.88,
+        "basic": 0.1,
+        "accepted": 1,
+        "rejected": 2,
+    },
+]
+
+
+#: (filter text, kind of filter, matching ids or the error message's key words)
+FILTER_CASES: list[tuple[str, str, list[str] | str]] = [
+    ("", "all", ["alpha", "Beta-2"]),
+    ("beta", "text", ["Beta-2"]),
+    ("remaining<1", "expression", ["alpha"]),
+    ("REMAINING < 3 AND accepted>=2", "expression", ["alpha"]),
+    ("loss = 0.12", "expression", ["Beta-2"]),
+    ("upper == 0.3 and lower <= 0.3", "expression", ["alpha"]),
+    ("rejected > 1e-1", "expression", ["Beta-2"]),
+    ("budget >= .5 and budget <= 3 and remaining > -1", "expression", ["alpha", "Beta-2"]),
+    ("remaining <", "error", "expected a number after remaining <"),
+    ("height < 1", "error", "expected a field"),
+    ("remaining < 1 or accepted > 2", "error", 'expected "and", found "or"'),
+    ("remaining < 1 and", "error", "expected a field"),
+    ("< 1", "error", "expected a field"),
+    ("remaining < 1;", "error", 'cannot read ";"'),
+]
+
+
+def test_filter_expressions(server: Server, browser: Browser) -> None:
+    """The filter module itself, imported in the page, on every kind of input."""
+    browser.navigate(f"{server.url}/dashboard/")
+    for text, kind, expected in FILTER_CASES:
+        result = browser.evaluate(
+            f"import('./filter.js').then(m => {{ const f = m.parseFilter({json.dumps(text)});"
+            f" return {{kind: f.kind, message: f.message || null,"
+            f" ids: f.test ? {json.dumps(FILTER_ROWS)}.filter(f.test).map(r => r.id) : null}}; }})"
+        )
+        assert result["kind"] == kind, (text, result)
+        if isinstance(expected, str):
+            assert expected in result["message"], (text, result)
+        else:
+            assert result["ids"] == expected, (text, result)
