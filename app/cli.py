@@ -108,6 +108,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             host=args.host or settings.host,
             port=args.port or settings.port,
             workers=workers,
+            timeout_worker_healthcheck=settings.worker_healthcheck_seconds,
             log_level=settings.log_level.lower(),
             log_config=uvicorn_log_config(settings.log_level),
         )

@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     web_workers: int = Field(default=1, ge=1, le=64)
+    #: Seconds a web worker may leave uvicorn's liveness ping unanswered before it is restarted
+    #: (uvicorn's own default of 5 s restarted workers still importing on a busy machine).
+    worker_healthcheck_seconds: int = Field(default=30, ge=1, le=3600)
     bound_processes: int = Field(default=1, ge=0, le=64)
     bound_time_limit: float = Field(default=10.0, gt=0, le=600)
     lock_timeout: float = Field(default=30.0, gt=0, le=3600)

@@ -664,3 +664,23 @@ def test_sigstop_lock_holder(
             f" {len(load.acked)} acknowledged, {len(load.rejected)} rejected,"
             f" statuses {dict(load.statuses)}"
         )
+
+
+def test_a_worker_paused_past_uvicorns_default_healthcheck_is_not_restarted(
+    postgres_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """``WORKER_HEALTHCHECK_SECONDS`` (30 by default) reaches uvicorn: a worker that leaves the
+    liveness ping unanswered for 7 s (past uvicorn's own 5 s default, which restarted workers
+    still importing on a loaded machine) keeps running and serving afterwards."""
+    server = serve(tmp_path, postgres_url, redis_url, 2)
+    try:
+        before = sorted(wait_for_workers(server, 2))
+        os.kill(before[0], signal.SIGSTOP)
+        time.sleep(7.0)
+        os.kill(before[0], signal.SIGCONT)
+        time.sleep(1.0)
+        assert sorted(worker_pids(server)) == before
+        assert httpx.get(server.url + "/healthz", timeout=10.0).status_code == 200
+    finally:
+        server.stop()
+    assert "healthcheck" not in server.log_path.read_text().lower()
