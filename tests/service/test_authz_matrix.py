@@ -1,0 +1,235 @@
+"""Authorization matrix over every route the app serves, enumerated from ``app.routes``.
+
+Each ``(method, path)`` the application routes — API, health, metrics, dashboard and the
+OpenAPI documents — must have a row here saying who may call it; a route added without a row
+(or a row left for a removed route) fails :func:`test_every_route_has_a_row`. Then every row is
+called with each credential: admin, analyst, viewer, no key, an invalid key and a revoked key.
+
+Documented answers (DESIGN.md "REST API (v1)", issue #4, the routers' docstrings):
+
+* no key, an invalid key or a revoked key: 401 problem+json with ``WWW-Authenticate: Bearer``
+  on every route that needs a key;
+* admin: everything; analyst: read an object, dry-run, submit, its own queries, odometers, the
+  calculator; viewer: odometers only (``/v1/objects/{id}`` metadata is analyst-level); the
+  keys API and the audit log are admin-only; ``/v1/whoami`` answers any valid key; a role that
+  may not call a route gets 403 problem+json;
+* public, whatever the ``Authorization`` header says (even an invalid or revoked key):
+  ``/healthz``, ``/readyz``, ``/metrics``, ``/dashboard``, ``/dashboard/``,
+  ``/dashboard/{name}`` (static files; data comes from the API with the user's key) and the
+  OpenAPI documents ``/openapi.json``, ``/docs``, ``/docs/oauth2-redirect``, ``/redoc``.
+
+``tests/service/test_auth.py`` holds the detailed checks (a refused call changes nothing,
+malformed headers, analysts see only their own queries); this module proves completeness.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from app.api.routes.dashboard import assets
+from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+
+PROBLEM = "application/problem+json"
+DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
+QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": 0.01}
+
+ADMIN, ANALYST, VIEWER = "admin", "analyst", "viewer"
+MISSING, INVALID, REVOKED = "missing", "invalid", "revoked"
+CREDENTIALS = [ADMIN, ANALYST, VIEWER, MISSING, INVALID, REVOKED]
+
+PUBLIC: frozenset[str] = frozenset()  # no key needed
+ANY_ROLE = frozenset({ADMIN, ANALYST, VIEWER})
+ANALYSTS = frozenset({ADMIN, ANALYST})
+ADMINS = frozenset({ADMIN})
+
+
+def _register(client: TestClient) -> str:
+    oid = unique_id("authz")
+    r = client.post(
+        "/v1/objects",
+        headers=auth(ADMIN_KEY),
+        json={"id": oid, "domain": DOMAIN, "value": {"x": 1}, "budget": {"epsilon": 1000}},
+    )
+    assert r.status_code == 201, r.text
+    return oid
+
+
+Prepare = Callable[[TestClient], tuple[str, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Row:
+    """Who may call one route, how to call it, and the status of a permitted call."""
+
+    allowed: frozenset[str]  # PUBLIC: no key needed
+    success: int
+    prepare: Prepare
+
+
+def _fixed(url: str, **kwargs: Any) -> Prepare:
+    return lambda client: (url, dict(kwargs))
+
+
+def _object(suffix: str = "", **kwargs: Any) -> Prepare:
+    return lambda client: (f"/v1/objects/{_register(client)}{suffix}", dict(kwargs))
+
+
+def _new_object(client: TestClient) -> tuple[str, dict[str, Any]]:
+    body = {"id": unique_id("authz"), "domain": DOMAIN, "value": {"x": 1}, "budget": {"epsilon": 1}}
+    return "/v1/objects", {"json": body}
+
+
+def _key_to_revoke(client: TestClient) -> tuple[str, dict[str, Any]]:
+    r = client.post("/v1/keys", headers=auth(ADMIN_KEY), json={"role": VIEWER})
+    assert r.status_code == 201, r.text
+    return f"/v1/keys/{r.json()['id']}", {}
+
+
+def _dashboard_file(client: TestClient) -> tuple[str, dict[str, Any]]:
+    name = sorted(n for n in assets() if n != "index.html")[0]
+    return f"/dashboard/{name}", {}
+
+
+LOSS_BODY = {
+    "domain": DOMAIN,
+    "history": [{"query": QUERY, "output": 1}],
+    "budget": 1,
+    "candidate": QUERY,
+}
+
+#: (method, path template) -> who may call it. Keep in step with the routers.
+ROWS: dict[tuple[str, str], Row] = {
+    ("POST", "/v1/objects"): Row(ADMINS, 201, _new_object),
+    ("GET", "/v1/objects/{object_id}"): Row(ANALYSTS, 200, _object()),
+    ("DELETE", "/v1/objects/{object_id}"): Row(ADMINS, 200, _object()),
+    ("POST", "/v1/objects/{object_id}/dry-run"): Row(
+        ANALYSTS, 200, _object("/dry-run", json={"query": QUERY})
+    ),
+    ("POST", "/v1/objects/{object_id}/queries"): Row(
+        ANALYSTS, 201, _object("/queries", json={"query": QUERY})
+    ),
+    ("GET", "/v1/objects/{object_id}/queries"): Row(ANALYSTS, 200, _object("/queries")),
+    ("GET", "/v1/objects/{object_id}/odometer"): Row(ANY_ROLE, 200, _object("/odometer")),
+    ("GET", "/v1/objects/{object_id}/odometer/history"): Row(
+        ANY_ROLE, 200, _object("/odometer/history")
+    ),
+    ("GET", "/v1/odometers"): Row(ANY_ROLE, 200, _fixed("/v1/odometers")),
+    ("GET", "/v1/audit"): Row(ADMINS, 200, _fixed("/v1/audit")),
+    ("POST", "/v1/loss"): Row(ANALYSTS, 200, _fixed("/v1/loss", json=LOSS_BODY)),
+    ("POST", "/v1/keys"): Row(ADMINS, 201, _fixed("/v1/keys", json={"role": VIEWER})),
+    ("DELETE", "/v1/keys/{key_id}"): Row(ADMINS, 200, _key_to_revoke),
+    ("GET", "/v1/whoami"): Row(ANY_ROLE, 200, _fixed("/v1/whoami")),
+    ("GET", "/healthz"): Row(PUBLIC, 200, _fixed("/healthz")),
+    ("GET", "/readyz"): Row(PUBLIC, 200, _fixed("/readyz")),
+    ("GET", "/metrics"): Row(PUBLIC, 200, _fixed("/metrics")),
+    ("GET", "/dashboard"): Row(PUBLIC, 308, _fixed("/dashboard", follow_redirects=False)),
+    ("GET", "/dashboard/"): Row(PUBLIC, 200, _fixed("/dashboard/")),
+    ("GET", "/dashboard/{name}"): Row(PUBLIC, 200, _dashboard_file),
+    ("GET", "/openapi.json"): Row(PUBLIC, 200, _fixed("/openapi.json")),
+    ("HEAD", "/openapi.json"): Row(PUBLIC, 200, _fixed("/openapi.json")),
+    ("GET", "/docs"): Row(PUBLIC, 200, _fixed("/docs")),
+    ("HEAD", "/docs"): Row(PUBLIC, 200, _fixed("/docs")),
+    ("GET", "/docs/oauth2-redirect"): Row(PUBLIC, 200, _fixed("/docs/oauth2-redirect")),
+    ("HEAD", "/docs/oauth2-redirect"): Row(PUBLIC, 200, _fixed("/docs/oauth2-redirect")),
+    ("GET", "/redoc"): Row(PUBLIC, 200, _fixed("/redoc")),
+    ("HEAD", "/redoc"): Row(PUBLIC, 200, _fixed("/redoc")),
+}
+
+
+def _routes_of(routes: list[Any]) -> Iterator[tuple[str, str]]:
+    """Every ``(method, path)`` of ``routes``, descending into included routers."""
+    for route in routes:
+        if hasattr(route, "effective_route_contexts"):  # FastAPI >= 0.165: included routers
+            yield from _routes_of(list(route.effective_route_contexts()))
+        elif hasattr(route, "routes"):  # a mounted sub-application or router
+            yield from _routes_of(list(route.routes))
+        else:
+            for method in sorted(route.methods or ()):
+                yield method, route.path
+
+
+def served_routes(app: FastAPI) -> set[tuple[str, str]]:
+    """The ``(method, path)`` pairs ``app`` serves."""
+    return set(_routes_of(list(app.routes)))
+
+
+def test_every_route_has_a_row(client: TestClient) -> None:
+    """A new route without a row here fails (and so does a row for a route that is gone)."""
+    app: FastAPI = client.app  # type: ignore[assignment]
+    served = served_routes(app)
+    # the enumeration itself works: it sees every operation of the OpenAPI schema
+    documented = {
+        (method.upper(), path)
+        for path, operations in app.openapi()["paths"].items()
+        for method in operations
+    }
+    assert documented <= served, documented - served
+    assert served - set(ROWS) == set(), "routes without a row in ROWS"
+    assert set(ROWS) - served == set(), "rows for routes the app does not serve"
+
+
+@pytest.fixture(scope="module")
+def keys(client: TestClient) -> dict[str, str | None]:
+    """A secret per credential kind (None: no Authorization header)."""
+    r = client.post("/v1/keys", headers=auth(ADMIN_KEY), json={"role": ADMIN})
+    assert r.status_code == 201, r.text
+    revoked = str(r.json()["key"])  # an admin key, so that only the revocation refuses it
+    assert client.get("/v1/whoami", headers=auth(revoked)).status_code == 200
+    assert client.delete(f"/v1/keys/{r.json()['id']}", headers=auth(ADMIN_KEY)).status_code == 200
+    return {
+        ADMIN: new_key(client, ADMIN),
+        ANALYST: new_key(client, ANALYST),
+        VIEWER: new_key(client, VIEWER),
+        MISSING: None,
+        INVALID: "gk_" + secrets.token_urlsafe(32),
+        REVOKED: revoked,
+    }
+
+
+def expected(row: Row, credential: str) -> int:
+    """The documented status of calling ``row`` with ``credential``."""
+    if row.allowed == PUBLIC:
+        return row.success
+    if credential in (MISSING, INVALID, REVOKED):
+        return 401
+    return row.success if credential in row.allowed else 403
+
+
+def _problem(response: httpx.Response, status: int, type_: str) -> None:
+    assert response.headers["content-type"].startswith(PROBLEM), response.headers
+    body = response.json()
+    assert body["status"] == status
+    assert body["type"] == type_
+
+
+@pytest.mark.parametrize("credential", CREDENTIALS)
+@pytest.mark.parametrize("route", sorted(ROWS), ids=[f"{m} {p}" for m, p in sorted(ROWS)])
+def test_route_role_matrix(
+    client: TestClient, keys: dict[str, str | None], route: tuple[str, str], credential: str
+) -> None:
+    """Each route answers each credential with the documented 401, 403 or success."""
+    method, _ = route
+    row = ROWS[route]
+    url, kwargs = row.prepare(client)
+    key = keys[credential]
+    headers = auth(key) if key is not None else {}
+    r = client.request(method, url, headers=headers, **kwargs)
+    status = expected(row, credential)
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    if status == 401:
+        _problem(r, 401, "unauthorized")
+        assert r.headers.get("www-authenticate", "").lower().startswith("bearer")
+    elif status == 403:
+        _problem(r, 403, "forbidden")
+    else:
+        assert "www-authenticate" not in r.headers
+    if route == ("GET", "/v1/whoami") and status == 200:
+        assert r.json()["role"] == credential
