@@ -48,11 +48,13 @@ skip with that reason, or fail under ``CI=true``.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -60,8 +62,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -88,6 +92,8 @@ KILLS = int(os.environ.get("GATEKEEPER_FAULT_KILLS", "60"))
 KILL_PERIOD = 0.25
 #: kills go on past ``KILLS`` until both sides of a commit were hit, but no further than this
 MAX_KILLS = max(8 * KILLS, 400)
+#: seconds the SIGKILL scenario's link to Redis holds each reply (see :class:`SlowLink`)
+SLOW_LINK_DELAY = 0.05
 REQUEST_TIMEOUT = 60.0
 #: Seconds a Redis outage may add to the slowest answer seen before it (issue: "within 2 s").
 REDIS_OUTAGE_LATENCY = 2.0
@@ -182,6 +188,8 @@ class LoadResult:
     #: (start, seconds) of every answered request, on the ``time.monotonic()`` clock
     timings: list[tuple[float, float]] = field(default_factory=list)
     retry_after_missing: int = 0
+    #: seconds spent under load (with the fault) and auditing afterwards
+    seconds: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -277,7 +285,8 @@ def audit(url: str, database_url: str, analyst: str, objects: Objects, load: Loa
     assert load.retry_after_missing == 0, "a 503 without Retry-After"
     per_object = Counter(object_id for object_id, _ in load.acked.values())
     with httpx.Client(base_url=url, timeout=REQUEST_TIMEOUT) as client:
-        for key, (object_id, output) in load.acked.items():
+
+        def replay(key: str, object_id: str, output: object) -> None:
             # a 503 (e.g. the first use of a pooled connection that died with a restarted
             # PostgreSQL) means "retry", as it did for the clients
             for _ in range(20):
@@ -292,6 +301,14 @@ def audit(url: str, database_url: str, analyst: str, objects: Objects, load: Loa
             assert again.status_code == 201, (key, again.status_code, again.text)
             assert again.headers.get("Idempotent-Replayed") == "true", key
             assert again.json()["output"] == output, (key, output, again.json()["output"])
+
+        # in parallel (replays of different objects do not wait for each other's lock)
+        with ThreadPoolExecutor(max_workers=2 * CLIENTS) as pool:
+            for done in [
+                pool.submit(replay, key, object_id, output)
+                for key, (object_id, output) in load.acked.items()
+            ]:
+                done.result()
         for object_id in objects.all:
             odometer = client.get(f"/v1/objects/{object_id}/odometer", headers=auth(ADMIN_KEY))
             assert odometer.status_code == 200, odometer.text
@@ -356,14 +373,75 @@ def under_fault(
     loader = threading.Thread(
         target=run_load, args=(server.url, analyst, objects, stop, deadline, load)
     )
+    began = time.monotonic()
     loader.start()
     try:
         fault(stop)
     finally:
         stop.set()
         loader.join()
+    audited = time.monotonic()
+    load.seconds["load"] = audited - began
     audit(server.url, database_url, analyst, objects, load)
+    load.seconds["audit"] = time.monotonic() - audited
     return load
+
+
+# --- a slow link to Redis ------------------------------------------------------------------------
+class SlowLink:
+    """A TCP proxy to ``upstream`` that holds every reply for ``delay`` seconds: a slow network
+    between the server and Redis.
+
+    In the SIGKILL scenario it widens the window between a submit's commit and its response
+    (the Redis lock is released in between), which is otherwise a few hundred microseconds wide:
+    without it about 2 kills in 100 landed there and the scenario needed hundreds of kills
+    before a retry had been replayed.
+    """
+
+    def __init__(self, upstream: tuple[str, int], delay: float) -> None:
+        self.upstream = upstream
+        self.delay = delay
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+        self._closed = threading.Event()
+        threading.Thread(target=self._accept, name="slow-link", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream, timeout=5.0)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            threading.Thread(target=self._pump, args=(client, server, 0.0), daemon=True).start()
+            threading.Thread(
+                target=self._pump, args=(server, client, self.delay), daemon=True
+            ).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket, delay: float) -> None:
+        try:
+            while chunk := source.recv(65536):
+                if delay:
+                    time.sleep(delay)
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+                end.close()
+
+    def close(self) -> None:
+        """Stop accepting (open connections end with their server)."""
+        self._closed.set()
+        self._listener.close()
 
 
 # --- private PostgreSQL and Redis ---------------------------------------------------------------
@@ -508,8 +586,11 @@ def test_sigkill_workers_mid_submit(
     """At least ``KILLS`` SIGKILLs of random workers under load: nothing acknowledged lost or
     doubled. Where a kill lands is up to chance, and few land between a commit and its response
     (about 2 in 100 here), so the kills go on past ``KILLS`` (up to ``MAX_KILLS``) until a retry
-    has been seen on each side of the commit."""
-    server = serve(tmp_path, postgres_url, redis_url, WORKERS)
+    has been seen on each side of the commit. Redis is reached through a :class:`SlowLink`
+    (``SLOW_LINK_DELAY`` per reply), so that a kill often lands after a commit."""
+    target = urlsplit(redis_url)
+    link = SlowLink((target.hostname or "127.0.0.1", target.port or 6379), SLOW_LINK_DELAY)
+    server = serve(tmp_path, postgres_url, link.url, WORKERS)
     kills = 0
     live = LoadResult()
 
@@ -533,6 +614,7 @@ def test_sigkill_workers_mid_submit(
         load = under_fault(server, postgres_url, fault, budget=900.0, live=live)
     finally:
         server.stop()
+        link.close()
     assert KILLS <= kills <= MAX_KILLS
     # both sides of the commit were hit: a retry found the first attempt committed (replayed) and
     # a retry found it had not been (a fresh sample after the first attempt died)
@@ -542,7 +624,9 @@ def test_sigkill_workers_mid_submit(
         print(
             f"\nsigkill: {kills} kills, {len(load.acked)} acknowledged, {len(load.rejected)}"
             f" rejected, {load.transport_errors} transport errors, retries replayed"
-            f" {load.retried_replayed} / fresh {load.retried_fresh}, statuses {dict(load.statuses)}"
+            f" {load.retried_replayed} / fresh {load.retried_fresh},"
+            f" statuses {dict(load.statuses)},"
+            f" load {load.seconds['load']:.0f} s, audit {load.seconds['audit']:.0f} s"
         )
 
 
