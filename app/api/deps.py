@@ -10,7 +10,8 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import anyio.to_thread
 from anyio import CapacityLimiter
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -84,13 +85,19 @@ def _lookup(runtime: Runtime, secret: str) -> Caller | None:
         return None if row is None else Caller(row.id, Role(row.role))
 
 
+#: Declares the bearer scheme in the OpenAPI document; a missing or non-bearer header gives
+#: ``None`` here and a problem+json 401 below (not FastAPI's plain 403).
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`")
+
+
 async def get_caller(
-    runtime: RuntimeDep, authorization: Annotated[str | None, Header()] = None
+    runtime: RuntimeDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
     """Authenticate ``Authorization: Bearer <key>`` (cached: :class:`KeyCache`)."""
-    if not authorization or not authorization.lower().startswith("bearer "):
+    secret = credentials.credentials.strip() if credentials is not None else ""
+    if not secret:
         raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
-    secret = authorization[7:].strip()
     digest = hash_key(secret)
     cached = runtime.keys.get(digest)
     if cached is not None:
@@ -130,16 +137,6 @@ async def json_body(request: Request) -> Any:
 
 
 JsonBody = Annotated[Any, Depends(json_body)]
-
-
-def body_doc(examples: dict[str, Any]) -> dict[str, Any]:
-    """``openapi_extra`` documenting a JSON request body with examples."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": {"type": "object"}, "examples": examples}},
-        }
-    }
 
 
 def require(*roles: Role) -> Callable[[Caller], Awaitable[Caller]]:

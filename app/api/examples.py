@@ -69,3 +69,10 @@ LOSS = {
         },
     },
 }
+KEY = {
+    "analyst": {
+        "summary": "A key for an application",
+        "value": {"role": "analyst", "label": "app"},
+    },
+    "viewer": {"summary": "A key for a dashboard", "value": {"role": "viewer"}},
+}

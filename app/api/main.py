@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from sqlalchemy.exc import IntegrityError
 
 from app import crypto, metrics, multiproc
-from app.api import problems
+from app.api import openapi, problems
 from app.api.deps import Runtime
 from app.api.middleware import BodyLimit, RequestContext
 from app.api.ratelimit import RateLimitMiddleware
@@ -92,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     problems.install(app)
+    openapi.install(app)
 
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # inside the request context (request id, access log): throttled requests never reach

@@ -16,6 +16,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from app.engine.errors import InvalidInput, Unsupported
 from app.services.errors import ServiceError
@@ -88,8 +89,25 @@ async def _service(_: Request, exc: Exception) -> JSONResponse:
     return problem(exc.status, exc.type, exc.title, exc.detail, headers=headers or None, **extra)
 
 
-async def _http(_: Request, exc: Exception) -> JSONResponse:
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path.
+
+    Starlette's 405 names only the methods of the *first* route matching the path, so
+    ``PATCH /v1/objects/x`` said ``Allow: GET, HEAD`` though ``DELETE`` is served there too.
+    """
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)  # PARTIAL: the path matches, the method not
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return ", ".join(sorted(methods))
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)  # noqa: S101 - registered for this type
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
     titles = {
         404: "Not found",
         405: "Method not allowed",
@@ -107,7 +125,7 @@ async def _http(_: Request, exc: Exception) -> JSONResponse:
         slug.get(exc.status_code, "http-error"),
         titles.get(exc.status_code, "HTTP error"),
         str(exc.detail),
-        headers=getattr(exc, "headers", None),
+        headers=headers or None,
     )
 
 

@@ -42,6 +42,8 @@ from app.engine.numerics import DECISION_MARGIN
 
 DEFAULT_TOLERANCE = 1e-4
 MAX_BUDGET = 10_000.0
+#: The optional top-level fields of a calculator request (``domain`` and ``history`` are required).
+OPTIONAL_FIELDS = ("budget", "candidate", "options")
 
 
 def replay_history(
@@ -127,7 +129,7 @@ def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict
         For queries not yet supported on continuous domains.
     """
     obj = as_object(request, "")
-    check_keys(obj, "", required=("domain", "history"), optional=("budget", "candidate", "options"))
+    check_keys(obj, "", required=("domain", "history"), optional=OPTIONAL_FIELDS)
     domain = parse_domain(obj["domain"], "domain", limits=limits)
     tolerance, settings, fast = _options(obj.get("options", {}))
     budget = None

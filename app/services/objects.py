@@ -127,7 +127,8 @@ def register_object(
     check_keys(budget_obj, "budget", required=("epsilon",))
     budget = as_positive_number(budget_obj["epsilon"], "budget.epsilon", maximum=MAX_BUDGET)
     filter_raw = obj.get("filter", FilterKind.BAYESIAN.value)
-    if filter_raw not in {k.value for k in FilterKind}:
+    # a list or an object here was a TypeError (unhashable) and a 500
+    if not isinstance(filter_raw, str) or filter_raw not in {k.value for k in FilterKind}:
         raise InvalidInput("filter", "must be one of bayesian, simplified, basic")
     now = datetime.now(UTC)
     row = ProtectedObject(

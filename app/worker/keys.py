@@ -13,8 +13,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from app.engine.calculator import OPTIONAL_FIELDS as CALCULATOR_OPTIONAL
 from app.engine.domain import parse_domain
-from app.engine.jsonfields import as_list, as_object, path
+from app.engine.jsonfields import as_list, as_object, check_keys, path
 from app.engine.limits import DEFAULT_LIMITS
 from app.engine.mechanisms import parse_query
 
@@ -29,11 +30,15 @@ def _canonical(value: Any) -> str:
 def request_key(request: Mapping[str, Any]) -> str:
     """SHA-256 hex key of a calculator request (raises ``InvalidInput`` on malformed input)."""
     obj = as_object(request, "")
+    # the same fields as the calculator (app.engine.calculator.compute): a request with an unknown
+    # field must be a 422 even when the rest of it matches a cached answer
+    check_keys(obj, "", required=("domain", "history"), optional=CALCULATOR_OPTIONAL)
     domain = parse_domain(obj.get("domain"), "domain")
     entries = []
     history = as_list(obj.get("history"), "history", max_len=DEFAULT_LIMITS.max_history)
     for i, item in enumerate(history):
         entry = as_object(item, path("history", i))
+        check_keys(entry, path("history", i), required=("query", "output"))
         mech = parse_query(entry.get("query"), domain, path(path("history", i), "query"))
         output = mech.parse_output(entry.get("output"), path(path("history", i), "output"))
         entries.append(_canonical([mech.to_json(), mech.output_json(output)]))

@@ -113,9 +113,7 @@ def make_settings(database_url: str, redis_url: str | None = None, **extra: Any)
         database_url=database_url,
         redis_url=redis_url,
         gatekeeper_bootstrap_admin_key=ADMIN_KEY,
-        bound_processes=0,
-        bound_time_limit=5.0,
-        **extra,
+        **{"bound_processes": 0, "bound_time_limit": 5.0, **extra},
     )
 
 

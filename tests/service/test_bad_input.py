@@ -1406,3 +1406,46 @@ def test_default_limit_is_16_mib(api: TestClient) -> None:
         "/v1/loss", content=raw, headers={**auth(ADMIN_KEY), "Content-Type": "application/json"}
     )
     assert_problem(r, 413, "payload-too-large")
+
+
+# ------------------------------------------------------------------------------------------------
+# Regressions found by schemathesis (tests/service/test_schemathesis.py)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad_filter", [["bayesian"], {"kind": "basic"}, 1, None])
+def test_filter_of_the_wrong_type_is_422(api: TestClient, bad_filter: Any) -> None:
+    """A list or object as ``filter`` was a TypeError (unhashable) and a 500; now 422 naming it."""
+    body = {
+        "id": unique_id("flt"),
+        "domain": FINITE_DOMAIN,
+        "value": FINITE_VALUE,
+        "budget": {"epsilon": 1.0},
+        "filter": bad_filter,
+    }
+    r = api.post("/v1/objects", json=body, headers=auth(ADMIN_KEY))
+    assert_validation(r, "filter")
+
+
+@pytest.mark.parametrize("object_id", ["\x00", "a\x00b", "x" * 300, " lead"])
+def test_audit_object_id_filter_is_validated(api: TestClient, object_id: str) -> None:
+    """``/v1/audit?object_id=%00`` reached PostgreSQL (which refuses NUL in text): a 500. An id
+    that cannot have been registered is now a 422 naming the parameter, on every backend."""
+    r = api.get("/v1/audit", params={"object_id": object_id}, headers=auth(ADMIN_KEY))
+    assert_validation(r, "object_id")
+
+
+def test_unknown_calculator_field_is_422_even_when_cached(api: TestClient, analyst: str) -> None:
+    """The calculator's cache key ignored unknown fields, so a request equal to a cached one
+    plus an unknown field got the cached 200 instead of the 422 an uncached one gets."""
+    body = {
+        "domain": FINITE_DOMAIN,
+        "history": [{"query": GRR, "output": 1}],
+        "budget": 2.0,
+        "candidate": GRR,
+    }
+    first = api.post("/v1/loss", json=body, headers=auth(analyst))
+    assert first.status_code == 200, first.text
+    r = api.post("/v1/loss", json={**body, "extra": S}, headers=auth(analyst))
+    assert_validation(r, "extra")
+    item = {"query": GRR, "output": 1, "note": S}
+    r = api.post("/v1/loss", json={**body, "history": [item]}, headers=auth(analyst))
+    assert_validation(r, "history[0].note")

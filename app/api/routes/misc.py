@@ -6,11 +6,21 @@ import math
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response, status
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from app.api import examples, scrape
-from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, body_doc, in_thread
+from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, in_thread
+from app.api.openapi import (
+    AUTHENTICATED,
+    KEY_BODY,
+    LOSS_BODY,
+    OBJECT_ID_PATTERN,
+    WITH_BODY,
+    body_doc,
+    problems,
+)
 from app.api.problems import problem
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_object, as_string, check_keys
@@ -23,7 +33,7 @@ from app.services.errors import NotFound
 router = APIRouter()
 
 
-@router.get("/v1/odometers", tags=["odometers"])
+@router.get("/v1/odometers", tags=["odometers"], responses=problems(*AUTHENTICATED))
 async def odometers(
     runtime: RuntimeDep,
     _: ViewerDep,
@@ -49,11 +59,13 @@ async def odometers(
     )
 
 
-@router.get("/v1/audit", tags=["audit"])
+@router.get("/v1/audit", tags=["audit"], responses=problems(*AUTHENTICATED))
 async def audit_log(
     runtime: RuntimeDep,
     _: AdminDep,
-    object_id: Annotated[str | None, Query(max_length=128)] = None,
+    # the pattern of registered ids: anything else (a NUL byte, which PostgreSQL refuses in
+    # text, was a 500) is a 422 naming the parameter
+    object_id: Annotated[str | None, Query(pattern=OBJECT_ID_PATTERN)] = None,
     kind: AuditKind | None = None,
     after: Annotated[int, Query(ge=0, le=2**62, description="Events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
@@ -73,7 +85,12 @@ async def audit_log(
     )
 
 
-@router.post("/v1/loss", tags=["calculator"], openapi_extra=body_doc(examples.LOSS))
+@router.post(
+    "/v1/loss",
+    tags=["calculator"],
+    responses=problems(*WITH_BODY),
+    openapi_extra=body_doc(LOSS_BODY, examples.LOSS),
+)
 async def loss(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, Any]:
     """The stateless loss calculator (DESIGN.md): realized loss of a history and a candidate."""
     as_object(body, "")
@@ -84,7 +101,8 @@ async def loss(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, 
     "/v1/keys",
     tags=["keys"],
     status_code=status.HTTP_201_CREATED,
-    openapi_extra=body_doc({"analyst": {"value": {"role": "analyst", "label": "app"}}}),
+    responses=problems(*WITH_BODY),
+    openapi_extra=body_doc(KEY_BODY, examples.KEY),
 )
 async def new_key(
     runtime: RuntimeDep,
@@ -108,7 +126,9 @@ async def new_key(
     return await in_thread(runtime, create)
 
 
-@router.delete("/v1/keys/{key_id}", tags=["keys"])
+@router.delete(
+    "/v1/keys/{key_id}", tags=["keys"], responses=problems(*AUTHENTICATED, 404, s404="No such key")
+)
 async def drop_key(
     runtime: RuntimeDep, caller: AdminDep, key_id: Annotated[int, Path(ge=1, le=2_147_483_647)]
 ) -> dict[str, Any]:
@@ -124,7 +144,7 @@ async def drop_key(
     return {"id": key_id, "revoked": True}
 
 
-@router.get("/v1/whoami", tags=["keys"])
+@router.get("/v1/whoami", tags=["keys"], responses=problems(*AUTHENTICATED))
 async def whoami(caller: ViewerDep) -> dict[str, Any]:
     """The calling key's id and role (never its secret); 401 for a missing or bad key."""
     return {"key_id": caller.key_id, "role": caller.role.value}
@@ -136,7 +156,28 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["health"])
+@router.get(
+    "/readyz",
+    tags=["health"],
+    responses={
+        200: {
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["status", "database"],
+                        "properties": {
+                            "status": {"const": "ok"},
+                            "database": {"const": "ok"},
+                            "redis": {"const": "ok"},
+                        },
+                    }
+                }
+            }
+        },
+        **problems(503, s503="not-ready: the database or Redis is unavailable (checks)"),
+    },
+)
 async def readyz(runtime: RuntimeDep) -> Response:
     """The database (and Redis, when configured) answer."""
 
@@ -158,8 +199,6 @@ async def readyz(runtime: RuntimeDep) -> Response:
 
     checks = await in_thread(runtime, check)
     if all(v == "ok" for v in checks.values()):
-        from fastapi.responses import JSONResponse
-
         return JSONResponse({"status": "ok", **checks})
     return problem(
         503,
@@ -171,7 +210,18 @@ async def readyz(runtime: RuntimeDep) -> Response:
     )
 
 
-@router.get("/metrics", tags=["health"])
+@router.get(
+    "/metrics",
+    tags=["health"],
+    response_class=PlainTextResponse,
+    responses={
+        200: {
+            "description": "Prometheus text exposition format",
+            "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+        },
+        **problems(503),
+    },
+)
 async def metrics(runtime: RuntimeDep) -> Response:
     """Prometheus metrics, summed over the web workers, and object counts (docs/dashboard.md)."""
     body = await in_thread(runtime, scrape.render, runtime.sessions)

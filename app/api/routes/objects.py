@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, Path, Query, Response, status
 
 from app.api import examples
-from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, body_doc, in_thread
+from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, in_thread
+from app.api.openapi import (
+    AUTHENTICATED,
+    QUERY_BODY,
+    REGISTER_BODY,
+    WITH_BODY,
+    body_doc,
+    problems,
+)
 from app.engine.jsonfields import as_object, check_keys
 from app.services import objects as object_service
 from app.services import queries as query_service
@@ -15,12 +23,12 @@ from app.services.auth import Role
 
 router = APIRouter(prefix="/v1/objects", tags=["objects"])
 
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    401: {"description": "Missing or invalid API key (problem+json)"},
-    403: {"description": "The key's role may not do this (problem+json)"},
-    404: {"description": "No such object (problem+json)"},
-    422: {"description": "Invalid input, naming the field (problem+json)"},
-}
+#: The errors of every operation on one object.
+PROBLEMS = problems(*AUTHENTICATED, 404, s404="No such object")
+#: ... that also reads a JSON body.
+BODY_PROBLEMS = problems(*WITH_BODY, 404, s404="No such object")
+#: Any id: one that cannot have been registered (ID_PATTERN) is simply not found (404).
+ObjectId = Annotated[str, Path(description="The object's id")]
 
 
 def _query_of(body: Any) -> Any:
@@ -32,8 +40,8 @@ def _query_of(body: Any) -> Any:
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
-    openapi_extra=body_doc(examples.REGISTER),
-    responses={**PROBLEMS, 409: {"description": "An object with this id exists"}},
+    openapi_extra=body_doc(REGISTER_BODY, examples.REGISTER),
+    responses=problems(*WITH_BODY, 409, s409="already-exists: an object with this id exists"),
 )
 async def register(
     runtime: RuntimeDep,
@@ -52,7 +60,9 @@ async def register(
 
 
 @router.get("/{object_id}", responses=PROBLEMS)
-async def get_object(runtime: RuntimeDep, caller: AnalystDep, object_id: str) -> dict[str, Any]:
+async def get_object(
+    runtime: RuntimeDep, caller: AnalystDep, object_id: ObjectId
+) -> dict[str, Any]:
     """Metadata of an object: domain, budget, filter, odometer — never the value."""
     return await in_thread(
         runtime, object_service.get_object, session_factory=runtime.sessions, object_id=object_id
@@ -60,7 +70,7 @@ async def get_object(runtime: RuntimeDep, caller: AnalystDep, object_id: str) ->
 
 
 @router.delete("/{object_id}", responses=PROBLEMS)
-async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: str) -> dict[str, Any]:
+async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> dict[str, Any]:
     """Retire an object (admin): it answers no more queries; its history is kept."""
     return await in_thread(
         runtime,
@@ -71,11 +81,15 @@ async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: str) -> dict[
     )
 
 
-@router.post("/{object_id}/dry-run", responses=PROBLEMS, openapi_extra=body_doc(examples.QUERY))
+@router.post(
+    "/{object_id}/dry-run",
+    responses=problems(*WITH_BODY, 404, 409, s404="No such object", s409="object-retired"),
+    openapi_extra=body_doc(QUERY_BODY, examples.QUERY),
+)
 async def dry_run(
     runtime: RuntimeDep,
     _: AnalystDep,
-    object_id: str,
+    object_id: ObjectId,
     body: JsonBody,
 ) -> dict[str, Any]:
     """Would the filter accept this query now? Nothing changes; a rejection is a normal 200."""
@@ -94,20 +108,22 @@ async def dry_run(
 @router.post(
     "/{object_id}/queries",
     status_code=status.HTTP_201_CREATED,
-    openapi_extra=body_doc(examples.QUERY),
-    responses={
-        **PROBLEMS,
-        409: {
-            "description": "budget-exhausted: the filter rejected the query (with the loss "
-            "now and the worst case after), or the object is retired"
-        },
-        503: {"description": "busy: too much contention on the object; retry (Retry-After)"},
-    },
+    openapi_extra=body_doc(QUERY_BODY, examples.QUERY),
+    responses=problems(
+        *WITH_BODY,
+        404,
+        409,
+        s404="No such object",
+        s409="budget-exhausted: the filter rejected the query (with the loss now and the worst "
+        "case after), or object-retired",
+        s503="busy: too much contention on the object, or the database is unavailable; retry "
+        "after Retry-After",
+    ),
 )
 async def submit(
     runtime: RuntimeDep,
     caller: AnalystDep,
-    object_id: str,
+    object_id: ObjectId,
     response: Response,
     body: JsonBody,
     idempotency_key: Annotated[
@@ -144,7 +160,7 @@ async def submit(
 async def history(
     runtime: RuntimeDep,
     caller: AnalystDep,
-    object_id: str,
+    object_id: ObjectId,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[
         int, Query(ge=0, le=2_147_483_647, description="Return queries with seq > after")
@@ -164,7 +180,7 @@ async def history(
 
 
 @router.get("/{object_id}/odometer", responses=PROBLEMS)
-async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: str) -> dict[str, Any]:
+async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: ObjectId) -> dict[str, Any]:
     """Realized loss (certified bounds), remaining budget, basic composition, counts."""
     return await in_thread(
         runtime, object_service.get_odometer, session_factory=runtime.sessions, object_id=object_id
@@ -175,7 +191,7 @@ async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: str) -> dict[st
 async def odometer_history(
     runtime: RuntimeDep,
     _: ViewerDep,
-    object_id: str,
+    object_id: ObjectId,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     after: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
 ) -> dict[str, Any]:
