@@ -111,7 +111,9 @@ def _options(raw: Any) -> tuple[float, BnBSettings, bool]:
     return tolerance, settings, fast
 
 
-def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+def compute_loss(
+    request: Any, *, limits: EngineLimits = DEFAULT_LIMITS, stop_at: float | None = None
+) -> dict[str, Any]:
     """Answer a loss-calculator request (see the module docstring for the shapes).
 
     ``options`` may also carry ``time_limit`` (seconds per search), ``max_nodes`` and
@@ -119,7 +121,9 @@ def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict
     stop at a cheap sound bound when it already decides the candidate under ``budget`` (the
     per-output bounds may then be loose; used by the service's filter decisions). ``status`` is
     ``"limit"`` when ``upper - lower`` exceeds the tolerance (a search hit a limit, or the
-    tolerance is below the rounding bound); the bounds are sound either way.
+    tolerance is below the rounding bound); the bounds are sound either way. ``stop_at``
+    (wall-clock, ``time.time()``) ends every search then, whatever ``time_limit`` says
+    (:attr:`BnBSettings.stop_at`).
 
     Raises
     ------
@@ -132,6 +136,8 @@ def compute_loss(request: Any, *, limits: EngineLimits = DEFAULT_LIMITS) -> dict
     check_keys(obj, "", required=("domain", "history"), optional=OPTIONAL_FIELDS)
     domain = parse_domain(obj["domain"], "domain", limits=limits)
     tolerance, settings, fast = _options(obj.get("options", {}))
+    if stop_at is not None:
+        settings = replace(settings, stop_at=stop_at)
     budget = None
     if "budget" in obj:
         budget = as_positive_number(obj["budget"], "budget", maximum=MAX_BUDGET)

@@ -95,9 +95,9 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _run(request: dict[str, Any]) -> dict[str, Any]:
-    """Worker-process entry point."""
-    return compute_loss(request)
+def _run(request: dict[str, Any], stop_at: float | None = None) -> dict[str, Any]:
+    """Worker-process entry point: the calculator, every search ending by ``stop_at``."""
+    return compute_loss(request, stop_at=stop_at)
 
 
 def basic_evaluation(
@@ -208,10 +208,12 @@ class BoundWorker:
             if self._pool is None:
                 answer = _run(job)
             else:
-                future = self._pool.submit(_run, job)
+                # the search ends when its caller stops waiting (a still-queued one is dropped)
+                future = self._pool.submit(_run, job, time.time() + self.deadline)
                 try:
                     answer = future.result(timeout=self.deadline)
                 except concurrent.futures.TimeoutError:
+                    future.cancel()  # still queued: nobody waits for it any more
                     answer = None
         if answer is None:
             return self._fallback(request)
@@ -231,10 +233,13 @@ class BoundWorker:
             if self._pool is None:
                 answer = await asyncio.to_thread(_run, job)
             else:
-                future = asyncio.wrap_future(self._pool.submit(_run, job))
+                pending = self._pool.submit(_run, job, time.time() + self.deadline)
                 try:
-                    answer = await asyncio.wait_for(future, timeout=self.deadline)
+                    answer = await asyncio.wait_for(
+                        asyncio.wrap_future(pending), timeout=self.deadline
+                    )
                 except TimeoutError:
+                    pending.cancel()  # still queued: nobody waits for it any more
                     answer = None
         if answer is None:
             return self._fallback(request)

@@ -1433,6 +1433,21 @@ def test_audit_object_id_filter_is_validated(api: TestClient, object_id: str) ->
     assert_validation(r, "object_id")
 
 
+@pytest.mark.parametrize("after", [2**31, 2**62, -1])
+def test_audit_after_outside_the_id_range_is_422(api: TestClient, after: int) -> None:
+    """``/v1/audit?after=2**31`` (allowed up to 2**62) overflowed PostgreSQL's 32-bit id
+    column: a 500 that schemathesis found. ``after`` is now limited to the column's range."""
+    r = api.get("/v1/audit", params={"after": after}, headers=auth(ADMIN_KEY))
+    assert_validation(r, "after")
+
+
+def test_audit_after_at_the_top_of_the_id_range_is_an_empty_page(api: TestClient) -> None:
+    """The largest 32-bit id is accepted: no event has a larger id."""
+    r = api.get("/v1/audit", params={"after": 2**31 - 1}, headers=auth(ADMIN_KEY))
+    assert r.status_code == 200, r.text
+    assert r.json()["events"] == []
+
+
 def test_unknown_calculator_field_is_422_even_when_cached(api: TestClient, analyst: str) -> None:
     """The calculator's cache key ignored unknown fields, so a request equal to a cached one
     plus an unknown field got the cached 200 instead of the 422 an uncached one gets."""

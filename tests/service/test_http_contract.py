@@ -14,13 +14,17 @@ problem+json.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from starlette.routing import Route
 
 from app.api.main import create_app
@@ -245,3 +249,61 @@ def _object_for(client: TestClient) -> str:
     r = client.post("/v1/objects", json=body, headers=auth(ADMIN_KEY))
     assert r.status_code == 201, r.text
     return str(body["id"])
+
+
+# --- the two operations schemathesis's fuzzer gives few cases (test_schemathesis.FEW_CASES) ---
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(object_id=st.text(min_size=1, max_size=200))
+def test_retire_any_id_is_a_problem_never_a_5xx(client: TestClient, object_id: str) -> None:
+    """``DELETE /v1/objects/{object_id}`` with 1,000 arbitrary ids (any characters, quoted into
+    the path): 404 or 422 problem+json (or 200 for the one registered id), never a 5xx."""
+    response = client.delete(f"/v1/objects/{quote(object_id, safe='')}", headers=auth(ADMIN_KEY))
+    if response.status_code == 200:
+        return
+    assert response.status_code in (404, 405, 422), (response.status_code, response.text)
+    assert_problem(response, response.status_code)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=st.dictionaries(
+        st.sampled_from(["role", "label", "extra"]),
+        st.sampled_from(["admin", "analyst", "viewer", "root", ""]) | JSON_VALUES,
+    )
+)
+def test_create_key_any_body_is_201_or_a_problem(client: TestClient, body: dict[str, Any]) -> None:
+    """``POST /v1/keys`` with 1,000 arbitrary bodies: 201 with a key for a valid role and
+    label, otherwise 422 problem+json naming a field; never a 5xx, never the key echoed."""
+    response = client.post("/v1/keys", json=body, headers=auth(ADMIN_KEY))
+    if response.status_code == 201:
+        assert body.get("role") in ("admin", "analyst", "viewer"), body
+        assert set(body) <= {"role", "label"}, body
+        return
+    problem = assert_problem(response, 422)
+    assert any(field in problem["detail"] for field in ("role", "label", "extra", "body")), problem
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key_id=st.integers(min_value=-(2**70), max_value=2**70).map(str) | st.text(min_size=1))
+def test_revoke_any_key_id_is_a_problem_never_a_5xx(client: TestClient, key_id: str) -> None:
+    """``DELETE /v1/keys/{key_id}`` with 1,000 arbitrary ids (integers of any size, any text):
+    404 (no such key) or 422 naming ``key_id``, never a 5xx. Ids at or above 10**6 only, so
+    the run never revokes a key the module's other tests use."""
+    if re.fullmatch(r"-?[0-9]+", key_id) and 0 < int(key_id) < 10**6:
+        key_id = str(int(key_id) + 10**6)
+    response = client.delete(f"/v1/keys/{quote(key_id, safe='')}", headers=auth(ADMIN_KEY))
+    assert response.status_code in (404, 405, 422), (response.status_code, response.text)
+    problem = assert_problem(response, response.status_code)
+    if response.status_code == 422:
+        assert "key_id" in problem["detail"], problem

@@ -110,6 +110,27 @@ def test_the_safety_net_falls_back_to_basic_composition() -> None:
     assert w.fallbacks == 1
 
 
+def test_requests_given_up_on_do_not_hold_the_pool_afterwards() -> None:
+    """A request whose caller fell back is cancelled if it is still queued: once the running
+    search ends, the next request is answered by the pool, not by yet another fallback behind a
+    backlog of abandoned searches (seen: a server's pool process busy for minutes after its
+    callers had given up, every later submit waiting out the deadline)."""
+    hard = {"time_limit": 2.0, "tolerance": 1e-12}
+    with BoundWorker(WorkerSettings(processes=1, time_limit=1.0, grace=-3.5)) as w:  # 0.5 s
+        for seed in range(100, 200):  # until the pool process has started and answers
+            if w.compute(_request(_logistic_history(1, seed)))["status"] == "ok":
+                break
+        w.fallbacks = 0
+        assert w.compute(_request(_logistic_history(60, 10), options=hard))["status"] == "limit"
+        for seed in (11, 12, 13):  # queued behind the first search, then given up on
+            assert w.compute(_request(_logistic_history(60, seed), options=hard))
+        assert w.fallbacks == 4
+        time.sleep(4.0)  # the first search (2 x 2 s, begun 1.5 s ago) is over
+        easy = w.compute(_request(_logistic_history(1, 14)))
+    assert easy["status"] == "ok", easy
+    assert w.fallbacks == 4
+
+
 def test_fallback_decisions_follow_basic_composition() -> None:
     history = _logistic_history(3, 6)
     answer = basic_fallback(_request(history, budget=1.0, candidate=history[0]["query"]))

@@ -67,7 +67,8 @@ async def audit_log(
     # text, was a 500) is a 422 naming the parameter
     object_id: Annotated[str | None, Query(pattern=OBJECT_ID_PATTERN)] = None,
     kind: AuditKind | None = None,
-    after: Annotated[int, Query(ge=0, le=2**62, description="Events with a larger id")] = 0,
+    # ids are 32-bit integers: a larger ``after`` reached PostgreSQL and was a 500
+    after: Annotated[int, Query(ge=0, le=2_147_483_647, description="Events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
 ) -> dict[str, Any]:
     """The audit log (admin): registrations, retirements, keys, every submit decision.
