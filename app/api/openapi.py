@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from app.api.problems import PROBLEM
+from app.services.objects import ID_PATTERN
 
 #: RFC 9457 problem details, as every error of the app is rendered (app/api/problems.py).
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -96,7 +97,8 @@ def _json_schema_object(
     }
 
 
-OBJECT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+#: The ids ``register_object`` accepts, anchored for JSON Schema and FastAPI's ``pattern=``.
+OBJECT_ID_PATTERN = f"^{ID_PATTERN.pattern}$"
 _EPSILON = {"type": "number", "exclusiveMinimum": 0}
 _DOMAIN = _json_schema_object(
     {

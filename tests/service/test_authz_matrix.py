@@ -36,30 +36,24 @@ from fastapi.testclient import TestClient
 
 from app.api.routes.dashboard import assets
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
-
-PROBLEM = "application/problem+json"
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
-QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": 0.01}
-
-ADMIN, ANALYST, VIEWER = "admin", "analyst", "viewer"
-MISSING, INVALID, REVOKED = "missing", "invalid", "revoked"
-CREDENTIALS = [ADMIN, ANALYST, VIEWER, MISSING, INVALID, REVOKED]
+from tests.service.test_auth import (
+    ADMIN,
+    ADMINS,
+    ALL_ROLES,
+    ANALYST,
+    ANALYSTS,
+    CREDENTIALS,
+    DOMAIN,
+    INVALID,
+    MISSING,
+    PROBLEM,
+    QUERY,
+    REVOKED,
+    VIEWER,
+    register,
+)
 
 PUBLIC: frozenset[str] = frozenset()  # no key needed
-ANY_ROLE = frozenset({ADMIN, ANALYST, VIEWER})
-ANALYSTS = frozenset({ADMIN, ANALYST})
-ADMINS = frozenset({ADMIN})
-
-
-def _register(client: TestClient) -> str:
-    oid = unique_id("authz")
-    r = client.post(
-        "/v1/objects",
-        headers=auth(ADMIN_KEY),
-        json={"id": oid, "domain": DOMAIN, "value": {"x": 1}, "budget": {"epsilon": 1000}},
-    )
-    assert r.status_code == 201, r.text
-    return oid
 
 
 Prepare = Callable[[TestClient], tuple[str, dict[str, Any]]]
@@ -79,7 +73,7 @@ def _fixed(url: str, **kwargs: Any) -> Prepare:
 
 
 def _object(suffix: str = "", **kwargs: Any) -> Prepare:
-    return lambda client: (f"/v1/objects/{_register(client)}{suffix}", dict(kwargs))
+    return lambda client: (f"/v1/objects/{register(client)}{suffix}", dict(kwargs))
 
 
 def _new_object(client: TestClient) -> tuple[str, dict[str, Any]]:
@@ -117,16 +111,16 @@ ROWS: dict[tuple[str, str], Row] = {
         ANALYSTS, 201, _object("/queries", json={"query": QUERY})
     ),
     ("GET", "/v1/objects/{object_id}/queries"): Row(ANALYSTS, 200, _object("/queries")),
-    ("GET", "/v1/objects/{object_id}/odometer"): Row(ANY_ROLE, 200, _object("/odometer")),
+    ("GET", "/v1/objects/{object_id}/odometer"): Row(ALL_ROLES, 200, _object("/odometer")),
     ("GET", "/v1/objects/{object_id}/odometer/history"): Row(
-        ANY_ROLE, 200, _object("/odometer/history")
+        ALL_ROLES, 200, _object("/odometer/history")
     ),
-    ("GET", "/v1/odometers"): Row(ANY_ROLE, 200, _fixed("/v1/odometers")),
+    ("GET", "/v1/odometers"): Row(ALL_ROLES, 200, _fixed("/v1/odometers")),
     ("GET", "/v1/audit"): Row(ADMINS, 200, _fixed("/v1/audit")),
     ("POST", "/v1/loss"): Row(ANALYSTS, 200, _fixed("/v1/loss", json=LOSS_BODY)),
     ("POST", "/v1/keys"): Row(ADMINS, 201, _fixed("/v1/keys", json={"role": VIEWER})),
     ("DELETE", "/v1/keys/{key_id}"): Row(ADMINS, 200, _key_to_revoke),
-    ("GET", "/v1/whoami"): Row(ANY_ROLE, 200, _fixed("/v1/whoami")),
+    ("GET", "/v1/whoami"): Row(ALL_ROLES, 200, _fixed("/v1/whoami")),
     ("GET", "/healthz"): Row(PUBLIC, 200, _fixed("/healthz")),
     ("GET", "/readyz"): Row(PUBLIC, 200, _fixed("/readyz")),
     ("GET", "/metrics"): Row(PUBLIC, 200, _fixed("/metrics")),
