@@ -13,11 +13,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin gatekeeper
 WORKDIR /srv/gatekeeper
 
-# Dependencies first (cached layer), then the code; an editable install keeps migrations/
-# next to the package, where `gatekeeper serve` looks for them.
-COPY pyproject.toml README.md ./
+# Dependencies first, in a layer that only a change of pyproject.toml rebuilds; then the code,
+# installed without dependencies. The editable install keeps migrations/ next to the package,
+# where `gatekeeper serve` looks for them.
+COPY pyproject.toml docker/requirements.py ./
+RUN python requirements.py > requirements.txt && pip install -r requirements.txt
+COPY README.md ./
 COPY app ./app
-RUN pip install -e .
+RUN pip install --no-deps -e .
 COPY migrations ./migrations
 COPY alembic.ini ./
 COPY docker/entrypoint.sh /usr/local/bin/gatekeeper-entrypoint

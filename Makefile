@@ -1,18 +1,27 @@
 # The two commands: `make run` and `make test`. Both build .venv from pyproject.toml first.
+# `make run` installs only what serving needs; `make test` adds the dev extra (linters, mypy,
+# pytest, schemathesis...). Each has its own stamp, rebuilt when pyproject.toml changes.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 
 .PHONY: run test lint typecheck unit bench clean
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/gatekeeper serve
 
 lint: $(STAMP)

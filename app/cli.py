@@ -10,13 +10,14 @@ from typing import Any
 
 from app.engine.calculator import compute_loss
 from app.engine.errors import InvalidInput, Unsupported
+from app.engine.jsonfields import NotText, RepeatedKey, loads_strict
 
 
 def _read_json(source: str) -> Any:
     if source == "-":
-        return json.load(sys.stdin)
+        return loads_strict(sys.stdin.read())
     with open(source, encoding="utf-8") as handle:
-        return json.load(handle)
+        return loads_strict(handle.read())
 
 
 def _problem(kind: str, title: str, detail: str, field: str | None) -> dict[str, Any]:
@@ -31,10 +32,21 @@ def cmd_loss(args: argparse.Namespace) -> int:
     try:
         request = _read_json(args.file)
     except FileNotFoundError:
+        detail = f"no such file: {args.file}"
         print(
-            json.dumps(_problem("file-not-found", "File not found", "no such file", None)),
+            json.dumps(_problem("file-not-found", "File not found", detail, None)),
             file=sys.stderr,
         )
+        return 2
+    except (RepeatedKey, NotText) as exc:
+        detail = (
+            "is given more than once"
+            if isinstance(exc, RepeatedKey)
+            else "holds a lone UTF-16 surrogate escape"
+        )
+        problem = _problem("invalid-json", "Invalid JSON", detail, exc.field)
+        problem["detail"] = str(exc)
+        print(json.dumps(problem), file=sys.stderr)
         return 2
     except json.JSONDecodeError as exc:
         detail = f"not valid JSON (line {exc.lineno}, column {exc.colno})"
@@ -161,6 +173,54 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    """Print every API key: id, role, label, created, revoked (never a secret)."""
+    from app.db.session import make_session_factory
+    from app.services.auth import list_keys
+
+    _, engine = _prepare_database()
+    rows: list[dict[str, Any]] = []
+    after = 0
+    with make_session_factory(engine)() as session:
+        while True:
+            page = list_keys(session=session, limit=1000, after=after)
+            rows.extend(page["items"])
+            if page["next_after"] is None:
+                break
+            after = page["next_after"]
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    print(f"{'ID':>6}  {'ROLE':<8} {'CREATED':<32} {'REVOKED':<32} LABEL")
+    for row in rows:
+        print(
+            f"{row['id']:>6}  {row['role']:<8} {row['created_at']:<32} "
+            f"{row['revoked_at'] or '-':<32} {row['label'] or ''}"
+        )
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    """Revoke a key by id; refuses the last active admin key (exit 1)."""
+    from app.db.session import make_session_factory
+    from app.services.auth import revoke_key
+    from app.services.errors import LastAdminKey
+
+    _, engine = _prepare_database()
+    try:
+        with make_session_factory(engine)() as session, session.begin():
+            found = revoke_key(session=session, key_id=args.id)
+    except LastAdminKey as exc:
+        print(f"refused: {exc.detail}", file=sys.stderr)
+        return 1
+    if not found:
+        print(f"no key with id {args.id}", file=sys.stderr)
+        return 1
+    print(f"key {args.id} revoked")
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """Recompute every object's state from its history; non-zero exit on any mismatch."""
     from app.db.session import make_session_factory
@@ -179,11 +239,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``gatekeeper`` command."""
-    parser = argparse.ArgumentParser(prog="gatekeeper", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="gatekeeper",
+        description="ldp-gatekeeper: per-object privacy budgets under Local Differential "
+        "Privacy. Every command reads the service's settings (DATABASE_URL, REDIS_URL, ...) "
+        "from the environment.",
+        epilog="Run 'gatekeeper COMMAND --help' for a command's options.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     loss = sub.add_parser("loss", help="realized privacy loss of a history (JSON in, JSON out)")
     loss.add_argument("file", help="request JSON file, or - for standard input")
-    loss.add_argument("--pretty", action="store_true", help="indent the JSON answer")
+    loss.add_argument(
+        "--pretty", action="store_true", help="indent the JSON answer (2 spaces) for reading"
+    )
     loss.set_defaults(func=cmd_loss)
     serve = sub.add_parser("serve", help="migrate the database, then start the HTTP service")
     serve.add_argument("--host", default=None, help="default: HOST or 127.0.0.1")
@@ -201,6 +269,12 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--role", required=True, choices=["admin", "analyst", "viewer"])
     create.add_argument("--label", default=None)
     create.set_defaults(func=cmd_keys_create)
+    listing = keys_sub.add_parser("list", help="list keys (id, role, created, revoked)")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
+    listing.set_defaults(func=cmd_keys_list)
+    revoke = keys_sub.add_parser("revoke", help="revoke a key (never the last active admin key)")
+    revoke.add_argument("id", type=int, help="the key's id (see keys list)")
+    revoke.set_defaults(func=cmd_keys_revoke)
     verify = sub.add_parser("verify", help="recompute every object's state from its history")
     verify.set_defaults(func=cmd_verify)
     encryption = sub.add_parser("encryption", help="keys of the private values at rest")

@@ -4,8 +4,9 @@ Nothing logged here ever includes a request body, a header value other than the 
 an object's value: the access line carries method, path template, status and duration only.
 Fields passed as ``extra=`` reach the JSON line only when they are listed in
 :data:`EXTRA_FIELDS`, so a body or value handed to a logger by mistake (here or in a library) is
-dropped rather than written; exceptions are logged by their type name, without message or
-traceback (which can quote the input that caused them).
+dropped rather than written; exceptions are logged by their type, a message scrubbed of quoted
+literals and numbers (:func:`scrub`; for database errors the driver's first line only, never the
+statement or its parameters) and the stack's code locations, never local variables.
 ``tests/service/test_log_privacy.py`` checks a server's whole log for private values.
 """
 
@@ -14,7 +15,9 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import re
 import sys
+import traceback
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,9 +46,59 @@ class JsonFormatter(logging.Formatter):
         for key in EXTRA_FIELDS:
             if key in fields:
                 body[key] = fields[key]
-        if record.exc_info and record.exc_info[0] is not None:
-            body["error"] = record.exc_info[0].__name__
+        if record.exc_info and record.exc_info[1] is not None:
+            body.update(describe_error(record.exc_info[1]))
         return json.dumps(body, default=str)
+
+
+#: Quoted literals and numbers in an error message: where a driver or library quotes input.
+_LITERALS = re.compile(r"'[^']*'|\"[^\"]*\"|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def scrub(message: str) -> str:
+    r"""The first line of ``message`` with quoted literals and numbers replaced by ``…``.
+
+    Drivers put the statement's input in quotes (``invalid input syntax for type integer:
+    "…"``) and in further lines (PostgreSQL's ``DETAIL: Failing row contains (…)``); numbers may
+    be values. What remains says what went wrong without any of the data it went wrong on.
+
+    >>> scrub('null value in column "at" violates not-null constraint\nDETAIL: row (1, x)')
+    'null value in column … violates not-null constraint'
+    >>> scrub("value too long for type character varying(400)")
+    'value too long for type character varying(…)'
+    """
+    first = message.strip().split("\n", 1)[0]
+    return _LITERALS.sub("…", first)[:500]
+
+
+def describe_error(exc: BaseException) -> dict[str, Any]:
+    """The log fields of an exception: its type, a scrubbed message and the stack frames.
+
+    A SQLAlchemy ``StatementError`` prints the statement and its parameters; only the driver's
+    own message (``exc.orig``) is kept, scrubbed (:func:`scrub`). Frames are ``file:line in
+    function`` — code locations, never local variables.
+    """
+    cause = getattr(exc, "orig", None) or exc
+    frames = [
+        f"{_short(frame.filename)}:{frame.lineno} in {frame.name}"
+        for frame in traceback.extract_tb(exc.__traceback__)
+    ]
+    kind = type(exc)
+    return {
+        "error": kind.__name__,
+        "error_type": f"{kind.__module__}.{kind.__qualname__}",
+        "error_message": scrub(str(cause)),
+        "stack": frames[-40:],
+    }
+
+
+def _short(filename: str) -> str:
+    """A frame's file relative to ``site-packages`` or the project (no home directories)."""
+    for marker in ("site-packages/", "/app/"):
+        if marker in filename:
+            head = "app/" if marker == "/app/" else ""
+            return head + filename.rsplit(marker, 1)[1]
+    return filename.rsplit("/", 1)[-1]
 
 
 def configure(level: str = "INFO") -> None:
@@ -60,6 +113,10 @@ def configure(level: str = "INFO") -> None:
         logging.getLogger(name).propagate = True
     # our middleware writes the access line; uvicorn's would repeat it unstructured
     logging.getLogger("uvicorn.access").disabled = True
+    # Alembic announces each autogenerate plugin at INFO on every start: noise unless debugging
+    logging.getLogger("alembic.runtime.plugins").setLevel(
+        logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
+    )
 
 
 def uvicorn_log_config(level: str) -> dict[str, Any]:

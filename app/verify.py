@@ -20,6 +20,7 @@ from app.db.models import ProtectedObject, QueryRecord
 from app.engine.calculator import compute_loss
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
+from app.engine.limits import HISTORY_LIMITS
 from app.engine.mechanisms import parse_query
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
@@ -58,7 +59,7 @@ def verify_object(session: Session, row: ProtectedObject, report: Report) -> Non
     state = LikelihoodState(domain) if domain.is_finite else None
     history = []
     for r in records:
-        mech = parse_query(json.loads(r.query), domain)
+        mech = parse_query(json.loads(r.query), domain, limits=HISTORY_LIMITS)
         output = mech.parse_output(json.loads(r.output), "output")
         basic += mech.epsilon_exact
         if state is not None:

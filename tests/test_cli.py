@@ -477,3 +477,36 @@ def test_commands_are_listed() -> None:
 def test_unknown_command_fails() -> None:
     result = run("frobnicate")
     assert result.returncode != 0
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere-7f3.json"
+    result = run("loss", str(missing))
+    assert result.returncode == 2
+    problem = json.loads(result.stderr)
+    assert problem["detail"] == f"no such file: {missing}"
+
+
+def test_a_key_given_twice_is_refused_naming_its_path() -> None:
+    request = (
+        '{"domain": {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 1}]},'
+        ' "history": [{"query": {"mechanism": "grr", "attribute": "x", "epsilon": 0.1,'
+        ' "epsilon": 50}, "output": 1}]}'
+    )
+    result = run("loss", "-", stdin=request)
+    assert result.returncode == 2, result.stdout
+    problem = json.loads(result.stderr)
+    assert problem["type"] == "invalid-json"
+    assert problem["errors"] == [
+        {"field": "history[0].query.epsilon", "message": "is given more than once"}
+    ]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["loss", "--help"], ["keys", "--help"]])
+def test_help_is_plain_text(args: list[str]) -> None:
+    """``gatekeeper --help`` printed the module docstring's reST markup (``loss``)."""
+    result = run(*args)
+    assert result.returncode == 0
+    assert "``" not in result.stdout
+    assert ":func:" not in result.stdout
+    assert ":class:" not in result.stdout

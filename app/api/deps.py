@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -16,6 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.engine.errors import InvalidInput
+from app.engine.jsonfields import NotText, RepeatedKey, loads_strict
 from app.engine.limits import EngineLimits
 from app.services.auth import KeyCache, Role, authenticate, hash_key
 from app.services.errors import BadJson, Forbidden, PayloadTooLarge, Unauthorized
@@ -130,8 +130,30 @@ async def json_body(request: Request) -> Any:
     raw = b"".join(parts)
     if not raw:
         raise InvalidInput("body", "is required (a JSON document)")
+    return parse_json(raw)
+
+
+def parse_json(raw: bytes) -> Any:
+    r"""Parse a request body; 400 ``invalid-json``: not JSON, a key twice, a lone surrogate.
+
+    A lone UTF-16 surrogate escape (``"\ud800"``) is no text, and no database can store it.
+
+    ``json.loads`` keeps the last of two equal keys, so ``{"epsilon": 0.1, "epsilon": 50}`` was
+    evaluated with ε = 50 while the client may have meant the first: a duplicate is ambiguous
+    and refused, naming its path (never a value) — :func:`app.engine.jsonfields.loads_strict`.
+    """
     try:
-        return json.loads(raw)
+        return loads_strict(raw)
+    except RepeatedKey as exc:
+        raise BadJson(
+            f"the key {exc.field} is given more than once",
+            errors=[{"field": exc.field, "message": "is given more than once"}],
+        ) from None
+    except NotText as exc:
+        raise BadJson(
+            f"{exc.field} holds a lone UTF-16 surrogate escape, which is not Unicode text",
+            errors=[{"field": exc.field, "message": "holds a lone UTF-16 surrogate escape"}],
+        ) from None
     except (ValueError, RecursionError):
         raise BadJson("the request body is not valid JSON") from None
 

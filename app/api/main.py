@@ -90,6 +90,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Per-object privacy-budget gatekeeper for Local Differential Privacy: the "
         "Bayesian Privacy Filter and Odometer. Errors are application/problem+json.",
         lifespan=lifespan,
+        # operation ids are the route functions' names (register, submit, odometer...): a
+        # generated client's methods get those names, not "submit_v1_objects_object_id_..."
+        generate_unique_id_function=lambda route: route.name,
     )
     problems.install(app)
     openapi.install(app)

@@ -67,7 +67,7 @@ class RequestContext:
         finally:
             metrics.IN_PROGRESS.dec()
             duration = time.perf_counter() - start
-            path = getattr(scope.get("route"), "path", "unmatched")
+            path = _route_path(scope)
             method = scope.get("method", "")
             access.info(
                 "request",
@@ -80,6 +80,25 @@ class RequestContext:
             )
             metrics.REQUESTS.labels(method, path, str(status)).observe(duration)
             logs.request_id.reset(token)
+
+
+def _route_path(scope: Scope) -> str:
+    """The route template that served the request; ``unmatched`` when no route did.
+
+    FastAPI's API routes put themselves in ``scope["route"]``; plain Starlette routes
+    (``/openapi.json``, ``/docs``, ``/redoc``) only leave their ``endpoint``, which was logged and
+    counted as ``unmatched``.
+    """
+    route = scope.get("route")
+    if route is not None:
+        return str(getattr(route, "path", "unmatched"))
+    endpoint = scope.get("endpoint")
+    app = scope.get("app")
+    if endpoint is not None and app is not None:
+        for candidate in getattr(getattr(app, "router", None), "routes", ()):
+            if getattr(candidate, "endpoint", None) is endpoint:
+                return str(getattr(candidate, "path", "unmatched"))
+    return "unmatched"
 
 
 class BodyLimit:

@@ -14,9 +14,11 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
+from app.api import schemas
 from app.api.problems import PROBLEM
-from app.services.objects import ID_PATTERN
 
 #: RFC 9457 problem details, as every error of the app is rendered (app/api/problems.py).
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -85,94 +87,66 @@ AUTHENTICATED = (401, 403, 422, 429, 503)
 WITH_BODY = (*AUTHENTICATED, 400, 413)
 
 
-def _json_schema_object(
-    properties: dict[str, Any], required: list[str], **extra: Any
-) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-        **extra,
-    }
-
-
-#: The ids ``register_object`` accepts, anchored for JSON Schema and FastAPI's ``pattern=``.
-OBJECT_ID_PATTERN = f"^{ID_PATTERN.pattern}$"
-_EPSILON = {"type": "number", "exclusiveMinimum": 0}
-_DOMAIN = _json_schema_object(
-    {
-        "attributes": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["name", "type"],
-                "properties": {
-                    "name": {"type": "string", "minLength": 1},
-                    "type": {"enum": ["real", "integer", "categorical"]},
-                    "low": {"type": "number"},
-                    "high": {"type": "number"},
-                    "values": {"type": "array", "minItems": 1},
-                },
-            },
-        }
-    },
-    ["attributes"],
-)
-_QUERY = {
-    "type": "object",
-    "required": ["mechanism"],
-    "properties": {
-        "mechanism": {
-            "enum": ["grr", "binary_rr", "unary_encoding", "matrix", "linear", "logistic"]
-        },
-        "epsilon": _EPSILON,
-    },
-    "description": "A query (mechanism) as in DESIGN.md; its fields depend on the mechanism",
-}
-
-REGISTER_BODY = _json_schema_object(
-    {
-        "id": {"type": "string", "pattern": OBJECT_ID_PATTERN},
-        "domain": _DOMAIN,
-        "value": {"type": "object", "description": "One point of the domain; never returned"},
-        "budget": _json_schema_object({"epsilon": _EPSILON}, ["epsilon"]),
-        "filter": {"enum": ["bayesian", "simplified", "basic"]},
-    },
-    ["id", "domain", "value", "budget"],
-)
-QUERY_BODY = _json_schema_object({"query": _QUERY}, ["query"])
-LOSS_BODY = _json_schema_object(
-    {
-        "domain": _DOMAIN,
-        "history": {
-            "type": "array",
-            "items": _json_schema_object({"query": _QUERY, "output": {}}, ["query", "output"]),
-        },
-        "budget": _EPSILON,
-        "candidate": _QUERY,
-        "options": {"type": "object"},
-    },
-    ["domain", "history"],
-)
-KEY_BODY = _json_schema_object(
-    {
-        "role": {"enum": ["admin", "analyst", "viewer"]},
-        "label": {"type": "string", "minLength": 1, "maxLength": 200},
-    },
-    ["role"],
-)
-
-
-def body_doc(schema: dict[str, Any], examples: dict[str, Any]) -> dict[str, Any]:
-    """``openapi_extra`` documenting a required JSON request body with a schema and examples."""
+def body_doc(model: type[BaseModel], examples: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` documenting a required JSON request body: its named schema, examples."""
     return {
         "requestBody": {
             "required": True,
-            "content": {"application/json": {"schema": schema, "examples": examples}},
+            "content": {"application/json": {"schema": _ref(model.__name__), "examples": examples}},
         }
     }
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def named_schemas() -> dict[str, Any]:
+    """The JSON Schemas of :mod:`app.api.schemas`, as OpenAPI components (``$ref``-linked)."""
+    models = {*schemas.RESPONSES.values(), *schemas.REQUESTS.values()}
+    _, document = models_json_schema(
+        [(model, "validation") for model in sorted(models, key=lambda m: m.__name__)],
+        ref_template="#/components/schemas/{model}",
+    )
+    return dict(document.get("$defs", {}))
+
+
+def _name_responses(document: dict[str, Any]) -> None:
+    """Give each 2xx JSON response its named schema (FastAPI wrote ``additionalProperties``)."""
+    for (method, route), model in schemas.RESPONSES.items():
+        operation = document["paths"][route][method]
+        for code, response in operation["responses"].items():
+            content = response.get("content", {})
+            if code.startswith("2") and "application/json" in content:
+                content["application/json"]["schema"] = _ref(model.__name__)
+
+
+#: OpenAPI links: which operations take an id that a response gives (stateful fuzzers and client
+#: generators follow them): (method, path, status) -> {link name: (operation id, parameter, id)}.
+LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, str]]] = {
+    ("post", "/v1/objects", "201"): {
+        name: (operation, "object_id", "$response.body#/id")
+        for name, operation in (
+            ("GetObject", "get_object"),
+            ("DryRun", "dry_run"),
+            ("Submit", "submit"),
+            ("History", "history"),
+            ("Odometer", "odometer"),
+            ("OdometerHistory", "odometer_history"),
+            ("Retire", "retire"),
+        )
+    },
+    ("post", "/v1/keys", "201"): {"RevokeKey": ("drop_key", "key_id", "$response.body#/id")},
+}
+
+
+def _link_responses(document: dict[str, Any]) -> None:
+    for (method, route, status), links in LINKS.items():
+        response = document["paths"][route][method]["responses"][status]
+        response["links"] = {
+            name: {"operationId": operation, "parameters": {parameter: expression}}
+            for name, (operation, parameter, expression) in links.items()
+        }
 
 
 def install(app: FastAPI) -> None:
@@ -187,7 +161,11 @@ def install(app: FastAPI) -> None:
                 routes=app.routes,
             )
             components = document.setdefault("components", {})
-            components.setdefault("schemas", {})["Problem"] = PROBLEM_SCHEMA
+            named = components.setdefault("schemas", {})
+            named.update(named_schemas())
+            named["Problem"] = PROBLEM_SCHEMA
+            _name_responses(document)
+            _link_responses(document)
             app.openapi_schema = document
         return app.openapi_schema
 

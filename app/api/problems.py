@@ -40,11 +40,78 @@ def problem(
 
 
 def _field(loc: tuple[Any, ...]) -> str:
+    if len(loc) == 2 and loc[0] == "header":  # as the client wrote it: Idempotency-Key
+        return "-".join(word.capitalize() for word in str(loc[1]).split("-"))
     parts = [p for p in loc if p not in ("body", "query", "path", "header")]
     text = ""
     for p in parts:
         text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
     return text or "body"
+
+
+def _one_of(values: Any) -> str:
+    return str(values).replace("'", "")
+
+
+#: Pydantic's error types in our words (never the input, which may be a private value).
+_OUR_WORDS: dict[str, Any] = {
+    "missing": lambda c: "is required",
+    "extra_forbidden": lambda c: "is not a known field",
+    "greater_than_equal": lambda c: f"must be at least {c['ge']}",
+    "greater_than": lambda c: f"must be greater than {c['gt']}",
+    "less_than_equal": lambda c: f"must be at most {c['le']}",
+    "less_than": lambda c: f"must be less than {c['lt']}",
+    "string_too_long": lambda c: f"must be at most {c['max_length']} characters",
+    "string_too_short": lambda c: f"must be at least {c['min_length']} characters",
+    "string_pattern_mismatch": lambda c: "is not in the expected format",
+    "string_type": lambda c: "must be a string",
+    "int_parsing": lambda c: "must be an integer",
+    "int_type": lambda c: "must be an integer",
+    "int_from_float": lambda c: "must be an integer",
+    "float_parsing": lambda c: "must be a number",
+    "float_type": lambda c: "must be a number",
+    "finite_number": lambda c: "must be a finite number",
+    "bool_parsing": lambda c: "must be true or false",
+    "bool_type": lambda c: "must be true or false",
+    "literal_error": lambda c: f"must be one of {_one_of(c.get('expected', ''))}",
+    "enum": lambda c: f"must be one of {_one_of(c.get('expected', ''))}",
+    "union_tag_invalid": lambda c: f"must be one of {_one_of(c.get('expected_tags', ''))}",
+    "union_tag_not_found": lambda c: f"{c.get('discriminator', 'a tag')} is required".replace(
+        "'", ""
+    ),
+    "dict_type": lambda c: "must be an object",
+    "model_type": lambda c: "must be an object",
+    "model_attributes_type": lambda c: "must be an object",
+    "list_type": lambda c: "must be an array",
+    "too_long": lambda c: f"must have at most {c.get('max_length')} items",
+    "too_short": lambda c: f"must have at least {c.get('min_length')} items",
+    "json_type": lambda c: "must be JSON",
+}
+
+
+def our_words(error: dict[str, Any]) -> str:
+    """The message of one Pydantic validation error in the service's words.
+
+    Pydantic's stock messages ("Input should be greater than or equal to 1", "String should have
+    at most 255 characters") read unlike every other message of the API; the input itself is
+    never quoted.
+
+    >>> our_words({"type": "greater_than_equal", "ctx": {"ge": 1}, "msg": "Input should be..."})
+    'must be at least 1'
+    >>> our_words({"type": "something_new", "msg": "Input should be fine"})
+    'is not valid'
+    """
+    kind = str(error.get("type", ""))
+    words = _OUR_WORDS.get(kind)
+    if words is None:
+        if kind == "value_error":
+            cause = (error.get("ctx") or {}).get("error")
+            return str(cause) if cause is not None else "is not valid"
+        return "is not valid"
+    try:
+        return str(words(error.get("ctx") or {}))
+    except (KeyError, TypeError):
+        return "is not valid"
 
 
 async def _validation(_: Request, exc: Exception) -> JSONResponse:
@@ -53,8 +120,7 @@ async def _validation(_: Request, exc: Exception) -> JSONResponse:
     if any(e.get("type") == "json_invalid" for e in errors):
         return problem(400, "invalid-json", "Invalid JSON", "the request body is not valid JSON")
     items = [
-        {"field": _field(tuple(e.get("loc", ()))), "message": str(e.get("msg", "invalid"))}
-        for e in errors
+        {"field": _field(tuple(e.get("loc", ()))), "message": our_words(dict(e))} for e in errors
     ]
     detail = f"{items[0]['field']}: {items[0]['message']}" if items else "invalid request"
     return problem(422, "validation-error", "Invalid input", detail, errors=items)
@@ -84,6 +150,8 @@ async def _service(_: Request, exc: Exception) -> JSONResponse:
     extra = dict(exc.extra)
     if "retry_after" in extra:
         headers["Retry-After"] = str(extra.pop("retry_after"))
+    if extra.pop("replayed", False):
+        headers["Idempotent-Replayed"] = "true"
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return problem(exc.status, exc.type, exc.title, exc.detail, headers=headers or None, **extra)

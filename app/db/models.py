@@ -17,7 +17,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
-    DateTime,
     Float,
     ForeignKey,
     Index,
@@ -30,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from app.crypto import EncryptedText
+from app.db.types import UTCDateTime
 
 
 def utcnow() -> datetime:
@@ -51,8 +51,8 @@ class ApiKey(Base):
     prefix: Mapped[str] = mapped_column(String(16), nullable=False)
     role: Mapped[str] = mapped_column(String(16), nullable=False)
     label: Mapped[str | None] = mapped_column(String(200))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class ProtectedObject(Base):
@@ -71,13 +71,14 @@ class ProtectedObject(Base):
     state_err: Mapped[float] = mapped_column(Float, default=0.0)
     loss_lower: Mapped[float] = mapped_column(Float, default=0.0)
     loss_upper: Mapped[float] = mapped_column(Float, default=0.0)
-    basic_total: Mapped[str] = mapped_column(String(400), default="0")
+    #: Exact Σε as a rational's text (unbounded: a sum's digits are not capped by a width).
+    basic_total: Mapped[str] = mapped_column(Text, default="0")
     accepted: Mapped[int] = mapped_column(Integer, default=0)
     rejected: Mapped[int] = mapped_column(Integer, default=0)
     version: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class QueryRecord(Base):
@@ -96,7 +97,7 @@ class QueryRecord(Base):
     query: Mapped[str] = mapped_column(Text, nullable=False)
     output: Mapped[str] = mapped_column(Text, nullable=False)
     epsilon: Mapped[float] = mapped_column(Float, nullable=False)
-    epsilon_exact: Mapped[str] = mapped_column(String(400), nullable=False)
+    epsilon_exact: Mapped[str] = mapped_column(Text, nullable=False)
     loss_lower: Mapped[float] = mapped_column(Float, nullable=False)
     loss_upper: Mapped[float] = mapped_column(Float, nullable=False)
     basic_after: Mapped[float] = mapped_column(Float, nullable=False)
@@ -104,7 +105,29 @@ class QueryRecord(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
     response: Mapped[str] = mapped_column(Text, nullable=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class RejectionRecord(Base):
+    """A rejected submit that carried an ``Idempotency-Key``: its stored 409 answer.
+
+    A retry with the same key (and body) gets this answer back and changes nothing: the
+    rejection is counted and audited once. Submits without a key leave no row.
+    """
+
+    __tablename__ = "rejections"
+    __table_args__ = (
+        UniqueConstraint("object_id", "idempotency_key", name="uq_rejections_object_idempotency"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    object_id: Mapped[str] = mapped_column(ForeignKey("objects.id"), nullable=False)
+    idempotency_key: Mapped[str] = mapped_column(String(255), nullable=False)
+    analyst_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    #: JSON: the problem's ``detail`` and its extra fields (loss now, worst case, per output).
+    response: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class AuditEvent(Base):
@@ -117,7 +140,7 @@ class AuditEvent(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
     kind: Mapped[str] = mapped_column(String(32), nullable=False)
     #: The API key that acted (None: the command line or the start-up bootstrap).
     actor_key_id: Mapped[int | None] = mapped_column(Integer)

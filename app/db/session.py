@@ -30,13 +30,23 @@ def make_engine(url: str, pool_size: int = 5, max_overflow: int = 5) -> Engine:
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            hide_parameters=True,
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
     return create_engine(
-        url, pool_size=pool_size, max_overflow=max_overflow, pool_timeout=10, pool_recycle=1800
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_timeout=10,
+        pool_recycle=1800,
+        # an error's text never quotes a statement's parameters (values, outputs, keys)
+        hide_parameters=True,
     )
 
 

@@ -36,12 +36,11 @@ from app.engine.jsonfields import (
     path,
 )
 from app.engine.likelihood import LikelihoodState
-from app.engine.limits import DEFAULT_LIMITS, EngineLimits
+from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, EngineLimits, for_history
 from app.engine.mechanisms import parse_query
 from app.engine.numerics import DECISION_MARGIN
 
 DEFAULT_TOLERANCE = 1e-4
-MAX_BUDGET = 10_000.0
 #: The optional top-level fields of a calculator request (``domain`` and ``history`` are required).
 OPTIONAL_FIELDS = ("budget", "candidate", "options")
 
@@ -70,7 +69,7 @@ def replay_history(
         obj = as_object(item, item_field)
         check_keys(obj, item_field, required=("query", "output"))
         query_field = path(item_field, "query")
-        mechanism = parse_query(obj["query"], domain, query_field, limits=limits)
+        mechanism = parse_query(obj["query"], domain, query_field, limits=for_history(limits))
         output = mechanism.parse_output(obj["output"], path(item_field, "output"))
         if isinstance(state, LikelihoodState):
             state.apply(mechanism.term(output))
@@ -140,7 +139,9 @@ def compute_loss(
         settings = replace(settings, stop_at=stop_at)
     budget = None
     if "budget" in obj:
-        budget = as_positive_number(obj["budget"], "budget", maximum=MAX_BUDGET)
+        budget = as_positive_number(
+            obj["budget"], "budget", maximum=MAX_BUDGET, minimum=limits.min_epsilon or None
+        )
     if "candidate" in obj and budget is None:
         raise InvalidInput("budget", "is required when a candidate is given")
     state, basic = replay_history(domain, obj["history"], limits=limits, bnb=settings)

@@ -283,7 +283,11 @@ def parse_domain(
         attributes.append(attr)
     domain = Domain(tuple(attributes), _by_name=by_name)
     if domain.is_finite and domain.size > limits.max_points:
-        raise InvalidInput(attrs_path, f"describe more than {limits.max_points} points")
+        raise InvalidInput(
+            attrs_path,
+            f"describe a domain of {domain.size:,} points; at most {limits.max_points:,} are "
+            "supported (the product of the attributes' numbers of values)",
+        )
     return domain
 
 

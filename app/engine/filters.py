@@ -27,7 +27,7 @@ import numpy as np
 
 from app.engine.likelihood import LikelihoodState, LossBounds, bounds_from
 from app.engine.mechanisms import Mechanism
-from app.engine.numerics import DECISION_MARGIN, decimal_fraction
+from app.engine.numerics import DECISION_MARGIN, decimal_fraction, float_up
 
 
 class FilterKind(StrEnum):
@@ -100,6 +100,36 @@ def evaluate_candidate(
     return CandidateEvaluation(
         mechanism.epsilon, mechanism.epsilon_exact, per_output, worst, complete
     )
+
+
+def basic_evaluation(
+    mech: Mechanism, basic_total: Fraction, max_listed: int
+) -> CandidateEvaluation:
+    """The candidate bounded by basic composition alone (sound, never tight, free to compute).
+
+    Every output's realized loss lies in ``[0, Σ ε_i + ε]`` (Lemma 6.1: each term
+    ``log Pr(M_i(x) = y_i)`` varies over the domain by at most ``ε_i``, so the range of their sum
+    is at most ``Σ ε_i``). The first ``max_listed`` (at least 1) outputs are listed; all share
+    the same bounds, so any of them is a worst one.
+    """
+    after = float_up(basic_total + mech.epsilon_exact)
+    listed = min(mech.output_count, max(1, max_listed))
+    return CandidateEvaluation(
+        mech.epsilon,
+        mech.epsilon_exact,
+        tuple(OutputLoss(_output_json(mech, j), 0.0, after) for j in range(listed)),
+        after,
+        listed == mech.output_count and mech.output_count <= max_listed,
+    )
+
+
+def _output_json(mech: Mechanism, j: int) -> Any:
+    """The JSON form of the ``j``-th output: an index, or ``j``'s bits for bit-vector outputs."""
+    try:
+        return mech.output_json(j)
+    except TypeError:  # unary encoding: 2**k bit vectors, listed in binary counting order
+        k = mech.output_count.bit_length() - 1
+        return mech.output_json(tuple((j >> (k - 1 - i)) & 1 for i in range(k)))
 
 
 def _pair(b: LossBounds) -> tuple[float, float]:

@@ -7,8 +7,10 @@ Messages never include the offending value.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from app.engine.errors import InvalidInput
@@ -81,11 +83,19 @@ def as_integer(raw: Any, field: str) -> int:
     raise InvalidInput(field, "must be an integer")
 
 
-def as_positive_number(raw: Any, field: str, *, maximum: float | None = None) -> float:
-    """Return a finite number ``> 0`` (and ``<= maximum`` when given)."""
+def as_positive_number(
+    raw: Any, field: str, *, maximum: float | None = None, minimum: float | None = None
+) -> float:
+    """Return a finite number ``> 0`` (and ``>= minimum``, ``<= maximum`` when given)."""
     value = as_number(raw, field)
     if value <= 0.0:
         raise InvalidInput(field, "must be greater than 0")
+    if minimum is not None and value < minimum:
+        raise InvalidInput(
+            field,
+            f"must be at least {minimum:g} (a smaller epsilon is below the filter's rounding "
+            "resolution)",
+        )
     if maximum is not None and value > maximum:
         raise InvalidInput(field, f"must be at most {maximum:g}")
     return value
@@ -109,3 +119,129 @@ def as_bool(raw: Any, field: str) -> bool:
     if not isinstance(raw, bool):
         raise InvalidInput(field, "must be true or false")
     return raw
+
+
+class RepeatedKey(ValueError):
+    """A JSON document gives one key twice in an object; ``field`` is its path."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(f"the key {field} is given more than once")
+        self.field = field
+
+
+class NotText(ValueError):
+    r"""A JSON string escapes a lone UTF-16 surrogate (``"\ud800"``): no Unicode text.
+
+    RFC 8259 (section 8.2) leaves such strings' meaning unpredictable; no database stores them.
+    ``field`` is the path of the string (or of the object holding such a key).
+    """
+
+    def __init__(self, field: str) -> None:
+        super().__init__(f"{field} holds a lone UTF-16 surrogate, which is not Unicode text")
+        self.field = field
+
+
+class _Twice(dict[str, Any]):
+    """A JSON object in which some key was given more than once (the last value wins)."""
+
+    repeated: str
+
+
+def _first_repeated(pairs: list[tuple[str, Any]]) -> str:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return key
+        seen.add(key)
+    raise AssertionError("called only when a key repeats")  # pragma: no cover
+
+
+def _first_path(node: Any, at: str, found: Callable[[Any, str], str | None]) -> str | None:
+    """The path ``found`` names in ``node`` or its descendants (depth first), if any."""
+    here = found(node, at)
+    if here is not None:
+        return here
+    if isinstance(node, dict):
+        children: Any = node.items()
+    elif isinstance(node, list):
+        children = enumerate(node)
+    else:
+        return None
+    for key, child in children:
+        below = _first_path(child, path(at, key), found)
+        if below is not None:
+            return below
+    return None
+
+
+def _repeated_here(node: Any, at: str) -> str | None:
+    return path(at, node.repeated) if isinstance(node, _Twice) else None
+
+
+def _not_text(value: str) -> bool:
+    """Whether ``value`` holds a lone UTF-16 surrogate (no Unicode text, no UTF-8 encoding)."""
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _surrogate_here(node: Any, at: str) -> str | None:
+    if isinstance(node, str):
+        return at if _not_text(node) else None
+    if isinstance(node, dict):
+        for key in node:
+            if _not_text(key):
+                return path(at, key.encode("utf-8", "backslashreplace").decode("ascii"))
+    return None
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def loads_strict(raw: str | bytes) -> Any:
+    """``json.loads`` that refuses a key given twice in one object (:class:`RepeatedKey`).
+
+    The standard parser keeps the last of two equal keys silently; in a query that decided
+    which ε was spent. Documents without repeats cost one ``dict`` per object more than
+    ``json.loads`` and no second walk.
+
+    >>> loads_strict('{"query": {"epsilon": 1}}')
+    {'query': {'epsilon': 1}}
+    >>> try:
+    ...     loads_strict('{"query": [{"epsilon": 0.1, "epsilon": 50}]}')
+    ... except RepeatedKey as exc:
+    ...     print(exc.field)
+    query[0].epsilon
+    """
+    twice_seen = False
+
+    def as_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal twice_seen
+        obj = dict(pairs)
+        if len(obj) == len(pairs):
+            return obj
+        twice_seen = True
+        twice = _Twice(obj)
+        twice.repeated = _first_repeated(pairs)
+        return twice
+
+    document = json.loads(raw, object_pairs_hook=as_object)
+    if twice_seen:
+        try:
+            repeated = _first_path(document, "", _repeated_here)
+        except RecursionError:  # nested too deep to name: the document as a whole
+            repeated = "body"
+        raise RepeatedKey(repeated or "body")
+    encoded = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if _SURROGATE_ESCAPE.search(encoded) or (isinstance(raw, str) and not raw.isascii()):
+        try:
+            where = _first_path(document, "", _surrogate_here)
+        except RecursionError:
+            where = "body"
+        if where is not None:
+            raise NotText(where or "body")
+    return document

@@ -88,6 +88,20 @@ def certified_upper(x: float) -> Fraction:
     return exact_fraction(math.nextafter(bumped, math.inf))
 
 
+def round_up_dyadic(x: Fraction, bits: int) -> Fraction:
+    """The smallest multiple of ``2**-bits`` that is not below ``x``.
+
+    Bounds the denominator of an exact upper bound without ever lowering it:
+
+    >>> round_up_dyadic(Fraction(1, 3), 4)
+    Fraction(3, 8)
+    >>> round_up_dyadic(Fraction(1, 10**200), 64) == Fraction(1, 2**64)
+    True
+    """
+    scale = 1 << bits
+    return Fraction(-((-x.numerator * scale) // x.denominator), scale)
+
+
 def float_up(x: Fraction) -> float:
     """The smallest float not below the rational ``x``."""
     f = float(x)

@@ -14,12 +14,14 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import ApiKey
 from app.services import audit
+from app.services.errors import LastAdminKey
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +92,41 @@ def ensure_bootstrap_admin(*, session: Session, secret: str) -> bool:
     return True
 
 
+_ACTIVE_ADMINS = (ApiKey.role == "admin") & ApiKey.revoked_at.is_(None)
+
+
 def revoke_key(*, session: Session, key_id: int, actor_key_id: int | None = None) -> bool:
-    """Revoke a key; False if it does not exist."""
-    row = session.get(ApiKey, key_id)
+    """Revoke a key; False if it does not exist (revoking a revoked key changes nothing).
+
+    Raises :class:`~app.services.errors.LastAdminKey` when the key is the last active admin
+    key: revoking it answered 200 and then 401 to everyone, recoverable only from a shell.
+    Race-free: the revocation is one conditional ``UPDATE`` (SQLite runs it under its write
+    lock), and on PostgreSQL the active admin rows are locked first, so two revocations of the
+    last two admin keys cannot both see "another admin remains".
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(ApiKey.id).where(_ACTIVE_ADMINS).with_for_update())
+    others = (
+        select(func.count())
+        .select_from(ApiKey)
+        .where(_ACTIVE_ADMINS, ApiKey.id != key_id)
+        .scalar_subquery()
+    )
+    now = datetime.now(UTC)
+    revoked = session.execute(
+        update(ApiKey)
+        .where(
+            ApiKey.id == key_id,
+            ApiKey.revoked_at.is_(None),
+            (ApiKey.role != "admin") | (others > 0),
+        )
+        .values(revoked_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    row = session.get(ApiKey, key_id, populate_existing=True)
     if row is None:
         return False
-    if row.revoked_at is None:
-        row.revoked_at = datetime.now(UTC)
+    if revoked.rowcount == 1:  # type: ignore[attr-defined]
         audit.record(
             session,
             kind=audit.AuditKind.KEY_REVOKED,
@@ -104,7 +134,29 @@ def revoke_key(*, session: Session, key_id: int, actor_key_id: int | None = None
             object_id=None,
             detail={"key_id": key_id, "role": row.role},
         )
+    elif row.revoked_at is None:
+        raise LastAdminKey(
+            "this is the last active admin key: create another admin key before revoking it"
+        )
     return True
+
+
+def list_keys(*, session: Session, limit: int, after: int) -> dict[str, Any]:
+    """API keys in id order (id, role, label, created, revoked — never a secret or hash)."""
+    rows = session.scalars(
+        select(ApiKey).where(ApiKey.id > after).order_by(ApiKey.id).limit(limit)
+    ).all()
+    items = [
+        {
+            "id": row.id,
+            "role": row.role,
+            "label": row.label,
+            "created_at": row.created_at.isoformat(),
+            "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None,
+        }
+        for row in rows
+    ]
+    return {"items": items, "next_after": items[-1]["id"] if len(items) == limit else None}
 
 
 class KeyCache:

@@ -24,6 +24,17 @@ class BadJson(ServiceError):
     status, type, title = 400, "invalid-json", "Invalid JSON"
 
 
+class BadHeader(ServiceError):
+    """A request header is malformed (for example an empty ``Idempotency-Key``)."""
+
+    status, type, title = 400, "invalid-header", "Invalid header"
+
+    def __init__(self, header: str, message: str) -> None:
+        super().__init__(
+            f"header {header} {message}", errors=[{"field": header, "message": message}]
+        )
+
+
 class PayloadTooLarge(ServiceError):
     """The request body exceeds the configured limit."""
 
@@ -52,6 +63,12 @@ class BudgetExhausted(ServiceError):
     """The filter rejected the query."""
 
     status, type, title = 409, "budget-exhausted", "Budget exhausted"
+
+
+class LastAdminKey(ServiceError):
+    """Revoking this key would leave no active admin key (nobody could manage keys)."""
+
+    status, type, title = 409, "last-admin-key", "Last admin key"
 
 
 class IdempotencyMismatch(ServiceError):

@@ -5,22 +5,23 @@ Views returned here never contain the object's value.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, Protocol
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Numeric, case, cast, func, literal, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import ProtectedObject, QueryRecord
-from app.engine.calculator import MAX_BUDGET
+from app.db.models import AuditEvent, ProtectedObject, QueryRecord
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
 from app.engine.jsonfields import as_object, as_positive_number, check_keys
-from app.engine.limits import EngineLimits
+from app.engine.limits import MAX_BUDGET, EngineLimits
 from app.services import audit
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
@@ -125,7 +126,12 @@ def register_object(
     value = domain.parse_value(obj["value"], "value")
     budget_obj = as_object(obj["budget"], "budget")
     check_keys(budget_obj, "budget", required=("epsilon",))
-    budget = as_positive_number(budget_obj["epsilon"], "budget.epsilon", maximum=MAX_BUDGET)
+    budget = as_positive_number(
+        budget_obj["epsilon"],
+        "budget.epsilon",
+        maximum=MAX_BUDGET,
+        minimum=limits.min_epsilon or None,
+    )
     filter_raw = obj.get("filter", FilterKind.BAYESIAN.value)
     # a list or an object here was a TypeError (unhashable) and a 500
     if not isinstance(filter_raw, str) or filter_raw not in {k.value for k in FilterKind}:
@@ -232,13 +238,53 @@ def odometer_history(
             }
             for r in records
         ]
-        next_after = points[-1]["accepted"] if len(points) == limit else None
+        next_after = records[-1].seq if len(records) == limit else None
         return {
             "object_id": object_id,
             "budget": row.budget,
             "points": points,
+            "rejections": _rejections(session, object_id, after=after, before=next_after),
             "next_after": next_after,
         }
+
+
+#: Rejections listed with one page of odometer history, at most.
+MAX_REJECTIONS_LISTED = 1000
+
+
+def _rejections(
+    session: Session, object_id: str, *, after: int, before: int | None
+) -> list[dict[str, Any]]:
+    """Rejected submits that happened after accepted query ``after`` (and before ``before``).
+
+    ``after_accepted`` is how many queries had been accepted when the submit was rejected: from
+    the audit event (which records it since issue #11), or for older events by comparing times
+    with the accepted queries'. Only the first :data:`MAX_REJECTIONS_LISTED` are listed.
+    """
+    events = session.scalars(
+        select(AuditEvent)
+        .where(AuditEvent.object_id == object_id, AuditEvent.kind == "decision.rejected")
+        .order_by(AuditEvent.id)
+    )
+    times: list[datetime] | None = None
+    found: list[dict[str, Any]] = []
+    for event in events:
+        accepted = json.loads(event.detail).get("accepted")
+        if not isinstance(accepted, int):
+            if times is None:  # events written before the count was recorded
+                times = list(
+                    session.scalars(
+                        select(QueryRecord.created_at)
+                        .where(QueryRecord.object_id == object_id)
+                        .order_by(QueryRecord.seq)
+                    )
+                )
+            accepted = bisect.bisect_right(times, event.at)
+        if accepted >= after and (before is None or accepted < before):
+            found.append({"after_accepted": accepted, "at": _iso(event.at)})
+            if len(found) >= MAX_REJECTIONS_LISTED:
+                break
+    return found
 
 
 def list_odometers(
@@ -287,9 +333,12 @@ def object_counts(
     Remaining is ``budget - loss_upper``, as in the odometer.
     """
     active = ProtectedObject.retired_at.is_(None)
-    near = active & (
-        ProtectedObject.budget - ProtectedObject.loss_upper < near_fraction * ProtectedObject.budget
-    )
+    # In NUMERIC, not double precision: PostgreSQL raises "value out of range: underflow" when a
+    # float product rounds to zero (0.1 * a budget of 5e-324, stored before budgets had a
+    # floor), and one such row made every scrape a 500. NUMERIC arithmetic is exact here.
+    budget = cast(ProtectedObject.budget, Numeric)
+    remaining = budget - cast(ProtectedObject.loss_upper, Numeric)
+    near = active & (remaining < literal(Decimal(repr(near_fraction)), Numeric) * budget)
     statement = select(
         func.count(),
         func.coalesce(func.sum(case((active, 1), else_=0)), 0),

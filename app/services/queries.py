@@ -6,7 +6,8 @@ Submit protocol (one accepted query per object at a time, nothing double-spent):
    avoid wasted work;
 2. in one transaction: read the object and its version ``v``; decide with the filter (never
    reading the value); on rejection (or an error) first replay a stored response if the
-   ``Idempotency-Key`` was seen (422 if the body differs), else count the rejection and answer
+   ``Idempotency-Key`` was seen (422 if the body differs), else count the rejection, store its
+   answer under the key (when one was sent: a retry replays it and counts nothing) and answer
    409 ``budget-exhausted``;
 3. sample the output with the value, compute the new state, insert the query record with its
    response (unique on ``(object, seq)`` and ``(object, idempotency key)``) and ``UPDATE objects
@@ -36,7 +37,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import metrics
-from app.db.models import ProtectedObject, QueryRecord
+from app.db.models import ProtectedObject, QueryRecord, RejectionRecord
 from app.engine.accountant import Accountant
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput, Unsupported
@@ -45,10 +46,11 @@ from app.engine.filters import (
     Decision,
     FilterKind,
     OutputLoss,
+    basic_evaluation,
     decide,
 )
 from app.engine.likelihood import LikelihoodState, LossBounds
-from app.engine.limits import EngineLimits
+from app.engine.limits import MIN_EPSILON, EngineLimits
 from app.engine.mechanisms import Mechanism, Output, parse_query
 from app.services import audit
 from app.services.errors import (
@@ -61,7 +63,7 @@ from app.services.errors import (
 )
 from app.services.locks import ObjectLocks
 from app.services.objects import ID_PATTERN, load_object, odometer_view
-from app.worker.pool import BoundWorker, basic_evaluation
+from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,7 @@ class _Row:
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _QUERIES = cast(Table, QueryRecord.__table__)
+_REJECTIONS = cast(Table, RejectionRecord.__table__)
 _LOAD = select(*(_OBJECTS.c[f.name] for f in fields(_Row))).where(
     _OBJECTS.c.id == bindparam("object_id")
 )
@@ -137,6 +140,23 @@ _REPLAY = select(
     _QUERIES.c.object_id == bindparam("object_id"),
     _QUERIES.c.idempotency_key == bindparam("key"),
 )
+
+
+_REPLAY_REJECTION = select(
+    _REJECTIONS.c.analyst_key_id, _REJECTIONS.c.fingerprint, _REJECTIONS.c.response
+).where(
+    _REJECTIONS.c.object_id == bindparam("object_id"),
+    _REJECTIONS.c.idempotency_key == bindparam("key"),
+)
+_INSERT_REJECTION = insert(_REJECTIONS)
+
+
+@dataclass(frozen=True)
+class _StoredRejection:
+    """The stored 409 answer of a rejected submit that carried the same Idempotency-Key."""
+
+    detail: str
+    extra: dict[str, Any]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -199,7 +219,9 @@ def _continuous_decision(
         {
             "domain": json.loads(row.domain),
             "history": history,
-            "budget": row.budget,
+            # the budget only steers the search's early stop here (``decide`` below reads the
+            # row's): an object registered before budgets had a floor must still get a decision
+            "budget": max(row.budget, MIN_EPSILON),
             "candidate": query,
             "options": {"fast": True},
         },
@@ -258,19 +280,39 @@ class _LostRace(Exception):
     """Another writer advanced the object first."""
 
 
-def _replay(
-    conn: Connection, object_id: str, key: str | None, print_: str, owner: int | None
-) -> SubmitOutcome | None:
-    if key is None:
-        return None
-    record = conn.execute(_REPLAY, {"object_id": object_id, "key": key}).one_or_none()
-    if record is None:
-        return None
+def _check_owner(record: Any, print_: str, owner: int | None) -> None:
+    """A stored answer is replayed only to the client that stored it, for the same body."""
     if record.analyst_key_id != owner:
         # another client's key: never replay its output to us
         raise IdempotencyMismatch("this Idempotency-Key was already used by another client")
     if record.fingerprint != print_:
         raise IdempotencyMismatch("this Idempotency-Key was used with a different request body")
+
+
+def _replay_rejection(
+    conn: Connection, object_id: str, key: str | None, print_: str, owner: int | None
+) -> _StoredRejection | None:
+    """The stored rejection for ``key``, if a rejected submit stored one."""
+    if key is None:
+        return None
+    record = conn.execute(_REPLAY_REJECTION, {"object_id": object_id, "key": key}).one_or_none()
+    if record is None:
+        return None
+    _check_owner(record, print_, owner)
+    stored = json.loads(record.response)
+    return _StoredRejection(stored["detail"], stored["extra"])
+
+
+def _replay(
+    conn: Connection, object_id: str, key: str | None, print_: str, owner: int | None
+) -> SubmitOutcome | _StoredRejection | None:
+    """The stored answer for ``key``: an accepted submit's body or a rejection's problem."""
+    if key is None:
+        return None
+    record = conn.execute(_REPLAY, {"object_id": object_id, "key": key}).one_or_none()
+    if record is None:
+        return _replay_rejection(conn, object_id, key, print_, owner)
+    _check_owner(record, print_, owner)
     # the stored response lacks the query id, which the INSERT that stored it produced
     return SubmitOutcome({"query_id": record.id, **json.loads(record.response)}, True)
 
@@ -429,18 +471,24 @@ def submit(
                 log.warning("submit retried after a database conflict: %s", type(exc).__name__)
                 replay_first = True
                 continue
+            if isinstance(outcome, _StoredRejection):
+                raise BudgetExhausted(outcome.detail, replayed=True, **outcome.extra)
             if isinstance(outcome, Decision):
                 metrics.DECISIONS.labels(outcome.filter.value, "reject").inc()
-                raise BudgetExhausted(
-                    outcome.reason,
-                    realized_loss=outcome.realized_loss.to_json(),
-                    worst_case_after=outcome.worst_case_after,
-                    per_output=[o.to_json() for o in outcome.candidate.per_output],
-                )
+                raise BudgetExhausted(outcome.reason, **_rejection_extra(outcome))
             if not outcome.replayed:
                 metrics.DECISIONS.labels(outcome.filter or "unknown", "accept").inc()
             return outcome
     raise Busy("too many concurrent writers on this object; retry later", retry_after=1)
+
+
+def _rejection_extra(decision: Decision) -> dict[str, Any]:
+    """The fields of a ``budget-exhausted`` problem beyond its detail."""
+    return {
+        "realized_loss": decision.realized_loss.to_json(),
+        "worst_case_after": decision.worst_case_after,
+        "per_output": [o.to_json() for o in decision.candidate.per_output],
+    }
 
 
 def _attempt(
@@ -453,7 +501,7 @@ def _attempt(
     limits: EngineLimits,
     print_: str,
     replay_first: bool,
-) -> SubmitOutcome | Decision:
+) -> SubmitOutcome | _StoredRejection | Decision:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
     On a first attempt (``replay_first`` false) the key is looked up only when the answer would
@@ -462,7 +510,7 @@ def _attempt(
     """
     with engine.begin() as conn:
 
-        def stored_answer() -> SubmitOutcome | None:
+        def stored_answer() -> SubmitOutcome | _StoredRejection | None:
             if replay_first:  # already looked up at the start of this transaction
                 return None
             return _replay(conn, object_id, key, print_, analyst_key_id)
@@ -485,8 +533,15 @@ def _attempt(
             replay = stored_answer()
             if replay is not None:
                 return replay
-            _record_rejection(conn, row, mech, evaluated.decision, analyst_key_id)
+            _record_rejection(conn, row, mech, evaluated.decision, analyst_key_id, key, print_)
             return evaluated.decision
+        if not replay_first:
+            # a key whose submit was rejected before answers that rejection again (a later
+            # history may accept the same query: it needs a new key); accepted keys are caught
+            # by the unique constraint of the INSERT below
+            rejected_before = _replay_rejection(conn, object_id, key, print_, analyst_key_id)
+            if rejected_before is not None:
+                return rejected_before
         body = _record_acceptance(
             conn, row, evaluated, mech, query, worker, key, print_, analyst_key_id
         )
@@ -494,9 +549,34 @@ def _attempt(
 
 
 def _record_rejection(
-    conn: Connection, row: _Row, mech: Mechanism, decision: Decision, analyst_key_id: int | None
+    conn: Connection,
+    row: _Row,
+    mech: Mechanism,
+    decision: Decision,
+    analyst_key_id: int | None,
+    key: str | None,
+    print_: str,
 ) -> None:
-    """Count a rejected submit on the object and write its audit event."""
+    """Count a rejected submit on the object, store its answer for ``key``, audit it.
+
+    With a key, the answer is stored under the unique ``(object, key)``: a concurrent retry of
+    the same key that also got here fails that constraint, rolls back and replays this answer,
+    so a rejection is counted once whatever the retries.
+    """
+    if key is not None:
+        conn.execute(
+            _INSERT_REJECTION,
+            {
+                "object_id": row.id,
+                "idempotency_key": key,
+                "analyst_key_id": analyst_key_id,
+                "fingerprint": print_,
+                "response": json.dumps(
+                    {"detail": decision.reason, "extra": _rejection_extra(decision)}
+                ),
+                "created_at": datetime.now(UTC),
+            },
+        )
     conn.execute(_COUNT_REJECTION, {"where_id": row.id})
     audit.record(
         conn,
@@ -508,6 +588,7 @@ def _record_rejection(
             "epsilon": mech.epsilon,
             "filter": row.filter,
             "reason": decision.reason,
+            "accepted": row.accepted,  # where the rejection sits in the history (dashboard)
             "realized_loss": decision.realized_loss.to_json(),
             "worst_case_after": decision.worst_case_after,
         },

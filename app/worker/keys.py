@@ -16,7 +16,7 @@ from typing import Any
 from app.engine.calculator import OPTIONAL_FIELDS as CALCULATOR_OPTIONAL
 from app.engine.domain import parse_domain
 from app.engine.jsonfields import as_list, as_object, check_keys, path
-from app.engine.limits import DEFAULT_LIMITS
+from app.engine.limits import DEFAULT_LIMITS, HISTORY_LIMITS
 from app.engine.mechanisms import parse_query
 
 KEY_VERSION = "v1"
@@ -39,7 +39,9 @@ def request_key(request: Mapping[str, Any]) -> str:
     for i, item in enumerate(history):
         entry = as_object(item, path("history", i))
         check_keys(entry, path("history", i), required=("query", "output"))
-        mech = parse_query(entry.get("query"), domain, path(path("history", i), "query"))
+        mech = parse_query(
+            entry.get("query"), domain, path(path("history", i), "query"), limits=HISTORY_LIMITS
+        )
         output = mech.parse_output(entry.get("output"), path(path("history", i), "output"))
         entries.append(_canonical([mech.to_json(), mech.output_json(output)]))
     entries.sort()

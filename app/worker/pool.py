@@ -25,10 +25,11 @@ from typing import Any
 from app.engine.calculator import compute_loss
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
-from app.engine.filters import CandidateEvaluation, FilterKind, OutputLoss, decide
+from app.engine.filters import FilterKind, basic_evaluation, decide
 from app.engine.jsonfields import as_list, as_object, as_positive_number, path
 from app.engine.likelihood import LossBounds
-from app.engine.mechanisms import Mechanism, parse_query
+from app.engine.limits import HISTORY_LIMITS
+from app.engine.mechanisms import parse_query
 from app.engine.numerics import float_up
 from app.metrics import BOUND_CACHE, BOUND_FALLBACKS, BOUND_SECONDS
 from app.worker.cache import LRUCache, ResultCache
@@ -100,35 +101,6 @@ def _run(request: dict[str, Any], stop_at: float | None = None) -> dict[str, Any
     return compute_loss(request, stop_at=stop_at)
 
 
-def basic_evaluation(
-    mech: Mechanism, basic_total: Fraction, max_listed: int
-) -> CandidateEvaluation:
-    """The candidate bounded by basic composition alone (sound, never tight, free to compute).
-
-    Every output's realized loss lies in ``[0, Σ ε_i + ε]`` (Lemma 6.1). The first
-    ``max_listed`` (at least 1) outputs are listed; all share the same bounds, so any of them is
-    a worst one.
-    """
-    after = float_up(basic_total + mech.epsilon_exact)
-    listed = min(mech.output_count, max(1, max_listed))
-    return CandidateEvaluation(
-        mech.epsilon,
-        mech.epsilon_exact,
-        tuple(OutputLoss(_output_json(mech, j), 0.0, after) for j in range(listed)),
-        after,
-        listed == mech.output_count and mech.output_count <= max_listed,
-    )
-
-
-def _output_json(mech: Mechanism, j: int) -> Any:
-    """The JSON form of the ``j``-th output: an index, or ``j``'s bits for bit-vector outputs."""
-    try:
-        return mech.output_json(j)
-    except TypeError:  # unary encoding: 2**k bit vectors, listed in binary counting order
-        k = mech.output_count.bit_length() - 1
-        return mech.output_json(tuple((j >> (k - 1 - i)) & 1 for i in range(k)))
-
-
 def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
     """The calculator's answer from basic composition alone (always sound, never tight)."""
     obj = as_object(request, "")
@@ -137,7 +109,7 @@ def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
     for i, item in enumerate(as_list(obj["history"], "history")):
         entry = as_object(item, path("history", i))
         total += parse_query(
-            entry["query"], domain, path(path("history", i), "query")
+            entry["query"], domain, path(path("history", i), "query"), limits=HISTORY_LIMITS
         ).epsilon_exact
     loss_now = LossBounds(0.0, float_up(total))
     answer: dict[str, Any] = {

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -91,6 +93,28 @@ def test_dockerfile_copies_what_exists_runs_unprivileged_and_checks_readiness() 
         assert needed not in ignored
 
 
+def test_dependencies_are_installed_in_a_layer_before_the_source() -> None:
+    """A code change must not reinstall numpy and scipy: the dependency install comes first."""
+    lines = [line.strip() for line in DOCKERFILE.splitlines()]
+    install = next(i for i, line in enumerate(lines) if "pip install -r requirements.txt" in line)
+    copy_app = next(i for i, line in enumerate(lines) if line.startswith("COPY app"))
+    assert install < copy_app
+    before = "\n".join(lines[:install])
+    assert "COPY pyproject.toml docker/requirements.py ./" in before
+    assert "pip install --no-deps -e ." in "\n".join(lines[copy_app:])
+    # the script the image runs prints exactly the project's runtime dependencies
+    printed = subprocess.run(  # noqa: S603 - our own script
+        [sys.executable, str(ROOT / "docker" / "requirements.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        expected = tomllib.load(handle)["project"]["dependencies"]
+    assert [line for line in printed if line] == expected
+
+
 @pytest.mark.slow
 def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
     postgres_url: str, redis_url: str, tmp_path: Path
@@ -146,3 +170,27 @@ def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
         log.close()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_make_run_installs_only_what_serving_needs() -> None:
+    """``make run`` installed the dev extra (schemathesis, mypy, hypothesis, ruff) just to serve."""
+    planned = subprocess.run(  # noqa: S603 - make, fixed argv
+        ["make", "-n", "-B", "-C", str(ROOT), ".venv/.installed-run"],  # noqa: S607
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    installs = [line for line in planned.splitlines() if "pip install" in line]
+    assert any(line.rstrip().endswith("-e .") for line in installs), planned
+    assert not any("[dev]" in line for line in installs), planned
+    run_rule = subprocess.run(  # noqa: S603 - make, fixed argv
+        ["make", "-n", "-p", "-C", str(ROOT), "run"],  # noqa: S607
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    assert re.search(r"^run: \.venv/\.installed-run\s*$", run_rule, re.M), "run needs the run stamp"
+    with (ROOT / "pyproject.toml").open("rb") as handle:
+        pyproject = tomllib.load(handle)
+    # an SPDX string, not the deprecated table (setuptools printed a banner at every install)
+    assert pyproject["project"]["license"] == "Apache-2.0"

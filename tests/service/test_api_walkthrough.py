@@ -455,9 +455,14 @@ def test_walkthrough_continuous_object(client: TestClient, analyst: str, rec: Re
     problem = assert_problem(rejected, 409, "budget-exhausted")
     assert_bounds(problem["realized_loss"], budget)
     assert problem["worst_case_after"] > budget
-    # a rejected key was not consumed: the same key with a smaller query is a fresh submit
+    # a rejected key holds its answer (issue #11): replayed as is, and not reusable for
+    # another body; a smaller query needs its own key
+    replayed = _submit(rec, oid, analyst, LINEAR_X2, idem="c-3")
+    assert assert_problem(replayed, 409, "budget-exhausted") == problem
+    assert replayed.headers.get("Idempotent-Replayed") == "true"
     small = {**LINEAR_X2, "epsilon": 0.05}
-    s = _submit(rec, oid, analyst, small, idem="c-3")
+    assert_problem(_submit(rec, oid, analyst, small, idem="c-3"), 422, "idempotency-key-reused")
+    s = _submit(rec, oid, analyst, small, idem="c-3b")
     assert s.status_code == 201, s.text
     assert "Idempotent-Replayed" not in s.headers
     assert s.json()["odometer"]["realized_loss"]["upper"] <= budget

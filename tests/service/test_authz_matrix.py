@@ -119,6 +119,7 @@ ROWS: dict[tuple[str, str], Row] = {
     ("GET", "/v1/audit"): Row(ADMINS, 200, _fixed("/v1/audit")),
     ("POST", "/v1/loss"): Row(ANALYSTS, 200, _fixed("/v1/loss", json=LOSS_BODY)),
     ("POST", "/v1/keys"): Row(ADMINS, 201, _fixed("/v1/keys", json={"role": VIEWER})),
+    ("GET", "/v1/keys"): Row(ADMINS, 200, _fixed("/v1/keys")),
     ("DELETE", "/v1/keys/{key_id}"): Row(ADMINS, 200, _key_to_revoke),
     ("GET", "/v1/whoami"): Row(ALL_ROLES, 200, _fixed("/v1/whoami")),
     ("GET", "/healthz"): Row(PUBLIC, 200, _fixed("/healthz")),

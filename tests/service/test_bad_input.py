@@ -183,6 +183,79 @@ def test_malformed_json_is_400(
     assert S not in r.text
 
 
+DUPLICATES = {
+    "top-level": (b'{"id": "a", "id": "b"}', "id"),
+    "nested": (
+        b'{"query": {"mechanism": "grr", "attribute": "d", "epsilon": 0.1, "epsilon": 50}}',
+        "query.epsilon",
+    ),
+    "in-a-list": (
+        b'{"history": [{}, {"output": 1, "output": "SENTINEL-Zq7"}]}',
+        "history[1].output",
+    ),
+    "deep": (b'{"a": [[{"b": {"c": 1, "c": 2}}]]}', "a[0][0].b.c"),
+}
+
+
+@pytest.mark.parametrize("endpoint", BODY_ENDPOINTS)
+@pytest.mark.parametrize(("raw", "field"), list(DUPLICATES.values()), ids=list(DUPLICATES))
+def test_a_key_given_twice_is_400_naming_it(
+    api: TestClient, objects: dict[str, str], endpoint: str, raw: bytes, field: str
+) -> None:
+    """``json.loads`` kept the last of two equal keys: ε = 50 was evaluated (issue #11, 6)."""
+    url = endpoint.format(**objects)
+    r = api.post(url, content=raw, headers={**auth(ADMIN_KEY), "Content-Type": "application/json"})
+    body = assert_problem(r, 400, "invalid-json")
+    assert body["errors"] == [{"field": field, "message": "is given more than once"}]
+    assert field in body["detail"]
+    assert S not in r.text
+
+
+LONE_SURROGATES = {
+    "value": (b'{"id": "a", "metadata": {"note": "x\\ud800"}}', "metadata.note"),
+    "low-half": (b'{"query": {"attribute": "\\uDC00"}}', "query.attribute"),
+    "key": (b'{"metadata": {"\\ud83d": 1}}', "metadata.\\ud83d"),
+    "in-a-list": (b'{"history": [{}, {"output": "\\udfff"}]}', "history[1].output"),
+}
+
+
+@pytest.mark.parametrize("endpoint", BODY_ENDPOINTS)
+@pytest.mark.parametrize(
+    ("raw", "field"), list(LONE_SURROGATES.values()), ids=list(LONE_SURROGATES)
+)
+def test_a_lone_surrogate_escape_is_400_naming_it(
+    api: TestClient, objects: dict[str, str], endpoint: str, raw: bytes, field: str
+) -> None:
+    """``"\\ud800"`` parsed to a str no database could store: a label holding it was a 500."""
+    url = endpoint.format(**objects)
+    r = api.post(url, content=raw, headers={**auth(ADMIN_KEY), "Content-Type": "application/json"})
+    body = assert_problem(r, 400, "invalid-json")
+    assert body["errors"] == [{"field": field, "message": "holds a lone UTF-16 surrogate escape"}]
+
+
+def test_a_surrogate_pair_is_text(api: TestClient) -> None:
+    """A pair (an emoji escaped as UTF-16) is valid text and kept."""
+    raw = b'{"role": "viewer", "label": "\\ud83d\\ude00 \\u00e9"}'
+    r = api.post(
+        "/v1/keys", content=raw, headers={**auth(ADMIN_KEY), "Content-Type": "application/json"}
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["label"] == "\U0001f600 \u00e9"
+
+
+def test_a_duplicate_key_is_not_evaluated_on_submit(
+    api: TestClient, objects: dict[str, str]
+) -> None:
+    analyst = auth(new_key(api, "analyst"))
+    url = "/v1/objects/{finite}/queries".format(**objects)
+    before = api.get("/v1/objects/{finite}/odometer".format(**objects), headers=analyst).json()
+    raw = b'{"query": {"mechanism": "grr", "attribute": "x", "epsilon": 0.1, "epsilon": 50}}'
+    r = api.post(url, content=raw, headers={**analyst, "Content-Type": "application/json"})
+    assert_problem(r, 400, "invalid-json")
+    after = api.get("/v1/objects/{finite}/odometer".format(**objects), headers=analyst).json()
+    assert after == before
+
+
 NON_OBJECTS = {
     "array": "[]",
     "array-of-object": '[{"id": "x"}]',

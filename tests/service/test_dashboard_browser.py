@@ -1,6 +1,6 @@
 """The dashboard end to end: a real headless Chromium against a real ``gatekeeper serve``.
 
-The browser is driven through the DevTools Protocol (``tests/service/cdp.py``). The page must
+The browser is driven by Playwright (``tests/service/browser.py``, Debian's Chromium). The page must
 sign in with a viewer key, show each object's numbers exactly as the odometer JSON has them,
 filter and sort, refresh by polling, draw the chart, show the history and the plain-language
 reading, and report bad keys, revoked keys and an unreachable service — with no script error
@@ -23,7 +23,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.service.cdp import Browser, find_chromium
+from tests.service.browser import Browser, find_chromium
 from tests.service.conftest import (
     ADMIN_KEY,
     IN_CI,
@@ -117,6 +117,18 @@ def database_refusing_connections(url: str) -> Iterator[None]:
         yield
     finally:
         allow(True)
+
+
+def js_num(value: float) -> str:
+    """What the dashboard's ``num`` (format.js) prints: integers as is, else 4 significant digits.
+
+    >>> [js_num(v) for v in (2.0, 0.5, 1.23456, 0.000123456, 12345.6)]
+    ['2', '0.5', '1.235', '0.0001235', '12350']
+    """
+    if float(value).is_integer():
+        return str(int(value))
+    rounded = float(f"{value:.4g}")
+    return str(int(rounded)) if rounded.is_integer() else repr(rounded)
 
 
 def register(http: httpx.Client, oid: str, budget: float) -> None:
@@ -304,19 +316,20 @@ def test_dashboard_end_to_end(
 
     loss = odometer["realized_loss"]["upper"]
     reading = browser.evaluate("document.getElementById('reading').textContent")
-    assert f"e^{loss:.3f} = {math.exp(loss):.3f}" in reading
+    # one number format everywhere (format.js): 4 significant digits, no trailing zeros
+    assert f"e^{js_num(loss)} = {js_num(math.exp(loss))}" in reading
     assert browser.evaluate("document.getElementById('reading-half').textContent") == (
-        f"{math.exp(loss) / (1 + math.exp(loss)):.3f}"
+        js_num(math.exp(loss) / (1 + math.exp(loss)))
     )
     assert browser.evaluate("document.getElementById('reading-advantage').textContent") == (
-        f"{math.tanh(loss / 4):.3f}"
+        js_num(math.tanh(loss / 4))
     )
     browser.type_into("#prior", "0.2")
     top = 0.2 * math.exp(loss) / (0.2 * math.exp(loss) + 0.8)
     low = 0.2 / (0.2 + 0.8 * math.exp(loss))
     assert (
         browser.wait_for("document.getElementById('prior-result').textContent")
-        == f" → after: at most {top:.3f}, at least {low:.3f}"
+        == f" → after: at most {js_num(top)}, at least {js_num(low)}"
     )
 
     shot = browser.screenshot(ARTIFACTS / "dashboard.png")
@@ -467,3 +480,172 @@ def test_filter_expressions(server: Server, browser: Browser) -> None:
             assert expected in result["message"], (text, result)
         else:
             assert result["ids"] == expected, (text, result)
+
+
+# screenshots for docs/dashboard.md are copied from here by hand (a test run never edits docs/)
+DOCS_FIGURES = ARTIFACTS
+
+
+def summary_expected(http: httpx.Client, key: str) -> dict[str, str]:
+    """The summary strip's numbers computed from the odometers JSON (the page's rules)."""
+    items = http.get("/v1/odometers", params={"limit": 1000}, headers=auth(key)).json()["items"]
+    active = [i for i in items if i["status"] != "retired"]
+    exhausted = [i for i in active if i["remaining"] < 1e-6]
+    near = [i for i in active if i["remaining"] >= 1e-6 and i["remaining"] < 0.1 * i["budget"]]
+    return {
+        "sum-objects": str(len(items)),
+        "sum-exhausted": str(len(exhausted)),
+        "sum-near": str(len(near)),
+        "sum-rejected": str(sum(i["rejected"] for i in items)),
+    }
+
+
+def test_summary_legend_empty_filter_and_one_number_format(
+    server: Server, browser: Browser
+) -> None:
+    http = httpx.Client(base_url=server.url, timeout=30)
+    analyst = new_key(http, "analyst")
+    near, spent = unique_id("near"), unique_id("spent")
+    register(http, near, 0.55)
+    register(http, spent, 0.5)
+    submit(http, analyst, near, {**GRR_X, "epsilon": 0.5})  # basic 0.5 of 0.55: under 10% left
+    submit(http, analyst, spent, {**GRR_X, "epsilon": 0.5})  # nothing left
+    r = http.post(f"/v1/objects/{spent}/queries", headers=auth(analyst), json={"query": GRR_X})
+    assert r.status_code == 409
+    browser.navigate(f"{server.url}/dashboard/?poll=1")
+    sign_in(browser, analyst)
+    browser.wait_for(f"!!document.querySelector('#objects tr[data-id={json.dumps(spent)}]')")
+    expected = summary_expected(http, analyst)
+    assert int(expected["sum-exhausted"]) >= 1
+    assert int(expected["sum-near"]) >= 1
+    browser.wait_for(
+        " && ".join(
+            f"document.getElementById({json.dumps(k)}).textContent === {json.dumps(v)}"
+            for k, v in expected.items()
+        )
+    )
+    # the amber rows have a legend, and both kinds are highlighted
+    legend = browser.evaluate("document.getElementById('legend-near').textContent")
+    assert "Amber rows" in legend
+    assert "10%" in legend
+    for oid in (near, spent):
+        assert browser.evaluate(
+            f"document.querySelector('#objects tr[data-id={json.dumps(oid)}]')"
+            ".classList.contains('near-exhaustion')"
+        )
+    # a filter that matches nothing says so; one that matches hides the message
+    browser.type_into("#filter", "budget > 9999")
+    browser.wait_for("!document.getElementById('no-match').hidden")
+    assert browser.evaluate("document.getElementById('no-match').textContent") == (
+        "No object matches this filter."
+    )
+    browser.type_into("#filter", near)
+    browser.wait_for("document.getElementById('no-match').hidden")
+    # one number format: every numeric cell prints its exact value as format.js does
+    cells = browser.evaluate(
+        "[...document.querySelectorAll('#objects tbody td.num')]"
+        ".map(td => [td.dataset.value, td.textContent])"
+    )
+    assert cells
+    for exact, shown in cells:
+        assert shown == js_num(float(exact)), (exact, shown)
+    DOCS_FIGURES.mkdir(exist_ok=True)
+    browser.type_into("#filter", "")
+    browser.screenshot(DOCS_FIGURES / "dashboard-summary.png")
+    assert browser.problems() == []
+
+
+def test_chart_band_rejections_domain_and_what_if(server: Server, browser: Browser) -> None:
+    http = httpx.Client(base_url=server.url, timeout=30)
+    analyst = new_key(http, "analyst")
+    viewer = new_key(http, "viewer")
+    oid = unique_id("whatif")
+    register(http, oid, 0.5)
+    for query in (GRR_X, BINARY, GRR_X):
+        submit(http, analyst, oid, query)
+    rejected = 0
+    for _ in range(2):
+        big = {**BINARY, "epsilon": 0.4}
+        r = http.post(f"/v1/objects/{oid}/queries", headers=auth(analyst), json={"query": big})
+        assert r.status_code == 409, r.text
+        rejected += 1
+    history = http.get(f"/v1/objects/{oid}/odometer/history", headers=auth(analyst)).json()
+    assert [x["after_accepted"] for x in history["rejections"]] == [3, 3]
+
+    browser.navigate(f"{server.url}/dashboard/?poll=1#/objects/{oid}")
+    sign_in(browser, analyst)
+    browser.wait_for("document.querySelectorAll('#history tbody tr').length === 3")
+    # the certified band and the rejections on the chart, with their legend
+    band = browser.evaluate("document.querySelector('#chart polygon.band').getAttribute('points')")
+    assert len(band.split()) == 2 * (len(history["points"]) + 1)
+    marks = browser.evaluate(
+        "[...document.querySelectorAll('#chart path.rejection')].map(p => p.dataset.after)"
+    )
+    assert marks == ["3"]
+    legend = browser.evaluate("document.getElementById('chart-legend').textContent")
+    assert "certified band" in legend
+    assert f"rejected queries ({rejected})" in legend
+    # the domain, in words
+    items = browser.wait_for(
+        "[...document.querySelectorAll('#domain-list li')].map(li => li.textContent)"
+    )
+    assert items == [
+        "x: integer from 0 to 3",
+        'disease: categorical, one of "none", "flu", "covid"',
+    ]
+    # what if: a dry-run from the page shows the loss after each output
+    assert browser.evaluate("document.getElementById('what-if').hidden") is False
+    query = {"mechanism": "grr", "attribute": "disease", "epsilon": 0.05}
+    browser.type_into("#what-if-query", json.dumps(query))
+    browser.click("#what-if-run")
+    browser.wait_for("!document.getElementById('what-if-result').hidden")
+    dry = http.post(
+        f"/v1/objects/{oid}/dry-run", headers=auth(analyst), json={"query": query}
+    ).json()
+    rows = browser.evaluate(
+        "[...document.querySelectorAll('#what-if-result tbody tr')]"
+        ".map(tr => [...tr.cells].map(td => td.textContent))"
+    )
+    assert rows == [
+        [
+            json.dumps(o["output"]),
+            js_num(o["lower"]),
+            js_num(o["upper"]),
+            "yes" if o["upper"] <= dry["budget"] else "no",
+        ]
+        for o in dry["per_output"]
+    ]
+    decision = browser.evaluate("document.getElementById('what-if-decision').textContent")
+    assert decision.startswith(
+        "Would be accepted" if dry["decision"] == "accept" else "Would be rejected"
+    )
+    # a bad query is explained, not thrown
+    browser.type_into("#what-if-query", "{not json")
+    browser.click("#what-if-run")
+    browser.wait_for("!document.getElementById('what-if-error').hidden")
+    browser.type_into("#what-if-query", json.dumps({**query, "attribute": "nope"}))
+    browser.click("#what-if-run")
+    message = browser.wait_for(
+        "!document.getElementById('what-if-error').hidden"
+        " && document.getElementById('what-if-error').textContent.includes('attribute')"
+        " && document.getElementById('what-if-error').textContent"
+    )
+    assert "nope" not in message or "attribute" in message
+    browser.type_into("#what-if-query", json.dumps(query))
+    browser.click("#what-if-run")
+    browser.wait_for("!document.getElementById('what-if-result').hidden")
+    DOCS_FIGURES.mkdir(exist_ok=True)
+    browser.screenshot(DOCS_FIGURES / "dashboard-object.png")
+    assert browser.problems() == []
+
+    # a viewer gets no what-if panel (it may not dry-run) and a note instead of the domain
+    browser.click("#sign-out")
+    browser.navigate(f"{server.url}/dashboard/?poll=1#/objects/{oid}")
+    sign_in(browser, viewer)
+    note = browser.wait_for(
+        "document.querySelector('#domain-list li')?.textContent.startsWith('An analyst')"
+        " && document.querySelector('#domain-list li').textContent"
+    )
+    assert note == "An analyst or admin key shows the object's domain."
+    assert browser.evaluate("document.getElementById('what-if').hidden") is True
+    assert browser.problems() == []

@@ -209,8 +209,12 @@ def test_openapi_documents_bodies_and_errors(client: TestClient) -> None:
             where = f"{method.upper()} {path}"
             if "requestBody" in operation:
                 media = operation["requestBody"]["content"]["application/json"]
-                assert media["schema"].get("type") == "object", where
-                assert media["schema"].get("properties"), where
+                # a named schema (issue #11): resolve the reference, then the same checks
+                ref = media["schema"]["$ref"]
+                assert ref.startswith("#/components/schemas/"), where
+                schema = document["components"]["schemas"][ref.rsplit("/", 1)[1]]
+                assert schema.get("type") == "object", where
+                assert schema.get("properties"), where
                 assert media.get("examples"), where
             if operation.get("security"):
                 assert {"401", "403", "422"} <= operation["responses"].keys(), where

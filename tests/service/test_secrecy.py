@@ -337,3 +337,48 @@ def test_no_sentinel_in_any_response_header_or_log_line(
 def _context(text: str, needle: str) -> str:
     at = text.find(needle)
     return text[max(0, at - 300) : at + 100]
+
+
+def test_an_unhandled_error_is_diagnosable_and_still_secret(
+    client: TestClient,
+    monkeypatch: pytest.MonkeyPatch,
+    structured_log: io.StringIO,
+) -> None:
+    """A 500's log line has the error's type, a scrubbed message and the stack frames.
+
+    The failure is a real database error whose statement parameters carry the sentinels (as a
+    value, a string and a number): PostgreSQL even quotes the failing row in its ``DETAIL``.
+    Before issue #11 (7) the line said only ``"unhandled error: IntegrityError"``.
+    """
+    from sqlalchemy import text
+
+    from app.services import objects as object_service
+
+    def failing_register(*, session_factory: Any, **_: Any) -> dict[str, Any]:
+        with session_factory() as session, session.begin():
+            session.execute(
+                text("INSERT INTO audit_events (at, kind, detail) VALUES (NULL, :kind, :detail)"),
+                {"kind": str(INT), "detail": json.dumps({"value": REAL})},
+            )
+        raise AssertionError("the insert above fails")  # pragma: no cover
+
+    monkeypatch.setattr(object_service, "register_object", failing_register)
+    raw = TestClient(client.app, raise_server_exceptions=False)
+    r = raw.post("/v1/objects", json={"id": "boom"}, headers=auth(ADMIN_KEY))
+    assert r.status_code == 500
+    assert r.json()["type"] == "internal-error"
+    lines = [json.loads(line) for line in structured_log.getvalue().splitlines()]
+    errors = [line for line in lines if line.get("level") == "ERROR"]
+    assert len(errors) == 1, lines
+    error = errors[0]
+    assert error["error"] == "IntegrityError"
+    assert error["error_type"] == "sqlalchemy.exc.IntegrityError"
+    assert "null" in error["error_message"].lower() or "not" in error["error_message"].lower()
+    assert any(
+        "test_secrecy.py" in frame and "failing_register" in frame for frame in error["stack"]
+    )
+    assert any(frame.startswith("app/api/") for frame in error["stack"]), error["stack"]
+    structured = structured_log.getvalue()
+    hits = [s for s in SENTINELS if s in structured]
+    assert hits == [], f"{hits} in structured log: {_context(structured, hits[0])}"
+    assert str(INT) not in structured

@@ -12,7 +12,8 @@ step it checks, for every object it made:
 * a dry-run changes nothing (odometer and stored queries identical before and after), and its
   decision predicts the submit that follows it;
 * a retry of an accepted submit never resamples: same body (query id, output, odometer),
-  ``Idempotent-Replayed: true``, no new stored query;
+  ``Idempotent-Replayed: true``, no new stored query; a retry of a rejected key gets its stored
+  409 (also marked replayed) and counts nothing;
 * a reused key with another body is 422 and stores nothing;
 * the stored state equals a fresh recomputation from the stored history
   (:func:`app.verify.verify_object`, the check of ``gatekeeper verify``);
@@ -109,6 +110,8 @@ class Sent:
     body: dict[str, Any]
     #: the 201 response body, when the key holds a stored query
     stored: dict[str, Any] | None = None
+    #: the 409 problem, when the key holds a stored rejection
+    rejected: dict[str, Any] | None = None
     changed: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -165,6 +168,9 @@ def make_machine(client: TestClient, analyst: str) -> type[RuleBasedStateMachine
                 assert r.status_code == 409, r.text
                 assert r.headers["content-type"].startswith("application/problem+json")
                 assert r.json()["type"] == "budget-exhausted"
+                assert r.headers.get("Idempotent-Replayed") is None
+                entry.rejected = r.json()
+                entry.body = body
             return r
 
         def pick_object(self, index: int) -> Obj:
@@ -229,8 +235,14 @@ def make_machine(client: TestClient, analyst: str) -> type[RuleBasedStateMachine
             """Same key, same body: the stored answer, never a new sample."""
             entry = self.sent[which % len(self.sent)]
             obj = entry.obj
-            if entry.stored is None:  # a rejected submit stored nothing: this one is fresh
-                self.fresh_submit(obj, entry.body, entry)
+            if entry.stored is None:  # a rejection: its stored answer, counted once
+                assert entry.rejected is not None
+                before = self.snapshot(obj)
+                r = self.post_submit(obj, entry.key, entry.body)
+                assert r.status_code == 409, r.text
+                assert r.headers.get("Idempotent-Replayed") == "true"
+                assert r.json() == entry.rejected
+                assert self.snapshot(obj) == before
                 return
             _, queries_before = self.snapshot(obj)
             r = self.post_submit(obj, entry.key, entry.body)
@@ -250,9 +262,6 @@ def make_machine(client: TestClient, analyst: str) -> type[RuleBasedStateMachine
             index = queries.index(entry.body["query"])
             other = {"query": queries[(index + 1 + shift % (len(queries) - 1)) % len(queries)]}
             assert other != entry.body
-            if entry.stored is None:  # nothing stored under this key: a fresh submit
-                self.fresh_submit(obj, other, entry)
-                return
             before = self.snapshot(obj)
             r = self.post_submit(obj, entry.key, other)
             assert r.status_code == 422, r.text
@@ -260,6 +269,7 @@ def make_machine(client: TestClient, analyst: str) -> type[RuleBasedStateMachine
             assert "output" not in r.json()
             assert self.snapshot(obj)[1] == before[1]
             assert self.snapshot(obj)[0]["accepted"] == before[0]["accepted"]
+            assert self.snapshot(obj)[0]["rejected"] == before[0]["rejected"]
             entry.changed.append(other)
 
         @precondition(lambda self: self.objects)

@@ -208,3 +208,95 @@ def test_without_the_cache_revocation_is_immediate_everywhere(database_url: str)
         assert b.get("/v1/odometers", headers=auth(created["key"])).status_code == 200
         assert a.delete(f"/v1/keys/{created['id']}", headers=auth(ADMIN_KEY)).status_code == 200
         assert b.get("/v1/odometers", headers=auth(created["key"])).status_code == 401
+
+
+def _rejection_events(client: TestClient, oid: str) -> int:
+    r = client.get(
+        "/v1/audit",
+        params={"object_id": oid, "kind": "decision.rejected", "limit": 1000},
+        headers=auth(ADMIN_KEY),
+    )
+    assert r.status_code == 200, r.text
+    return len(r.json()["events"])
+
+
+def test_a_replayed_rejection_returns_the_stored_answer_and_counts_nothing(
+    client: TestClient, analyst: str
+) -> None:
+    """Two rejections and a replay of the second: 2 counted, 2 audited (issue #11, 4)."""
+    oid = _register(client, 1.0)
+    big = {**QUERY, "epsilon": 2.0}
+    first = _submit(client, oid, analyst, "reject-a", big)
+    second = _submit(client, oid, analyst, "reject-b", big)
+    assert (first.status_code, second.status_code) == (409, 409)
+    replay = _submit(client, oid, analyst, "reject-b", big)
+    assert replay.status_code == 409
+    assert _problem_type(replay) == "budget-exhausted"
+    assert replay.headers.get("idempotent-replayed") == "true"
+    assert "idempotent-replayed" not in second.headers
+    assert replay.json() == second.json()
+    odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
+    assert odometer["rejected"] == 2
+    assert _rejection_events(client, oid) == 2
+    # the same key with another body is a mismatch, not a third rejection
+    other = _submit(client, oid, analyst, "reject-b", {**QUERY, "epsilon": 3.0})
+    assert _problem_type(other) == "idempotency-key-reused"
+    # a key rejected before is not spent later by an acceptable query with the same body:
+    # the stored rejection is the answer for that key
+    small = {**QUERY, "epsilon": 0.5}
+    rejected = _submit(client, oid, analyst, "reject-c", {**QUERY, "epsilon": 1.5})
+    assert rejected.status_code == 409
+    assert _submit(client, oid, analyst, "reject-c", small).status_code == 422
+    accepted = _submit(client, oid, analyst, "accept-d", small)
+    assert accepted.status_code == 201, accepted.text
+    odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
+    assert (odometer["accepted"], odometer["rejected"]) == (1, 3)
+    assert _rejection_events(client, oid) == 3
+
+
+def test_another_analyst_cannot_replay_a_stored_rejection(client: TestClient, analyst: str) -> None:
+    oid = _register(client, 1.0)
+    big = {**QUERY, "epsilon": 2.0}
+    assert _submit(client, oid, analyst, "mine", big).status_code == 409
+    other = new_key(client, "analyst")
+    r = _submit(client, oid, other, "mine", big)
+    assert _problem_type(r) == "idempotency-key-reused"
+    odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
+    assert odometer["rejected"] == 1
+
+
+@pytest.mark.parametrize("header", ["", " ", "\t"])
+def test_an_empty_idempotency_key_is_a_400_naming_the_header(
+    client: TestClient, analyst: str, header: str
+) -> None:
+    oid = _register(client, 5.0)
+    r = _submit(client, oid, analyst, header)
+    assert r.status_code == 400, r.text
+    assert _problem_type(r) == "invalid-header"
+    assert r.json()["errors"] == [{"field": "Idempotency-Key", "message": "must not be empty"}]
+    odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
+    assert odometer["accepted"] == 0
+
+
+def test_the_odometer_history_places_each_rejection_between_accepted_queries(
+    client: TestClient, analyst: str
+) -> None:
+    """The dashboard marks rejections on the loss chart (issue #11, 14)."""
+    oid = _register(client, 1.0)  # basic filter
+    answers = [
+        _submit(client, oid, analyst, None, {**QUERY, "epsilon": eps}).status_code
+        for eps in (0.6, 0.6, 0.6, 0.3, 0.3)
+    ]
+    assert answers == [201, 409, 409, 201, 409]
+    url = f"/v1/objects/{oid}/odometer/history"
+    whole = client.get(url, headers=auth(analyst)).json()
+    assert [r["after_accepted"] for r in whole["rejections"]] == [1, 1, 2]
+    assert all(r["at"] for r in whole["rejections"])
+    paged, after = [], 0
+    while True:
+        page = client.get(url, params={"limit": 1, "after": after}, headers=auth(analyst)).json()
+        paged += [r["after_accepted"] for r in page["rejections"]]
+        if page["next_after"] is None:
+            break
+        after = page["next_after"]
+    assert paged == [1, 1, 2]

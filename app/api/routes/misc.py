@@ -10,13 +10,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
-from app.api import examples, scrape
+from app.api import examples, schemas, scrape
 from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, in_thread
 from app.api.openapi import (
     AUTHENTICATED,
-    KEY_BODY,
-    LOSS_BODY,
-    OBJECT_ID_PATTERN,
     WITH_BODY,
     body_doc,
     problems,
@@ -27,7 +24,7 @@ from app.engine.jsonfields import as_object, as_string, check_keys
 from app.services import audit
 from app.services import objects as object_service
 from app.services.audit import MAX_PAGE, AuditKind
-from app.services.auth import Role, create_key, revoke_key
+from app.services.auth import Role, create_key, list_keys, revoke_key
 from app.services.errors import NotFound
 
 router = APIRouter()
@@ -65,7 +62,7 @@ async def audit_log(
     _: AdminDep,
     # the pattern of registered ids: anything else (a NUL byte, which PostgreSQL refuses in
     # text, was a 500) is a 422 naming the parameter
-    object_id: Annotated[str | None, Query(pattern=OBJECT_ID_PATTERN)] = None,
+    object_id: Annotated[str | None, Query(pattern=schemas.OBJECT_ID_PATTERN)] = None,
     kind: AuditKind | None = None,
     # ids are 32-bit integers: a larger ``after`` reached PostgreSQL and was a 500
     after: Annotated[int, Query(ge=0, le=2_147_483_647, description="Events with a larger id")] = 0,
@@ -90,7 +87,7 @@ async def audit_log(
     "/v1/loss",
     tags=["calculator"],
     responses=problems(*WITH_BODY),
-    openapi_extra=body_doc(LOSS_BODY, examples.LOSS),
+    openapi_extra=body_doc(schemas.LossRequest, examples.LOSS),
 )
 async def loss(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, Any]:
     """The stateless loss calculator (DESIGN.md): realized loss of a history and a candidate."""
@@ -103,7 +100,7 @@ async def loss(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, 
     tags=["keys"],
     status_code=status.HTTP_201_CREATED,
     responses=problems(*WITH_BODY),
-    openapi_extra=body_doc(KEY_BODY, examples.KEY),
+    openapi_extra=body_doc(schemas.KeyRequest, examples.KEY),
 )
 async def new_key(
     runtime: RuntimeDep,
@@ -127,8 +124,30 @@ async def new_key(
     return await in_thread(runtime, create)
 
 
+@router.get("/v1/keys", tags=["keys"], responses=problems(*AUTHENTICATED))
+async def list_api_keys(
+    runtime: RuntimeDep,
+    _: AdminDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[
+        int, Query(ge=0, le=2_147_483_647, description="Return keys with id > after")
+    ] = 0,
+) -> dict[str, Any]:
+    """API keys (admin): id, role, label, created and revoked times — never a secret."""
+
+    def read() -> dict[str, Any]:
+        with runtime.sessions() as session:
+            return list_keys(session=session, limit=limit, after=after)
+
+    return await in_thread(runtime, read)
+
+
 @router.delete(
-    "/v1/keys/{key_id}", tags=["keys"], responses=problems(*AUTHENTICATED, 404, s404="No such key")
+    "/v1/keys/{key_id}",
+    tags=["keys"],
+    responses=problems(
+        *AUTHENTICATED, 404, 409, s404="No such key", s409="The last active admin key"
+    ),
 )
 async def drop_key(
     runtime: RuntimeDep, caller: AdminDep, key_id: Annotated[int, Path(ge=1, le=2_147_483_647)]

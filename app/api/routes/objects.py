@@ -6,12 +6,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
-from app.api import examples
+from app.api import examples, schemas
 from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, in_thread
 from app.api.openapi import (
     AUTHENTICATED,
-    QUERY_BODY,
-    REGISTER_BODY,
     WITH_BODY,
     body_doc,
     problems,
@@ -20,6 +18,7 @@ from app.engine.jsonfields import as_object, check_keys
 from app.services import objects as object_service
 from app.services import queries as query_service
 from app.services.auth import Role
+from app.services.errors import BadHeader
 
 router = APIRouter(prefix="/v1/objects", tags=["objects"])
 
@@ -40,7 +39,7 @@ def _query_of(body: Any) -> Any:
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
-    openapi_extra=body_doc(REGISTER_BODY, examples.REGISTER),
+    openapi_extra=body_doc(schemas.RegisterRequest, examples.REGISTER),
     responses=problems(*WITH_BODY, 409, s409="already-exists: an object with this id exists"),
 )
 async def register(
@@ -84,7 +83,7 @@ async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> 
 @router.post(
     "/{object_id}/dry-run",
     responses=problems(*WITH_BODY, 404, 409, s404="No such object", s409="object-retired"),
-    openapi_extra=body_doc(QUERY_BODY, examples.QUERY),
+    openapi_extra=body_doc(schemas.QueryRequest, examples.QUERY),
 )
 async def dry_run(
     runtime: RuntimeDep,
@@ -108,7 +107,7 @@ async def dry_run(
 @router.post(
     "/{object_id}/queries",
     status_code=status.HTTP_201_CREATED,
-    openapi_extra=body_doc(QUERY_BODY, examples.QUERY),
+    openapi_extra=body_doc(schemas.QueryRequest, examples.QUERY),
     responses=problems(
         *WITH_BODY,
         404,
@@ -131,12 +130,19 @@ async def submit(
         Header(
             max_length=255,
             description="Makes the submit safe to retry: a retry with the same key and body "
-            "returns the stored output (header Idempotent-Replayed: true), never a new sample. "
-            "Without it a retry may spend budget twice.",
+            "returns the stored answer (header Idempotent-Replayed: true) — the output, never a "
+            "new sample, or the stored 409 of a rejection. Without it a retry may spend budget "
+            "twice. An empty or blank key is a 400.",
+            # documented, checked by the route (a 400 naming the header, not FastAPI's 422)
+            # blank = only spaces and tabs, HTTP's optional whitespace (the same rule as below)
+            json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
         ),
     ] = None,
 ) -> dict[str, Any]:
     """Run an accepted query: sample its output from the true value, record it, return it."""
+    if idempotency_key is not None and not idempotency_key.strip(" \t"):
+        # an empty key used to be taken as no key: a retry could then spend budget twice
+        raise BadHeader("Idempotency-Key", "must not be empty")
     query = _query_of(body)
     outcome = await in_thread(
         runtime,

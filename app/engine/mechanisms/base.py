@@ -23,8 +23,13 @@ import numpy as np
 from app.engine.domain import Domain, Scalar
 from app.engine.errors import InvalidInput
 from app.engine.likelihood import LikelihoodState, Term, losses_from_table
-from app.engine.limits import EngineLimits
-from app.engine.numerics import FloatArray, certified_upper, decimal_fraction
+from app.engine.limits import EXACT_EPSILON_BITS, EngineLimits
+from app.engine.numerics import (
+    FloatArray,
+    certified_upper,
+    decimal_fraction,
+    round_up_dyadic,
+)
 
 #: Internal form of an output: an index into the mechanism's outputs, or a bit vector.
 Output = int | tuple[int, ...]
@@ -89,7 +94,11 @@ class Mechanism(abc.ABC):
         if declared_epsilon is not None and self.epsilon >= declared_epsilon * (1 - EPSILON_SLACK):
             exact = decimal_fraction(declared_epsilon)
         else:
-            exact = certified_upper(self.epsilon) if self.epsilon > 0 else Fraction(0)
+            exact = (
+                round_up_dyadic(certified_upper(self.epsilon), EXACT_EPSILON_BITS)
+                if self.epsilon > 0
+                else Fraction(0)
+            )
             if declared_epsilon is not None:
                 exact = min(exact, decimal_fraction(declared_epsilon))
         #: A rational upper bound of the tight ε used for exact basic composition.
@@ -170,10 +179,12 @@ class TabulatedMechanism(Mechanism):
 
 
 def check_epsilon(raw: Any, field: str, limits: EngineLimits) -> float:
-    """Validate a declared ε: a finite number in ``(0, limits.max_epsilon]``."""
+    """Validate a declared ε: a finite number in ``[limits.min_epsilon, limits.max_epsilon]``."""
     from app.engine.jsonfields import as_positive_number
 
-    return as_positive_number(raw, field, maximum=limits.max_epsilon)
+    return as_positive_number(
+        raw, field, maximum=limits.max_epsilon, minimum=limits.min_epsilon or None
+    )
 
 
 def rr_log_probs(epsilon: float, k: int) -> tuple[float, float]:

@@ -29,9 +29,20 @@ ROW_SUM_TOLERANCE = 1e-9
 
 
 def _parse_probabilities(raw: Any, field: str, rows: int, cols: int) -> FloatArray:
-    items = as_list(raw, field, min_len=rows, max_len=rows)
+    items = as_list(raw, field)
+    if len(items) != rows:
+        raise InvalidInput(
+            field,
+            f"must have one row per domain point, in the domain's order: {rows} row(s), "
+            f"not {len(items)}",
+        )
     for i, row in enumerate(items):
-        as_list(row, path(field, i), min_len=cols, max_len=cols)
+        row_items = as_list(row, path(field, i))
+        if len(row_items) != cols:
+            raise InvalidInput(
+                path(field, i),
+                f"must have one probability per output: {cols}, not {len(row_items)}",
+            )
     try:
         if not all(type(v) in (int, float) for row in items for v in row):
             raise TypeError

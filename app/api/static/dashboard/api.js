@@ -12,12 +12,14 @@ export class ApiError extends Error {
   }
 }
 
-// GET a JSON document; throws ApiError with the problem+json detail on any failure.
-export async function getJson(path, key) {
+// Send a request with the key; answers the JSON document, throws ApiError with the
+// problem+json detail on any failure (status 0 when the service could not be reached).
+async function requestJson(path, key, init = {}) {
   let response;
   try {
     response = await fetch(new URL(path, API_BASE), {
-      headers: { Authorization: `Bearer ${key}`, Accept: "application/json" },
+      ...init,
+      headers: { Authorization: `Bearer ${key}`, Accept: "application/json", ...(init.headers || {}) },
       cache: "no-store",
       credentials: "omit",
     });
@@ -35,6 +37,20 @@ export async function getJson(path, key) {
     throw new ApiError(response.status, detail || `HTTP ${response.status}`);
   }
   return body;
+}
+
+// GET a JSON document.
+export function getJson(path, key) {
+  return requestJson(path, key);
+}
+
+// POST a JSON body (a dry-run from the what-if panel).
+export function postJson(path, key, body) {
+  return requestJson(path, key, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
 }
 
 function sentence(text) {

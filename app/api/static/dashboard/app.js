@@ -2,8 +2,9 @@
 // Everything shown comes from the JSON API (GET /v1/whoami, /v1/odometers,
 // /v1/objects/{id}/odometer, /odometer/history and, for analysts and admins, /queries).
 
-import { ApiError, Poller, describeError, getJson } from "./api.js";
+import { ApiError, Poller, describeError, getJson, postJson } from "./api.js";
 import { renderChart } from "./chart.js";
+import { num } from "./format.js";
 import { parseFilter } from "./filter.js";
 import { renderReading } from "./reading.js";
 
@@ -49,10 +50,7 @@ function clearStatus() {
 }
 
 function fmt(value) {
-  if (typeof value !== "number") {
-    return String(value ?? "");
-  }
-  return Number.isInteger(value) ? String(value) : value.toFixed(4);
+  return num(value);
 }
 
 function fmtTime(iso) {
@@ -248,7 +246,7 @@ function renderList() {
     if (row.status === "retired") {
       tr.classList.add("retired");
     }
-    if (row.remaining < 0.1 * row.budget) {
+    if (row.status !== "retired" && row.remaining < 0.1 * row.budget) {
       tr.classList.add("near-exhaustion");
     }
     const idCell = document.createElement("td");
@@ -271,12 +269,34 @@ function renderList() {
     body.append(tr);
   }
   $("objects").tBodies[0].replaceWith(body);
+  $("no-match").hidden = !(shown.length === 0 && state.rows.length > 0);
+  renderSummary();
   const more = state.total > state.rows.length ? ` (first ${state.rows.length} loaded)` : "";
   $("count").textContent = `${shown.length} of ${state.total} objects${more}`;
   for (const th of $("objects").tHead.rows[0].cells) {
     const sorted = th.dataset.key === state.sortKey;
     th.setAttribute("aria-sort", sorted ? (state.sortDir > 0 ? "ascending" : "descending") : "none");
   }
+}
+
+// Below this nothing fits: the smallest ε a query may declare (docs/engine.md).
+const MIN_EPSILON = 1e-6;
+
+function exhausted(row) {
+  return row.status !== "retired" && row.remaining < MIN_EPSILON;
+}
+
+function nearExhaustion(row) {
+  return row.status !== "retired" && !exhausted(row) && row.remaining < 0.1 * row.budget;
+}
+
+// The summary strip: over every loaded object (active ones for exhausted / near exhaustion).
+function renderSummary() {
+  const rows = state.rows;
+  $("sum-objects").textContent = num(state.total);
+  $("sum-exhausted").textContent = num(rows.filter(exhausted).length);
+  $("sum-near").textContent = num(rows.filter(nearExhaustion).length);
+  $("sum-rejected").textContent = num(rows.reduce((sum, row) => sum + row.rejected, 0));
 }
 
 function onHeaderClick(event) {
@@ -296,19 +316,39 @@ function onHeaderClick(event) {
 // --- one object --------------------------------------------------------------------------------
 
 function newDetail(id) {
-  return { id, odometer: null, points: [], queries: new Map(), drawn: "", read: "", prior: 0.5 };
+  return {
+    id,
+    odometer: null,
+    meta: null,
+    points: [],
+    rejections: [],
+    rejectedSeen: -1,
+    queries: new Map(),
+    drawn: "",
+    read: "",
+    prior: 0.5,
+  };
 }
 
 async function loadDetail() {
   const d = state.detail;
   const base = `v1/objects/${encode(d.id)}`;
   const odometer = await getJson(`${base}/odometer`, state.key);
+  if (d.meta === null) {
+    // object metadata (its domain) is for analysts and admins, as GET /v1/objects/{id} is
+    d.meta = mayReadQueries() ? await getJson(base, state.key) : { domain: null };
+    renderDomain(d.meta.domain);
+    setUpWhatIf(d);
+  }
   const last = () => (d.points.length ? d.points[d.points.length - 1].accepted : 0);
-  if (d.odometer === null || last() < odometer.accepted) {
+  if (d.odometer === null || last() < odometer.accepted || d.rejectedSeen !== odometer.rejected) {
     const before = last();
     let after = before;
+    // rejections at or after `before` are listed again by the pages read now
+    d.rejections = d.rejections.filter((r) => r.after_accepted < before);
     for (;;) {
       const page = await getJson(`${base}/odometer/history?limit=${PAGE}&after=${after}`, state.key);
+      d.rejections.push(...(page.rejections || []));
       for (const p of page.points) {
         d.points.push({
           accepted: p.accepted,
@@ -339,7 +379,93 @@ async function loadDetail() {
     }
   }
   d.odometer = odometer;
+  d.rejectedSeen = odometer.rejected;
   renderDetail();
+}
+
+function describeAttribute(attribute) {
+  if (attribute.type === "categorical") {
+    return `${attribute.name}: categorical, one of ${attribute.values.map((v) => JSON.stringify(v)).join(", ")}`;
+  }
+  return `${attribute.name}: ${attribute.type} from ${num(attribute.low)} to ${num(attribute.high)}`;
+}
+
+function renderDomain(domain) {
+  const list = $("domain-list");
+  if (domain === null) {
+    const item = document.createElement("li");
+    item.className = "muted";
+    item.textContent = "An analyst or admin key shows the object's domain.";
+    list.replaceChildren(item);
+    return;
+  }
+  list.replaceChildren(
+    ...domain.attributes.map((attribute) => {
+      const item = document.createElement("li");
+      item.textContent = describeAttribute(attribute);
+      return item;
+    }),
+  );
+}
+
+// "What if": analysts and admins dry-run a query on this object (viewers may not).
+function setUpWhatIf(d) {
+  const panel = $("what-if");
+  panel.hidden = !mayReadQueries();
+  if (panel.hidden) {
+    return;
+  }
+  const first = d.meta.domain.attributes.find((a) => a.type !== "real") || d.meta.domain.attributes[0];
+  $("what-if-query").value = JSON.stringify(
+    first.type === "real"
+      ? { mechanism: "linear", weights: { [first.name]: 1 }, range: [first.low, first.high], epsilon: 0.1 }
+      : { mechanism: "grr", attribute: first.name, epsilon: 0.1 },
+  );
+  $("what-if-result").hidden = true;
+  $("what-if-decision").textContent = "";
+  $("what-if-error").hidden = true;
+}
+
+async function runWhatIf() {
+  const d = state.detail;
+  const error = $("what-if-error");
+  error.hidden = true;
+  let query;
+  try {
+    query = JSON.parse($("what-if-query").value);
+  } catch (problem) {
+    error.textContent = "The query is not valid JSON.";
+    error.hidden = false;
+    return;
+  }
+  let answer;
+  try {
+    answer = await postJson(`v1/objects/${encode(d.id)}/dry-run`, state.key, { query });
+  } catch (problem) {
+    error.textContent = describeError(problem);
+    error.hidden = false;
+    $("what-if-result").hidden = true;
+    $("what-if-decision").textContent = "";
+    return;
+  }
+  const decision = $("what-if-decision");
+  decision.textContent = `${answer.decision === "accept" ? "Would be accepted" : "Would be rejected"}: worst case after ${num(answer.worst_case_after)} against a budget of ${num(answer.budget)}.`;
+  decision.className = answer.decision;
+  const body = document.createElement("tbody");
+  for (const entry of answer.per_output) {
+    const tr = document.createElement("tr");
+    const within = entry.upper <= answer.budget;
+    tr.append(
+      cell(null, { text: JSON.stringify(entry.output) }),
+      cell(entry.lower, { numeric: true }),
+      cell(entry.upper, { numeric: true }),
+      cell(null, { text: within ? "yes" : "no" }),
+    );
+    tr.lastChild.className = within ? "accept" : "reject";
+    body.append(tr);
+  }
+  $("what-if-result").tBodies[0].replaceWith(body);
+  $("what-if-result").hidden = false;
 }
 
 function describeQuery(query) {
@@ -449,9 +575,13 @@ function renderDetail() {
   const known = state.rows.find((r) => r.id === d.id);
   $("detail-meta").textContent = known ? `· ${known.filter} filter · ${known.status}` : "";
   renderNumbers(odometer);
-  const drawn = `${d.points.length}:${odometer.realized_loss.upper}:${odometer.budget}`;
+  const drawn = `${d.points.length}:${d.rejections.length}:${odometer.realized_loss.upper}:${odometer.budget}`;
   if (drawn !== d.drawn) {
-    renderChart($("chart"), $("chart-legend"), { budget: odometer.budget, points: d.points });
+    renderChart($("chart"), $("chart-legend"), {
+      budget: odometer.budget,
+      points: d.points,
+      rejections: d.rejections,
+    });
     renderHistory(d);
     d.drawn = drawn;
   }
@@ -499,6 +629,9 @@ function main() {
   $("sign-in-form").addEventListener("submit", onSignInSubmit);
   $("sign-out").addEventListener("click", () => signOut(""));
   $("objects").tHead.addEventListener("click", onHeaderClick);
+  $("what-if-run").addEventListener("click", () => {
+    runWhatIf();
+  });
   $("filter").addEventListener("input", () => {
     state.filter = parseFilter($("filter").value);
     renderList();

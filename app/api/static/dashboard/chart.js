@@ -1,6 +1,8 @@
 // The loss chart of one object, drawn as inline SVG: realized loss (upper, and lower where it
 // differs) after each accepted query, next to basic composition and the budget.
 
+import { num } from "./format.js";
+
 const SVG = "http://www.w3.org/2000/svg";
 const WIDTH = 640;
 const HEIGHT = 320;
@@ -45,7 +47,8 @@ function pathOf(points, x, y, key) {
 }
 
 // Draw into `svg` (emptied first); `legend` gets a key of the lines.
-// data: {budget, points: [{accepted, lower, upper, basic}, ...]} in query order.
+// data: {budget, points: [{accepted, lower, upper, basic}, ...] in query order,
+//        rejections: [{after_accepted, at}, ...]}.
 export function renderChart(svg, legend, data) {
   svg.replaceChildren();
   const points = [{ accepted: 0, lower: 0, upper: 0, basic: 0 }, ...data.points];
@@ -64,7 +67,7 @@ export function renderChart(svg, legend, data) {
   const grid = element("g", { class: "grid" });
   for (const v of yTicks) {
     grid.append(element("line", { x1: MARGIN.left, x2: WIDTH - MARGIN.right, y1: y(v), y2: y(v) }));
-    grid.append(element("text", { x: MARGIN.left - 6, y: y(v) + 4, class: "tick y" }, String(v)));
+    grid.append(element("text", { x: MARGIN.left - 6, y: y(v) + 4, class: "tick y" }, num(v)));
   }
   for (const v of xTicks) {
     grid.append(element("line", { x1: x(v), x2: x(v), y1: MARGIN.top, y2: MARGIN.top + plotH }));
@@ -83,6 +86,12 @@ export function renderChart(svg, legend, data) {
   svg.append(element("line", { class: "budget", x1: MARGIN.left, x2: WIDTH - MARGIN.right, y1: y(data.budget), y2: y(data.budget) }));
   svg.append(element("path", { class: "basic", d: pathOf(points, x, y, "basic") }));
   const showLower = lowerDiffers(points);
+  // the certified band: the realized loss lies between the lower and upper bounds
+  const band = [
+    ...points.map((p) => `${x(p.accepted).toFixed(2)},${y(p.upper).toFixed(2)}`),
+    ...[...points].reverse().map((p) => `${x(p.accepted).toFixed(2)},${y(p.lower).toFixed(2)}`),
+  ].join(" ");
+  svg.append(element("polygon", { class: "band", points: band }));
   if (showLower) {
     svg.append(element("path", { class: "loss-lower", d: pathOf(points, x, y, "lower") }));
   }
@@ -91,18 +100,43 @@ export function renderChart(svg, legend, data) {
     const dots = element("g", { class: "dots" });
     for (const p of points.slice(1)) {
       const dot = element("circle", { cx: x(p.accepted), cy: y(p.upper), r: 3 });
-      dot.append(element("title", {}, `after query ${p.accepted}: loss ≤ ${p.upper.toPrecision(4)}, basic ${p.basic.toPrecision(4)}`));
+      dot.append(element("title", {}, `after query ${p.accepted}: loss in [${num(p.lower)}, ${num(p.upper)}], basic ${num(p.basic)}`));
       dots.append(dot);
     }
     svg.append(dots);
+  }
+
+  // rejected submits, between the accepted queries they came after (a cross on the loss line)
+  const rejections = data.rejections || [];
+  if (rejections.length) {
+    const marks = element("g", { class: "rejections" });
+    const counts = new Map();
+    for (const r of rejections) {
+      counts.set(r.after_accepted, (counts.get(r.after_accepted) || 0) + 1);
+    }
+    for (const [after, count] of counts) {
+      const at = points.find((p) => p.accepted === after) || points[points.length - 1];
+      const cx = x(Math.min(after + 0.5, xMax));
+      const cy = y(at.upper);
+      const mark = element("path", {
+        class: "rejection",
+        d: `M${cx - 4} ${cy - 4} L${cx + 4} ${cy + 4} M${cx - 4} ${cy + 4} L${cx + 4} ${cy - 4}`,
+      });
+      mark.dataset.after = String(after);
+      mark.append(element("title", {}, `${count} rejected after query ${after}`));
+      marks.append(mark);
+    }
+    svg.append(marks);
   }
 
   legend.replaceChildren();
   const entries = [
     ["loss-upper", "realized loss (upper bound)"],
     ...(showLower ? [["loss-lower", "realized loss (lower bound)"]] : []),
+    ["band", "certified band: lower ≤ loss ≤ upper"],
+    ...(rejections.length ? [["rejection", `rejected queries (${rejections.length})`]] : []),
     ["basic", "basic composition Σε"],
-    ["budget", `budget ε_g = ${data.budget}`],
+    ["budget", `budget ε_g = ${num(data.budget)}`],
   ];
   for (const [kind, label] of entries) {
     const item = document.createElement("span");

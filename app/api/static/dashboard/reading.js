@@ -6,6 +6,7 @@
 // within a factor e^L of every other's. A belief p therefore becomes at most
 // p e^L / (p e^L + 1 - p). Over all priors the largest rise in the probability of a correct
 // guess (the guessing advantage of Pankova and Laud) is tanh(L/4), reached at p = 1/(1+e^(L/2)).
+import { num } from "./format.js";
 
 export function oddsFactor(loss) {
   return Math.exp(loss);
@@ -32,8 +33,8 @@ export function worstPrior(loss) {
   return 1 / (1 + Math.exp(loss / 2));
 }
 
-function fmt(value, digits = 3) {
-  return Number(value).toFixed(digits);
+function fmt(value) {
+  return num(Number(value));
 }
 
 function paragraph(parent, parts) {
@@ -108,7 +109,7 @@ export function renderReading(section, { loss, lower, budget, accepted, prior })
     ` (= tanh(L/4), for an observer who started at p = ${fmt(worstPrior(loss))}).`,
   ]);
   paragraph(section, [
-    `At the budget ε_g = ${budget} the filter stops: odds can never be multiplied by more than e^${budget} = ${fmt(oddsFactor(budget))}, `,
+    `At the budget ε_g = ${fmt(budget)} the filter stops: odds can never be multiplied by more than e^${fmt(budget)} = ${fmt(oddsFactor(budget))}, `,
     `and an even-odds belief can never exceed ${fmt(maxPosterior(0.5, budget))}.`,
   ]);
   if (loss - lower > 1e-6 * Math.max(1, loss)) {

@@ -1,0 +1,491 @@
+"""Named schemas of the JSON contract for the OpenAPI document (DESIGN.md, "JSON contract").
+
+The routes validate with the engine's own code (:mod:`app.engine.jsonfields`), which names the
+field of every error; these Pydantic models *describe* the same shapes so that client generators
+(openapi-python-client) get typed models instead of dicts, and schemathesis can check every
+response against its schema. They never change what the service answers:
+:func:`app.api.openapi.install` puts their JSON Schemas into the document, and
+``tests/service/test_schemathesis.py`` and ``test_openapi_contract.py`` hold the two to the same
+shapes.
+
+Request schemas are as strict as the server's structural checks (a union discriminated by
+``mechanism`` with each mechanism's required fields; ``low``/``high`` required for ``real``).
+What JSON Schema cannot say — an attribute named by a query exists in the object's domain, a
+value lies in its domain, a declared ε is at least the mechanism's tight ε — is answered 422.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, MIN_EPSILON
+from app.services.objects import ID_PATTERN
+
+#: Free text the server stores: anything but NUL, which no PostgreSQL text column holds.
+NO_NUL_PATTERN = r"^[^\x00]*$"
+
+#: The ids ``register_object`` accepts, anchored for JSON Schema and FastAPI's ``pattern=``.
+OBJECT_ID_PATTERN = f"^{ID_PATTERN.pattern}$"
+
+Epsilon = Annotated[float, Field(ge=MIN_EPSILON, le=DEFAULT_LIMITS.max_epsilon)]
+Budget = Annotated[float, Field(ge=MIN_EPSILON, le=MAX_BUDGET)]
+Name = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL_PATTERN)]
+Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+Scalar = str | int | float
+
+
+class _Strict(BaseModel):
+    """A request object: unknown fields are refused, as the server does.
+
+    An optional field is ``X | SkipJsonSchema[None] = None``: it may be left out but not sent as
+    ``null`` (the server refuses ``null``), so the schema shows only ``X``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    """A response object: clients should ignore fields added by later versions."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# --------------------------------------------------------------------------------- domain
+class RealAttribute(_Strict):
+    """A real attribute: a closed interval."""
+
+    name: Name
+    type: Literal["real"]
+    low: float
+    high: float
+
+
+class IntegerAttribute(_Strict):
+    """An integer attribute: ``low``, ``low + 1``, ..., ``high``."""
+
+    name: Name
+    type: Literal["integer"]
+    low: int
+    high: int
+
+
+class CategoricalAttribute(_Strict):
+    """A categorical attribute: a list of distinct values."""
+
+    name: Name
+    type: Literal["categorical"]
+    values: Annotated[list[str | int], Field(min_length=1)]
+
+
+Attribute = Annotated[
+    RealAttribute | IntegerAttribute | CategoricalAttribute, Field(discriminator="type")
+]
+
+
+class Domain(_Strict):
+    """The values an object could take (finite when no attribute is ``real``)."""
+
+    attributes: Annotated[list[Attribute], Field(min_length=1)]
+
+
+# --------------------------------------------------------------------------------- queries
+class Predicate(_Strict):
+    """``attribute op value``; ``in`` takes a list of values."""
+
+    attribute: Name
+    op: Literal["==", "!=", "<", "<=", ">", ">=", "in"]
+    value: Scalar | list[Scalar]
+
+
+class GrrQuery(_Strict):
+    """Generalised randomised response on a finite attribute."""
+
+    mechanism: Literal["grr"]
+    attribute: Name
+    epsilon: Epsilon
+
+
+class BinaryRrQuery(_Strict):
+    """Binary randomised response on a predicate; outputs 1 or 0."""
+
+    mechanism: Literal["binary_rr"]
+    predicate: Predicate
+    epsilon: Epsilon
+
+
+class UnaryEncodingQuery(_Strict):
+    """Unary encoding of a finite attribute; outputs a list of bits."""
+
+    mechanism: Literal["unary_encoding"]
+    attribute: Name
+    epsilon: Epsilon
+    variant: Literal["optimized", "symmetric"] = "optimized"
+
+
+class MatrixQuery(_Strict):
+    """Any mechanism on a finite domain: one row of probabilities per domain point."""
+
+    mechanism: Literal["matrix"]
+    outputs: Annotated[list[Any], Field(min_length=1)]
+    probabilities: Annotated[list[list[float]], Field(min_length=1)]
+    epsilon: Epsilon | SkipJsonSchema[None] = None
+
+
+class LinearQuery(_Strict):
+    """A linear query ``Σ w·x + c`` on numeric attributes, answered ``a`` or ``b``."""
+
+    mechanism: Literal["linear"]
+    weights: dict[str, float]
+    intercept: float = 0.0
+    range: Annotated[list[float], Field(min_length=2, max_length=2)]
+    truncate: bool = False
+    epsilon: Epsilon
+
+
+class LogisticQuery(_Strict):
+    """A logistic query ``sigmoid(Σ w·x + c)``, answered 0 or 1."""
+
+    mechanism: Literal["logistic"]
+    weights: dict[str, float]
+    intercept: float = 0.0
+    epsilon: Epsilon
+
+
+Query = Annotated[
+    GrrQuery | BinaryRrQuery | UnaryEncodingQuery | MatrixQuery | LinearQuery | LogisticQuery,
+    Field(discriminator="mechanism"),
+]
+
+
+# --------------------------------------------------------------------------------- requests
+class BudgetBody(_Strict):
+    """An object's budget ε_g."""
+
+    epsilon: Budget
+
+
+class RegisterRequest(_Strict):
+    """``POST /v1/objects``: a protected object with its private value."""
+
+    id: Annotated[str, Field(pattern=OBJECT_ID_PATTERN)]
+    domain: Domain
+    value: Annotated[
+        dict[str, Scalar], Field(description="One point of the domain; never returned")
+    ]
+    budget: BudgetBody
+    filter: Literal["bayesian", "simplified", "basic"] = "bayesian"
+
+
+class QueryRequest(_Strict):
+    """Dry-run and submit: the query to decide."""
+
+    query: Query
+
+
+class HistoryEntry(_Strict):
+    """One past query and the output it gave."""
+
+    query: Query
+    output: Any
+
+
+class LossOptions(_Strict):
+    """Calculator options."""
+
+    tolerance: Annotated[float, Field(gt=0)] = 1e-4
+    time_limit: Annotated[float, Field(gt=0, le=600)] | SkipJsonSchema[None] = None
+    max_nodes: Annotated[int, Field(ge=1, le=10_000_000)] | SkipJsonSchema[None] = None
+    grouping: Annotated[int, Field(ge=1, le=10_000)] | SkipJsonSchema[None] = None
+    fast: bool = False
+
+
+class LossRequest(_Strict):
+    """``POST /v1/loss``: the stateless calculator."""
+
+    domain: Domain
+    history: list[HistoryEntry]
+    budget: Budget | SkipJsonSchema[None] = None
+    candidate: Query | SkipJsonSchema[None] = None
+    options: LossOptions | SkipJsonSchema[None] = None
+
+
+class KeyRequest(_Strict):
+    """``POST /v1/keys``."""
+
+    role: Literal["admin", "analyst", "viewer"]
+    label: (
+        Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)]
+        | SkipJsonSchema[None]
+    ) = None
+
+
+# --------------------------------------------------------------------------------- responses
+class LossBounds(_Open):
+    """Certified bounds of a realized loss: ``lower <= loss <= upper``."""
+
+    lower: float
+    upper: float
+
+
+class Odometer(_Open):
+    """An object's accounting: budget, certified loss, remaining, basic composition, counts."""
+
+    budget: float
+    realized_loss: LossBounds
+    remaining: float
+    basic_composition: float
+    accepted: int
+    rejected: int
+    updated_at: Timestamp | None
+
+
+class ObjectBudget(_Open):
+    """The budget of an object."""
+
+    epsilon: float
+
+
+class ObjectView(_Open):
+    """An object's metadata (never its value) with its odometer."""
+
+    id: str
+    domain: dict[str, Any]
+    budget: ObjectBudget
+    filter: Literal["bayesian", "simplified", "basic"]
+    finite: bool
+    status: Literal["active", "retired"]
+    created_at: Timestamp | None
+    retired_at: Timestamp | None
+    odometer: Odometer
+
+
+class OutputLoss(_Open):
+    """The loss bounds after one possible output of a candidate query."""
+
+    output: Any
+    lower: float
+    upper: float
+
+
+class Decision(_Open):
+    """A dry-run: would the filter accept the query now, and the loss after each output."""
+
+    decision: Literal["accept", "reject"]
+    reason: str
+    filter: str
+    budget: float
+    realized_loss: LossBounds
+    worst_case_after: float
+    per_output: list[OutputLoss]
+    per_output_complete: bool
+    epsilon: float
+    basic_composition: float
+    basic_composition_after: float
+
+
+class SubmitResult(_Open):
+    """An accepted submit: the sampled output and the odometer after it."""
+
+    query_id: int
+    object_id: str
+    seq: int
+    output: Any
+    epsilon: float
+    odometer: Odometer
+
+
+class HistoryItem(_Open):
+    """One accepted query of an object's history."""
+
+    query_id: int
+    seq: int
+    query: dict[str, Any]
+    output: Any
+    epsilon: float
+    realized_loss_after: LossBounds
+    basic_composition_after: float
+    created_at: Timestamp | None
+
+
+class HistoryPage(_Open):
+    """A page of history; ``next_after`` is the ``after`` of the next page (null: last)."""
+
+    items: list[HistoryItem]
+    next_after: int | None
+
+
+class OdometerPoint(_Open):
+    """The loss after one accepted query."""
+
+    accepted: int
+    realized_loss: LossBounds
+    basic_composition: float
+    epsilon: float
+    at: Timestamp | None
+
+
+class Rejection(_Open):
+    """A rejected submit: ``after_accepted`` queries had been accepted when it came."""
+
+    after_accepted: int
+    at: Timestamp | None
+
+
+class OdometerHistory(_Open):
+    """The loss over time of one object, and the rejections between its accepted queries."""
+
+    object_id: str
+    budget: float
+    points: list[OdometerPoint]
+    rejections: list[Rejection]
+    next_after: int | None
+
+
+class OdometerSummary(Odometer):
+    """One object in the odometers list: its odometer with its id, filter and status."""
+
+    id: str
+    filter: str
+    status: Literal["active", "retired"]
+
+
+class OdometerPage(_Open):
+    """A page of odometers."""
+
+    items: list[OdometerSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class CandidateAcceptance(_Open):
+    """Whether each filter would accept the candidate."""
+
+    bayesian: bool
+    simplified: bool
+    basic: bool
+
+
+class CandidateLoss(_Open):
+    """The calculator's evaluation of a candidate query."""
+
+    per_output: list[OutputLoss]
+    per_output_complete: bool
+    worst_case_upper: float
+    epsilon: float
+    accepted: CandidateAcceptance
+
+
+class LossResult(_Open):
+    """The calculator's answer."""
+
+    realized_loss: LossBounds
+    basic_composition: float
+    status: Literal["ok", "limit"]
+    candidate: CandidateLoss | None = None
+
+
+class CreatedKey(_Open):
+    """A new API key: ``key`` is the secret, shown this once."""
+
+    id: int
+    role: Literal["admin", "analyst", "viewer"]
+    label: str | None
+    key: str
+
+
+class KeyInfo(_Open):
+    """An API key's public facts (never its secret)."""
+
+    id: int
+    role: Literal["admin", "analyst", "viewer"]
+    label: str | None
+    created_at: Timestamp | None
+    revoked_at: Timestamp | None
+
+
+class KeyPage(_Open):
+    """A page of API keys."""
+
+    items: list[KeyInfo]
+    next_after: int | None
+
+
+class RevokedKey(_Open):
+    """A revoked key."""
+
+    id: int
+    revoked: bool
+
+
+class AuditEvent(_Open):
+    """One entry of the audit log: public facts only."""
+
+    id: int
+    at: Timestamp
+    kind: str
+    actor_key_id: int | None
+    object_id: str | None
+    detail: dict[str, Any]
+
+
+class AuditPage(_Open):
+    """A page of the audit log."""
+
+    events: list[AuditEvent]
+    next_after: int | None
+
+
+class WhoAmI(_Open):
+    """The calling key."""
+
+    key_id: int
+    role: Literal["admin", "analyst", "viewer"]
+
+
+class Health(_Open):
+    """The process is up."""
+
+    status: Literal["ok"]
+
+
+class Ready(_Open):
+    """Ready to serve: the database (and Redis, when configured) answered."""
+
+    status: Literal["ok"]
+    database: Literal["ok"]
+    redis: Literal["ok"] | None = None
+
+
+#: The named schema of each 2xx response: (method, path template) -> model.
+RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
+    ("post", "/v1/objects"): ObjectView,
+    ("get", "/v1/objects/{object_id}"): ObjectView,
+    ("delete", "/v1/objects/{object_id}"): ObjectView,
+    ("post", "/v1/objects/{object_id}/dry-run"): Decision,
+    ("post", "/v1/objects/{object_id}/queries"): SubmitResult,
+    ("get", "/v1/objects/{object_id}/queries"): HistoryPage,
+    ("get", "/v1/objects/{object_id}/odometer"): Odometer,
+    ("get", "/v1/objects/{object_id}/odometer/history"): OdometerHistory,
+    ("get", "/v1/odometers"): OdometerPage,
+    ("post", "/v1/loss"): LossResult,
+    ("post", "/v1/keys"): CreatedKey,
+    ("get", "/v1/keys"): KeyPage,
+    ("delete", "/v1/keys/{key_id}"): RevokedKey,
+    ("get", "/v1/audit"): AuditPage,
+    ("get", "/v1/whoami"): WhoAmI,
+    ("get", "/healthz"): Health,
+    ("get", "/readyz"): Ready,
+}
+
+#: The named schema of each JSON request body: (method, path template) -> model.
+REQUESTS: dict[tuple[str, str], type[BaseModel]] = {
+    ("post", "/v1/objects"): RegisterRequest,
+    ("post", "/v1/objects/{object_id}/dry-run"): QueryRequest,
+    ("post", "/v1/objects/{object_id}/queries"): QueryRequest,
+    ("post", "/v1/loss"): LossRequest,
+    ("post", "/v1/keys"): KeyRequest,
+}

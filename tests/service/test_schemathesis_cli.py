@@ -1,0 +1,90 @@
+"""The schemathesis command line, ``--checks all``, against a live server on PostgreSQL (#11, 9).
+
+No operation is excluded; the examples per operation are bounded (``CLI_EXAMPLES``) to keep CI
+short; the in-process run (test_schemathesis.py) does 1,000 per operation. The configuration is
+the in-process one, written as ``schemathesis.toml``: the only widening is the documented one of
+``SEMANTIC_422`` (a schema-valid body can name a value outside the generated domain).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.service.conftest import ROOT, start_server
+from tests.service.test_schemathesis import RUN_KEY_ID, SEMANTIC_422, STATEFUL_EXAMPLES, _run_key
+
+pytestmark = pytest.mark.slow
+CLI_EXAMPLES = int(os.environ.get("GATEKEEPER_SCHEMATHESIS_CLI_EXAMPLES", "25"))
+
+
+def config_toml(examples: int) -> str:
+    """The in-process run's configuration (test_schemathesis._config) as schemathesis.toml."""
+    statuses = '["2xx", "401", "403", "404", "409", "422", "429"]'
+    lines = [
+        "[generation]",
+        f"max-examples = {examples}",
+        'database = "none"',
+        "",
+        "[phases.stateful.generation]",
+        f"max-examples = {min(examples, STATEFUL_EXAMPLES)}",
+    ]
+    for name in SEMANTIC_422:
+        lines += [
+            "",
+            "[[operations]]",
+            f'include-name = "{name}"',
+            f"checks.positive_data_acceptance.expected-statuses = {statuses}",
+            f"phases.stateful.checks.positive_data_acceptance.expected-statuses = {statuses}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def test_the_command_line_with_every_check_finds_nothing(postgres_url: str, tmp_path: Path) -> None:
+    key = _run_key(postgres_url)
+    server = start_server(
+        tmp_path,
+        database_url=postgres_url,
+        redis_url=None,
+        workers=1,
+        GATEKEEPER_ENCRYPTION_KEY_FILE=str(tmp_path / "key"),
+        BOUND_TIME_LIMIT="0.2",
+    )
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(config_toml(CLI_EXAMPLES))
+    try:
+        done = subprocess.run(  # noqa: S603 - schemathesis from our venv, on loopback
+            [
+                str(Path(sys.executable).parent / "schemathesis"),
+                "--config-file",
+                str(config),
+                "run",
+                f"{server.url}/openapi.json",
+                "--checks",
+                "all",
+                "-H",
+                f"Authorization: Bearer {key}",
+                "--request-timeout",
+                "30",
+            ],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "SCHEMATHESIS_HOOKS": "tests.service.schemathesis_hooks",
+                "GATEKEEPER_RUN_KEY_ID": str(RUN_KEY_ID),
+                "PYTHONPATH": str(ROOT),
+            },
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+    finally:
+        server.stop()
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    assert "No issues found" in output or "passed" in output.lower(), output[-3000:]
