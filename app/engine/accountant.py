@@ -9,7 +9,7 @@ decides first, without the value, and only then samples.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -96,9 +96,13 @@ class Accountant:
     _pending: tuple[Mechanism, dict[int, ContinuousLoss], CandidateEvaluation] | None = field(
         default=None, repr=False
     )
+    #: A state to start from (:meth:`restore`); by default an empty history's.
+    initial_state: InitVar[LikelihoodState | ContinuousState | None] = None
 
-    def __post_init__(self) -> None:
-        if self.domain.is_finite:
+    def __post_init__(self, initial_state: LikelihoodState | ContinuousState | None) -> None:
+        if initial_state is not None:
+            self.state = initial_state
+        elif self.domain.is_finite:
             self.state = LikelihoodState(self.domain)
         else:
             self.state = ContinuousState(self.domain, self.bnb)
@@ -117,11 +121,22 @@ class Accountant:
         rejected: int,
         limits: EngineLimits = DEFAULT_LIMITS,
     ) -> Accountant:
-        """Rebuild a finite-domain accountant from persisted state (no trajectory)."""
-        acc = cls(domain, budget, filter, limits)
-        acc.state = LikelihoodState.from_bytes(domain, logp, err)
-        acc.basic_total, acc.accepted, acc.rejected = basic_total, accepted, rejected
-        return acc
+        """Rebuild a finite-domain accountant from persisted state (no trajectory).
+
+        The stored array becomes the state directly: no empty state is allocated and scanned
+        first (5.4 ms against 3.6 ms for ``from_bytes`` alone at 10**6 points, issue #12;
+        ``bench/restore_bench.py``).
+        """
+        return cls(
+            domain,
+            budget,
+            filter,
+            limits,
+            basic_total=basic_total,
+            accepted=accepted,
+            rejected=rejected,
+            initial_state=LikelihoodState.from_bytes(domain, logp, err),
+        )
 
     def evaluate(self, mechanism: Mechanism, target: float | None = None) -> CandidateEvaluation:
         """Per-output bounds of the loss after ``mechanism`` (no change to the history).
