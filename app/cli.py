@@ -129,8 +129,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _encrypt_legacy_values(engine: Any) -> None:
     """Encrypt private values stored in plaintext before encryption at rest existed."""
-    from app.crypto import encrypt_plaintext_rows
     from app.db.session import make_session_factory
+    from app.services.encryption import encrypt_plaintext_rows
 
     with make_session_factory(engine)() as session, session.begin():
         changed = encrypt_plaintext_rows(session)
@@ -150,8 +150,8 @@ def cmd_encryption_new_key(args: argparse.Namespace) -> int:
 
 def cmd_encryption_rotate(args: argparse.Namespace) -> int:
     """Re-encrypt every private value with the first key of GATEKEEPER_ENCRYPTION_KEYS."""
-    from app.crypto import rotate_rows
     from app.db.session import make_session_factory
+    from app.services.encryption import rotate_rows
 
     _, engine = _prepare_database()
     with make_session_factory(engine)() as session, session.begin():
@@ -224,7 +224,7 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """Recompute every object's state from its history; non-zero exit on any mismatch."""
     from app.db.session import make_session_factory
-    from app.verify import verify_all
+    from app.services.verify import verify_all
 
     _, engine = _prepare_database()
     report = verify_all(make_session_factory(engine))

@@ -7,11 +7,13 @@ is what makes rotation possible. Without it the embedded default reads the key f
 permissions ``0600`` — and says so in the log. With ``GATEKEEPER_ENV=production`` a missing key is
 an error: a key must be given, never generated next to the data it protects.
 
-Storage. A stored value is ``fernet:`` + token. :class:`EncryptedText` (the column type of
-``objects.value``) encrypts on every write and decrypts on every read, so no code path can store
-a plaintext value by mistake; with no cipher configured it refuses both. Rows written before
-encryption existed (plain JSON) are encrypted by :func:`encrypt_plaintext_rows`, which ``gatekeeper
-serve`` runs after migrating.
+Storage. A stored value is ``fernet:`` + token. :class:`app.db.types.EncryptedText` (the column
+type of ``objects.value``) encrypts on every write and decrypts on every read with the process's
+cipher (:func:`configure` / :func:`active`), so no code path can store a plaintext value by
+mistake; with no cipher configured it refuses both. Rows written before encryption existed
+(plain JSON) are encrypted by :func:`app.services.encryption.encrypt_plaintext_rows`, which
+``gatekeeper serve`` runs after migrating. This module holds the cipher only: it imports nothing
+of the database layer.
 
 Rotation. Put the new key first in ``GATEKEEPER_ENCRYPTION_KEYS`` (old keys after it), restart,
 run ``gatekeeper encryption rotate`` (re-encrypts every value with the new key), then drop the old
@@ -24,13 +26,8 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-from sqlalchemy import Text, cast, select, update
-from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import Session
-from sqlalchemy.types import TypeDecorator
 
 log = logging.getLogger("gatekeeper")
 
@@ -130,49 +127,3 @@ def active() -> ValueCipher:
     if _active is None:
         raise EncryptionKeyError("no encryption key configured in this process")
     return _active
-
-
-class EncryptedText(TypeDecorator[str]):
-    """A text column stored encrypted with the process's cipher (module docstring)."""
-
-    impl = Text
-    cache_ok = True
-
-    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
-        """Encrypt on the way in."""
-        return None if value is None else active().encrypt(value)
-
-    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
-        """Decrypt on the way out."""
-        return None if value is None else active().decrypt(str(value))
-
-
-def encrypt_plaintext_rows(session: Session) -> int:
-    """Encrypt values stored before encryption existed; returns how many rows it changed."""
-    from app.db.models import ProtectedObject
-
-    # CAST to plain text reads the stored string as is (no decryption)
-    stored = select(ProtectedObject.id, cast(ProtectedObject.value, Text))
-    changed = 0
-    for object_id, text in session.execute(stored).all():
-        if not str(text).startswith(PREFIX):
-            session.execute(  # EncryptedText encrypts the value on the way in
-                update(ProtectedObject).where(ProtectedObject.id == object_id).values(value=text)
-            )
-            changed += 1
-    return changed
-
-
-def rotate_rows(session: Session) -> int:
-    """Re-encrypt every stored value with the first key; returns how many rows."""
-    from app.db.models import ProtectedObject
-
-    cipher = active()
-    stored = select(ProtectedObject.id, cast(ProtectedObject.value, Text))
-    rows = session.execute(stored).all()
-    for object_id, text in rows:
-        plaintext = cipher.decrypt(str(text))
-        session.execute(
-            update(ProtectedObject).where(ProtectedObject.id == object_id).values(value=plaintext)
-        )
-    return len(rows)

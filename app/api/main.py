@@ -15,7 +15,7 @@ from app.api import openapi, problems
 from app.api.deps import Runtime
 from app.api.middleware import BodyLimit, RequestContext
 from app.api.ratelimit import RateLimitMiddleware
-from app.api.routes import dashboard, misc, objects
+from app.api.routes import audit, calculator, dashboard, health, keys, objects, odometers
 from app.db.session import make_engine, make_session_factory
 from app.engine.limits import DEFAULT_LIMITS
 from app.services.auth import KeyCache, ensure_bootstrap_admin
@@ -109,7 +109,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestContext)
 
     app.include_router(objects.router)
-    app.include_router(misc.router)
+    for module in (odometers, audit, calculator, keys, health):
+        app.include_router(module.router)
     app.include_router(dashboard.router)
     return app
 

@@ -28,8 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from app.crypto import EncryptedText
-from app.db.types import UTCDateTime
+from app.db.types import EncryptedText, UTCDateTime
 
 
 def utcnow() -> datetime:
@@ -62,7 +61,7 @@ class ProtectedObject(Base):
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     domain: Mapped[str] = mapped_column(Text, nullable=False)
-    #: The private value as JSON, encrypted at rest (:class:`app.crypto.EncryptedText`).
+    #: The private value as JSON, encrypted at rest (:class:`app.db.types.EncryptedText`).
     value: Mapped[str] = mapped_column(EncryptedText, nullable=False)
     budget: Mapped[float] = mapped_column(Float, nullable=False)
     filter: Mapped[str] = mapped_column(String(16), nullable=False)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import DateTime
+from sqlalchemy import DateTime, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
+
+from app.crypto import active
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -37,3 +39,18 @@ class UTCDateTime(TypeDecorator[datetime]):
         if not isinstance(value, datetime):  # pragma: no cover - drivers return datetimes
             raise TypeError("a timestamp column holds datetimes")
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class EncryptedText(TypeDecorator[str]):
+    """A text column stored encrypted with the process's cipher (:mod:`app.crypto`)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        """Encrypt on the way in."""
+        return None if value is None else active().encrypt(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        """Decrypt on the way out."""
+        return None if value is None else active().decrypt(str(value))

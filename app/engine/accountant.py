@@ -14,20 +14,20 @@ from fractions import Fraction
 from typing import Any
 
 from app.engine.continuous.branch_and_bound import BnBSettings
-from app.engine.continuous.candidate import evaluate_continuous
-from app.engine.continuous.state import ContinuousLoss, ContinuousState
+from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain, Scalar
-from app.engine.filters import (
-    CandidateEvaluation,
-    Decision,
-    FilterKind,
-    decide,
-    evaluate_candidate,
-)
+from app.engine.filters import CandidateEvaluation, Decision, FilterKind
 from app.engine.likelihood import LikelihoodState, LossBounds
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits
 from app.engine.mechanisms import Mechanism, Output
-from app.engine.numerics import DECISION_MARGIN
+from app.engine.pipeline import (
+    BasicState,
+    ObjectSnapshot,
+    candidate_bounds,
+    empty_state,
+    evaluate,
+    record,
+)
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,12 @@ class Odometer:
 class Accountant:
     """Filter and odometer of one object over a finite or continuous domain.
 
-    Finite domains keep the exact likelihood array (:class:`LikelihoodState`); continuous ones
-    keep the history's terms and bound the loss by branch-and-bound (:class:`ContinuousState`,
-    settings in ``bnb``).
+    A mutable convenience over :mod:`app.engine.pipeline` for the engine's own callers (tests,
+    benchmarks, the paper's experiments): it holds the object's :class:`ObjectSnapshot`, the
+    counts and the loss trajectory, and decides and records through :func:`pipeline.evaluate`
+    and :func:`pipeline.record` — the same functions the service uses. Finite domains keep the
+    exact likelihood array; continuous ones the history's terms, bounded by branch-and-bound
+    with the settings ``bnb``.
     """
 
     domain: Domain
@@ -93,19 +96,15 @@ class Accountant:
     accepted: int = 0
     rejected: int = 0
     trajectory: list[TrajectoryPoint] = field(default_factory=list)
-    _pending: tuple[Mechanism, dict[int, ContinuousLoss], CandidateEvaluation] | None = field(
-        default=None, repr=False
-    )
+    #: The last evaluation, reused when its query is recorded.
+    _last: tuple[Mechanism, Decision] | None = field(default=None, repr=False)
     #: A state to start from (:meth:`restore`); by default an empty history's.
     initial_state: InitVar[LikelihoodState | ContinuousState | None] = None
 
     def __post_init__(self, initial_state: LikelihoodState | ContinuousState | None) -> None:
-        if initial_state is not None:
-            self.state = initial_state
-        elif self.domain.is_finite:
-            self.state = LikelihoodState(self.domain)
-        else:
-            self.state = ContinuousState(self.domain, self.bnb)
+        self.state = (
+            initial_state if initial_state is not None else empty_state(self.domain, self.bnb)
+        )
 
     @classmethod
     def restore(
@@ -138,53 +137,40 @@ class Accountant:
             initial_state=LikelihoodState.from_bytes(domain, logp, err),
         )
 
+    @property
+    def snapshot(self) -> ObjectSnapshot:
+        """The object's public state now, as every engine decision takes it."""
+        return ObjectSnapshot(
+            self.domain, self.budget, self.filter, self.basic_total, self.state, self.limits
+        )
+
     def evaluate(self, mechanism: Mechanism, target: float | None = None) -> CandidateEvaluation:
         """Per-output bounds of the loss after ``mechanism`` (no change to the history).
 
         ``target`` lets a continuous object stop at a cheap bound that already decides.
         """
-        if isinstance(self.state, LikelihoodState):
-            return evaluate_candidate(
-                self.state,
-                mechanism,
-                max_listed=self.limits.max_listed_outputs,
-                basic_total=self.basic_total,
-            )
-        evaluation, computed = evaluate_continuous(
-            self.state, mechanism, basic_total=self.basic_total, target=target
-        )
-        self._pending = (mechanism, computed, evaluation)
-        return evaluation
+        return candidate_bounds(self.snapshot, mechanism, target=target)
 
     def loss(self) -> LossBounds:
         """Certified bounds on the realized loss now (capped by exact basic composition)."""
         return self.state.loss(self.basic_total)
 
     def dry_run(self, mechanism: Mechanism) -> Decision:
-        """Would the filter accept ``mechanism`` now? Changes nothing."""
-        return decide(
-            kind=self.filter,
-            budget=self.budget,
-            loss_now=self.loss(),
-            basic_total=self.basic_total,
-            candidate=self.evaluate(mechanism, target=self.budget - DECISION_MARGIN),
-        )
+        """Would the filter accept ``mechanism`` now? Changes nothing; bounds always computed."""
+        decision = evaluate(self.snapshot, mechanism, tight=True)
+        self._last = (mechanism, decision)
+        return decision
 
     def record(self, mechanism: Mechanism, output: Output) -> None:
-        """Add an accepted ``(query, output)`` to the history."""
-        if isinstance(self.state, LikelihoodState):
-            self.state.apply(mechanism.term(output))
-        else:
-            known, decided = None, None
-            if self._pending is not None and self._pending[0] is mechanism:
-                known = self._pending[1].get(int(output))  # type: ignore[arg-type]
-                # the bounds the decision used (a search's or the cheap ones) stay valid: the
-                # odometer never reads looser than what accepted the query
-                entry = self._pending[2].per_output[int(output)]  # type: ignore[arg-type]
-                decided = (entry.lower, entry.upper)
-            self.state.record(mechanism, output, known=known, decided=decided)
-        self._pending = None
-        self.basic_total += mechanism.epsilon_exact
+        """Add an accepted ``(query, output)`` to the history (reusing its last evaluation)."""
+        decision = None
+        if self._last is not None and self._last[0] is mechanism:
+            decision = self._last[1]
+        after = record(self.snapshot, mechanism, output, decision)
+        self._last = None
+        if isinstance(after.state, BasicState):  # pragma: no cover - never from these states
+            raise TypeError("an accountant keeps an exact or searched state")
+        self.state, self.basic_total = after.state, after.basic_total
         self.accepted += 1
         self.trajectory.append(TrajectoryPoint(self.accepted, self.loss(), float(self.basic_total)))
 

@@ -21,26 +21,32 @@ from fractions import Fraction
 from typing import Any
 
 from app.engine.continuous.branch_and_bound import BnBSettings
-from app.engine.continuous.candidate import evaluate_continuous
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput
-from app.engine.filters import FilterKind, decide, evaluate_candidate
+from app.engine.filters import FilterKind
 from app.engine.jsonfields import (
     as_bool,
     as_integer,
-    as_list,
     as_object,
     as_positive_number,
     check_keys,
-    path,
 )
 from app.engine.likelihood import LikelihoodState
-from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, EngineLimits, for_history
+from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, EngineLimits
 from app.engine.mechanisms import parse_query
 from app.engine.numerics import DECISION_MARGIN
+from app.engine.pipeline import (
+    ObjectSnapshot,
+    candidate_bounds,
+    decisions_by_filter,
+    fold_history,
+    parse_history,
+)
 
-DEFAULT_TOLERANCE = 1e-4
+#: The default ``options.tolerance``: the branch-and-bound's own default, one number for the
+#: service, the calculator and the benchmarks.
+DEFAULT_TOLERANCE = BnBSettings.tolerance
 #: The optional top-level fields of a calculator request (``domain`` and ``history`` are required).
 OPTIONAL_FIELDS = ("budget", "candidate", "options")
 
@@ -53,30 +59,13 @@ def replay_history(
     limits: EngineLimits = DEFAULT_LIMITS,
     bnb: BnBSettings | None = None,
 ) -> tuple[LikelihoodState | ContinuousState, Fraction]:
-    """Validate a history and fold it into a state (finite array or continuous terms).
+    """Validate a JSON history and fold it into a state (finite array or continuous terms).
 
-    Returns the state and the exact basic-composition total.
+    Returns the state and the exact basic-composition total
+    (:func:`~app.engine.pipeline.parse_history` then :func:`~app.engine.pipeline.fold_history`).
     """
-    items = as_list(raw_history, field, max_len=limits.max_history)
-    state: LikelihoodState | ContinuousState
-    if domain.is_finite:
-        state = LikelihoodState(domain)
-    else:
-        state = ContinuousState(domain, bnb or BnBSettings())
-    basic = Fraction(0)
-    for i, item in enumerate(items):
-        item_field = path(field, i)
-        obj = as_object(item, item_field)
-        check_keys(obj, item_field, required=("query", "output"))
-        query_field = path(item_field, "query")
-        mechanism = parse_query(obj["query"], domain, query_field, limits=for_history(limits))
-        output = mechanism.parse_output(obj["output"], path(item_field, "output"))
-        if isinstance(state, LikelihoodState):
-            state.apply(mechanism.term(output))
-        else:
-            state.record(mechanism, output, query_field)
-        basic += mechanism.epsilon_exact
-    return state, basic
+    entries = parse_history(domain, raw_history, field, limits=limits)
+    return fold_history(domain, entries, bnb=bnb, field=field)
 
 
 def _options(raw: Any) -> tuple[float, BnBSettings, bool]:
@@ -145,7 +134,10 @@ def compute_loss(
     if "candidate" in obj and budget is None:
         raise InvalidInput("budget", "is required when a candidate is given")
     state, basic = replay_history(domain, obj["history"], limits=limits, bnb=settings)
-    loss = state.loss(basic)
+    snapshot = ObjectSnapshot(
+        domain, budget or MAX_BUDGET, FilterKind.BAYESIAN, basic, state, limits
+    )
+    loss = snapshot.loss()
     answer: dict[str, Any] = {
         "realized_loss": loss.to_json(),
         "basic_composition": float(basic),
@@ -154,23 +146,13 @@ def compute_loss(
     if "candidate" in obj:
         assert budget is not None  # noqa: S101 - checked above
         mechanism = parse_query(obj["candidate"], domain, "candidate", limits=limits)
-        if isinstance(state, LikelihoodState):
-            evaluation = evaluate_candidate(
-                state, mechanism, max_listed=limits.max_listed_outputs, basic_total=basic
-            )
-        else:
-            target = budget - DECISION_MARGIN if fast else None
-            evaluation, _ = evaluate_continuous(
-                state, mechanism, basic_total=basic, target=target, field_path="candidate"
-            )
-        accepted = {
-            kind.value: decide(
-                kind=kind, budget=budget, loss_now=loss, basic_total=basic, candidate=evaluation
-            ).accepted
-            for kind in FilterKind
-        }
+        target = budget - DECISION_MARGIN if fast else None
+        evaluation = candidate_bounds(snapshot, mechanism, target=target, field_path="candidate")
         gaps = [o.upper - o.lower for o in evaluation.per_output]
         if evaluation.complete and gaps and max(gaps) > tolerance:
             answer["status"] = "limit"
-        answer["candidate"] = {**evaluation.to_json(), "accepted": accepted}
+        answer["candidate"] = {
+            **evaluation.to_json(),
+            "accepted": decisions_by_filter(snapshot, evaluation),
+        }
     return answer

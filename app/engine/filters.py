@@ -18,16 +18,20 @@ fewer queries than basic composition.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from app.engine.likelihood import LikelihoodState, LossBounds, bounds_from
 from app.engine.mechanisms import Mechanism
 from app.engine.numerics import DECISION_MARGIN, decimal_fraction, float_up
+
+if TYPE_CHECKING:
+    from app.engine.continuous.state import ContinuousLoss
 
 
 class FilterKind(StrEnum):
@@ -56,7 +60,11 @@ class CandidateEvaluation:
     """What a candidate query would do to the realized loss, output by output.
 
     ``per_output`` lists every output when ``complete``; otherwise the worst ones (at most the
-    listing limit), and ``worst_case_upper`` still covers all outputs.
+    listing limit), and ``worst_case_upper`` still covers all outputs. ``tight`` is False when
+    the bounds are basic composition's alone (:func:`basic_evaluation`, Lemma 6.1) or a cheap
+    bound that already decided; ``searched`` holds, per output index, the branch-and-bound
+    result for the history extended by that output (continuous domains), which recording the
+    output reuses instead of searching again.
     """
 
     epsilon: float
@@ -64,6 +72,8 @@ class CandidateEvaluation:
     per_output: tuple[OutputLoss, ...]
     worst_case_upper: float
     complete: bool
+    tight: bool = True
+    searched: Mapping[int, ContinuousLoss] = field(default_factory=dict, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """Per-output bounds and the worst case."""
@@ -92,9 +102,13 @@ def evaluate_candidate(
         order = np.arange(losses.size)
     else:
         order = np.sort(np.argsort(losses)[-max_listed:])
+    # bounds_from for every listed output at once (the same float operations, vectorised)
+    cap_up = float_up(cap)
+    uppers = np.minimum(losses[order] + 2.0 * err, cap_up)
+    lowers = np.minimum(np.maximum(0.0, losses[order] - 2.0 * err), uppers)
     per_output = tuple(
-        OutputLoss(candidate.output_of(int(j)), *_pair(bounds_from(float(losses[j]), err, cap)))
-        for j in order
+        OutputLoss(candidate.output_of(int(j)), lo, up)
+        for j, lo, up in zip(order.tolist(), lowers.tolist(), uppers.tolist(), strict=True)
     )
     worst = bounds_from(float(losses.max()), err, cap).upper
     return CandidateEvaluation(
@@ -120,6 +134,7 @@ def basic_evaluation(
         tuple(OutputLoss(_output_json(mech, j), 0.0, after) for j in range(listed)),
         after,
         listed == mech.output_count and mech.output_count <= max_listed,
+        tight=False,
     )
 
 
@@ -130,10 +145,6 @@ def _output_json(mech: Mechanism, j: int) -> Any:
     except TypeError:  # unary encoding: 2**k bit vectors, listed in binary counting order
         k = mech.output_count.bit_length() - 1
         return mech.output_json(tuple((j >> (k - 1 - i)) & 1 for i in range(k)))
-
-
-def _pair(b: LossBounds) -> tuple[float, float]:
-    return b.lower, b.upper
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import json
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any, Protocol
 
 from sqlalchemy import Numeric, case, cast, func, literal, select
@@ -17,10 +18,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.models import AuditEvent, ProtectedObject, QueryRecord
+from app.engine.accountant import Odometer
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
 from app.engine.jsonfields import as_object, as_positive_number, check_keys
+from app.engine.likelihood import LossBounds
 from app.engine.limits import MAX_BUDGET, EngineLimits
 from app.services import audit
 
@@ -68,16 +71,15 @@ class OdometerColumns(Protocol):
 
 
 def odometer_view(row: OdometerColumns) -> dict[str, Any]:
-    """The odometer object of DESIGN.md."""
-    return {
-        "budget": row.budget,
-        "realized_loss": {"lower": row.loss_lower, "upper": row.loss_upper},
-        "remaining": max(0.0, row.budget - row.loss_upper),
-        "basic_composition": float(_fraction(row.basic_total)),
-        "accepted": row.accepted,
-        "rejected": row.rejected,
-        "updated_at": _iso(row.updated_at),
-    }
+    """The odometer object of DESIGN.md: the engine's :class:`Odometer` and a timestamp."""
+    odometer = Odometer(
+        row.budget,
+        LossBounds(row.loss_lower, row.loss_upper),
+        float(Fraction(row.basic_total)),
+        row.accepted,
+        row.rejected,
+    )
+    return {**odometer.to_json(), "updated_at": _iso(row.updated_at)}
 
 
 def object_view(row: ProtectedObject) -> dict[str, Any]:
@@ -93,12 +95,6 @@ def object_view(row: ProtectedObject) -> dict[str, Any]:
         "retired_at": _iso(row.retired_at),
         "odometer": odometer_view(row),
     }
-
-
-def _fraction(text: str) -> Any:
-    from fractions import Fraction
-
-    return Fraction(text)
 
 
 def register_object(

@@ -38,20 +38,21 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app import metrics
 from app.db.models import ProtectedObject, QueryRecord, RejectionRecord
-from app.engine.accountant import Accountant
+from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput, Unsupported
-from app.engine.filters import (
-    CandidateEvaluation,
-    Decision,
-    FilterKind,
-    OutputLoss,
-    basic_evaluation,
-    decide,
-)
-from app.engine.likelihood import LikelihoodState, LossBounds
-from app.engine.limits import MIN_EPSILON, EngineLimits
+from app.engine.filters import Decision
+from app.engine.likelihood import LikelihoodState
+from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, Output, parse_query
+from app.engine.pipeline import (
+    ObjectSnapshot,
+    basic_decision,
+    evaluate,
+    loss_without_search,
+    realized_loss,
+    record,
+)
 from app.services import audit
 from app.services.errors import (
     BudgetExhausted,
@@ -63,6 +64,7 @@ from app.services.errors import (
 )
 from app.services.locks import ObjectLocks
 from app.services.objects import ID_PATTERN, load_object, odometer_view
+from app.services.snapshots import columns_of, remember, snapshot_of
 from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)
@@ -88,10 +90,13 @@ class SubmitOutcome:
     filter: str | None = None
 
 
-@dataclass
-class _Evaluated:
-    decision: Decision
-    accountant: Accountant | None  # finite objects: the restored accountant, ready to record
+@dataclass(frozen=True)
+class _Accepted:
+    """An accepted submit's response body and the snapshot it committed (for the cache)."""
+
+    outcome: SubmitOutcome
+    version: int
+    snapshot: ObjectSnapshot
 
 
 @dataclass(frozen=True)
@@ -165,99 +170,51 @@ def _domain_of(text: str, limits: EngineLimits) -> Domain:
     return parse_domain(json.loads(text), "domain", limits=limits)
 
 
-def _restore(row: _Row, domain: Domain, limits: EngineLimits) -> Accountant:
-    """The finite object's accountant, from its stored likelihood array (if any)."""
-    kind, basic = FilterKind(row.filter), Fraction(row.basic_total)
-    if row.state is None:  # no accepted query yet
-        return Accountant(
-            domain,
-            row.budget,
-            kind,
-            limits,
-            basic_total=basic,
-            accepted=row.accepted,
-            rejected=row.rejected,
-        )
-    return Accountant.restore(
-        domain=domain,
-        budget=row.budget,
-        filter=kind,
-        logp=row.state,
-        err=row.state_err,
-        basic_total=basic,
-        accepted=row.accepted,
-        rejected=row.rejected,
-        limits=limits,
-    )
-
-
-def _evaluate(
-    conn: Connection,
-    row: _Row,
-    domain: Domain,
-    mech: Mechanism,
-    query: Any,
-    worker: BoundWorker,
-    limits: EngineLimits,
-) -> _Evaluated:
-    """The filter's decision with every output's loss bounds (what a dry-run shows)."""
-    if row.finite:
-        acc = _restore(row, domain, limits)
-        with _ACCOUNTANT_SECONDS.time():
-            decision = acc.dry_run(mech)
-        return _Evaluated(decision, acc)
-    return _Evaluated(
-        _continuous_decision(row, mech, query, _history_of(conn, row.id), worker), None
-    )
-
-
-def _continuous_decision(
-    row: _Row, mech: Mechanism, query: Any, history: list[dict[str, Any]], worker: BoundWorker
+def _decide(
+    snapshot: ObjectSnapshot, mech: Mechanism, worker: BoundWorker, *, tight: bool
 ) -> Decision:
-    answer = _as_query_errors(
-        worker.compute,
-        {
-            "domain": json.loads(row.domain),
-            "history": history,
-            # the budget only steers the search's early stop here (``decide`` below reads the
-            # row's): an object registered before budgets had a floor must still get a decision
-            "budget": max(row.budget, MIN_EPSILON),
-            "candidate": query,
-            "options": {"fast": True},
-        },
-    )
-    cand = answer["candidate"]
-    evaluation = CandidateEvaluation(
-        mech.epsilon,
-        mech.epsilon_exact,
-        tuple(OutputLoss(o["output"], o["lower"], o["upper"]) for o in cand["per_output"]),
-        cand["worst_case_upper"],
-        cand["per_output_complete"],
-    )
-    return decide(
-        kind=FilterKind(row.filter),
-        budget=row.budget,
-        loss_now=LossBounds(**answer["realized_loss"]),
-        basic_total=Fraction(row.basic_total),
-        candidate=evaluation,
+    """The filter's decision through :func:`app.engine.pipeline.evaluate`.
+
+    Finite objects are decided in the request thread; continuous ones by the bound worker
+    (unless basic composition certifies the query, which costs nothing), with basic
+    composition's decision as the fallback past its deadline.
+    """
+    if isinstance(snapshot.state, LikelihoodState):
+        with _ACCOUNTANT_SECONDS.time():
+            return evaluate(snapshot, mech, tight=tight)
+    if not tight:
+        quick = basic_decision(snapshot, mech)
+        if quick.accepted:
+            return quick
+    return worker.call(
+        functools.partial(evaluate, tight=True),
+        snapshot,
+        mech,
+        fallback=lambda: basic_decision(snapshot, mech),
     )
 
 
-def _as_query_errors(
-    compute: Any, request: dict[str, Any], prefix: str = "candidate"
-) -> dict[str, Any]:
-    """Run a calculator request in which ``prefix`` is the client's ``query``, naming it so."""
-    try:
-        answer: dict[str, Any] = compute(request)
-    except InvalidInput as exc:
-        raise InvalidInput(_rename(exc.field, prefix), exc.message) from None
-    except Unsupported as exc:
-        raise Unsupported(_rename(exc.field, prefix), exc.message) from None
-    return answer
+def _recorded(
+    snapshot: ObjectSnapshot,
+    decision: Decision,
+    mech: Mechanism,
+    output: Output,
+    worker: BoundWorker,
+) -> ObjectSnapshot:
+    """The snapshot after ``output`` (:func:`app.engine.pipeline.record`), its loss bounded.
 
-
-def _rename(field_path: str, prefix: str) -> str:
-    return "query" + field_path[len(prefix) :] if field_path.startswith(prefix) else field_path
+    A continuous history whose new loss the decision did not search is bounded by the worker
+    (two searches); past its deadline, by basic composition within the decision's bounds.
+    """
+    if isinstance(snapshot.state, LikelihoodState):
+        with _ACCOUNTANT_SECONDS.time():
+            return record(snapshot, mech, output, decision)
+    after = record(snapshot, mech, output, decision)
+    state = after.state
+    if isinstance(state, ContinuousState) and not state.loss_known:
+        bounds = worker.call(realized_loss, after, fallback=lambda: loss_without_search(after))
+        after = replace(after, state=state.seeded(bounds))
+    return after
 
 
 def dry_run(
@@ -273,7 +230,8 @@ def dry_run(
         row = _load_active(conn, object_id)
         domain = _domain_of(row.domain, limits)
         mech = parse_query(query, domain, "query", limits=limits)
-        return _evaluate(conn, row, domain, mech, query, worker, limits).decision.to_json()
+        snapshot = snapshot_of(conn, row, domain, limits)
+    return _decide(snapshot, mech, worker, tight=True).to_json()
 
 
 class _LostRace(Exception):
@@ -331,102 +289,6 @@ def _load_active(conn: Connection, object_id: str) -> _Row:
     return row
 
 
-def _history_of(conn: Connection, object_id: str) -> list[dict[str, Any]]:
-    records = conn.execute(
-        select(_QUERIES.c.query, _QUERIES.c.output)
-        .where(_QUERIES.c.object_id == object_id)
-        .order_by(_QUERIES.c.seq)
-    ).all()
-    return [{"query": json.loads(r.query), "output": json.loads(r.output)} for r in records]
-
-
-def _decide_for_submit(
-    conn: Connection,
-    row: _Row,
-    domain: Domain,
-    mech: Mechanism,
-    query: Any,
-    worker: BoundWorker,
-    limits: EngineLimits,
-) -> _Evaluated:
-    """The filter's decision, skipping the per-output evaluation when it cannot matter.
-
-    The filter is first applied to the candidate bounded by basic composition alone
-    (:func:`basic_evaluation`: every output's loss is at most ``Σ ε_i + ε``, Lemma 6.1) and to
-    the stored certified loss of the history. Every bound in that decision is sound, so an
-    acceptance is a sound acceptance; it happens whenever basic composition certifies the query
-    (and, for ``simplified``, whenever the stored loss plus ε fits), which is the same decision
-    the full evaluation would give. Only otherwise (a Bayesian filter near its budget, or a
-    rejection) are the per-output bounds computed, as :func:`dry_run` does.
-    """
-    acc = _restore(row, domain, limits) if row.finite else None
-    basic = Fraction(row.basic_total)
-    quick = decide(
-        kind=FilterKind(row.filter),
-        budget=row.budget,
-        loss_now=LossBounds(row.loss_lower, row.loss_upper),
-        basic_total=basic,
-        candidate=basic_evaluation(mech, basic, max_listed=1),
-    )
-    if quick.accepted:
-        return _Evaluated(quick, acc)
-    if acc is not None:
-        with _ACCOUNTANT_SECONDS.time():
-            decision = acc.dry_run(mech)
-        return _Evaluated(decision, acc)
-    return _Evaluated(
-        _continuous_decision(row, mech, query, _history_of(conn, row.id), worker), None
-    )
-
-
-def _new_state(
-    conn: Connection,
-    row: _Row,
-    evaluated: _Evaluated,
-    mech: Mechanism,
-    output: Output,
-    query: Any,
-    worker: BoundWorker,
-) -> dict[str, Any]:
-    """Columns of the object after recording ``output``."""
-    basic_after = Fraction(row.basic_total) + mech.epsilon_exact
-    if evaluated.accountant is not None:
-        acc = evaluated.accountant
-        with _ACCOUNTANT_SECONDS.time():
-            acc.record(mech, output)
-            loss = acc.loss()
-        state = acc.state
-        if not isinstance(state, LikelihoodState):  # pragma: no cover - finite objects only
-            raise TypeError("a finite object must have a likelihood array")
-        return {
-            "state": state.to_bytes(),
-            "state_err": state.err,
-            "loss_lower": loss.lower,
-            "loss_upper": loss.upper,
-            "basic_total": str(basic_after),
-        }
-    history = [*_history_of(conn, row.id), {"query": query, "output": mech.output_json(output)}]
-    answer = _as_query_errors(
-        worker.compute,
-        {"domain": json.loads(row.domain), "history": history},
-        f"history[{len(history) - 1}].query",
-    )
-    lower, upper = answer["realized_loss"]["lower"], answer["realized_loss"]["upper"]
-    # the bounds the decision used for this output are certified too: a recomputation stopped by
-    # a limit can be looser, and the odometer must not read above what accepted the query
-    realized = mech.output_json(output)
-    for entry in evaluated.decision.candidate.per_output:
-        if entry.output == realized and max(lower, entry.lower) <= min(upper, entry.upper):
-            lower, upper = max(lower, entry.lower), min(upper, entry.upper)
-    return {
-        "state": None,
-        "state_err": 0.0,
-        "loss_lower": lower,
-        "loss_upper": upper,
-        "basic_total": str(basic_after),
-    }
-
-
 def submit(
     *,
     engine: Engine,
@@ -476,6 +338,9 @@ def submit(
             if isinstance(outcome, Decision):
                 metrics.DECISIONS.labels(outcome.filter.value, "reject").inc()
                 raise BudgetExhausted(outcome.reason, **_rejection_extra(outcome))
+            if isinstance(outcome, _Accepted):  # committed: the next decision starts from it
+                remember(object_id, outcome.version, outcome.snapshot)
+                outcome = outcome.outcome
             if not outcome.replayed:
                 metrics.DECISIONS.labels(outcome.filter or "unknown", "accept").inc()
             return outcome
@@ -501,7 +366,7 @@ def _attempt(
     limits: EngineLimits,
     print_: str,
     replay_first: bool,
-) -> SubmitOutcome | _StoredRejection | Decision:
+) -> SubmitOutcome | _Accepted | _StoredRejection | Decision:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
     On a first attempt (``replay_first`` false) the key is looked up only when the answer would
@@ -523,18 +388,19 @@ def _attempt(
             row = _load_active(conn, object_id)
             domain = _domain_of(row.domain, limits)
             mech = parse_query(query, domain, "query", limits=limits)
-            evaluated = _decide_for_submit(conn, row, domain, mech, query, worker, limits)
+            snapshot = snapshot_of(conn, row, domain, limits)
+            decision = _decide(snapshot, mech, worker, tight=False)
         except (ServiceError, InvalidInput, Unsupported):
             replay = stored_answer()
             if replay is not None:
                 return replay
             raise
-        if not evaluated.decision.accepted:
+        if not decision.accepted:
             replay = stored_answer()
             if replay is not None:
                 return replay
-            _record_rejection(conn, row, mech, evaluated.decision, analyst_key_id, key, print_)
-            return evaluated.decision
+            _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
+            return decision
         if not replay_first:
             # a key whose submit was rejected before answers that rejection again (a later
             # history may accept the same query: it needs a new key); accepted keys are caught
@@ -542,10 +408,10 @@ def _attempt(
             rejected_before = _replay_rejection(conn, object_id, key, print_, analyst_key_id)
             if rejected_before is not None:
                 return rejected_before
-        body = _record_acceptance(
-            conn, row, evaluated, mech, query, worker, key, print_, analyst_key_id
+        body, after = _record_acceptance(
+            conn, row, snapshot, decision, mech, worker, key, print_, analyst_key_id
         )
-        return SubmitOutcome(body, False, row.filter)
+    return _Accepted(SubmitOutcome(body, False, row.filter), row.version + 1, after)
 
 
 def _record_rejection(
@@ -598,22 +464,23 @@ def _record_rejection(
 def _record_acceptance(
     conn: Connection,
     row: _Row,
-    evaluated: _Evaluated,
+    snapshot: ObjectSnapshot,
+    decision: Decision,
     mech: Mechanism,
-    query: Any,
     worker: BoundWorker,
     key: str | None,
     print_: str,
     analyst_key_id: int | None,
-) -> dict[str, Any]:
-    """Sample the output, store it and the object's new state, and return the response body.
+) -> tuple[dict[str, Any], ObjectSnapshot]:
+    """Sample the output, store it and the object's new state; the response body and snapshot.
 
     The object's row is updated by a compare-and-set on its version (:class:`_LostRace` if
     another writer got there first); the audit event is written in the same transaction. This
     is the only place that reads the private value, and only after the decision.
     """
     output = mech.sample(json.loads(row.value))
-    columns = _new_state(conn, row, evaluated, mech, output, query, worker)
+    after = _recorded(snapshot, decision, mech, output, worker)
+    columns = columns_of(after)
     now = datetime.now(UTC)
     seq = row.accepted + 1
     output_json = mech.output_json(output)
@@ -682,7 +549,7 @@ def _record_acceptance(
             "realized_loss": odometer["realized_loss"],
         },
     )
-    return body
+    return body, after
 
 
 def list_queries(

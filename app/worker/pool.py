@@ -18,19 +18,25 @@ import multiprocessing
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from app.engine.calculator import compute_loss
+from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
-from app.engine.filters import FilterKind, basic_evaluation, decide
-from app.engine.jsonfields import as_list, as_object, as_positive_number, path
-from app.engine.likelihood import LossBounds
-from app.engine.limits import HISTORY_LIMITS
+from app.engine.filters import FilterKind
+from app.engine.jsonfields import as_object, as_positive_number
 from app.engine.mechanisms import parse_query
-from app.engine.numerics import float_up
+from app.engine.pipeline import (
+    BasicState,
+    ObjectSnapshot,
+    candidate_bounds,
+    decisions_by_filter,
+    parse_history,
+)
 from app.metrics import BOUND_CACHE, BOUND_FALLBACKS, BOUND_SECONDS
 from app.worker.cache import LRUCache, ResultCache
 from app.worker.keys import request_key
@@ -40,8 +46,8 @@ log = logging.getLogger(__name__)
 #: Time of the computations this worker runs (cache misses, fallbacks included).
 _CALCULATOR_SECONDS = BOUND_SECONDS.labels("calculator")
 
-#: Outputs listed by the basic-composition fallback (all share the same bounds).
-FALLBACK_LISTED = 256
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -60,8 +66,8 @@ class WorkerSettings:
         Entries of the default in-process LRU cache.
     """
 
-    processes: int = 2
-    time_limit: float = 10.0
+    processes: int = 1
+    time_limit: float = BnBSettings.time_limit
     grace: float = 5.0
     cache_entries: int = 4096
 
@@ -101,40 +107,41 @@ def _run(request: dict[str, Any], stop_at: float | None = None) -> dict[str, Any
     return compute_loss(request, stop_at=stop_at)
 
 
+def _run_call(
+    fn: Callable[..., R], snapshot: ObjectSnapshot, args: tuple[Any, ...], bnb: BnBSettings
+) -> R:
+    """Worker-process entry point of a typed engine call on ``snapshot``'s searches' ``bnb``."""
+    return fn(snapshot.with_bnb(bnb), *args)
+
+
 def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
-    """The calculator's answer from basic composition alone (always sound, never tight)."""
+    """The calculator's answer from basic composition alone (always sound, never tight).
+
+    The same pipeline as every decision, on a snapshot that knows the history only by its
+    ``Σ ε_i`` (:class:`~app.engine.pipeline.BasicState`: loss in ``[0, Σ ε_i]``, Lemma 6.1).
+    """
     obj = as_object(request, "")
     domain = parse_domain(obj["domain"], "domain")
-    total = Fraction(0)
-    for i, item in enumerate(as_list(obj["history"], "history")):
-        entry = as_object(item, path("history", i))
-        total += parse_query(
-            entry["query"], domain, path(path("history", i), "query"), limits=HISTORY_LIMITS
-        ).epsilon_exact
-    loss_now = LossBounds(0.0, float_up(total))
+    total = sum(
+        (e.mechanism.epsilon_exact for e in parse_history(domain, obj["history"])), Fraction(0)
+    )
+    budget = None
+    if "candidate" in obj:
+        if "budget" not in obj:
+            raise InvalidInput("budget", "is required when a candidate is given")
+        budget = as_positive_number(obj["budget"], "budget")
+    snapshot = ObjectSnapshot(domain, budget or 1.0, FilterKind.BAYESIAN, total, BasicState())
     answer: dict[str, Any] = {
-        "realized_loss": loss_now.to_json(),
+        "realized_loss": snapshot.loss().to_json(),
         "basic_composition": float(total),
         "status": "limit",
     }
     if "candidate" in obj:
         mech = parse_query(obj["candidate"], domain, "candidate")
-        if "budget" not in obj:
-            raise InvalidInput("budget", "is required when a candidate is given")
-        budget = as_positive_number(obj["budget"], "budget")
-        evaluation = basic_evaluation(mech, total, FALLBACK_LISTED)
+        evaluation = candidate_bounds(snapshot, mech)
         answer["candidate"] = {
             **evaluation.to_json(),
-            "accepted": {
-                kind.value: decide(
-                    kind=kind,
-                    budget=budget,
-                    loss_now=loss_now,
-                    basic_total=total,
-                    candidate=evaluation,
-                ).accepted
-                for kind in FilterKind
-            },
+            "accepted": decisions_by_filter(snapshot, evaluation),
         }
     return answer
 
@@ -192,6 +199,38 @@ class BoundWorker:
         self.cache.set(key, answer)
         return copy.deepcopy(answer)
 
+    def call(
+        self,
+        fn: Callable[..., R],
+        snapshot: ObjectSnapshot,
+        *args: Any,
+        fallback: Callable[[], R],
+    ) -> R:
+        """``fn(snapshot, *args)`` — a typed engine call — in a worker process (blocking).
+
+        The snapshot, the arguments and the result are pickled; no JSON round trip and no
+        re-parsing. The searches run with this worker's time limit and end by its deadline;
+        past the deadline the caller gets ``fallback()`` (a sound answer from basic
+        composition), logged and counted like the calculator's fallback. Not cached: callers
+        cache snapshots by object version.
+        """
+        bnb = replace(snapshot.bnb, time_limit=self.settings.time_limit)
+        result: R | None
+        with _CALCULATOR_SECONDS.time():
+            if self._pool is None:
+                return _run_call(fn, snapshot, args, bnb)
+            bnb = replace(bnb, stop_at=time.time() + self.deadline)
+            future = self._pool.submit(_run_call, fn, snapshot, args, bnb)
+            try:
+                result = future.result(timeout=self.deadline)
+            except concurrent.futures.TimeoutError:
+                future.cancel()  # still queued: nobody waits for it any more
+                result = None
+        if result is None:
+            self._count_fallback()
+            return fallback()
+        return result
+
     async def compute_async(self, request: dict[str, Any]) -> dict[str, Any]:
         """:meth:`compute` without blocking the event loop."""
         key = await asyncio.to_thread(request_key, request)
@@ -218,12 +257,15 @@ class BoundWorker:
         self.cache.set(key, answer)
         return copy.deepcopy(answer)
 
-    def _fallback(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _count_fallback(self) -> None:
         self.fallbacks += 1
         BOUND_FALLBACKS.inc()
         log.warning(
             "bound computation exceeded %.1f s; answering with basic composition", self.deadline
         )
+
+    def _fallback(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._count_fallback()
         return basic_fallback(request)
 
     def close(self) -> None:

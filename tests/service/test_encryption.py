@@ -31,6 +31,7 @@ from app.api.main import create_app
 from app.db.migrate import upgrade
 from app.db.models import ProtectedObject
 from app.db.session import make_engine, make_session_factory
+from app.services.encryption import encrypt_plaintext_rows
 from app.settings import Environment, Settings
 from tests.conftest import TEST_ENCRYPTION_KEY
 from tests.service.conftest import ADMIN_KEY, ROOT, auth, make_settings, new_key, unique_id
@@ -169,9 +170,9 @@ def test_plaintext_rows_from_before_encryption_are_encrypted(sqlite_url: str) ->
             )
         assert stored_text(sqlite_url, object_id) == '{"x": 77}'
         with make_session_factory(engine)() as session, session.begin():
-            assert crypto.encrypt_plaintext_rows(session) >= 1
+            assert encrypt_plaintext_rows(session) >= 1
         with make_session_factory(engine)() as session, session.begin():
-            assert crypto.encrypt_plaintext_rows(session) == 0  # idempotent
+            assert encrypt_plaintext_rows(session) == 0  # idempotent
     finally:
         engine.dispose()
     raw = stored_text(sqlite_url, object_id)

@@ -16,7 +16,7 @@ step it checks, for every object it made:
   409 (also marked replayed) and counts nothing;
 * a reused key with another body is 422 and stores nothing;
 * the stored state equals a fresh recomputation from the stored history
-  (:func:`app.verify.verify_object`, the check of ``gatekeeper verify``);
+  (:func:`app.services.verify.verify_object`, the check of ``gatekeeper verify``);
 * ``accepted + rejected`` equals the fresh submits the machine sent, ``accepted`` equals the
   201 answers it got and the number of stored queries.
 
@@ -46,7 +46,7 @@ from hypothesis.stateful import (
 
 from app.db.models import ProtectedObject
 from app.engine.numerics import decimal_fraction, float_up
-from app.verify import Report, verify_object
+from app.services.verify import Report, verify_object
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
 
 DOMAINS: list[dict[str, Any]] = [

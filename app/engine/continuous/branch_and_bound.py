@@ -102,7 +102,7 @@ class BnBSettings:
         holding a pool process for all of its searches' limits.
     """
 
-    tolerance: float = 5e-5
+    tolerance: float = 1e-4
     max_nodes: int = 20_000
     time_limit: float = 10.0
     cut_rounds: int = 4

@@ -17,20 +17,20 @@ from fractions import Fraction
 
 import numpy as np
 
-from app.engine.continuous.state import ContinuousLoss, ContinuousState
-from app.engine.continuous.univariate import ResponseCurve
+from app.engine.continuous.state import ContinuousLoss, ContinuousState, curve_for
 from app.engine.filters import CandidateEvaluation, OutputLoss
 from app.engine.mechanisms import Mechanism
-from app.engine.mechanisms.regression import LinearQuery, ScalarResponse
+from app.engine.mechanisms.regression import ScalarResponse
 from app.engine.numerics import float_up
 
 
-def _term_range(mechanism: ScalarResponse, high: bool) -> float:
-    """``|h(z_max) - h(z_min)|`` for the output's log-likelihood over the domain."""
-    if isinstance(mechanism, LinearQuery):
-        curve = ResponseCurve(False, high, mechanism.eps, mechanism.a, mechanism.b, True)
-    else:
-        curve = ResponseCurve(True, high, mechanism.eps)
+def _term_range(mechanism: ScalarResponse, output: int) -> float:
+    """``|h(z_max) - h(z_min)|`` for the output's log-likelihood over the domain.
+
+    The mechanism's own (clipped) curve: its values over the query's reach are what the output's
+    probability really is, whatever continuation the search uses for an untruncated ``linear``.
+    """
+    curve = curve_for(mechanism, output, truncate=True)
     ends = curve.value(np.array([mechanism.z_min, mechanism.z_max]))
     return float(abs(ends[1] - ends[0])) * (1 + 1e-12) + 1e-15
 
@@ -52,7 +52,7 @@ def evaluate_continuous(
     assert isinstance(mechanism, ScalarResponse)  # noqa: S101 - checked just above
     cap = float_up(basic_total + mechanism.epsilon_exact)
     now = state.loss_detail()
-    ranges = [_term_range(mechanism, high=bool(j)) for j in (0, 1)]
+    ranges = [_term_range(mechanism, j) for j in (0, 1)]
     cheap = [(max(0.0, now.lower - r), min(cap, now.upper + r)) for r in ranges]
     computed: dict[int, ContinuousLoss] = {}
     if target is None or max(u for _, u in cheap) > target:
@@ -65,6 +65,12 @@ def evaluate_continuous(
     )
     worst = max(up for _, up in cheap)
     evaluation = CandidateEvaluation(
-        mechanism.epsilon, mechanism.epsilon_exact, per_output, worst, True
+        mechanism.epsilon,
+        mechanism.epsilon_exact,
+        per_output,
+        worst,
+        True,
+        tight=bool(computed),
+        searched=computed,
     )
     return evaluation, computed

@@ -62,6 +62,25 @@ def box_of(domain: Domain) -> tuple[Box, tuple[int, ...]]:
     return Box(lo, hi, integer), axes
 
 
+def curve_for(
+    mechanism: ScalarResponse, output: Output, *, truncate: bool | None = None
+) -> ResponseCurve:
+    """The log-likelihood curve of ``output`` of a ``linear`` or ``logistic`` query.
+
+    ``truncate`` overrides a ``linear`` query's own flag: the clipped curve is the mechanism's
+    exact term; the untruncated one its concave continuation (see
+    :mod:`~app.engine.continuous.univariate`).
+    """
+    high = output_index(output) == 1
+    if isinstance(mechanism, LogisticQuery):
+        return ResponseCurve.logistic_output(mechanism.eps, high=high)
+    assert isinstance(mechanism, LinearQuery)  # noqa: S101 - the two ScalarResponse kinds
+    clip = mechanism.truncate if truncate is None else truncate
+    return ResponseCurve.linear_output(
+        mechanism.eps, mechanism.a, mechanism.b, high=high, truncate=clip
+    )
+
+
 def _term(
     mechanism: Mechanism, output: Output, box: Box, axes: tuple[int, ...], field_path: str
 ) -> _Term:
@@ -74,9 +93,8 @@ def _term(
     theta = np.zeros(len(axes))
     for axis, w in mechanism.weights.items():
         theta[axes.index(axis)] = w
-    high = output_index(output) == 1
     if isinstance(mechanism, LogisticQuery):
-        return _Term(theta, mechanism.intercept, ResponseCurve(True, high, mechanism.eps), 0.0)
+        return _Term(theta, mechanism.intercept, curve_for(mechanism, output), 0.0)
     assert isinstance(mechanism, LinearQuery)  # noqa: S101 - the two ScalarResponse kinds
     truncate = mechanism.truncate
     excess = 0.0
@@ -100,7 +118,7 @@ def _term(
             excess = steep * 1.0001
         else:  # the continuation is not close (large ε): bound the clipped mechanism itself
             truncate = True
-    curve = ResponseCurve(False, high, mechanism.eps, mechanism.a, mechanism.b, truncate)
+    curve = curve_for(mechanism, output, truncate=truncate)
     return _Term(theta, mechanism.intercept, curve, excess)
 
 
@@ -201,6 +219,56 @@ class ContinuousState:
         self._terms.append(_term(mechanism, output, self.box, self.axes, field_path))
         self._decided = decided
         self._cached = None if known is None else self._capped(known)
+
+    def extended(
+        self,
+        mechanism: Mechanism,
+        output: Output,
+        *,
+        known: ContinuousLoss | None = None,
+        decided: tuple[float, float] | None = None,
+        field_path: str = "query",
+    ) -> ContinuousState:
+        """A new state with ``(mechanism, output)`` appended; this one is unchanged.
+
+        The terms are shared, not recomputed (a list of references is copied); ``known`` and
+        ``decided`` as in :meth:`record`. Without ``known``, the new state's loss is searched
+        for on first use.
+        """
+        term = _term(mechanism, output, self.box, self.axes, field_path)
+        after = ContinuousState(self.domain, self.settings, [*self._terms, term])
+        after._decided = decided
+        after._cached = None if known is None else after._capped(known)
+        return after
+
+    def seeded(self, known: LossBounds) -> ContinuousState:
+        """The same history with certified bounds on its loss already known (no search).
+
+        The service stores every object's certified bounds; a decision starts from them
+        instead of searching the whole history again.
+        """
+        seeded = ContinuousState(self.domain, self.settings, self._terms)
+        seeded._cached = ContinuousLoss(known.lower, known.upper, False, 0, 0.0)
+        return seeded
+
+    def with_settings(self, settings: BnBSettings) -> ContinuousState:
+        """The same history and cached bounds, searched with ``settings`` from now on."""
+        other = ContinuousState(self.domain, settings, self._terms, self._cached, self._decided)
+        return other
+
+    @property
+    def loss_known(self) -> bool:
+        """Whether bounds on the loss are at hand (reading them needs no search)."""
+        return self._cached is not None
+
+    def loss_without_search(self, cap: Fraction) -> LossBounds:
+        """``[0, cap]`` (basic composition, Lemma 6.1) within the last decision's bounds."""
+        return self._capped(ContinuousLoss(0.0, float_up(cap), True, 0, 0.0)).bounds(cap)
+
+    @property
+    def size(self) -> int:
+        """Queries in the history."""
+        return len(self._terms)
 
     def check_supported(self, mechanism: Mechanism, field_path: str) -> None:
         """Raise :class:`Unsupported` for a mechanism this state cannot account for."""

@@ -77,6 +77,18 @@ class ResponseCurve:
     truncate: bool = False
     sign: float = 1.0
 
+    @classmethod
+    def logistic_output(cls, epsilon: float, *, high: bool) -> ResponseCurve:
+        """The curve of a ``logistic`` query's high (``1``) or low (``0``) output."""
+        return cls(logistic=True, high=high, epsilon=epsilon)
+
+    @classmethod
+    def linear_output(
+        cls, epsilon: float, a: float, b: float, *, high: bool, truncate: bool
+    ) -> ResponseCurve:
+        """The curve of a ``linear`` query's high (``b``) or low (``a``) output."""
+        return cls(logistic=False, high=high, epsilon=epsilon, a=a, b=b, truncate=truncate)
+
     @property
     def expm1_eps(self) -> float:
         """``E = e^ε - 1``."""

@@ -1,0 +1,29 @@
+"""The loss calculator (``POST /v1/loss``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from app.api import examples, schemas
+from app.api.deps import AnalystDep, JsonBody, RuntimeDep
+from app.api.openapi import (
+    WITH_BODY,
+    body_doc,
+    problems,
+)
+from app.services import calculator
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/loss",
+    tags=["calculator"],
+    responses=problems(*WITH_BODY),
+    openapi_extra=body_doc(schemas.LossRequest, examples.LOSS),
+)
+async def loss(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, Any]:
+    """The stateless loss calculator (DESIGN.md): realized loss of a history and a candidate."""
+    return await calculator.compute_loss(worker=runtime.worker, request=body)

@@ -1,0 +1,95 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy import text
+
+from app.api import scrape
+from app.api.deps import RuntimeDep, in_thread
+from app.api.openapi import (
+    problems,
+)
+from app.api.problems import problem
+
+router = APIRouter()
+
+
+@router.get("/healthz", tags=["health"])
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    tags=["health"],
+    responses={
+        200: {
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["status", "database"],
+                        "properties": {
+                            "status": {"const": "ok"},
+                            "database": {"const": "ok"},
+                            "redis": {"const": "ok"},
+                        },
+                    }
+                }
+            }
+        },
+        **problems(503, s503="not-ready: the database or Redis is unavailable (checks)"),
+    },
+)
+async def readyz(runtime: RuntimeDep) -> Response:
+    """The database (and Redis, when configured) answer."""
+
+    def check() -> dict[str, str]:
+        checks = {}
+        try:
+            with runtime.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            checks["database"] = "ok"
+        except Exception:
+            checks["database"] = "unavailable"
+        if runtime.redis is not None:
+            try:
+                runtime.redis.ping()
+                checks["redis"] = "ok"
+            except Exception:
+                checks["redis"] = "unavailable"
+        return checks
+
+    checks = await in_thread(runtime, check)
+    if all(v == "ok" for v in checks.values()):
+        return JSONResponse({"status": "ok", **checks})
+    return problem(
+        503,
+        "not-ready",
+        "Not ready",
+        "a dependency is unavailable",
+        headers={"Retry-After": "2"},
+        checks=checks,
+    )
+
+
+@router.get(
+    "/metrics",
+    tags=["health"],
+    response_class=PlainTextResponse,
+    responses={
+        200: {
+            "description": "Prometheus text exposition format",
+            "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}},
+        },
+        **problems(503),
+    },
+)
+async def metrics(runtime: RuntimeDep) -> Response:
+    """Prometheus metrics, summed over the web workers, and object counts (docs/dashboard.md)."""
+    body = await in_thread(runtime, scrape.render, runtime.sessions)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,97 @@
+"""API keys: create, list, revoke; who am I."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, status
+
+from app.api import examples, schemas
+from app.api.deps import AdminDep, JsonBody, RuntimeDep, ViewerDep, in_thread
+from app.api.openapi import (
+    AUTHENTICATED,
+    WITH_BODY,
+    body_doc,
+    problems,
+)
+from app.engine.errors import InvalidInput
+from app.engine.jsonfields import as_object, as_string, check_keys
+from app.services.auth import Role, create_key, list_keys, revoke_key
+from app.services.errors import NotFound
+
+router = APIRouter()
+
+
+@router.post(
+    "/v1/keys",
+    tags=["keys"],
+    status_code=status.HTTP_201_CREATED,
+    responses=problems(*WITH_BODY),
+    openapi_extra=body_doc(schemas.KeyRequest, examples.KEY),
+)
+async def new_key(
+    runtime: RuntimeDep,
+    caller: AdminDep,
+    body: JsonBody,
+) -> dict[str, Any]:
+    """Create an API key (admin); the secret is shown once."""
+    obj = as_object(body, "")
+    check_keys(obj, "", required=("role",), optional=("label",))
+    if not isinstance(obj["role"], str) or obj["role"] not in {r.value for r in Role}:
+        raise InvalidInput("role", "must be one of admin, analyst, viewer")
+    label = as_string(obj["label"], "label", max_len=200) if "label" in obj else None
+
+    def create() -> dict[str, Any]:
+        with runtime.sessions() as session, session.begin():
+            row, secret = create_key(
+                session=session, role=Role(obj["role"]), label=label, actor_key_id=caller.key_id
+            )
+            return {"id": row.id, "role": row.role, "label": row.label, "key": secret}
+
+    return await in_thread(runtime, create)
+
+
+@router.get("/v1/keys", tags=["keys"], responses=problems(*AUTHENTICATED))
+async def list_api_keys(
+    runtime: RuntimeDep,
+    _: AdminDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[
+        int, Query(ge=0, le=2_147_483_647, description="Return keys with id > after")
+    ] = 0,
+) -> dict[str, Any]:
+    """API keys (admin): id, role, label, created and revoked times — never a secret."""
+
+    def read() -> dict[str, Any]:
+        with runtime.sessions() as session:
+            return list_keys(session=session, limit=limit, after=after)
+
+    return await in_thread(runtime, read)
+
+
+@router.delete(
+    "/v1/keys/{key_id}",
+    tags=["keys"],
+    responses=problems(
+        *AUTHENTICATED, 404, 409, s404="No such key", s409="The last active admin key"
+    ),
+)
+async def drop_key(
+    runtime: RuntimeDep, caller: AdminDep, key_id: Annotated[int, Path(ge=1, le=2_147_483_647)]
+) -> dict[str, Any]:
+    """Revoke an API key (admin)."""
+
+    def revoke() -> bool:
+        with runtime.sessions() as session, session.begin():
+            return revoke_key(session=session, key_id=key_id, actor_key_id=caller.key_id)
+
+    if not await in_thread(runtime, revoke):
+        raise NotFound("no key with that id")
+    runtime.keys.forget(key_id)  # other processes: within AUTH_CACHE_SECONDS (KeyCache)
+    return {"id": key_id, "revoked": True}
+
+
+@router.get("/v1/whoami", tags=["keys"], responses=problems(*AUTHENTICATED))
+async def whoami(caller: ViewerDep) -> dict[str, Any]:
+    """The calling key's id and role (never its secret); 401 for a missing or bad key."""
+    return {"key_id": caller.key_id, "role": caller.role.value}

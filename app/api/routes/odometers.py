@@ -1,0 +1,44 @@
+"""The odometer summary of every object (dashboards)."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import RuntimeDep, ViewerDep, in_thread
+from app.api.openapi import (
+    AUTHENTICATED,
+    problems,
+)
+from app.engine.errors import InvalidInput
+from app.services import objects as object_service
+
+router = APIRouter()
+
+
+@router.get("/v1/odometers", tags=["odometers"], responses=problems(*AUTHENTICATED))
+async def odometers(
+    runtime: RuntimeDep,
+    _: ViewerDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
+    remaining_lt: Annotated[float | None, Query(description="Only remaining < this")] = None,
+    remaining_gt: Annotated[float | None, Query(description="Only remaining > this")] = None,
+    include_retired: bool = False,
+) -> dict[str, Any]:
+    """A page of odometers across objects, filtered by remaining budget."""
+    for name, bound in (("remaining_lt", remaining_lt), ("remaining_gt", remaining_gt)):
+        if bound is not None and not math.isfinite(bound):
+            raise InvalidInput(name, "must be a finite number")
+    return await in_thread(
+        runtime,
+        object_service.list_odometers,
+        session_factory=runtime.sessions,
+        limit=limit,
+        offset=offset,
+        remaining_lt=remaining_lt,
+        remaining_gt=remaining_gt,
+        include_retired=include_retired,
+    )

@@ -1,0 +1,313 @@
+"""One road into the engine: an object's public snapshot in, a decision and the next snapshot out.
+
+Every decision — dry-run, submit, the loss calculator, ``verify``, the basic-composition fallback
+and, next, each member of a population survey — goes through the functions of this module:
+
+* :class:`ObjectSnapshot` holds everything public about an object: its domain, budget, filter,
+  the exact ``Σ ε_i`` and the history's state — the finite likelihood array, or the continuous
+  history's parsed terms seeded with the certified bounds stored for it. Never the value.
+* :func:`evaluate` gives the filter's :class:`~app.engine.filters.Decision` on a candidate query
+  with certified per-output bounds (marked ``tight`` when computed, not only Lemma 6.1's).
+* :func:`record` gives the snapshot after an accepted query's output, reusing what the decision
+  computed for that output (no second search).
+
+Both are pure: the snapshot they are given is never changed, so one snapshot can be shared by
+many objects with the same history (a survey) and cached by object version (the service). A
+snapshot, a mechanism and a decision pickle, so the bound worker runs these same calls in its
+processes.
+
+>>> from app.engine.domain import parse_domain
+>>> from app.engine.mechanisms import parse_query
+>>> domain = parse_domain({"attributes": [{"name": "d", "type": "categorical",
+...                                        "values": ["a", "b", "c"]}]})
+>>> snap = ObjectSnapshot.empty(domain, budget=1.0, filter=FilterKind.BAYESIAN)
+>>> grr = parse_query({"mechanism": "grr", "attribute": "d", "epsilon": 0.8}, domain)
+>>> first = evaluate(snap, grr)
+>>> first.accepted, first.candidate.tight   # basic composition certifies it: nothing computed
+(True, False)
+>>> snap = record(snap, grr, 0, first)
+>>> second = evaluate(snap, grr)            # 0.8 + 0.8 > 1: the per-output bounds decide
+>>> second.accepted, second.candidate.tight
+(False, True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Any
+
+from app.engine.continuous.branch_and_bound import BnBSettings
+from app.engine.continuous.candidate import evaluate_continuous
+from app.engine.continuous.state import ContinuousState
+from app.engine.domain import Domain
+from app.engine.filters import (
+    CandidateEvaluation,
+    Decision,
+    FilterKind,
+    basic_evaluation,
+    decide,
+    evaluate_candidate,
+)
+from app.engine.jsonfields import as_list, as_object, check_keys, path
+from app.engine.likelihood import LikelihoodState, LossBounds
+from app.engine.limits import DEFAULT_LIMITS, EngineLimits, for_history
+from app.engine.mechanisms import Mechanism, Output, parse_query
+from app.engine.mechanisms.base import output_index
+from app.engine.numerics import DECISION_MARGIN, float_up
+
+
+@dataclass(frozen=True)
+class BasicState:
+    """A history known only by its ``Σ ε_i``: its loss lies in ``[0, Σ ε_i]`` (Lemma 6.1).
+
+    The state of last resort — when a search cannot finish in time, every bound still holds.
+    """
+
+    def loss(self, cap: Fraction | None = None) -> LossBounds:
+        """``[0, Σ ε_i]`` (``cap`` is the exact ``Σ ε_i``)."""
+        return LossBounds(0.0, math.inf if cap is None else float_up(cap))
+
+
+State = LikelihoodState | ContinuousState | BasicState
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One accepted query of a history and the output it gave."""
+
+    mechanism: Mechanism
+    output: Output
+
+
+@dataclass(frozen=True)
+class ObjectSnapshot:
+    """Everything public about one object at one version: what a decision may read.
+
+    ``state`` is the finite likelihood array (:class:`LikelihoodState`) or the continuous
+    history's terms (:class:`ContinuousState`); ``basic_total`` the exact ``Σ ε_i``.
+    """
+
+    domain: Domain
+    budget: float
+    filter: FilterKind
+    basic_total: Fraction
+    state: State
+    limits: EngineLimits = DEFAULT_LIMITS
+
+    @classmethod
+    def empty(
+        cls,
+        domain: Domain,
+        *,
+        budget: float,
+        filter: FilterKind,
+        limits: EngineLimits = DEFAULT_LIMITS,
+        bnb: BnBSettings | None = None,
+    ) -> ObjectSnapshot:
+        """An object without history."""
+        return cls(domain, budget, filter, Fraction(0), empty_state(domain, bnb), limits)
+
+    def loss(self) -> LossBounds:
+        """Certified bounds on the realized loss of the history (capped by exact Σε)."""
+        return self.state.loss(self.basic_total)
+
+    @property
+    def bnb(self) -> BnBSettings:
+        """The settings of this snapshot's searches (defaults for a finite or basic state)."""
+        if isinstance(self.state, ContinuousState):
+            return self.state.settings
+        return BnBSettings()
+
+    def with_bnb(self, settings: BnBSettings) -> ObjectSnapshot:
+        """The same snapshot whose continuous searches run with ``settings``."""
+        if isinstance(self.state, ContinuousState):
+            return replace(self, state=self.state.with_settings(settings))
+        return self
+
+
+def empty_state(
+    domain: Domain, bnb: BnBSettings | None = None
+) -> LikelihoodState | ContinuousState:
+    """The state of an empty history: ``log P = 0`` everywhere, or no terms."""
+    if domain.is_finite:
+        return LikelihoodState(domain)
+    return ContinuousState(domain, bnb or BnBSettings())
+
+
+def parse_history(
+    domain: Domain, raw: Any, field: str = "history", *, limits: EngineLimits = DEFAULT_LIMITS
+) -> list[HistoryEntry]:
+    """Validate a JSON history (``[{"query", "output"}, ...]``), naming any bad field.
+
+    A history records what happened: any ε > 0 in it is replayed (:func:`for_history`).
+    """
+    items = as_list(raw, field, max_len=limits.max_history)
+    entries = []
+    for i, item in enumerate(items):
+        item_field = path(field, i)
+        obj = as_object(item, item_field)
+        check_keys(obj, item_field, required=("query", "output"))
+        query_field = path(item_field, "query")
+        mechanism = parse_query(obj["query"], domain, query_field, limits=for_history(limits))
+        output = mechanism.parse_output(obj["output"], path(item_field, "output"))
+        entries.append(HistoryEntry(mechanism, output))
+    return entries
+
+
+def fold_history(
+    domain: Domain,
+    entries: Sequence[HistoryEntry],
+    *,
+    bnb: BnBSettings | None = None,
+    field: str = "history",
+) -> tuple[LikelihoodState | ContinuousState, Fraction]:
+    """The state of a history and its exact ``Σ ε_i`` (the one place a history is replayed)."""
+    state = empty_state(domain, bnb)
+    basic = Fraction(0)
+    for i, entry in enumerate(entries):
+        if isinstance(state, LikelihoodState):
+            state.apply(entry.mechanism.term(entry.output))
+        else:
+            state.record(entry.mechanism, entry.output, path(path(field, i), "query"))
+        basic += entry.mechanism.epsilon_exact
+    return state, basic
+
+
+def candidate_bounds(
+    snapshot: ObjectSnapshot,
+    mechanism: Mechanism,
+    *,
+    target: float | None = None,
+    field_path: str = "query",
+) -> CandidateEvaluation:
+    """Certified bounds on the realized loss after each output of ``mechanism``.
+
+    Finite domains: exact per output (Algorithm 2's inner loop). Continuous domains: a cheap
+    bound first, which is kept when every output's upper bound is within ``target``; otherwise
+    two branch-and-bound searches per output (kept in ``searched`` for :func:`record`).
+    """
+    if isinstance(snapshot.state, LikelihoodState):
+        return evaluate_candidate(
+            snapshot.state,
+            mechanism,
+            max_listed=snapshot.limits.max_listed_outputs,
+            basic_total=snapshot.basic_total,
+        )
+    if isinstance(snapshot.state, BasicState):
+        return basic_evaluation(mechanism, snapshot.basic_total, snapshot.limits.max_listed_outputs)
+    evaluation, _ = evaluate_continuous(
+        snapshot.state,
+        mechanism,
+        basic_total=snapshot.basic_total,
+        target=target,
+        field_path=field_path,
+    )
+    return evaluation
+
+
+def basic_decision(snapshot: ObjectSnapshot, mechanism: Mechanism) -> Decision:
+    """The filter applied to bounds of basic composition alone (Lemma 6.1): free, sound.
+
+    Every bound in it is certified, so an acceptance here is the acceptance the full evaluation
+    gives; a rejection may not be (the per-output bounds can be far below ``Σ ε_i + ε``).
+    """
+    return decide(
+        kind=snapshot.filter,
+        budget=snapshot.budget,
+        loss_now=snapshot.loss(),
+        basic_total=snapshot.basic_total,
+        candidate=basic_evaluation(
+            mechanism, snapshot.basic_total, snapshot.limits.max_listed_outputs
+        ),
+    )
+
+
+def evaluate(snapshot: ObjectSnapshot, mechanism: Mechanism, *, tight: bool = False) -> Decision:
+    """The filter's decision on ``mechanism`` for this snapshot. Never reads a value.
+
+    Basic composition is tried first: when it certifies the query (and, for ``simplified``,
+    whenever the stored loss plus ε fits) nothing is computed, and the decision says its bounds
+    are not tight. Otherwise — or always, with ``tight`` (a dry-run shows per-output bounds) —
+    the per-output bounds are computed (:func:`candidate_bounds`) and decide. Continuous searches
+    stop early once they certify the budget minus the decision margin.
+    """
+    if not tight:
+        quick = basic_decision(snapshot, mechanism)
+        if quick.accepted:
+            return quick
+    target = snapshot.budget - DECISION_MARGIN
+    return decide(
+        kind=snapshot.filter,
+        budget=snapshot.budget,
+        loss_now=snapshot.loss(),
+        basic_total=snapshot.basic_total,
+        candidate=candidate_bounds(snapshot, mechanism, target=target),
+    )
+
+
+def record(
+    snapshot: ObjectSnapshot, mechanism: Mechanism, output: Output, decision: Decision | None
+) -> ObjectSnapshot:
+    """The snapshot after ``output`` of an accepted ``mechanism``; ``snapshot`` is unchanged.
+
+    Finite domains: the likelihood array plus the output's term, renormalised (a new array).
+    Continuous domains: the history plus one term. The bounds ``decision`` computed for this
+    output are reused — a search's result for the extended history is its loss; any bounds it
+    listed cap it (both are certified, and a later search stopped by a limit could come back
+    looser than what accepted the query). Without a search result the new loss is searched for
+    when first read (:meth:`ObjectSnapshot.loss`).
+    """
+    basic = snapshot.basic_total + mechanism.epsilon_exact
+    state = snapshot.state
+    if isinstance(state, LikelihoodState):
+        return replace(snapshot, basic_total=basic, state=state.applied(mechanism.term(output)))
+    if isinstance(state, BasicState):
+        return replace(snapshot, basic_total=basic)
+    known, decided = None, None
+    if decision is not None:
+        candidate = decision.candidate
+        known = candidate.searched.get(output_index(output))
+        listed = mechanism.output_json(output)
+        for entry in candidate.per_output:
+            if entry.output == listed:
+                decided = (entry.lower, entry.upper)
+    after = state.extended(mechanism, output, known=known, decided=decided)
+    return replace(snapshot, basic_total=basic, state=after)
+
+
+def realized_loss(snapshot: ObjectSnapshot) -> LossBounds:
+    """Certified bounds on the snapshot's loss; searches a continuous history not yet bounded.
+
+    What the bound worker runs after :func:`record` when the decision did not search the
+    recorded output (two searches: ``max`` and ``min`` of ``log P``).
+    """
+    return snapshot.loss()
+
+
+def loss_without_search(snapshot: ObjectSnapshot) -> LossBounds:
+    """Sound bounds on the snapshot's loss at no cost: ``[0, Σ ε_i]`` (Lemma 6.1).
+
+    Within the bounds the last decision used; the fallback when a search cannot finish in time.
+    """
+    if isinstance(snapshot.state, ContinuousState):
+        return snapshot.state.loss_without_search(snapshot.basic_total)
+    return snapshot.loss()
+
+
+def decisions_by_filter(
+    snapshot: ObjectSnapshot, evaluation: CandidateEvaluation
+) -> dict[str, bool]:
+    """Whether each filter accepts, from one evaluation (the calculator's ``accepted``)."""
+    return {
+        kind.value: decide(
+            kind=kind,
+            budget=snapshot.budget,
+            loss_now=snapshot.loss(),
+            basic_total=snapshot.basic_total,
+            candidate=evaluation,
+        ).accepted
+        for kind in FilterKind
+    }

@@ -1,0 +1,19 @@
+"""The stateless loss calculator as a use case: ``POST /v1/loss`` (and ``gatekeeper loss``).
+
+The request is answered by :func:`app.engine.calculator.compute_loss` — the same pipeline as
+every decision (:mod:`app.engine.pipeline`) — in the bound worker, with its cache, time limit
+and basic-composition fallback (:class:`app.worker.pool.BoundWorker`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.engine.jsonfields import as_object
+from app.worker.pool import BoundWorker
+
+
+async def compute_loss(*, worker: BoundWorker, request: Any) -> dict[str, Any]:
+    """The calculator's answer to ``request`` (raises ``InvalidInput`` naming a bad field)."""
+    as_object(request, "")
+    return await worker.compute_async(request)
