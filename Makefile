@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run test check fast lint typecheck unit bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,13 @@ unit: $(STAMP)
 	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -n 2
 
 test: lint typecheck unit
+
+# the development loop: lint, types and the fast tests (every test not marked slow), in
+# minutes; `make test` (the README's command and CI's) still runs everything
+fast: $(STAMP)
+	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -n 2 -m "not slow" -q
+
+check: lint typecheck fast
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine_bench.py

@@ -22,26 +22,29 @@ from app.api.main import create_app
 from app.db.migrate import upgrade
 from app.db.session import make_engine
 from app.settings import Settings
+from tests.service import factories
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+from tests.service.factories import (
+    ADMIN,
+    ANALYST,
+    CREDENTIALS,
+    INVALID,
+    MISSING,
+    REVOKED,
+    VIEWER,
+    credentials,
+)
 
 PROBLEM = "application/problem+json"
 DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
 QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": 0.01}
 
-ADMIN, ANALYST, VIEWER = "admin", "analyst", "viewer"
-MISSING, INVALID, REVOKED = "missing", "invalid", "revoked"
-CREDENTIALS = [ADMIN, ANALYST, VIEWER, MISSING, INVALID, REVOKED]
-
 
 def register(client: TestClient, oid: str | None = None, budget: float = 10_000.0) -> str:
-    oid = oid or unique_id("auth")
-    r = client.post(
-        "/v1/objects",
-        headers=auth(ADMIN_KEY),
-        json={"id": oid, "domain": DOMAIN, "value": {"x": 1}, "budget": {"epsilon": budget}},
+    """An object of this module's domain (shared with the authorization matrix)."""
+    return factories.register(
+        client, domain=DOMAIN, value={"x": 1}, budget=budget, oid=oid, prefix="auth"
     )
-    assert r.status_code == 201, r.text
-    return oid
 
 
 def key_id_of(client: TestClient, role: str) -> tuple[int, str]:
@@ -143,18 +146,7 @@ CALLS = [
 @pytest.fixture(scope="module")
 def keys(client: TestClient) -> dict[str, str | None]:
     """A secret per credential kind (None: no Authorization header)."""
-    revoked_id, revoked = key_id_of(client, ANALYST)
-    r = client.delete(f"/v1/keys/{revoked_id}", headers=auth(ADMIN_KEY))
-    assert r.status_code == 200, r.text
-    assert r.json() == {"id": revoked_id, "revoked": True}
-    return {
-        ADMIN: new_key(client, ADMIN),
-        ANALYST: new_key(client, ANALYST),
-        VIEWER: new_key(client, VIEWER),
-        MISSING: None,
-        INVALID: "gk_" + secrets.token_urlsafe(32),
-        REVOKED: revoked,
-    }
+    return credentials(client)
 
 
 def assert_problem(response: httpx.Response, status: int, type_: str) -> dict[str, Any]:

@@ -24,7 +24,6 @@ malformed headers, analysts see only their own queries); this module proves comp
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,12 +34,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.api.routes.dashboard import assets
-from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+from tests.service.conftest import ADMIN_KEY, auth, unique_id
+from tests.service.factories import credentials
 from tests.service.test_auth import (
-    ADMIN,
     ADMINS,
     ALL_ROLES,
-    ANALYST,
     ANALYSTS,
     CREDENTIALS,
     DOMAIN,
@@ -174,19 +172,7 @@ def test_every_route_has_a_row(client: TestClient) -> None:
 @pytest.fixture(scope="module")
 def keys(client: TestClient) -> dict[str, str | None]:
     """A secret per credential kind (None: no Authorization header)."""
-    r = client.post("/v1/keys", headers=auth(ADMIN_KEY), json={"role": ADMIN})
-    assert r.status_code == 201, r.text
-    revoked = str(r.json()["key"])  # an admin key, so that only the revocation refuses it
-    assert client.get("/v1/whoami", headers=auth(revoked)).status_code == 200
-    assert client.delete(f"/v1/keys/{r.json()['id']}", headers=auth(ADMIN_KEY)).status_code == 200
-    return {
-        ADMIN: new_key(client, ADMIN),
-        ANALYST: new_key(client, ANALYST),
-        VIEWER: new_key(client, VIEWER),
-        MISSING: None,
-        INVALID: "gk_" + secrets.token_urlsafe(32),
-        REVOKED: revoked,
-    }
+    return credentials(client)
 
 
 def expected(row: Row, credential: str) -> int:

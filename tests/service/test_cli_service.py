@@ -120,6 +120,7 @@ def verify_in_process(
 # ------------------------------------------------------------------------------------------------
 # keys create
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_keys_create_on_a_fresh_sqlite_file(tmp_path: Path) -> None:
     db = tmp_path / "sub" / "fresh.db"
     url = f"sqlite:///{db}"
@@ -392,6 +393,7 @@ def test_verify_command_exits_nonzero_after_tampering(
 # ------------------------------------------------------------------------------------------------
 # serve: the prestart migration; production settings
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_serve_migrates_a_fresh_database_first(tmp_path: Path) -> None:
     db = tmp_path / "new" / "gatekeeper.db"
     url = f"sqlite:///{db}"

@@ -193,6 +193,7 @@ def as_floats(values: list[str]) -> list[str]:
     return [repr(float(v)) for v in values]
 
 
+@pytest.mark.slow
 def test_dashboard_end_to_end(
     server: Server, browser: Browser, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -353,6 +354,7 @@ def test_dashboard_end_to_end(
     assert browser.problems() == []
 
 
+@pytest.mark.slow
 def test_bad_and_revoked_keys_and_outages_are_shown(
     pg_server: Server, postgres_url: str, browser: Browser
 ) -> None:

@@ -20,6 +20,7 @@ from sqlalchemy import text
 
 from app.db.session import make_engine
 from app.engine.limits import MAX_BUDGET, MIN_EPSILON
+from tests.service import factories
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
 
 DOMAIN = {"attributes": [{"name": "disease", "type": "categorical", "values": ["a", "b", "c"]}]}
@@ -31,12 +32,8 @@ def grr(epsilon: object) -> dict[str, object]:
 
 
 def register(client: TestClient, budget: object = 5.0, domain: object = DOMAIN) -> str:
-    object_id = unique_id("extreme")
     value = {"disease": "b"} if domain is DOMAIN else {"x": 0.5}
-    body = {"id": object_id, "domain": domain, "value": value, "budget": {"epsilon": budget}}
-    r = client.post("/v1/objects", json=body, headers=auth(ADMIN_KEY))
-    assert r.status_code == 201, r.text
-    return object_id
+    return factories.register(client, domain=domain, value=value, budget=budget, prefix="extreme")
 
 
 @pytest.fixture(scope="module")

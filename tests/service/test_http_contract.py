@@ -269,6 +269,7 @@ JSON_VALUES = st.recursive(
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(object_id=st.text(min_size=1, max_size=200))
+@pytest.mark.slow
 def test_retire_any_id_is_a_problem_never_a_5xx(client: TestClient, object_id: str) -> None:
     """``DELETE /v1/objects/{object_id}`` with 1,000 arbitrary ids (any characters, quoted into
     the path): 404 or 422 problem+json (or 200 for the one registered id), never a 5xx."""
@@ -286,6 +287,7 @@ def test_retire_any_id_is_a_problem_never_a_5xx(client: TestClient, object_id: s
         st.sampled_from(["admin", "analyst", "viewer", "root", ""]) | JSON_VALUES,
     )
 )
+@pytest.mark.slow
 def test_create_key_any_body_is_201_or_a_problem(client: TestClient, body: dict[str, Any]) -> None:
     """``POST /v1/keys`` with 1,000 arbitrary bodies: 201 with a key for a valid role and
     label, otherwise 422 problem+json naming a field; never a 5xx, never the key echoed."""
@@ -300,6 +302,7 @@ def test_create_key_any_body_is_201_or_a_problem(client: TestClient, body: dict[
 
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(key_id=st.integers(min_value=-(2**70), max_value=2**70).map(str) | st.text(min_size=1))
+@pytest.mark.slow
 def test_revoke_any_key_id_is_a_problem_never_a_5xx(client: TestClient, key_id: str) -> None:
     """``DELETE /v1/keys/{key_id}`` with 1,000 arbitrary ids (integers of any size, any text):
     404 (no such key) or 422 naming ``key_id``, never a 5xx. Ids at or above 10**6 only, so

@@ -136,6 +136,7 @@ def test_keys_are_listed_without_secrets(fresh: TestClient) -> None:
         assert r.status_code == 403
 
 
+@pytest.mark.slow
 def test_keys_list_and_revoke_on_the_command_line(
     fresh: TestClient, database_url: str, tmp_path: Path
 ) -> None:

@@ -93,6 +93,7 @@ def test_an_expired_holder_leaves_the_new_holders_lock_alone(client: redis.Redis
     assert client.get(key) is None
 
 
+@pytest.mark.slow
 def test_an_unreachable_redis_leaves_the_database_in_charge(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -143,6 +143,7 @@ def walk_through(walk: Walk, analyst: str, viewer: str) -> None:
         assert r.status_code == status, (url, r.status_code, r.text)
 
 
+@pytest.mark.slow
 def test_no_private_value_reaches_the_logs(server: Server) -> None:
     with httpx.Client(base_url=server.url, timeout=60) as http:
         analyst = new_key(http, "analyst")

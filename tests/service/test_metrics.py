@@ -20,6 +20,7 @@ from app.services.errors import Busy
 from app.services.locks import ObjectLocks
 from app.settings import Settings
 from app.worker.pool import BoundWorker, WorkerSettings
+from tests.service import factories
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
@@ -63,14 +64,9 @@ def analyst(client: TestClient) -> str:
 
 
 def register(client: TestClient, budget: float) -> str:
-    oid = unique_id("metrics")
-    r = client.post(
-        "/v1/objects",
-        headers=auth(ADMIN_KEY),
-        json={"id": oid, "domain": DOMAIN, "value": {"x": 1}, "budget": {"epsilon": budget}},
+    return factories.register(
+        client, domain=DOMAIN, value={"x": 1}, budget=budget, prefix="metrics"
     )
-    assert r.status_code == 201, r.text
-    return oid
 
 
 def test_every_family_is_exported_with_its_type(client: TestClient) -> None:

@@ -80,6 +80,7 @@ def server(tmp_path: Path, postgres_url: str) -> Iterator[tuple[Server, Path]]:
     running.stop()
 
 
+@pytest.mark.slow
 def test_every_scrape_shows_the_sum_over_workers(
     server: tuple[Server, Path], tmp_path: Path
 ) -> None:
@@ -120,6 +121,7 @@ def test_every_scrape_shows_the_sum_over_workers(
     assert victim not in live_workers(directory)
 
 
+@pytest.mark.slow
 def test_serve_makes_and_removes_a_private_directory(tmp_path: Path, postgres_url: str) -> None:
     running = start_server(
         tmp_path, database_url=postgres_url, redis_url=None, workers=2, BOUND_PROCESSES="0"
@@ -139,6 +141,7 @@ def test_serve_makes_and_removes_a_private_directory(tmp_path: Path, postgres_ur
     assert not directory.exists()
 
 
+@pytest.mark.slow
 def test_a_given_directory_is_emptied_of_stale_counts(tmp_path: Path, postgres_url: str) -> None:
     directory = tmp_path / "given"
     for name in ("given", "a", "b"):

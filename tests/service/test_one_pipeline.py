@@ -24,7 +24,8 @@ from fastapi.testclient import TestClient
 import app.engine.continuous.state as continuous_state
 import app.engine.pipeline as pipeline
 import app.services.snapshots as snapshots
-from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+from tests.service.conftest import auth, new_key
+from tests.service.factories import register
 
 DOMAIN = {"attributes": [{"name": "x1", "type": "real", "low": -1, "high": 1}]}
 #: Reaches ±0.4 of its [-0.5, 0.5] range: each output moves the loss by up to about 0.4.
@@ -80,19 +81,8 @@ def spies(monkeypatch: pytest.MonkeyPatch) -> Iterator[Spies]:
 
 
 def test_searches_per_continuous_submit(client: TestClient, spies: Spies) -> None:
-    oid = unique_id("pipeline")
-    r = client.post(
-        "/v1/objects",
-        headers=auth(ADMIN_KEY),
-        json={
-            "id": oid,
-            "domain": DOMAIN,
-            "value": {"x1": 1.0},  # the high output w.p. 0.6: the loss drifts up to the budget
-            "budget": {"epsilon": 1.2},
-            "filter": "bayesian",
-        },
-    )
-    assert r.status_code == 201, r.text
+    # the high output w.p. 0.6: the loss drifts up to the budget
+    oid = register(client, domain=DOMAIN, value={"x1": 1.0}, budget=1.2, filter="bayesian")
     analyst = new_key(client, "analyst")
     seen = {"basic": 0, "cheap": 0, "searched": 0, "rejected": 0}
     for i in range(60):
@@ -124,13 +114,7 @@ def test_searches_per_continuous_submit(client: TestClient, spies: Spies) -> Non
 
 def test_a_dry_run_starts_from_the_stored_bounds(client: TestClient, spies: Spies) -> None:
     """A dry-run searches at most the candidate's outputs, never the history's own loss."""
-    oid = unique_id("pipeline-dry")
-    r = client.post(
-        "/v1/objects",
-        headers=auth(ADMIN_KEY),
-        json={"id": oid, "domain": DOMAIN, "value": {"x1": -0.5}, "budget": {"epsilon": 0.9}},
-    )
-    assert r.status_code == 201, r.text
+    oid = register(client, domain=DOMAIN, value={"x1": -0.5}, budget=0.9)
     analyst = new_key(client, "analyst")
     r = client.post(f"/v1/objects/{oid}/queries", headers=auth(analyst), json={"query": QUERY})
     assert r.status_code == 201, r.text

@@ -35,7 +35,8 @@ from fastapi.testclient import TestClient
 
 from app import logs
 from app.api.routes.dashboard import assets
-from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+from tests.service.conftest import ADMIN_KEY, auth, unique_id
+from tests.service.factories import credentials
 
 REAL = 0.73182649517
 INT = -4817263  # integers: at most 10**7 values, so a negative one
@@ -285,14 +286,8 @@ def exercise(call: Recorder, keys: dict[str, str | None]) -> None:
 
 @pytest.fixture(scope="module")
 def keys(client: TestClient) -> dict[str, str | None]:
-    """A key per role, an invalid key and no key."""
-    return {
-        "admin": new_key(client, "admin"),
-        "analyst": new_key(client, "analyst"),
-        "viewer": new_key(client, "viewer"),
-        "invalid": "gk_" + secrets.token_urlsafe(32),
-        "missing": None,
-    }
+    """A key per role, a revoked and an invalid key, and no key."""
+    return credentials(client)
 
 
 def test_sentinels_are_distinctive() -> None:
@@ -304,6 +299,7 @@ def test_sentinels_are_distinctive() -> None:
     assert not [s for s in SENTINELS if s in public]
 
 
+@pytest.mark.slow
 def test_no_sentinel_in_any_response_header_or_log_line(
     client: TestClient,
     keys: dict[str, str | None],

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
@@ -313,6 +314,7 @@ def make_machine(client: TestClient, analyst: str) -> type[RuleBasedStateMachine
     return SubmitProtocol
 
 
+@pytest.mark.slow
 def test_submit_protocol_state_machine(client: TestClient) -> None:
     """Random create/dry-run/submit/retry/replay/exhaust sequences keep every invariant."""
     analyst = new_key(client, "analyst")

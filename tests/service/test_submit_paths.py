@@ -19,27 +19,17 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.services.auth import KeyCache, Role
-from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
+from tests.service import factories
+from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key
 
 DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
 QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": 0.6}
 
 
 def _register(client: TestClient, budget: float) -> str:
-    oid = unique_id("paths")
-    r = client.post(
-        "/v1/objects",
-        headers=auth(ADMIN_KEY),
-        json={
-            "id": oid,
-            "domain": DOMAIN,
-            "value": {"x": 2},
-            "budget": {"epsilon": budget},
-            "filter": "basic",
-        },
+    return factories.register(
+        client, domain=DOMAIN, value={"x": 2}, budget=budget, filter="basic", prefix="paths"
     )
-    assert r.status_code == 201, r.text
-    return oid
 
 
 def _submit(

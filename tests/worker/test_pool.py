@@ -110,6 +110,7 @@ def test_the_safety_net_falls_back_to_basic_composition() -> None:
     assert w.fallbacks == 1
 
 
+@pytest.mark.slow
 def test_requests_given_up_on_do_not_hold_the_pool_afterwards() -> None:
     """A request whose caller fell back is cancelled if it is still queued: once the running
     search ends, the next request is answered by the pool, not by yet another fallback behind a

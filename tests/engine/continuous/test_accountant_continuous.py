@@ -198,6 +198,7 @@ def test_never_fewer_accepted_than_basic_composition(seed: int) -> None:
         assert sum(runs[kind]) >= sum(runs[FilterKind.BASIC])
 
 
+@pytest.mark.slow
 def test_odometer_never_reads_looser_than_the_bound_that_accepted() -> None:
     """After an accepted query the odometer's upper bound is at most the decision's.
 

@@ -43,6 +43,7 @@ def linear(eps: float, truncate: bool = False) -> dict[str, Any]:
 @pytest.mark.parametrize("truncate", [False, True], ids=["plain", "truncated"])
 @pytest.mark.parametrize("output", [0.0, 1.0], ids=["a", "b"])
 @pytest.mark.parametrize("eps", [0.5, 2.0, 10.0, 30.0, 40.0, 100.0])
+@pytest.mark.slow
 def test_single_linear_query_loses_exactly_epsilon(
     eps: float, output: float, truncate: bool
 ) -> None:
@@ -64,6 +65,7 @@ def test_single_linear_query_loses_exactly_epsilon(
     assert loss["lower"] <= loss["upper"]
 
 
+@pytest.mark.slow
 def test_tight_plain_query_at_a_vertex_gives_a_finite_bound() -> None:
     """A plain query whose range is exactly its reach over the box: at the vertex where it meets
     ``a``, rounding of ``θ·x + c`` can land a hair below ``a``, where ``log(1 + tE)`` of the
@@ -152,6 +154,7 @@ def test_large_epsilon_history_gives_finite_sound_bounds() -> None:
     assert loss["upper"] <= exact + 1e-3, (loss, exact)
 
 
+@pytest.mark.slow
 def test_accountant_rejects_a_query_that_would_exceed_the_budget() -> None:
     """Budget 50: after one ε = 40 query answered ``a``, the same query answered ``a`` again
     brings the loss to 80, so the Bayesian filter must reject it."""
