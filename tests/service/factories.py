@@ -1,18 +1,21 @@
-"""Factories the service tests share: objects and credentials.
+"""Factories the service tests share: objects, credentials and the ``gatekeeper`` command.
 
-One way to register an object and one set of credentials per kind, instead of a copy per test
-module (issue #12).
+One way to register an object, one set of credentials per kind and one way to run the CLI on a
+database, instead of a copy per test module (issue #12).
 """
 
 from __future__ import annotations
 
+import os
 import secrets
+import subprocess
+import sys
 from typing import Any
 
 import httpx
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+from tests.service.conftest import ADMIN_KEY, ROOT, auth, new_key, unique_id
 
 #: Credential kinds of the authorization tests (``None`` secret: no Authorization header).
 ADMIN, ANALYST, VIEWER = "admin", "analyst", "viewer"
@@ -66,3 +69,37 @@ def credentials(client: TestClient | httpx.Client) -> dict[str, str | None]:
         INVALID: "gk_" + secrets.token_urlsafe(32),
         REVOKED: revoked,
     }
+
+
+# Environment variables of Settings that the tests set explicitly (never inherited).
+SETTINGS_ENV = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "GATEKEEPER_ENV",
+    "GATEKEEPER_BOOTSTRAP_ADMIN_KEY",
+    "WEB_WORKERS",
+    "BOUND_PROCESSES",
+)
+
+
+def run_cli(
+    *args: str,
+    database_url: str,
+    bound_processes: str | None = "0",
+    timeout: float = 180,
+    **env: str,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m app.cli ARGS`` with ``DATABASE_URL`` set (and no other inherited setting)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in SETTINGS_ENV}
+    full_env.update({"DATABASE_URL": database_url, "PYTHONPATH": str(ROOT), **env})
+    if bound_processes is not None:
+        full_env["BOUND_PROCESSES"] = bound_processes
+    return subprocess.run(  # noqa: S603 - our own CLI, fixed argv
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

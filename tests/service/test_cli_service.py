@@ -9,10 +9,7 @@ before answering ``/readyz``, and production settings refuse unsafe defaults.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +27,7 @@ from app.db.models import ProtectedObject, QueryRecord
 from app.db.session import make_engine
 from app.settings import Settings, get_settings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, start_server, unique_id
+from tests.service.factories import SETTINGS_ENV, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 FINITE = {
@@ -65,35 +63,6 @@ CONTINUOUS_QUERIES = [
         "epsilon": 0.3,
     },
 ]
-
-# Environment variables of Settings that the tests set explicitly (never inherited).
-SETTINGS_ENV = (
-    "DATABASE_URL",
-    "REDIS_URL",
-    "GATEKEEPER_ENV",
-    "GATEKEEPER_BOOTSTRAP_ADMIN_KEY",
-    "WEB_WORKERS",
-    "BOUND_PROCESSES",
-)
-
-
-def run_cli(
-    *args: str, database_url: str, bound_processes: str | None = "0", **env: str
-) -> subprocess.CompletedProcess[str]:
-    """``python -m app.cli ARGS`` with ``DATABASE_URL`` set (and no other inherited setting)."""
-    full_env = {k: v for k, v in os.environ.items() if k not in SETTINGS_ENV}
-    full_env.update({"DATABASE_URL": database_url, "PYTHONPATH": str(ROOT), **env})
-    if bound_processes is not None:
-        full_env["BOUND_PROCESSES"] = bound_processes
-    return subprocess.run(  # noqa: S603 - our own CLI, fixed argv
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
 
 
 @pytest.fixture

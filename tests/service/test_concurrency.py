@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -51,13 +48,13 @@ from app.services.auth import ensure_bootstrap_admin
 from tests.service.conftest import (
     ADMIN_KEY,
     POSTGRES_URL,
-    ROOT,
     Server,
     auth,
     new_key,
     start_server,
     unique_id,
 )
+from tests.service.factories import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -197,16 +194,7 @@ def _dry_run(server: Server, oid: str, query: dict[str, Any], analyst: str) -> d
 
 
 def _verify(database_url: str) -> None:
-    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": ""}
-    done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "verify"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_cli("verify", database_url=database_url, timeout=300, REDIS_URL="")
     assert done.returncode == 0, f"gatekeeper verify failed:\n{done.stdout}\n{done.stderr}"
     assert "ok" in done.stdout, done.stdout
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import stat
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +32,8 @@ from app.db.session import make_engine, make_session_factory
 from app.services.encryption import encrypt_plaintext_rows
 from app.settings import Environment, Settings
 from tests.conftest import TEST_ENCRYPTION_KEY
-from tests.service.conftest import ADMIN_KEY, ROOT, auth, make_settings, new_key, unique_id
+from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
+from tests.service.factories import run_cli
 
 #: A value no other text of the test contains.
 SENTINEL = 77
@@ -181,16 +180,7 @@ def test_plaintext_rows_from_before_encryption_are_encrypted(sqlite_url: str) ->
 
 
 def _cli(database_url: str, keys: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": database_url, "GATEKEEPER_ENCRYPTION_KEYS": keys}
-    return subprocess.run(  # noqa: S603 - our own CLI
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return run_cli(*args, database_url=database_url, GATEKEEPER_ENCRYPTION_KEYS=keys)
 
 
 def test_rotation_moves_every_value_to_the_new_key(tmp_path: Path) -> None:

@@ -56,7 +56,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -72,7 +71,6 @@ import pytest
 
 from tests.service.conftest import (
     ADMIN_KEY,
-    ROOT,
     Server,
     _free_port,
     _unavailable,
@@ -81,6 +79,7 @@ from tests.service.conftest import (
     start_server,
     unique_id,
 )
+from tests.service.factories import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -318,15 +317,7 @@ def audit(url: str, database_url: str, analyst: str, objects: Objects, load: Loa
                 assert body["accepted"] == N_SMALL, (object_id, body)
             if object_id == objects.bayesian:
                 assert body["realized_loss"]["upper"] <= body["budget"], body
-    verify = subprocess.run(
-        [sys.executable, "-m", "app.cli", "verify"],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url},
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    verify = run_cli("verify", database_url=database_url, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "ok" in verify.stdout, verify.stdout
 

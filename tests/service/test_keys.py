@@ -18,7 +18,7 @@ from sqlalchemy import text
 from app.api.main import create_app
 from app.db.session import make_engine
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key
-from tests.service.test_cli_service import run_cli
+from tests.service.factories import run_cli
 
 
 @pytest.fixture
