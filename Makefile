@@ -33,16 +33,18 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # one BLAS thread per test process: -n 2 already uses both cores, and BLAS threads on top
-# slow the suite down and inflate the CPU-time checks of the search's time limits
+# slow the suite down and inflate the CPU-time checks of the search's time limits.
+# worksteal: a process that is done takes queued tests from the other one, which may be held
+# for minutes by one long test (tests/conftest.py starts the slow tests first)
 unit: $(STAMP)
-	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -n 2
+	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist worksteal
 
 test: lint typecheck unit
 
 # the development loop: lint, types and the fast tests (every test not marked slow), in
 # minutes; `make test` (the README's command and CI's) still runs everything
 fast: $(STAMP)
-	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -n 2 -m "not slow" -q
+	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist worksteal -m "not slow" -q
 
 check: lint typecheck fast
 

@@ -23,6 +23,7 @@ from app.services.locks import ObjectLocks
 from app.settings import Settings, get_settings
 from app.worker.cache import RedisCache
 from app.worker.pool import BoundWorker, WorkerSettings
+from app.worker.threads import single_threaded_blas
 
 log = logging.getLogger("gatekeeper")
 
@@ -67,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        single_threaded_blas()  # the worker processes are the parallelism (app.worker.threads)
         runtime = build_runtime(settings)
         app.state.runtime = runtime
         metrics.WEB_WORKERS.set(1)

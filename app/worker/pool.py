@@ -40,6 +40,7 @@ from app.engine.pipeline import (
 from app.metrics import BOUND_CACHE, BOUND_FALLBACKS, BOUND_SECONDS
 from app.worker.cache import LRUCache, ResultCache
 from app.worker.keys import request_key
+from app.worker.threads import single_threaded_blas
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,14 @@ def _with_time_limit(request: dict[str, Any], time_limit: float) -> dict[str, An
 PARENT_CHECK_PERIOD = 0.5
 
 
+def _init_pool_process(parent: int) -> None:
+    """Pool-process initializer: one BLAS thread, and exit when ``parent`` is gone."""
+    single_threaded_blas()
+    _exit_with_parent(parent)
+
+
 def _exit_with_parent(parent: int) -> None:
-    """Pool-process initializer: exit as soon as ``parent`` (the web worker) is gone.
+    """Exit this pool process as soon as ``parent`` (the web worker) is gone.
 
     A pool process otherwise outlives a web worker that exits while a computation runs, or that
     is killed: it blocks on its task queue forever, holding memory and the multiprocessing
@@ -161,7 +168,7 @@ class BoundWorker:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.settings.processes,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_exit_with_parent,
+                initializer=_init_pool_process,
                 initargs=(os.getpid(),),
             )
         self.fallbacks = 0
