@@ -103,3 +103,13 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
+
+
+def integer_domain(high: int = 3, name: str = "x") -> dict[str, Any]:
+    """A domain of one integer attribute ``name`` in ``0..high`` (``high + 1`` points)."""
+    return {"attributes": [{"name": name, "type": "integer", "low": 0, "high": high}]}
+
+
+def grr_query(epsilon: float, attribute: str = "x") -> dict[str, Any]:
+    """A ``grr`` query on ``attribute``."""
+    return {"mechanism": "grr", "attribute": attribute, "epsilon": epsilon}

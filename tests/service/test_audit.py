@@ -13,10 +13,11 @@ import json
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+from tests.service.factories import grr_query, integer_domain
 
 SENTINEL = 61  # the true value: appears in no event
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 99}]}
-QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": 0.4}
+DOMAIN = integer_domain(99)
+QUERY = grr_query(0.4)
 
 
 def events(client: TestClient, **params: object) -> list[dict[str, object]]:

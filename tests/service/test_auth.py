@@ -33,11 +33,13 @@ from tests.service.factories import (
     REVOKED,
     VIEWER,
     credentials,
+    grr_query,
+    integer_domain,
 )
 
 PROBLEM = "application/problem+json"
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
-QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": 0.01}
+DOMAIN = integer_domain(3)
+QUERY = grr_query(0.01)
 
 
 def register(client: TestClient, oid: str | None = None, budget: float = 10_000.0) -> str:

@@ -54,7 +54,7 @@ from tests.service.conftest import (
     start_server,
     unique_id,
 )
-from tests.service.factories import run_cli
+from tests.service.factories import integer_domain, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +64,7 @@ EPSILON = 0.1
 N_BASIC = 37  # budget 3.7 = 37 x 0.1 exactly in rationals
 REQUEST_TIMEOUT = 120.0  # a submit slower than this is reported as a hang
 
-SMALL_DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
+SMALL_DOMAIN = integer_domain(3)
 # A product domain: a binary attribute queried by the Bayesian run, and a categorical one.
 PRODUCT_DOMAIN = {
     "attributes": [

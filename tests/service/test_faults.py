@@ -79,7 +79,7 @@ from tests.service.conftest import (
     start_server,
     unique_id,
 )
-from tests.service.factories import run_cli
+from tests.service.factories import grr_query, integer_domain, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -96,8 +96,8 @@ SLOW_LINK_DELAY = 0.05
 REQUEST_TIMEOUT = 60.0
 #: Seconds a Redis outage may add to the slowest answer seen before it (issue: "within 2 s").
 REDIS_OUTAGE_LATENCY = 2.0
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
-QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": EPSILON}
+DOMAIN = integer_domain(3)
+QUERY = grr_query(EPSILON)
 
 
 # --- workers of a server ------------------------------------------------------------------------

@@ -29,11 +29,12 @@ from starlette.routing import Route
 
 from app.api.main import create_app
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, unique_id
+from tests.service.factories import integer_domain
 
 PROBLEM = "application/problem+json"
 LIMIT = 2048
 SENTINEL = "ECHO-SENTINEL-4f1"
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
+DOMAIN = integer_domain(3)
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 

@@ -11,9 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import ADMIN_KEY, auth, unique_id
+from tests.service.factories import integer_domain
 
 STOCK = ("Input should", "String should", "Field required", "Value error", "should have")
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 2}]}
+DOMAIN = integer_domain(2)
 
 
 @pytest.fixture(scope="module")

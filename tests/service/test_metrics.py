@@ -22,10 +22,11 @@ from app.settings import Settings
 from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service import factories
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+from tests.service.factories import grr_query, integer_domain
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
-GRR = {"mechanism": "grr", "attribute": "x", "epsilon": 0.3}
+DOMAIN = integer_domain(3)
+GRR = grr_query(0.3)
 FAMILIES = {
     "gatekeeper_decisions": "counter",
     "gatekeeper_request_seconds": "histogram",

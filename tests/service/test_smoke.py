@@ -5,8 +5,9 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+from tests.service.factories import integer_domain
 
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
+DOMAIN = integer_domain(3)
 
 
 def test_register_dry_run_submit(client: TestClient) -> None:

@@ -21,9 +21,10 @@ from app.api.main import create_app
 from app.services.auth import KeyCache, Role
 from tests.service import factories
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key
+from tests.service.factories import grr_query, integer_domain
 
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
-QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": 0.6}
+DOMAIN = integer_domain(3)
+QUERY = grr_query(0.6)
 
 
 def _register(client: TestClient, budget: float) -> str:

@@ -15,9 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
+from tests.service.factories import integer_domain
 
 RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})")
-DOMAIN = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
+DOMAIN = integer_domain(3)
 BOX = {"attributes": [{"name": "r", "type": "real", "low": 0, "high": 1}]}
 
 
