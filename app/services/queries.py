@@ -339,7 +339,7 @@ def submit(
                 metrics.DECISIONS.labels(outcome.filter.value, "reject").inc()
                 raise BudgetExhausted(outcome.reason, **_rejection_extra(outcome))
             if isinstance(outcome, _Accepted):  # committed: the next decision starts from it
-                remember(object_id, outcome.version, outcome.snapshot)
+                remember(engine, object_id, outcome.version, outcome.snapshot)
                 outcome = outcome.outcome
             if not outcome.replayed:
                 metrics.DECISIONS.labels(outcome.filter or "unknown", "accept").inc()

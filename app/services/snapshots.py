@@ -16,7 +16,7 @@ from collections import OrderedDict
 from fractions import Fraction
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Table, bindparam, select
+from sqlalchemy import Connection, Engine, Table, bindparam, select
 
 from app.db.models import QueryRecord
 from app.engine.continuous.state import ContinuousState
@@ -75,33 +75,35 @@ class HistoryCache:
 
     def __init__(self, max_terms: int = CACHED_TERMS) -> None:
         self.max_terms = max_terms
-        self._entries: OrderedDict[tuple[str, int], ContinuousState] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str, int], ContinuousState] = OrderedDict()
         self._terms = 0
         self._guard = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def get(self, object_id: str, version: int) -> ContinuousState | None:
+    def get(self, database: str, object_id: str, version: int) -> ContinuousState | None:
         """The state stored for this version, if any (and mark it recently used)."""
+        key = (database, object_id, version)
         with self._guard:
-            found = self._entries.get((object_id, version))
+            found = self._entries.get(key)
             if found is None:
                 self.misses += 1
                 return None
             self.hits += 1
-            self._entries.move_to_end((object_id, version))
+            self._entries.move_to_end(key)
             return found
 
-    def put(self, object_id: str, version: int, state: ContinuousState) -> None:
+    def put(self, database: str, object_id: str, version: int, state: ContinuousState) -> None:
         """Keep ``state`` as the history of ``object_id`` at ``version`` (only committed ones)."""
         weight = state.size + 1
         if weight > self.max_terms:
             return
+        key = (database, object_id, version)
         with self._guard:
-            old = self._entries.pop((object_id, version), None)
+            old = self._entries.pop(key, None)
             if old is not None:
                 self._terms -= old.size + 1
-            self._entries[(object_id, version)] = state
+            self._entries[key] = state
             self._terms += weight
             while self._terms > self.max_terms:
                 _, evicted = self._entries.popitem(last=False)
@@ -139,22 +141,28 @@ def snapshot_of(
         else:
             state = LikelihoodState.from_bytes(domain, row.state, row.state_err)
     else:
-        cached = HISTORIES.get(row.id, row.version)
+        database = database_of(conn.engine)
+        cached = HISTORIES.get(database, row.id, row.version)
         if cached is None:
             folded, _ = fold_history(domain, stored_history(conn, row.id, domain))
             assert isinstance(folded, ContinuousState)  # noqa: S101 - a continuous domain
             cached = folded.seeded(LossBounds(row.loss_lower, row.loss_upper))
-            HISTORIES.put(row.id, row.version, cached)
+            HISTORIES.put(database, row.id, row.version, cached)
         state = cached
     return ObjectSnapshot(
         domain, row.budget, FilterKind(row.filter), Fraction(row.basic_total), state, limits
     )
 
 
-def remember(object_id: str, version: int, snapshot: ObjectSnapshot) -> None:
+def database_of(engine: Engine) -> str:
+    """The cache's name for a database: its URL without the password."""
+    return engine.url.render_as_string(hide_password=True)
+
+
+def remember(engine: Engine, object_id: str, version: int, snapshot: ObjectSnapshot) -> None:
     """Keep a committed continuous snapshot's history for the object's next decision."""
     if isinstance(snapshot.state, ContinuousState) and snapshot.state.loss_known:
-        HISTORIES.put(object_id, version, snapshot.state)
+        HISTORIES.put(database_of(engine), object_id, version, snapshot.state)
 
 
 def columns_of(snapshot: ObjectSnapshot) -> dict[str, Any]:

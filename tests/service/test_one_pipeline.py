@@ -16,6 +16,7 @@ count them).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +25,9 @@ from fastapi.testclient import TestClient
 import app.engine.continuous.state as continuous_state
 import app.engine.pipeline as pipeline
 import app.services.snapshots as snapshots
-from tests.service.conftest import auth, new_key
+from app.api.main import create_app
+from app.db.migrate import upgrade
+from tests.service.conftest import auth, make_settings, new_key
 from tests.service.factories import register
 
 DOMAIN = {"attributes": [{"name": "x1", "type": "real", "low": -1, "high": 1}]}
@@ -128,3 +131,35 @@ def test_a_dry_run_starts_from_the_stored_bounds(client: TestClient, spies: Spie
     assert searches == 4 * searched
     assert r.json()["realized_loss"] == odometer["realized_loss"]
     assert spies.history_loads == 1
+
+
+def test_the_history_cache_keeps_databases_apart(tmp_path: Path, spies: Spies) -> None:
+    """The same object id at the same version in two databases has two histories.
+
+    Both objects reach version 1; the second submit's snapshot must not answer for the first.
+    """
+    urls = [f"sqlite:///{tmp_path / name}.db" for name in ("a", "b")]
+    for url in urls:
+        upgrade(url)
+    with (
+        TestClient(create_app(make_settings(urls[0]))) as first,
+        TestClient(create_app(make_settings(urls[1]))) as second,
+    ):
+        odometers = []
+        analysts = []
+        for api, epsilon in ((first, 0.2), (second, 0.9)):
+            oid = register(api, domain=DOMAIN, value={"x1": 0.5}, budget=5.0, oid="same-id")
+            analyst = new_key(api, "analyst")
+            query = {**QUERY, "epsilon": epsilon}
+            r = api.post(f"/v1/objects/{oid}/queries", headers=auth(analyst), json={"query": query})
+            assert r.status_code == 201, r.text
+            odometers.append(r.json()["odometer"]["realized_loss"])
+            analysts.append(analyst)
+        assert odometers[0] != odometers[1]
+        for api, analyst, odometer in zip((first, second), analysts, odometers, strict=True):
+            r = api.post(
+                "/v1/objects/same-id/dry-run", headers=auth(analyst), json={"query": QUERY}
+            )
+            assert r.status_code == 200, r.text
+            # the dry-run starts from this database's history, not the other's
+            assert r.json()["realized_loss"] == odometer
