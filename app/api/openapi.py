@@ -149,6 +149,32 @@ def _link_responses(document: dict[str, Any]) -> None:
         }
 
 
+def _admits_null(schema: Any) -> bool:
+    if not isinstance(schema, dict):
+        return False
+    kind = schema.get("type")
+    if kind == "null" or (isinstance(kind, list) and "null" in kind):
+        return True
+    return any(_admits_null(branch) for key in ("anyOf", "oneOf") for branch in schema.get(key, []))
+
+
+def _drop_null_defaults(node: Any) -> None:
+    """Remove ``"default": null`` from schemas that do not admit null.
+
+    pydantic writes it for optional fields whose absence is the default (``field: X |
+    SkipJsonSchema[None] = None``); absent is not null, and openapi-spec-validator rejects a
+    default its own schema refuses.
+    """
+    if isinstance(node, dict):
+        if "default" in node and node["default"] is None and not _admits_null(node):
+            del node["default"]
+        for child in node.values():
+            _drop_null_defaults(child)
+    elif isinstance(node, list):
+        for child in node:
+            _drop_null_defaults(child)
+
+
 def install(app: FastAPI) -> None:
     """Generate the document once, with the ``Problem`` schema and the bearer scheme in it."""
 
@@ -166,6 +192,7 @@ def install(app: FastAPI) -> None:
             named["Problem"] = PROBLEM_SCHEMA
             _name_responses(document)
             _link_responses(document)
+            _drop_null_defaults(document)
             app.openapi_schema = document
         return app.openapi_schema
 
