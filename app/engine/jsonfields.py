@@ -236,8 +236,9 @@ def loads_strict(raw: str | bytes) -> Any:
         except RecursionError:  # nested too deep to name: the document as a whole
             repeated = "body"
         raise RepeatedKey(repeated or "body")
-    encoded = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    if _SURROGATE_ESCAPE.search(encoded) or (isinstance(raw, str) and not raw.isascii()):
+    # request bodies (bytes) are walked only when they escape a surrogate; text (the CLI's
+    # files) may also hold surrogates decoded already, so it is always walked
+    if isinstance(raw, str) or _SURROGATE_ESCAPE.search(raw):
         try:
             where = _first_path(document, "", _surrogate_here)
         except RecursionError:

@@ -137,23 +137,35 @@ def empty_state(
     return ContinuousState(domain, bnb or BnBSettings())
 
 
-def parse_history(
-    domain: Domain, raw: Any, field: str = "history", *, limits: EngineLimits = DEFAULT_LIMITS
-) -> list[HistoryEntry]:
-    """Validate a JSON history (``[{"query", "output"}, ...]``), naming any bad field.
+def history_entry(
+    domain: Domain,
+    raw_query: Any,
+    raw_output: Any,
+    field: str = "history",
+    *,
+    limits: EngineLimits = DEFAULT_LIMITS,
+) -> HistoryEntry:
+    """One recorded ``(query, output)`` parsed; ``field`` names the entry in errors.
 
     A history records what happened: any ε > 0 in it is replayed (:func:`for_history`).
     """
+    query_field = path(field, "query")
+    mechanism = parse_query(raw_query, domain, query_field, limits=for_history(limits))
+    return HistoryEntry(mechanism, mechanism.parse_output(raw_output, path(field, "output")))
+
+
+def parse_history(
+    domain: Domain, raw: Any, field: str = "history", *, limits: EngineLimits = DEFAULT_LIMITS
+) -> list[HistoryEntry]:
+    """Validate a JSON history (``[{"query", "output"}, ...]``), naming any bad field."""
     items = as_list(raw, field, max_len=limits.max_history)
     entries = []
     for i, item in enumerate(items):
         item_field = path(field, i)
         obj = as_object(item, item_field)
         check_keys(obj, item_field, required=("query", "output"))
-        query_field = path(item_field, "query")
-        mechanism = parse_query(obj["query"], domain, query_field, limits=for_history(limits))
-        output = mechanism.parse_output(obj["output"], path(item_field, "output"))
-        entries.append(HistoryEntry(mechanism, output))
+        entry = history_entry(domain, obj["query"], obj["output"], item_field, limits=limits)
+        entries.append(entry)
     return entries
 
 
@@ -198,14 +210,26 @@ def candidate_bounds(
         )
     if isinstance(snapshot.state, BasicState):
         return basic_evaluation(mechanism, snapshot.basic_total, snapshot.limits.max_listed_outputs)
-    evaluation, _ = evaluate_continuous(
+    return evaluate_continuous(
         snapshot.state,
         mechanism,
         basic_total=snapshot.basic_total,
         target=target,
         field_path=field_path,
     )
-    return evaluation
+
+
+def _decide(
+    snapshot: ObjectSnapshot, candidate: CandidateEvaluation, kind: FilterKind | None = None
+) -> Decision:
+    """Filter ``kind`` (the snapshot's own by default) on ``candidate`` against the history."""
+    return decide(
+        kind=kind or snapshot.filter,
+        budget=snapshot.budget,
+        loss_now=snapshot.loss(),
+        basic_total=snapshot.basic_total,
+        candidate=candidate,
+    )
 
 
 def basic_decision(snapshot: ObjectSnapshot, mechanism: Mechanism) -> Decision:
@@ -214,15 +238,8 @@ def basic_decision(snapshot: ObjectSnapshot, mechanism: Mechanism) -> Decision:
     Every bound in it is certified, so an acceptance here is the acceptance the full evaluation
     gives; a rejection may not be (the per-output bounds can be far below ``Σ ε_i + ε``).
     """
-    return decide(
-        kind=snapshot.filter,
-        budget=snapshot.budget,
-        loss_now=snapshot.loss(),
-        basic_total=snapshot.basic_total,
-        candidate=basic_evaluation(
-            mechanism, snapshot.basic_total, snapshot.limits.max_listed_outputs
-        ),
-    )
+    listed = snapshot.limits.max_listed_outputs
+    return _decide(snapshot, basic_evaluation(mechanism, snapshot.basic_total, listed))
 
 
 def evaluate(snapshot: ObjectSnapshot, mechanism: Mechanism, *, tight: bool = False) -> Decision:
@@ -239,13 +256,7 @@ def evaluate(snapshot: ObjectSnapshot, mechanism: Mechanism, *, tight: bool = Fa
         if quick.accepted:
             return quick
     target = snapshot.budget - DECISION_MARGIN
-    return decide(
-        kind=snapshot.filter,
-        budget=snapshot.budget,
-        loss_now=snapshot.loss(),
-        basic_total=snapshot.basic_total,
-        candidate=candidate_bounds(snapshot, mechanism, target=target),
-    )
+    return _decide(snapshot, candidate_bounds(snapshot, mechanism, target=target))
 
 
 def record(
@@ -301,13 +312,4 @@ def decisions_by_filter(
     snapshot: ObjectSnapshot, evaluation: CandidateEvaluation
 ) -> dict[str, bool]:
     """Whether each filter accepts, from one evaluation (the calculator's ``accepted``)."""
-    return {
-        kind.value: decide(
-            kind=kind,
-            budget=snapshot.budget,
-            loss_now=snapshot.loss(),
-            basic_total=snapshot.basic_total,
-            candidate=evaluation,
-        ).accepted
-        for kind in FilterKind
-    }
+    return {kind.value: _decide(snapshot, evaluation, kind).accepted for kind in FilterKind}

@@ -23,9 +23,14 @@ from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
 from app.engine.filters import FilterKind
 from app.engine.likelihood import LikelihoodState, LossBounds
-from app.engine.limits import HISTORY_LIMITS, EngineLimits
-from app.engine.mechanisms import parse_query
-from app.engine.pipeline import HistoryEntry, ObjectSnapshot, empty_state, fold_history
+from app.engine.limits import EngineLimits
+from app.engine.pipeline import (
+    HistoryEntry,
+    ObjectSnapshot,
+    empty_state,
+    fold_history,
+    history_entry,
+)
 
 #: Continuous history terms kept in the cache, all objects together (a term is a few hundred
 #: bytes: the default holds about 100 MB).
@@ -123,11 +128,7 @@ HISTORIES = HistoryCache()
 def stored_history(conn: Connection, object_id: str, domain: Domain) -> list[HistoryEntry]:
     """The object's accepted queries and outputs, parsed, in sequence order."""
     rows = conn.execute(_HISTORY, {"object_id": object_id}).all()
-    entries = []
-    for r in rows:
-        mechanism = parse_query(json.loads(r.query), domain, "query", limits=HISTORY_LIMITS)
-        entries.append(HistoryEntry(mechanism, mechanism.parse_output(json.loads(r.output), "")))
-    return entries
+    return [history_entry(domain, json.loads(r.query), json.loads(r.output)) for r in rows]
 
 
 def snapshot_of(

@@ -20,9 +20,7 @@ from app.db.models import ProtectedObject, QueryRecord
 from app.engine.calculator import DEFAULT_TOLERANCE
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
-from app.engine.limits import HISTORY_LIMITS
-from app.engine.mechanisms import parse_query
-from app.engine.pipeline import HistoryEntry, fold_history
+from app.engine.pipeline import fold_history, history_entry
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
 TOLERANCE = 1e-9
@@ -62,9 +60,8 @@ def verify_object(session: Session, row: ProtectedObject, report: Report) -> Non
     domain = parse_domain(json.loads(row.domain))
     entries = []
     for r in records:
-        mech = parse_query(json.loads(r.query), domain, limits=HISTORY_LIMITS)
-        entries.append(HistoryEntry(mech, mech.parse_output(json.loads(r.output), "output")))
-        if Fraction(r.epsilon_exact) != mech.epsilon_exact:
+        entries.append(history_entry(domain, json.loads(r.query), json.loads(r.output)))
+        if Fraction(r.epsilon_exact) != entries[-1].mechanism.epsilon_exact:
             report.problems.append(f"{row.id}: query {r.seq} has a stored epsilon that differs")
     state, basic = fold_history(domain, entries)
     if Fraction(row.basic_total) != basic:

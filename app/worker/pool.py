@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar
 
 from app.engine.calculator import compute_loss
 from app.engine.continuous.branch_and_bound import BnBSettings
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 #: Time of the computations this worker runs (cache misses, fallbacks included).
 _CALCULATOR_SECONDS = BOUND_SECONDS.labels("calculator")
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 
@@ -195,12 +194,7 @@ class BoundWorker:
                 answer = _run(job)
             else:
                 # the search ends when its caller stops waiting (a still-queued one is dropped)
-                future = self._pool.submit(_run, job, time.time() + self.deadline)
-                try:
-                    answer = future.result(timeout=self.deadline)
-                except concurrent.futures.TimeoutError:
-                    future.cancel()  # still queued: nobody waits for it any more
-                    answer = None
+                answer = self._wait(self._pool.submit(_run, job, time.time() + self.deadline))
         if answer is None:
             return self._fallback(request)
         self.cache.set(key, answer)
@@ -227,16 +221,19 @@ class BoundWorker:
             if self._pool is None:
                 return _run_call(fn, snapshot, args, bnb)
             bnb = replace(bnb, stop_at=time.time() + self.deadline)
-            future = self._pool.submit(_run_call, fn, snapshot, args, bnb)
-            try:
-                result = future.result(timeout=self.deadline)
-            except concurrent.futures.TimeoutError:
-                future.cancel()  # still queued: nobody waits for it any more
-                result = None
+            result = self._wait(self._pool.submit(_run_call, fn, snapshot, args, bnb))
         if result is None:
             self._count_fallback()
             return fallback()
         return result
+
+    def _wait(self, future: concurrent.futures.Future[R]) -> R | None:
+        """The job's result, or None once the deadline passed (a still-queued job is dropped)."""
+        try:
+            return future.result(timeout=self.deadline)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # still queued: nobody waits for it any more
+            return None
 
     async def compute_async(self, request: dict[str, Any]) -> dict[str, Any]:
         """:meth:`compute` without blocking the event loop."""

@@ -57,9 +57,9 @@ class Spies:
             return maximize(*args, **kwargs)
 
         def counted_evaluate(*args: Any, **kwargs: Any) -> Any:
-            evaluation, computed = evaluate_continuous(*args, **kwargs)
-            self.searched_decisions += bool(computed)
-            return evaluation, computed
+            evaluation = evaluate_continuous(*args, **kwargs)
+            self.searched_decisions += bool(evaluation.searched)
+            return evaluation
 
         def counted_history(*args: Any, **kwargs: Any) -> Any:
             self.history_loads += 1

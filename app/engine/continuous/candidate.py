@@ -42,11 +42,11 @@ def evaluate_continuous(
     basic_total: Fraction,
     target: float | None,
     field_path: str = "query",
-) -> tuple[CandidateEvaluation, dict[int, ContinuousLoss]]:
+) -> CandidateEvaluation:
     """Per-output loss bounds of ``mechanism`` against ``state``.
 
-    Returns the evaluation and the branch-and-bound results per output index (empty when the
-    cheap bound sufficed).
+    The branch-and-bound results per output index are in ``searched`` (empty when the cheap
+    bound sufficed).
     """
     state.check_supported(mechanism, field_path)
     assert isinstance(mechanism, ScalarResponse)  # noqa: S101 - checked just above
@@ -64,7 +64,7 @@ def evaluate_continuous(
         OutputLoss(mechanism.output_json(j), lo, up) for j, (lo, up) in enumerate(cheap)
     )
     worst = max(up for _, up in cheap)
-    evaluation = CandidateEvaluation(
+    return CandidateEvaluation(
         mechanism.epsilon,
         mechanism.epsilon_exact,
         per_output,
@@ -73,4 +73,3 @@ def evaluate_continuous(
         tight=bool(computed),
         searched=computed,
     )
-    return evaluation, computed

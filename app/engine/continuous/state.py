@@ -235,10 +235,8 @@ class ContinuousState:
         ``decided`` as in :meth:`record`. Without ``known``, the new state's loss is searched
         for on first use.
         """
-        term = _term(mechanism, output, self.box, self.axes, field_path)
-        after = ContinuousState(self.domain, self.settings, [*self._terms, term])
-        after._decided = decided
-        after._cached = None if known is None else after._capped(known)
+        after = ContinuousState(self.domain, self.settings, list(self._terms))
+        after.record(mechanism, output, field_path, known=known, decided=decided)
         return after
 
     def seeded(self, known: LossBounds) -> ContinuousState:
@@ -253,8 +251,7 @@ class ContinuousState:
 
     def with_settings(self, settings: BnBSettings) -> ContinuousState:
         """The same history and cached bounds, searched with ``settings`` from now on."""
-        other = ContinuousState(self.domain, settings, self._terms, self._cached, self._decided)
-        return other
+        return ContinuousState(self.domain, settings, self._terms, self._cached, self._decided)
 
     @property
     def loss_known(self) -> bool:
