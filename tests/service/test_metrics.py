@@ -142,7 +142,11 @@ def test_the_calculator_moves_cache_and_calculator_time(client: TestClient, anal
 
 def test_object_gauges_are_read_from_the_database(client: TestClient, analyst: str) -> None:
     before = scrape(client)
-    spent = register(client, budget=1.0)
+    # grr's realized loss is a whole multiple of its ε (0.3): with a budget of 0.95 the filter
+    # stops at 0.9, remaining 0.05 < 0.095. With a budget of 1.0 it also stops at 0.9, and the
+    # remaining 0.1 is exactly the threshold (the gauge compares in NUMERIC, so not "near"):
+    # the test failed whenever three equal outputs came first.
+    spent = register(client, budget=0.95)
     register(client, budget=1.0)
     while (
         client.post(
