@@ -1,9 +1,10 @@
-"""The ``gatekeeper`` command line: ``loss``, ``serve``, ``keys``, ``verify``, ``encryption``."""
+"""The ``gatekeeper`` command line: loss, serve, keys, import, verify, encryption."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -237,6 +238,90 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    """Register the objects of an NDJSON file (``-``: stdin) in batches, with a progress bar.
+
+    Each batch is one all-or-nothing import (:mod:`app.services.imports`); objects already
+    registered identically are counted as existing, so an interrupted import is resumed by
+    running the same command again. A bad line stops the import with its line number; the
+    batches before it stay stored.
+    """
+    from tqdm import tqdm
+
+    from app.engine.limits import DEFAULT_LIMITS
+    from app.services.errors import ServiceError
+    from app.services.imports import MAX_IMPORT, import_objects, parse_items
+
+    batch_size = args.batch_size
+    if not 1 <= batch_size <= MAX_IMPORT:
+        print(f"--batch-size must be 1..{MAX_IMPORT}", file=sys.stderr)
+        return 2
+    _, engine = _prepare_database()
+    source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    total_bytes = None if args.file == "-" else os.fstat(source.fileno()).st_size
+    created = existing = 0
+    items: list[Any] = []
+    lines: list[int] = []
+
+    def flush() -> None:
+        nonlocal created, existing
+        try:
+            registrations = parse_items(items, DEFAULT_LIMITS)
+        except InvalidInput as exc:
+            index = int(exc.field.split("[", 1)[1].split("]", 1)[0])
+            rest = exc.field.split("]", 1)[1].lstrip(".")
+            where = f"line {lines[index]}" + (f", field {rest}" if rest else "")
+            raise SystemExit(_fail(f"{where}: {exc.errors[0].message}")) from None
+        try:
+            result = import_objects(
+                engine=engine,
+                registrations=registrations,
+                fingerprint="",
+                idempotency_key=None,
+                actor_key_id=None,
+            )
+        except ServiceError as exc:
+            raise SystemExit(_fail(f"lines {lines[0]}-{lines[-1]}: {exc.detail}")) from None
+        created += result.body["created"]
+        existing += result.body["existing"]
+        items.clear()
+        lines.clear()
+
+    with (
+        source,
+        tqdm(
+            total=total_bytes,
+            unit="B",
+            unit_scale=True,
+            desc="import",
+            disable=args.quiet,
+            file=sys.stderr,
+        ) as bar,
+    ):
+        for number, line in enumerate(source, start=1):
+            bar.update(len(line))
+            if not line.strip():
+                continue
+            try:
+                items.append(json.loads(line))
+            except ValueError:
+                return _fail(f"line {number}: not valid JSON")
+            lines.append(number)
+            if len(items) >= batch_size:
+                flush()
+                bar.set_postfix(created=created, existing=existing)
+        if items:
+            flush()
+            bar.set_postfix(created=created, existing=existing)
+    print(json.dumps({"created": created, "existing": existing}))
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"gatekeeper import: {message}", file=sys.stderr)
+    return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``gatekeeper`` command."""
     parser = argparse.ArgumentParser(
@@ -275,6 +360,15 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = keys_sub.add_parser("revoke", help="revoke a key (never the last active admin key)")
     revoke.add_argument("id", type=int, help="the key's id (see keys list)")
     revoke.set_defaults(func=cmd_keys_revoke)
+    imports = sub.add_parser(
+        "import", help="register the objects of an NDJSON file (resumable: re-run it)"
+    )
+    imports.add_argument("file", help="one registration per line, or - for standard input")
+    imports.add_argument(
+        "--batch-size", type=int, default=5000, help="objects per transaction (max 10000)"
+    )
+    imports.add_argument("--quiet", action="store_true", help="no progress bar")
+    imports.set_defaults(func=cmd_import)
     verify = sub.add_parser("verify", help="recompute every object's state from its history")
     verify.set_defaults(func=cmd_verify)
     encryption = sub.add_parser("encryption", help="keys of the private values at rest")

@@ -35,6 +35,15 @@ WEB_WORKERS = Gauge(
     "Web worker processes serving (1 per live process)",
     multiprocess_mode="livesum",
 )
+SURVEY_MEMBERS = Counter(
+    "gatekeeper_survey_members_total",
+    "Survey members decided (rate: members decided per second), by outcome",
+    ["outcome"],
+)
+SURVEY_GROUPS = Counter(
+    "gatekeeper_survey_groups_total",
+    "Decision groups of surveys: members with identical public state, decided once",
+)
 BOUND_CACHE = Counter("gatekeeper_bound_cache_total", "Bound-cache lookups", ["result"])
 BOUND_SECONDS = Histogram(
     "gatekeeper_bound_seconds",

@@ -25,6 +25,12 @@ def run_migrations_online() -> None:
     """Migrate through a live connection."""
     engine = make_engine(url)
     with engine.connect() as connection:
+        if url.startswith("sqlite"):
+            # batch operations rebuild a table (copy, drop, rename): with foreign keys enforced
+            # SQLite refuses to drop a table other rows reference. The pragma only takes effect
+            # outside a transaction, so it is set before the migration's transaction begins.
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
         context.configure(connection=connection, target_metadata=Base.metadata,
                           render_as_batch=url.startswith("sqlite"))
         with context.begin_transaction():

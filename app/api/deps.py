@@ -21,6 +21,7 @@ from app.services.auth import KeyCache, Role, authenticate, hash_key
 from app.services.errors import BadJson, Forbidden, PayloadTooLarge, Unauthorized
 from app.services.locks import ObjectLocks
 from app.settings import Settings
+from app.worker.jobs import SurveyJobs
 from app.worker.pool import BoundWorker
 
 
@@ -38,6 +39,8 @@ class Runtime:
     keys: KeyCache
     #: Blocking work of requests runs in at most this many threads at once (= DB_POOL_SIZE).
     threads: CapacityLimiter
+    #: Where surveys run (in this process by default).
+    surveys: SurveyJobs
 
 
 P = ParamSpec("P")
@@ -112,11 +115,11 @@ async def get_caller(
 CallerDep = Annotated[Caller, Depends(get_caller)]
 
 
-async def json_body(request: Request) -> Any:
-    """The request body parsed as JSON, whatever its Content-Type (400 if it is not JSON).
+async def raw_body(request: Request) -> bytes:
+    """The request body's bytes, read within ``MAX_BODY_BYTES`` (413 past it).
 
     The size limit is enforced while reading, so a chunked body without ``Content-Length``
-    cannot get around it (413).
+    cannot get around it.
     """
     runtime: Runtime = request.app.state.runtime
     limit = runtime.settings.max_body_bytes
@@ -127,7 +130,14 @@ async def json_body(request: Request) -> Any:
         if size > limit:
             raise PayloadTooLarge(f"request bodies are limited to {limit} bytes")
         parts.append(chunk)
-    raw = b"".join(parts)
+    return b"".join(parts)
+
+
+RawBody = Annotated[bytes, Depends(raw_body)]
+
+
+async def json_body(raw: RawBody) -> Any:
+    """The request body parsed as JSON, whatever its Content-Type (400 if it is not JSON)."""
     if not raw:
         raise InvalidInput("body", "is required (a JSON document)")
     return parse_json(raw)

@@ -76,3 +76,36 @@ KEY = {
     },
     "viewer": {"summary": "A key for a dashboard", "value": {"role": "viewer"}},
 }
+
+IMPORT = {
+    "two": {
+        "summary": "Two objects of a study",
+        "value": {
+            "objects": [
+                {
+                    "id": f"p-{i}",
+                    "domain": DOMAIN,
+                    "value": {"age": 30 + i, "sex": i % 2, "disease": "none"},
+                    "budget": {"epsilon": 2.0},
+                    "labels": {"study": "flu-2026", "site": "berlin"},
+                }
+                for i in (1, 2)
+            ]
+        },
+    }
+}
+
+SURVEY = {
+    "labels": {
+        "summary": "A grr question to every object of a study",
+        "value": {
+            "name": "flu prevalence",
+            "query": GRR,
+            "cohort": {"labels": {"study": "flu-2026"}},
+        },
+    },
+    "ids": {
+        "summary": "A binary question to named objects",
+        "value": {"name": "over 65", "query": BINARY_RR, "cohort": {"ids": ["p-1", "p-2"]}},
+    },
+}

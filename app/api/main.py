@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import secrets
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -15,13 +18,25 @@ from app.api import openapi, problems
 from app.api.deps import Runtime
 from app.api.middleware import BodyLimit, RequestContext
 from app.api.ratelimit import RateLimitMiddleware
-from app.api.routes import audit, calculator, dashboard, health, keys, objects, odometers
+from app.api.routes import (
+    audit,
+    calculator,
+    dashboard,
+    health,
+    imports,
+    keys,
+    objects,
+    odometers,
+    surveys,
+)
 from app.db.session import make_engine, make_session_factory
 from app.engine.limits import DEFAULT_LIMITS
+from app.services import survey_runs
 from app.services.auth import KeyCache, ensure_bootstrap_admin
 from app.services.locks import ObjectLocks
 from app.settings import Settings, get_settings
 from app.worker.cache import RedisCache
+from app.worker.jobs import InProcessJobs
 from app.worker.pool import BoundWorker, WorkerSettings
 from app.worker.threads import single_threaded_blas
 
@@ -49,6 +64,20 @@ def build_runtime(settings: Settings) -> Runtime:
         cache,
     )
     lock_client = redis_client if settings.redis_locks else None
+    owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    jobs = InProcessJobs(
+        run=lambda survey_id: survey_runs.run_survey(
+            engine=engine,
+            worker=worker,
+            survey_id=survey_id,
+            owner=owner,
+            limits=DEFAULT_LIMITS,
+            chunk_size=settings.survey_chunk_size,
+            lease_seconds=settings.survey_lease_seconds,
+            threads=settings.survey_threads,
+        ),
+        orphans=lambda: survey_runs.resumable_surveys(engine=engine),
+    )
     return Runtime(
         settings=settings,
         engine=engine,
@@ -59,6 +88,7 @@ def build_runtime(settings: Settings) -> Runtime:
         redis=redis_client,
         keys=KeyCache(settings.auth_cache_seconds),
         threads=CapacityLimiter(settings.db_pool_size),
+        surveys=jobs,
     )
 
 
@@ -82,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             except IntegrityError:  # another uvicorn worker registered it at the same moment
                 log.info("bootstrap admin key registered by another worker")
         yield
+        runtime.surveys.close()
         runtime.worker.close()
         runtime.engine.dispose()
         multiproc.mark_this_process_dead()
@@ -111,7 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestContext)
 
     app.include_router(objects.router)
-    for module in (odometers, audit, calculator, keys, health):
+    for module in (odometers, imports, surveys, audit, calculator, keys, health):
         app.include_router(module.router)
     app.include_router(dashboard.router)
     return app

@@ -137,6 +137,14 @@ LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, str]]] = {
         )
     },
     ("post", "/v1/keys", "201"): {"RevokeKey": ("drop_key", "key_id", "$response.body#/id")},
+    ("post", "/v1/surveys", "202"): {
+        name: (operation, "survey_id", "$response.body#/id")
+        for name, operation in (
+            ("GetSurvey", "get_survey"),
+            ("SurveyResponses", "survey_responses"),
+            ("CancelSurvey", "cancel_survey"),
+        )
+    },
 }
 
 

@@ -33,6 +33,8 @@ OBJECT_ID_PATTERN = f"^{ID_PATTERN.pattern}$"
 Epsilon = Annotated[float, Field(ge=MIN_EPSILON, le=DEFAULT_LIMITS.max_epsilon)]
 Budget = Annotated[float, Field(ge=MIN_EPSILON, le=MAX_BUDGET)]
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL_PATTERN)]
+LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+LabelValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,256}$")]
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 Scalar = str | int | float
 
@@ -177,6 +179,46 @@ class RegisterRequest(_Strict):
     ]
     budget: BudgetBody
     filter: Literal["bayesian", "simplified", "basic"] = "bayesian"
+    labels: (
+        Annotated[
+            dict[LabelName, LabelValue],
+            Field(max_length=20, description="Public metadata (never a private value)"),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
+
+
+class ImportRequest(_Strict):
+    """``POST /v1/imports``: up to 10,000 registrations, stored all or nothing."""
+
+    objects: Annotated[list[RegisterRequest], Field(min_length=1, max_length=10_000)]
+
+
+class ImportResult(_Open):
+    """Objects created by an import, and those already registered identically."""
+
+    created: int
+    existing: int
+
+
+class LabelsCohort(_Strict):
+    """Every object carrying all these labels (membership fixed at creation)."""
+
+    labels: Annotated[dict[LabelName, LabelValue], Field(min_length=1, max_length=20)]
+
+
+class IdsCohort(_Strict):
+    """These objects."""
+
+    ids: Annotated[list[Annotated[str, Field(pattern=OBJECT_ID_PATTERN)]], Field(min_length=1)]
+
+
+class SurveyRequest(_Strict):
+    """``POST /v1/surveys`` (and its dry-run): one query to every member of a cohort."""
+
+    name: Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)]
+    query: Query
+    cohort: LabelsCohort | IdsCohort
 
 
 class QueryRequest(_Strict):
@@ -256,6 +298,7 @@ class ObjectView(_Open):
     budget: ObjectBudget
     filter: Literal["bayesian", "simplified", "basic"]
     finite: bool
+    labels: dict[str, str]
     status: Literal["active", "retired"]
     created_at: Timestamp | None
     retired_at: Timestamp | None
@@ -349,6 +392,7 @@ class OdometerSummary(Odometer):
 
     id: str
     filter: str
+    labels: dict[str, str]
     status: Literal["active", "retired"]
 
 
@@ -460,6 +504,73 @@ class Ready(_Open):
     redis: Literal["ok"] | None = None
 
 
+class SurveyRefusals(_Open):
+    """Members refused, by reason."""
+
+    budget_exhausted: int = Field(alias="budget-exhausted")
+    invalid_for_domain: int = Field(alias="invalid-for-domain")
+    retired: int
+
+
+class SurveyProgress(_Open):
+    """How far a survey got."""
+
+    total: int
+    decided: int
+    accepted: int
+    refused: SurveyRefusals
+
+
+class SurveyView(_Open):
+    """A survey: status, progress and the estimate over its accepted members."""
+
+    id: int
+    name: str
+    status: Literal["queued", "running", "done", "cancelled", "failed"]
+    query: dict[str, Any]
+    cohort: dict[str, Any]
+    created_at: Timestamp | None
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    progress: SurveyProgress
+    groups: int
+    estimate: dict[str, Any] | None
+    estimate_unavailable: str | SkipJsonSchema[None] = None
+    outputs: dict[str, int] | SkipJsonSchema[None] = None
+
+
+class SurveyPage(_Open):
+    """Surveys, newest first."""
+
+    items: list[SurveyView]
+    next_before: int | None
+
+
+class SurveyResponse(_Open):
+    """One member's decision (``output``: for the survey's analyst and admins)."""
+
+    object_id: str
+    decision: Literal["pending", "accepted", "refused"]
+    reason: str | None
+    output: Any = None
+
+
+class SurveyResponsePage(_Open):
+    """A page of members' decisions in object-id order."""
+
+    items: list[SurveyResponse]
+    next_after: str | None
+
+
+class SurveyDryRun(_Open):
+    """What a survey would do now, spending nothing."""
+
+    members: int
+    would_accept: int
+    would_refuse: SurveyRefusals
+    groups: int
+
+
 #: The named schema of each 2xx response: (method, path template) -> model.
 RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/objects"): ObjectView,
@@ -471,6 +582,13 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("get", "/v1/objects/{object_id}/odometer"): Odometer,
     ("get", "/v1/objects/{object_id}/odometer/history"): OdometerHistory,
     ("get", "/v1/odometers"): OdometerPage,
+    ("post", "/v1/imports"): ImportResult,
+    ("post", "/v1/surveys"): SurveyView,
+    ("post", "/v1/surveys/dry-run"): SurveyDryRun,
+    ("get", "/v1/surveys"): SurveyPage,
+    ("get", "/v1/surveys/{survey_id}"): SurveyView,
+    ("delete", "/v1/surveys/{survey_id}"): SurveyView,
+    ("get", "/v1/surveys/{survey_id}/responses"): SurveyResponsePage,
     ("post", "/v1/loss"): LossResult,
     ("post", "/v1/keys"): CreatedKey,
     ("get", "/v1/keys"): KeyPage,
@@ -484,6 +602,9 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
 #: The named schema of each JSON request body: (method, path template) -> model.
 REQUESTS: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/objects"): RegisterRequest,
+    ("post", "/v1/imports"): ImportRequest,
+    ("post", "/v1/surveys"): SurveyRequest,
+    ("post", "/v1/surveys/dry-run"): SurveyRequest,
     ("post", "/v1/objects/{object_id}/dry-run"): QueryRequest,
     ("post", "/v1/objects/{object_id}/queries"): QueryRequest,
     ("post", "/v1/loss"): LossRequest,

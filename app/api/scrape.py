@@ -52,6 +52,17 @@ class ObjectCounts(Collector):
             f"{NEAR_EXHAUSTION_FRACTION:g} of their budget",
             value=counts["near_exhaustion"],
         )
+        yield GaugeMetricFamily(
+            "gatekeeper_likelihood_states",
+            "Likelihood arrays stored (one per distinct domain and history, shared by objects)",
+            value=counts["states"],
+        )
+        surveys = GaugeMetricFamily(
+            "gatekeeper_surveys", "Population surveys by status", labels=["status"]
+        )
+        for status, count in counts["surveys"].items():
+            surveys.add_metric([status], count)
+        yield surveys
 
 
 def render(sessions: sessionmaker[Session]) -> bytes:

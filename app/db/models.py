@@ -8,6 +8,10 @@
   loss bounds after it, the analyst key, the idempotency key with the request's fingerprint and
   the stored response replayed to retries.
 * :class:`ApiKey` — hashed API keys with their role.
+* :class:`LikelihoodStateRecord` — a finite likelihood array, stored once per (domain, history)
+  and shared by every object with that history (storage grows with distinct histories).
+* :class:`Survey` and :class:`SurveyMember` — a population survey, its fixed membership and each
+  member's decision (issue #13).
 
 The state of an object is always re-derivable from its query records (``gatekeeper verify``).
 """
@@ -17,14 +21,17 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    JSON,
     Float,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -66,8 +73,14 @@ class ProtectedObject(Base):
     budget: Mapped[float] = mapped_column(Float, nullable=False)
     filter: Mapped[str] = mapped_column(String(16), nullable=False)
     finite: Mapped[bool] = mapped_column(nullable=False)
-    state: Mapped[bytes | None] = mapped_column(LargeBinary)
-    state_err: Mapped[float] = mapped_column(Float, default=0.0)
+    #: Public metadata ``{name: value}`` (strings), fixed at registration; selects cohorts.
+    labels: Mapped[dict[str, str] | None] = mapped_column(JSON)
+    #: Finite domains: the key of the likelihood array in ``likelihood_states`` (None: no
+    #: accepted query yet, ``log P = 0``).
+    state_hash: Mapped[str | None] = mapped_column(String(32))
+    #: Hash chain of the accepted history (``app.services.snapshots.next_history_hash``): equal
+    #: for equal histories, which is how a survey groups continuous objects.
+    history_hash: Mapped[str | None] = mapped_column(String(32))
     loss_lower: Mapped[float] = mapped_column(Float, default=0.0)
     loss_upper: Mapped[float] = mapped_column(Float, default=0.0)
     #: Exact Σε as a rational's text (unbounded: a sum's digits are not capped by a width).
@@ -80,14 +93,35 @@ class ProtectedObject(Base):
     retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class LikelihoodStateRecord(Base):
+    """A finite history's ``log P`` array and its rounding error, by (domain, history) hash.
+
+    ``refs`` counts the objects whose ``state_hash`` names it; at zero the row is deleted.
+    """
+
+    __tablename__ = "likelihood_states"
+
+    hash: Mapped[str] = mapped_column(String(32), primary_key=True)
+    state: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    err: Mapped[float] = mapped_column(Float, nullable=False)
+    refs: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
 class QueryRecord(Base):
     """An accepted query and its output."""
 
     __tablename__ = "queries"
     __table_args__ = (
         UniqueConstraint("object_id", "seq", name="uq_queries_object_seq"),
-        UniqueConstraint("object_id", "idempotency_key", name="uq_queries_object_idempotency"),
-        Index("ix_queries_object_created", "object_id", "created_at"),
+        # partial: a survey's rows (no key) take no entry — a million of them per survey
+        Index(
+            "uq_queries_object_idempotency",
+            "object_id",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+            sqlite_where=text("idempotency_key IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -102,8 +136,12 @@ class QueryRecord(Base):
     basic_after: Mapped[float] = mapped_column(Float, nullable=False)
     analyst_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
-    fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
-    response: Mapped[str] = mapped_column(Text, nullable=False)
+    #: Single submits: the request's fingerprint and stored answer (None for a survey's rows,
+    #: which are replayed through the survey, never by key).
+    fingerprint: Mapped[str | None] = mapped_column(String(64))
+    response: Mapped[str | None] = mapped_column(Text)
+    #: The survey that asked this query (None: a single submit).
+    survey_id: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
@@ -146,3 +184,76 @@ class AuditEvent(Base):
     object_id: Mapped[str | None] = mapped_column(String(128))
     #: JSON: what happened (query kind, ε, filter, loss bounds, role...), never a value.
     detail: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+class Survey(Base):
+    """A population survey: one query to a fixed cohort, its progress and output tally."""
+
+    __tablename__ = "surveys"
+    __table_args__ = (
+        UniqueConstraint("analyst_key_id", "idempotency_key", name="uq_surveys_idempotency"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    #: The query as submitted (canonical JSON); parsed against each member's domain.
+    query: Mapped[str] = mapped_column(Text, nullable=False)
+    #: The cohort as submitted: ``{"labels": {...}}`` or ``{"ids": [...]}`` (JSON).
+    cohort: Mapped[str] = mapped_column(Text, nullable=False)
+    analyst_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    #: queued | running | done | cancelled | failed
+    status: Mapped[str] = mapped_column(String(16), nullable=False)
+    total: Mapped[int] = mapped_column(Integer, nullable=False)
+    decided: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
+    accepted: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
+    #: JSON ``{reason: count}`` of refused members.
+    refused: Mapped[str] = mapped_column(Text, default="{}", nullable=False)
+    #: JSON ``{key: count}``: the accepted outputs (``app.engine.estimates.tally_keys``).
+    tally: Mapped[str] = mapped_column(Text, default="{}", nullable=False)
+    #: Distinct decision groups met so far (members deciding on identical public state).
+    groups: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
+    #: The domain of the accepted members ("" once two differ: no estimate then).
+    domain: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: Who runs it now (a process id) and until when: an expired lease is taken over.
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class SurveyMember(Base):
+    """One member of a survey and its decision (``status``: 0 pending, 1 accepted, 2 refused)."""
+
+    __tablename__ = "survey_members"
+
+    survey_id: Mapped[int] = mapped_column(ForeignKey("surveys.id"), primary_key=True)
+    object_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    status: Mapped[int] = mapped_column(SmallInteger, default=0, nullable=False)
+    reason: Mapped[str | None] = mapped_column(String(32))
+    #: The accepted output (JSON); its history row names the survey.
+    output: Mapped[str | None] = mapped_column(Text)
+
+
+class IdempotentRequest(Base):
+    """The stored answer of a request that carried an ``Idempotency-Key`` (bulk imports).
+
+    A retry by the same key's owner with the same body gets ``response`` back and changes
+    nothing; with a different body it is refused.
+    """
+
+    __tablename__ = "idempotent_requests"
+    __table_args__ = (
+        UniqueConstraint("scope", "owner_key_id", "idempotency_key", name="uq_idempotent_requests"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    scope: Mapped[str] = mapped_column(String(32), nullable=False)
+    owner_key_id: Mapped[int | None] = mapped_column(Integer)
+    idempotency_key: Mapped[str] = mapped_column(String(255), nullable=False)
+    fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    response: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -34,6 +34,10 @@ class AuditKind(StrEnum):
     KEY_REVOKED = "key.revoked"
     DECISION_ACCEPTED = "decision.accepted"
     DECISION_REJECTED = "decision.rejected"
+    OBJECTS_IMPORTED = "objects.imported"
+    SURVEY_CREATED = "survey.created"
+    SURVEY_FINISHED = "survey.finished"
+    SURVEY_CANCELLED = "survey.cancelled"
 
 
 _INSERT = insert(AuditEvent)

@@ -8,21 +8,23 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any, Protocol
 
-from sqlalchemy import Numeric, case, cast, func, literal, select
+from sqlalchemy import ColumnElement, Numeric, case, cast, func, literal, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import AuditEvent, ProtectedObject, QueryRecord
+from app.db.models import AuditEvent, LikelihoodStateRecord, ProtectedObject, QueryRecord, Survey
 from app.engine.accountant import Odometer
-from app.engine.domain import parse_domain
+from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
-from app.engine.jsonfields import as_object, as_positive_number, check_keys
+from app.engine.jsonfields import as_object, as_positive_number, check_keys, path
 from app.engine.likelihood import LossBounds
 from app.engine.limits import MAX_BUDGET, EngineLimits
 from app.services import audit
@@ -90,11 +92,140 @@ def object_view(row: ProtectedObject) -> dict[str, Any]:
         "budget": {"epsilon": row.budget},
         "filter": row.filter,
         "finite": row.finite,
+        "labels": row.labels or {},
         "status": "retired" if row.retired_at is not None else "active",
         "created_at": _iso(row.created_at),
         "retired_at": _iso(row.retired_at),
         "odometer": odometer_view(row),
     }
+
+
+#: Labels an object may carry, at most.
+MAX_LABELS = 20
+LABEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: Label values: 1-256 characters, no control characters (``:`` allowed).
+LABEL_VALUE = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
+
+
+def parse_labels(raw: Any, field: str) -> dict[str, str]:
+    """Validate labels: at most 20 ``name: value`` strings (public metadata)."""
+    labels = as_object(raw, field)
+    if len(labels) > MAX_LABELS:
+        raise InvalidInput(field, f"at most {MAX_LABELS} labels")
+    for name, value in labels.items():
+        if not LABEL_NAME.fullmatch(name):
+            raise InvalidInput(
+                field,
+                "label names are 1-64 letters, digits and ._- starting with one of the first two",
+            )
+        if not isinstance(value, str) or not LABEL_VALUE.fullmatch(value):
+            raise InvalidInput(
+                path(field, name), "must be a string of 1-256 characters without control characters"
+            )
+    return dict(labels)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A validated registration body, as stored (the value still in plaintext JSON)."""
+
+    id: str
+    domain_text: str
+    value_text: str
+    budget: float
+    filter: str
+    finite: bool
+    labels: dict[str, str] | None
+
+    def row(self, now: datetime) -> dict[str, Any]:
+        """The ``objects`` row of a new object (the value is encrypted by its column type)."""
+        return {
+            "id": self.id,
+            "domain": self.domain_text,
+            "value": self.value_text,
+            "budget": self.budget,
+            "filter": self.filter,
+            "finite": self.finite,
+            "labels": self.labels,
+            "state_hash": None,
+            "history_hash": None,
+            "loss_lower": 0.0,
+            "loss_upper": 0.0,
+            "basic_total": "0",
+            "accepted": 0,
+            "rejected": 0,
+            "version": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+
+
+def parse_registration(
+    body: Any,
+    field: str,
+    limits: EngineLimits,
+    domains: dict[str, tuple[Domain, str]] | None = None,
+) -> Registration:
+    """Validate a registration body (``field`` names it in errors: ``""`` or ``objects[i]``).
+
+    ``domains`` caches parsed domains by their JSON text (a bulk import parses each once).
+    """
+    obj = as_object(body, field)
+    check_keys(
+        obj, field, required=("id", "domain", "value", "budget"), optional=("filter", "labels")
+    )
+    object_id = obj["id"]
+    if not isinstance(object_id, str) or not ID_PATTERN.fullmatch(object_id):
+        raise InvalidInput(
+            path(field, "id"),
+            "must be 1-128 characters of letters, digits and ._:@- starting with a letter or digit",
+        )
+    domain, domain_text = _parse_domain_cached(
+        obj["domain"], path(field, "domain"), limits, domains
+    )
+    value = domain.parse_value(obj["value"], path(field, "value"))
+    budget_obj = as_object(obj["budget"], path(field, "budget"))
+    check_keys(budget_obj, path(field, "budget"), required=("epsilon",))
+    budget = as_positive_number(
+        budget_obj["epsilon"],
+        path(field, "budget.epsilon"),
+        maximum=MAX_BUDGET,
+        minimum=limits.min_epsilon or None,
+    )
+    filter_raw = obj.get("filter", FilterKind.BAYESIAN.value)
+    # a list or an object here was a TypeError (unhashable) and a 500
+    if not isinstance(filter_raw, str) or filter_raw not in {k.value for k in FilterKind}:
+        raise InvalidInput(path(field, "filter"), "must be one of bayesian, simplified, basic")
+    labels = parse_labels(obj["labels"], path(field, "labels")) if "labels" in obj else None
+    return Registration(
+        id=object_id,
+        domain_text=domain_text,
+        value_text=json.dumps(value),
+        budget=budget,
+        filter=filter_raw,
+        finite=domain.is_finite,
+        labels=labels or None,
+    )
+
+
+def _parse_domain_cached(
+    raw: Any, field: str, limits: EngineLimits, cache: dict[str, tuple[Domain, str]] | None
+) -> tuple[Domain, str]:
+    """The parsed domain and its stored text; ``cache`` keeps both by the raw JSON's text."""
+    key = None
+    if cache is not None:
+        try:
+            # allow_nan: a NaN bound must reach the domain's validation (422), not crash here
+            key = json.dumps(raw, sort_keys=True, allow_nan=True)
+        except (TypeError, ValueError):
+            key = None
+        if key is not None and key in cache:
+            return cache[key]
+    domain = parse_domain(raw, field, limits=limits)
+    found = (domain, json.dumps(domain.to_json()))
+    if cache is not None and key is not None:
+        cache[key] = found
+    return found
 
 
 def register_object(
@@ -110,47 +241,8 @@ def register_object(
     """
     from app.services.errors import AlreadyExists
 
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("id", "domain", "value", "budget"), optional=("filter",))
-    object_id = obj["id"]
-    if not isinstance(object_id, str) or not ID_PATTERN.fullmatch(object_id):
-        raise InvalidInput(
-            "id",
-            "must be 1-128 characters of letters, digits and ._:@- starting with a letter or digit",
-        )
-    domain = parse_domain(obj["domain"], "domain", limits=limits)
-    value = domain.parse_value(obj["value"], "value")
-    budget_obj = as_object(obj["budget"], "budget")
-    check_keys(budget_obj, "budget", required=("epsilon",))
-    budget = as_positive_number(
-        budget_obj["epsilon"],
-        "budget.epsilon",
-        maximum=MAX_BUDGET,
-        minimum=limits.min_epsilon or None,
-    )
-    filter_raw = obj.get("filter", FilterKind.BAYESIAN.value)
-    # a list or an object here was a TypeError (unhashable) and a 500
-    if not isinstance(filter_raw, str) or filter_raw not in {k.value for k in FilterKind}:
-        raise InvalidInput("filter", "must be one of bayesian, simplified, basic")
-    now = datetime.now(UTC)
-    row = ProtectedObject(
-        id=object_id,
-        domain=json.dumps(domain.to_json()),
-        value=json.dumps(value),
-        budget=budget,
-        filter=filter_raw,
-        finite=domain.is_finite,
-        state=None,
-        state_err=0.0,
-        loss_lower=0.0,
-        loss_upper=0.0,
-        basic_total="0",
-        accepted=0,
-        rejected=0,
-        version=0,
-        created_at=now,
-        updated_at=now,
-    )
+    registration = parse_registration(body, "", limits)
+    row = ProtectedObject(**registration.row(datetime.now(UTC)))
     try:
         with session_factory() as session, session.begin():
             session.add(row)
@@ -158,15 +250,17 @@ def register_object(
                 session,
                 kind=audit.AuditKind.OBJECT_REGISTERED,
                 actor_key_id=actor_key_id,
-                object_id=object_id,
+                object_id=registration.id,
                 detail={
-                    "budget": budget,
-                    "filter": filter_raw,
-                    "attributes": [a["name"] for a in domain.to_json()["attributes"]],
+                    "budget": registration.budget,
+                    "filter": registration.filter,
+                    "attributes": [
+                        a["name"] for a in json.loads(registration.domain_text)["attributes"]
+                    ],
                 },
             )
     except IntegrityError:
-        raise AlreadyExists(f"an object with id {object_id!r} already exists") from None
+        raise AlreadyExists(f"an object with id {registration.id!r} already exists") from None
     return object_view(row)
 
 
@@ -291,8 +385,9 @@ def list_odometers(
     remaining_lt: float | None,
     remaining_gt: float | None,
     include_retired: bool,
+    labels: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """A page of odometers across objects, filtered by remaining budget."""
+    """A page of odometers across objects, filtered by remaining budget and labels."""
     remaining = ProtectedObject.budget - ProtectedObject.loss_upper
     query = select(ProtectedObject)
     count = select(func.count()).select_from(ProtectedObject)
@@ -303,6 +398,7 @@ def list_odometers(
         conditions.append(remaining > remaining_gt)
     if not include_retired:
         conditions.append(ProtectedObject.retired_at.is_(None))
+    conditions.extend(label_conditions(labels or []))
     for condition in conditions:
         query, count = query.where(condition), count.where(condition)
     with session_factory() as session:
@@ -312,6 +408,7 @@ def list_odometers(
             {
                 "id": r.id,
                 "filter": r.filter,
+                "labels": r.labels or {},
                 "status": "retired" if r.retired_at else "active",
                 **odometer_view(r),
             }
@@ -320,9 +417,31 @@ def list_odometers(
     return {"items": items, "total": total, "limit": limit, "offset": offset}
 
 
+def label_conditions(
+    labels: Mapping[str, str] | Iterable[tuple[str, str]],
+) -> list[ColumnElement[bool]]:
+    """SQL conditions: the object carries every ``name: value`` given (all must hold)."""
+    pairs = labels.items() if isinstance(labels, Mapping) else labels
+    return [ProtectedObject.labels[name].as_string() == value for name, value in pairs]
+
+
+def parse_label_filters(raw: list[str], field: str = "label") -> list[tuple[str, str]]:
+    """``["study:flu", "site:berlin"]`` (query parameters) as ``(name, value)`` pairs.
+
+    All must hold: two values for one name match nothing (no object has both).
+    """
+    found: list[tuple[str, str]] = []
+    for item in raw:
+        name, sep, value = item.partition(":")
+        if not sep or not LABEL_NAME.fullmatch(name) or not LABEL_VALUE.fullmatch(value):
+            raise InvalidInput(field, "must be name:value (a label name, a colon, its value)")
+        found.append((name, value))
+    return found
+
+
 def object_counts(
     *, session_factory: sessionmaker[Session], near_fraction: float
-) -> dict[str, int]:
+) -> dict[str, Any]:
     """Objects by status, and active ones whose remaining budget is below ``near_fraction``.
 
     One aggregate query (a scan of the objects table), run at each ``/metrics`` scrape.
@@ -342,8 +461,16 @@ def object_counts(
     ).select_from(ProtectedObject)
     with session_factory() as session:
         total, active_count, near_count = session.execute(statement).one()
+        states = session.scalar(select(func.count()).select_from(LikelihoodStateRecord)) or 0
+        by_status = dict(
+            session.execute(select(Survey.status, func.count()).group_by(Survey.status)).all()
+        )
+    surveys = dict.fromkeys(("queued", "running", "done", "cancelled", "failed"), 0)
+    surveys.update({str(k): int(v) for k, v in by_status.items()})
     return {
         "active": int(active_count),
         "retired": int(total) - int(active_count),
         "near_exhaustion": int(near_count),
+        "states": int(states),
+        "surveys": surveys,
     }

@@ -32,28 +32,22 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, Table, bindparam, insert, select, update
+from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app import metrics
-from app.db.models import ProtectedObject, QueryRecord, RejectionRecord
-from app.engine.continuous.state import ContinuousState
+from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord, RejectionRecord
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput, Unsupported
 from app.engine.filters import Decision
-from app.engine.likelihood import LikelihoodState
 from app.engine.limits import EngineLimits
-from app.engine.mechanisms import Mechanism, Output, parse_query
+from app.engine.mechanisms import Mechanism, parse_query
 from app.engine.pipeline import (
     ObjectSnapshot,
-    basic_decision,
-    evaluate,
-    loss_without_search,
-    realized_loss,
-    record,
 )
 from app.services import audit
+from app.services.decisions import decide, recorded
 from app.services.errors import (
     BudgetExhausted,
     Busy,
@@ -64,14 +58,10 @@ from app.services.errors import (
 )
 from app.services.locks import ObjectLocks
 from app.services.objects import ID_PATTERN, load_object, odometer_view
-from app.services.snapshots import columns_of, remember, snapshot_of
+from app.services.snapshots import advance, move_state_refs, remember, snapshot_of
 from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)
-
-#: Finite objects' bounds are computed by the accountant in the request thread (the worker pool
-#: times its own computations: ``engine="calculator"``).
-_ACCOUNTANT_SECONDS = metrics.BOUND_SECONDS.labels("accountant")
 
 
 def fingerprint(query: Any) -> str:
@@ -109,6 +99,8 @@ class _Row:
     budget: float
     filter: str
     finite: bool
+    state_hash: str | None
+    history_hash: str | None
     state: bytes | None
     state_err: float
     loss_lower: float
@@ -124,8 +116,16 @@ class _Row:
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _QUERIES = cast(Table, QueryRecord.__table__)
 _REJECTIONS = cast(Table, RejectionRecord.__table__)
-_LOAD = select(*(_OBJECTS.c[f.name] for f in fields(_Row))).where(
-    _OBJECTS.c.id == bindparam("object_id")
+_STATES = cast(Table, LikelihoodStateRecord.__table__)
+#: The object's row and its stored likelihood array (finite domains), in one statement.
+_LOAD = (
+    select(
+        *(_OBJECTS.c[f.name] for f in fields(_Row) if f.name not in {"state", "state_err"}),
+        _STATES.c.state,
+        func.coalesce(_STATES.c.err, 0.0).label("state_err"),
+    )
+    .select_from(_OBJECTS.outerjoin(_STATES, _STATES.c.hash == _OBJECTS.c.state_hash))
+    .where(_OBJECTS.c.id == bindparam("object_id"))
 )
 # Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
 # cache on every call, which the profile showed (docs/benchmarks.md). The SET columns of these
@@ -170,53 +170,6 @@ def _domain_of(text: str, limits: EngineLimits) -> Domain:
     return parse_domain(json.loads(text), "domain", limits=limits)
 
 
-def _decide(
-    snapshot: ObjectSnapshot, mech: Mechanism, worker: BoundWorker, *, tight: bool
-) -> Decision:
-    """The filter's decision through :func:`app.engine.pipeline.evaluate`.
-
-    Finite objects are decided in the request thread; continuous ones by the bound worker
-    (unless basic composition certifies the query, which costs nothing), with basic
-    composition's decision as the fallback past its deadline.
-    """
-    if isinstance(snapshot.state, LikelihoodState):
-        with _ACCOUNTANT_SECONDS.time():
-            return evaluate(snapshot, mech, tight=tight)
-    if not tight:
-        quick = basic_decision(snapshot, mech)
-        if quick.accepted:
-            return quick
-    return worker.call(
-        functools.partial(evaluate, tight=True),
-        snapshot,
-        mech,
-        fallback=lambda: basic_decision(snapshot, mech),
-    )
-
-
-def _recorded(
-    snapshot: ObjectSnapshot,
-    decision: Decision,
-    mech: Mechanism,
-    output: Output,
-    worker: BoundWorker,
-) -> ObjectSnapshot:
-    """The snapshot after ``output`` (:func:`app.engine.pipeline.record`), its loss bounded.
-
-    A continuous history whose new loss the decision did not search is bounded by the worker
-    (two searches); past its deadline, by basic composition within the decision's bounds.
-    """
-    if isinstance(snapshot.state, LikelihoodState):
-        with _ACCOUNTANT_SECONDS.time():
-            return record(snapshot, mech, output, decision)
-    after = record(snapshot, mech, output, decision)
-    state = after.state
-    if isinstance(state, ContinuousState) and not state.loss_known:
-        bounds = worker.call(realized_loss, after, fallback=lambda: loss_without_search(after))
-        after = replace(after, state=state.seeded(bounds))
-    return after
-
-
 def dry_run(
     *,
     engine: Engine,
@@ -231,7 +184,7 @@ def dry_run(
         domain = _domain_of(row.domain, limits)
         mech = parse_query(query, domain, "query", limits=limits)
         snapshot = snapshot_of(conn, row, domain, limits)
-    return _decide(snapshot, mech, worker, tight=True).to_json()
+    return decide(snapshot, mech, worker, tight=True).to_json()
 
 
 class _LostRace(Exception):
@@ -389,7 +342,7 @@ def _attempt(
             domain = _domain_of(row.domain, limits)
             mech = parse_query(query, domain, "query", limits=limits)
             snapshot = snapshot_of(conn, row, domain, limits)
-            decision = _decide(snapshot, mech, worker, tight=False)
+            decision = decide(snapshot, mech, worker, tight=False)
         except (ServiceError, InvalidInput, Unsupported):
             replay = stored_answer()
             if replay is not None:
@@ -479,11 +432,19 @@ def _record_acceptance(
     is the only place that reads the private value, and only after the decision.
     """
     output = mech.sample(json.loads(row.value))
-    after = _recorded(snapshot, decision, mech, output, worker)
-    columns = columns_of(after)
+    after = recorded(snapshot, decision, mech, output, worker)
+    output_json = mech.output_json(output)
+    query_text, output_text = json.dumps(mech.to_json()), json.dumps(output_json)
+    change = advance(
+        after,
+        domain_text=row.domain,
+        history_hash=row.history_hash,
+        query_text=query_text,
+        output_text=output_text,
+    )
+    columns = change.columns
     now = datetime.now(UTC)
     seq = row.accepted + 1
-    output_json = mech.output_json(output)
     odometer = odometer_view(
         replace(
             row,
@@ -507,8 +468,8 @@ def _record_acceptance(
         {
             "object_id": row.id,
             "seq": seq,
-            "query": json.dumps(mech.to_json()),
-            "output": json.dumps(output_json),
+            "query": query_text,
+            "output": output_text,
             "epsilon": mech.epsilon,
             "epsilon_exact": str(mech.epsilon_exact),
             "loss_lower": columns["loss_lower"],
@@ -534,6 +495,11 @@ def _record_acceptance(
     )
     if result.rowcount != 1:
         raise _LostRace
+    move_state_refs(
+        conn,
+        gained={change.stored.key: (change.stored, 1)} if change.stored else {},
+        lost={row.state_hash: 1} if row.state_hash else {},
+    )
     body = {"query_id": inserted.inserted_primary_key[0], **stored}  # type: ignore[index]
     audit.record(
         conn,

@@ -1,24 +1,29 @@
-"""An object's row as the engine's :class:`~app.engine.pipeline.ObjectSnapshot`.
+"""An object's row as the engine's :class:`~app.engine.pipeline.ObjectSnapshot`, and back.
 
-Finite objects: the stored likelihood array. Continuous objects: the stored history's parsed
-terms, seeded with the certified bounds stored on the row (a decision needs no search for the
-history's own loss). Parsing costs about 0.4 ms a query, so parsed continuous histories are
-kept in a process-wide LRU keyed by ``(object id, version)`` — every accepted query advances the
-version, and objects are never deleted — and a submit puts the snapshot it committed there for
-the next one.
+Finite objects: the stored likelihood array, kept once per (domain, history) in
+``likelihood_states`` and named by :func:`state_key` (objects with the same history share it).
+Continuous objects: the stored history's parsed terms, seeded with the certified bounds stored
+on the row (a decision needs no search for the history's own loss). Parsing costs about 0.4 ms a
+query, so parsed continuous histories are kept in a process-wide LRU keyed by ``(object id,
+version)`` — every accepted query advances the version, and objects are never deleted — and a
+submit puts the snapshot it committed there for the next one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Engine, Table, bindparam, select
+from sqlalchemy import Connection, Engine, Table, bindparam, delete, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
 
-from app.db.models import QueryRecord
+from app.db.models import LikelihoodStateRecord, QueryRecord
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
 from app.engine.filters import FilterKind
@@ -37,6 +42,7 @@ from app.engine.pipeline import (
 CACHED_TERMS = 250_000
 
 _QUERIES: Table = QueryRecord.__table__  # type: ignore[assignment]
+_STATES: Table = LikelihoodStateRecord.__table__  # type: ignore[assignment]
 _HISTORY = (
     select(_QUERIES.c.query, _QUERIES.c.output)
     .where(_QUERIES.c.object_id == bindparam("object_id"))
@@ -166,14 +172,160 @@ def remember(engine: Engine, object_id: str, version: int, snapshot: ObjectSnaps
         HISTORIES.put(database_of(engine), object_id, version, snapshot.state)
 
 
-def columns_of(snapshot: ObjectSnapshot) -> dict[str, Any]:
-    """The ``objects`` columns that hold a snapshot's accounting (the row's new state)."""
-    loss = snapshot.loss()
-    state = snapshot.state
-    return {
-        "state": state.to_bytes() if isinstance(state, LikelihoodState) else None,
-        "state_err": state.err if isinstance(state, LikelihoodState) else 0.0,
+def _digest(*parts: str) -> str:
+    hasher = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        hasher.update(part.encode())
+        hasher.update(b"\x1f")
+    return hasher.hexdigest()
+
+
+def next_history_hash(previous: str | None, query_text: str, output_text: str) -> str:
+    """The history hash after one more accepted ``(query, output)`` (stored JSON texts).
+
+    A hash chain: equal histories have equal hashes, so a survey can group objects by it.
+    """
+    return _digest(previous or "", query_text, output_text)
+
+
+def state_key(domain_text: str, history_hash: str) -> str:
+    """The key of a finite history's likelihood array in ``likelihood_states``."""
+    return _digest(domain_text, history_hash)
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """A likelihood array to keep in ``likelihood_states`` under ``key``."""
+
+    key: str
+    state: bytes
+    err: float
+
+
+@dataclass(frozen=True)
+class Advance:
+    """What an accepted query changes: the object's accounting columns and its state row."""
+
+    columns: dict[str, Any]
+    stored: StoredState | None
+
+
+def advance(
+    after: ObjectSnapshot,
+    *,
+    domain_text: str,
+    history_hash: str | None,
+    query_text: str,
+    output_text: str,
+) -> Advance:
+    """The ``objects`` columns of ``after`` (the snapshot past one more accepted query).
+
+    ``history_hash`` is the row's hash before the query; the finite state is named by the new
+    one (:func:`state_key`), so objects reaching the same history share one stored array.
+    """
+    loss = after.loss()
+    new_history = next_history_hash(history_hash, query_text, output_text)
+    stored = None
+    if isinstance(after.state, LikelihoodState):
+        key = state_key(domain_text, new_history)
+        stored = StoredState(key, after.state.to_bytes(), after.state.err)
+    columns = {
+        "state_hash": stored.key if stored else None,
+        "history_hash": new_history,
         "loss_lower": loss.lower,
         "loss_upper": loss.upper,
-        "basic_total": str(snapshot.basic_total),
+        "basic_total": str(after.basic_total),
     }
+    return Advance(columns, stored)
+
+
+def _insert_state(conn: Connection) -> Any:
+    """``INSERT INTO likelihood_states ... ON CONFLICT (hash) DO UPDATE refs = refs + n``."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(_STATES)
+    return statement.on_conflict_do_update(
+        index_elements=[_STATES.c.hash], set_={"refs": _STATES.c.refs + statement.excluded.refs}
+    )
+
+
+_ADD_REFS = (
+    update(_STATES)
+    .where(_STATES.c.hash == bindparam("key"))
+    .values(refs=_STATES.c.refs + bindparam("count"))
+)
+_ADD_REFS_MANY = text(
+    "UPDATE likelihood_states AS t SET refs = t.refs + v.n FROM unnest(CAST(:keys AS text[]), "
+    "CAST(:counts AS int[])) AS v(hash, n) WHERE t.hash = v.hash"
+)
+_DROP_UNUSED = delete(_STATES).where(
+    _STATES.c.hash.in_(bindparam("keys", expanding=True)), _STATES.c.refs <= 0
+)
+
+
+class StateGone(Exception):
+    """A state this run stored was deleted meanwhile (its users all moved on): retry."""
+
+
+def _add_refs(conn: Connection, changes: list[tuple[str, int]]) -> int:
+    """Add ``count`` to the references of each stored state; returns how many rows it hit."""
+    if not changes:
+        return 0
+    if conn.dialect.name == "postgresql":
+        keys, counts = zip(*changes, strict=True)
+        return int(
+            conn.execute(_ADD_REFS_MANY, {"keys": list(keys), "counts": list(counts)}).rowcount
+        )
+    rows = [{"key": key, "count": count} for key, count in changes]
+    return int(conn.execute(_ADD_REFS, rows).rowcount)
+
+
+def move_state_refs(
+    conn: Connection,
+    *,
+    gained: Mapping[str, tuple[StoredState, int]],
+    lost: Mapping[str, int],
+    stored: set[str] | frozenset[str] = frozenset(),
+) -> None:
+    """Count ``gained[key]`` more objects on each stored state, ``lost[key]`` fewer on others.
+
+    A state gained is inserted when absent (with its array) — unless ``stored`` says it is
+    there already, when only its count changes (:class:`StateGone` if it is not there after
+    all). A state that no object uses any more is deleted.
+    """
+    stored = frozenset(stored)  # one view: another thread may add to the caller's set meanwhile
+    net: dict[str, int] = {}
+    for key, (_, count) in gained.items():
+        net[key] = net.get(key, 0) + count
+    for key, count in lost.items():
+        net[key] = net.get(key, 0) - count
+    new = sorted(key for key, count in net.items() if count > 0 and key not in stored)
+    for key in new:
+        state = gained[key][0]
+        conn.execute(
+            _insert_state(conn),
+            {"hash": key, "state": state.state, "err": state.err, "refs": net[key]},
+        )
+    known = sorted((key, count) for key, count in net.items() if key in stored and count > 0)
+    if _add_refs(conn, known) != len(known):
+        raise StateGone
+    dropped = sorted((key, count) for key, count in net.items() if count < 0)
+    _add_refs(conn, dropped)
+    keys = [key for key, _ in dropped]
+    for start in range(0, len(keys), 500):
+        conn.execute(_DROP_UNUSED, {"keys": keys[start : start + 500]})
+
+
+_LOAD_STATES = select(_STATES.c.hash, _STATES.c.state, _STATES.c.err).where(
+    _STATES.c.hash.in_(bindparam("keys", expanding=True))
+)
+
+
+def load_states(conn: Connection, keys: set[str]) -> dict[str, tuple[bytes, float]]:
+    """The stored arrays (and rounding errors) of the given state keys."""
+    found: dict[str, tuple[bytes, float]] = {}
+    ordered = sorted(keys)
+    for start in range(0, len(ordered), 500):
+        rows = conn.execute(_LOAD_STATES, {"keys": ordered[start : start + 500]})
+        for key, state, err in rows:
+            found[key] = (bytes(state), float(err))
+    return found

@@ -2,7 +2,10 @@
 
 For each object the accepted queries are replayed in sequence order and compared with what is
 stored: sequence numbers ``1..n`` with no gaps, ``accepted == n``, the exact basic-composition
-total, and the realized-loss bounds (finite domains: the whole ``log P`` array too). A mismatch
+total, the history hash chain, and the realized-loss bounds (finite domains: the whole ``log P``
+array too, found under the key the history names). Shared likelihood states must be counted by
+exactly the objects that use them. Surveys: each accepted member has exactly one history row
+naming the survey, with the member's output; refused and pending members have none. A mismatch
 means the stored state does not follow from the stored history.
 """
 
@@ -13,14 +16,15 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import ProtectedObject, QueryRecord
+from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord, SurveyMember
 from app.engine.calculator import DEFAULT_TOLERANCE
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_entry
+from app.services.snapshots import next_history_hash, state_key
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
 TOLERANCE = 1e-9
@@ -59,18 +63,26 @@ def verify_object(session: Session, row: ProtectedObject, report: Report) -> Non
         )
     domain = parse_domain(json.loads(row.domain))
     entries = []
+    chain: str | None = None
     for r in records:
         entries.append(history_entry(domain, json.loads(r.query), json.loads(r.output)))
+        chain = next_history_hash(chain, r.query, r.output)
         if Fraction(r.epsilon_exact) != entries[-1].mechanism.epsilon_exact:
             report.problems.append(f"{row.id}: query {r.seq} has a stored epsilon that differs")
     state, basic = fold_history(domain, entries)
     if Fraction(row.basic_total) != basic:
         report.problems.append(f"{row.id}: basic composition differs from the history's")
+    if row.history_hash != chain:
+        report.problems.append(f"{row.id}: history hash differs from the history's")
     loss = state.loss(basic)
     report.checked += 1
     if isinstance(state, LikelihoodState):
-        if row.state is not None or records:
-            stored = np.frombuffer(row.state or b"", dtype="<f8")
+        expected_key = state_key(row.domain, chain) if chain is not None else None
+        if row.state_hash != expected_key:
+            report.problems.append(f"{row.id}: likelihood state key differs from the history's")
+        if row.state_hash is not None or records:
+            found = session.get(LikelihoodStateRecord, row.state_hash) if row.state_hash else None
+            stored = np.frombuffer(found.state if found else b"", dtype="<f8")
             if stored.size != state.logp.size or not np.allclose(
                 stored, state.logp.ravel(), rtol=0, atol=TOLERANCE
             ):
@@ -92,10 +104,61 @@ def verify_object(session: Session, row: ProtectedObject, report: Report) -> Non
         report.problems.append(f"{row.id}: stored loss exceeds basic composition")
 
 
+def verify_state_refs(session: Session, report: Report) -> None:
+    """Every stored likelihood state is counted by exactly the objects that name it."""
+    using = dict(
+        session.execute(
+            select(ProtectedObject.state_hash, func.count())
+            .where(ProtectedObject.state_hash.is_not(None))
+            .group_by(ProtectedObject.state_hash)
+        ).all()
+    )
+    stored = dict(
+        session.execute(select(LikelihoodStateRecord.hash, LikelihoodStateRecord.refs)).all()
+    )
+    for key, count in using.items():
+        if key not in stored:
+            report.problems.append(f"likelihood state {key}: named by {count} objects, not stored")
+        elif stored[key] != count:
+            report.problems.append(
+                f"likelihood state {key}: counts {stored[key]} users, {count} objects name it"
+            )
+    for key, refs in stored.items():
+        if key not in using:
+            report.problems.append(f"likelihood state {key}: stored ({refs} users) but unused")
+
+
+def verify_surveys(session: Session, report: Report) -> None:
+    """Accepted members have exactly one history row naming their survey, with their output."""
+    rows: dict[tuple[int | None, str], list[str | None]] = {}
+    for asked_by, asked, answer in session.execute(
+        select(QueryRecord.survey_id, QueryRecord.object_id, QueryRecord.output).where(
+            QueryRecord.survey_id.is_not(None)
+        )
+    ):
+        rows.setdefault((asked_by, asked), []).append(answer)
+    members = session.execute(
+        select(
+            SurveyMember.survey_id, SurveyMember.object_id, SurveyMember.status, SurveyMember.output
+        )
+    )
+    for survey_id, object_id, status, output in members:
+        found = rows.pop((survey_id, object_id), [])
+        label = f"survey {survey_id}, member {object_id}"
+        if status == 1 and found != [output]:
+            report.problems.append(f"{label}: accepted with {len(found)} matching history rows")
+        elif status != 1 and found:
+            report.problems.append(f"{label}: not accepted but has {len(found)} history rows")
+    for asked_by, asked in rows:
+        report.problems.append(f"survey {asked_by}: history row of non-member {asked}")
+
+
 def verify_all(session_factory: sessionmaker[Session]) -> Report:
-    """Check every object."""
+    """Check every object, the shared likelihood states and the surveys' members."""
     report = Report()
     with session_factory() as session:
         for row in session.scalars(select(ProtectedObject).order_by(ProtectedObject.id)):
             verify_object(session, row, report)
+        verify_state_refs(session, report)
+        verify_surveys(session, report)
     return report

@@ -90,6 +90,34 @@ def _dashboard_file(client: TestClient) -> tuple[str, dict[str, Any]]:
     return f"/dashboard/{name}", {}
 
 
+def _import(client: TestClient) -> tuple[str, dict[str, Any]]:
+    _, body = _new_object(client)
+    return "/v1/imports", {"json": {"objects": [body["json"]]}}
+
+
+def _survey_body(client: TestClient) -> dict[str, Any]:
+    return {"name": "authz", "query": QUERY, "cohort": {"ids": [register(client)]}}
+
+
+def _new_survey(client: TestClient) -> tuple[str, dict[str, Any]]:
+    return "/v1/surveys", {"json": _survey_body(client)}
+
+
+def _survey_dry_run(client: TestClient) -> tuple[str, dict[str, Any]]:
+    return "/v1/surveys/dry-run", {"json": _survey_body(client)}
+
+
+def _survey(suffix: str = "") -> Prepare:
+    """A survey created by the bootstrap admin (so only admins may cancel it)."""
+
+    def prepare(client: TestClient) -> tuple[str, dict[str, Any]]:
+        r = client.post("/v1/surveys", headers=auth(ADMIN_KEY), json=_survey_body(client))
+        assert r.status_code == 202, r.text
+        return f"/v1/surveys/{r.json()['id']}{suffix}", {}
+
+    return prepare
+
+
 LOSS_BODY = {
     "domain": DOMAIN,
     "history": [{"query": QUERY, "output": 1}],
@@ -114,6 +142,14 @@ ROWS: dict[tuple[str, str], Row] = {
         ALL_ROLES, 200, _object("/odometer/history")
     ),
     ("GET", "/v1/odometers"): Row(ALL_ROLES, 200, _fixed("/v1/odometers")),
+    ("POST", "/v1/imports"): Row(ADMINS, 200, _import),
+    ("POST", "/v1/surveys"): Row(ANALYSTS, 202, _new_survey),
+    ("POST", "/v1/surveys/dry-run"): Row(ANALYSTS, 200, _survey_dry_run),
+    ("GET", "/v1/surveys"): Row(ALL_ROLES, 200, _fixed("/v1/surveys")),
+    ("GET", "/v1/surveys/{survey_id}"): Row(ALL_ROLES, 200, _survey()),
+    ("GET", "/v1/surveys/{survey_id}/responses"): Row(ALL_ROLES, 200, _survey("/responses")),
+    # its analyst may cancel a survey too (tests/service/test_surveys.py); another may not
+    ("DELETE", "/v1/surveys/{survey_id}"): Row(ADMINS, 200, _survey()),
     ("GET", "/v1/audit"): Row(ADMINS, 200, _fixed("/v1/audit")),
     ("POST", "/v1/loss"): Row(ANALYSTS, 200, _fixed("/v1/loss", json=LOSS_BODY)),
     ("POST", "/v1/keys"): Row(ADMINS, 201, _fixed("/v1/keys", json={"role": VIEWER})),
@@ -146,7 +182,9 @@ def _routes_of(routes: list[Any]) -> Iterator[tuple[str, str]]:
             yield from _routes_of(list(route.routes))
         else:
             for method in sorted(route.methods or ()):
-                yield method, route.path
+                # path_format: without convertors ("/v1/surveys/{survey_id:int}" is served as
+                # documented, "/v1/surveys/{survey_id}")
+                yield method, getattr(route, "path_format", route.path)
 
 
 def served_routes(app: FastAPI) -> set[tuple[str, str]]:

@@ -23,7 +23,7 @@ from sqlalchemy import Engine, delete, insert, inspect, select, update
 
 from app.api.main import create_app
 from app.cli import main as cli_main
-from app.db.models import ProtectedObject, QueryRecord
+from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord
 from app.db.session import make_engine
 from app.settings import Settings, get_settings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, start_server, unique_id
@@ -210,12 +210,19 @@ def test_verify_on_a_fresh_sqlite_file(tmp_path: Path) -> None:
 
 @contextmanager
 def restored(engine: Engine, object_id: str) -> Iterator[None]:
-    """Snapshot an object's row and query rows; put them back afterwards."""
+    """Snapshot an object's row, query rows and state row; put them back afterwards."""
     objects, queries = ProtectedObject.__table__, QueryRecord.__table__
+    states = LikelihoodStateRecord.__table__
     with engine.connect() as conn:
         obj_row = dict(
             conn.execute(select(objects).where(objects.c.id == object_id)).mappings().one()
         )
+        state_rows = [
+            dict(r)
+            for r in conn.execute(
+                select(states).where(states.c.hash == obj_row["state_hash"])
+            ).mappings()
+        ]
         query_rows = [
             dict(r)
             for r in conn.execute(
@@ -230,6 +237,9 @@ def restored(engine: Engine, object_id: str) -> Iterator[None]:
             conn.execute(update(objects).where(objects.c.id == object_id).values(**obj_row))
             if query_rows:
                 conn.execute(insert(queries), query_rows)
+            for state_row in state_rows:
+                conn.execute(delete(states).where(states.c.hash == state_row["hash"]))
+                conn.execute(insert(states), [state_row])
 
 
 def _tamper_object(**values: Any) -> Callable[[Any, str], None]:
@@ -282,10 +292,17 @@ def _bigger_epsilon(raw: str) -> str:
 
 
 def _flip_state_byte(conn: Any, oid: str) -> None:
-    table = ProtectedObject.__table__
-    state = bytearray(conn.execute(select(table.c.state).where(table.c.id == oid)).scalar_one())
+    objects, states = ProtectedObject.__table__, LikelihoodStateRecord.__table__
+    key = conn.execute(select(objects.c.state_hash).where(objects.c.id == oid)).scalar_one()
+    state = bytearray(conn.execute(select(states.c.state).where(states.c.hash == key)).scalar_one())
     state[7] ^= 0x40  # the sign/exponent byte of the first float64: a large change
-    conn.execute(update(table).where(table.c.id == oid).values(state=bytes(state)))
+    conn.execute(update(states).where(states.c.hash == key).values(state=bytes(state)))
+
+
+def _count_state_twice(conn: Any, oid: str) -> None:
+    objects, states = ProtectedObject.__table__, LikelihoodStateRecord.__table__
+    key = conn.execute(select(objects.c.state_hash).where(objects.c.id == oid)).scalar_one()
+    conn.execute(update(states).where(states.c.hash == key).values(refs=states.c.refs + 1))
 
 
 TAMPERS: dict[str, tuple[str, Callable[[Any, str], None]]] = {
@@ -294,8 +311,11 @@ TAMPERS: dict[str, tuple[str, Callable[[Any, str], None]]] = {
     "loss_upper-0.1": ("finite", _tamper_object(loss_upper=lambda t: t.c.loss_upper - 0.1)),
     "basic_total": ("finite", _tamper_object(basic_total="1/7")),
     "accepted+1": ("finite", _tamper_object(accepted=lambda t: t.c.accepted + 1)),
-    "state-null": ("finite", _tamper_object(state=None)),
+    "state-null": ("finite", _tamper_object(state_hash=None)),
     "state-byte": ("finite", _flip_state_byte),
+    "state-refs": ("finite", _count_state_twice),
+    "history-hash": ("finite", _tamper_object(history_hash="0" * 32)),
+    "cont-history-hash": ("cont", _tamper_object(history_hash=None)),
     "delete-last-query": ("finite", _delete_query("last")),
     "delete-middle-query": ("finite", _delete_query("middle")),
     "change-output": ("finite", _change_query("output", _other_grr_output)),
@@ -326,6 +346,11 @@ def test_verify_detects_tampering(
     try:
         code, out = verify_in_process(database_url)
         assert code == 0, out  # the baseline is consistent
+        with engine.connect() as conn:
+            table = ProtectedObject.__table__
+            key = conn.execute(select(table.c.state_hash).where(table.c.id == oid)).scalar_one()
+        # a line names the object, or the shared state row it named before the tampering
+        names = {oid, key} - {None}
         with restored(engine, oid):
             with engine.begin() as conn:
                 tamper(conn, oid)
@@ -333,7 +358,7 @@ def test_verify_detects_tampering(
             assert code != 0, f"verify missed {tamper_name}: {out}"
             mismatches = [line for line in out.splitlines() if line.startswith("MISMATCH")]
             assert mismatches, out
-            assert all(oid in line for line in mismatches), out
+            assert all(any(name in line for name in names) for line in mismatches), out
             assert "mismatch" in out.splitlines()[-1]
         code, out = verify_in_process(database_url)
         assert code == 0, out  # restored

@@ -14,7 +14,6 @@ problem+json.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -25,6 +24,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import TypeAdapter, ValidationError
 from starlette.routing import Route
 
 from app.api.main import create_app
@@ -243,7 +243,7 @@ def test_examples_are_accepted(client: TestClient) -> None:
                     body = {**body, "id": unique_id(name)}
                 url = path.replace("{object_id}", _object_for(client))
                 r = client.request(method.upper(), url, json=body, headers=auth(ADMIN_KEY))
-                assert r.status_code in (200, 201), (method, path, name, r.text)
+                assert r.status_code in (200, 201, 202), (method, path, name, r.text)
 
 
 def _object_for(client: TestClient) -> str:
@@ -308,8 +308,12 @@ def test_revoke_any_key_id_is_a_problem_never_a_5xx(client: TestClient, key_id: 
     """``DELETE /v1/keys/{key_id}`` with 1,000 arbitrary ids (integers of any size, any text):
     404 (no such key) or 422 naming ``key_id``, never a 5xx. Ids at or above 10**6 only, so
     the run never revokes a key the module's other tests use."""
-    if re.fullmatch(r"-?[0-9]+", key_id) and 0 < int(key_id) < 10**6:
-        key_id = str(int(key_id) + 10**6)
+    try:  # what the route reads: pydantic also takes "+1", " 1", "1.0" and "1_0" as numbers
+        as_number = TypeAdapter(int).validate_python(key_id)
+    except ValidationError:
+        as_number = None
+    if as_number is not None and 0 < as_number < 10**6:
+        key_id = str(as_number + 10**6)  # " 1" once revoked the bootstrap admin key: flaky 401s
     response = client.delete(f"/v1/keys/{quote(key_id, safe='')}", headers=auth(ADMIN_KEY))
     assert response.status_code in (404, 405, 422), (response.status_code, response.text)
     problem = assert_problem(response, response.status_code)

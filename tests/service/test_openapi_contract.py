@@ -205,6 +205,33 @@ def test_real_answers_match_their_response_schemas(client: TestClient) -> None:
     r = client.delete(f"/v1/keys/{created['id']}", headers=admin)
     schemas.RESPONSES[("delete", "/v1/keys/{key_id}")].model_validate(r.json())
     covered = {(m, p) for m, p, _, _ in calls} | {("delete", "/v1/keys/{key_id}")}
+    study = unique_id("study")
+    imported = {
+        "id": unique_id("contract"),
+        "domain": domain,
+        "value": {"x": 2},
+        "budget": {"epsilon": 2},
+        "labels": {"study": study},
+    }
+    survey = {"name": "contract", "query": grr, "cohort": {"labels": {"study": study}}}
+    survey_calls: list[tuple[str, str, dict[str, str], Any]] = [
+        ("post", "/v1/imports", admin, {"objects": [imported]}),
+        ("post", "/v1/surveys/dry-run", analyst, survey),
+        ("post", "/v1/surveys", analyst, survey),
+        ("get", "/v1/surveys", analyst, None),
+        ("get", "/v1/surveys/{survey_id}", analyst, None),
+        ("get", "/v1/surveys/{survey_id}/responses", analyst, None),
+        ("delete", "/v1/surveys/{survey_id}", analyst, None),
+    ]
+    survey_id = None
+    for method, route, headers, body in survey_calls:
+        url = route.format(survey_id=survey_id)
+        r = client.request(method, url, headers=headers, json=body)
+        assert r.status_code in (200, 202), (route, r.text)
+        if route == "/v1/surveys" and method == "post":
+            survey_id = r.json()["id"]
+        TypeAdapter(schemas.RESPONSES[(method, route)]).validate_python(r.json(), strict=False)
+    covered |= {(m, p) for m, p, _, _ in survey_calls}
     assert covered == set(schemas.RESPONSES)
 
 
@@ -231,3 +258,11 @@ def test_links_lead_from_created_resources_to_the_operations_that_take_their_ids
         assert "{object_id}" in path
     keys = document["paths"]["/v1/keys"]["post"]["responses"]["201"]["links"]
     assert {link["operationId"] for link in keys.values()} == {"drop_key"}
+    surveys = document["paths"]["/v1/surveys"]["post"]["responses"]["202"]["links"]
+    survey_scoped = {
+        op["operationId"]
+        for path, ops in document["paths"].items()
+        if "{survey_id}" in path
+        for op in ops.values()
+    }
+    assert {link["operationId"] for link in surveys.values()} == survey_scoped

@@ -1,9 +1,10 @@
-"""The schemathesis command line, ``--checks all``, against a live server on PostgreSQL (#11, 9).
+"""The schemathesis command line, every check enabled, against a live server on PostgreSQL (#11, 9).
 
 No operation is excluded; the examples per operation are bounded (``CLI_EXAMPLES``) to keep CI
 short; the in-process run (test_schemathesis.py) does 1,000 per operation. The configuration is
-the in-process one, written as ``schemathesis.toml``: the only widening is the documented one of
-``SEMANTIC_422`` (a schema-valid body can name a value outside the generated domain).
+the in-process one, written as ``schemathesis.toml``, with every check enabled in it: the only
+widenings are the documented ones of ``SEMANTIC_422`` (a schema-valid body can name a value outside
+the generated domain) and ``KEPT_AFTER_DELETE`` (a cancelled survey stays readable).
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from tests.service.conftest import ROOT, start_server
-from tests.service.test_schemathesis import RUN_KEY_ID, SEMANTIC_422, STATEFUL_EXAMPLES, _run_key
+from tests.service.test_schemathesis import (
+    KEPT_AFTER_DELETE,
+    RUN_KEY_ID,
+    SEMANTIC_422,
+    STATEFUL_EXAMPLES,
+    _run_key,
+)
 
 pytestmark = pytest.mark.slow
 CLI_EXAMPLES = int(os.environ.get("GATEKEEPER_SCHEMATHESIS_CLI_EXAMPLES", "25"))
@@ -26,6 +33,11 @@ def config_toml(examples: int) -> str:
     """The in-process run's configuration (test_schemathesis._config) as schemathesis.toml."""
     statuses = '["2xx", "401", "403", "404", "409", "422", "429"]'
     lines = [
+        # every check, as ``--checks all`` would; not that flag, which overrides the file and so
+        # the per-operation ``KEPT_AFTER_DELETE`` exception below
+        "[checks]",
+        "enabled = true",
+        "",
         "[generation]",
         f"max-examples = {examples}",
         'database = "none"',
@@ -40,6 +52,14 @@ def config_toml(examples: int) -> str:
             f'include-name = "{name}"',
             f"checks.positive_data_acceptance.expected-statuses = {statuses}",
             f"phases.stateful.checks.positive_data_acceptance.expected-statuses = {statuses}",
+        ]
+    for name in KEPT_AFTER_DELETE:
+        lines += [
+            "",
+            "[[operations]]",
+            f'include-name = "{name}"',
+            "checks.use_after_free.enabled = false",
+            "phases.stateful.checks.use_after_free.enabled = false",
         ]
     return "\n".join(lines) + "\n"
 
@@ -64,8 +84,6 @@ def test_the_command_line_with_every_check_finds_nothing(postgres_url: str, tmp_
                 str(config),
                 "run",
                 f"{server.url}/openapi.json",
-                "--checks",
-                "all",
                 "-H",
                 f"Authorization: Bearer {key}",
                 "--request-timeout",

@@ -17,6 +17,9 @@ from app.services import objects as object_service
 
 router = APIRouter()
 
+#: ``name:value`` of a label filter (the server's rule: app.services.objects.parse_label_filters).
+LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}:[^\x00-\x1f\x7f]{1,256}$"
+
 
 @router.get("/v1/odometers", tags=["odometers"], responses=problems(*AUTHENTICATED))
 async def odometers(
@@ -27,8 +30,16 @@ async def odometers(
     remaining_lt: Annotated[float | None, Query(description="Only remaining < this")] = None,
     remaining_gt: Annotated[float | None, Query(description="Only remaining > this")] = None,
     include_retired: bool = False,
+    label: Annotated[
+        list[str],
+        Query(
+            max_length=20,
+            description="Only objects with this label, as name:value (repeat: all must match)",
+            json_schema_extra={"items": {"type": "string", "pattern": LABEL_FILTER}},
+        ),
+    ] = [],  # noqa: B006 - FastAPI copies the default
 ) -> dict[str, Any]:
-    """A page of odometers across objects, filtered by remaining budget."""
+    """A page of odometers across objects, filtered by remaining budget and labels."""
     for name, bound in (("remaining_lt", remaining_lt), ("remaining_gt", remaining_gt)):
         if bound is not None and not math.isfinite(bound):
             raise InvalidInput(name, "must be a finite number")
@@ -41,4 +52,5 @@ async def odometers(
         remaining_lt=remaining_lt,
         remaining_gt=remaining_gt,
         include_retired=include_retired,
+        labels=object_service.parse_label_filters(label),
     )

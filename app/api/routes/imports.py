@@ -1,0 +1,100 @@
+"""``POST /v1/imports``: bulk registration (JSON or NDJSON), all-or-nothing per request."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request, Response, status
+
+from app.api import examples, schemas
+from app.api.deps import AdminDep, RawBody, RuntimeDep, in_thread, parse_json
+from app.api.openapi import WITH_BODY, body_doc, problems
+from app.engine.errors import InvalidInput
+from app.engine.jsonfields import as_list, as_object, check_keys
+from app.services import imports as import_service
+from app.services.errors import BadHeader, BadJson
+
+router = APIRouter(tags=["objects"])
+
+NDJSON = "application/x-ndjson"
+
+
+def parse_import_body(raw: bytes, content_type: str) -> list[Any]:
+    """The items of an import: ``{"objects": [...]}``, or one registration per NDJSON line.
+
+    An NDJSON line that is not JSON is a 400 naming its index (``objects[i]``, blank lines
+    skipped and not counted).
+    """
+    if not raw.strip():
+        raise InvalidInput("body", "is required (a JSON document or NDJSON lines)")
+    if content_type.split(";")[0].strip().lower() == NDJSON:
+        items: list[Any] = []
+        for line in raw.splitlines():
+            if not line.strip():
+                continue
+            if len(items) >= import_service.MAX_IMPORT:
+                raise InvalidInput(
+                    "objects", f"at most {import_service.MAX_IMPORT} objects a request"
+                )
+            try:
+                items.append(parse_json(line))
+            except BadJson as exc:
+                raise BadJson(f"objects[{len(items)}] (an NDJSON line): {exc.detail}") from None
+        return items
+    body = as_object(parse_json(raw), "")
+    check_keys(body, "", required=("objects",))
+    return as_list(body["objects"], "objects")
+
+
+@router.post(
+    "/v1/imports",
+    status_code=status.HTTP_200_OK,
+    # NDJSON bodies are accepted too (Content-Type: application/x-ndjson, one registration a
+    # line) but not declared as a content type: a JSON Schema cannot say "each line is JSON"
+    openapi_extra=body_doc(schemas.ImportRequest, examples.IMPORT),
+    responses=problems(
+        *WITH_BODY,
+        409,
+        s409="already-exists: an id is registered with a different registration (nothing stored)",
+        s503="busy: concurrent imports of the same ids, or the database is unavailable",
+    ),
+)
+async def import_objects(
+    runtime: RuntimeDep,
+    caller: AdminDep,
+    request: Request,
+    response: Response,
+    raw: RawBody,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            description="A retry with the same key and body returns the stored answer "
+            "(header Idempotent-Replayed: true)",
+            json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    """Register up to 10,000 objects (admin), all or nothing.
+
+    The body is `{"objects": [registration, ...]}`, or NDJSON (`Content-Type:
+    application/x-ndjson`, one registration a line). An id already registered identically
+    counts as existing; registered differently, it is a 409 and nothing is stored.
+    """
+    if idempotency_key is not None and not idempotency_key.strip(" \t"):
+        raise BadHeader("Idempotency-Key", "must not be empty")
+    items = parse_import_body(raw, request.headers.get("content-type", ""))
+    registrations = await in_thread(runtime, import_service.parse_items, items, runtime.limits)
+    result = await in_thread(
+        runtime,
+        import_service.import_objects,
+        engine=runtime.engine,
+        registrations=registrations,
+        fingerprint=hashlib.sha256(raw).hexdigest(),
+        idempotency_key=idempotency_key,
+        actor_key_id=caller.key_id,
+    )
+    if result.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return result.body

@@ -1,0 +1,192 @@
+"""What every survey operation shares: statuses, the survey row, and decision groups.
+
+A **decision group** is the set of members whose public state is identical — domain, budget,
+filter, exact ``Σ ε``, history hash (and the stored loss bounds, which a continuous snapshot is
+seeded with). Such members get the same decision from the filter, so it is computed once, on a
+snapshot built from one representative, through :mod:`app.services.decisions` — the road every
+single submit takes. Nothing here reads a value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+from typing import Any, NamedTuple, cast
+
+from sqlalchemy import Connection, Table, select
+
+from app.db.models import ProtectedObject, Survey
+from app.engine.domain import Domain, parse_domain
+from app.engine.errors import InvalidInput, Unsupported
+from app.engine.filters import Decision
+from app.engine.limits import EngineLimits
+from app.engine.mechanisms import Mechanism, parse_query
+from app.engine.pipeline import ObjectSnapshot
+from app.services.decisions import decide
+from app.services.errors import NotFound
+from app.services.snapshots import load_states, snapshot_of
+from app.worker.pool import BoundWorker
+
+OBJECTS = cast(Table, ProtectedObject.__table__)
+SURVEYS = cast(Table, Survey.__table__)
+
+
+class MemberStatus(IntEnum):
+    """A member's state in ``survey_members.status``."""
+
+    PENDING = 0
+    ACCEPTED = 1
+    REFUSED = 2
+
+
+class Refusal(StrEnum):
+    """Why a member was not queried."""
+
+    BUDGET = "budget-exhausted"
+    INVALID = "invalid-for-domain"
+    RETIRED = "retired"
+
+
+class SurveyStatus(StrEnum):
+    """A survey's lifecycle."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+ACTIVE = (SurveyStatus.QUEUED.value, SurveyStatus.RUNNING.value)
+
+
+class StateMissing(LookupError):
+    """A group's stored state was deleted after its members were read: read them again."""
+
+
+def load_survey(conn: Connection, survey_id: int) -> Any:
+    """The survey's row, or :class:`NotFound`."""
+    row = conn.execute(select(SURVEYS).where(SURVEYS.c.id == survey_id)).one_or_none()
+    if row is None:
+        raise NotFound("no survey with that id")
+    return row
+
+
+def survey_totals(row: Any) -> dict[str, Any]:
+    """A survey's counts, as its audit events record them."""
+    return {
+        "survey_id": row.id,
+        "total": row.total,
+        "decided": row.decided,
+        "accepted": row.accepted,
+        "refused": json.loads(row.refused),
+        "groups": row.groups,
+    }
+
+
+class GroupKey(NamedTuple):
+    """The public state members of one decision group share."""
+
+    domain: str
+    budget: float
+    filter: str
+    basic_total: str
+    history_hash: str | None
+    state_hash: str | None
+    loss_lower: float
+    loss_upper: float
+
+
+KEY_COLUMNS = [OBJECTS.c[name] for name in GroupKey._fields]
+
+
+class GroupAccepted(NamedTuple):
+    """A group's accepting decision, with the query and snapshot it was made on."""
+
+    mech: Mechanism
+    snapshot: ObjectSnapshot
+    decision: Decision
+
+
+@dataclass
+class ParsedQuery:
+    """Per-run caches: parsed domains, the query per domain, stored states by key."""
+
+    limits: EngineLimits
+    query: dict[str, Any]
+    domains: dict[str, Domain] = field(default_factory=dict)
+    mechs: dict[str, Mechanism | None] = field(default_factory=dict)
+    states: dict[str, tuple[bytes, float]] = field(default_factory=dict)
+
+    def domain(self, text: str) -> Domain:
+        """The parsed domain of a stored domain text."""
+        found = self.domains.get(text)
+        if found is None:
+            found = self.domains[text] = parse_domain(json.loads(text), limits=self.limits)
+        return found
+
+    def mech(self, domain_text: str) -> Mechanism | None:
+        """The query parsed for a domain; None when it is invalid there."""
+        if domain_text not in self.mechs:
+            try:
+                found: Mechanism | None = parse_query(
+                    self.query, self.domain(domain_text), "query", limits=self.limits
+                )
+            except (InvalidInput, Unsupported):
+                found = None
+            self.mechs[domain_text] = found
+        return self.mechs[domain_text]
+
+
+class _SnapshotRow(NamedTuple):
+    """What :func:`snapshot_of` reads of a representative member."""
+
+    id: str
+    version: int
+    budget: float
+    filter: str
+    state: bytes | None
+    state_err: float
+    loss_lower: float
+    loss_upper: float
+    basic_total: str
+
+
+def decide_group(
+    conn: Connection,
+    key: GroupKey,
+    representative: tuple[str, int],
+    parsed: ParsedQuery,
+    worker: BoundWorker,
+) -> GroupAccepted | Refusal:
+    """The decision every member with public state ``key`` gets (a single submit's)."""
+    mech = parsed.mech(key.domain)
+    if mech is None:
+        return Refusal.INVALID
+    domain = parsed.domain(key.domain)
+    state, err = None, 0.0
+    if key.state_hash is not None:
+        if key.state_hash not in parsed.states:
+            parsed.states.update(load_states(conn, {key.state_hash}))
+        if key.state_hash not in parsed.states:
+            # read after the object row, by another statement: a submit moved every user of
+            # this state on meanwhile (and it was deleted) — the group must be read again
+            raise StateMissing(key.state_hash)
+        state, err = parsed.states[key.state_hash]
+    row = _SnapshotRow(
+        representative[0],
+        representative[1],
+        key.budget,
+        key.filter,
+        state,
+        err,
+        key.loss_lower,
+        key.loss_upper,
+        key.basic_total,
+    )
+    snapshot = snapshot_of(conn, row, domain, parsed.limits)
+    decision = decide(snapshot, mech, worker, tight=False)
+    if not decision.accepted:
+        return Refusal.BUDGET
+    return GroupAccepted(mech, snapshot, decision)

@@ -1,0 +1,703 @@
+"""Running a survey: its members decided chunk by chunk, each chunk one transaction.
+
+A chunk:
+
+1. takes the next pending members (keyset on the object id) and their object rows — locked
+   ``FOR UPDATE`` on PostgreSQL, so a concurrent single submit waits, then loses its
+   compare-and-set and decides again on the committed history;
+2. groups them by public state (:mod:`app.services.survey_groups`) and decides each group once —
+   remembered for the rest of the run (:class:`RunCache`), since equal public state means an
+   equal decision;
+3. decrypts and samples each accepted member (the only read of a value); the next snapshot is
+   computed once per (group, output), also remembered, so a million members with ten histories
+   compute twenty states, and store each once (:mod:`app.services.snapshots`);
+4. writes in a handful of statements (:mod:`app.services.bulk`): history rows naming the
+   survey, a compare-and-set on every accepted object's version, the members' decisions (only
+   from pending: a member is decided at most once), refusals counted on their objects, the
+   shared states' reference counts, and the survey's counters and output tally — whose row is
+   locked last, and whose status is checked there: a survey cancelled meanwhile rolls the chunk
+   back.
+
+Anything failing in a chunk (a lost race, a crash, a cancel) rolls it back — the samples drawn
+are discarded unseen — and it is decided again from what committed. A process claims a survey
+with a lease renewed after every chunk; a crashed process's surveys are taken over when its
+lease expires (:func:`resumable_surveys`) and resume at the first pending member.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+from typing import Any, cast
+
+from sqlalchemy import Connection, Engine, Table, Text, bindparam, func, or_, select, update
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from app import crypto, metrics
+from app.db.models import QueryRecord, SurveyMember
+from app.engine.estimates import tally_keys
+from app.engine.limits import EngineLimits
+from app.engine.mechanisms import Output
+from app.services import audit, bulk
+from app.services.decisions import recorded
+from app.services.snapshots import (
+    Advance,
+    StateGone,
+    StoredState,
+    advance,
+    load_states,
+    move_state_refs,
+)
+from app.services.survey_groups import (
+    ACTIVE,
+    KEY_COLUMNS,
+    OBJECTS,
+    SURVEYS,
+    GroupAccepted,
+    GroupKey,
+    MemberStatus,
+    ParsedQuery,
+    Refusal,
+    StateMissing,
+    SurveyStatus,
+    decide_group,
+    load_survey,
+    survey_totals,
+)
+from app.worker.pool import BoundWorker
+
+_QUERIES = cast(Table, QueryRecord.__table__)
+_MEMBERS = cast(Table, SurveyMember.__table__)
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------ one chunk
+class _LostRace(Exception):
+    """An object of the chunk changed under us, or a member was decided elsewhere."""
+
+
+class _Stopped(Exception):
+    """The survey is no longer active (cancelled, finished or failed)."""
+
+
+@dataclass(frozen=True)
+class ChunkOutcome:
+    """What one chunk did: the last member it decided (None: nothing pending) and counts."""
+
+    last: str | None
+    decided: int
+    accepted: int
+    groups: int
+
+
+@dataclass
+class RunCache:
+    """What a run remembers across its chunks (all of it public, none of it a value).
+
+    ``decisions``: per group key, the filter's decision; ``advances``: per (group key, output),
+    the object columns and state row after it; ``stored``: state keys this run has stored (later
+    chunks only count references to them); ``seen``: groups of committed chunks (the survey's
+    ``groups``). Emptied when it grows past ``max_entries``.
+    """
+
+    parsed: ParsedQuery
+    decisions: dict[GroupKey, GroupAccepted | Refusal] = field(default_factory=dict)
+    advances: dict[tuple[GroupKey, Output], Advance] = field(default_factory=dict)
+    stored: set[str] = field(default_factory=set)
+    seen: set[GroupKey] = field(default_factory=set)
+    max_entries: int = 200_000
+    #: Guards ``seen``: a group is counted by the one chunk that commits it first.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim_groups(self, keys: set[GroupKey]) -> set[GroupKey]:
+        """The groups of ``keys`` not counted yet, now reserved for the caller's chunk."""
+        with self.lock:
+            new = keys - self.seen
+            self.seen |= new
+        return new
+
+    def release_groups(self, keys: set[GroupKey]) -> None:
+        """Give back groups reserved by a chunk that did not commit."""
+        with self.lock:
+            self.seen -= keys
+
+    def trim(self) -> None:
+        """Forget everything once too large (it is only a cache)."""
+        if len(self.advances) + len(self.decisions) > self.max_entries:
+            self.decisions.clear()
+            self.advances.clear()
+            self.parsed.states.clear()
+
+
+_PENDING = (
+    select(
+        OBJECTS.c.id,
+        OBJECTS.c.version,
+        OBJECTS.c.accepted,
+        OBJECTS.c.retired_at,
+        sql_cast(OBJECTS.c.value, Text).label("sealed"),
+        *KEY_COLUMNS,
+    )
+    .select_from(_MEMBERS.join(OBJECTS, OBJECTS.c.id == _MEMBERS.c.object_id))
+    .where(
+        _MEMBERS.c.survey_id == bindparam("survey_id"),
+        _MEMBERS.c.status == MemberStatus.PENDING.value,
+        or_(bindparam("after", type_=Text).is_(None), _MEMBERS.c.object_id > bindparam("after")),
+        or_(bindparam("upto", type_=Text).is_(None), _MEMBERS.c.object_id <= bindparam("upto")),
+    )
+    .order_by(_MEMBERS.c.object_id)
+    .limit(bindparam("size"))
+)
+#: PostgreSQL array types of the history rows a chunk inserts.
+_HISTORY_TYPES = {
+    "object_id": "text",
+    "seq": "int",
+    "query": "text",
+    "output": "text",
+    "epsilon": "float8",
+    "epsilon_exact": "text",
+    "loss_lower": "float8",
+    "loss_upper": "float8",
+    "basic_after": "float8",
+    "analyst_key_id": "int",
+    "survey_id": "int",
+    "created_at": "timestamptz",
+}
+_ADVANCE_TYPES = {
+    "where_id": "text",
+    "where_version": "int",
+    "version": "int",
+    "accepted": "int",
+    "updated_at": "timestamptz",
+    "state_hash": "text",
+    "history_hash": "text",
+    "loss_lower": "float8",
+    "loss_upper": "float8",
+    "basic_total": "text",
+}
+_MEMBER_TYPES = {
+    "where_object": "text",
+    "status": "smallint",
+    "reason": "text",
+    "output": "text",
+}
+
+
+@dataclass
+class _Chunk:
+    """What a chunk will write."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    advances: list[dict[str, Any]] = field(default_factory=list)
+    members: list[dict[str, Any]] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+    gained: dict[str, tuple[StoredState, int]] = field(default_factory=dict)
+    lost: Counter[str] = field(default_factory=Counter)
+    refused: Counter[str] = field(default_factory=Counter)
+    tally: Counter[str] = field(default_factory=Counter)
+    domains: set[str] = field(default_factory=set)
+    keys: set[GroupKey] = field(default_factory=set)
+    groups: int = 0
+
+
+def new_run_cache(query: dict[str, Any], limits: EngineLimits) -> RunCache:
+    """An empty cache for a run of the survey asking ``query``."""
+    return RunCache(ParsedQuery(limits, query))
+
+
+def run_chunk(
+    *,
+    engine: Engine,
+    worker: BoundWorker,
+    survey_id: int,
+    after: str | None,
+    size: int,
+    limits: EngineLimits,
+    cache: RunCache | None = None,
+    upto: str | None = None,
+) -> ChunkOutcome:
+    """Decide the next ``size`` pending members in ``(after, upto]``, in one transaction.
+
+    ``cache`` carries decisions and states from earlier chunks of the same run (a fresh one
+    when None). Raises :class:`_Stopped` when the survey is no longer active and
+    :class:`_LostRace` when an object changed under the chunk (nothing was written).
+    """
+    new_groups: set[GroupKey] = set()
+    try:
+        with engine.begin() as conn:
+            survey = load_survey(conn, survey_id)
+            if survey.status not in ACTIVE:
+                raise _Stopped
+            if cache is None:
+                cache = new_run_cache(json.loads(survey.query), limits)
+            statement = _PENDING.with_for_update(of=OBJECTS) if _locks_rows(conn) else _PENDING
+            rows = conn.execute(
+                statement, {"survey_id": survey_id, "after": after, "upto": upto, "size": size}
+            ).all()
+            if not rows:
+                return ChunkOutcome(None, 0, 0, 0)
+            work = _decide_rows(conn, rows, cache, worker, survey)
+            new_groups = cache.claim_groups(work.keys)
+            work.groups = len(new_groups)
+            _write(conn, survey_id, work, len(rows), cache)
+            accepted = len(work.advances)
+    except BaseException as exc:  # not committed: the groups were not counted
+        if cache is not None:
+            cache.release_groups(new_groups)
+            if isinstance(exc, (_LostRace, StateGone, StateMissing)):
+                cache.stored.clear()  # a state this run stored may have been dropped meanwhile
+        raise
+    cache.stored |= set(work.gained)
+    cache.trim()
+    metrics.SURVEY_MEMBERS.labels("accepted").inc(accepted)
+    metrics.SURVEY_MEMBERS.labels("refused").inc(len(rows) - accepted)
+    metrics.SURVEY_GROUPS.inc(work.groups)
+    return ChunkOutcome(rows[-1].id, len(rows), accepted, work.groups)
+
+
+def _locks_rows(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def _group_decision(
+    conn: Connection, key: GroupKey, first: Any, cache: RunCache, worker: BoundWorker
+) -> GroupAccepted | Refusal:
+    found = cache.decisions.get(key)
+    if found is None:
+        found = decide_group(conn, key, (first.id, first.version), cache.parsed, worker)
+        cache.decisions[key] = found
+    return found
+
+
+def _advance_of(
+    key: GroupKey, group: GroupAccepted, output: Output, cache: RunCache, worker: BoundWorker
+) -> Advance:
+    found = cache.advances.get((key, output))
+    if found is None:
+        mech, snapshot, decision = group
+        after = recorded(snapshot, decision, mech, output, worker)
+        found = advance(
+            after,
+            domain_text=key.domain,
+            history_hash=key.history_hash,
+            query_text=json.dumps(mech.to_json()),
+            output_text=json.dumps(mech.output_json(output)),
+        )
+        cache.advances[(key, output)] = found
+    return found
+
+
+def _decide_rows(
+    conn: Connection, rows: Sequence[Any], cache: RunCache, worker: BoundWorker, survey: Any
+) -> _Chunk:
+    """Group the chunk's members, decide each group once, sample each accepted member."""
+    work = _Chunk()
+    by_group: dict[GroupKey, list[Any]] = defaultdict(list)
+    for row in rows:
+        if row.retired_at is not None:
+            _refuse(work, row, Refusal.RETIRED)
+        else:
+            by_group[GroupKey(*(row._mapping[name] for name in GroupKey._fields))].append(row)
+    states = cache.parsed.states
+    missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
+    states.update(load_states(conn, {k for k in missing if k is not None}))
+    work.keys = set(by_group)
+    cipher = crypto.active()
+    now = datetime.now(UTC)
+    for key, members in by_group.items():
+        group = _group_decision(conn, key, members[0], cache, worker)
+        if isinstance(group, Refusal):
+            for row in members:
+                _refuse(work, row, group)
+            continue
+        mech = group.mech
+        by_output: dict[Output, list[Any]] = defaultdict(list)
+        for row in members:
+            by_output[mech.sample(json.loads(cipher.decrypt(row.sealed)))].append(row)
+        work.domains.add(key.domain)
+        query_text = json.dumps(mech.to_json())
+        common = {
+            "query": query_text,
+            "epsilon": mech.epsilon,
+            "epsilon_exact": str(mech.epsilon_exact),
+            "analyst_key_id": survey.analyst_key_id,
+            "survey_id": survey.id,
+            "created_at": now,
+        }
+        for output, answered in by_output.items():
+            change = _advance_of(key, group, output, cache, worker)
+            columns = change.columns
+            if change.stored is not None:
+                work.gained[change.stored.key] = (
+                    change.stored,
+                    work.gained.get(change.stored.key, (change.stored, 0))[1] + len(answered),
+                )
+            if key.state_hash is not None:
+                work.lost[key.state_hash] += len(answered)
+            for tally_key in tally_keys(mech, output):
+                work.tally[tally_key] += len(answered)
+            output_text = json.dumps(mech.output_json(output))
+            row_common = {
+                **common,
+                "output": output_text,
+                "loss_lower": columns["loss_lower"],
+                "loss_upper": columns["loss_upper"],
+                "basic_after": float(Fraction(columns["basic_total"])),
+            }
+            for row in answered:
+                seq = row.accepted + 1
+                work.history.append({**row_common, "object_id": row.id, "seq": seq})
+                work.advances.append(
+                    {
+                        "where_id": row.id,
+                        "where_version": row.version,
+                        "version": row.version + 1,
+                        "accepted": seq,
+                        "updated_at": now,
+                        **columns,
+                    }
+                )
+                work.members.append(
+                    {
+                        "where_object": row.id,
+                        "status": MemberStatus.ACCEPTED.value,
+                        "reason": None,
+                        "output": output_text,
+                    }
+                )
+    return work
+
+
+def _refuse(work: _Chunk, row: Any, reason: Refusal) -> None:
+    work.refused[reason.value] += 1
+    work.members.append(
+        {
+            "where_object": row.id,
+            "status": MemberStatus.REFUSED.value,
+            "reason": reason.value,
+            "output": None,
+        }
+    )
+    if reason is Refusal.BUDGET:
+        work.refusals.append(row.id)
+
+
+def _write(conn: Connection, survey_id: int, work: _Chunk, count: int, cache: RunCache) -> None:
+    """Store a chunk's decisions; :class:`_LostRace` if an object or member moved meanwhile."""
+    if work.advances:
+        bulk.insert_rows(conn, _QUERIES, work.history, _HISTORY_TYPES)
+        updated = bulk.update_rows(
+            conn,
+            OBJECTS,
+            work.advances,
+            where={"where_id": "id", "where_version": "version"},
+            values=_ADVANCE_TYPES,
+        )
+        if updated != len(work.advances):
+            raise _LostRace
+        move_state_refs(conn, gained=work.gained, lost=work.lost, stored=cache.stored)
+    bulk.increment(conn, OBJECTS, "rejected", work.refusals)
+    members = [{**m, "where_survey": survey_id} for m in work.members]
+    decided = bulk.update_rows(
+        conn,
+        _MEMBERS,
+        members,
+        where={"where_survey": "survey_id", "where_object": "object_id"},
+        values={"where_survey": "int", **_MEMBER_TYPES},
+        fixed="t.status = 0",
+    )
+    if decided != count:
+        raise _LostRace
+    # the survey's row last: it serialises chunks of one survey for the shortest time
+    survey = conn.execute(
+        select(SURVEYS.c.status, SURVEYS.c.refused, SURVEYS.c.tally, SURVEYS.c.domain)
+        .where(SURVEYS.c.id == survey_id)
+        .with_for_update()
+    ).one()
+    if survey.status not in ACTIVE:
+        raise _Stopped  # cancelled while deciding: roll back, the members stay unqueried
+    refused = Counter(json.loads(survey.refused))
+    refused.update(work.refused)
+    tally = Counter(json.loads(survey.tally))
+    tally.update(work.tally)
+    domain = survey.domain
+    for text in work.domains:
+        domain = text if domain is None or domain == text else ""
+    conn.execute(
+        update(SURVEYS)
+        .where(SURVEYS.c.id == survey_id)
+        .values(
+            decided=SURVEYS.c.decided + count,
+            accepted=SURVEYS.c.accepted + len(work.advances),
+            groups=SURVEYS.c.groups + work.groups,
+            refused=json.dumps(dict(refused)),
+            tally=json.dumps(dict(tally)),
+            domain=domain,
+        )
+    )
+
+
+# ------------------------------------------------------------------------------ the run
+def claim(*, engine: Engine, survey_id: int, owner: str, lease_seconds: float) -> bool:
+    """Take (or renew) the lease on an active survey; False if another process holds it."""
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(SURVEYS)
+            .where(
+                SURVEYS.c.id == survey_id,
+                SURVEYS.c.status.in_(ACTIVE),
+                or_(
+                    SURVEYS.c.lease_owner.is_(None),
+                    SURVEYS.c.lease_owner == owner,
+                    SURVEYS.c.lease_until < now,
+                ),
+            )
+            .values(
+                status=SurveyStatus.RUNNING.value,
+                lease_owner=owner,
+                lease_until=now + timedelta(seconds=lease_seconds),
+                started_at=func.coalesce(SURVEYS.c.started_at, now),
+            )
+        )
+    return result.rowcount == 1
+
+
+def resumable_surveys(*, engine: Engine) -> list[int]:
+    """Active surveys nobody holds (queued, or whose lease expired), oldest first."""
+    now = datetime.now(UTC)
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                select(SURVEYS.c.id)
+                .where(
+                    SURVEYS.c.status.in_(ACTIVE),
+                    or_(SURVEYS.c.lease_owner.is_(None), SURVEYS.c.lease_until < now),
+                )
+                .order_by(SURVEYS.c.id)
+            ).scalars()
+        )
+
+
+def chunk_ranges(
+    *, engine: Engine, survey_id: int, size: int
+) -> list[tuple[str | None, str | None]]:
+    """The pending members cut into ranges ``(after, upto]`` of at most ``size`` members.
+
+    One ordered scan of the survey's pending members (its primary key); the ranges are
+    independent units of work — for this process's threads, or a distributed worker's tasks.
+    """
+    numbered = (
+        select(
+            _MEMBERS.c.object_id,
+            func.row_number().over(order_by=_MEMBERS.c.object_id).label("n"),
+        )
+        .where(
+            _MEMBERS.c.survey_id == survey_id,
+            _MEMBERS.c.status == MemberStatus.PENDING.value,
+        )
+        .subquery()
+    )
+    with engine.connect() as conn:
+        ends = list(
+            conn.execute(
+                select(numbered.c.object_id)
+                .where(numbered.c.n % size == 0)
+                .order_by(numbered.c.object_id)
+            ).scalars()
+        )
+        if not ends:
+            pending = conn.execute(
+                select(func.count())
+                .select_from(_MEMBERS)
+                .where(
+                    _MEMBERS.c.survey_id == survey_id,
+                    _MEMBERS.c.status == MemberStatus.PENDING.value,
+                )
+            ).scalar_one()
+            return [(None, None)] if pending else []
+    starts: list[str | None] = [None, *ends]
+    uppers: list[str | None] = [*ends, None]
+    return list(zip(starts, uppers, strict=True))
+
+
+class _Run:
+    """One process's run of a survey: its ranges decided by ``threads`` threads."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        worker: BoundWorker,
+        survey_id: int,
+        owner: str,
+        limits: EngineLimits,
+        chunk_size: int,
+        lease_seconds: float,
+        attempts: int,
+        cache: RunCache,
+    ) -> None:
+        self.engine, self.worker, self.survey_id, self.owner = engine, worker, survey_id, owner
+        self.limits, self.chunk_size, self.lease_seconds = limits, chunk_size, lease_seconds
+        self.attempts, self.cache = attempts, cache
+        self.stop = threading.Event()
+        self.outcome: str | None = None  # set when the run must end early (why)
+        self._guard = threading.Lock()
+
+    def _end(self, outcome: str) -> None:
+        with self._guard:
+            if self.outcome is None:
+                self.outcome = outcome
+        self.stop.set()
+
+    def range_(self, after: str | None, upto: str | None) -> None:
+        """Decide one range, retrying lost races; ends the run on a stop or an error."""
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                run_chunk(
+                    engine=self.engine,
+                    worker=self.worker,
+                    survey_id=self.survey_id,
+                    after=after,
+                    upto=upto,
+                    size=self.chunk_size,
+                    limits=self.limits,
+                    cache=self.cache,
+                )
+            except _Stopped:
+                self._end("stopped")
+                return
+            except (_LostRace, StateGone, StateMissing, IntegrityError, OperationalError) as exc:
+                failures += 1
+                if failures >= self.attempts:
+                    self._end(f"gave up after {self.attempts} conflicts: {exc!r}"[:500])
+                    return
+                time.sleep(min(0.05 * failures, 1.0))
+                continue
+            except Exception as exc:  # a bug or an unreadable value: say so, do not spin
+                log.exception("survey %d failed", self.survey_id)
+                self._end(type(exc).__name__)
+                return
+            if not claim(
+                engine=self.engine,
+                survey_id=self.survey_id,
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+            ):
+                self._end("not-claimed")
+            return
+
+
+def run_survey(
+    *,
+    engine: Engine,
+    worker: BoundWorker,
+    survey_id: int,
+    owner: str,
+    limits: EngineLimits,
+    chunk_size: int,
+    lease_seconds: float,
+    threads: int = 1,
+    attempts: int = 20,
+) -> str:
+    """Decide every pending member, range by range, then mark the survey done.
+
+    ``threads`` ranges are decided at once (while one thread's chunk is in the database,
+    another samples). Returns the survey's final status (or ``"not-claimed"`` when another
+    process holds it). A chunk that loses a race is decided again (up to ``attempts`` times in
+    a row); any other error marks the survey ``failed`` with the error's type.
+    """
+    if not claim(engine=engine, survey_id=survey_id, owner=owner, lease_seconds=lease_seconds):
+        status = _status(engine, survey_id)
+        return "not-claimed" if status in ACTIVE else status
+    log.info("survey %d: started by %s", survey_id, owner)
+    started = time.monotonic()
+    with engine.connect() as conn:
+        cache = new_run_cache(json.loads(load_survey(conn, survey_id).query), limits)
+    run = _Run(
+        engine=engine,
+        worker=worker,
+        survey_id=survey_id,
+        owner=owner,
+        limits=limits,
+        chunk_size=chunk_size,
+        lease_seconds=lease_seconds,
+        attempts=attempts,
+        cache=cache,
+    )
+    while True:
+        ranges = chunk_ranges(engine=engine, survey_id=survey_id, size=chunk_size)
+        if not ranges:
+            return _finish(engine, survey_id, started)
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="survey") as pool:
+            for _ in pool.map(lambda bounds: run.range_(*bounds), ranges):
+                pass
+        if run.outcome == "stopped":
+            log.info("survey %d: stopped (no longer active)", survey_id)
+            return _status(engine, survey_id)
+        if run.outcome == "not-claimed":
+            log.warning("survey %d: lease lost to another process", survey_id)
+            return "not-claimed"
+        if run.outcome is not None:
+            return _fail(engine, survey_id, run.outcome)
+
+
+def _status(engine: Engine, survey_id: int) -> str:
+    with engine.connect() as conn:
+        return str(load_survey(conn, survey_id).status)
+
+
+def _fail(engine: Engine, survey_id: int, error: str) -> str:
+    with engine.begin() as conn:
+        conn.execute(
+            update(SURVEYS)
+            .where(SURVEYS.c.id == survey_id, SURVEYS.c.status.in_(ACTIVE))
+            .values(
+                status=SurveyStatus.FAILED.value,
+                error=error,
+                finished_at=datetime.now(UTC),
+                lease_owner=None,
+            )
+        )
+    return _status(engine, survey_id)
+
+
+def _finish(engine: Engine, survey_id: int, started: float) -> str:
+    with engine.begin() as conn:
+        result = conn.execute(
+            update(SURVEYS)
+            .where(SURVEYS.c.id == survey_id, SURVEYS.c.status.in_(ACTIVE))
+            .values(status=SurveyStatus.DONE.value, finished_at=datetime.now(UTC), lease_owner=None)
+        )
+        row = load_survey(conn, survey_id)
+        if result.rowcount == 1:
+            audit.record(
+                conn,
+                kind=audit.AuditKind.SURVEY_FINISHED,
+                actor_key_id=row.analyst_key_id,
+                object_id=None,
+                detail=survey_totals(row),
+            )
+    seconds = time.monotonic() - started
+    log.info(
+        "survey %d: %s, %d members in %.1f s (%.0f/s), %d groups",
+        survey_id,
+        row.status,
+        row.decided,
+        seconds,
+        row.decided / seconds if seconds > 0 else math.inf,
+        row.groups,
+    )
+    return str(row.status)

@@ -1,0 +1,562 @@
+"""Population surveys: requests, membership, views, cancel and dry-run.
+
+Creation (``POST /v1/surveys``) validates the request, fixes the membership (a labels cohort is
+copied server-side with one ``INSERT … SELECT``; an ids cohort must name registered objects) and
+stores the survey ``queued``; :mod:`app.services.survey_runs` then decides its members off the
+request path. A dry-run groups the cohort by public state in SQL and decides each group once,
+as the run will, spending nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    Table,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+
+from app.db.models import SurveyMember
+from app.engine.domain import parse_domain
+from app.engine.errors import InvalidInput, Unsupported
+from app.engine.estimates import estimate, output_histogram
+from app.engine.jsonfields import as_list, as_object, check_keys
+from app.engine.limits import EngineLimits
+from app.engine.mechanisms import parse_query
+from app.services import audit
+from app.services.errors import Busy, Forbidden, IdempotencyMismatch, ServiceError
+from app.services.objects import ID_PATTERN, label_conditions, parse_labels
+from app.services.survey_groups import (
+    ACTIVE,
+    KEY_COLUMNS,
+    OBJECTS,
+    SURVEYS,
+    GroupKey,
+    MemberStatus,
+    ParsedQuery,
+    Refusal,
+    StateMissing,
+    SurveyStatus,
+    decide_group,
+    load_survey,
+    survey_totals,
+)
+from app.worker.pool import BoundWorker
+
+_MEMBERS = cast(Table, SurveyMember.__table__)
+
+#: Ids looked up per statement when checking an ids cohort.
+_ID_CHUNK = 1000
+
+
+class InvalidCohort(ServiceError):
+    """A cohort that selects nothing, names unknown objects, or is too large (422)."""
+
+    status, type, title = 422, "invalid-cohort", "Invalid cohort"
+
+
+# ------------------------------------------------------------------------------ the request
+@dataclass(frozen=True)
+class SurveyRequest:
+    """A validated survey body (the query is checked against each member's domain later)."""
+
+    name: str
+    query: dict[str, Any]
+    labels: dict[str, str] | None
+    ids: list[str] | None
+
+    @property
+    def query_text(self) -> str:
+        """The query as stored (canonical JSON)."""
+        return json.dumps(self.query, sort_keys=True)
+
+    @property
+    def cohort(self) -> dict[str, Any]:
+        """The cohort as given."""
+        return {"labels": self.labels} if self.labels is not None else {"ids": self.ids}
+
+
+def parse_request(body: Any, *, max_members: int) -> SurveyRequest:
+    """Validate ``{"name", "query", "cohort": {"labels": {...}} | {"ids": [...]}}``."""
+    obj = as_object(body, "")
+    check_keys(obj, "", required=("name", "query", "cohort"))
+    name = obj["name"]
+    if not isinstance(name, str) or not 1 <= len(name) <= 200 or "\x00" in name:
+        raise InvalidInput("name", "must be a string of 1-200 characters")
+    query = as_object(obj["query"], "query")
+    if not isinstance(query.get("mechanism"), str):
+        raise InvalidInput("query.mechanism", "is required (a mechanism name)")
+    try:
+        json.dumps(query, allow_nan=False)
+    except ValueError:
+        raise InvalidInput("query", "must not contain NaN or infinite numbers") from None
+    cohort = as_object(obj["cohort"], "cohort")
+    if len(cohort) != 1 or next(iter(cohort)) not in ("labels", "ids"):
+        raise InvalidInput("cohort", "must be exactly one of {'labels': {...}} or {'ids': [...]}")
+    if "labels" in cohort:
+        labels = parse_labels(cohort["labels"], "cohort.labels")
+        if not labels:
+            raise InvalidInput("cohort.labels", "must name at least one label")
+        return SurveyRequest(name, dict(query), labels, None)
+    raw_ids = as_list(cohort["ids"], "cohort.ids", min_len=1)
+    if len(raw_ids) > max_members:
+        raise InvalidCohort(
+            f"the cohort has {len(raw_ids)} members, above the maximum of {max_members} "
+            "(SURVEY_MAX_MEMBERS)",
+            errors=[{"field": "cohort.ids", "message": f"at most {max_members} ids"}],
+        )
+    ids: list[str] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw_ids):
+        if not isinstance(item, str) or not ID_PATTERN.fullmatch(item):
+            raise InvalidInput(f"cohort.ids[{i}]", "must be an object id")
+        if item in seen:
+            raise InvalidInput(f"cohort.ids[{i}]", "repeats an earlier id")
+        seen.add(item)
+        ids.append(item)
+    return SurveyRequest(name, dict(query), None, ids)
+
+
+def _labels_cohort(labels: dict[str, str]) -> Select[tuple[str]]:
+    return select(OBJECTS.c.id).where(and_(*label_conditions(labels)))
+
+
+def _unknown_ids(conn: Connection, ids: Sequence[str]) -> list[str]:
+    """The ids of ``ids`` that name no registered object, in the request's order."""
+    known: set[str] = set()
+    statement = select(OBJECTS.c.id).where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
+    for start in range(0, len(ids), _ID_CHUNK):
+        known.update(
+            conn.execute(statement, {"ids": list(ids[start : start + _ID_CHUNK])}).scalars()
+        )
+    return [i for i in ids if i not in known]
+
+
+def _refuse_unknown(conn: Connection, request: SurveyRequest) -> None:
+    assert request.ids is not None  # noqa: S101 - an ids cohort
+    unknown = _unknown_ids(conn, request.ids)
+    if unknown:
+        shown = ", ".join(repr(i) for i in unknown[:20])
+        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        raise InvalidCohort(
+            f"{len(unknown)} id(s) of the cohort name no object: {shown}{more}",
+            errors=[{"field": "cohort.ids", "message": "names objects that do not exist"}],
+            unknown_ids=unknown[:1000],
+        )
+
+
+def _refuse_empty_or_large(count: int, max_members: int) -> None:
+    if count == 0:
+        raise InvalidCohort(
+            "the cohort matches no object",
+            errors=[{"field": "cohort.labels", "message": "matches no object"}],
+        )
+    if count > max_members:
+        raise InvalidCohort(
+            f"the cohort has {count} members, above the maximum of {max_members} "
+            "(SURVEY_MAX_MEMBERS)",
+            errors=[{"field": "cohort", "message": f"at most {max_members} members"}],
+        )
+
+
+def _refuse_query_fitting_no_member(
+    domain_texts: Iterable[str], query: dict[str, Any], limits: EngineLimits
+) -> None:
+    """422 naming the field when the query is invalid for every member's domain.
+
+    A query invalid for some domains only is asked of the others (those members are refused
+    ``invalid-for-domain``); one that no member could answer is a bad request.
+    """
+    parsed = ParsedQuery(limits, query)
+    first_error: InvalidInput | Unsupported | None = None
+    for text in domain_texts:
+        try:
+            parse_query(query, parsed.domain(text), "query", limits=limits)
+            return
+        except (InvalidInput, Unsupported) as exc:
+            first_error = first_error or exc
+    if first_error is not None:
+        raise first_error
+
+
+# ------------------------------------------------------------------------------ creation
+def create_survey(
+    *,
+    engine: Engine,
+    request: SurveyRequest,
+    fingerprint: str,
+    idempotency_key: str | None,
+    analyst_key_id: int | None,
+    max_members: int,
+    limits: EngineLimits,
+) -> tuple[dict[str, Any], bool]:
+    """Store a survey and its membership; returns its view and whether it is a replay.
+
+    Raises :class:`InvalidCohort` (422: no member, unknown ids, too many members) and
+    :class:`IdempotencyMismatch` (the key was used with another body).
+    """
+    for _ in range(3):
+        try:
+            return _create_once(
+                engine, request, fingerprint, idempotency_key, analyst_key_id, max_members, limits
+            )
+        except IntegrityError:  # a concurrent request with the same key stored it first
+            continue
+    raise ServiceError("could not store the survey")  # pragma: no cover - three lost races
+
+
+def _create_once(
+    engine: Engine,
+    request: SurveyRequest,
+    fingerprint: str,
+    key: str | None,
+    analyst_key_id: int | None,
+    max_members: int,
+    limits: EngineLimits,
+) -> tuple[dict[str, Any], bool]:
+    with engine.begin() as conn:
+        if key is not None:
+            found = conn.execute(
+                select(SURVEYS).where(
+                    SURVEYS.c.analyst_key_id == analyst_key_id,
+                    SURVEYS.c.idempotency_key == key,
+                )
+            ).one_or_none()
+            if found is not None:
+                if found.fingerprint != fingerprint:
+                    raise IdempotencyMismatch(
+                        "this Idempotency-Key was used with a different request body"
+                    )
+                return survey_view(found, show_outputs=True), True
+        if request.ids is not None:
+            _refuse_unknown(conn, request)
+        now = datetime.now(UTC)
+        survey_id = conn.execute(
+            insert(SURVEYS).returning(SURVEYS.c.id),
+            {
+                "name": request.name,
+                "query": request.query_text,
+                "cohort": json.dumps(request.cohort),
+                "analyst_key_id": analyst_key_id,
+                "idempotency_key": key,
+                "fingerprint": fingerprint,
+                "status": SurveyStatus.QUEUED.value,
+                "total": 0,
+                "decided": 0,
+                "accepted": 0,
+                "refused": "{}",
+                "tally": "{}",
+                "groups": 0,
+                "created_at": now,
+            },
+        ).scalar_one()
+        if request.labels is not None:
+            members = _labels_cohort(request.labels).add_columns(
+                literal(survey_id).label("survey_id"), literal(0).label("status")
+            )
+            conn.execute(
+                insert(_MEMBERS).from_select(["object_id", "survey_id", "status"], members)
+            )
+            count = conn.execute(
+                select(func.count()).select_from(_MEMBERS).where(_MEMBERS.c.survey_id == survey_id)
+            ).scalar_one()
+        else:
+            assert request.ids is not None  # noqa: S101 - an ids cohort
+            conn.execute(
+                insert(_MEMBERS),
+                [{"survey_id": survey_id, "object_id": i, "status": 0} for i in request.ids],
+            )
+            count = len(request.ids)
+        _refuse_empty_or_large(count, max_members)
+        domains = conn.execute(
+            select(OBJECTS.c.domain)
+            .select_from(_MEMBERS.join(OBJECTS, OBJECTS.c.id == _MEMBERS.c.object_id))
+            .where(_MEMBERS.c.survey_id == survey_id)
+            .distinct()
+        ).scalars()
+        _refuse_query_fitting_no_member(domains, request.query, limits)
+        conn.execute(update(SURVEYS).where(SURVEYS.c.id == survey_id).values(total=count))
+        audit.record(
+            conn,
+            kind=audit.AuditKind.SURVEY_CREATED,
+            actor_key_id=analyst_key_id,
+            object_id=None,
+            detail={
+                "survey_id": survey_id,
+                "name": request.name,
+                "mechanism": request.query["mechanism"],
+                "epsilon": request.query.get("epsilon"),
+                "members": count,
+                "cohort": "labels" if request.labels is not None else "ids",
+            },
+        )
+        row = conn.execute(select(SURVEYS).where(SURVEYS.c.id == survey_id)).one()
+    return survey_view(row, show_outputs=True), False
+
+
+# ------------------------------------------------------------------------------ views
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.isoformat()
+
+
+def _estimate_of(row: Any, show_outputs: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The survey's estimate (or None) and the fields explaining it."""
+    tally = {k: int(v) for k, v in json.loads(row.tally).items()}
+    extra: dict[str, Any] = {}
+    if row.accepted == 0 or not row.domain:
+        if row.domain == "":
+            extra["estimate_unavailable"] = "the accepted members have different domains"
+        elif row.accepted == 0:
+            extra["estimate_unavailable"] = "no accepted members"
+        return None, extra
+    domain = parse_domain(json.loads(row.domain))
+    mech = parse_query(json.loads(row.query), domain)
+    found = estimate(mech, row.accepted, tally)
+    if show_outputs:
+        extra["outputs"] = output_histogram(mech, tally)
+    if found.value is None:
+        extra["estimate_unavailable"] = found.reason
+    return found.value, extra
+
+
+def survey_view(row: Any, *, show_outputs: bool) -> dict[str, Any]:
+    """A survey resource (DESIGN.md "Population surveys")."""
+    refused = {reason.value: 0 for reason in Refusal}
+    refused.update(json.loads(row.refused))
+    value, extra = _estimate_of(row, show_outputs)
+    return {
+        "id": row.id,
+        "name": row.name,
+        "status": row.status,
+        "query": json.loads(row.query),
+        "cohort": json.loads(row.cohort),
+        "created_at": _iso(row.created_at),
+        "started_at": _iso(row.started_at),
+        "finished_at": _iso(row.finished_at),
+        "progress": {
+            "total": row.total,
+            "decided": row.decided,
+            "accepted": row.accepted,
+            "refused": refused,
+        },
+        "groups": row.groups,
+        "estimate": value,
+        **extra,
+        **({"error": row.error} if row.error else {}),
+    }
+
+
+def _may_see_outputs(row: Any, caller_key_id: int | None, is_admin: bool) -> bool:
+    return is_admin or (caller_key_id is not None and row.analyst_key_id == caller_key_id)
+
+
+def get_survey(
+    *, engine: Engine, survey_id: int, caller_key_id: int | None, is_admin: bool
+) -> dict[str, Any]:
+    """A survey's status, progress and estimate (the output histogram to its analyst/admins)."""
+    with engine.connect() as conn:
+        row = load_survey(conn, survey_id)
+    return survey_view(row, show_outputs=_may_see_outputs(row, caller_key_id, is_admin))
+
+
+def list_surveys(
+    *,
+    engine: Engine,
+    limit: int,
+    before: int | None,
+    caller_key_id: int | None,
+    is_admin: bool,
+) -> dict[str, Any]:
+    """Surveys, newest first; ``before`` is the previous page's ``next_before``."""
+    statement = select(SURVEYS).order_by(SURVEYS.c.id.desc()).limit(limit)
+    if before is not None:
+        statement = statement.where(SURVEYS.c.id < before)
+    with engine.connect() as conn:
+        rows = conn.execute(statement).all()
+    items = [
+        survey_view(r, show_outputs=_may_see_outputs(r, caller_key_id, is_admin)) for r in rows
+    ]
+    return {"items": items, "next_before": rows[-1].id if len(rows) == limit else None}
+
+
+def list_responses(
+    *,
+    engine: Engine,
+    survey_id: int,
+    limit: int,
+    after: str | None,
+    caller_key_id: int | None,
+    is_admin: bool,
+) -> dict[str, Any]:
+    """Members' decisions in object-id order (outputs only for the survey's analyst, admins)."""
+    statement = (
+        select(_MEMBERS.c.object_id, _MEMBERS.c.status, _MEMBERS.c.reason, _MEMBERS.c.output)
+        .where(_MEMBERS.c.survey_id == survey_id)
+        .order_by(_MEMBERS.c.object_id)
+        .limit(limit)
+    )
+    if after is not None:
+        statement = statement.where(_MEMBERS.c.object_id > after)
+    with engine.connect() as conn:
+        survey = load_survey(conn, survey_id)
+        rows = conn.execute(statement).all()
+    outputs = _may_see_outputs(survey, caller_key_id, is_admin)
+    names = {MemberStatus.PENDING: "pending", MemberStatus.ACCEPTED: "accepted"}
+    items = []
+    for r in rows:
+        item: dict[str, Any] = {
+            "object_id": r.object_id,
+            "decision": names.get(MemberStatus(r.status), "refused"),
+            "reason": r.reason,
+        }
+        if outputs:
+            item["output"] = json.loads(r.output) if r.output is not None else None
+        items.append(item)
+    return {"items": items, "next_after": rows[-1].object_id if len(rows) == limit else None}
+
+
+def cancel_survey(
+    *, engine: Engine, survey_id: int, caller_key_id: int | None, is_admin: bool
+) -> dict[str, Any]:
+    """Cancel a queued or running survey: undecided members are not queried (403 for others)."""
+    with engine.begin() as conn:
+        row = load_survey(conn, survey_id)
+        if not _may_see_outputs(row, caller_key_id, is_admin):
+            raise Forbidden("only the survey's analyst or an admin may cancel it")
+        if row.status in ACTIVE:
+            now = datetime.now(UTC)
+            conn.execute(
+                update(SURVEYS)
+                .where(SURVEYS.c.id == survey_id, SURVEYS.c.status.in_(ACTIVE))
+                .values(status=SurveyStatus.CANCELLED.value, finished_at=now, lease_owner=None)
+            )
+            audit.record(
+                conn,
+                kind=audit.AuditKind.SURVEY_CANCELLED,
+                actor_key_id=caller_key_id,
+                object_id=None,
+                detail=survey_totals(row),
+            )
+            row = load_survey(conn, survey_id)
+    return survey_view(row, show_outputs=True)
+
+
+# ------------------------------------------------------------------------------ dry-run
+def _cohort_groups(
+    conn: Connection, request: SurveyRequest
+) -> Iterator[tuple[GroupKey, bool, int, str]]:
+    """``(key, retired, members, representative id)`` per group of the cohort (SQL GROUP BY)."""
+    retired = OBJECTS.c.retired_at.is_not(None).label("retired")
+    columns = [*KEY_COLUMNS, retired, func.count().label("n"), func.min(OBJECTS.c.id)]
+    grouped = select(*columns).group_by(*KEY_COLUMNS, retired)
+    if request.labels is not None:
+        yield from _rows_as_groups(
+            conn.execute(grouped.where(and_(*label_conditions(request.labels))))
+        )
+        return
+    assert request.ids is not None  # noqa: S101 - an ids cohort
+    statement = grouped.where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
+    for start in range(0, len(request.ids), _ID_CHUNK):
+        chunk = request.ids[start : start + _ID_CHUNK]
+        yield from _rows_as_groups(conn.execute(statement, {"ids": chunk}))
+
+
+def _rows_as_groups(rows: Iterable[Any]) -> Iterator[tuple[GroupKey, bool, int, str]]:
+    for row in rows:
+        values = tuple(row)
+        yield GroupKey(*values[:8]), bool(values[8]), int(values[9]), str(values[10])
+
+
+def dry_run_survey(
+    *,
+    engine: Engine,
+    worker: BoundWorker,
+    request: SurveyRequest,
+    limits: EngineLimits,
+    max_members: int,
+    attempts: int = 5,
+) -> dict[str, Any]:
+    """Members, how many would be accepted, refusals by reason, decision groups. Spends nothing.
+
+    Read again when a group's state vanished under it (a concurrent submit moved its users).
+    """
+    for _ in range(attempts):
+        try:
+            return _dry_run_once(engine, worker, request, limits, max_members)
+        except StateMissing:
+            continue
+    raise Busy("the cohort's objects keep changing under the dry-run; retry", retry_after=1)
+
+
+def _dry_run_once(
+    engine: Engine,
+    worker: BoundWorker,
+    request: SurveyRequest,
+    limits: EngineLimits,
+    max_members: int,
+) -> dict[str, Any]:
+    parsed = ParsedQuery(limits, request.query)
+    members = accepted = 0
+    refused: Counter[str] = Counter()
+    groups: set[GroupKey] = set()
+    with engine.connect() as conn:
+        if request.ids is not None:
+            _refuse_unknown(conn, request)
+        collected: dict[tuple[GroupKey, bool], tuple[int, str]] = {}
+        for key, retired, count, first in _cohort_groups(conn, request):
+            previous = collected.get((key, retired))
+            if previous is not None:
+                count, first = previous[0] + count, min(previous[1], first)
+            collected[(key, retired)] = (count, first)
+        members = sum(count for count, _ in collected.values())
+        _refuse_empty_or_large(members, max_members)
+        _refuse_query_fitting_no_member({key.domain for key, _ in collected}, request.query, limits)
+        versions = _versions(conn, [first for _, first in collected.values()])
+        for (key, retired), (count, first) in collected.items():
+            if retired:
+                refused[Refusal.RETIRED.value] += count
+                continue
+            groups.add(key)
+            group = decide_group(conn, key, (first, versions[first]), parsed, worker)
+            if isinstance(group, Refusal):
+                refused[group.value] += count
+            else:
+                accepted += count
+    return {
+        "members": members,
+        "would_accept": accepted,
+        "would_refuse": {reason.value: refused.get(reason.value, 0) for reason in Refusal},
+        "groups": len(groups),
+    }
+
+
+def _versions(conn: Connection, ids: list[str]) -> dict[str, int]:
+    statement = select(OBJECTS.c.id, OBJECTS.c.version).where(
+        OBJECTS.c.id.in_(bindparam("ids", expanding=True))
+    )
+    found: dict[str, int] = {}
+    for start in range(0, len(ids), _ID_CHUNK):
+        found.update(
+            (str(i), int(v))
+            for i, v in conn.execute(statement, {"ids": ids[start : start + _ID_CHUNK]})
+        )
+    return found

@@ -1,0 +1,352 @@
+"""Population-survey benchmark: bulk import, surveys over the population, side by side with the
+single-submit path and pgbench on the same PostgreSQL.
+
+How to run (from the project root, PostgreSQL reachable)::
+
+    .venv/bin/python bench/survey_load.py                      # 10^6 objects (several minutes)
+    .venv/bin/python bench/survey_load.py --objects 100000     # a quicker look
+    .venv/bin/python bench/survey_load.py --objects 2000 --continuous 200 --no-single --no-pgbench
+
+What it does
+------------
+1. A fresh PostgreSQL database (``bench.service_load.fresh_database``: migrated, dropped at the
+   end).
+2. **Import**: writes ``--objects`` registrations (3 attributes: ``age`` integer 0..9, ``sex``
+   0..1, ``region`` categorical with 15 values — 300 points; random values; budget 4; label
+   ``study: bench``) to an NDJSON file and times ``gatekeeper import FILE`` (the command users
+   run: validation, encryption of each value, batches of 5,000 in one transaction each).
+3. **Surveys**: starts ``gatekeeper serve`` (one web worker; surveys run in process) and times
+   three surveys from ``POST /v1/surveys`` to ``status: done`` — ``grr`` ε = 1 on ``region``,
+   then on ``age``, then on ``region`` again — each decided, sampled, recorded and estimated.
+   After each: members/s, decision groups, likelihood states stored, database size.
+4. **Side by side, same PostgreSQL**: ``pgbench`` running one submit-shaped transaction (lock a
+   row, insert a history row, bump the version) with 8 clients for 10 s, and the single-submit
+   path (``bench/service_load.py --duration 10 --filters bayesian``).
+5. **Continuous cohort**: ``--continuous`` objects on [0,1]^2 and a ``linear`` survey over them.
+
+The last line is ``gatekeeper verify``'s verdict unless ``--no-verify`` (it replays every
+object: minutes at 10^6).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.service_load import ADMIN_KEY, Server, fresh_database  # noqa: E402
+
+REGIONS = [f"r{i:02d}" for i in range(15)]
+DOMAIN = {
+    "attributes": [
+        {"name": "age", "type": "integer", "low": 0, "high": 9},
+        {"name": "sex", "type": "integer", "low": 0, "high": 1},
+        {"name": "region", "type": "categorical", "values": REGIONS},
+    ]
+}
+CONTINUOUS = {
+    "attributes": [
+        {"name": "x", "type": "real", "low": 0, "high": 1},
+        {"name": "y", "type": "real", "low": 0, "high": 1},
+    ]
+}
+SURVEYS = [
+    {"mechanism": "grr", "attribute": "region", "epsilon": 1.0},
+    {"mechanism": "grr", "attribute": "age", "epsilon": 1.0},
+    {"mechanism": "grr", "attribute": "region", "epsilon": 1.0},
+]
+LINEAR = {
+    "mechanism": "linear",
+    "weights": {"x": 0.5, "y": 0.5},
+    "intercept": 0.0,
+    "range": [0, 1],
+    "truncate": False,
+    "epsilon": 1.0,
+}
+
+
+def write_population(path: Path, n: int, seed: int, *, continuous: bool = False) -> None:
+    rng = random.Random(seed)
+    with path.open("w") as out:
+        for i in range(n):
+            if continuous:
+                value: dict[str, Any] = {"x": rng.random(), "y": rng.random()}
+                body = {
+                    "id": f"c{i:07d}",
+                    "domain": CONTINUOUS,
+                    "value": value,
+                    "budget": {"epsilon": 4.0},
+                    "labels": {"study": "continuous"},
+                }
+            else:
+                value = {
+                    "age": rng.randrange(10),
+                    "sex": rng.randrange(2),
+                    "region": REGIONS[min(int(rng.expovariate(0.3)), 14)],
+                }
+                body = {
+                    "id": f"p{i:07d}",
+                    "domain": DOMAIN,
+                    "value": value,
+                    "budget": {"epsilon": 4.0},
+                    "labels": {"study": "bench"},
+                }
+            out.write(json.dumps(body) + "\n")
+
+
+def cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "BOUND_PROCESSES": "0",
+        "GATEKEEPER_ENCRYPTION_KEY_FILE": str(KEY_FILE),
+    }
+    return subprocess.run(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "app.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def sql(database_url: str, statement: str) -> str:
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        return str(conn.execute(statement).fetchone()[0])  # type: ignore[index]
+
+
+def table_sizes(database_url: str) -> str:
+    """The largest tables with their indexes, in MiB."""
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT relname, pg_total_relation_size(oid) FROM pg_class WHERE relkind = 'r' "
+            "AND relnamespace = 'public'::regnamespace ORDER BY 2 DESC LIMIT 5"
+        ).fetchall()
+    return ", ".join(f"{name} {size / 2**20:,.0f}" for name, size in rows)
+
+
+def run_survey(
+    http: httpx.Client, headers: dict[str, str], query: dict[str, Any], study: str
+) -> tuple[dict[str, Any], float]:
+    start = time.perf_counter()
+    r = http.post(
+        "/v1/surveys",
+        headers=headers,
+        json={
+            "name": f"bench {query['mechanism']}",
+            "query": query,
+            "cohort": {"labels": {"study": study}},
+        },
+    )
+    r.raise_for_status()
+    survey_id = r.json()["id"]
+    while True:
+        view = http.get(f"/v1/surveys/{survey_id}", headers=headers).json()
+        if view["status"] not in ("queued", "running"):
+            return view, time.perf_counter() - start
+        time.sleep(0.2)
+
+
+PGBENCH_SCRIPT = """\\set id random(1, {rows})
+BEGIN;
+SELECT version FROM pgb_objects WHERE id = :id FOR UPDATE;
+INSERT INTO pgb_history (object_id, seq, output) VALUES (:id, 1, '"r01"');
+UPDATE pgb_objects SET version = version + 1 WHERE id = :id;
+COMMIT;
+"""
+
+
+def pgbench(database_url: str, rows: int = 100_000, seconds: int = 10) -> float:
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE pgb_objects (id int PRIMARY KEY, version int NOT NULL)")
+        conn.execute(
+            "CREATE TABLE pgb_history (id bigserial PRIMARY KEY, object_id int, "
+            "seq int, output text)"
+        )
+        conn.execute(
+            "INSERT INTO pgb_objects SELECT g, 0 FROM generate_series(1, %s) g", (int(rows),)
+        )
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
+        script.write(PGBENCH_SCRIPT.format(rows=rows))
+    done = subprocess.run(  # noqa: S603 - pgbench from PATH, as the docs say
+        [  # noqa: S607
+            "pgbench",
+            "-n",
+            "-c",
+            "8",
+            "-j",
+            "2",
+            "-T",
+            str(seconds),
+            "-f",
+            script.name,
+            database_url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    os.unlink(script.name)
+    for line in done.stdout.splitlines():
+        if line.startswith("tps ="):
+            return float(line.split()[2])
+    raise RuntimeError(done.stdout)
+
+
+def single_submits() -> float | None:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
+        path = out.name
+    done = subprocess.run(  # noqa: S603
+        [
+            sys.executable,
+            "bench/service_load.py",
+            "--duration",
+            "10",
+            "--filters",
+            "bayesian",
+            "--no-verify",
+            "--json",
+            path,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        runs = json.loads(Path(path).read_text())["runs"]
+    except (OSError, ValueError, KeyError):
+        print(done.stdout[-2000:], done.stderr[-2000:])
+        return None
+    finally:
+        os.unlink(path)
+    grr = [r for r in runs if r["scenario"] == "grr"]
+    return float(grr[0]["submits_per_second"]) if grr else None
+
+
+KEY_FILE = Path(tempfile.gettempdir()) / f"gk-bench-{os.getpid()}.key"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--objects", type=int, default=1_000_000)
+    parser.add_argument("--continuous", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=20261124)
+    parser.add_argument("--no-single", action="store_true", help="skip service_load.py")
+    parser.add_argument("--no-pgbench", action="store_true")
+    parser.add_argument("--no-verify", action="store_true")
+    args = parser.parse_args(argv)
+    from cryptography.fernet import Fernet
+
+    KEY_FILE.write_text(Fernet.generate_key().decode())
+    print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()}")
+    rows: list[tuple[str, str]] = []
+    ok = True
+    with fresh_database() as (url, _name), tempfile.TemporaryDirectory() as tmp:
+        population = Path(tmp) / "population.ndjson"
+        write_population(population, args.objects, args.seed)
+        start = time.perf_counter()
+        done = cli(url, "import", str(population), "--quiet")
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            print(done.stderr)
+            return 1
+        rows.append(
+            (
+                "import",
+                f"{args.objects} objects in {seconds:.1f} s = "
+                f"{args.objects / seconds:,.0f} objects/s  {done.stdout.strip()}",
+            )
+        )
+        print(rows[-1][1], flush=True)
+        env = {
+            "GATEKEEPER_ENCRYPTION_KEY_FILE": str(KEY_FILE),
+            "BOUND_PROCESSES": "1",
+        }
+        server = Server(url, 1, 1, Path(tmp) / "server.log", env)
+        try:
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+                for i, query in enumerate(SURVEYS, start=1):
+                    view, seconds = run_survey(http, headers, query, "bench")
+                    states = sql(url, "SELECT count(*) FROM likelihood_states")
+                    size = int(sql(url, "SELECT pg_database_size(current_database())"))
+                    members = view["progress"]["decided"]
+                    rows.append(
+                        (
+                            f"survey {i} ({query['attribute']})",
+                            f"{view['status']}: {members} members in {seconds:.1f} s = "
+                            f"{members / seconds:,.0f} members/s; accepted "
+                            f"{view['progress']['accepted']}, refused "
+                            f"{view['progress']['refused']}, groups {view['groups']}, "
+                            f"states stored {states}, database {size / 2**20:,.0f} MiB",
+                        )
+                    )
+                    print(rows[-1][1], flush=True)
+                    ok &= view["status"] == "done"
+                if args.continuous:
+                    cont = Path(tmp) / "continuous.ndjson"
+                    write_population(cont, args.continuous, args.seed, continuous=True)
+                    done = cli(url, "import", str(cont), "--quiet")
+                    view, seconds = run_survey(http, headers, LINEAR, "continuous")
+                    members = view["progress"]["decided"]
+                    rows.append(
+                        (
+                            "continuous (linear, 2-D)",
+                            f"{view['status']}: {members} members in {seconds:.1f} s = "
+                            f"{members / seconds:,.0f} members/s; groups {view['groups']}; "
+                            f"estimate {view['estimate']}",
+                        )
+                    )
+                    print(rows[-1][1], flush=True)
+        finally:
+            server.stop()
+        rows.append(("largest tables (MiB, with indexes)", table_sizes(url)))
+        print(rows[-1][1], flush=True)
+        if not args.no_pgbench:
+            tps = pgbench(url)
+            rows.append(("pgbench (submit-shaped tx, 8 clients)", f"{tps:,.0f} tx/s"))
+            print(rows[-1][1], flush=True)
+        if not args.no_verify:
+            done = cli(url, "verify")
+            rows.append(("verify", done.stdout.strip().splitlines()[-1]))
+            ok &= done.returncode == 0
+    if not args.no_single:
+        rate = single_submits()
+        rows.append(
+            (
+                "single submits (service_load.py, grr)",
+                f"{rate:,.1f} submits/s" if rate else "failed",
+            )
+        )
+    KEY_FILE.unlink(missing_ok=True)
+    print()
+    print("| measurement | result |")
+    print("|---|---|")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
