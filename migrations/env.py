@@ -15,8 +15,12 @@ url = config.get_main_option("sqlalchemy.url") or get_settings().database_url
 
 def run_migrations_offline() -> None:
     """Emit SQL without a connection (``alembic upgrade head --sql``)."""
-    context.configure(url=url, target_metadata=Base.metadata, literal_binds=True,
-                      render_as_batch=url.startswith("sqlite"))
+    context.configure(
+        url=url,
+        target_metadata=Base.metadata,
+        literal_binds=True,
+        render_as_batch=url.startswith("sqlite"),
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -31,8 +35,11 @@ def run_migrations_online() -> None:
             # outside a transaction, so it is set before the migration's transaction begins.
             connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
             connection.commit()
-        context.configure(connection=connection, target_metadata=Base.metadata,
-                          render_as_batch=url.startswith("sqlite"))
+        context.configure(
+            connection=connection,
+            target_metadata=Base.metadata,
+            render_as_batch=url.startswith("sqlite"),
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

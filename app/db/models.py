@@ -8,6 +8,8 @@
   loss bounds after it, the analyst key, the idempotency key with the request's fingerprint and
   the stored response replayed to retries.
 * :class:`ApiKey` — hashed API keys with their role.
+* :class:`DomainRecord` — a domain's canonical JSON, stored once and named by its hash in every
+  object registered with it (a million objects of one study share one ~250-byte text).
 * :class:`LikelihoodStateRecord` — a finite likelihood array, stored once per (domain, history)
   and shared by every object with that history (storage grows with distinct histories).
 * :class:`Survey` and :class:`SurveyMember` — a population survey, its fixed membership and each
@@ -22,18 +24,21 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
+    ColumnElement,
     Float,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
+    ScalarSelect,
     SmallInteger,
     String,
     Text,
     UniqueConstraint,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import select as _select
+from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column
 
 from app.db.types import EncryptedText, UTCDateTime
 
@@ -61,13 +66,37 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class DomainRecord(Base):
+    """A domain's canonical JSON text, content-addressed (``app.services.domains.domain_hash``).
+
+    Rows are never updated or deleted: a hash always names the same text, in every database.
+    """
+
+    __tablename__ = "domains"
+
+    hash: Mapped[str] = mapped_column(String(32), primary_key=True)
+    text: Mapped[str] = mapped_column(Text, nullable=False)
+
+
+def domain_text_of(domain_hash: ColumnElement[str] | Mapped[str]) -> ScalarSelect[str]:
+    """The ``domains.text`` named by ``domain_hash`` (a column), as a scalar subquery."""
+    return _select(DomainRecord.text).where(DomainRecord.hash == domain_hash).scalar_subquery()
+
+
 class ProtectedObject(Base):
-    """A protected object and its accounting state."""
+    """A protected object and its accounting state.
+
+    PostgreSQL stores it with ``fillfactor = 50`` (migration 0005): a survey updates every
+    member's row in one transaction per chunk, and the room left in each page lets the new row
+    versions stay in their page (HOT updates: no index entry, pruned without a vacuum), which
+    keeps the table at twice its live size however many surveys run (measured: docs/benchmarks.md).
+    """
 
     __tablename__ = "objects"
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    domain: Mapped[str] = mapped_column(Text, nullable=False)
+    #: The domain, by the hash of its canonical JSON (:class:`DomainRecord`).
+    domain_hash: Mapped[str] = mapped_column(ForeignKey("domains.hash"), nullable=False)
     #: The private value as JSON, encrypted at rest (:class:`app.db.types.EncryptedText`).
     value: Mapped[str] = mapped_column(EncryptedText, nullable=False)
     budget: Mapped[float] = mapped_column(Float, nullable=False)
@@ -91,6 +120,8 @@ class ProtectedObject(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: The domain's JSON text (read only: loaded with the row through ``domain_hash``).
+    domain: Mapped[str] = column_property(domain_text_of(domain_hash))
 
 
 class LikelihoodStateRecord(Base):

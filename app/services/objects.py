@@ -28,6 +28,7 @@ from app.engine.jsonfields import as_object, as_positive_number, check_keys, pat
 from app.engine.likelihood import LossBounds
 from app.engine.limits import MAX_BUDGET, EngineLimits
 from app.services import audit
+from app.services.domains import domain_hash, store_domains
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
@@ -131,17 +132,21 @@ class Registration:
 
     id: str
     domain_text: str
+    #: :func:`app.services.domains.domain_hash` of ``domain_text`` (the stored column).
+    domain_hash: str
     value_text: str
     budget: float
     filter: str
     finite: bool
     labels: dict[str, str] | None
+    #: The value already encrypted (``app.crypto``), when a worker process sealed it.
+    sealed: str | None = None
 
     def row(self, now: datetime) -> dict[str, Any]:
         """The ``objects`` row of a new object (the value is encrypted by its column type)."""
         return {
             "id": self.id,
-            "domain": self.domain_text,
+            "domain_hash": self.domain_hash,
             "value": self.value_text,
             "budget": self.budget,
             "filter": self.filter,
@@ -200,6 +205,7 @@ def parse_registration(
     return Registration(
         id=object_id,
         domain_text=domain_text,
+        domain_hash=domain_hash(domain_text),
         value_text=json.dumps(value),
         budget=budget,
         filter=filter_raw,
@@ -245,6 +251,7 @@ def register_object(
     row = ProtectedObject(**registration.row(datetime.now(UTC)))
     try:
         with session_factory() as session, session.begin():
+            store_domains(session, [registration.domain_text])
             session.add(row)
             audit.record(
                 session,
@@ -259,9 +266,11 @@ def register_object(
                     ],
                 },
             )
+            session.flush()
+            view = object_view(row)  # in the session: ``domain`` is read through its hash
     except IntegrityError:
         raise AlreadyExists(f"an object with id {registration.id!r} already exists") from None
-    return object_view(row)
+    return view
 
 
 def load_object(session: Session, object_id: str) -> ProtectedObject:

@@ -48,6 +48,7 @@ from app.engine.pipeline import (
 )
 from app.services import audit
 from app.services.decisions import decide, recorded
+from app.services.domains import DOMAIN_TEXT
 from app.services.errors import (
     BudgetExhausted,
     Busy,
@@ -120,7 +121,11 @@ _STATES = cast(Table, LikelihoodStateRecord.__table__)
 #: The object's row and its stored likelihood array (finite domains), in one statement.
 _LOAD = (
     select(
-        *(_OBJECTS.c[f.name] for f in fields(_Row) if f.name not in {"state", "state_err"}),
+        *(
+            DOMAIN_TEXT if f.name == "domain" else _OBJECTS.c[f.name]
+            for f in fields(_Row)
+            if f.name not in {"state", "state_err"}
+        ),
         _STATES.c.state,
         func.coalesce(_STATES.c.err, 0.0).label("state_err"),
     )

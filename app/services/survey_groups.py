@@ -24,6 +24,7 @@ from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, parse_query
 from app.engine.pipeline import ObjectSnapshot
 from app.services.decisions import decide
+from app.services.domains import DOMAIN_TEXT
 from app.services.errors import NotFound
 from app.services.snapshots import load_states, snapshot_of
 from app.worker.pool import BoundWorker
@@ -98,7 +99,7 @@ class GroupKey(NamedTuple):
     loss_upper: float
 
 
-KEY_COLUMNS = [OBJECTS.c[name] for name in GroupKey._fields]
+KEY_COLUMNS = [DOMAIN_TEXT if n == "domain" else OBJECTS.c[n] for n in GroupKey._fields]
 
 
 class GroupAccepted(NamedTuple):

@@ -39,6 +39,7 @@ from app.engine.jsonfields import as_list, as_object, check_keys
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
 from app.services import audit
+from app.services.domains import DOMAIN_TEXT
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, ServiceError
 from app.services.objects import ID_PATTERN, label_conditions, parse_labels
 from app.services.survey_groups import (
@@ -284,7 +285,7 @@ def _create_once(
             count = len(request.ids)
         _refuse_empty_or_large(count, max_members)
         domains = conn.execute(
-            select(OBJECTS.c.domain)
+            select(DOMAIN_TEXT)
             .select_from(_MEMBERS.join(OBJECTS, OBJECTS.c.id == _MEMBERS.c.object_id))
             .where(_MEMBERS.c.survey_id == survey_id)
             .distinct()

@@ -12,6 +12,11 @@
   ``(object_id, idempotency_key)`` becomes partial (keyed rows only) and the unused index on
   ``(object_id, created_at)`` goes: a survey writes a history row per member.
 * ``surveys`` and ``survey_members``; ``idempotent_requests`` (stored answers of bulk imports).
+* ``domains``: each distinct domain text once, by its hash; ``objects.domain`` becomes
+  ``objects.domain_hash``.
+* PostgreSQL: ``objects`` and ``survey_members`` get ``fillfactor = 50``, room in each page for the
+  new row versions a survey writes (HOT updates; pages written from now on — an existing table
+  is repacked by ``VACUUM FULL``, which an operator can run when convenient).
 
 Revision ID: 0005
 Revises: 0004
@@ -23,6 +28,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from app.services.domains import domain_hash
 from app.services.snapshots import next_history_hash, state_key
 
 revision = "0005"
@@ -45,9 +51,20 @@ def upgrade() -> None:
         batch.add_column(sa.Column("history_hash", sa.String(32)))
     _hash_histories()
     _move_states()
+    op.create_table(
+        "domains",
+        sa.Column("hash", sa.String(32), primary_key=True),
+        sa.Column("text", sa.Text(), nullable=False),
+    )
+    with op.batch_alter_table("objects") as batch:
+        batch.add_column(sa.Column("domain_hash", sa.String(32)))
+    _store_domains()
     with op.batch_alter_table("objects") as batch:
         batch.drop_column("state")
         batch.drop_column("state_err")
+        batch.drop_column("domain")
+        batch.alter_column("domain_hash", existing_type=sa.String(32), nullable=False)
+        batch.create_foreign_key("fk_objects_domain_hash", "domains", ["domain_hash"], ["hash"])
     # unused (history is read by (object_id, seq)); a survey adds a row per member
     op.drop_index("ix_queries_object_created", table_name="queries")
     with op.batch_alter_table("queries") as batch:
@@ -110,6 +127,23 @@ def upgrade() -> None:
             "scope", "owner_key_id", "idempotency_key", name="uq_idempotent_requests"
         ),
     )
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("ALTER TABLE objects SET (fillfactor = 50)")
+        op.execute("ALTER TABLE survey_members SET (fillfactor = 50)")
+
+
+def _store_domains() -> None:
+    """Each distinct ``objects.domain`` into ``domains``, and its hash into the objects."""
+    conn = op.get_bind()
+    for (text,) in conn.execute(sa.text("SELECT DISTINCT domain FROM objects")).all():
+        digest = domain_hash(text)
+        conn.execute(
+            sa.text("INSERT INTO domains (hash, text) VALUES (:h, :t)"), {"h": digest, "t": text}
+        )
+        conn.execute(
+            sa.text("UPDATE objects SET domain_hash = :h WHERE domain = :t"),
+            {"h": digest, "t": text},
+        )
 
 
 def _move_states() -> None:
@@ -127,8 +161,7 @@ def _move_states() -> None:
         if digest not in refs:
             conn.execute(
                 sa.text(
-                    "INSERT INTO likelihood_states (hash, state, err, refs) "
-                    "VALUES (:h, :s, :e, 0)"
+                    "INSERT INTO likelihood_states (hash, state, err, refs) VALUES (:h, :s, :e, 0)"
                 ),
                 {"h": digest, "s": bytes(state), "e": float(err or 0.0)},
             )
@@ -171,10 +204,19 @@ def downgrade() -> None:
             "uq_queries_object_idempotency", ["object_id", "idempotency_key"]
         )
     op.create_index("ix_queries_object_created", "queries", ["object_id", "created_at"])
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("ALTER TABLE objects RESET (fillfactor)")
     with op.batch_alter_table("objects") as batch:
         batch.add_column(sa.Column("state", sa.LargeBinary()))
         batch.add_column(sa.Column("state_err", sa.Float()))
+        batch.add_column(sa.Column("domain", sa.Text()))
     conn = op.get_bind()
+    conn.execute(
+        sa.text(
+            "UPDATE objects SET domain = "
+            "(SELECT d.text FROM domains d WHERE d.hash = objects.domain_hash)"
+        )
+    )
     conn.execute(
         sa.text(
             "UPDATE objects SET state = (SELECT s.state FROM likelihood_states s "
@@ -186,4 +228,8 @@ def downgrade() -> None:
         batch.drop_column("labels")
         batch.drop_column("state_hash")
         batch.drop_column("history_hash")
+        batch.drop_constraint("fk_objects_domain_hash", type_="foreignkey")
+        batch.drop_column("domain_hash")
+        batch.alter_column("domain", existing_type=sa.Text(), nullable=False)
+    op.drop_table("domains")
     op.drop_table("likelihood_states")

@@ -23,6 +23,7 @@ from app.db.session import make_engine, make_session_factory
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_entry
+from app.services.domains import domain_hash
 from app.services.verify import verify_all
 
 DOMAIN = {"attributes": [{"name": "c", "type": "categorical", "values": ["x", "y", "z"]}]}
@@ -96,7 +97,14 @@ def test_0005_moves_states_and_hashes_histories(tmp_path: Path) -> None:
         assert report.ok, report.problems
         with engine.connect() as conn:
             refs = dict(conn.execute(text("SELECT hash, refs FROM likelihood_states")).all())
+            domains = conn.execute(text("SELECT hash, text FROM domains")).all()
+            named = set(conn.execute(text("SELECT DISTINCT domain_hash FROM objects")).scalars())
         assert sorted(refs.values()) == [1, 2]  # a and b share one array; c has its own
+        # the three objects' one domain is stored once, under its hash, with its text unchanged
+        assert [(h, json.loads(t)) for h, t in domains] == [
+            (domain_hash(json.dumps(domain.to_json())), domain.to_json())
+        ]
+        assert named == {domains[0][0]}
     finally:
         engine.dispose()
 
@@ -113,3 +121,21 @@ def test_0005_downgrades_and_upgrades_again(tmp_path: Path) -> None:
             assert compare_metadata(context, Base.metadata) == []
     finally:
         engine.dispose()
+
+
+def test_postgres_leaves_room_in_pages_for_a_surveys_updates(postgres_url: str) -> None:
+    """``fillfactor = 50``: a survey's new row versions fit in their page (docs/benchmarks.md)."""
+    engine = make_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            options = dict(
+                conn.execute(
+                    text(
+                        "SELECT relname, reloptions FROM pg_class "
+                        "WHERE relname IN ('objects', 'survey_members')"
+                    )
+                ).all()
+            )
+    finally:
+        engine.dispose()
+    assert options == {"objects": ["fillfactor=50"], "survey_members": ["fillfactor=50"]}
