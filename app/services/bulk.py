@@ -25,12 +25,6 @@ def _postgres(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql"
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(type(value).__name__)
-
-
 def _recordset(rows: Sequence[Mapping[str, Any]], types: Mapping[str, str]) -> str:
     """``json_to_recordset(:rows) AS v(name type, ...)`` for rows with the keys of ``types``."""
     return (
@@ -41,7 +35,19 @@ def _recordset(rows: Sequence[Mapping[str, Any]], types: Mapping[str, str]) -> s
 
 
 def _rows_json(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, str]:
-    return {"rows": json.dumps([{k: row[k] for k in keys} for row in rows], default=_json)}
+    # a chunk's rows share a few timestamps: each is formatted once, not once per row (measured:
+    # 80,000 isoformat calls were 4% of a survey's time)
+    formatted: dict[datetime, str] = {}
+
+    def iso(value: Any) -> str:
+        if not isinstance(value, datetime):
+            raise TypeError(type(value).__name__)
+        found = formatted.get(value)
+        if found is None:
+            found = formatted[value] = value.isoformat()
+        return found
+
+    return {"rows": json.dumps([{k: row[k] for k in keys} for row in rows], default=iso)}
 
 
 def insert_rows(

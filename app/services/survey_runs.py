@@ -140,6 +140,8 @@ class RunCache:
             self.parsed.states.clear()
 
 
+#: Where the group key's columns start in a :data:`_PENDING` row (they end it).
+_KEY_START = 5
 _PENDING = (
     select(
         OBJECTS.c.id,
@@ -308,7 +310,7 @@ def _decide_rows(
         if row.retired_at is not None:
             _refuse(work, row, Refusal.RETIRED)
         else:
-            by_group[GroupKey(*(row._mapping[name] for name in GroupKey._fields))].append(row)
+            by_group[GroupKey._make(row[_KEY_START:])].append(row)
     states = cache.parsed.states
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))

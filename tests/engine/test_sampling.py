@@ -232,11 +232,18 @@ def test_binary_rr_samples_the_exact_ratio_r(monkeypatch: pytest.MonkeyPatch, ep
 
 @pytest.mark.parametrize("eps", [0.1, 1.1, 4.0])
 def test_grr_samples_the_exact_ratio_r(monkeypatch: pytest.MonkeyPatch, eps: float) -> None:
-    seen = _capture_bernoulli(monkeypatch, rr_module)
+    seen: list[tuple[Fraction, int]] = []
+
+    def spy(p: Fraction, n: int) -> tuple[bool, int]:
+        seen.append((p, n))
+        return sampling.bernoulli_and_index(p, n)
+
+    monkeypatch.setattr(rr_module, "bernoulli_and_index", spy)
     domain = parse_domain({"attributes": [{"name": "c", "type": "integer", "low": 0, "high": 4}]})
     mech = parse_query({"mechanism": "grr", "attribute": "c", "epsilon": eps}, domain)
     mech.sample({"c": 2})
-    (keep,) = seen
+    ((keep, others),) = seen
+    assert others == 4  # the other value is uniform over the k - 1 = 4 others
     # Pr(same) / Pr(a given other) = keep / ((1 - keep) / (k - 1)) = r
     assert keep / ((1 - keep) / 4) == exp_lower(eps)
     assert exp_lower(eps) <= exact_fraction(math.exp(eps))
@@ -286,6 +293,21 @@ def _enumerate_randbelow(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
             yield state["n"]
 
     return sizes()
+
+
+@pytest.mark.parametrize("p", [Fraction(0), Fraction(1), Fraction(2, 7), Fraction(12, 13)])
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_bernoulli_and_index_is_exact_and_independent(
+    monkeypatch: pytest.MonkeyPatch, p: Fraction, n: int
+) -> None:
+    # over all D·n equally likely draws, each (outcome, index) pair comes up exactly
+    # D·Pr(outcome) times for every index: the joint law is Bernoulli(p) × uniform, exactly
+    sizes = _enumerate_randbelow(monkeypatch)
+    pairs = Counter(sampling.bernoulli_and_index(p, n) for _ in range(p.denominator * n))
+    assert next(sizes) == p.denominator * n
+    for index in range(n):
+        assert pairs[(True, index)] == p.numerator
+        assert pairs[(False, index)] == p.denominator - p.numerator
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,8 @@ so the privacy ratio of the distribution actually sampled is exactly ``r``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -31,7 +33,7 @@ from app.engine.mechanisms.base import (
 )
 from app.engine.numerics import FloatArray, exp_lower, log1p_exp
 from app.engine.predicates import Predicate, parse_predicate
-from app.engine.sampling import bernoulli, uniform_index
+from app.engine.sampling import bernoulli, bernoulli_and_index
 
 
 class GeneralizedRR(Mechanism):
@@ -96,11 +98,15 @@ class GeneralizedRR(Mechanism):
         v = self.attribute.index_of(value[self.attribute.name], self.attribute.name)
         if self.k == 1:
             return 0
-        r = exp_lower(self.eps)
-        keep = bernoulli(r / (self.k - 1 + r))
-        other = uniform_index(self.k - 1)
+        keep, other = bernoulli_and_index(self._keep, self.k - 1)
         other += other >= v
         return v if keep else other
+
+    @cached_property
+    def _keep(self) -> Fraction:
+        """``r / (k - 1 + r)`` with ``r = exp_lower(ε)``: computed once (a survey samples 10^6)."""
+        r = exp_lower(self.eps)
+        return r / (self.k - 1 + r)
 
 
 def _rr_losses(maxima: FloatArray, minima: FloatArray, hit: float, miss: float) -> FloatArray:
@@ -169,6 +175,11 @@ class BinaryRR(TabulatedMechanism):
     def sample(self, value: Mapping[str, Scalar]) -> Output:
         """Report the truth with probability ``r / (1 + r)``, its negation otherwise."""
         truth = int(self.predicate.evaluate(value[self.predicate.attribute.name]))
-        r = exp_lower(self.eps)
-        honest = int(bernoulli(r / (1 + r)))
+        honest = int(bernoulli(self._honest))
         return truth ^ (1 - honest)
+
+    @cached_property
+    def _honest(self) -> Fraction:
+        """``r / (1 + r)`` with ``r = exp_lower(ε)``, computed once."""
+        r = exp_lower(self.eps)
+        return r / (1 + r)

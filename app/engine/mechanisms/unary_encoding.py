@@ -16,6 +16,7 @@ import itertools
 import math
 from collections.abc import Mapping
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -148,8 +149,12 @@ class UnaryEncoding(Mechanism):
         bits = tuple(worst_bits)
         return CandidateLosses(np.array([worst]), lambda _j: list(bits), magnitude, complete=False)
 
+    @cached_property
     def _probabilities(self) -> tuple[Fraction, Fraction]:
-        """Exact rational ``(p, q)`` whose privacy ratio ``p(1-q)/(q(1-p))`` is ``<= e^ε``."""
+        """Exact rational ``(p, q)`` whose privacy ratio ``p(1-q)/(q(1-p))`` is ``<= e^ε``.
+
+        Computed once per mechanism (a survey samples a million members with one).
+        """
         if self.variant == "optimized":
             r = exp_lower(self.eps)
             return Fraction(1, 2), 1 / (r + 1)
@@ -159,5 +164,5 @@ class UnaryEncoding(Mechanism):
     def sample(self, value: Mapping[str, Scalar]) -> Output:
         """Draw all k bits; bit ``v`` with ``p``, the rest with ``q``."""
         v = self.attribute.index_of(value[self.attribute.name], self.attribute.name)
-        p, q = self._probabilities()
+        p, q = self._probabilities
         return tuple(int(bernoulli(p if j == v else q)) for j in range(self.k))
