@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from app.engine.calculator import compute_loss
@@ -244,49 +244,25 @@ def cmd_import(args: argparse.Namespace) -> int:
     Each batch is one all-or-nothing import (:mod:`app.services.imports`); objects already
     registered identically are counted as existing, so an interrupted import is resumed by
     running the same command again. A bad line stops the import with its line number; the
-    batches before it stay stored.
+    batches before it stay stored. ``--jobs`` worker processes parse and validate the next
+    batches while this process stores the current one (``--jobs 0``: all in this process).
     """
     from tqdm import tqdm
 
-    from app.engine.limits import DEFAULT_LIMITS
     from app.services.errors import ServiceError
-    from app.services.imports import MAX_IMPORT, import_objects, parse_items
+    from app.services.imports import MAX_IMPORT, BadLine, import_objects
 
     batch_size = args.batch_size
     if not 1 <= batch_size <= MAX_IMPORT:
         print(f"--batch-size must be 1..{MAX_IMPORT}", file=sys.stderr)
         return 2
+    if args.jobs < 0:
+        print("--jobs must be 0 or more", file=sys.stderr)
+        return 2
     _, engine = _prepare_database()
     source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     total_bytes = None if args.file == "-" else os.fstat(source.fileno()).st_size
     created = existing = 0
-    items: list[Any] = []
-    lines: list[int] = []
-
-    def flush() -> None:
-        nonlocal created, existing
-        try:
-            registrations = parse_items(items, DEFAULT_LIMITS)
-        except InvalidInput as exc:
-            index = int(exc.field.split("[", 1)[1].split("]", 1)[0])
-            rest = exc.field.split("]", 1)[1].lstrip(".")
-            where = f"line {lines[index]}" + (f", field {rest}" if rest else "")
-            raise SystemExit(_fail(f"{where}: {exc.errors[0].message}")) from None
-        try:
-            result = import_objects(
-                engine=engine,
-                registrations=registrations,
-                fingerprint="",
-                idempotency_key=None,
-                actor_key_id=None,
-            )
-        except ServiceError as exc:
-            raise SystemExit(_fail(f"lines {lines[0]}-{lines[-1]}: {exc.detail}")) from None
-        created += result.body["created"]
-        existing += result.body["existing"]
-        items.clear()
-        lines.clear()
-
     with (
         source,
         tqdm(
@@ -298,23 +274,101 @@ def cmd_import(args: argparse.Namespace) -> int:
             file=sys.stderr,
         ) as bar,
     ):
-        for number, line in enumerate(source, start=1):
-            bar.update(len(line))
-            if not line.strip():
-                continue
-            try:
-                items.append(json.loads(line))
-            except ValueError:
-                return _fail(f"line {number}: not valid JSON")
-            lines.append(number)
-            if len(items) >= batch_size:
-                flush()
+        try:
+            for (first, last, size), registrations in _parsed_batches(
+                _numbered_batches(source, batch_size), args.jobs
+            ):
+                try:
+                    result = import_objects(
+                        engine=engine,
+                        registrations=registrations,
+                        fingerprint="",
+                        idempotency_key=None,
+                        actor_key_id=None,
+                    )
+                except ServiceError as exc:
+                    return _fail(f"lines {first}-{last}: {exc.detail}")
+                created += result.body["created"]
+                existing += result.body["existing"]
+                bar.update(size)
                 bar.set_postfix(created=created, existing=existing)
-        if items:
-            flush()
-            bar.set_postfix(created=created, existing=existing)
+        except BadLine as exc:
+            return _fail(str(exc))
     print(json.dumps({"created": created, "existing": existing}))
     return 0
+
+
+#: A batch of numbered lines, and (first line, last line, bytes) to report it by.
+_Batch = tuple[tuple[int, int, int], list[tuple[int, bytes]]]
+
+
+def _numbered_batches(source: Any, size: int) -> Iterator[_Batch]:
+    """The file's non-blank lines with their numbers, ``size`` at a time."""
+    batch: list[tuple[int, bytes]] = []
+    nbytes = 0
+    for number, line in enumerate(source, start=1):
+        nbytes += len(line)
+        if line.strip():
+            batch.append((number, line))
+        if len(batch) >= size:
+            yield (batch[0][0], batch[-1][0], nbytes), batch
+            batch, nbytes = [], 0
+    if batch:
+        yield (batch[0][0], batch[-1][0], nbytes), batch
+
+
+def _init_import_worker() -> None:
+    """A worker process of ``gatekeeper import``: the values' cipher, from the same settings."""
+    from app import crypto
+    from app.settings import get_settings
+
+    crypto.configure(get_settings().value_cipher())
+
+
+def _parse_batch(batch: list[tuple[int, bytes]], seal: bool = True) -> list[Any]:
+    """A worker's job: validate one batch and encrypt its values.
+
+    Module level, so that a spawned process can run it.
+    """
+    from app.engine.limits import DEFAULT_LIMITS
+    from app.services.imports import parse_lines
+
+    return parse_lines(batch, DEFAULT_LIMITS, seal=seal)
+
+
+def _parsed_batches(
+    batches: Iterator[_Batch], jobs: int
+) -> Iterator[tuple[tuple[int, int, int], list[Any]]]:
+    """Each batch's registrations, in file order; ``jobs`` processes parse ahead of the caller.
+
+    At most ``2 * jobs`` batches are in flight, so memory stays bounded on a file of any size.
+    A bad line raises :class:`~app.services.imports.BadLine` when its batch's turn comes, so
+    every batch before it has been stored.
+    """
+    if jobs == 0:
+        for report, batch in batches:
+            yield report, _parse_batch(batch, seal=False)  # encrypted in bulk by the import
+        return
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import Future, ProcessPoolExecutor
+
+    pending: deque[tuple[tuple[int, int, int], Future[list[Any]]]] = deque()
+    with ProcessPoolExecutor(
+        jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_import_worker
+    ) as pool:
+        try:
+            for report, batch in batches:
+                pending.append((report, pool.submit(_parse_batch, batch)))
+                if len(pending) >= 2 * jobs:
+                    done, future = pending.popleft()
+                    yield done, future.result()
+            while pending:
+                done, future = pending.popleft()
+                yield done, future.result()
+        finally:
+            for _, future in pending:
+                future.cancel()
 
 
 def _fail(message: str) -> int:
@@ -368,6 +422,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size", type=int, default=5000, help="objects per transaction (max 10000)"
     )
     imports.add_argument("--quiet", action="store_true", help="no progress bar")
+    imports.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="worker processes validating batches ahead of the one being stored "
+        "(default: min(2, CPUs); 0: none)",
+    )
     imports.set_defaults(func=cmd_import)
     verify = sub.add_parser("verify", help="recompute every object's state from its history")
     verify.set_defaults(func=cmd_verify)

@@ -13,18 +13,20 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
+from app import crypto
 from app.db.models import IdempotentRequest, ProtectedObject
 from app.engine.domain import Domain
 from app.engine.errors import InvalidInput
 from app.engine.limits import EngineLimits
 from app.services import audit, bulk
+from app.services.domains import store_domains
 from app.services.errors import AlreadyExists, Busy, IdempotencyMismatch
 from app.services.objects import Registration, parse_registration
 
@@ -39,7 +41,7 @@ _OBJECTS = cast(Table, ProtectedObject.__table__)
 _REQUESTS = cast(Table, IdempotentRequest.__table__)
 _REGISTERED = select(
     _OBJECTS.c.id,
-    _OBJECTS.c.domain,
+    _OBJECTS.c.domain_hash,
     _OBJECTS.c.value,
     _OBJECTS.c.budget,
     _OBJECTS.c.filter,
@@ -50,7 +52,7 @@ _EXISTING_ANY = _REGISTERED.where(_OBJECTS.c.id == func.any(bindparam("ids")))
 #: PostgreSQL types of a new object's columns (one statement per request: app.services.bulk).
 _OBJECT_TYPES = {
     "id": "text",
-    "domain": "text",
+    "domain_hash": "text",
     "value": "text",
     "budget": "float8",
     "filter": "text",
@@ -104,10 +106,55 @@ def parse_items(
     return registrations
 
 
+class BadLine(Exception):
+    """A line of an NDJSON file that cannot be registered (its number and why)."""
+
+    def __init__(self, line: int, message: str, field: str = "") -> None:
+        super().__init__(line, message, field)
+        self.line = line
+        self.message = message
+        self.field = field
+
+    def __str__(self) -> str:
+        return (
+            f"line {self.line}"
+            + (f", field {self.field}" if self.field else "")
+            + (f": {self.message}")
+        )
+
+
+def parse_lines(
+    numbered: Sequence[tuple[int, bytes]], limits: EngineLimits, *, seal: bool = False
+) -> list[Registration]:
+    """Validate a batch of NDJSON lines ``(line number, bytes)``.
+
+    :class:`BadLine` names the first bad one (and the field). With ``seal`` each value is also
+    encrypted with the process's cipher (``Registration.sealed``): ``gatekeeper import`` runs
+    this in worker processes, leaving only the database work to the importing process.
+    """
+    items = []
+    for number, line in numbered:
+        try:
+            items.append(json.loads(line))
+        except ValueError:
+            raise BadLine(number, "not valid JSON") from None
+    try:
+        registrations = parse_items(items, limits)
+    except InvalidInput as exc:
+        # objects[i].field (a batch is never empty nor above MAX_IMPORT: every error names an item)
+        index = int(exc.field.split("[", 1)[1].split("]", 1)[0])
+        rest = exc.field.split("]", 1)[1].lstrip(".")
+        raise BadLine(numbered[index][0], exc.errors[0].message, rest) from None
+    if not seal:
+        return registrations
+    cipher = crypto.active()
+    return [replace(r, sealed=cipher.encrypt(r.value_text)) for r in registrations]
+
+
 def _same(registration: Registration, row: Any) -> bool:
     """Whether a stored object is exactly what ``registration`` would register."""
     return (
-        row.domain == registration.domain_text
+        row.domain_hash == registration.domain_hash
         and row.value == registration.value_text
         and row.budget == registration.budget
         and row.filter == registration.filter
@@ -177,8 +224,17 @@ def _import_once(
                 return ImportResult(json.loads(stored.response), True)
         existing = _existing(conn, registrations)
         now = datetime.now(UTC)
-        rows = [r.row(now) for r in registrations if r.id not in existing]
-        bulk.insert_rows(conn, _OBJECTS, rows, _OBJECT_TYPES, encrypted=("value",))
+        new = [r for r in registrations if r.id not in existing]
+        store_domains(conn, {r.domain_text for r in new})
+        rows = [r.row(now) for r in new]
+        # encrypted by the worker that parsed them (PostgreSQL: the bulk statement bypasses the
+        # column type; SQLite's executemany goes through it, which encrypts the plaintext)
+        if conn.dialect.name == "postgresql" and all(r.sealed is not None for r in new):
+            for row, r in zip(rows, new, strict=True):
+                row["value"] = r.sealed
+            bulk.insert_rows(conn, _OBJECTS, rows, _OBJECT_TYPES)
+        else:
+            bulk.insert_rows(conn, _OBJECTS, rows, _OBJECT_TYPES, encrypted=("value",))
         body = {"created": len(rows), "existing": len(existing)}
         audit.record(
             conn,

@@ -499,6 +499,31 @@ def test_gatekeeper_import_streams_a_file_and_resumes(tmp_path: Path, database_u
     assert "line 1: not valid JSON" in failed.stderr
 
 
+@pytest.mark.parametrize("jobs", ["0", "2"])
+def test_gatekeeper_import_stores_every_batch_before_a_bad_line(
+    tmp_path: Path, database_url: str, client: TestClient, jobs: str
+) -> None:
+    """With worker processes parsing ahead or without, the batches before a bad line are stored
+    and the ones after it are not."""
+    study = unique_id(f"cli{jobs}")
+    lines = [
+        json.dumps(registration(f"{study}-{i:03d}", study, {"age": i % 10, "flu": "no"}))
+        for i in range(20)
+    ]
+    lines[12] = "[1, 2"  # line 13, in the third batch of five
+    path = tmp_path / "mixed.ndjson"
+    path.write_text("\n".join(lines) + "\n")
+    failed = run_cli(
+        "import", str(path), "--batch-size", "5", "--jobs", jobs, database_url=database_url
+    )
+    assert failed.returncode == 2
+    assert "line 13: not valid JSON" in failed.stderr
+    page = client.get(
+        "/v1/odometers", params={"label": f"study:{study}", "limit": 100}, headers=auth(ADMIN_KEY)
+    ).json()
+    assert len(page["items"]) == 10
+
+
 def test_metrics_count_members_groups_and_states(
     client: TestClient, analyst: dict[str, str]
 ) -> None:
