@@ -1,4 +1,4 @@
-"""The ``gatekeeper`` command line: loss, serve, keys, import, verify, encryption."""
+"""The ``gatekeeper`` command line: loss, serve, worker, keys, import, verify, encryption."""
 
 from __future__ import annotations
 
@@ -126,6 +126,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_config=uvicorn_log_config(settings.log_level),
         )
     return 0
+
+
+def _worker_fail(message: str) -> int:
+    print(f"gatekeeper worker: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run Celery worker nodes for bound computations and survey chunks (``app.node``)."""
+    from app.logs import configure
+    from app.node import QUEUES, run_worker
+    from app.settings import get_settings
+
+    settings = get_settings()
+    configure(settings.log_level)
+    if settings.broker_url is None:
+        return _worker_fail(
+            "BROKER_URL is not set: without a broker the service does all work in process "
+            "(gatekeeper serve); set BROKER_URL=redis://... or amqp://... to run workers"
+        )
+    if args.concurrency < 1:
+        return _worker_fail("--concurrency must be at least 1")
+    queues = tuple(q.strip() for q in args.queues.split(",") if q.strip())
+    if not queues or any(q not in QUEUES for q in queues):
+        return _worker_fail(f"--queues takes a comma-separated subset of {','.join(QUEUES)}")
+    return run_worker(settings, concurrency=args.concurrency, queues=queues)
 
 
 def _encrypt_legacy_values(engine: Any) -> None:
@@ -402,6 +428,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="uvicorn worker processes (default: WEB_WORKERS or 1)",
     )
     serve.set_defaults(func=cmd_serve)
+    worker = sub.add_parser(
+        "worker",
+        help="run distributed workers (Celery; needs BROKER_URL) for bounds and survey chunks",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes of each node (default: CPUs)",
+    )
+    worker.add_argument(
+        "--queues",
+        default="bounds,surveys",
+        help="nodes to run, one per queue (default: bounds,surveys)",
+    )
+    worker.set_defaults(func=cmd_worker)
     keys = sub.add_parser("keys", help="manage API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     create = keys_sub.add_parser("create", help="create a key and print it once")

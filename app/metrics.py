@@ -79,3 +79,10 @@ LOCK_WAIT = Histogram(
     ["result"],
     buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0),
 )
+CELERY_TASK_WAIT = Histogram(
+    "gatekeeper_celery_task_wait_seconds",
+    "Time a web worker waited for a Celery bound task, send to result (BROKER_URL set); "
+    "outcome=done|shared (another request's computation or its stored result)|fallback",
+    ["task", "outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)

@@ -75,9 +75,19 @@ class Settings(BaseSettings):
     #: Threads deciding a survey's chunks at once in one process (one samples while another's
     #: chunk is in the database).
     survey_threads: int = Field(default=2, ge=1, le=32)
+    #: Distributed worker module (Celery): the broker (``redis://`` or ``amqp://``; unset: all
+    #: work in this process), how long results live in Redis, and the name that keeps one
+    #: deployment's queues, task ids and keys apart from another's on a shared broker.
+    broker_url: str | None = Field(default=None, repr=False)
+    broker_result_ttl: int = Field(default=3600, ge=10, le=30 * 24 * 3600)
+    broker_namespace: str = Field(default="gatekeeper", pattern=r"^[A-Za-z0-9_-]{1,40}$")
 
     @field_validator(
-        "redis_url", "gatekeeper_bootstrap_admin_key", "gatekeeper_encryption_keys", mode="before"
+        "redis_url",
+        "broker_url",
+        "gatekeeper_bootstrap_admin_key",
+        "gatekeeper_encryption_keys",
+        mode="before",
     )
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
@@ -100,6 +110,25 @@ class Settings(BaseSettings):
             self.gatekeeper_encryption_key_file,
             production=self.is_production,
         )
+
+    @property
+    def result_url(self) -> str | None:
+        """Where Celery results live: ``REDIS_URL``, else a Redis ``BROKER_URL``."""
+        if self.redis_url:
+            return self.redis_url
+        if self.broker_url and self.broker_url.startswith(("redis://", "rediss://")):
+            return self.broker_url
+        return None
+
+    @model_validator(mode="after")
+    def _check_broker(self) -> Settings:
+        if self.broker_url is None:
+            return self
+        if not self.broker_url.startswith(("redis://", "rediss://", "amqp://", "amqps://")):
+            raise ValueError("BROKER_URL must be a redis://, rediss://, amqp:// or amqps:// URL")
+        if self.result_url is None:
+            raise ValueError("REDIS_URL is required with an amqp BROKER_URL (results live there)")
+        return self
 
     @model_validator(mode="after")
     def _refuse_unsafe_production(self) -> Settings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import anyio.to_thread
 from anyio import CapacityLimiter
@@ -24,6 +24,11 @@ from app.settings import Settings
 from app.worker.jobs import SurveyJobs
 from app.worker.pool import BoundWorker
 
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from app.worker.celery_app import CelerySettings
+
 
 @dataclass
 class Runtime:
@@ -41,6 +46,8 @@ class Runtime:
     threads: CapacityLimiter
     #: Where surveys run (in this process by default).
     surveys: SurveyJobs
+    #: The Celery app and its settings when ``BROKER_URL`` is set (None: all work in process).
+    celery: tuple[Celery, CelerySettings] | None = None
 
 
 P = ParamSpec("P")

@@ -8,9 +8,11 @@ import secrets
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from anyio import CapacityLimiter
 from fastapi import FastAPI
+from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from app import crypto, metrics, multiproc
@@ -59,11 +61,13 @@ def build_runtime(settings: Settings) -> Runtime:
             socket_connect_timeout=1.0,
         )
     cache = RedisCache(redis_client) if redis_client is not None else None
-    worker = BoundWorker(
-        WorkerSettings(processes=settings.bound_processes, time_limit=settings.bound_time_limit),
-        cache,
+    bound_settings = WorkerSettings(
+        processes=settings.bound_processes, time_limit=settings.bound_time_limit
     )
     lock_client = redis_client if settings.redis_locks else None
+    if settings.broker_url is not None:  # the distributed worker module (app.node)
+        return _with_celery(settings, engine, redis_client, cache, bound_settings, lock_client)
+    worker = BoundWorker(bound_settings, cache)
     owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
     jobs = InProcessJobs(
         run=lambda survey_id: survey_runs.run_survey(
@@ -89,6 +93,41 @@ def build_runtime(settings: Settings) -> Runtime:
         keys=KeyCache(settings.auth_cache_seconds),
         threads=CapacityLimiter(settings.db_pool_size),
         surveys=jobs,
+    )
+
+
+def _with_celery(
+    settings: Settings,
+    engine: Engine,
+    redis_client: Any,
+    cache: RedisCache | None,
+    bound_settings: WorkerSettings,
+    lock_client: Any,
+) -> Runtime:
+    """The runtime of a web process whose heavy work runs on ``gatekeeper worker`` nodes."""
+    from app.node import celery_settings
+    from app.worker.celery_app import make_celery
+    from app.worker.celery_jobs import CeleryJobs
+    from app.worker.remote import CeleryBoundWorker
+
+    cfg = celery_settings(settings)
+    celery = make_celery(cfg)
+    worker = CeleryBoundWorker(bound_settings, cache, celery=celery, cfg=cfg)
+    jobs = CeleryJobs(
+        celery=celery, cfg=cfg, orphans=lambda: survey_runs.resumable_surveys(engine=engine)
+    )
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        sessions=make_session_factory(engine),
+        worker=worker,
+        locks=ObjectLocks(lock_client, settings.lock_timeout, settings.lock_wait),
+        limits=DEFAULT_LIMITS,
+        redis=redis_client,
+        keys=KeyCache(settings.auth_cache_seconds),
+        threads=CapacityLimiter(settings.db_pool_size),
+        surveys=jobs,
+        celery=(celery, cfg),
     )
 
 

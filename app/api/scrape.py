@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy.exc import OperationalError
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app import multiproc
 from app.metrics import NEAR_EXHAUSTION_FRACTION
 from app.services.objects import object_counts
+from app.worker.fleet import fleet_status
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,53 @@ class ObjectCounts(Collector):
         yield surveys
 
 
-def render(sessions: sessionmaker[Session]) -> bytes:
+class WorkerFleet(Collector):
+    """Gauges of the Celery workers, read from the broker and Redis when scraped.
+
+    ``gatekeeper_celery_workers`` (live nodes), ``gatekeeper_celery_worker_processes``,
+    ``gatekeeper_celery_queue_depth{queue}``, and per task ``gatekeeper_celery_tasks_total`` and
+    ``gatekeeper_celery_task_run_seconds_total`` (run time summed over every worker: their ratio
+    is the mean task latency on the workers). A family whose source does not answer is left out.
+    """
+
+    def __init__(self, celery: Any, cfg: Any) -> None:
+        self.celery, self.cfg = celery, cfg
+
+    def collect(self) -> Iterator[Metric]:
+        """The fleet's gauges and counters."""
+        status = fleet_status(self.celery, self.cfg)
+        if status.nodes is not None:
+            yield GaugeMetricFamily(
+                "gatekeeper_celery_workers", "Live gatekeeper worker nodes", value=status.nodes
+            )
+            yield GaugeMetricFamily(
+                "gatekeeper_celery_worker_processes",
+                "Worker processes of the live nodes",
+                value=status.processes or 0,
+            )
+        depth = GaugeMetricFamily(
+            "gatekeeper_celery_queue_depth", "Tasks waiting in a queue", labels=["queue"]
+        )
+        for queue, n in status.queues.items():
+            if n is not None:
+                depth.add_metric([queue], n)
+        yield depth
+        tasks = CounterMetricFamily(
+            "gatekeeper_celery_tasks", "Tasks run by the workers", labels=["task"]
+        )
+        seconds = CounterMetricFamily(
+            "gatekeeper_celery_task_run_seconds",
+            "Run time of the workers' tasks, summed",
+            labels=["task"],
+        )
+        for task, n in status.tasks.items():
+            tasks.add_metric([task], n)
+            seconds.add_metric([task], status.task_seconds.get(task, 0.0))
+        yield tasks
+        yield seconds
+
+
+def render(sessions: sessionmaker[Session], celery: tuple[Any, Any] | None = None) -> bytes:
     """Prometheus text exposition of the service's metrics (blocking: files and database)."""
     path = multiproc.directory()
     if path is None:
@@ -77,4 +125,6 @@ def render(sessions: sessionmaker[Session]) -> bytes:
         process = generate_latest(aggregated)
     scraped = CollectorRegistry()
     scraped.register(ObjectCounts(sessions))
+    if celery is not None:
+        scraped.register(WorkerFleet(*celery))
     return process + generate_latest(scraped)

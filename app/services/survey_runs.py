@@ -656,6 +656,81 @@ def run_survey(
             return _fail(engine, survey_id, run.outcome)
 
 
+# ------------------------------------------------------------------------------ distributed
+#: Errors that interrupt a range without failing the survey: a distributed worker's time
+#: limit (Celery raises ``SoftTimeLimitExceeded`` inside the chunk, which then rolls back).
+INTERRUPTIONS = frozenset({"SoftTimeLimitExceeded"})
+
+
+def plan_survey(
+    *, engine: Engine, survey_id: int, owner: str, chunk_size: int, lease_seconds: float
+) -> list[tuple[str | None, str | None]] | None:
+    """Claim a survey for a distributed run and cut its pending members into ranges.
+
+    Each range is then decided by :func:`run_survey_range` on any worker, under ``owner``'s
+    lease. Returns None when there is nothing to dispatch: another run holds the lease or the
+    survey is no longer active; an empty list when no member is pending (the survey is then
+    marked done here).
+    """
+    if not claim(engine=engine, survey_id=survey_id, owner=owner, lease_seconds=lease_seconds):
+        return None
+    ranges = chunk_ranges(engine=engine, survey_id=survey_id, size=chunk_size)
+    if not ranges:
+        _finish(engine, survey_id, time.monotonic())
+    return ranges
+
+
+def run_survey_range(
+    *,
+    engine: Engine,
+    worker: BoundWorker,
+    survey_id: int,
+    owner: str,
+    after: str | None,
+    upto: str | None,
+    limits: EngineLimits,
+    chunk_size: int,
+    lease_seconds: float,
+    attempts: int = 20,
+) -> str:
+    """Decide the pending members of ``(after, upto]`` (one range of :func:`plan_survey`).
+
+    The same chunk code and retry rules as :func:`run_survey`; the lease is renewed under
+    ``owner`` afterwards. The range that leaves no member pending marks the survey done.
+    Returns the survey's status (``"not-claimed"`` when another run took the lease over).
+    """
+    started = time.monotonic()
+    with engine.connect() as conn:
+        survey = load_survey(conn, survey_id)
+    if survey.status not in ACTIVE:
+        return str(survey.status)
+    run = _Run(
+        engine=engine,
+        worker=worker,
+        survey_id=survey_id,
+        owner=owner,
+        limits=limits,
+        chunk_size=chunk_size,
+        lease_seconds=lease_seconds,
+        attempts=attempts,
+        cache=new_run_cache(json.loads(survey.query), limits),
+    )
+    run.range_(after, upto)
+    if run.outcome == "stopped":
+        return _status(engine, survey_id)
+    if run.outcome == "not-claimed":
+        return "not-claimed"
+    if run.outcome in INTERRUPTIONS:
+        return "interrupted"  # rolled back; the lease expires and the survey is re-planned
+    if run.outcome is not None:
+        return _fail(engine, survey_id, run.outcome)
+    with engine.connect() as conn:
+        survey = load_survey(conn, survey_id)
+    if survey.status in ACTIVE and survey.decided >= survey.total:
+        return _finish(engine, survey_id, started)
+    return str(survey.status)
+
+
 def _status(engine: Engine, survey_id: int) -> str:
     with engine.connect() as conn:
         return str(load_survey(conn, survey_id).status)

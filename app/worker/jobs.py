@@ -7,8 +7,9 @@ runs in one thread at a time per process; its chunks are transactions, so a proc
 mid-chunk loses nothing but the samples of that chunk, unseen.
 
 The interface (:class:`SurveyJobs`) is what a distributed engine implements instead: ``start``
-enqueues a survey, ``close`` stops taking work. This module knows nothing of surveys beyond the
-two callables it is given (the worker layer runs what the services hand it).
+enqueues a survey, ``cancelled`` drops its queued work, ``close`` stops taking work
+(:class:`app.worker.celery_jobs.CeleryJobs` with a broker). This module knows nothing of
+surveys beyond the two callables it is given (the worker layer runs what the services hand it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ class SurveyJobs(Protocol):
 
     def start(self, survey_id: int) -> None:
         """Run the survey soon (idempotent: a survey already queued or running is left)."""
+
+    def cancelled(self, survey_id: int) -> None:
+        """Drop the queued work of a survey cancelled in the database.
+
+        An optimisation: a chunk that runs anyway sees the cancel at its commit and rolls back.
+        """
 
     def close(self) -> None:
         """Stop taking work; a running chunk may finish or be rolled back."""
@@ -66,6 +73,9 @@ class InProcessJobs:
                 return
             self._pending.add(survey_id)
         self._queue.put(survey_id)
+
+    def cancelled(self, survey_id: int) -> None:
+        """Nothing to drop: the running survey stops at its next chunk (it reads the status)."""
 
     def close(self) -> None:
         """Stop both threads (the running survey stops after its current chunk's thread dies)."""

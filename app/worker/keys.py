@@ -57,3 +57,43 @@ def request_key(request: Mapping[str, Any]) -> str:
         "options": obj.get("options", {}),
     }
     return hashlib.sha256(_canonical(material).encode()).hexdigest()
+
+
+def call_key(fn: Any, snapshot: Any, args: tuple[Any, ...], bnb: Any) -> str:
+    """SHA-256 hex key of a typed engine call ``fn(snapshot, *args)`` with searches ``bnb``.
+
+    Two calls get the same key exactly when they compute the same thing from the same public
+    data: the function (and its bound keywords), the snapshot's domain, budget, filter, exact
+    ``Σ ε``, its state's terms in history order (their order fixes the grouping of appendix B)
+    and known bounds, the arguments (a mechanism by its canonical JSON) and the search settings
+    except their wall-clock end. Cached bounds a snapshot carries are left out: they do not
+    change the answer. Never reads a value (a snapshot holds none).
+    """
+    import pickle
+    from dataclasses import replace
+
+    keywords: dict[str, Any] = dict(getattr(fn, "keywords", {}) or {})
+    target = getattr(fn, "func", fn)
+    state = snapshot.state
+    terms = getattr(state, "_terms", None)
+    if terms is not None:
+        fingerprint: Any = (
+            [(t.theta.tobytes(), t.c, pickle.dumps(t.curve), t.excess) for t in terms],
+            getattr(state, "_decided", None),
+        )
+    else:
+        fingerprint = pickle.dumps(state)
+    material = (
+        KEY_VERSION,
+        f"{target.__module__}.{target.__qualname__}",
+        sorted(keywords.items()),
+        _canonical(snapshot.domain.to_json()),
+        snapshot.budget,
+        str(snapshot.filter),
+        str(snapshot.basic_total),
+        repr(snapshot.limits),
+        fingerprint,
+        [_canonical(a.to_json()) if hasattr(a, "to_json") else repr(a) for a in args],
+        repr(replace(bnb, stop_at=None)),
+    )
+    return hashlib.sha256(pickle.dumps(material, protocol=5)).hexdigest()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -13,6 +15,7 @@ from app.api.openapi import (
     problems,
 )
 from app.api.problems import problem
+from app.worker.fleet import fleet_status, queue_depths
 
 router = APIRouter()
 
@@ -37,6 +40,11 @@ async def healthz() -> dict[str, str]:
                             "status": {"const": "ok"},
                             "database": {"const": "ok"},
                             "redis": {"const": "ok"},
+                            "broker": {"const": "ok"},
+                            "workers": {
+                                "type": "integer",
+                                "description": "live `gatekeeper worker` nodes (BROKER_URL set)",
+                            },
                         },
                     }
                 }
@@ -46,7 +54,12 @@ async def healthz() -> dict[str, str]:
     },
 )
 async def readyz(runtime: RuntimeDep) -> Response:
-    """The database (and Redis, when configured) answer."""
+    """The database (and Redis, and the broker, when configured) answer.
+
+    With ``BROKER_URL`` the answer also counts the live worker nodes; none alive does not make
+    the service unready: bound computations then fall back to basic composition (sound) and
+    surveys wait in the queue.
+    """
 
     def check() -> dict[str, str]:
         checks = {}
@@ -62,11 +75,18 @@ async def readyz(runtime: RuntimeDep) -> Response:
                 checks["redis"] = "ok"
             except Exception:
                 checks["redis"] = "unavailable"
+        if runtime.celery is not None:
+            celery, cfg = runtime.celery
+            depths = queue_depths(celery, cfg)
+            checks["broker"] = "ok" if None not in depths.values() else "unavailable"
         return checks
 
     checks = await in_thread(runtime, check)
+    extra: dict[str, Any] = {}
+    if runtime.celery is not None:
+        extra["workers"] = (await in_thread(runtime, fleet_status, *runtime.celery)).nodes
     if all(v == "ok" for v in checks.values()):
-        return JSONResponse({"status": "ok", **checks})
+        return JSONResponse({"status": "ok", **checks, **extra})
     return problem(
         503,
         "not-ready",
@@ -91,5 +111,5 @@ async def readyz(runtime: RuntimeDep) -> Response:
 )
 async def metrics(runtime: RuntimeDep) -> Response:
     """Prometheus metrics, summed over the web workers, and object counts (docs/dashboard.md)."""
-    body = await in_thread(runtime, scrape.render, runtime.sessions)
+    body = await in_thread(runtime, scrape.render, runtime.sessions, runtime.celery)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

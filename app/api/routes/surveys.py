@@ -166,7 +166,7 @@ async def cancel_survey(
     runtime: RuntimeDep, caller: AnalystDep, survey_id: SurveyId
 ) -> dict[str, Any]:
     """Cancel: members not yet decided are not queried; accepted answers stay."""
-    return await in_thread(
+    view = await in_thread(
         runtime,
         survey_service.cancel_survey,
         engine=runtime.engine,
@@ -174,3 +174,6 @@ async def cancel_survey(
         caller_key_id=caller.key_id,
         is_admin=caller.role is Role.ADMIN,
     )
+    if view["status"] == "cancelled":
+        await in_thread(runtime, runtime.surveys.cancelled, survey_id)
+    return view

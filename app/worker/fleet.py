@@ -1,0 +1,96 @@
+"""The Celery workers as the API sees them: alive nodes, queue depths, task statistics.
+
+Each ``gatekeeper worker`` node writes a heartbeat key to the result Redis every
+:data:`HEARTBEAT_SECONDS` that expires after :data:`HEARTBEAT_TTL`; a node is *alive* while its
+key exists. Cheap to read at every ``/readyz`` and ``/metrics`` (no broadcast to the workers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from app.worker.celery_app import CelerySettings
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_TTL = 15
+
+
+@dataclass(frozen=True)
+class FleetStatus:
+    """What the workers look like from here (None where the broker or Redis did not answer)."""
+
+    nodes: int | None
+    processes: int | None
+    queues: dict[str, int | None]
+    tasks: dict[str, int]
+    task_seconds: dict[str, float]
+
+
+def start_heartbeat(client: Any, cfg: CelerySettings, *, queue: str, concurrency: int) -> str:
+    """Announce this node (a daemon thread refreshes its key); returns the node's name."""
+    node = f"{queue}@{socket.gethostname()}:{os.getpid()}"
+    key = cfg.key("workers", node)
+    body = json.dumps({"queue": queue, "concurrency": concurrency})
+
+    def beat() -> None:
+        while True:
+            try:
+                client.set(key, body, ex=HEARTBEAT_TTL)
+            except Exception as exc:  # Redis away: the node looks dead until it is back
+                log.warning("worker heartbeat not written (%s)", type(exc).__name__)
+            threading.Event().wait(HEARTBEAT_SECONDS)
+
+    threading.Thread(target=beat, name="worker-heartbeat", daemon=True).start()
+    return node
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def queue_depths(celery: Celery, cfg: CelerySettings) -> dict[str, int | None]:
+    """Messages waiting in each queue (None: the broker did not answer)."""
+    depths: dict[str, int | None] = {}
+    try:
+        with celery.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1, timeout=1.0)
+            channel = conn.default_channel
+            for queue in (cfg.bounds_queue, cfg.surveys_queue):
+                try:
+                    depths[queue] = int(channel.queue_declare(queue, passive=True).message_count)
+                except Exception:  # not declared yet: nothing was ever sent to it
+                    depths[queue] = 0
+                    channel = conn.channel()
+    except Exception as exc:
+        log.warning("queue depths unavailable (%s)", type(exc).__name__)
+        return {cfg.bounds_queue: None, cfg.surveys_queue: None}
+    return depths
+
+
+def fleet_status(celery: Celery, cfg: CelerySettings) -> FleetStatus:
+    """Alive nodes and their processes, queue depths, task counts and seconds."""
+    nodes: int | None = None
+    processes: int | None = None
+    tasks: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    try:
+        client = celery.backend.client
+        keys = list(client.scan_iter(match=cfg.key("workers", "*"), count=1000))
+        bodies = [b for b in client.mget(keys) if b is not None] if keys else []
+        nodes = len(bodies)
+        processes = sum(int(json.loads(b)["concurrency"]) for b in bodies)
+        tasks = {_text(k): int(v) for k, v in client.hgetall(cfg.key("tasks")).items()}
+        seconds = {_text(k): float(v) for k, v in client.hgetall(cfg.key("task-seconds")).items()}
+    except Exception as exc:
+        log.warning("worker status unavailable (%s)", type(exc).__name__)
+    return FleetStatus(nodes, processes, queue_depths(celery, cfg), tasks, seconds)
