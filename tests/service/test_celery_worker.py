@@ -1,0 +1,409 @@
+"""The distributed worker module on real brokers: Redis and RabbitMQ, real ``gatekeeper worker``.
+
+Every test starts its own ``gatekeeper worker`` processes (in their own session, so that a
+SIGKILL reaches the whole node as a machine failure would) with a namespace of its own: the
+machine's broker is shared with other test runs, and a foreign worker must never take our
+tasks. RabbitMQ comes from ``GATEKEEPER_TEST_AMQP_URL`` (default
+``amqp://guest:guest@127.0.0.1:5672//``); without it these tests skip, and under ``CI=true``
+they fail (like PostgreSQL and Redis in :mod:`tests.service.conftest`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from fastapi.testclient import TestClient
+
+from app.api.main import create_app
+from app.worker.jobs import InProcessJobs
+from tests.service.conftest import (
+    ADMIN_KEY,
+    ROOT,
+    _free_port,
+    _reachable,
+    _unavailable,
+    auth,
+    make_settings,
+    new_key,
+    start_server,
+)
+from tests.service.test_survey_faults import survey_rows_per_member
+from tests.service.test_surveys import GRR, import_study, verify_clean, wait_done
+
+pytestmark = pytest.mark.slow
+
+AMQP_URL = os.environ.get("GATEKEEPER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+#: A continuous calculator request whose search runs until its 1-second time limit.
+SLOW_LOSS = {
+    "domain": {
+        "attributes": [
+            {"name": n, "type": "real", "low": 0, "high": 1} for n in ("a", "b", "c", "d")
+        ]
+    },
+    "history": [
+        {
+            "query": {
+                "mechanism": "logistic",
+                "weights": {"a": w, "b": -w / 2, "c": 1.5 - w, "d": w / 3},
+                "intercept": 0.1 * k,
+                "epsilon": 0.7,
+            },
+            "output": k % 2,
+        }
+        for k, w in enumerate((0.3, 1.1, -0.8, 2.0, -1.7, 0.9, 1.4, -0.4))
+    ],
+    "options": {"tolerance": 1e-12, "time_limit": 1.0},
+}
+
+
+@pytest.fixture(scope="module")
+def amqp_url() -> str:
+    """The machine's RabbitMQ."""
+    if not _reachable(AMQP_URL, 5672):
+        _unavailable(f"RabbitMQ at {AMQP_URL}", "start it or set GATEKEEPER_TEST_AMQP_URL")
+    return AMQP_URL
+
+
+class Worker:
+    """A ``gatekeeper worker`` command (both nodes) in a session of its own."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, concurrency: int = 1) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        full = {**os.environ, **env}
+        if os.geteuid() == 0:  # this machine runs tests as root; Celery refuses pickle as root
+            full["C_FORCE_ROOT"] = "1"
+        self.process = subprocess.Popen(  # noqa: S603 - our own CLI
+            [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency)],
+            cwd=ROOT,
+            env=full,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL every process of the worker at once: nothing gets to clean up."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL if it lingers."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+def wait_nodes(result_url: str, namespace: str, nodes: int, timeout: float = 60) -> None:
+    """Wait until ``nodes`` worker nodes of ``namespace`` have announced themselves."""
+    client = redis.Redis.from_url(result_url)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            found = list(client.scan_iter(match=f"gatekeeper:celery:{namespace}:workers:*"))
+            if len(found) >= nodes:
+                return
+            time.sleep(0.2)
+    finally:
+        client.close()
+    raise AssertionError(f"{nodes} worker nodes of {namespace} did not start")
+
+
+def tasks_run(result_url: str, namespace: str, task: str) -> int:
+    """How many ``task`` tasks the workers of ``namespace`` ran (the workers' own count)."""
+    client = redis.Redis.from_url(result_url)
+    try:
+        return int(client.hget(f"gatekeeper:celery:{namespace}:tasks", task) or 0)
+    finally:
+        client.close()
+
+
+def drop_namespace(result_url: str, namespace: str) -> None:
+    """Remove the Redis keys a test's namespace left (never anyone else's)."""
+    client = redis.Redis.from_url(result_url)
+    try:
+        for pattern in (
+            f"gatekeeper:celery:{namespace}:*",
+            f"celery-task-meta-{namespace}:*",
+            f"{namespace}.*",
+        ):
+            for key in client.scan_iter(match=pattern):
+                client.delete(key)
+    finally:
+        client.close()
+
+
+def drop_amqp_namespace(url: str, namespace: str) -> None:
+    """Delete the queues and exchanges a test's namespace declared on the shared RabbitMQ."""
+    from kombu import Connection
+
+    with Connection(url, connect_timeout=5) as conn:
+        channel = conn.channel()
+        for name in (f"{namespace}.bounds", f"{namespace}.surveys"):
+            channel.queue_delete(name)
+            channel.exchange_delete(name)
+
+
+def survey_env(
+    database_url: str, broker: str, results: str | None, namespace: str
+) -> dict[str, str]:
+    """What the server and the workers share (small chunks: many tasks per survey)."""
+    return {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": results or "",
+        "BROKER_URL": broker,
+        "BROKER_NAMESPACE": namespace,
+        "SURVEY_CHUNK_SIZE": "4",
+        "SURVEY_LEASE_SECONDS": "3",
+        "BOUND_TIME_LIMIT": "2",
+        "GATEKEEPER_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+    }
+
+
+def decided_at_least(http: httpx.Client, headers: dict[str, str], survey_id: int, n: int) -> int:
+    """Poll the survey until ``n`` members are decided; returns how many were."""
+    deadline = time.monotonic() + 60
+    decided = 0
+    while time.monotonic() < deadline:
+        decided = http.get(f"/v1/surveys/{survey_id}", headers=headers).json()["progress"][
+            "decided"
+        ]
+        if decided >= n:
+            return int(decided)
+        time.sleep(0.01)
+    raise AssertionError(f"only {decided} members decided")
+
+
+def test_without_a_broker_everything_runs_in_process(sqlite_url: str) -> None:
+    """No BROKER_URL: the embedded default, no Celery anywhere."""
+    with TestClient(create_app(make_settings(sqlite_url))) as client:
+        runtime = client.app.state.runtime  # type: ignore[attr-defined]
+        assert runtime.celery is None
+        assert isinstance(runtime.surveys, InProcessJobs)
+        assert client.get("/readyz").json() == {"status": "ok", "database": "ok"}
+
+
+def test_sigkill_of_a_worker_mid_survey_on_rabbitmq(
+    tmp_path: Path, postgres_url: str, redis_url: str, amqp_url: str
+) -> None:
+    """Two workers; one is SIGKILLed (all its processes) mid-survey; the other finishes it.
+
+    RabbitMQ gives the killed node's unacknowledged task back at once (acks_late); the chunk it
+    was deciding rolled back with its connection. Every member is queried exactly once.
+    """
+    namespace = "t" + secrets.token_hex(4)
+    env = survey_env(postgres_url, amqp_url, redis_url, namespace)
+    workers = [Worker(env, tmp_path / f"worker{i}.log") for i in range(2)]
+    server = start_server(
+        tmp_path, database_url=postgres_url, redis_url=redis_url, workers=1, **env
+    )
+    try:
+        wait_nodes(redis_url, namespace, 4)
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            analyst = auth(new_key(http, "analyst"))
+            study = "kill-" + namespace
+            ids = import_study(http, study, 400)
+            body = {"name": "killed", "query": GRR, "cohort": {"labels": {"study": study}}}
+            survey_id = http.post("/v1/surveys", headers=analyst, json=body).json()["id"]
+            at_kill = decided_at_least(http, analyst, survey_id, 8)
+            workers[0].kill()
+            final = wait_done(http, analyst, survey_id)
+    finally:
+        server.stop()
+        for worker in workers:
+            worker.stop()
+        drop_namespace(redis_url, namespace)
+        drop_amqp_namespace(amqp_url, namespace)
+    assert at_kill < 400, "the kill must land mid-survey"
+    assert final["status"] == "done", final
+    assert final["progress"]["decided"] == 400
+    rows = survey_rows_per_member(postgres_url, survey_id)
+    assert set(rows) == set(ids)
+    assert set(rows.values()) == {1}  # at most once, and every member once
+    verify_clean(postgres_url)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[tuple[str, Any]]:
+    """A ``redis-server`` of this test's own (no persistence), with a function restarting it.
+
+    The machine's Redis is shared by other tests and agents: restarting it would break them,
+    so the broker-restart test owns its broker.
+    """
+    server = shutil.which("redis-server")
+    if server is None:
+        _unavailable("redis-server", "install Redis (the redis-server binary)")
+    assert server is not None
+    port = _free_port()
+    argv = [server, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"]
+    argv += ["--dir", str(tmp_path)]
+    state: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start() -> None:
+        state["p"] = subprocess.Popen(argv, stdout=subprocess.DEVNULL)  # noqa: S603
+        deadline = time.monotonic() + 10
+        while not _reachable(f"redis://127.0.0.1:{port}", port):
+            assert time.monotonic() < deadline, "private redis-server did not start"
+            time.sleep(0.05)
+
+    def restart() -> None:
+        state["p"].kill()  # SIGKILL: every queued and unacknowledged message is lost
+        state["p"].wait()
+        start()
+
+    start()
+    try:
+        yield f"redis://127.0.0.1:{port}/0", restart
+    finally:
+        state["p"].kill()
+        state["p"].wait()
+
+
+def test_broker_restart_mid_survey_on_redis(
+    tmp_path: Path, postgres_url: str, private_redis: tuple[str, Any]
+) -> None:
+    """The broker (Redis, no persistence) is killed and restarted mid-survey: the tasks it held
+    are lost, the survey's lease expires, a web process's sweeper plans the pending members
+    again, and the survey completes with every member queried exactly once."""
+    url, restart = private_redis
+    namespace = "t" + secrets.token_hex(4)
+    env = survey_env(postgres_url, url, None, namespace)
+    worker = Worker(env, tmp_path / "worker.log")
+    server = start_server(tmp_path, database_url=postgres_url, redis_url=None, workers=1, **env)
+    try:
+        wait_nodes(url, namespace, 2)
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            analyst = auth(new_key(http, "analyst"))
+            study = "restart-" + namespace
+            ids = import_study(http, study, 400)
+            body = {"name": "restart", "query": GRR, "cohort": {"labels": {"study": study}}}
+            survey_id = http.post("/v1/surveys", headers=analyst, json=body).json()["id"]
+            at_restart = decided_at_least(http, analyst, survey_id, 8)
+            restart()
+            final = wait_done(http, analyst, survey_id)
+    finally:
+        server.stop()
+        worker.stop()
+    assert at_restart < 400, "the restart must land mid-survey"
+    assert final["status"] == "done", final
+    rows = survey_rows_per_member(postgres_url, survey_id)
+    assert set(rows) == set(ids)
+    assert set(rows.values()) == {1}
+    verify_clean(postgres_url)
+
+
+def test_fifty_identical_bound_requests_share_one_computation(
+    tmp_path: Path, postgres_url: str, redis_url: str
+) -> None:
+    """50 concurrent identical continuous calculator requests to two web workers: one task."""
+    namespace = "t" + secrets.token_hex(4)
+    env = {
+        "DATABASE_URL": postgres_url,
+        "REDIS_URL": redis_url,
+        "BROKER_URL": redis_url,
+        "BROKER_NAMESPACE": namespace,
+        "BOUND_TIME_LIMIT": "2",
+    }
+    worker = Worker(env, tmp_path / "worker.log", concurrency=2)
+    server = start_server(
+        tmp_path, database_url=postgres_url, redis_url=redis_url, workers=2, **env
+    )
+    answers: list[httpx.Response] = []
+    try:
+        wait_nodes(redis_url, namespace, 2)
+        barrier = threading.Barrier(50)
+
+        def ask() -> None:
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                barrier.wait()
+                answers.append(http.post("/v1/loss", json=SLOW_LOSS, headers=auth(ADMIN_KEY)))
+
+        threads = [threading.Thread(target=ask) for _ in range(50)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        ran = tasks_run(redis_url, namespace, "gatekeeper.bounds.calculator")
+    finally:
+        server.stop()
+        worker.stop()
+        drop_namespace(redis_url, namespace)
+    assert [r.status_code for r in answers] == [200] * 50
+    assert len({r.text for r in answers}) == 1  # the same computation's answer
+    assert answers[0].json()["basic_composition"] > answers[0].json()["realized_loss"]["upper"]
+    assert ran == 1
+
+
+def test_no_live_worker_answers_by_the_deadline_with_a_sound_fallback(
+    postgres_url: str, redis_url: str
+) -> None:
+    """A broker but no worker: continuous requests answer by the deadline with basic
+    composition (always sound) instead of hanging; the unrun tasks expire."""
+    namespace = "t" + secrets.token_hex(4)
+    settings = make_settings(
+        postgres_url,
+        redis_url,
+        broker_url=redis_url,
+        broker_namespace=namespace,
+        bound_time_limit=0.25,
+    )
+    try:
+        with TestClient(create_app(settings)) as client:
+            runtime = client.app.state.runtime  # type: ignore[attr-defined]
+            deadline = runtime.worker.deadline
+            assert client.get("/readyz").json()["workers"] == 0
+            # a request of its own: a computation nobody made before (nor cached in Redis)
+            request = {**SLOW_LOSS, "options": {"tolerance": 1e-12, "time_limit": 0.9}}
+            started = time.monotonic()
+            loss = client.post("/v1/loss", json=request, headers=auth(ADMIN_KEY))
+            loss_seconds = time.monotonic() - started
+            oid = "nw-" + secrets.token_hex(4)
+            domain = {"attributes": [{"name": "x", "type": "real", "low": 0, "high": 1}]}
+            registered = client.post(
+                "/v1/objects",
+                headers=auth(ADMIN_KEY),
+                json={"id": oid, "domain": domain, "value": {"x": 0.4}, "budget": {"epsilon": 3}},
+            )
+            assert registered.status_code == 201, registered.text
+            query = {"mechanism": "linear", "weights": {"x": 1}, "range": [0, 1], "epsilon": 1}
+            analyst = auth(new_key(client, "analyst"))
+            started = time.monotonic()
+            submitted = client.post(
+                f"/v1/objects/{oid}/queries",
+                headers={**analyst, "Idempotency-Key": "a"},
+                json={"query": query},
+            )
+            submit_seconds = time.monotonic() - started
+            metrics = client.get("/metrics").text
+    finally:
+        drop_namespace(redis_url, namespace)
+    assert loss.status_code == 200, loss.text
+    assert loss.json()["status"] == "limit"
+    assert loss.json()["realized_loss"]["upper"] >= loss.json()["basic_composition"] - 1e-9
+    assert loss_seconds < deadline + 3
+    # basic composition certifies the query without a search; its loss is sound either way
+    assert submitted.status_code == 201, submitted.text
+    assert submitted.json()["odometer"]["realized_loss"]["upper"] <= 1.0 + 1e-9
+    assert submit_seconds < deadline + 3
+    assert "gatekeeper_bound_fallbacks_total" in metrics
+    assert 'gatekeeper_celery_task_wait_seconds_count{outcome="fallback"' in metrics
