@@ -1,4 +1,5 @@
-# ldp-gatekeeper API image: slim, non-root; prestart = wait for the database -> migrate -> serve.
+# ldp-gatekeeper image: slim, non-root. The API (prestart = wait for the database -> migrate ->
+# serve) and, with `gatekeeper worker` as entrypoint, the distributed workers (docker-compose.yml).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

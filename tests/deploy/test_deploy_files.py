@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -39,10 +40,22 @@ def _api_env() -> dict[str, str]:
     return env
 
 
+def _worker_env() -> dict[str, str]:
+    env = {k: str(v) for k, v in COMPOSE["services"]["worker"]["environment"].items()}
+    env["GATEKEEPER_ENCRYPTION_KEYS"] = ENCRYPTION_KEY
+    return env
+
+
+def _worker_argv() -> list[str]:
+    worker = COMPOSE["services"]["worker"]
+    return [*worker["entrypoint"], *worker["command"]]
+
+
 def test_compose_environment_names_known_settings() -> None:
     fields = {name.upper() for name in Settings.model_fields}
-    unknown = set(_api_env()) - fields
-    assert not unknown, f"compose sets variables the service does not read: {unknown}"
+    for env in (_api_env(), _worker_env()):
+        unknown = set(env) - fields
+        assert not unknown, f"compose sets variables the service does not read: {unknown}"
 
 
 def test_compose_environment_passes_the_production_checks() -> None:
@@ -52,11 +65,36 @@ def test_compose_environment_passes_the_production_checks() -> None:
     assert not settings.is_sqlite
     assert settings.redis_url
     assert settings.web_workers == 4
+    worker = Settings(**{k.lower(): v for k, v in _worker_env().items()})
+    assert worker.gatekeeper_env == "production"
+    # the API and the workers must meet in the same queues, results and database
+    for name in ("database_url", "redis_url", "broker_url", "broker_namespace", "result_url"):
+        assert getattr(worker, name) == getattr(settings, name), name
+    assert worker.broker_url is not None
+    assert worker.bound_time_limit == settings.bound_time_limit
+
+
+def test_compose_worker_service_runs_the_worker_command_and_scales() -> None:
+    """``docker compose up --scale worker=N`` needs no fixed name or published port."""
+    from app.cli import build_parser, cmd_worker
+
+    worker = COMPOSE["services"]["worker"]
+    argv = _worker_argv()
+    assert argv[0] == "gatekeeper"
+    args = build_parser().parse_args(argv[1:])
+    assert args.func is cmd_worker
+    assert args.concurrency >= 1
+    assert "ports" not in worker
+    assert "container_name" not in worker
+    assert worker["build"] == COMPOSE["services"]["api"]["build"]  # the same image
+    assert worker["depends_on"]["api"]["condition"] == "service_healthy"  # migrated first
+    assert worker["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert worker["healthcheck"] == {"disable": True}  # the image's check is HTTP
 
 
 def test_compose_wires_healthy_dependencies_and_a_volume() -> None:
     services = COMPOSE["services"]
-    assert set(services) == {"api", "postgres", "redis"}
+    assert set(services) == {"api", "worker", "postgres", "redis"}
     depends = services["api"]["depends_on"]
     assert depends["postgres"]["condition"] == "service_healthy"
     assert depends["redis"]["condition"] == "service_healthy"
@@ -128,11 +166,17 @@ def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     port = _free_port()
+    namespace = f"deploy{os.getpid()}"
+    native = {  # the compose hosts, as this machine reaches them
+        "DATABASE_URL": postgres_url.rsplit("/", 1)[0] + "/" + name,
+        "REDIS_URL": redis_url,
+        "BROKER_URL": redis_url,
+        "BROKER_NAMESPACE": namespace,
+    }
     env = {
         **os.environ,
         **_api_env(),
-        "DATABASE_URL": postgres_url.rsplit("/", 1)[0] + "/" + name,
-        "REDIS_URL": redis_url,
+        **native,
         "PORT": str(port),
         "HOST": "127.0.0.1",
         "WEB_WORKERS": "2",
@@ -142,6 +186,18 @@ def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
     log = (tmp_path / "entry.log").open("w")
     proc = subprocess.Popen(  # noqa: S603 - our own entrypoint
         ["/bin/sh", str(ENTRYPOINT)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    worker_env = {**os.environ, **_worker_env(), **native, "PATH": env["PATH"]}
+    if os.geteuid() == 0:  # the image runs as a user; this machine runs tests as root
+        worker_env["C_FORCE_ROOT"] = "1"
+    worker_log = (tmp_path / "worker.log").open("w")
+    worker = subprocess.Popen(  # noqa: S603 - the compose worker command, natively
+        _worker_argv(),
+        cwd=ROOT,
+        env=worker_env,
+        stdout=worker_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -156,7 +212,18 @@ def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
                 pass
             time.sleep(0.3)
         assert ready is not None, (tmp_path / "entry.log").read_text()[-3000:]
-        assert ready.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+        assert ready.json()["status"] == "ok", ready.text
+        while time.monotonic() < deadline and ready.json().get("workers") != 2:
+            time.sleep(0.3)
+            ready = httpx.get(url + "/readyz", timeout=1)
+        # one worker container: a bounds node and a surveys node
+        assert ready.json() == {
+            "status": "ok",
+            "database": "ok",
+            "redis": "ok",
+            "broker": "ok",
+            "workers": 2,
+        }, (tmp_path / "worker.log").read_text()[-3000:]
         keys = httpx.post(
             url + "/v1/keys",
             json={"role": "viewer"},
@@ -165,6 +232,9 @@ def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
         )
         assert keys.status_code == 201, keys.text
     finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+        worker_log.close()
         proc.terminate()
         proc.wait(timeout=20)
         log.close()

@@ -146,6 +146,7 @@ def drop_namespace(result_url: str, namespace: str) -> None:
             f"gatekeeper:celery:{namespace}:*",
             f"celery-task-meta-{namespace}:*",
             f"{namespace}.*",
+            f"_kombu.binding.{namespace}.*",
         ):
             for key in client.scan_iter(match=pattern):
                 client.delete(key)
