@@ -433,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run distributed workers (Celery; needs BROKER_URL) for bounds and survey chunks",
     )
     worker.add_argument(
+        "-c",
         "--concurrency",
         type=int,
         default=os.cpu_count() or 1,

@@ -1,0 +1,247 @@
+"""Distributed worker module (Celery): survey members/s and continuous bounds/s with 1 and 2
+worker processes, the scaling ratio, and the in-process default side by side.
+
+How to run (from the project root; PostgreSQL and Redis reachable, as for the tests)::
+
+    .venv/bin/python bench/celery_scaling.py                   # 3 cohorts of 30,000, 48 bounds
+    .venv/bin/python bench/celery_scaling.py --objects 5000 --bounds 16   # a quick look
+    .venv/bin/python bench/celery_scaling.py --broker amqp://guest:guest@127.0.0.1:5672//
+
+What it does
+------------
+1. A fresh PostgreSQL database; ``gatekeeper import`` of three cohorts of ``--objects`` finite
+   objects each (labels ``study: s0``, ``s1``, ``s2``; the domain of ``bench/survey_load.py``).
+2. **Surveys**: ``grr`` ε = 1 on ``region`` over one cohort per configuration, timed from
+   ``POST /v1/surveys`` to ``status: done`` through ``gatekeeper serve`` (one web worker):
+   in process (no broker, ``SURVEY_THREADS`` 2), then with ``BROKER_URL`` and one
+   ``gatekeeper worker --queues surveys --concurrency P`` for P = 1, 2. ``SURVEY_CHUNK_SIZE``
+   is ``--chunk`` (1,000: 30 ranges per survey to spread).
+3. **Continuous bounds**: ``--bounds`` *distinct* calculator requests (3 real attributes in
+   [-1, 1], 4 ``logistic`` queries with seeded random weights; each search completes, none is
+   stopped by a time limit, so wall time measures CPU) sent by 8 client threads through the
+   service's own :class:`~app.worker.remote.CeleryBoundWorker` to
+   ``gatekeeper worker --queues bounds --concurrency P``, P = 1, 2; and the same requests
+   through the in-process pool (:class:`~app.worker.pool.BoundWorker`, ``processes=P``).
+
+Prints one table; each row carries the 1-minute load average before it ran (the machine is
+shared: compare ratios, not absolute figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.service_load import ADMIN_KEY, REDIS_URL, Server, fresh_database  # noqa: E402
+from bench.survey_load import DOMAIN, KEY_FILE, REGIONS, cli, run_survey  # noqa: E402
+
+
+def load() -> float:
+    """The 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+def write_cohorts(path: Path, n: int, cohorts: int, seed: int) -> None:
+    """``cohorts`` x ``n`` finite objects, labelled ``study: s<k>``."""
+    rng = random.Random(seed)
+    with path.open("w") as out:
+        for k in range(cohorts):
+            for i in range(n):
+                value = {
+                    "age": rng.randrange(10),
+                    "sex": rng.randrange(2),
+                    "region": REGIONS[min(int(rng.expovariate(0.3)), 14)],
+                }
+                body = {
+                    "id": f"s{k}-{i:07d}",
+                    "domain": DOMAIN,
+                    "value": value,
+                    "budget": {"epsilon": 4.0},
+                    "labels": {"study": f"s{k}"},
+                }
+                out.write(json.dumps(body) + "\n")
+
+
+def bound_request(i: int) -> dict[str, Any]:
+    """A distinct continuous calculator request (seeded by ``i``)."""
+    rng = random.Random(i)
+    names = ["x0", "x1", "x2"]
+    history = []
+    for _ in range(4):
+        weights = {name: round(rng.uniform(-1, 1), 3) for name in names}
+        query = {
+            "mechanism": "logistic",
+            "weights": weights,
+            "intercept": round(rng.uniform(-1, 1), 3),
+            "epsilon": 0.5,
+        }
+        history.append({"query": query, "output": rng.randrange(2)})
+    domain = {"attributes": [{"name": n, "type": "real", "low": -1, "high": 1} for n in names]}
+    return {"domain": domain, "history": history}
+
+
+@contextmanager
+def worker(env: dict[str, str], queue: str, processes: int, log: Path) -> Iterator[None]:
+    """A ``gatekeeper worker`` with one node (``queue``), waited for until it heartbeats."""
+    import redis
+
+    full = {**os.environ, **env}
+    if os.geteuid() == 0:
+        full["C_FORCE_ROOT"] = "1"  # Celery refuses pickle as root; the image runs as a user
+    with log.open("w") as out:
+        proc = subprocess.Popen(  # noqa: S603 - our own CLI
+            [sys.executable, "-m", "app.cli", "worker", "--queues", queue, "-c", str(processes)],
+            cwd=ROOT,
+            env=full,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        client = redis.Redis.from_url(env["REDIS_URL"])
+        pattern = f"gatekeeper:celery:{env['BROKER_NAMESPACE']}:workers:*"
+        try:
+            deadline = time.monotonic() + 60
+            while not list(client.scan_iter(match=pattern)):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError(log.read_text()[-2000:])
+                time.sleep(0.2)
+            time.sleep(1.0)  # the pool processes fork after the heartbeat starts
+            yield
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+            for key in client.scan_iter(match=pattern):
+                client.delete(key)
+            client.close()
+
+
+def survey_rate(url: str, env: dict[str, str], study: str, log: Path) -> tuple[int, float]:
+    """(members, seconds) of one survey through a one-worker ``gatekeeper serve``."""
+    server = Server(url, 1, 0, log, extra_env=env)
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+            query = {"mechanism": "grr", "attribute": "region", "epsilon": 1.0}
+            view, seconds = run_survey(http, headers, query, study)
+            if view["status"] != "done":
+                raise RuntimeError(f"survey ended {view['status']}: {view.get('error')}")
+            return int(view["progress"]["decided"]), seconds
+    finally:
+        server.stop()
+
+
+def bounds_rate(compute: Callable[[dict[str, Any]], Any], n: int, offset: int) -> float:
+    """Seconds for ``n`` distinct requests sent by 8 threads."""
+    requests = [bound_request(offset + i) for i in range(n)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(compute, requests))
+    seconds = time.perf_counter() - start
+    limited = sum(1 for a in answers if a.get("status") != "ok")
+    if limited:
+        print(f"warning: {limited} answers hit a limit or fell back", file=sys.stderr)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--objects", type=int, default=30_000, help="members per cohort")
+    parser.add_argument("--bounds", type=int, default=48, help="distinct bound requests")
+    parser.add_argument("--chunk", type=int, default=1000, help="SURVEY_CHUNK_SIZE")
+    parser.add_argument("--broker", default=REDIS_URL, help="BROKER_URL (default: test Redis)")
+    parser.add_argument("--seed", type=int, default=20261125)
+    args = parser.parse_args(argv)
+
+    from app.node import celery_settings
+    from app.settings import Settings
+    from app.worker.celery_app import make_celery
+    from app.worker.pool import BoundWorker, WorkerSettings
+    from app.worker.remote import CeleryBoundWorker
+
+    rows: list[tuple[str, str, int, float, float]] = []
+    namespace = "bench" + secrets.token_hex(3)
+    tmp = Path(tempfile.mkdtemp(prefix="gk-celery-bench-"))
+    with fresh_database() as (url, _name):
+        population = tmp / "cohorts.ndjson"
+        write_cohorts(population, args.objects, 3, args.seed)
+        imported = cli(url, "import", str(population), "--quiet")
+        if imported.returncode != 0:
+            raise RuntimeError(imported.stderr)
+        common = {
+            "DATABASE_URL": url,
+            "REDIS_URL": REDIS_URL,
+            "GATEKEEPER_ENCRYPTION_KEY_FILE": str(KEY_FILE),
+            "GATEKEEPER_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+            "SURVEY_CHUNK_SIZE": str(args.chunk),
+            "BOUND_TIME_LIMIT": "30",
+        }
+        before = load()
+        members, seconds = survey_rate(url, common, "s0", tmp / "serve0.log")
+        rows.append(("survey", "in process (2 threads)", 0, members / seconds, before))
+        celery_env = {**common, "BROKER_URL": args.broker, "BROKER_NAMESPACE": namespace}
+        for k, processes in enumerate((1, 2), start=1):
+            with worker(celery_env, "surveys", processes, tmp / f"w{k}.log"):
+                before = load()
+                members, seconds = survey_rate(url, celery_env, f"s{k}", tmp / f"serve{k}.log")
+            rows.append(("survey", "celery", processes, members / seconds, before))
+
+        settings = Settings(
+            database_url=url,
+            redis_url=REDIS_URL,
+            broker_url=args.broker,
+            broker_namespace=namespace,
+            bound_time_limit=30,
+        )
+        cfg = celery_settings(settings)
+        app = make_celery(cfg)
+        offset = 0
+        for processes in (1, 2):
+            pool = BoundWorker(WorkerSettings(processes=processes, time_limit=30))
+            pool.compute(bound_request(10**6))  # the pool's processes start (imports)
+            before = load()
+            seconds = bounds_rate(pool.compute, args.bounds, offset)
+            offset += args.bounds
+            pool.close()
+            rows.append(("bounds", "in-process pool", processes, args.bounds / seconds, before))
+        for processes in (1, 2):
+            remote = CeleryBoundWorker(
+                WorkerSettings(processes=0, time_limit=30), None, celery=app, cfg=cfg
+            )
+            with worker(celery_env, "bounds", processes, tmp / f"b{processes}.log"):
+                before = load()
+                seconds = bounds_rate(remote.compute, args.bounds, offset)
+            offset += args.bounds
+            rows.append(("bounds", "celery", processes, args.bounds / seconds, before))
+
+    print(f"\n{args.objects} members per survey, chunks of {args.chunk}; {args.bounds} bounds")
+    print(f"{'work':<7} {'engine':<24} {'processes':>9} {'per second':>11} {'load':>5}")
+    for work, engine, processes, rate, before in rows:
+        shown = str(processes) if processes else "-"
+        print(f"{work:<7} {engine:<24} {shown:>9} {rate:>11,.1f} {before:>5.1f}")
+    for work, engine in (("survey", "celery"), ("bounds", "celery"), ("bounds", "in-process pool")):
+        rates = {p: r for w, e, p, r, _ in rows if w == work and e == engine}
+        print(f"scaling 2/1 processes, {work} on {engine}: {rates[2] / rates[1]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
