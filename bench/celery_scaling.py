@@ -23,8 +23,11 @@ What it does
    ``gatekeeper worker --queues bounds --concurrency P``, P = 1, 2; and the same requests
    through the in-process pool (:class:`~app.worker.pool.BoundWorker`, ``processes=P``).
 
-Prints one table; each row carries the 1-minute load average before it ran (the machine is
-shared: compare ratios, not absolute figures).
+Prints one table: per row the rate, the CPU the computing processes spent per unit (the worker
+command's whole session for Celery — nodes and pool processes, not PostgreSQL; the server's
+session for the in-process survey; this process and its pool for the in-process bounds), and
+the 1-minute load average before it ran. The machine is shared: the CPU per unit is the figure
+that does not depend on what else runs; rates and ratios do.
 """
 
 from __future__ import annotations
@@ -57,6 +60,25 @@ from bench.survey_load import DOMAIN, KEY_FILE, REGIONS, cli, run_survey  # noqa
 def load() -> float:
     """The 1-minute load average."""
     return os.getloadavg()[0]
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def session_cpu(sid: int) -> float:
+    """CPU seconds (user + system) of the live processes of session ``sid``."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # field 6 of stat, counted after the command
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
 
 
 def write_cohorts(path: Path, n: int, cohorts: int, seed: int) -> None:
@@ -99,7 +121,7 @@ def bound_request(i: int) -> dict[str, Any]:
 
 
 @contextmanager
-def worker(env: dict[str, str], queue: str, processes: int, log: Path) -> Iterator[None]:
+def worker(env: dict[str, str], queue: str, processes: int, log: Path) -> Iterator[int]:
     """A ``gatekeeper worker`` with one node (``queue``), waited for until it heartbeats."""
     import redis
 
@@ -124,7 +146,7 @@ def worker(env: dict[str, str], queue: str, processes: int, log: Path) -> Iterat
                     raise RuntimeError(log.read_text()[-2000:])
                 time.sleep(0.2)
             time.sleep(1.0)  # the pool processes fork after the heartbeat starts
-            yield
+            yield proc.pid  # its session: the command, its nodes and their pool processes
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=60)
@@ -133,19 +155,42 @@ def worker(env: dict[str, str], queue: str, processes: int, log: Path) -> Iterat
             client.close()
 
 
-def survey_rate(url: str, env: dict[str, str], study: str, log: Path) -> tuple[int, float]:
-    """(members, seconds) of one survey through a one-worker ``gatekeeper serve``."""
+def survey_rate(
+    url: str, env: dict[str, str], study: str, log: Path, sid: int | None
+) -> tuple[int, float, float]:
+    """(members, seconds, CPU seconds) of one survey through a one-worker ``gatekeeper serve``.
+
+    CPU is that of session ``sid`` (a worker command), or the server's when None.
+    """
     server = Server(url, 1, 0, log, extra_env=env)
     try:
         with httpx.Client(base_url=server.url, timeout=60) as http:
             headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
             query = {"mechanism": "grr", "attribute": "region", "epsilon": 1.0}
+            session = server.process.pid if sid is None else sid
+            cpu = session_cpu(session)
             view, seconds = run_survey(http, headers, query, study)
+            cpu = session_cpu(session) - cpu
             if view["status"] != "done":
                 raise RuntimeError(f"survey ended {view['status']}: {view.get('error')}")
-            return int(view["progress"]["decided"]), seconds
+            return int(view["progress"]["decided"]), seconds, cpu
     finally:
         server.stop()
+
+
+def row_sizes(url: str) -> dict[str, tuple[int, float]]:
+    """Rows and stored bytes per row of the tables that grow with objects and queries."""
+    import psycopg
+
+    sizes = {}
+    with psycopg.connect(url) as conn:
+        for table in ("objects", "queries", "survey_members"):
+            row = conn.execute(
+                f"SELECT count(*), pg_total_relation_size('{table}') FROM {table}"  # noqa: S608
+            ).fetchone()
+            assert row is not None  # noqa: S101 - count(*) returns a row
+            sizes[table] = (int(row[0]), row[1] / max(1, row[0]))
+    return sizes
 
 
 def bounds_rate(compute: Callable[[dict[str, Any]], Any], n: int, offset: int) -> float:
@@ -177,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     from app.worker.pool import BoundWorker, WorkerSettings
     from app.worker.remote import CeleryBoundWorker
 
-    rows: list[tuple[str, str, int, float, float]] = []
+    rows: list[tuple[str, str, int, float, float, float]] = []
+    sizes: dict[str, tuple[int, float]] = {}
     namespace = "bench" + secrets.token_hex(3)
     tmp = Path(tempfile.mkdtemp(prefix="gk-celery-bench-"))
     with fresh_database() as (url, _name):
@@ -195,15 +241,20 @@ def main(argv: list[str] | None = None) -> int:
             "BOUND_TIME_LIMIT": "30",
         }
         before = load()
-        members, seconds = survey_rate(url, common, "s0", tmp / "serve0.log")
-        rows.append(("survey", "in process (2 threads)", 0, members / seconds, before))
+        members, seconds, cpu = survey_rate(url, common, "s0", tmp / "serve0.log", None)
+        rows.append(
+            ("survey", "in process (2 threads)", 0, members / seconds, cpu / members, before)
+        )
         celery_env = {**common, "BROKER_URL": args.broker, "BROKER_NAMESPACE": namespace}
         for k, processes in enumerate((1, 2), start=1):
-            with worker(celery_env, "surveys", processes, tmp / f"w{k}.log"):
+            with worker(celery_env, "surveys", processes, tmp / f"w{k}.log") as sid:
                 before = load()
-                members, seconds = survey_rate(url, celery_env, f"s{k}", tmp / f"serve{k}.log")
-            rows.append(("survey", "celery", processes, members / seconds, before))
+                members, seconds, cpu = survey_rate(
+                    url, celery_env, f"s{k}", tmp / f"serve{k}.log", sid
+                )
+            rows.append(("survey", "celery", processes, members / seconds, cpu / members, before))
 
+        sizes = row_sizes(url)
         settings = Settings(
             database_url=url,
             redis_url=REDIS_URL,
@@ -218,27 +269,42 @@ def main(argv: list[str] | None = None) -> int:
             pool = BoundWorker(WorkerSettings(processes=processes, time_limit=30))
             pool.compute(bound_request(10**6))  # the pool's processes start (imports)
             before = load()
+            cpu = session_cpu(os.getsid(0))
             seconds = bounds_rate(pool.compute, args.bounds, offset)
+            cpu = session_cpu(os.getsid(0)) - cpu
             offset += args.bounds
             pool.close()
-            rows.append(("bounds", "in-process pool", processes, args.bounds / seconds, before))
+            rate = args.bounds / seconds
+            rows.append(("bounds", "in-process pool", processes, rate, cpu / args.bounds, before))
         for processes in (1, 2):
             remote = CeleryBoundWorker(
                 WorkerSettings(processes=0, time_limit=30), None, celery=app, cfg=cfg
             )
-            with worker(celery_env, "bounds", processes, tmp / f"b{processes}.log"):
+            with worker(celery_env, "bounds", processes, tmp / f"b{processes}.log") as sid:
                 before = load()
+                cpu = session_cpu(sid)
                 seconds = bounds_rate(remote.compute, args.bounds, offset)
+                cpu = session_cpu(sid) - cpu
             offset += args.bounds
-            rows.append(("bounds", "celery", processes, args.bounds / seconds, before))
+            rate = args.bounds / seconds
+            rows.append(("bounds", "celery", processes, rate, cpu / args.bounds, before))
 
     print(f"\n{args.objects} members per survey, chunks of {args.chunk}; {args.bounds} bounds")
-    print(f"{'work':<7} {'engine':<24} {'processes':>9} {'per second':>11} {'load':>5}")
-    for work, engine, processes, rate, before in rows:
+    print(
+        f"{'work':<7} {'engine':<24} {'processes':>9} {'per second':>11} "
+        f"{'CPU ms each':>11} {'load':>5}"
+    )
+    for work, engine, processes, rate, cpu_each, before in rows:
         shown = str(processes) if processes else "-"
-        print(f"{work:<7} {engine:<24} {shown:>9} {rate:>11,.1f} {before:>5.1f}")
+        print(
+            f"{work:<7} {engine:<24} {shown:>9} {rate:>11,.1f} {cpu_each * 1000:>11.2f} "
+            f"{before:>5.1f}"
+        )
+    print("table            rows   bytes/row (heap + indexes + TOAST)")
+    for table, (count, per_row) in sizes.items():
+        print(f"{table:<15} {count:>8,} {per_row:>8,.0f}")
     for work, engine in (("survey", "celery"), ("bounds", "celery"), ("bounds", "in-process pool")):
-        rates = {p: r for w, e, p, r, _ in rows if w == work and e == engine}
+        rates = {p: r for w, e, p, r, _, _ in rows if w == work and e == engine}
         print(f"scaling 2/1 processes, {work} on {engine}: {rates[2] / rates[1]:.2f}")
     return 0
 
