@@ -22,6 +22,9 @@ What it does
    service's own :class:`~app.worker.remote.CeleryBoundWorker` to
    ``gatekeeper worker --queues bounds --concurrency P``, P = 1, 2; and the same requests
    through the in-process pool (:class:`~app.worker.pool.BoundWorker`, ``processes=P``).
+4. **Parallelism check** (rows ``limited``): 8 requests whose searches are stopped by a 0.5 s
+   time limit (wall-clock bound, so independent of free CPU) on 1 and 2 Celery processes: two
+   processes must halve the time even on a saturated machine.
 
 Prints one table: per row the rate, the CPU the computing processes spent per unit (the worker
 command's whole session for Celery — nodes and pool processes, not PostgreSQL; the server's
@@ -101,6 +104,21 @@ def write_cohorts(path: Path, n: int, cohorts: int, seed: int) -> None:
                     "labels": {"study": f"s{k}"},
                 }
                 out.write(json.dumps(body) + "\n")
+
+
+def drop_namespace(namespace: str) -> None:
+    """Remove this run's keys from Redis (statistics, results, queue bindings)."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    for pattern in (
+        f"gatekeeper:celery:{namespace}:*",
+        f"celery-task-meta-{namespace}:*",
+        f"_kombu.binding.{namespace}.*",
+    ):
+        for key in client.scan_iter(match=pattern):
+            client.delete(key)
+    client.close()
 
 
 def bound_request(i: int) -> dict[str, Any]:
@@ -302,6 +320,26 @@ def main(argv: list[str] | None = None) -> int:
             rate = args.bounds / seconds
             rows.append(("bounds", "celery", processes, rate, cpu / args.bounds, before))
 
+        # parallelism independent of free CPU: searches stopped by a 0.5 s time limit take
+        # their wall time whatever the load, so P processes should divide the total by P
+        for processes in (1, 2):
+            remote = CeleryBoundWorker(
+                WorkerSettings(processes=0, time_limit=30), None, celery=app, cfg=cfg
+            )
+            requests = []
+            for i in range(8):
+                request = bound_request(offset + i)
+                request["options"] = {"tolerance": 1e-14, "time_limit": 0.5}
+                requests.append(request)
+            offset += 8
+            with worker(celery_env, "bounds", processes, tmp / f"t{processes}.log"):
+                before = load()
+                start = time.perf_counter()
+                with ThreadPoolExecutor(8) as clients:
+                    list(clients.map(remote.compute, requests))
+                seconds = time.perf_counter() - start
+            rows.append(("limited", "celery", processes, 8 / seconds, 0.0, before))
+    drop_namespace(namespace)
     print(f"\n{args.objects} members per survey, chunks of {args.chunk}; {args.bounds} bounds")
     print(
         f"{'work':<7} {'engine':<24} {'processes':>9} {'per second':>11} "
@@ -316,7 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     print("table            rows   bytes/row (heap + indexes + TOAST)")
     for table, (count, per_row) in sizes.items():
         print(f"{table:<15} {count:>8,} {per_row:>8,.0f}")
-    for work, engine in (("survey", "celery"), ("bounds", "celery"), ("bounds", "in-process pool")):
+    for work, engine in (
+        ("survey", "celery"),
+        ("bounds", "celery"),
+        ("bounds", "in-process pool"),
+        ("limited", "celery"),
+    ):
         one = [r for w, e, p, r, _, _ in rows if w == work and e == engine and p == 1]
         two = [r for w, e, p, r, _, _ in rows if w == work and e == engine and p == 2]
         if one and two:

@@ -668,7 +668,8 @@ def plan_survey(
     """Claim a survey for a distributed run and cut its pending members into ranges.
 
     Each range is then decided by :func:`run_survey_range` on any worker, under ``owner``'s
-    lease. Returns None when there is nothing to dispatch: another run holds the lease or the
+    lease. Returns None when there is nothing to dispatch: another run holds the lease (or took
+    it over while the ranges were cut: planning must end within ``lease_seconds``) or the
     survey is no longer active; an empty list when no member is pending (the survey is then
     marked done here).
     """
@@ -677,6 +678,11 @@ def plan_survey(
     ranges = chunk_ranges(engine=engine, survey_id=survey_id, size=chunk_size)
     if not ranges:
         _finish(engine, survey_id, time.monotonic())
+        return ranges
+    # renewed before dispatching: a plan whose lease expired while it scanned (another plan
+    # took over) must not send a second set of ranges
+    if not claim(engine=engine, survey_id=survey_id, owner=owner, lease_seconds=lease_seconds):
+        return None
     return ranges
 
 
