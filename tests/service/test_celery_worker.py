@@ -408,3 +408,59 @@ def test_no_live_worker_answers_by_the_deadline_with_a_sound_fallback(
     assert submit_seconds < deadline + 3
     assert "gatekeeper_bound_fallbacks_total" in metrics
     assert 'gatekeeper_celery_task_wait_seconds_count{outcome="fallback"' in metrics
+
+
+def test_cancel_revokes_the_queued_range_tasks(
+    tmp_path: Path, postgres_url: str, redis_url: str
+) -> None:
+    """Cancelling a survey revokes its queued chunks: the worker drops them unrun (its own
+    count of range tasks stays below the number planned), and no member is asked after."""
+    namespace = "t" + secrets.token_hex(4)
+    env = survey_env(postgres_url, redis_url, redis_url, namespace)
+    worker = Worker(env, tmp_path / "worker.log")
+    server = start_server(
+        tmp_path, database_url=postgres_url, redis_url=redis_url, workers=1, **env
+    )
+    try:
+        wait_nodes(redis_url, namespace, 2)
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            analyst = auth(new_key(http, "analyst"))
+            study = "cancel-" + namespace
+            import_study(http, study, 400)  # 101 ranges of up to 4
+            body = {"name": "cancel", "query": GRR, "cohort": {"labels": {"study": study}}}
+            survey_id = http.post("/v1/surveys", headers=analyst, json=body).json()["id"]
+            decided_at_least(http, analyst, survey_id, 8)
+            cancelled = http.delete(f"/v1/surveys/{survey_id}", headers=analyst).json()
+            time.sleep(3)  # what the worker still had would run now
+            final = http.get(f"/v1/surveys/{survey_id}", headers=analyst).json()
+        ranges = tasks_run(redis_url, namespace, "gatekeeper.surveys.range")
+    finally:
+        server.stop()
+        worker.stop()
+        drop_namespace(redis_url, namespace)
+    assert cancelled["status"] == "cancelled"
+    assert final["status"] == "cancelled"
+    assert final["progress"]["decided"] == cancelled["progress"]["decided"] < 400
+    assert ranges < 50, "revoked range tasks must not run (101 are planned)"
+    rows = survey_rows_per_member(postgres_url, survey_id)
+    assert set(rows.values()) <= {1}
+    assert len(rows) == final["progress"]["accepted"]
+
+
+def test_worker_command_needs_a_broker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gatekeeper worker`` without BROKER_URL says so and exits 2; settings refuse an amqp
+    broker without a Redis for the results."""
+    from app.cli import main
+    from app.settings import Settings, get_settings
+
+    monkeypatch.delenv("BROKER_URL", raising=False)
+    get_settings.cache_clear()
+    try:
+        assert main(["worker"]) == 2
+    finally:
+        get_settings.cache_clear()
+    with pytest.raises(ValueError, match="REDIS_URL is required"):
+        Settings(broker_url="amqp://guest:guest@127.0.0.1:5672//")
+    with pytest.raises(ValueError, match="BROKER_URL must be"):
+        Settings(broker_url="http://example.org", redis_url="redis://127.0.0.1:6379/0")
+    assert Settings(broker_url="redis://127.0.0.1:6379/1").result_url == "redis://127.0.0.1:6379/1"
