@@ -13,11 +13,12 @@ import os
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from celery import Celery
+if TYPE_CHECKING:  # Celery is imported only where a broker is configured
+    from celery import Celery
 
-from app.worker.celery_app import CelerySettings
+    from app.worker.celery_app import CelerySettings
 
 log = logging.getLogger(__name__)
 

@@ -44,8 +44,6 @@ from tests.service.conftest import (
 from tests.service.test_survey_faults import survey_rows_per_member
 from tests.service.test_surveys import GRR, import_study, verify_clean, wait_done
 
-pytestmark = pytest.mark.slow
-
 AMQP_URL = os.environ.get("GATEKEEPER_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 #: A continuous calculator request whose search runs until its 1-second time limit.
@@ -204,6 +202,7 @@ def test_without_a_broker_everything_runs_in_process(sqlite_url: str) -> None:
         assert client.get("/readyz").json() == {"status": "ok", "database": "ok"}
 
 
+@pytest.mark.slow
 def test_sigkill_of_a_worker_mid_survey_on_rabbitmq(
     tmp_path: Path, postgres_url: str, redis_url: str, amqp_url: str
 ) -> None:
@@ -280,6 +279,7 @@ def private_redis(tmp_path: Path) -> Iterator[tuple[str, Any]]:
         state["p"].wait()
 
 
+@pytest.mark.slow
 def test_broker_restart_mid_survey_on_redis(
     tmp_path: Path, postgres_url: str, private_redis: tuple[str, Any]
 ) -> None:
@@ -313,6 +313,7 @@ def test_broker_restart_mid_survey_on_redis(
     verify_clean(postgres_url)
 
 
+@pytest.mark.slow
 def test_fifty_identical_bound_requests_share_one_computation(
     tmp_path: Path, postgres_url: str, redis_url: str
 ) -> None:
@@ -355,6 +356,7 @@ def test_fifty_identical_bound_requests_share_one_computation(
     assert ran == 1
 
 
+@pytest.mark.slow
 def test_no_live_worker_answers_by_the_deadline_with_a_sound_fallback(
     postgres_url: str, redis_url: str
 ) -> None:
@@ -410,6 +412,7 @@ def test_no_live_worker_answers_by_the_deadline_with_a_sound_fallback(
     assert 'gatekeeper_celery_task_wait_seconds_count{outcome="fallback"' in metrics
 
 
+@pytest.mark.slow
 def test_cancel_revokes_the_queued_range_tasks(
     tmp_path: Path, postgres_url: str, redis_url: str
 ) -> None:
