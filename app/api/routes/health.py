@@ -15,7 +15,7 @@ from app.api.openapi import (
     problems,
 )
 from app.api.problems import problem
-from app.worker.fleet import fleet_status, queue_depths
+from app.worker.fleet import fleet_status
 
 router = APIRouter()
 
@@ -60,6 +60,7 @@ async def readyz(runtime: RuntimeDep) -> Response:
     the service unready: bound computations then fall back to basic composition (sound) and
     surveys wait in the queue.
     """
+    extra: dict[str, Any] = {}  # the worker count, beside the checks
 
     def check() -> dict[str, str]:
         checks = {}
@@ -76,15 +77,12 @@ async def readyz(runtime: RuntimeDep) -> Response:
             except Exception:
                 checks["redis"] = "unavailable"
         if runtime.celery is not None:
-            celery, cfg = runtime.celery
-            depths = queue_depths(celery, cfg)
-            checks["broker"] = "ok" if None not in depths.values() else "unavailable"
+            fleet = fleet_status(*runtime.celery)
+            checks["broker"] = "ok" if None not in fleet.queues.values() else "unavailable"
+            extra["workers"] = fleet.nodes
         return checks
 
     checks = await in_thread(runtime, check)
-    extra: dict[str, Any] = {}
-    if runtime.celery is not None:
-        extra["workers"] = (await in_thread(runtime, fleet_status, *runtime.celery)).nodes
     if all(v == "ok" for v in checks.values()):
         return JSONResponse({"status": "ok", **checks, **extra})
     return problem(
