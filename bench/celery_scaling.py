@@ -115,6 +115,7 @@ def drop_namespace(namespace: str) -> None:
         f"gatekeeper:celery:{namespace}:*",
         f"celery-task-meta-{namespace}:*",
         f"_kombu.binding.{namespace}.*",
+        f"_kombu.binding_permanent.{namespace}.*",
     ):
         for key in client.scan_iter(match=pattern):
             client.delete(key)

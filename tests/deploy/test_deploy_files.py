@@ -240,6 +240,13 @@ def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
         log.close()
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        import redis
+
+        client = redis.Redis.from_url(redis_url)  # the worker's keys on the shared Redis
+        for pattern in (f"gatekeeper:celery:{namespace}:*", f"_kombu.binding*.{namespace}.*"):
+            for key in client.scan_iter(match=pattern):
+                client.delete(key)
+        client.close()
 
 
 def test_make_run_installs_only_what_serving_needs() -> None:

@@ -145,6 +145,7 @@ def drop_namespace(result_url: str, namespace: str) -> None:
             f"celery-task-meta-{namespace}:*",
             f"{namespace}.*",
             f"_kombu.binding.{namespace}.*",
+            f"_kombu.binding_permanent.{namespace}.*",
         ):
             for key in client.scan_iter(match=pattern):
                 client.delete(key)
