@@ -22,6 +22,9 @@ from app.worker.celery_app import PLAN_TASK, CelerySettings, revoke_survey_tasks
 
 log = logging.getLogger(__name__)
 
+#: Seconds during which a survey's plan task is not sent again (by any process).
+PLAN_INTERVAL = 30
+
 
 class CeleryJobs:
     """:class:`~app.worker.jobs.SurveyJobs` on Celery, with a sweeper resuming orphans."""
@@ -43,9 +46,22 @@ class CeleryJobs:
         self._sweeper.start()
 
     def start(self, survey_id: int) -> None:
-        """Send the survey's plan task (a survey already held by a live run is left alone)."""
+        """Send the survey's plan task, at most once per :data:`PLAN_INTERVAL` seconds.
+
+        A survey waiting behind another one's chunks stays "nobody holds it" until its plan
+        runs; without the interval every web process's sweeper would queue another plan task
+        for it every ``sweep_seconds``. (A plan that finds the survey held does nothing.)
+        """
         if self._stopped.is_set():
             return
+        try:
+            fresh = self.celery.backend.client.set(
+                self.cfg.key("planned", str(survey_id)), b"1", nx=True, ex=PLAN_INTERVAL
+            )
+            if not fresh:
+                return
+        except Exception as exc:  # Redis away: send anyway (a duplicate plan is harmless)
+            log.warning("survey %d: plan not deduplicated (%s)", survey_id, type(exc).__name__)
         try:
             self.celery.send_task(
                 PLAN_TASK, args=(survey_id,), queue=self.cfg.surveys_queue, ignore_result=True
