@@ -255,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-single", action="store_true", help="skip service_load.py")
     parser.add_argument("--no-pgbench", action="store_true")
     parser.add_argument("--no-verify", action="store_true")
+    parser.add_argument(
+        "--keep-database", action="store_true", help="do not drop the database (to inspect it)"
+    )
     args = parser.parse_args(argv)
     from cryptography.fernet import Fernet
 
@@ -262,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()}")
     rows: list[tuple[str, str]] = []
     ok = True
-    with fresh_database() as (url, _name), tempfile.TemporaryDirectory() as tmp:
+    with (
+        fresh_database(keep=args.keep_database) as (url, _name),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         population = Path(tmp) / "population.ndjson"
         write_population(population, args.objects, args.seed)
         start = time.perf_counter()
