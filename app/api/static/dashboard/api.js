@@ -85,8 +85,9 @@ function explain(error) {
   }
 }
 
-// Runs `task` every `interval` seconds; after a failure it waits longer (doubling up to
-// `maxInterval`), and reports through onError/onSuccess. Stops for good with stop().
+// Runs `task(poller)` every `interval` seconds; after a failure it waits longer (doubling up to
+// `maxInterval`), and reports through onError/onSuccess. The task may change the interval
+// (setInterval) or stop the poller for good (stop()).
 export class Poller {
   constructor(task, { interval, maxInterval = 60, onError, onSuccess }) {
     this.task = task;
@@ -108,12 +109,18 @@ export class Poller {
     this.run();
   }
 
+  // Poll every `seconds` from the next run on.
+  setInterval(seconds) {
+    this.interval = seconds;
+    this.maxInterval = Math.max(this.maxInterval, seconds);
+  }
+
   async run() {
     if (this.stopped) {
       return;
     }
     try {
-      await this.task();
+      await this.task(this);
       if (this.stopped) {
         return;
       }
