@@ -24,6 +24,7 @@ import httpx
 import psycopg
 import pytest
 
+from app.db.migrate import upgrade
 from tests.service.browser import Browser, find_chromium
 from tests.service.conftest import (
     ADMIN_KEY,
@@ -670,6 +671,22 @@ def final_survey(survey_id: int) -> str:
     )
 
 
+@pytest.fixture(scope="module")
+def survey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server and database of their own: labelled objects stay out of the other tests' lists."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('surveys-db') / 'gatekeeper.db'}"
+    upgrade(url)
+    running = start_server(
+        tmp_path_factory.mktemp("survey-server"),
+        database_url=url,
+        redis_url=None,
+        workers=1,
+        BOUND_PROCESSES="0",
+    )
+    yield running
+    running.stop()
+
+
 def import_labelled(
     http: httpx.Client, study: str, n: int, *, budget: float = 5.0, start: int = 0
 ) -> list[str]:
@@ -742,8 +759,9 @@ def check_progress(shown: dict[str, Any], progress: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_surveys_progress_refusals_and_estimates_equal_the_json(
-    server: Server, browser: Browser
+    survey_server: Server, browser: Browser
 ) -> None:
+    server = survey_server
     http = httpx.Client(base_url=server.url, timeout=30)
     analyst = new_key(http, "analyst")
     viewer = new_key(http, "viewer")
@@ -903,11 +921,15 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
     )
     assert listed[:4] == [str(i) for i in (nobody, no_estimator, share, grr)]  # newest first
     browser.screenshot(DOCS_FIGURES / "dashboard-surveys.png")
+    # nothing running: the list is refreshed only to notice new surveys
+    assert "refreshing every 60 s" in browser.evaluate(
+        "document.getElementById('updated').textContent"
+    )
     assert browser.problems() == []
 
 
-def test_a_running_survey_is_drawn_and_polled(server: Server, browser: Browser) -> None:
-    """The survey module on a survey still running: a partial bar, a provisional note."""
+def test_a_running_survey_is_drawn_as_provisional(server: Server, browser: Browser) -> None:
+    """The survey module on surveys still running: a partial bar, a provisional estimate."""
     browser.navigate(f"{server.url}/dashboard/")
     running = {
         "id": 7,
@@ -944,10 +966,49 @@ def test_a_running_survey_is_drawn_and_polled(server: Server, browser: Browser) 
         "No member has accepted the query yet: the estimate appears with the first accepted answer."
     )
     assert "Provisional" in shown["notes"]
+
+    # accepted members already: a provisional unary-encoding histogram, one share below 0
+    unary = {
+        **running,
+        "query": {"mechanism": "unary_encoding", "attribute": "flu", "epsilon": 1.0},
+        "progress": {**running["progress"], "accepted": 6},
+        "estimate": {
+            "kind": "histogram",
+            "n": 6,
+            "values": {"no": 0.75, "yes": -0.125, "unsure": 0.5},
+            "stderr": {"no": 0.3, "yes": 0.25, "unsure": 0.31},
+            "ci95": {"no": [0.2, 1.1], "yes": [-0.5, 0.4], "unsure": [-0.1, 0.9]},
+        },
+        "outputs": {'"no"': 5, '"yes"': 1, '"unsure"': 3},
+    }
+    del unary["estimate_unavailable"]
+    drawn = browser.evaluate(
+        "import('./surveys.js').then(m => {"
+        f" m.renderSurvey({json.dumps(unary)});"
+        " const zero = Number(document.querySelector('#estimate-chart line.zero')"
+        ".getAttribute('y1'));"
+        " return {title: document.getElementById('estimate-title').textContent,"
+        " message: document.getElementById('estimate-message').hidden,"
+        " notes: document.getElementById('estimate-notes').textContent,"
+        " bars: [...document.querySelectorAll('#estimate-chart rect.bar')].map(r =>"
+        " [r.dataset.key, r.classList.contains('negative'), Number(r.getAttribute('y')) >= zero]),"
+        " outputs: [...document.querySelectorAll('#outputs-table tbody tr')]"
+        ".map(tr => [tr.cells[0].textContent, tr.cells[1].dataset.value])}; })"
+    )
+    assert drawn["title"] == "Estimate over n = 6 accepted members"
+    assert drawn["message"] is True
+    # a negative share is drawn down from 0, the others up to it
+    assert drawn["bars"] == [["no", False, False], ["yes", True, True], ["unsure", False, False]]
+    assert "Provisional" in drawn["notes"]
+    assert "Unary-encoding shares sum to 1 only on average" in drawn["notes"]
+    assert drawn["outputs"] == [['"no"', "5"], ['"yes"', "1"], ['"unsure"', "3"]]
     assert browser.problems() == []
 
 
-def test_labels_filter_the_list_and_show_on_the_object(server: Server, browser: Browser) -> None:
+def test_labels_filter_the_list_and_show_on_the_object(
+    survey_server: Server, browser: Browser
+) -> None:
+    server = survey_server
     http = httpx.Client(base_url=server.url, timeout=30)
     analyst = new_key(http, "analyst")
     study = unique_id("lab")
