@@ -768,10 +768,14 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
     study = unique_id("flu")
     import_labelled(http, study, 60)
     import_labelled(http, study, 4, budget=0.5, start=60)  # too small for ε = 2: refused
-    grr = create_survey(http, analyst, "flu share", SURVEY_GRR, study)
-
     browser.navigate(f"{server.url}/dashboard/?poll=1#/surveys")
     sign_in(browser, viewer)
+    browser.wait_for(
+        "!document.getElementById('surveys-view').hidden"
+        " && document.getElementById('updated').textContent.startsWith('Updated')"
+    )
+    # created while the list is open: it shows up by polling, and its bar reaches the end
+    grr = create_survey(http, analyst, "flu share", SURVEY_GRR, study)
     row = f"document.querySelector('#surveys tr[data-id=\"{grr}\"]')"
     browser.wait_for(f"{row} && {row}.dataset.status === 'done'")
     survey = finished_survey(http, viewer, grr)
@@ -921,10 +925,25 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
     )
     assert listed[:4] == [str(i) for i in (nobody, no_estimator, share, grr)]  # newest first
     browser.screenshot(DOCS_FIGURES / "dashboard-surveys.png")
-    # nothing running: the list is refreshed only to notice new surveys
-    assert "refreshing every 60 s" in browser.evaluate(
-        "document.getElementById('updated').textContent"
+    # a refresh of the list reads the newest surveys, and of the older ones only those that
+    # were still running (here 2 newest: the two older ones, one of them seen as running)
+    read = browser.evaluate(
+        "import('./surveys.js').then(async m => {"
+        " const key = sessionStorage.getItem('gatekeeper.apiKey');"
+        " const first = await m.refreshSurveys(key, null, 2);"
+        " performance.clearResourceTimings();"
+        f" const seen = first.items.map(s => s.id === {share} ? {{...s, status: 'running'}} : s);"
+        " const again = await m.refreshSurveys(key, {items: seen, more: false}, 2);"
+        " const mine = performance.getEntriesByType('resource').map(e => new URL(e.name))"
+        ".filter(u => u.search === '?limit=2' || /surveys[/][0-9]+$/.test(u.pathname));"
+        " return {first: first.items.map(s => [s.id, s.status]),"
+        " again: again.items.map(s => [s.id, s.status]),"
+        " urls: mine.map(u => u.pathname + u.search)}; })"
     )
+    everything = [[i, "done"] for i in (nobody, no_estimator, share, grr)]
+    assert read["first"] == everything
+    assert read["again"] == everything
+    assert read["urls"] == ["/v1/surveys?limit=2", f"/v1/surveys/{share}"]
     assert browser.problems() == []
 
 

@@ -86,8 +86,8 @@ function explain(error) {
 }
 
 // Runs `task(poller)` every `interval` seconds; after a failure it waits longer (doubling up to
-// `maxInterval`), and reports through onError/onSuccess. The task may change the interval
-// (setInterval) or stop the poller for good (stop()).
+// `maxInterval`), and reports through onError/onSuccess. The task may stop the poller for good
+// (stop()).
 export class Poller {
   constructor(task, { interval, maxInterval = 60, onError, onSuccess }) {
     this.task = task;
@@ -107,12 +107,6 @@ export class Poller {
 
   start() {
     this.run();
-  }
-
-  // Poll every `seconds` from the next run on.
-  setInterval(seconds) {
-    this.interval = seconds;
-    this.maxInterval = Math.max(this.maxInterval, seconds);
   }
 
   async run() {

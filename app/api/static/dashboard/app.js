@@ -9,14 +9,11 @@ import { describeQuery, fmtTime, num } from "./format.js";
 import { parseFilter } from "./filter.js";
 import { MAX_LABEL_FILTERS, labelChips, labelQuery, labelsFromHash, listHash, parseLabel } from "./labels.js";
 import { renderReading } from "./reading.js";
-import { clearSurvey, isActive, loadSurveys, renderSurvey, renderSurveyList } from "./surveys.js";
+import { clearSurvey, isActive, refreshSurveys, renderSurvey, renderSurveyList } from "./surveys.js";
 
 const STORAGE_KEY = "gatekeeper.apiKey";
 const PAGE = 1000;
 const MAX_OBJECTS = 20000;
-// With no survey in progress the list of surveys is refreshed this rarely (seconds), only to
-// notice new surveys; a finished survey's own page is not refreshed at all.
-const IDLE_SURVEYS_POLL = 60;
 const $ = (id) => document.getElementById(id);
 
 function pollSeconds() {
@@ -36,6 +33,7 @@ const state = {
   filter: parseFilter(""),
   labels: [],
   detail: null,
+  surveys: null,
 };
 
 // --- small helpers -----------------------------------------------------------------------------
@@ -674,12 +672,15 @@ function renderDetail() {
 
 // --- surveys -----------------------------------------------------------------------------------
 
-// The list of surveys: refreshed at the chosen interval while one is queued or running, then
-// only every IDLE_SURVEYS_POLL seconds (to notice new surveys).
+// The list of surveys: every page once, then at each refresh the newest ones and the older
+// ones still running (refreshSurveys).
 async function loadSurveyList(poller) {
-  const found = await loadSurveys(state.key);
+  const found = await refreshSurveys(state.key, state.surveys);
+  if (poller.stopped) {
+    return;
+  }
+  state.surveys = found;
   renderSurveyList(found);
-  poller.setInterval(found.items.some(isActive) ? state.interval : Math.max(state.interval, IDLE_SURVEYS_POLL));
 }
 
 // One survey: refreshed while queued or running; once done, cancelled or failed its numbers
@@ -718,6 +719,7 @@ function route() {
   }
   if (/^#\/surveys\/?$/.test(hash)) {
     state.detail = null;
+    state.surveys = null;
     show("surveys-view");
     document.title = "surveys · ldp-gatekeeper";
     startPolling(loadSurveyList);

@@ -10,6 +10,8 @@ import { labelChip, listHash } from "./labels.js";
 const SVG = "http://www.w3.org/2000/svg";
 const PAGE = 200;
 const MAX_SURVEYS = 1000;
+// Each refresh of the list reads this many of the newest surveys.
+const HEAD = 50;
 const $ = (id) => document.getElementById(id);
 
 // Statuses in which a survey's members are still being decided (its numbers still change).
@@ -138,16 +140,35 @@ function shortTime(iso) {
   return date.toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" });
 }
 
-// Every survey, newest first (GET /v1/surveys pages, up to MAX_SURVEYS).
-export async function loadSurveys(key) {
-  const items = [];
-  let before = null;
-  do {
-    const page = await getJson(`v1/surveys?limit=${PAGE}${before === null ? "" : `&before=${before}`}`, key);
-    items.push(...page.items);
-    before = page.next_before ?? null;
-  } while (before !== null && items.length < MAX_SURVEYS);
-  return { items, more: before !== null };
+// The surveys, newest first: {items, more}. The first time (`known` null) every page is read
+// (up to MAX_SURVEYS); after that, the newest `head` (new surveys appear, running ones move)
+// and, of the older ones in `known`, only those still queued or running (GET /v1/surveys/{id}):
+// a finished survey's numbers are final, so it is not read again.
+export async function refreshSurveys(key, known, head = HEAD) {
+  const first = await getJson(`v1/surveys?limit=${head}`, key);
+  const items = new Map(first.items.map((s) => [s.id, s]));
+  let more = false;
+  if (first.next_before === null || first.next_before === undefined) {
+    // the newest page holds them all
+  } else if (known === null) {
+    let before = first.next_before;
+    while (before !== null && items.size < MAX_SURVEYS) {
+      const page = await getJson(`v1/surveys?limit=${PAGE}&before=${before}`, key);
+      for (const s of page.items) {
+        items.set(s.id, s);
+      }
+      before = page.next_before ?? null;
+    }
+    more = before !== null;
+  } else {
+    for (const s of known.items) {
+      if (!items.has(s.id)) {
+        items.set(s.id, isActive(s) ? await getJson(`v1/surveys/${s.id}`, key) : s);
+      }
+    }
+    more = known.more;
+  }
+  return { items: [...items.values()].sort((a, b) => b.id - a.id), more };
 }
 
 // The list of surveys: one row each with its live progress and refusals by reason.
@@ -192,7 +213,7 @@ export function renderSurveyList({ items, more }) {
   $("no-surveys").hidden = items.length > 0;
   const running = items.filter(isActive).length;
   $("survey-count").textContent =
-    `${items.length} surveys${more ? ` (newest ${items.length} shown)` : ""}` +
+    `${items.length} ${items.length === 1 ? "survey" : "surveys"}${more ? ` (the newest ${items.length})` : ""}` +
     (running ? ` · ${running} in progress` : "");
 }
 
