@@ -25,6 +25,8 @@ import psycopg
 import pytest
 
 from app.db.migrate import upgrade
+from app.engine.errors import InvalidInput
+from app.services.objects import parse_label_filters
 from tests.service.browser import Browser, find_chromium
 from tests.service.conftest import (
     ADMIN_KEY,
@@ -1090,3 +1092,43 @@ def test_labels_filter_the_list_and_show_on_the_object(
         [f"study: {study}", f"#/?label=study%3A{study}"],
     ]
     assert browser.problems() == []
+
+
+#: label filters the page must accept or refuse exactly as the service does
+LABEL_CASES = [
+    "study:flu-2026",
+    "site:a:b",  # the value may hold colons
+    "n.a_b-c:with spaces ",
+    "9lives:x",
+    "n" * 64 + ":x",
+    "n" * 65 + ":x",
+    "n:" + "v" * 256,
+    "n:" + "v" * 257,
+    "n:" + "😀" * 256,  # counted in code points, as Python does
+    "n:é",
+    "é:x",
+    "-n:x",
+    "bad name:x",
+    ":x",
+    "x:",
+    "no colon",
+    "n:tab\there",
+    "n:del\x7f",
+]
+
+
+def test_the_page_reads_label_filters_as_the_service_does(server: Server, browser: Browser) -> None:
+    browser.navigate(f"{server.url}/dashboard/")
+    page = browser.evaluate(
+        "import('./labels.js').then(m =>"
+        f" {json.dumps(LABEL_CASES)}.map(t => {{ const l = m.parseLabel(t);"
+        " return l.error ? null : [l.name, l.value]; }))"
+    )
+    service = []
+    for text in LABEL_CASES:
+        try:
+            service.append(list(parse_label_filters([text])[0]))
+        except InvalidInput:
+            service.append(None)
+    assert page == service
+    assert service.count(None) == 10  # the cases cover both verdicts

@@ -362,7 +362,8 @@ function addLabelFilter(text) {
 
 function onLabelSubmit(event) {
   event.preventDefault();
-  if (addLabelFilter($("label-filter").value)) {
+  // what is typed is trimmed (a click on a label passes its exact text)
+  if (addLabelFilter($("label-filter").value.trim())) {
     $("label-filter").value = "";
   }
 }

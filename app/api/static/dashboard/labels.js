@@ -9,16 +9,15 @@ const VALUE = /^[^\u0000-\u001f\u007f]{1,256}$/u;
 // GET /v1/odometers takes at most this many label conditions.
 export const MAX_LABEL_FILTERS = 20;
 
-// "name:value" (split at the first colon; the value may contain colons) as
-// {name, value, text}, or {error} saying what is wrong.
+// "name:value" (split at the first colon; the value may contain colons, and spaces, kept as
+// they are) as {name, value, text}, or {error} saying what is wrong.
 export function parseLabel(text) {
-  const trimmed = text.trim();
-  const at = trimmed.indexOf(":");
+  const at = text.indexOf(":");
   if (at < 0) {
     return { error: "a label filter is name:value, for example study:flu-2026" };
   }
-  const name = trimmed.slice(0, at);
-  const value = trimmed.slice(at + 1);
+  const name = text.slice(0, at);
+  const value = text.slice(at + 1);
   if (!NAME.test(name)) {
     return { error: "a label name is 1-64 letters, digits, '.', '_' or '-' (starting with a letter or digit)" };
   }
