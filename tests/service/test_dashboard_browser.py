@@ -1023,6 +1023,33 @@ def test_a_running_survey_is_drawn_as_provisional(server: Server, browser: Brows
     assert "Provisional" in drawn["notes"]
     assert "Unary-encoding shares sum to 1 only on average" in drawn["notes"]
     assert drawn["outputs"] == [['"no"', "5"], ['"yes"', "1"], ['"unsure"', "3"]]
+
+    # over without every member decided: cancelled, or failed with its error
+    ended = {**running, "status": "cancelled"}
+    failed = {**running, "status": "failed", "error": "the worker stopped"}
+    said = browser.evaluate(
+        "import('./surveys.js').then(m => [...["
+        f"{json.dumps(ended)}, {json.dumps(failed)}].map(s => {{ m.renderSurvey(s);"
+        " return [m.isActive(s), document.getElementById('survey-progress-text').textContent,"
+        " document.getElementById('survey-error').hidden ? null :"
+        " document.getElementById('survey-error').textContent,"
+        " document.getElementById('estimate-message').textContent]; })])"
+    )
+    nobody = "No member accepted the query (see the refusals), so there is nothing to estimate."
+    assert said == [
+        [
+            False,
+            "10 / 40 (25%) decided · cancelled: the members not decided were never asked",
+            None,
+            nobody,
+        ],
+        [
+            False,
+            "10 / 40 (25%) decided · failed: the members decided keep their answers",
+            "The survey failed: the worker stopped",
+            nobody,
+        ],
+    ]
     assert browser.problems() == []
 
 

@@ -139,6 +139,7 @@ function signOut(message) {
   state.who = null;
   state.rows = [];
   state.detail = null;
+  state.surveys = null;
   $("session").hidden = true;
   clearStatus();
   $("sign-in-error").hidden = !message;
@@ -211,13 +212,14 @@ function rowOf(item) {
   };
 }
 
-async function loadList() {
+async function loadList(poller) {
   const retired = $("include-retired").checked ? "&include_retired=true" : "";
+  const labels = labelQuery(state.labels);
   const rows = [];
   let offset = 0;
   let total = 0;
   do {
-    const page = await getJson(`v1/odometers?limit=${PAGE}&offset=${offset}${retired}${labelQuery(state.labels)}`, state.key);
+    const page = await getJson(`v1/odometers?limit=${PAGE}&offset=${offset}${retired}${labels}`, state.key);
     rows.push(...page.items.map(rowOf));
     total = page.total;
     offset += page.items.length;
@@ -225,6 +227,9 @@ async function loadList() {
       break;
     }
   } while (offset < total && offset < MAX_OBJECTS);
+  if (poller.stopped) {
+    return; // replaced (another label filter, include retired): not this list any more
+  }
   state.rows = rows;
   state.total = total;
   renderList();
@@ -668,8 +673,6 @@ function renderDetail() {
     d.read = read;
   }
 }
-
-// --- routing -----------------------------------------------------------------------------------
 
 // --- surveys -----------------------------------------------------------------------------------
 
