@@ -131,13 +131,13 @@ function queryText(query) {
   return epsilon === null ? describeQuery(query) : `${describeQuery(query)}, ε = ${num(epsilon)}`;
 }
 
-// A short local date and time for the list (the full one in its tooltip).
-function shortTime(iso) {
+// A short local date and time (the full one goes in a tooltip); `seconds` to show them.
+function shortTime(iso, seconds = false) {
   const date = new Date(iso);
   if (!iso || Number.isNaN(date.getTime())) {
     return fmtTime(iso);
   }
-  return date.toLocaleString(undefined, { dateStyle: "short", timeStyle: "short" });
+  return date.toLocaleString(undefined, { dateStyle: "short", timeStyle: seconds ? "medium" : "short" });
 }
 
 // The surveys, newest first: {items, more}. The first time (`known` null) every page is read
@@ -246,7 +246,8 @@ function renderNumbers(survey) {
   definition(list, "groups", "Decision groups", survey.groups ?? 0);
   for (const [key, label] of [["created_at", "Created"], ["started_at", "Started"], ["finished_at", "Finished"]]) {
     if (survey[key]) {
-      definition(list, null, label, null, { numeric: false, text: fmtTime(survey[key]) });
+      definition(list, null, label, null, { numeric: false, text: shortTime(survey[key], true) });
+      list.lastChild.title = fmtTime(survey[key]);
     }
   }
 }
