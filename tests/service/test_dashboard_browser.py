@@ -1024,6 +1024,33 @@ def test_a_running_survey_is_drawn_as_provisional(server: Server, browser: Brows
     assert "Unary-encoding shares sum to 1 only on average" in drawn["notes"]
     assert drawn["outputs"] == [['"no"', "5"], ['"yes"', "1"], ['"unsure"', "3"]]
 
+    # a mean of a linear query: one point with its interval, on the query's range
+    linear = {
+        **running,
+        "query": {"mechanism": "linear", "weights": {"x": 1}, "range": [10, 20], "epsilon": 1},
+        "progress": {**running["progress"], "accepted": 6},
+        "estimate": {"kind": "mean", "n": 6, "value": 14.5, "stderr": 1.2, "ci95": [12, 21.5]},
+    }
+    del linear["estimate_unavailable"]
+    mean = browser.evaluate(
+        "import('./surveys.js').then(m => {"
+        f" m.renderSurvey({json.dumps(linear)});"
+        " const svg = document.getElementById('estimate-chart');"
+        " const x = (t) => Number(t.getAttribute('x'));"
+        " const ticks = [...svg.querySelectorAll('.tick.x')];"
+        " const at = (v) => x(ticks.find(t => t.textContent === String(v)));"
+        " const point = Number(svg.querySelector('circle.point').getAttribute('cx'));"
+        " return {ticks: ticks.map(t => t.textContent),"
+        " where: (point - at(10)) / (at(20) - at(10)),"
+        " numbers: ['est-value', 'est-stderr', 'est-low', 'est-high']"
+        ".map(id => document.getElementById(id).dataset.value)}; })"
+    )
+    # the line runs from the range's low end to past the interval's high end
+    assert mean["ticks"][0] == "10"
+    assert float(mean["ticks"][-1]) >= 21.5
+    assert mean["where"] == pytest.approx(0.45)
+    assert mean["numbers"] == ["14.5", "1.2", "12", "21.5"]
+
     # over without every member decided: cancelled, or failed with its error
     ended = {**running, "status": "cancelled"}
     failed = {**running, "status": "failed", "error": "the worker stopped"}
