@@ -3,13 +3,15 @@
 The main README's walk-through (keys, register, dry-run, submit and its replay, odometer, the
 rejection, then the population survey: import, dry-run, create, follow, responses, cancel) is
 run through the sync client and through the async one; every paged list is iterated with pages
-small enough to need several; errors arrive as their typed exceptions.
+small enough to need several; errors arrive as their typed exceptions. The quick start of
+clients/python/README.md (its first two ``python`` blocks, read from the file) runs as written.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from ldp_gatekeeper_client import (
 )
 
 from tests.client.conftest import ADMIN_KEY, QUICK, Server
-from tests.service.conftest import unique_id
+from tests.service.conftest import ROOT, unique_id
 
 pytestmark = pytest.mark.slow
 
@@ -45,6 +47,7 @@ DOMAIN = Domain(
 )
 DISEASES = ("none", "flu", "covid")
 QUERY = GrrQuery(attribute="disease", epsilon=0.5)
+CLIENT_README = ROOT / "clients" / "python" / "README.md"
 
 
 def population(path: Path, study: str, n: int, *, first: int = 0) -> list[str]:
@@ -276,3 +279,42 @@ def test_the_async_client_walks_the_same_road(server: Server, tmp_path: Path) ->
     ]
     assert len(got["keys"]) >= 1
     assert got["run"] in got["surveys"]
+
+
+def blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", CLIENT_README.read_text(), re.S)
+
+
+def test_the_quick_start_runs_as_written(
+    server: Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("GATEKEEPER_URL", server.url)
+    monkeypatch.setenv("GATEKEEPER_BOOTSTRAP_ADMIN_KEY", ADMIN_KEY)
+    monkeypatch.chdir(tmp_path)
+    members = [
+        {
+            "id": f"flu-{i:02d}",
+            "domain": DOMAIN.model_dump(),
+            "value": {"age": 30 + i, "disease": ["none", "flu", "covid"][i % 3]},
+            "budget": {"epsilon": 2.0},
+            "labels": {"study": "flu-2026"},
+        }
+        for i in range(12)
+    ]
+    (tmp_path / "population.ndjson").write_text("".join(json.dumps(m) + "\n" for m in members))
+    quick_start, survey = blocks()[:2]
+    namespace: dict[str, Any] = {}
+    exec(compile(quick_start, str(CLIENT_README), "exec"), namespace)  # noqa: S102 - our README
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "True"
+    assert namespace["result"].output in ("none", "flu", "covid")
+    assert "refused; worst case after:" in out
+    exec(compile(survey, str(CLIENT_README), "exec"), namespace)  # noqa: S102 - our README
+    assert namespace["imported"].created == 12
+    assert namespace["survey"].status == "done"
+    assert namespace["survey"].progress.accepted == 12
+    assert len(namespace["answers"]) == 12
+    assert len(namespace["odometers"]) == 12
