@@ -42,7 +42,8 @@ class Client:
         When and how long to retry (:class:`RetryPolicy`; ``NO_RETRY`` turns retries off).
     http_client:
         An :class:`httpx.Client` to send with (proxies, TLS, event hooks); its base URL and
-        headers are set here and it is not closed by :meth:`close`.
+        headers are set here, its own timeout applies (``timeout`` is ignored), and
+        :meth:`close` leaves it open.
 
     Use it as a context manager, or call :meth:`close`.
     """
