@@ -250,6 +250,19 @@ def test_a_registration_is_resent_when_it_certainly_did_not_arrive() -> None:
     assert len(recorder.requests) == 3
 
 
+def test_a_bad_url_is_not_retried_and_retries_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="ldp_gatekeeper_client")
+    with Client("ftp://gatekeeper.test", retry=FAST) as gk, pytest.raises(ConnectionFailed) as e:
+        gk.health()
+    assert isinstance(e.value.__cause__, httpx.UnsupportedProtocol)
+    assert caplog.records == []
+    recorder = Recorder([drop(httpx.ConnectError), answer(httpx.Response(200, json=ODOMETER))])
+    with client_for(recorder) as gk:
+        gk.objects.odometer("p-1")
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.startswith("GET /v1/objects/p-1/odometer: ConnectError; retry 1 of 4 in ")
+
+
 def test_retries_wait_at_least_retry_after_then_give_up_with_the_last_error() -> None:
     slow = RetryPolicy(backoff=0.001, max_backoff=0.001, max_retries=2)
     limited = answer(problem(429, "rate-limited", {"Retry-After": "0.2"}))

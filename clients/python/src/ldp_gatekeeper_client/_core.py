@@ -33,6 +33,8 @@ NDJSON = "application/x-ndjson"
 
 #: Failures after which the request certainly did not reach the application.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+#: Failures of this side (a URL without http/https, a request httpx cannot send): no retry helps.
+_OURS = (httpx.UnsupportedProtocol, httpx.LocalProtocolError)
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def retry_wait(
         wait = policy.delay(retry, retry_after)
         reason = f"{error.status} {error.type}"
     else:
-        if not (call.safe or isinstance(failure, _NOT_SENT)):
+        if isinstance(failure, _OURS) or not (call.safe or isinstance(failure, _NOT_SENT)):
             return None
         wait = policy.delay(retry, None)
         reason = type(failure).__name__
