@@ -20,6 +20,7 @@ import pytest
 from ldp_gatekeeper_client import (
     AlreadyExists,
     AsyncClient,
+    BinaryRrQuery,
     BudgetExhausted,
     CategoricalAttribute,
     Client,
@@ -29,9 +30,12 @@ from ldp_gatekeeper_client import (
     ImportFailed,
     IntegerAttribute,
     NotFound,
+    ObjectRetired,
+    Predicate,
     Unauthorized,
     ValidationFailed,
 )
+from ldp_gatekeeper_client.models import HistoryEntry, LossRequest
 
 from tests.client.conftest import ADMIN_KEY, QUICK, Server
 from tests.service.conftest import ROOT, unique_id
@@ -120,6 +124,29 @@ def test_the_readme_walkthrough(admin: Client, server: Server) -> None:
         assert len(list(analyst.objects.history(oid))) == 1
 
 
+def test_the_calculator_takes_models(admin: Client) -> None:
+    """The loss calculator example of the main README, built from the client's models."""
+    x_is_1 = Predicate(attribute="x", op="==", value=1)
+    answer = admin.loss(
+        LossRequest(
+            domain=Domain(attributes=[IntegerAttribute(name="x", low=0, high=1)]),
+            history=[
+                HistoryEntry(query=BinaryRrQuery(predicate=x_is_1, epsilon=0.5), output=1),
+                HistoryEntry(query=BinaryRrQuery(predicate=x_is_1, epsilon=0.5), output=0),
+            ],
+            budget=1.0,
+            candidate=GrrQuery(attribute="x", epsilon=0.9),
+        )
+    )
+    assert answer.status == "ok"
+    assert answer.realized_loss.lower == pytest.approx(0.0, abs=1e-9)  # the two answers cancel
+    assert answer.basic_composition == pytest.approx(1.0)
+    assert answer.candidate is not None
+    assert answer.candidate.worst_case_upper == pytest.approx(0.9, abs=1e-6)
+    assert answer.candidate.accepted.bayesian
+    assert not answer.candidate.accepted.basic
+
+
 def test_errors_arrive_typed(admin: Client, server: Server) -> None:
     oid = unique_id("errors")
     admin.objects.register(oid, domain=DOMAIN, value={"age": 40, "disease": "none"}, budget=1.0)
@@ -127,11 +154,13 @@ def test_errors_arrive_typed(admin: Client, server: Server) -> None:
         admin.objects.get("no-such-object")
     with Client(server.url, "not-a-key", retry=QUICK) as stranger, pytest.raises(Unauthorized):
         stranger.objects.odometer(oid)
-    with (
-        Client(server.url, admin.keys.create("viewer").key, retry=QUICK) as viewer,
-        pytest.raises(Forbidden),
-    ):
-        viewer.objects.submit(oid, QUERY)
+    created = admin.keys.create("viewer")
+    with Client(server.url, created.key, retry=QUICK) as viewer:
+        with pytest.raises(Forbidden):
+            viewer.objects.submit(oid, QUERY)
+        assert admin.keys.revoke(created.id).revoked
+        with pytest.raises(Unauthorized):
+            viewer.objects.odometer(oid)
     with pytest.raises(ValidationFailed) as invalid:
         admin.objects.dry_run(oid, {"mechanism": "grr", "attribute": "disease", "epsilon": -1})
     assert invalid.value.fields == ["query.epsilon"]
@@ -140,6 +169,11 @@ def test_errors_arrive_typed(admin: Client, server: Server) -> None:
     assert unknown.value.fields == ["query.attribute"]
     with pytest.raises(AlreadyExists):
         admin.objects.register(oid, domain=DOMAIN, value={"age": 41, "disease": "flu"}, budget=1.0)
+    retired = admin.objects.retire(oid)
+    assert retired.status == "retired"
+    assert admin.objects.retire(oid).retired_at == retired.retired_at  # so a retry is safe
+    with pytest.raises(ObjectRetired):
+        admin.objects.submit(oid, QUERY)
 
 
 def test_the_survey_walkthrough(
