@@ -34,6 +34,7 @@ from ldp_gatekeeper_client import (
     Predicate,
     Unauthorized,
     ValidationFailed,
+    WaitTimeout,
 )
 from ldp_gatekeeper_client.models import HistoryEntry, LossRequest
 
@@ -235,6 +236,10 @@ def test_the_survey_walkthrough(
         assert list(frame.output) == [r.output for r in responses]
 
         second = analyst.surveys.create("flu again", grr, ids=ids[:3])
+        assert second.view.status == "queued"  # as created
+        with pytest.raises(WaitTimeout) as late:
+            second.wait(timeout=0)
+        assert late.value.survey.id == second.id
         cancelled = second.cancel()
         assert cancelled.status in ("cancelled", "done")  # it may have finished first
         newest = [s.id for s in analyst.surveys.all(page_size=1)]
