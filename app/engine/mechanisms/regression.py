@@ -32,7 +32,14 @@ from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_bool, as_list, as_number, as_object, check_keys, path
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms.base import Output, TabulatedMechanism, check_epsilon
-from app.engine.numerics import FloatArray, exact_fraction, log1p_exp
+from app.engine.numerics import (
+    UNIT_ROUNDOFF,
+    FloatArray,
+    exact_dot,
+    exact_fraction,
+    log1p_exp,
+    response_log_prob,
+)
 from app.engine.sampling import bernoulli
 
 #: Relative slack for a ``linear`` query without ``truncate`` whose range is met up to rounding
@@ -77,11 +84,54 @@ class ScalarResponse(TabulatedMechanism):
                 f"make the query's value exceed {MAX_QUERY_MAGNITUDE:g} in magnitude",
             )
         self._check_range(field)
-        t, one_minus_t = self.response(np.array([self.z_min, self.z_max]))
-        log_hi = np.log1p(t * self.expm1_eps)
-        log_lo = np.log1p(one_minus_t * self.expm1_eps)
-        tight = max(float(log_hi[1] - log_hi[0]), float(log_lo[0] - log_lo[1]))
-        super().__init__(domain, self.eps, tight, field)
+        super().__init__(domain, self.eps, self._tight_upper(domain), field)
+
+    def _tight_upper(self, domain: Domain) -> float:
+        r"""A float not below the exact tight ε over the domain (never above the declared ε).
+
+        With ``t0 = t(z_min)``, ``t1 = t(z_max)``, ``Δt = t1 - t0`` and ``Pr = t k + q``
+        (:func:`~app.engine.numerics.response_log_prob`), the two log-ratios are
+
+        .. math::
+
+            \log\frac{\Pr_{hi}(t_1)}{\Pr_{hi}(t_0)} = \operatorname{log1p}
+            \frac{Δt\,k}{t_0 k + q},\qquad
+            \log\frac{\Pr_{lo}(t_0)}{\Pr_{lo}(t_1)} = \operatorname{log1p}
+            \frac{Δt\,k}{(1 - t_1) k + q},
+
+        computed without subtracting two ~ε-sized logarithms (issue 15 item 4: at ε = 100 that
+        difference erred by 1e-14 on a tight ε of 8e-13). ``z_min``/``z_max`` are evaluated with
+        :func:`~app.engine.numerics.exact_dot`, widened by its error bound (zero when exact),
+        ``Δt`` is bounded from above and the denominators from below at the widened ends (``t``
+        is monotone), and every float operation is covered by a relative ``16u`` margin.
+        """
+        if not self.weights:
+            return 0.0
+        names = list(self.weights)
+        w = np.array([self.weights[a] for a in names])
+        low = np.array([domain.attributes[a].low for a in names], dtype=np.float64)
+        high = np.array([domain.attributes[a].high for a in names], dtype=np.float64)
+        ends = np.stack([np.where(w > 0, low, high), np.where(w > 0, high, low)])
+        z, err = exact_dot(ends, w.reshape(1, -1), np.array([self.intercept]))
+        z0 = math.nextafter(float(z[0, 0]) - float(err[0, 0]), -math.inf)
+        z1 = math.nextafter(float(z[1, 0]) + float(err[1, 0]), math.inf)
+        margin = 16.0 * UNIT_ROUNDOFF
+        dt = self._delta_t(z0, z1) * (1.0 + margin)
+        k, q = math.tanh(0.5 * self.eps), 1.0 / (1.0 + math.exp(self.eps))
+        t0 = float(self.response(np.array([z0]))[0][0])
+        one_minus_t1 = float(self.response(np.array([z1]))[1][0])
+        tight = 0.0
+        for own in (t0, one_minus_t1):
+            den = (max(own, 0.0) * k + q) * (1.0 - margin)
+            if den <= 0.0:
+                return self.eps
+            tight = max(tight, math.log1p(dt * k / den * (1.0 + margin)) * (1.0 + margin))
+        return min(tight, self.eps)
+
+    def _delta_t(self, z0: float, z1: float) -> float:
+        """``t(z1) - t(z0)`` (``z0 <= z1``), not below the exact difference of the floats."""
+        t = self.response(np.array([z0, z1]))[0]
+        return max(float(t[1] - t[0]), 0.0)
 
     def _z_range(self, domain: Domain) -> tuple[float, float]:
         lo = hi = self.intercept
@@ -115,8 +165,8 @@ class ScalarResponse(TabulatedMechanism):
             view[n] = shape[n]
             z = z + w * self.domain.attributes[axis].numeric_values().reshape(view)
         t, one_minus_t = self.response(z)
-        log_high = np.log1p(t * self.expm1_eps) - self.log_norm
-        log_low = np.log1p(one_minus_t * self.expm1_eps) - self.log_norm
+        log_high = response_log_prob(t, one_minus_t, self.eps)
+        log_low = response_log_prob(one_minus_t, t, self.eps)
         return np.stack([log_low, log_high], axis=-1)
 
     @property
@@ -220,6 +270,11 @@ class LogisticQuery(ScalarResponse):
     def response(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
         """``σ(z)`` and ``σ(-z)``."""
         return np.asarray(expit(z), dtype=np.float64), np.asarray(expit(-z), dtype=np.float64)
+
+    def _delta_t(self, z0: float, z1: float) -> float:
+        """``σ(z1) - σ(z0) = σ(z1) σ(-z0) (1 - e^{-(z1 - z0)})``: no cancellation."""
+        gap = math.nextafter((z1 - z0) * (1.0 + 2.0 * UNIT_ROUNDOFF), math.inf)
+        return float(expit(z1) * expit(-z0)) * -math.expm1(-gap)
 
     def to_json(self) -> dict[str, Any]:
         """Canonical JSON."""
