@@ -56,7 +56,6 @@ from app.engine.continuous.lp_bound import Relaxation, relax
 from app.engine.continuous.problem import Box, TermSet, rank_one
 from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
 
-
 #: Relative distance (to the box's width) within which an incumbent's coordinate is also tried
 #: on the nearest face (see ``_Search.offer``).
 SNAP = 1e-6

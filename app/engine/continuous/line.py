@@ -113,7 +113,8 @@ def maximize_line(
         if time.perf_counter() >= deadline or nodes >= max_nodes:
             hit_limit = True
             break
-        split_a, split_b = [], []
+        split_a: list[float] = []
+        split_b: list[float] = []
         while heap and len(split_a) < 2 * BATCH:
             _, a, b = heapq.heappop(heap)
             m = 0.5 * (a + b)

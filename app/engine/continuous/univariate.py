@@ -186,7 +186,7 @@ class CurveBatch:
 
     def _response(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
         """``(t_own, dt_own/dz)``: the response of each curve's own output and its derivative."""
-        own, other, dt = self._responses(z)
+        own, _other, dt = self._responses(z)
         return own, dt
 
     def _responses(self, z: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
@@ -209,9 +209,7 @@ class CurveBatch:
     def values(self, z: FloatArray) -> FloatArray:
         """``h_i(z[..., i])`` for every curve (cancellation-free, see ``response_log_prob``)."""
         own, other, _ = self._responses(z)
-        return np.asarray(
-            self.sign * response_log_prob(own, other, self.epsilon), dtype=np.float64
-        )
+        return np.asarray(self.sign * response_log_prob(own, other, self.epsilon), dtype=np.float64)
 
     def derivs(self, z: FloatArray) -> FloatArray:
         """``h_i'(z[..., i])`` for every curve."""

@@ -52,6 +52,9 @@ MAX_QUERY_MAGNITUDE = 1e150
 class ScalarResponse(TabulatedMechanism):
     """Common part of ``linear`` and ``logistic``: weights, intercept, ε, two outputs."""
 
+    #: See :meth:`log_table` (set when the table is built).
+    _extra: float = 0.0
+
     def __init__(
         self, raw: Mapping[str, Any], domain: Domain, field: str, limits: EngineLimits
     ) -> None:
@@ -100,38 +103,23 @@ class ScalarResponse(TabulatedMechanism):
             \frac{Δt\,k}{(1 - t_1) k + q},
 
         computed without subtracting two ~ε-sized logarithms (issue 15 item 4: at ε = 100 that
-        difference erred by 1e-14 on a tight ε of 8e-13). ``z_min``/``z_max`` are evaluated with
-        :func:`~app.engine.numerics.exact_dot`, widened by its error bound (zero when exact),
-        ``Δt`` is bounded from above and the denominators from below at the widened ends (``t``
-        is monotone), and every float operation is covered by a relative ``16u`` margin.
+        difference erred by 1e-14 on a tight ε of 8e-13). ``t`` and ``1 - t`` at the two ends
+        are bracketed by :meth:`bracket` (certified), ``Δt`` is bounded from above by
+        :meth:`_delta_t` and the denominators from below, and every remaining float operation is
+        covered by a relative ``16u`` margin.
         """
         if not self.weights:
             return 0.0
-        names = list(self.weights)
-        w = np.array([self.weights[a] for a in names])
-        low = np.array([domain.attributes[a].low for a in names], dtype=np.float64)
-        high = np.array([domain.attributes[a].high for a in names], dtype=np.float64)
-        ends = np.stack([np.where(w > 0, low, high), np.where(w > 0, high, low)])
-        z, err = exact_dot(ends, w.reshape(1, -1), np.array([self.intercept]))
-        z0 = math.nextafter(float(z[0, 0]) - float(err[0, 0]), -math.inf)
-        z1 = math.nextafter(float(z[1, 0]) + float(err[1, 0]), math.inf)
+        ends = np.stack([self._end(domain, top=False), self._end(domain, top=True)])
+        t_lo, t_hi, omt_lo, _ = self.bracket(ends)
         margin = 16.0 * UNIT_ROUNDOFF
-        dt = self._delta_t(z0, z1) * (1.0 + margin)
+        dt = self._delta_t(domain, ends, t_lo[0], t_hi[1]) * (1.0 + margin)
         k, q = math.tanh(0.5 * self.eps), 1.0 / (1.0 + math.exp(self.eps))
-        t0 = float(self.response(np.array([z0]))[0][0])
-        one_minus_t1 = float(self.response(np.array([z1]))[1][0])
         tight = 0.0
-        for own in (t0, one_minus_t1):
+        for own in (float(t_lo[0]), float(omt_lo[1])):
             den = (max(own, 0.0) * k + q) * (1.0 - margin)
-            if den <= 0.0:
-                return self.eps
             tight = max(tight, math.log1p(dt * k / den * (1.0 + margin)) * (1.0 + margin))
         return min(tight, self.eps)
-
-    def _delta_t(self, z0: float, z1: float) -> float:
-        """``t(z1) - t(z0)`` (``z0 <= z1``), not below the exact difference of the floats."""
-        t = self.response(np.array([z0, z1]))[0]
-        return max(float(t[1] - t[0]), 0.0)
 
     def _z_range(self, domain: Domain) -> tuple[float, float]:
         lo = hi = self.intercept
@@ -145,6 +133,50 @@ class ScalarResponse(TabulatedMechanism):
     def _check_range(self, field: str) -> None:
         """Hook for ``linear``'s range check."""
 
+    def _end(self, domain: Domain, *, top: bool) -> FloatArray:
+        """The vertex of the weighted attributes' box where ``z`` is largest (``top``) or least."""
+        up = [(w > 0) == top for w in self.weights.values()]
+        return np.array(
+            [
+                domain.attributes[a].high if u else domain.attributes[a].low
+                for a, u in zip(self.weights, up, strict=True)
+            ],
+            dtype=np.float64,
+        )
+
+    def _z_bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """``z`` at each row of ``points`` (weighted attributes) with certified ends around it."""
+        w = np.array(list(self.weights.values()), dtype=np.float64).reshape(1, -1)
+        z, err = exact_dot(points, w, np.array([self.intercept]))
+        z, err = z[:, 0], err[:, 0]
+        return z, np.nextafter(z - err, -np.inf), np.nextafter(z + err, np.inf)
+
+    def _z_gap(self, ends: FloatArray) -> float:
+        """An upper bound of ``z_max - z_min = Σ_a w_a (x_top - x_bottom)`` (no cancellation)."""
+        w = np.array(list(self.weights.values()), dtype=np.float64)
+        gap, err = exact_dot(
+            np.concatenate([ends[1], ends[0]]).reshape(1, -1),
+            np.concatenate([w, -w]).reshape(1, -1),
+            np.zeros(1),
+        )
+        return math.nextafter(float(gap[0, 0]) + float(err[0, 0]), math.inf)
+
+    @abc.abstractmethod
+    def bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """Certified ``t_lo <= t <= t_hi`` and ``(1-t)_lo <= 1 - t <= (1-t)_hi`` at each point."""
+
+    @abc.abstractmethod
+    def _delta_t(self, domain: Domain, ends: FloatArray, t0_lo: float, t1_hi: float) -> float:
+        """An upper bound of ``t(z_max) - t(z_min)`` (before the caller's margin)."""
+
+    def _grid_points(self) -> FloatArray:
+        """Every cell of the weighted attributes' grid as a row (last attribute fastest)."""
+        values = [self.domain.attributes[a].numeric_values() for a in self.axes]
+        if not values:  # no weights: one cell, z = c
+            return np.zeros((1, 0))
+        mesh = np.meshgrid(*values, indexing="ij")
+        return np.stack([m.reshape(-1) for m in mesh], axis=1).astype(np.float64)
+
     @abc.abstractmethod
     def response(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
         """``(t, 1 - t)`` for query values ``z``, each computed without cancellation."""
@@ -157,17 +189,48 @@ class ScalarResponse(TabulatedMechanism):
         return z
 
     def log_table(self) -> FloatArray:
-        """``[log Pr(low), log Pr(high)]`` over the grid of the weighted attributes."""
+        """``[log Pr(low), log Pr(high)]`` over the grid of the weighted attributes.
+
+        ``t`` and ``1 - t`` come from :meth:`bracket`'s accurate values (``z`` in twice the
+        working precision, ``z - a`` and ``b - z`` without cancellation); the table is also
+        evaluated at the ends of the brackets, and the largest change (``log Pr`` is monotone in
+        ``t``) is this mechanism's :attr:`extra_error`, 0 when every ``z`` was exact.
+        """
         shape = tuple(self.domain.shape[a] for a in self.axes)
-        z = np.full(shape, self.intercept, dtype=np.float64)
-        for n, (axis, w) in enumerate(self.weights.items()):
-            view = [1] * len(shape)
-            view[n] = shape[n]
-            z = z + w * self.domain.attributes[axis].numeric_values().reshape(view)
-        t, one_minus_t = self.response(z)
-        log_high = response_log_prob(t, one_minus_t, self.eps)
-        log_low = response_log_prob(one_minus_t, t, self.eps)
-        return np.stack([log_low, log_high], axis=-1)
+        points = self._grid_points()
+        t, omt, inexact = self._accurate(points)
+        t_lo, t_hi, omt_lo, omt_hi = self.bracket(points)
+        columns = []
+        extra = 0.0
+        for own, other, own_lo, own_hi, other_lo, other_hi in (
+            (omt, t, omt_lo, omt_hi, t_lo, t_hi),
+            (t, omt, t_lo, t_hi, omt_lo, omt_hi),
+        ):
+            value = response_log_prob(own, other, self.eps)
+            low_end = response_log_prob(own_lo, other_hi, self.eps)
+            high_end = response_log_prob(own_hi, other_lo, self.eps)
+            moved = np.maximum(np.abs(high_end - value), np.abs(value - low_end))
+            moved = moved + 16.0 * UNIT_ROUNDOFF * (np.abs(low_end) + np.abs(high_end))
+            moved = np.where(inexact, moved, 0.0)
+            if moved.size:
+                extra = max(extra, float(np.max(moved)) if np.all(np.isfinite(moved)) else math.inf)
+            columns.append(value.reshape(shape))
+        self._extra = extra if extra > 0.0 else 0.0
+        return np.stack(columns, axis=-1)
+
+    @property
+    def extra_error(self) -> float:
+        """How far the table's entries may be from those at the exact ``z`` (see log_table)."""
+        self.table()
+        return self._extra
+
+    @abc.abstractmethod
+    def _accurate(self, points: FloatArray) -> tuple[FloatArray, FloatArray, np.ndarray]:
+        """``t``, ``1 - t`` at each point and where ``z`` was not computed exactly.
+
+        ``t`` is as accurate as the brackets allow; where ``z`` is exact the brackets only add
+        rounding that the default error model already charges.
+        """
 
     @property
     def output_count(self) -> int:
@@ -231,6 +294,46 @@ class LinearQuery(ScalarResponse):
         width = self.b - self.a
         return (y - self.a) / width, (self.b - y) / width
 
+    def _offsets(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """``z - a`` and ``b - z`` in twice the working precision, with their error bounds."""
+        w = np.array(list(self.weights.values()), dtype=np.float64)
+        ones = np.ones((points.shape[0], 1))
+        augmented = np.hstack([points, ones])
+        rows = np.array([np.append(w, -self.a), np.append(-w, self.b)])
+        value, err = exact_dot(augmented, rows, np.array([self.intercept, -self.intercept]))
+        return value[:, 0], err[:, 0], value[:, 1], err[:, 1]
+
+    def _accurate(self, points: FloatArray) -> tuple[FloatArray, FloatArray, np.ndarray]:
+        above_a, err_a, below_b, err_b = self._offsets(points)
+        width = self.b - self.a
+        t = np.clip(above_a, 0.0, width) / width
+        return t, np.clip(below_b, 0.0, width) / width, (err_a > 0.0) | (err_b > 0.0)
+
+    def bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """``t = clip(z - a, 0, w)/w`` bracketed from ``z - a ± err`` (likewise ``1 - t``)."""
+        above_a, err_a, below_b, err_b = self._offsets(points)
+        width = self.b - self.a
+        up, down = 1.0 + 4.0 * UNIT_ROUNDOFF, 1.0 - 4.0 * UNIT_ROUNDOFF
+
+        def ends(v: FloatArray, e: FloatArray) -> tuple[FloatArray, FloatArray]:
+            lo = np.clip(np.nextafter(v - e, -np.inf), 0.0, width) / width * down
+            hi = np.clip(np.nextafter(v + e, np.inf), 0.0, width) / width * up
+            return lo, hi
+
+        t_lo, t_hi = ends(above_a, err_a)
+        omt_lo, omt_hi = ends(below_b, err_b)
+        return t_lo, t_hi, omt_lo, omt_hi
+
+    def _delta_t(self, domain: Domain, ends: FloatArray, t0_lo: float, t1_hi: float) -> float:
+        """``t1_hi - t0_lo``, or ``Σ|w|(high - low)/w`` when neither end is clipped."""
+        span = max(float(t1_hi - t0_lo), 0.0) * (1.0 + 4.0 * UNIT_ROUNDOFF)
+        _, z_lo, _ = self._z_bracket(ends[:1])
+        _, _, z_hi = self._z_bracket(ends[1:])
+        if float(z_lo[0]) >= self.a and float(z_hi[0]) <= self.b:
+            direct = self._z_gap(ends) / (self.b - self.a)
+            span = min(span, direct * (1.0 + 8.0 * UNIT_ROUNDOFF))
+        return span
+
     def to_json(self) -> dict[str, Any]:
         """Canonical JSON."""
         return {
@@ -271,10 +374,28 @@ class LogisticQuery(ScalarResponse):
         """``σ(z)`` and ``σ(-z)``."""
         return np.asarray(expit(z), dtype=np.float64), np.asarray(expit(-z), dtype=np.float64)
 
-    def _delta_t(self, z0: float, z1: float) -> float:
-        """``σ(z1) - σ(z0) = σ(z1) σ(-z0) (1 - e^{-(z1 - z0)})``: no cancellation."""
-        gap = math.nextafter((z1 - z0) * (1.0 + 2.0 * UNIT_ROUNDOFF), math.inf)
-        return float(expit(z1) * expit(-z0)) * -math.expm1(-gap)
+    def _accurate(self, points: FloatArray) -> tuple[FloatArray, FloatArray, np.ndarray]:
+        z, z_lo, z_hi = self._z_bracket(points)
+        t, omt = self.response(z)
+        return t, omt, (np.nextafter(z_lo, np.inf) < z) | (np.nextafter(z_hi, -np.inf) > z)
+
+    def bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """``σ`` at the certified ends of ``z`` (``σ`` is monotone), widened by ``4u``."""
+        _, z_lo, z_hi = self._z_bracket(points)
+        up, down = 1.0 + 4.0 * UNIT_ROUNDOFF, 1.0 - 4.0 * UNIT_ROUNDOFF
+        return (
+            np.asarray(expit(z_lo), dtype=np.float64) * down,
+            np.minimum(np.asarray(expit(z_hi), dtype=np.float64) * up, 1.0),
+            np.asarray(expit(-z_hi), dtype=np.float64) * down,
+            np.minimum(np.asarray(expit(-z_lo), dtype=np.float64) * up, 1.0),
+        )
+
+    def _delta_t(self, domain: Domain, ends: FloatArray, t0_lo: float, t1_hi: float) -> float:
+        """``σ(z1) - σ(z0) = σ(z1) σ(-z0) (1 - e^{-(z1 - z0)})`` at the widened ends."""
+        _, z0, _ = self._z_bracket(ends[:1])
+        _, _, z1 = self._z_bracket(ends[1:])
+        gap = self._z_gap(ends) * (1.0 + 2.0 * UNIT_ROUNDOFF)
+        return float(expit(z1[0]) * expit(-z0[0])) * -math.expm1(-max(gap, 0.0))
 
     def to_json(self) -> dict[str, Any]:
         """Canonical JSON."""

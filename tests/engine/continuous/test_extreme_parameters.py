@@ -32,10 +32,7 @@ def exact_log_prob(z: Fraction, eps: float, *, high: bool, logistic: bool = True
         ctx.prec = 60
         e = Decimal(Fraction(eps).numerator) / Decimal(Fraction(eps).denominator)
         zd = Decimal(z.numerator) / Decimal(z.denominator)
-        if logistic:
-            t = 1 / (1 + (-zd).exp())
-        else:
-            t = min(max(zd, Decimal(0)), Decimal(1))
+        t = 1 / (1 + (-zd).exp()) if logistic else min(max(zd, Decimal(0)), Decimal(1))
         own = t if high else 1 - t
         big = e.exp()
         return ((1 + own * (big - 1)) / (big + 1)).ln()
@@ -71,7 +68,7 @@ def test_extreme_epsilon_tiny_loss_is_bracketed(domain: dict[str, Any], output: 
 
 
 def test_extreme_epsilon_repetitions_cap_is_sound() -> None:
-    """Item 4: 1000 repetitions — ``Σ`` tight ε (the basic-composition cap) is not below the loss."""
+    """Item 4: 1000 repetitions: the basic-composition cap (Σ tight ε) is not below the loss."""
     exact = 1000 * exact_single_loss(0)
     answer = compute_loss(
         {"domain": UNIT_REAL, "history": [{"query": logistic_query(), "output": 0}] * 1000}
@@ -147,9 +144,7 @@ def test_steep_linear_history_closes_within_a_hundredth() -> None:
     assert elapsed < 10.0  # 0.7-1.0 s measured; generous for a loaded CI machine
 
 
-def parallel_terms(
-    seed: int, n: int, eps: float
-) -> tuple[TermSet, Box, np.ndarray, np.ndarray]:
+def parallel_terms(seed: int, n: int, eps: float) -> tuple[TermSet, Box, np.ndarray, np.ndarray]:
     """``n`` logistic terms on 3 coordinates with weights ``λ_i (1, 2, -0.5)``."""
     rng = np.random.default_rng(seed)
     v = np.array([1.0, 2.0, -0.5])
@@ -185,13 +180,16 @@ def test_parallel_weights_reduce_to_one_dimension(seed: int) -> None:
     high = maximize(terms, box, settings)
     low = maximize(terms.negated(), box, settings)
     elapsed = time.perf_counter() - start
-    assert high.lower <= top + 1e-5 and high.upper >= top
-    assert -low.upper <= bottom and -low.lower >= bottom - 1e-5
+    assert high.lower <= top + 1e-5
+    assert high.upper >= top
+    assert -low.upper <= bottom
+    assert -low.lower >= bottom - 1e-5
     loss_lower, loss_upper = high.lower + low.lower, high.upper + low.upper
     assert loss_upper - loss_lower <= 0.01
     assert elapsed < 2.0
     # the lower bounds are achieved by points of the original box
-    assert np.all(high.x >= box.lo) and np.all(high.x <= box.hi)
+    assert np.all(high.x >= box.lo)
+    assert np.all(high.x <= box.hi)
     value, err = terms.evaluate(high.x)
     assert value + err >= high.lower
 
