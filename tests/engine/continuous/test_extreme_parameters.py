@@ -168,6 +168,7 @@ def line_reference(
     return float(values.max()), float(values.min())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_parallel_weights_reduce_to_one_dimension(seed: int) -> None:
     """Item 5: 1000 queries whose weights are parallel are bounded as a 1-D problem."""
@@ -204,3 +205,23 @@ def test_rank_one_needs_exact_multiples() -> None:
     assert rank_one(inexact, box) is None
     integer_box = Box(np.zeros(2), np.ones(2), np.array([True, False]))
     assert rank_one(exact, integer_box) is None
+
+
+def test_finite_grid_uses_z_minus_a_without_rounding() -> None:
+    """``3 × 0.1 - 0.3`` is 2.8e-17 exactly, 5.6e-17 in floats; at ε = 100 ``log Pr(b)`` there
+    is ``log t``. One output ``b`` on ``x ∈ {3, 4}``: the certified bracket holds the exact loss
+    (it was [35.127, 35.127] against 35.821)."""
+    domain = {"attributes": [{"name": "x", "type": "integer", "low": 3, "high": 4}]}
+    query = {"mechanism": "linear", "weights": {"x": 0.1}, "range": [0.3, 0.4], "epsilon": 100}
+    answer = compute_loss({"domain": domain, "history": [{"query": query, "output": 0.4}]})
+    width = Fraction(0.4) - Fraction(0.3)
+    exact_t = (3 * Fraction(0.1) - Fraction(0.3)) / width
+    with localcontext() as ctx:
+        ctx.prec = 60
+        big = Decimal(100).exp()
+        t = Decimal(exact_t.numerator) / Decimal(exact_t.denominator)
+        exact = float(-((1 + t * (big - 1)) / (big + 1)).ln() + (big / (big + 1)).ln())
+    loss = answer["realized_loss"]
+    assert loss["lower"] <= exact <= loss["upper"], (loss, exact)
+    assert loss["upper"] - loss["lower"] < 1e-9
+    assert answer["basic_composition"] >= exact
