@@ -112,7 +112,7 @@ def parallel(n: int = 1000, eps: float = 0.5, seed: int = 0) -> tuple[dict[str, 
 
 def paper_histories(lengths: list[int], seeds: int) -> None:
     """Certified bounds and times on fixed histories of the paper's experiments."""
-    from bench.continuous_common import domain_json, draw_query
+    from continuous_common import domain_json, draw_query
 
     print(f"{'kind':<9} {'seed':>4} {'n':>4} {'lower':>10} {'upper':>10} {'status':>6} {'s':>7}")
     for kind, n in (("linear", lengths[0]), ("logistic", lengths[1])):

@@ -27,6 +27,7 @@ rejecting side, because in floating point it cannot be told apart from a value a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -194,6 +195,22 @@ def float_up(x: Fraction) -> float:
     """The smallest float not below the rational ``x``."""
     f = float(x)
     return f if exact_fraction(f) >= x else math.nextafter(f, math.inf)
+
+
+def exact_affine(c: float, weights: Sequence[float], point: Sequence[float]) -> Fraction:
+    """``c + Σ w_k x_k`` exactly, as a rational (floats are dyadic: one common power of two)."""
+    parts = [c.as_integer_ratio()]
+    for w, x in zip(weights, point, strict=True):
+        wn, wd = w.as_integer_ratio()
+        xn, xd = x.as_integer_ratio()
+        parts.append((wn * xn, wd * xd))
+    denominator = max(d for _, d in parts)
+    return Fraction(sum(n * (denominator // d) for n, d in parts), denominator)
+
+
+def float_down(x: Fraction) -> float:
+    """The largest float not above the rational ``x``."""
+    return -float_up(-x)
 
 
 def exp_lower(x: float) -> Fraction:

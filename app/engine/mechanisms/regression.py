@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,11 @@ from app.engine.mechanisms.base import Output, TabulatedMechanism, check_epsilon
 from app.engine.numerics import (
     UNIT_ROUNDOFF,
     FloatArray,
+    exact_affine,
     exact_dot,
     exact_fraction,
+    float_down,
+    float_up,
     log1p_exp,
     response_log_prob,
 )
@@ -103,20 +107,24 @@ class ScalarResponse(TabulatedMechanism):
             \frac{Δt\,k}{(1 - t_1) k + q},
 
         computed without subtracting two ~ε-sized logarithms (issue 15 item 4: at ε = 100 that
-        difference erred by 1e-14 on a tight ε of 8e-13). ``t`` and ``1 - t`` at the two ends
-        are bracketed by :meth:`bracket` (certified), ``Δt`` is bounded from above by
-        :meth:`_delta_t` and the denominators from below, and every remaining float operation is
+        difference erred by 1e-14 on a tight ε of 8e-13). ``z_min``, ``z_max`` and ``Δz`` are
+        exact rationals (two points: cheap); :meth:`_ends` turns them into a lower bound of ``t0``
+        and ``1 - t1`` and an upper bound of ``Δt``, and every remaining float operation is
         covered by a relative ``16u`` margin.
         """
         if not self.weights:
             return 0.0
-        ends = np.stack([self._end(domain, top=False), self._end(domain, top=True)])
-        t_lo, t_hi, omt_lo, _ = self.bracket(ends)
+        weights = list(self.weights.values())
+        z0, z1 = (
+            exact_affine(self.intercept, weights, [float(x) for x in self._end(domain, top=top)])
+            for top in (False, True)
+        )
+        t0_lo, omt1_lo, dt = self._ends(z0, z1)
         margin = 16.0 * UNIT_ROUNDOFF
-        dt = self._delta_t(domain, ends, t_lo[0], t_hi[1]) * (1.0 + margin)
+        dt *= 1.0 + margin
         k, q = math.tanh(0.5 * self.eps), 1.0 / (1.0 + math.exp(self.eps))
         tight = 0.0
-        for own in (float(t_lo[0]), float(omt_lo[1])):
+        for own in (t0_lo, omt1_lo):
             den = (max(own, 0.0) * k + q) * (1.0 - margin)
             tight = max(tight, math.log1p(dt * k / den * (1.0 + margin)) * (1.0 + margin))
         return min(tight, self.eps)
@@ -151,23 +159,13 @@ class ScalarResponse(TabulatedMechanism):
         z, err = z[:, 0], err[:, 0]
         return z, np.nextafter(z - err, -np.inf), np.nextafter(z + err, np.inf)
 
-    def _z_gap(self, ends: FloatArray) -> float:
-        """An upper bound of ``z_max - z_min = Σ_a w_a (x_top - x_bottom)`` (no cancellation)."""
-        w = np.array(list(self.weights.values()), dtype=np.float64)
-        gap, err = exact_dot(
-            np.concatenate([ends[1], ends[0]]).reshape(1, -1),
-            np.concatenate([w, -w]).reshape(1, -1),
-            np.zeros(1),
-        )
-        return math.nextafter(float(gap[0, 0]) + float(err[0, 0]), math.inf)
-
     @abc.abstractmethod
     def bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
         """Certified ``t_lo <= t <= t_hi`` and ``(1-t)_lo <= 1 - t <= (1-t)_hi`` at each point."""
 
     @abc.abstractmethod
-    def _delta_t(self, domain: Domain, ends: FloatArray, t0_lo: float, t1_hi: float) -> float:
-        """An upper bound of ``t(z_max) - t(z_min)`` (before the caller's margin)."""
+    def _ends(self, z0: Fraction, z1: Fraction) -> tuple[float, float, float]:
+        """Lower bounds of ``t(z0)`` and ``1 - t(z1)``, an upper bound of ``t(z1) - t(z0)``."""
 
     def _grid_points(self) -> FloatArray:
         """Every cell of the weighted attributes' grid as a row (last attribute fastest)."""
@@ -324,15 +322,16 @@ class LinearQuery(ScalarResponse):
         omt_lo, omt_hi = ends(below_b, err_b)
         return t_lo, t_hi, omt_lo, omt_hi
 
-    def _delta_t(self, domain: Domain, ends: FloatArray, t0_lo: float, t1_hi: float) -> float:
-        """``t1_hi - t0_lo``, or ``Σ|w|(high - low)/w`` when neither end is clipped."""
-        span = max(float(t1_hi - t0_lo), 0.0) * (1.0 + 4.0 * UNIT_ROUNDOFF)
-        _, z_lo, _ = self._z_bracket(ends[:1])
-        _, _, z_hi = self._z_bracket(ends[1:])
-        if float(z_lo[0]) >= self.a and float(z_hi[0]) <= self.b:
-            direct = self._z_gap(ends) / (self.b - self.a)
-            span = min(span, direct * (1.0 + 8.0 * UNIT_ROUNDOFF))
-        return span
+    def _ends(self, z0: Fraction, z1: Fraction) -> tuple[float, float, float]:
+        """Exact in rationals (``t`` is piecewise linear), rounded outward."""
+        a, b = exact_fraction(self.a), exact_fraction(self.b)
+        y0, y1 = min(max(z0, a), b), min(max(z1, a), b)
+        width = b - a
+        return (
+            float_down((y0 - a) / width),
+            float_down((b - y1) / width),
+            float_up((y1 - y0) / width),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Canonical JSON."""
@@ -390,12 +389,16 @@ class LogisticQuery(ScalarResponse):
             np.minimum(np.asarray(expit(-z_lo), dtype=np.float64) * up, 1.0),
         )
 
-    def _delta_t(self, domain: Domain, ends: FloatArray, t0_lo: float, t1_hi: float) -> float:
-        """``σ(z1) - σ(z0) = σ(z1) σ(-z0) (1 - e^{-(z1 - z0)})`` at the widened ends."""
-        _, z0, _ = self._z_bracket(ends[:1])
-        _, _, z1 = self._z_bracket(ends[1:])
-        gap = self._z_gap(ends) * (1.0 + 2.0 * UNIT_ROUNDOFF)
-        return float(expit(z1[0]) * expit(-z0[0])) * -math.expm1(-max(gap, 0.0))
+    def _ends(self, z0: Fraction, z1: Fraction) -> tuple[float, float, float]:
+        """``σ`` at the outward-rounded ends (8u for ``expit``), and ``Δt`` without cancellation.
+
+        ``σ(z1) - σ(z0) = σ(z1) σ(-z0) (1 - e^{-(z1 - z0)})``.
+        """
+        up, down = 1.0 + 8.0 * UNIT_ROUNDOFF, 1.0 - 8.0 * UNIT_ROUNDOFF
+        lo0, hi1 = float_down(z0), float_up(z1)
+        gap = float_up(z1 - z0) * (1.0 + 2.0 * UNIT_ROUNDOFF)
+        rise = float(expit(hi1)) * float(expit(-lo0)) * -math.expm1(-gap) * up**3
+        return float(expit(lo0)) * down, float(expit(-hi1)) * down, rise
 
     def to_json(self) -> dict[str, Any]:
         """Canonical JSON."""
