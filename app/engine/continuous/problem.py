@@ -105,6 +105,8 @@ class TermSet:
             ends = np.where(z_err > 0.0, np.abs(up) + np.abs(down), 0.0)
             err = err + (1.0 + 4.0 * UNIT_ROUNDOFF) * moved.sum(axis=1)
             err = err + 16.0 * UNIT_ROUNDOFF * ends.sum(axis=1)
+        # a bound that is not a number (a bracket end outside a continuation's domain) is none
+        err = np.where(np.isnan(err), np.inf, err)
         return np.asarray(total, dtype=np.float64), np.asarray(err, dtype=np.float64)
 
     def evaluate(self, x: FloatArray) -> tuple[float, float]:

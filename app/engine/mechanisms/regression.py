@@ -112,13 +112,15 @@ class ScalarResponse(TabulatedMechanism):
         and ``1 - t1`` and an upper bound of ``Δt``, and every remaining float operation is
         covered by a relative ``16u`` margin.
         """
-        if not self.weights:
-            return 0.0
         weights = list(self.weights.values())
         z0, z1 = (
             exact_affine(self.intercept, weights, [float(x) for x in self._end(domain, top=top)])
             for top in (False, True)
         )
+        #: The exact reach ``[z_min, z_max]`` of the query value, rounded outward.
+        self.z_outward = (float_down(z0), float_up(z1))
+        if not self.weights:
+            return 0.0
         t0_lo, omt1_lo, dt = self._ends(z0, z1)
         margin = 16.0 * UNIT_ROUNDOFF
         dt *= 1.0 + margin
