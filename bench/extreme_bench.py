@@ -13,7 +13,7 @@ Cases (through the calculator, default options, tolerance 1e-4):
   c = -1, ε = 1) output 1 on ``x ∈ [0, 1]``; exact 79.458226 (both extremes at vertices).
 * ``parallel-1000``: 1000 ``logistic`` queries (ε = 0.5) on ``[0, 1]^3`` with weights
   ``λ_i (1, 2, -0.5)``; reference: a 200,001-point grid of ``s = v·x`` (within 1e-6 of the
-  extremes), so ``exact`` is approximate there.
+  extremes), so ``exact`` is approximate there and ``holds`` allows 1e-6.
 
 Prints one row per case: exact, lower, upper, whether the bracket holds, gap, status and the
 median wall time over ``--repeats`` runs.
@@ -164,7 +164,9 @@ def main() -> None:
             times.append(time.perf_counter() - start)
         assert answer is not None  # noqa: S101 - at least one repeat
         loss = answer["realized_loss"]
-        holds = loss["lower"] <= exact <= loss["upper"]
+        # the grid reference of parallel-1000 is within 1e-6 of the extremes (below them)
+        slack = 1e-6 if name == "parallel-1000" else 0.0
+        holds = loss["lower"] <= exact + slack and exact - slack <= loss["upper"]
         gap = loss["upper"] - loss["lower"]
         print(
             f"{name:<15} {exact:>14.8g} {loss['lower']:>14.8g} {loss['upper']:>14.8g} "

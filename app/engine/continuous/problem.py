@@ -185,6 +185,20 @@ class RankOneReduction:
         return np.clip(x, box.lo, box.hi)
 
 
+def _exact_multiples(theta: FloatArray, v: FloatArray, lam: FloatArray) -> bool:
+    """Whether ``lam[i] * v == theta[i]`` holds exactly, in rationals, for every row."""
+    # necessary (an exact product is a float, so rounding it changes nothing) and cheap: general
+    # histories stop here
+    if not np.array_equal(lam[:, None] * v, theta):
+        return False
+    exact_v = [Fraction(float(a)) for a in v]
+    for row, scale in zip(theta, lam, strict=True):
+        f = Fraction(float(scale))
+        if any(f * vk != Fraction(float(t)) for vk, t in zip(exact_v, row, strict=True)):
+            return False
+    return True
+
+
 def rank_one(terms: TermSet, box: Box) -> RankOneReduction | None:
     """The reduction of :class:`RankOneReduction`, if every row is an exact multiple of one.
 
@@ -194,18 +208,25 @@ def rank_one(terms: TermSet, box: Box) -> RankOneReduction | None:
     """
     if terms.size < 2 or box.dim < 2:
         return None
-    pivot_row = int(np.argmax(np.abs(terms.theta).max(axis=1)))
-    v = terms.theta[pivot_row]
-    used = v != 0.0
-    if not used.any() or np.any(box.integer_mask() & used) or np.any(terms.theta[:, ~used] != 0):
+    k0 = int(np.argmax(np.abs(terms.theta).max(axis=0)))
+    column = np.abs(terms.theta[:, k0])
+    nonzero = np.flatnonzero(column)
+    if nonzero.size == 0:
         return None
-    k0 = int(np.argmax(np.abs(v)))
-    lam = terms.theta[:, k0] / v[k0]
-    exact_v = [Fraction(float(a)) for a in v]
-    for row, scale in zip(terms.theta, lam, strict=True):
-        f = Fraction(float(scale))
-        if any(f * vk != Fraction(float(t)) for vk, t in zip(exact_v, row, strict=True)):
-            return None
+    # the direction is one of the rows; the multiples are exact floats more often when it is the
+    # row with the smallest entry (λ = 2, 4, 6 rather than 1/2, 2/3 ...), else the largest
+    found = None
+    for pivot in (nonzero[np.argmin(column[nonzero])], nonzero[np.argmax(column[nonzero])]):
+        v = terms.theta[pivot]
+        lam = terms.theta[:, k0] / v[k0]
+        if _exact_multiples(terms.theta, v, lam):
+            found = (v, lam)
+            break
+    if found is None:
+        return None
+    v, lam = found
+    if np.any(box.integer_mask() & (v != 0.0)):
+        return None
     ends = np.stack([np.where(v > 0, box.lo, box.hi), np.where(v > 0, box.hi, box.lo)])
     s, err = exact_dot(ends, v.reshape(1, -1), np.zeros(1))
     lo = np.nextafter(s[0] - err[0], -np.inf)

@@ -20,6 +20,7 @@ from app.engine.continuous.branch_and_bound import BnBSettings, maximize
 from app.engine.continuous.problem import Box, TermSet, rank_one
 from app.engine.continuous.univariate import ResponseCurve
 from app.engine.numerics import exact_dot, response_log_prob
+from tests.engine.continuous.reference import LOGISTIC, TRUNCATED, Instance
 
 WEIGHT = 2.0**-40  # 9.094947017729282e-13
 UNIT_REAL = {"attributes": [{"name": "x", "type": "real", "low": 0.0, "high": 1.0}]}
@@ -225,3 +226,37 @@ def test_finite_grid_uses_z_minus_a_without_rounding() -> None:
     assert loss["lower"] <= exact <= loss["upper"], (loss, exact)
     assert loss["upper"] - loss["lower"] < 1e-9
     assert answer["basic_composition"] >= exact
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rank_one_search_brackets_the_reference_on_mixed_terms(seed: int) -> None:
+    """Parallel weights with ``logistic`` and truncated ``linear`` terms of ε up to 5: the
+    one-dimensional search brackets the reference's extremes (its own grid, random points and
+    multistart L-BFGS-B) and closes the gap."""
+    rng = np.random.default_rng(100 + seed)
+    n = 40
+    # few significant bits: every λ_i v is an exact float, so the rows are exactly parallel
+    v = np.round(rng.uniform(-2.0, 2.0, 2) * 64.0) / 64.0
+    lam = rng.choice([-2.0, -1.0, 0.5, 1.0, 3.0], size=n)
+    kinds = [str(k) for k in rng.choice([LOGISTIC, TRUNCATED], size=n)]
+    inst = Instance(
+        lo=np.array([-1.0, 0.0]),
+        hi=np.array([1.0, 2.0]),
+        weights=lam[:, None] * v,
+        intercept=rng.normal(size=n),
+        kinds=kinds,
+        a=np.full(n, -1.0),
+        b=np.full(n, 1.5),
+        eps=rng.uniform(0.5, 5.0, n),
+        high=rng.integers(0, 2, n).astype(bool),
+    )
+    terms, box = inst.term_set(), inst.box()
+    assert rank_one(terms, box) is not None
+    settings = BnBSettings(time_limit=5.0)
+    top = maximize(terms, box, settings)
+    bottom = maximize(terms.negated(), box, settings)
+    found_max, _, found_min, _ = inst.search(rng)
+    assert top.lower - 1e-9 <= found_max <= top.upper + 1e-9
+    assert -bottom.upper - 1e-9 <= found_min <= -bottom.lower + 1e-9
+    assert top.upper - top.lower <= 1e-3
+    assert bottom.upper - bottom.lower <= 1e-3
