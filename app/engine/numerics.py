@@ -99,6 +99,14 @@ def _split(a: FloatArray) -> tuple[FloatArray, FloatArray]:
     return hi, a - hi
 
 
+def two_product(a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Dekker's ``p = fl(a b)`` and the exact ``e = a b - p`` (no overflow or underflow)."""
+    prod = a * b
+    a_hi, a_lo = _split(a)
+    b_hi, b_lo = _split(b)
+    return prod, a_lo * b_lo - (((prod - a_hi * b_hi) - a_lo * b_hi) - a_hi * b_lo)
+
+
 def _two_sum(a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
     """Knuth's ``s = fl(a + b)`` and the exact ``e = a + b - s``."""
     total = a + b
@@ -134,10 +142,7 @@ def exact_dot(
     for k in range(d):
         a = points[:, k : k + 1]
         b = theta[:, k][None, :]
-        prod = a * b
-        a_hi, a_lo = _split(a)
-        b_hi, b_lo = _split(b)
-        prod_err = a_lo * b_lo - (((prod - a_hi * b_hi) - a_lo * b_hi) - a_hi * b_lo)
+        prod, prod_err = two_product(a, b)
         s, sum_err = _two_sum(s, prod)
         corr += prod_err + sum_err
         underflow = (np.abs(prod) < tiny) & (a != 0.0) & (b != 0.0)

@@ -388,7 +388,12 @@ def maximize(terms: TermSet, box: Box, settings: BnBSettings | None = None) -> M
     if settings.stop_at is not None:
         deadline = min(deadline, time.perf_counter() + settings.stop_at - time.time())
     inner = maximize_line(
-        reduction.reduced, reduction.interval, settings.tolerance, deadline, settings.max_nodes
+        reduction.reduced,
+        reduction.interval,
+        settings.tolerance,
+        deadline,
+        settings.max_nodes,
+        reduction.pad,
     )
     x = reduction.lift(inner.s, box)
     value, err = terms.evaluate(x)

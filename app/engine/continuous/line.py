@@ -54,14 +54,20 @@ class LineResult:
     seconds: float
 
 
-def _bounds(terms: TermSet, a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Per node: a certified ``G(m) - err`` (achieved at ``m``) and an upper bound on ``[a, b]``."""
+def _bounds(
+    terms: TermSet, a: FloatArray, b: FloatArray, z_pad: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """Per node: ``G(m) - err`` and an upper bound of ``G`` on ``[a, b]``.
+
+    Both hold for every query value within ``z_pad`` of ``λ s + c`` (the first is achieved at
+    ``m`` when the pad is 0).
+    """
     lam = terms.theta[:, 0]
     mid = 0.5 * (a + b)
-    values, errs = terms.evaluate_many(mid[:, None])
+    values, errs = terms.evaluate_many(mid[:, None], z_pad)
     za, zb = np.outer(a, lam) + terms.c, np.outer(b, lam) + terms.c
     pad = 3.0 * UNIT_ROUNDOFF * (np.abs(lam) * np.maximum(np.abs(a), np.abs(b))[:, None])
-    pad = pad + 3.0 * UNIT_ROUNDOFF * np.abs(terms.c)
+    pad = pad + 3.0 * UNIT_ROUNDOFF * np.abs(terms.c) + z_pad
     lo, hi = np.minimum(za, zb) - pad, np.maximum(za, zb) + pad
     star = np.array([h.inflection for h in terms.curves])
     inside = (star >= lo) & (star <= hi)
@@ -84,13 +90,21 @@ def _bounds(terms: TermSet, a: FloatArray, b: FloatArray) -> tuple[FloatArray, F
 
 
 def maximize_line(
-    terms: TermSet, interval: Box, tolerance: float, deadline: float, max_nodes: int
+    terms: TermSet,
+    interval: Box,
+    tolerance: float,
+    deadline: float,
+    max_nodes: int,
+    z_pad: FloatArray | None = None,
 ) -> LineResult:
     """Certified bounds on ``max G`` over ``interval`` (a one-dimensional box); see module doc.
 
     Stops when the gap is within ``tolerance``, at ``deadline`` (``time.perf_counter()``) or
-    after ``max_nodes`` nodes; the bounds are sound either way.
+    after ``max_nodes`` nodes; the upper bound is sound either way. With ``z_pad`` (per term)
+    the upper bound holds for every query value within the pad of ``λ_i s + c_i``; the lower
+    bound then only guides the search (the caller evaluates the lifted point).
     """
+    pad = np.zeros(terms.size) if z_pad is None else z_pad
     start = time.perf_counter()
     a0, b0 = float(interval.lo[0]), float(interval.hi[0])
     best, best_s = -math.inf, 0.5 * (a0 + b0)
@@ -98,7 +112,7 @@ def maximize_line(
     pending_a, pending_b = np.array([a0]), np.array([b0])
     nodes, hit_limit, retired = 0, False, -math.inf
     while True:
-        achieved, upper = _bounds(terms, pending_a, pending_b)
+        achieved, upper = _bounds(terms, pending_a, pending_b, pad)
         nodes += pending_a.size
         k = int(np.argmax(achieved))
         if achieved[k] > best:
@@ -119,7 +133,8 @@ def maximize_line(
             _, a, b = heapq.heappop(heap)
             m = 0.5 * (a + b)
             if not a < m < b:  # an interval of adjacent floats: its bound stands
-                retired = max(retired, float(_bounds(terms, np.array([a]), np.array([b]))[1][0]))
+                edge = _bounds(terms, np.array([a]), np.array([b]), pad)[1][0]
+                retired = max(retired, float(edge))
                 continue
             split_a += [a, m]
             split_b += [m, b]

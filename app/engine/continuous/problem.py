@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from app.engine.continuous.univariate import CurveBatch, ResponseCurve, Shape
-from app.engine.numerics import UNIT_ROUNDOFF, FloatArray, exact_dot
+from app.engine.numerics import UNIT_ROUNDOFF, FloatArray, exact_dot, two_product
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,9 @@ class TermSet:
         """``h_i(z_i)`` for every term (``z`` may carry leading point axes)."""
         return self.batch.values(z)
 
-    def evaluate_many(self, points: FloatArray) -> tuple[FloatArray, FloatArray]:
+    def evaluate_many(
+        self, points: FloatArray, z_pad: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray]:
         """``F`` at each row of ``points`` and a bound on each value's rounding error.
 
         The error covers the sum (``n`` roundings of partial sums) and the error of each term
@@ -90,9 +92,12 @@ class TermSet:
         representable ends usually is); where it is not, ``h_i`` is monotone, so its value at the
         exact ``z`` lies between its values at ``z ± δ_i`` (rounded outward), and the larger
         distance to them is charged — not ``|h_i'(z)| δ_i``, which near a slope of ``e^80``
-        certifies nothing (issue 15 item 5).
+        certifies nothing (issue 15 item 5). ``z_pad`` (per term) widens each ``δ_i``: the
+        value then bounds ``h_i`` over ``[z_i - pad_i, z_i + pad_i]`` from both sides.
         """
         z, z_err = exact_dot(points, self.theta, self.c)
+        if z_pad is not None:
+            z_err = z_err + z_pad
         terms = self.batch.values(z)
         n = self.size
         total = terms.sum(axis=1) + self.constant
@@ -169,6 +174,8 @@ class RankOneReduction:
     direction: FloatArray
     reduced: TermSet
     interval: Box
+    #: Per term, a bound on ``|θ_i·x - λ_i v·x|`` over the box (0 for exact multiples).
+    pad: FloatArray
 
     def lift(self, s: float, box: Box) -> FloatArray:
         """A point ``x`` of ``box`` with ``v·x`` as close to ``s`` as a greedy walk gets."""
@@ -199,12 +206,35 @@ def _exact_multiples(theta: FloatArray, v: FloatArray, lam: FloatArray) -> bool:
     return True
 
 
+#: Rows whose entries are within this relative distance of ``λ_i v`` count as parallel up to
+#: rounding (``fl(λ v)``): the difference is carried as a per-term pad on the query value.
+PARALLEL_RTOL = 1e-12
+
+
+def _residual_pad(theta: FloatArray, v: FloatArray, lam: FloatArray, box: Box) -> FloatArray | None:
+    """``ρ_i >= |(θ_i - λ_i v)·x|`` over the box, or ``None`` if the rows are not that close.
+
+    ``λ_i v_k = p + e`` exactly (Dekker); with ``θ_ik`` within a factor 2 of ``p`` the difference
+    ``θ_ik - p`` is exact (Sterbenz), so ``|θ_ik - λ_i v_k| <= |θ_ik - p| + |e|``.
+    """
+    p, e = two_product(lam[:, None], v[None, :])
+    if not np.all(np.abs(theta - p) <= PARALLEL_RTOL * np.abs(p)):
+        return None
+    reach = np.maximum(np.abs(box.lo), np.abs(box.hi))
+    residual = (np.abs(theta - p) + np.abs(e)) @ reach
+    d = theta.shape[1]
+    return np.asarray(residual * (1.0 + 4.0 * (d + 2) * UNIT_ROUNDOFF), dtype=np.float64)
+
+
 def rank_one(terms: TermSet, box: Box) -> RankOneReduction | None:
     """The reduction of :class:`RankOneReduction`, if every row is an exact multiple of one.
 
     Exactness is checked in rationals (``λ_i v_k == θ_ik`` for every ``k``), so ``λ_i s`` is the
-    same real number as ``θ_i·x``. Boxes with an integer coordinate that the direction uses are
-    not reduced (their image is not an interval).
+    same real number as ``θ_i·x``. Rows that are multiples only up to rounding (within
+    :data:`PARALLEL_RTOL`, e.g. ``fl(3 v)``) are reduced too, with the residual ``(θ_i - λ_i v)·x``
+    bounded by a per-term pad that the one-dimensional search adds to each query value. Boxes
+    with an integer coordinate that the direction uses are not reduced (their image is not an
+    interval).
     """
     if terms.size < 2 or box.dim < 2:
         return None
@@ -216,15 +246,21 @@ def rank_one(terms: TermSet, box: Box) -> RankOneReduction | None:
     # the direction is one of the rows; the multiples are exact floats more often when it is the
     # row with the smallest entry (λ = 2, 4, 6 rather than 1/2, 2/3 ...), else the largest
     found = None
-    for pivot in (nonzero[np.argmin(column[nonzero])], nonzero[np.argmax(column[nonzero])]):
+    pivots = (nonzero[np.argmin(column[nonzero])], nonzero[np.argmax(column[nonzero])])
+    for pivot in pivots:
         v = terms.theta[pivot]
         lam = terms.theta[:, k0] / v[k0]
         if _exact_multiples(terms.theta, v, lam):
-            found = (v, lam)
+            found = (v, lam, np.zeros(terms.size))
             break
     if found is None:
-        return None
-    v, lam = found
+        v = terms.theta[pivots[0]]
+        lam = terms.theta[:, k0] / v[k0]
+        pad = _residual_pad(terms.theta, v, lam, box)
+        if pad is None:
+            return None
+        found = (v, lam, pad)
+    v, lam, pad = found
     if np.any(box.integer_mask() & (v != 0.0)):
         return None
     ends = np.stack([np.where(v > 0, box.lo, box.hi), np.where(v > 0, box.hi, box.lo)])
@@ -232,4 +268,4 @@ def rank_one(terms: TermSet, box: Box) -> RankOneReduction | None:
     lo = np.nextafter(s[0] - err[0], -np.inf)
     hi = np.nextafter(s[1] + err[1], np.inf)
     reduced = TermSet(lam.reshape(-1, 1), terms.c, terms.curves, terms.constant)
-    return RankOneReduction(v, reduced, Box(lo, hi))
+    return RankOneReduction(v, reduced, Box(lo, hi), pad)

@@ -196,14 +196,29 @@ def test_parallel_weights_reduce_to_one_dimension(seed: int) -> None:
     assert value + err >= high.lower
 
 
-def test_rank_one_needs_exact_multiples() -> None:
-    """``0.1 (1, 3)`` and ``(0.3, 0.9)`` are parallel in the reals but not as floats' products."""
+def test_rank_one_pads_rows_parallel_only_up_to_rounding() -> None:
+    """``(1, 3)`` and ``(-2, -6)`` are exact multiples (no pad); ``0.1 (1, 3)`` and
+    ``(0.3, 0.9)`` only up to rounding (a pad of a few ulp); ``(1, 2)`` and ``(2, 3)`` are not
+    parallel; an integer coordinate along the direction is never reduced."""
     curves = tuple(ResponseCurve.logistic_output(1.0, high=True) for _ in range(2))
     box = Box(np.zeros(2), np.ones(2))
     exact = TermSet(np.array([[1.0, 3.0], [-2.0, -6.0]]), np.zeros(2), curves)
-    assert rank_one(exact, box) is not None
-    inexact = TermSet(np.array([[0.1, 0.30000000000000004], [0.3, 0.9]]), np.zeros(2), curves)
-    assert rank_one(inexact, box) is None
+    reduction = rank_one(exact, box)
+    assert reduction is not None
+    assert reduction.pad.max() == 0.0
+    rounded = TermSet(np.array([[0.1, 0.30000000000000004], [0.3, 0.9]]), np.zeros(2), curves)
+    reduction = rank_one(rounded, box)
+    assert reduction is not None
+    assert 0.0 < reduction.pad.max() < 1e-15
+    # the pad covers the true residual, computed in rationals
+    lam = Fraction(float(reduction.reduced.theta[1, 0])) / Fraction(
+        float(reduction.reduced.theta[0, 0])
+    )
+    row0, row1 = rounded.theta
+    residual = sum(abs(Fraction(b) - lam * Fraction(a)) for a, b in zip(row0, row1, strict=True))
+    scale = Fraction(float(reduction.reduced.theta[0, 0]))
+    assert residual <= Fraction(float(reduction.pad[1])) * abs(scale) + Fraction(1, 10**30)
+    assert rank_one(TermSet(np.array([[1.0, 2.0], [2.0, 3.0]]), np.zeros(2), curves), box) is None
     integer_box = Box(np.zeros(2), np.ones(2), np.array([True, False]))
     assert rank_one(exact, integer_box) is None
 
@@ -228,16 +243,19 @@ def test_finite_grid_uses_z_minus_a_without_rounding() -> None:
     assert answer["basic_composition"] >= exact
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_rank_one_search_brackets_the_reference_on_mixed_terms(seed: int) -> None:
+@pytest.mark.parametrize("exact", [True, False], ids=["exact", "rounded"])
+@pytest.mark.parametrize("seed", range(3))
+def test_rank_one_search_brackets_the_reference_on_mixed_terms(seed: int, exact: bool) -> None:
     """Parallel weights with ``logistic`` and truncated ``linear`` terms of ε up to 5: the
     one-dimensional search brackets the reference's extremes (its own grid, random points and
-    multistart L-BFGS-B) and closes the gap."""
+    multistart L-BFGS-B) and closes the gap — for exact multiples and for ``fl(λ v)``."""
     rng = np.random.default_rng(100 + seed)
     n = 40
-    # few significant bits: every λ_i v is an exact float, so the rows are exactly parallel
-    v = np.round(rng.uniform(-2.0, 2.0, 2) * 64.0) / 64.0
-    lam = rng.choice([-2.0, -1.0, 0.5, 1.0, 3.0], size=n)
+    v = rng.uniform(-2.0, 2.0, 2)
+    if exact:  # few significant bits: every λ_i v is an exact float
+        v = np.round(v * 64.0) / 64.0
+    scales = [-2.0, -1.0, 0.5, 1.0, 3.0] if exact else [-1.3, 0.1, 0.3, 0.7, 2.9]
+    lam = rng.choice(scales, size=n)
     kinds = [str(k) for k in rng.choice([LOGISTIC, TRUNCATED], size=n)]
     inst = Instance(
         lo=np.array([-1.0, 0.0]),
@@ -251,7 +269,9 @@ def test_rank_one_search_brackets_the_reference_on_mixed_terms(seed: int) -> Non
         high=rng.integers(0, 2, n).astype(bool),
     )
     terms, box = inst.term_set(), inst.box()
-    assert rank_one(terms, box) is not None
+    reduction = rank_one(terms, box)
+    assert reduction is not None
+    assert bool(reduction.pad.max() == 0.0) == exact
     settings = BnBSettings(time_limit=5.0)
     top = maximize(terms, box, settings)
     bottom = maximize(terms.negated(), box, settings)
