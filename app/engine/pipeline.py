@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
+from app.engine.approx import AdvancedFilter, square
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.continuous.candidate import evaluate_continuous
 from app.engine.continuous.state import ContinuousState
@@ -87,7 +88,8 @@ class ObjectSnapshot:
     """Everything public about one object at one version: what a decision may read.
 
     ``state`` is the finite likelihood array (:class:`LikelihoodState`) or the continuous
-    history's terms (:class:`ContinuousState`); ``basic_total`` the exact ``Σ ε_i``.
+    history's terms (:class:`ContinuousState`); ``basic_total`` the exact ``Σ ε_i``;
+    ``squares`` the exact ``Σ ε_i²`` and ``delta`` δ_g (``approx_bayesian``, Algorithm 4).
     """
 
     domain: Domain
@@ -96,6 +98,8 @@ class ObjectSnapshot:
     basic_total: Fraction
     state: State
     limits: EngineLimits = DEFAULT_LIMITS
+    delta: float | None = None
+    squares: Fraction = Fraction(0)
 
     @classmethod
     def empty(
@@ -106,9 +110,18 @@ class ObjectSnapshot:
         filter: FilterKind,
         limits: EngineLimits = DEFAULT_LIMITS,
         bnb: BnBSettings | None = None,
+        delta: float | None = None,
     ) -> ObjectSnapshot:
-        """An object without history."""
-        return cls(domain, budget, filter, Fraction(0), empty_state(domain, bnb), limits)
+        """An object without history (``delta``: δ_g of an ``approx_bayesian`` object)."""
+        state = empty_state(domain, bnb)
+        return cls(domain, budget, filter, Fraction(0), state, limits, delta)
+
+    @property
+    def phase(self) -> str | None:
+        """Algorithm 4's phase (``approx_bayesian`` objects only, else None)."""
+        if self.filter is not FilterKind.APPROX_BAYESIAN or self.delta is None:
+            return None
+        return AdvancedFilter(self.budget, self.delta).phase(self.squares)
 
     def loss(self) -> LossBounds:
         """Certified bounds on the realized loss of the history (capped by exact Σε)."""
@@ -176,7 +189,10 @@ def fold_history(
     bnb: BnBSettings | None = None,
     field: str = "history",
 ) -> tuple[LikelihoodState | ContinuousState, Fraction]:
-    """The state of a history and its exact ``Σ ε_i`` (the one place a history is replayed)."""
+    """The state of a history and its exact ``Σ ε_i`` (the one place a history is replayed).
+
+    Its exact ``Σ ε_i²`` is :func:`history_squares`.
+    """
     state = empty_state(domain, bnb)
     basic = Fraction(0)
     for i, entry in enumerate(entries):
@@ -186,6 +202,11 @@ def fold_history(
             state.record(entry.mechanism, entry.output, path(path(field, i), "query"))
         basic += entry.mechanism.epsilon_exact
     return state, basic
+
+
+def history_squares(entries: Sequence[HistoryEntry]) -> Fraction:
+    """The exact ``Σ ε_i²`` of a history (F₀'s account, :mod:`app.engine.approx`)."""
+    return sum((square(e.mechanism.epsilon_exact) for e in entries), Fraction(0))
 
 
 def candidate_bounds(
@@ -229,6 +250,8 @@ def _decide(
         loss_now=snapshot.loss(),
         basic_total=snapshot.basic_total,
         candidate=candidate,
+        squares=snapshot.squares,
+        delta=snapshot.delta,
     )
 
 
@@ -272,6 +295,7 @@ def record(
     when first read (:meth:`ObjectSnapshot.loss`).
     """
     basic = snapshot.basic_total + mechanism.epsilon_exact
+    snapshot = replace(snapshot, squares=snapshot.squares + square(mechanism.epsilon_exact))
     state = snapshot.state
     if isinstance(state, LikelihoodState):
         return replace(snapshot, basic_total=basic, state=state.applied(mechanism.term(output)))
@@ -311,5 +335,12 @@ def loss_without_search(snapshot: ObjectSnapshot) -> LossBounds:
 def decisions_by_filter(
     snapshot: ObjectSnapshot, evaluation: CandidateEvaluation
 ) -> dict[str, bool]:
-    """Whether each filter accepts, from one evaluation (the calculator's ``accepted``)."""
-    return {kind.value: _decide(snapshot, evaluation, kind).accepted for kind in FilterKind}
+    """Whether each filter accepts, from one evaluation (the calculator's ``accepted``).
+
+    ``approx_bayesian`` is listed when the snapshot has a δ_g.
+    """
+    return {
+        kind.value: _decide(snapshot, evaluation, kind).accepted
+        for kind in FilterKind
+        if kind is not FilterKind.APPROX_BAYESIAN or snapshot.delta is not None
+    }

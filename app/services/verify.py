@@ -82,11 +82,17 @@ def verify_object(session: Session, row: ProtectedObject, report: Report) -> Non
             report.problems.append(f"{row.id}: likelihood state key differs from the history's")
         if row.state_hash is not None or records:
             found = session.get(LikelihoodStateRecord, row.state_hash) if row.state_hash else None
-            stored = np.frombuffer(found.state if found else b"", dtype="<f8")
+            data = found.state if found else b""
+            stored = np.frombuffer(data[: 8 * state.logp.size], dtype="<f8")
             if stored.size != state.logp.size or not np.allclose(
                 stored, state.logp.ravel(), rtol=0, atol=TOLERANCE
             ):
                 report.problems.append(f"{row.id}: likelihood array differs from the history's")
+            elif found is not None and state.exact is not None:
+                # an array stored before exact forms existed has none (decided by floats)
+                exact = LikelihoodState.from_bytes(domain, data, found.err).exact
+                if exact is not None and not state.exact.same_as(exact):
+                    report.problems.append(f"{row.id}: exact loss differs from the history's")
         lower_off = abs(loss.lower - row.loss_lower) > TOLERANCE
         if lower_off or abs(loss.upper - row.loss_upper) > TOLERANCE:
             report.problems.append(f"{row.id}: stored loss bounds differ from the history's")
