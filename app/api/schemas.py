@@ -164,9 +164,13 @@ Query = Annotated[
 
 # --------------------------------------------------------------------------------- requests
 class BudgetBody(_Strict):
-    """An object's budget ε_g."""
+    """An object's budget ε_g, and δ_g for the ``approx_bayesian`` filter (required there)."""
 
     epsilon: Budget
+    delta: (
+        Annotated[float, Field(gt=0, lt=1, description="δ_g: approx_bayesian only, in (0, 1)")]
+        | SkipJsonSchema[None]
+    ) = None
 
 
 class RegisterRequest(_Strict):
@@ -178,7 +182,7 @@ class RegisterRequest(_Strict):
         dict[str, Scalar], Field(description="One point of the domain; never returned")
     ]
     budget: BudgetBody
-    filter: Literal["bayesian", "simplified", "basic"] = "bayesian"
+    filter: Literal["bayesian", "simplified", "basic", "approx_bayesian"] = "bayesian"
     labels: (
         Annotated[
             dict[LabelName, LabelValue],
@@ -250,6 +254,13 @@ class LossRequest(_Strict):
     domain: Domain
     history: list[HistoryEntry]
     budget: Budget | SkipJsonSchema[None] = None
+    delta: (
+        Annotated[
+            float,
+            Field(gt=0, lt=1, description="δ_g: also decide with approx_bayesian (extension)"),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
     candidate: Query | SkipJsonSchema[None] = None
     options: LossOptions | SkipJsonSchema[None] = None
 
@@ -282,12 +293,19 @@ class Odometer(_Open):
     accepted: int
     rejected: int
     updated_at: Timestamp | None
+    delta: float | SkipJsonSchema[None] = Field(
+        default=None, description="δ_g (approx_bayesian objects only)"
+    )
+    phase: Literal["output-independent", "bayesian"] | SkipJsonSchema[None] = Field(
+        default=None, description="Algorithm 4's phase (approx_bayesian objects only)"
+    )
 
 
 class ObjectBudget(_Open):
     """The budget of an object."""
 
     epsilon: float
+    delta: float | SkipJsonSchema[None] = None
 
 
 class ObjectView(_Open):
@@ -296,7 +314,7 @@ class ObjectView(_Open):
     id: str
     domain: dict[str, Any]
     budget: ObjectBudget
-    filter: Literal["bayesian", "simplified", "basic"]
+    filter: Literal["bayesian", "simplified", "basic", "approx_bayesian"]
     finite: bool
     labels: dict[str, str]
     status: Literal["active", "retired"]
@@ -411,6 +429,7 @@ class CandidateAcceptance(_Open):
     bayesian: bool
     simplified: bool
     basic: bool
+    approx_bayesian: bool | SkipJsonSchema[None] = None
 
 
 class CandidateLoss(_Open):
@@ -430,6 +449,16 @@ class LossResult(_Open):
     basic_composition: float
     status: Literal["ok", "limit"]
     candidate: CandidateLoss | None = None
+    approx: ApproxState | SkipJsonSchema[None] = None
+
+
+class ApproxState(_Open):
+    """With ``delta``: Algorithm 4's state of the history (F₀'s account and the phase)."""
+
+    delta: float
+    squares_total: float
+    squares_limit: float
+    phase: Literal["output-independent", "bayesian"]
 
 
 class CreatedKey(_Open):

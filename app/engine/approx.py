@@ -26,7 +26,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any
 
+from app.engine.errors import InvalidInput
+from app.engine.jsonfields import as_number
 from app.engine.numerics import exact_fraction
 
 #: Relative amount by which the float ``V*`` is lowered before it is made rational (its
@@ -87,3 +90,11 @@ def certified_limit(epsilon: float, delta: float) -> Fraction:
 def square(epsilon: Fraction) -> Fraction:
     """A query's contribution to ``V``: its exact ε squared."""
     return epsilon * epsilon
+
+
+def parse_delta_value(raw: Any, field: str) -> float:
+    """A δ_g from JSON: a number strictly between 0 and 1 (``field`` names it in errors)."""
+    value = as_number(raw, field)
+    if not 0.0 < value < 1.0:
+        raise InvalidInput(field, "must be greater than 0 and less than 1")
+    return value

@@ -44,6 +44,7 @@ _REGISTERED = select(
     _OBJECTS.c.domain_hash,
     _OBJECTS.c.value,
     _OBJECTS.c.budget,
+    _OBJECTS.c.budget_delta,
     _OBJECTS.c.filter,
     _OBJECTS.c.labels,
 )
@@ -55,6 +56,7 @@ _OBJECT_TYPES = {
     "domain_hash": "text",
     "value": "text",
     "budget": "float8",
+    "budget_delta": "float8",
     "filter": "text",
     "finite": "boolean",
     "labels": "json",
@@ -63,6 +65,7 @@ _OBJECT_TYPES = {
     "loss_lower": "float8",
     "loss_upper": "float8",
     "basic_total": "text",
+    "squares_total": "text",
     "accepted": "int",
     "rejected": "int",
     "version": "int",
@@ -157,6 +160,7 @@ def _same(registration: Registration, row: Any) -> bool:
         row.domain_hash == registration.domain_hash
         and row.value == registration.value_text
         and row.budget == registration.budget
+        and row.budget_delta == registration.budget_delta
         and row.filter == registration.filter
         and (row.labels or None) == registration.labels
     )
