@@ -456,8 +456,8 @@ class ApproxState(_Open):
     """With ``delta``: Algorithm 4's state of the history (F₀'s account and the phase)."""
 
     delta: float
-    squares_total: float
-    squares_limit: float
+    f0_account: float
+    f0_threshold: float
     phase: Literal["output-independent", "bayesian"]
 
 

@@ -116,8 +116,9 @@ class ProtectedObject(Base):
     loss_upper: Mapped[float] = mapped_column(Float, default=0.0)
     #: Exact Σε as a rational's text (unbounded: a sum's digits are not capped by a width).
     basic_total: Mapped[str] = mapped_column(Text, default="0")
-    #: Exact Σε² (the account of Algorithm 4's output-independent filter), a rational's text.
-    squares_total: Mapped[str] = mapped_column(Text, default="0", server_default="0")
+    #: The account of Algorithm 4's output-independent filter F₀ (``approx_bayesian``; "0"
+    #: otherwise), an exact rational's text (:mod:`app.engine.approx`).
+    f0_account: Mapped[str] = mapped_column(Text, default="0", server_default="0")
     accepted: Mapped[int] = mapped_column(Integer, default=0)
     rejected: Mapped[int] = mapped_column(Integer, default=0)
     version: Mapped[int] = mapped_column(Integer, default=0, nullable=False)

@@ -104,9 +104,9 @@ class Accountant:
     _last: tuple[Mechanism, Decision] | None = field(default=None, repr=False)
     #: A state to start from (:meth:`restore`); by default an empty history's.
     initial_state: InitVar[LikelihoodState | ContinuousState | None] = None
-    #: δ_g of an ``approx_bayesian`` object, and the history's exact ``Σ ε_i²``.
+    #: δ_g of an ``approx_bayesian`` object, and F₀'s account of the history.
     delta: float | None = None
-    squares: Fraction = Fraction(0)
+    f0_account: Fraction = Fraction(0)
 
     def __post_init__(self, initial_state: LikelihoodState | ContinuousState | None) -> None:
         self.state = (
@@ -155,7 +155,7 @@ class Accountant:
             self.state,
             self.limits,
             self.delta,
-            self.squares,
+            self.f0_account,
         )
 
     def evaluate(self, mechanism: Mechanism, target: float | None = None) -> CandidateEvaluation:
@@ -185,7 +185,7 @@ class Accountant:
         if isinstance(after.state, BasicState):  # pragma: no cover - never from these states
             raise TypeError("an accountant keeps an exact or searched state")
         self.state, self.basic_total = after.state, after.basic_total
-        self.squares = after.squares
+        self.f0_account = after.f0_account
         self.accepted += 1
         self.trajectory.append(TrajectoryPoint(self.accepted, self.loss(), float(self.basic_total)))
 

@@ -15,8 +15,8 @@ Answer::
 
 Extension (issue #15): ``"delta": δ_g`` (with ``budget``) also decides with the
 ``approx_bayesian`` filter (Algorithm 4): ``accepted`` gains ``"approx_bayesian"`` and the answer
-gains ``"approx": {"delta", "squares_total", "squares_limit", "phase"}`` — F₀'s account of the
-history (``Σ ε_i²``), its limit and the phase the history is in.
+gains ``"approx": {"delta", "f0_account", "f0_threshold", "phase"}`` — F₀'s account of the
+history (:mod:`app.engine.approx`), its threshold and the phase the history is in.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from app.engine.approx import AdvancedFilter, parse_delta_value
+from app.engine.approx import OutputIndependentFilter, parse_delta_value
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain, parse_domain
@@ -47,7 +47,7 @@ from app.engine.pipeline import (
     candidate_bounds,
     decisions_by_filter,
     fold_history,
-    history_squares,
+    history_account,
     parse_history,
 )
 
@@ -155,7 +155,7 @@ def compute_loss(
         state,
         limits,
         delta,
-        history_squares(entries),
+        history_account(entries, budget or MAX_BUDGET, delta),
     )
     loss = snapshot.loss()
     answer: dict[str, Any] = {
@@ -166,8 +166,8 @@ def compute_loss(
     if delta is not None and budget is not None:
         answer["approx"] = {
             "delta": delta,
-            "squares_total": float(snapshot.squares),
-            "squares_limit": float(AdvancedFilter(budget, delta).limit),
+            "f0_account": float(snapshot.f0_account),
+            "f0_threshold": float(OutputIndependentFilter(budget, delta).threshold),
             "phase": snapshot.phase,
         }
     if "candidate" in obj:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from app.engine.approx import BAYESIAN, OUTPUT_INDEPENDENT, AdvancedFilter, square
+from app.engine.approx import BAYESIAN, OUTPUT_INDEPENDENT, OutputIndependentFilter
 from app.engine.exact import ExactLoss, ExactQuery
 from app.engine.likelihood import LikelihoodState, LossBounds, bounds_from, exact_bounds
 from app.engine.mechanisms import CandidateLosses, Mechanism
@@ -243,17 +243,18 @@ def decide(
     loss_now: LossBounds,
     basic_total: Fraction,
     candidate: CandidateEvaluation,
-    squares: Fraction = Fraction(0),
+    f0_account: Fraction = Fraction(0),
     delta: float | None = None,
 ) -> Decision:
     """Apply filter ``kind`` to a candidate evaluated against the current history.
 
-    ``squares`` (the history's exact ``Σ ε_i²``) and ``delta`` serve ``approx_bayesian``.
+    ``f0_account`` (F₀'s account of the history, :mod:`app.engine.approx`) and ``delta`` serve
+    ``approx_bayesian``.
     """
     if kind is FilterKind.APPROX_BAYESIAN:
         if delta is None:
             raise ValueError("the approx_bayesian filter needs a delta")
-        return _decide_approx(budget, delta, loss_now, basic_total, squares, candidate)
+        return _decide_approx(budget, delta, loss_now, basic_total, f0_account, candidate)
     budget_exact = decimal_fraction(budget)
     basic_after = basic_total + candidate.epsilon_exact
     basic_ok = basic_after <= budget_exact
@@ -307,24 +308,23 @@ def _decide_approx(
     delta: float,
     loss_now: LossBounds,
     basic_total: Fraction,
-    squares: Fraction,
+    f0_account: Fraction,
     candidate: CandidateEvaluation,
 ) -> Decision:
     """Algorithm 4: F₀ while it accepts, else the Bayesian filter on the realized loss.
 
-    F₀ (:class:`~app.engine.approx.AdvancedFilter`) accepts while the history's ``Σ ε_i²``
-    with the query stays within its limit and every accepted query so far was its own
+    F₀ (:class:`~app.engine.approx.OutputIndependentFilter`) accepts while its account of the
+    history with the query stays within its threshold and every accepted query so far was its own
     (``phase`` output-independent). Otherwise the query is accepted only if the realized loss
     now is within ε_g (line 14) and the Bayesian filter accepts it (every output's loss after
     within ε_g, exact ties accepted); basic composition within ε_g implies both.
     """
-    f0 = AdvancedFilter(budget, delta)
-    after = squares + square(candidate.epsilon_exact)
-    if f0.phase(squares) == OUTPUT_INDEPENDENT and f0.accepts(after):
+    f0 = OutputIndependentFilter(budget, delta)
+    after = f0_account + f0.charge(candidate.epsilon_exact)
+    if f0.phase(f0_account) == OUTPUT_INDEPENDENT and f0.accepts(after):
         reason = (
-            "the output-independent (epsilon, delta) filter accepts it: the sum of squared "
-            f"epsilons after the query ({float(after):.6g}) is within its limit "
-            f"({float(f0.limit):.6g})"
+            "the output-independent (epsilon, delta) filter accepts it: its account after the "
+            f"query ({float(after):.6g}) is within its threshold ({float(f0.threshold):.6g})"
         )
         return Decision(
             FilterKind.APPROX_BAYESIAN,
@@ -353,7 +353,7 @@ def _decide_approx(
             f"the realized loss ({loss_now.upper:.6g}) already exceeds the budget ({budget:g}) "
             "after the output-independent phase"
         )
-    phase = BAYESIAN if accepted or f0.phase(squares) == BAYESIAN else OUTPUT_INDEPENDENT
+    phase = BAYESIAN if accepted or f0.phase(f0_account) == BAYESIAN else OUTPUT_INDEPENDENT
     return Decision(
         FilterKind.APPROX_BAYESIAN,
         accepted,

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
-from app.engine.approx import AdvancedFilter, square
+from app.engine.approx import OutputIndependentFilter
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.continuous.candidate import evaluate_continuous
 from app.engine.continuous.state import ContinuousState
@@ -89,7 +89,7 @@ class ObjectSnapshot:
 
     ``state`` is the finite likelihood array (:class:`LikelihoodState`) or the continuous
     history's terms (:class:`ContinuousState`); ``basic_total`` the exact ``Σ ε_i``;
-    ``squares`` the exact ``Σ ε_i²`` and ``delta`` δ_g (``approx_bayesian``, Algorithm 4).
+    ``f0_account`` F₀'s account and ``delta`` δ_g (``approx_bayesian``, Algorithm 4).
     """
 
     domain: Domain
@@ -99,7 +99,7 @@ class ObjectSnapshot:
     state: State
     limits: EngineLimits = DEFAULT_LIMITS
     delta: float | None = None
-    squares: Fraction = Fraction(0)
+    f0_account: Fraction = Fraction(0)
 
     @classmethod
     def empty(
@@ -121,7 +121,7 @@ class ObjectSnapshot:
         """Algorithm 4's phase (``approx_bayesian`` objects only, else None)."""
         if self.filter is not FilterKind.APPROX_BAYESIAN or self.delta is None:
             return None
-        return AdvancedFilter(self.budget, self.delta).phase(self.squares)
+        return OutputIndependentFilter(self.budget, self.delta).phase(self.f0_account)
 
     def loss(self) -> LossBounds:
         """Certified bounds on the realized loss of the history (capped by exact Σε)."""
@@ -191,7 +191,7 @@ def fold_history(
 ) -> tuple[LikelihoodState | ContinuousState, Fraction]:
     """The state of a history and its exact ``Σ ε_i`` (the one place a history is replayed).
 
-    Its exact ``Σ ε_i²`` is :func:`history_squares`.
+    F₀'s account of it is :func:`history_account`.
     """
     state = empty_state(domain, bnb)
     basic = Fraction(0)
@@ -204,9 +204,14 @@ def fold_history(
     return state, basic
 
 
-def history_squares(entries: Sequence[HistoryEntry]) -> Fraction:
-    """The exact ``Σ ε_i²`` of a history (F₀'s account, :mod:`app.engine.approx`)."""
-    return sum((square(e.mechanism.epsilon_exact) for e in entries), Fraction(0))
+def history_account(
+    entries: Sequence[HistoryEntry], budget: float, delta: float | None
+) -> Fraction:
+    """F₀'s account of a history under ``(budget, delta)`` (0 without a δ_g)."""
+    if delta is None:
+        return Fraction(0)
+    f0 = OutputIndependentFilter(budget, delta)
+    return sum((f0.charge(e.mechanism.epsilon_exact) for e in entries), Fraction(0))
 
 
 def candidate_bounds(
@@ -250,7 +255,7 @@ def _decide(
         loss_now=snapshot.loss(),
         basic_total=snapshot.basic_total,
         candidate=candidate,
-        squares=snapshot.squares,
+        f0_account=snapshot.f0_account,
         delta=snapshot.delta,
     )
 
@@ -295,7 +300,10 @@ def record(
     when first read (:meth:`ObjectSnapshot.loss`).
     """
     basic = snapshot.basic_total + mechanism.epsilon_exact
-    snapshot = replace(snapshot, squares=snapshot.squares + square(mechanism.epsilon_exact))
+    if snapshot.delta is not None:
+        f0 = OutputIndependentFilter(snapshot.budget, snapshot.delta)
+        account = snapshot.f0_account + f0.charge(mechanism.epsilon_exact)
+        snapshot = replace(snapshot, f0_account=account)
     state = snapshot.state
     if isinstance(state, LikelihoodState):
         return replace(snapshot, basic_total=basic, state=state.applied(mechanism.term(output)))

@@ -65,7 +65,7 @@ _OBJECT_TYPES = {
     "loss_lower": "float8",
     "loss_upper": "float8",
     "basic_total": "text",
-    "squares_total": "text",
+    "f0_account": "text",
     "accepted": "int",
     "rejected": "int",
     "version": "int",

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.models import AuditEvent, LikelihoodStateRecord, ProtectedObject, QueryRecord, Survey
 from app.engine.accountant import Odometer
-from app.engine.approx import AdvancedFilter, parse_delta_value
+from app.engine.approx import OutputIndependentFilter, parse_delta_value
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
@@ -82,8 +82,8 @@ class OdometerColumns(Protocol):
         """δ_g (``approx_bayesian`` only)."""
 
     @property
-    def squares_total(self) -> str:
-        """Exact Σ ε_i², as a fraction string."""
+    def f0_account(self) -> str:
+        """F₀'s account (``approx_bayesian``), as a fraction string."""
 
 
 def odometer_view(row: OdometerColumns) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def odometer_view(row: OdometerColumns) -> dict[str, Any]:
     delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
     phase = None
     if delta is not None:
-        phase = AdvancedFilter(row.budget, delta).phase(Fraction(row.squares_total))
+        phase = OutputIndependentFilter(row.budget, delta).phase(Fraction(row.f0_account))
     odometer = Odometer(
         row.budget,
         LossBounds(row.loss_lower, row.loss_upper),
@@ -184,7 +184,7 @@ class Registration:
             "loss_lower": 0.0,
             "loss_upper": 0.0,
             "basic_total": "0",
-            "squares_total": "0",
+            "f0_account": "0",
             "accepted": 0,
             "rejected": 0,
             "version": 0,

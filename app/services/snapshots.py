@@ -84,7 +84,7 @@ class SnapshotRow(Protocol):
     def budget_delta(self) -> float | None: ...  # noqa: D102
 
     @property
-    def squares_total(self) -> str: ...  # noqa: D102
+    def f0_account(self) -> str: ...  # noqa: D102
 
 
 class HistoryCache:
@@ -170,7 +170,7 @@ def snapshot_of(
         state,
         limits,
         row.budget_delta,
-        Fraction(row.squares_total),
+        Fraction(row.f0_account),
     )
 
 
@@ -248,7 +248,7 @@ def advance(
         "loss_lower": loss.lower,
         "loss_upper": loss.upper,
         "basic_total": str(after.basic_total),
-        "squares_total": str(after.squares),
+        "f0_account": str(after.f0_account),
     }
     return Advance(columns, stored)
 

@@ -98,7 +98,7 @@ class GroupKey(NamedTuple):
     loss_lower: float
     loss_upper: float
     budget_delta: float | None
-    squares_total: str
+    f0_account: str
 
 
 KEY_COLUMNS = [DOMAIN_TEXT if n == "domain" else OBJECTS.c[n] for n in GroupKey._fields]
@@ -155,7 +155,7 @@ class _SnapshotRow(NamedTuple):
     loss_upper: float
     basic_total: str
     budget_delta: float | None
-    squares_total: str
+    f0_account: str
 
 
 def decide_group(
@@ -190,7 +190,7 @@ def decide_group(
         key.loss_upper,
         key.basic_total,
         key.budget_delta,
-        key.squares_total,
+        key.f0_account,
     )
     snapshot = snapshot_of(conn, row, domain, parsed.limits)
     decision = decide(snapshot, mech, worker, tight=False)

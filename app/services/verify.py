@@ -23,7 +23,7 @@ from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord, S
 from app.engine.calculator import DEFAULT_TOLERANCE
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
-from app.engine.pipeline import fold_history, history_entry, history_squares
+from app.engine.pipeline import fold_history, history_account, history_entry
 from app.services.snapshots import next_history_hash, state_key
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
@@ -72,8 +72,8 @@ def verify_object(session: Session, row: ProtectedObject, report: Report) -> Non
     state, basic = fold_history(domain, entries)
     if Fraction(row.basic_total) != basic:
         report.problems.append(f"{row.id}: basic composition differs from the history's")
-    if Fraction(row.squares_total) != history_squares(entries):
-        report.problems.append(f"{row.id}: sum of squared epsilons differs from the history's")
+    if Fraction(row.f0_account) != history_account(entries, row.budget, row.budget_delta):
+        report.problems.append(f"{row.id}: F0's account differs from the history's")
     if row.history_hash != chain:
         report.problems.append(f"{row.id}: history hash differs from the history's")
     loss = state.loss(basic)

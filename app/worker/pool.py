@@ -36,7 +36,7 @@ from app.engine.pipeline import (
     ObjectSnapshot,
     candidate_bounds,
     decisions_by_filter,
-    history_squares,
+    history_account,
     parse_history,
 )
 from app.metrics import BOUND_CACHE, BOUND_FALLBACKS, BOUND_SECONDS
@@ -146,7 +146,7 @@ def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
         total,
         BasicState(),
         delta=delta,
-        squares=history_squares(entries),
+        f0_account=history_account(entries, budget or 1.0, delta),
     )
     answer: dict[str, Any] = {
         "realized_loss": snapshot.loss().to_json(),

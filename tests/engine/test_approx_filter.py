@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import math
 from fractions import Fraction
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 from scipy import stats
 
 from app.engine.accountant import Accountant, submit
-from app.engine.approx import certified_limit, squares_limit
+from app.engine.approx import OutputIndependentFilter, squares_limit
 from app.engine.domain import parse_domain
 from app.engine.filters import FilterKind
 from app.engine.mechanisms import parse_query
@@ -28,17 +29,35 @@ def _rr(eps: float) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(("eps_g", "delta"), [(1.0, 1e-6), (0.5, 1e-3), (3.0, 0.2), (1e-3, 1e-9)])
-def test_limit_solves_the_advanced_composition_bound_and_is_certified_below(
-    eps_g: float, delta: float
-) -> None:
+def test_order_and_threshold_are_those_of_advanced_composition(eps_g: float, delta: float) -> None:
+    """λ = sqrt(2L/V*) with V* solving sqrt(2LV) + V/2 = ε_g; threshold just below λε_g − L."""
     v = squares_limit(eps_g, delta)
-    assert math.sqrt(2 * math.log(1 / delta) * v) + v / 2 == pytest.approx(eps_g, rel=1e-12)
-    assert certified_limit(eps_g, delta) < Fraction(v)
-    assert certified_limit(eps_g, delta) > Fraction(v) * (1 - Fraction(1, 10**11))
+    log_inv = math.log(1 / delta)
+    assert math.sqrt(2 * log_inv * v) + v / 2 == pytest.approx(eps_g, rel=1e-12)
+    f0 = OutputIndependentFilter(eps_g, delta)
+    assert f0.order == pytest.approx(math.sqrt(2 * log_inv / v), rel=1e-15)
+    exact_threshold = f0.order * eps_g - log_inv
+    assert Fraction(exact_threshold) * (1 - Fraction(1, 10**10)) < f0.threshold
+    assert f0.threshold < Fraction(exact_threshold)
 
 
-def test_phase_one_accepts_349_queries_of_0_01_under_1_and_1e_6() -> None:
-    """The issue's target: >= 300 (advanced composition about 340, basic 100)."""
+@pytest.mark.parametrize("eps", [1e-6, 1e-3, 0.01, 0.3, 1.0, 5.0, 40.0])
+def test_charge_bounds_randomized_response_mgf_and_the_hoeffding_bound(eps: float) -> None:
+    """ψ(λ, ε) against a 60-digit evaluation (decimal), and below λε²/2 + λ²ε²/2 (so F₀ ⊇ WRRW)."""
+    f0 = OutputIndependentFilter(1.0, 1e-6)
+    with decimal.localcontext() as ctx:
+        ctx.prec = 60
+        lam, e = decimal.Decimal(f0.order), decimal.Decimal(repr(eps))
+        exact = (((1 + lam) * e).exp() + (-lam * e).exp()) / (1 + e.exp())
+        exact = exact.ln()
+    charge = f0.charge(Fraction(repr(eps)))
+    assert charge >= Fraction(exact)
+    assert float(charge) == pytest.approx(float(exact), rel=1e-11)
+    assert float(charge) <= f0.order * eps**2 / 2 * (1 + f0.order) * (1 + 1e-11)
+
+
+def test_phase_one_accepts_354_queries_of_0_01_under_1_and_1e_6() -> None:
+    """The issue's target: >= 300 (advanced composition about 340, WRRW 349, basic 100)."""
     domain = parse_domain(BINARY)
     mech = parse_query(_rr(0.01), domain)
     snap = ObjectSnapshot.empty(domain, budget=1.0, filter=FilterKind.APPROX_BAYESIAN, delta=1e-6)
@@ -46,10 +65,11 @@ def test_phase_one_accepts_349_queries_of_0_01_under_1_and_1e_6() -> None:
     while (decision := evaluate(snap, mech)).phase == "output-independent" and decision.accepted:
         snap = record(snap, mech, mech.sample({"b": 1}), decision)
         accepted += 1
-    assert accepted == 349
+    assert accepted == 354
     assert snap.phase == "output-independent"
-    assert snap.squares == 349 * Fraction(1, 100) ** 2
-    # the next query is the Bayesian filter's (loss after 349 queries is at most 3.49)
+    f0 = OutputIndependentFilter(1.0, 1e-6)
+    assert snap.f0_account == 354 * f0.charge(Fraction(1, 100))
+    # the next query is the Bayesian filter's (loss after 354 queries is at most 3.54)
     assert decision.phase == ("bayesian" if decision.accepted else "output-independent")
 
 
@@ -65,9 +85,9 @@ def test_basic_composition_and_the_pure_filter_beside_it() -> None:
 def test_a_large_query_goes_to_the_bayesian_filter_and_stays_there() -> None:
     domain = parse_domain(BINARY)
     acc = Accountant(domain, 1.0, FilterKind.APPROX_BAYESIAN, delta=1e-6)
-    small, large = parse_query(_rr(0.01), domain), parse_query(_rr(0.5), domain)
+    small, large = parse_query(_rr(0.01), domain), parse_query(_rr(0.9), domain)
     assert submit(acc, small, {"b": 1}).decision.phase == "output-independent"
-    result = submit(acc, large, {"b": 1})  # 0.25 > F₀'s limit 0.0349: the Bayesian filter's
+    result = submit(acc, large, {"b": 1})  # beyond F₀'s threshold: the Bayesian filter's
     assert result.decision.accepted
     assert result.decision.phase == "bayesian"
     assert acc.odometer().phase == "bayesian"
@@ -97,8 +117,8 @@ def test_the_bayesian_phase_refuses_once_the_loss_exceeds_the_budget() -> None:
 
 def f0_queries(eps: float, eps_g: float, delta: float) -> int:
     """How many queries of ``eps`` F₀ accepts (exact rationals, as the engine)."""
-    limit = certified_limit(eps_g, delta)
-    return int(limit / Fraction(eps) ** 2)
+    f0 = OutputIndependentFilter(eps_g, delta)
+    return int(f0.threshold / f0.charge(Fraction(repr(eps))))
 
 
 @pytest.mark.parametrize(
@@ -126,7 +146,7 @@ def test_monte_carlo_privacy_loss_tail_within_delta() -> None:
     Budget (1, 0.2), binary RR ε = 0.1: F₀'s 24 queries, then up to 4 of the Bayesian filter
     (or its first rejection). The transcript's privacy loss for the pair (x, x') = (1, 0) is
     ε·(#1 − #0); the Bayesian phase never lets it pass ε_g, so it exceeds ε_g only when F₀'s
-    blind phase did — with the exact binomial probability 0.0217 here, below δ_g = 0.2. The
+    blind phase did — with the exact binomial probability 0.0208 here, below δ_g = 0.2. The
     empirical frequency must match that within 4 standard errors (and so stay below δ_g).
     """
     domain = parse_domain(BINARY)

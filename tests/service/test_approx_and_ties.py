@@ -5,13 +5,14 @@ SQLite and PostgreSQL (the ``client`` fixture), every decision through the same 
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app.db.session import make_engine, make_session_factory
-from app.engine.approx import squares_limit
+from app.engine.approx import OutputIndependentFilter
 from app.services.verify import verify_all
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
 from tests.service.factories import register
@@ -94,8 +95,10 @@ def test_calculator_accepts_the_tie_and_reports_algorithm_4(client: TestClient) 
     assert r.status_code == 200, r.text
     answer = r.json()
     assert answer["candidate"]["accepted"]["approx_bayesian"] is True
-    assert answer["approx"]["phase"] == "bayesian"  # Σε² = 0.3125 > the limit 0.0349
-    assert answer["approx"]["squares_total"] == 0.3125
+    f0 = OutputIndependentFilter(1.0, 1e-6)
+    assert answer["approx"]["phase"] == "bayesian"  # 5 queries of 0.25 are beyond F₀
+    assert answer["approx"]["f0_account"] == float(5 * f0.charge(Fraction(1, 4)))
+    assert answer["approx"]["f0_threshold"] == float(f0.threshold)
     r = client.post("/v1/loss", headers=auth(analyst), json={**body, "delta": 2})
     assert r.status_code == 422
     assert "delta" in r.text
@@ -104,7 +107,7 @@ def test_calculator_accepts_the_tie_and_reports_algorithm_4(client: TestClient) 
 def test_approx_bayesian_object_moves_from_f0_to_the_bayesian_phase(
     client: TestClient, database_url: str
 ) -> None:
-    """Budget (1, 0.1), binary RR ε = 0.1: F₀ accepts 17 queries (Σε² <= 0.1798), then Alg. 2."""
+    """Budget (1, 0.1), binary RR ε = 0.1: F₀ accepts 18 queries, then the Bayesian filter."""
     analyst = new_key(client, "analyst")
     r = _register(client, {"epsilon": 1.0, "delta": 0.1}, "approx_bayesian")
     assert r.status_code == 201, r.text
@@ -113,8 +116,9 @@ def test_approx_bayesian_object_moves_from_f0_to_the_bayesian_phase(
     assert view["filter"] == "approx_bayesian"
     assert view["odometer"]["phase"] == "output-independent"
     oid = view["id"]
-    f0_count = int(squares_limit(1.0, 0.1) / 0.01)
-    assert f0_count == 17
+    f0 = OutputIndependentFilter(1.0, 0.1)
+    f0_count = int(f0.threshold / f0.charge(Fraction(1, 10)))
+    assert f0_count == 18
     for i in range(f0_count):
         dry = client.post(
             f"/v1/objects/{oid}/dry-run", headers=auth(analyst), json={"query": _rr(0.1)}
@@ -129,7 +133,7 @@ def test_approx_bayesian_object_moves_from_f0_to_the_bayesian_phase(
         assert r.json()["odometer"]["phase"] == "output-independent", i
     dry = client.post(f"/v1/objects/{oid}/dry-run", headers=auth(analyst), json={"query": _rr(0.1)})
     loss = dry.json()["realized_loss"]["upper"]
-    # F₀ is done; the Bayesian filter decides on the realized loss (at most 1.7 after 17 queries)
+    # F₀ is done; the Bayesian filter decides on the realized loss (at most 1.8 after 18 queries)
     assert dry.json()["decision"] == ("accept" if loss <= 0.9 else "reject")
     if loss <= 0.9:
         assert dry.json()["phase"] == "bayesian"
