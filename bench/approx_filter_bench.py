@@ -35,6 +35,7 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from fractions import Fraction
 
 from app.engine.approx import OutputIndependentFilter
@@ -52,11 +53,10 @@ QUERY = {
 }
 
 
-def count_while(ok: object) -> int:
+def count_while(ok: Callable[[int], bool]) -> int:
     """The largest k such that ``ok(k)`` holds for 1..k (``ok`` is monotone)."""
-    check = ok  # type: ignore[assignment]
     k = 0
-    while check(k + 1):  # type: ignore[operator]
+    while ok(k + 1):
         k += 1
     return k
 

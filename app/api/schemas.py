@@ -345,6 +345,12 @@ class Decision(_Open):
     epsilon: float
     basic_composition: float
     basic_composition_after: float
+    delta: float | SkipJsonSchema[None] = Field(
+        default=None, description="δ_g (approx_bayesian objects only)"
+    )
+    phase: Literal["output-independent", "bayesian"] | SkipJsonSchema[None] = Field(
+        default=None, description="Algorithm 4's phase after this decision (approx_bayesian)"
+    )
 
 
 class SubmitResult(_Open):
