@@ -5,6 +5,7 @@ SQLite and PostgreSQL (the ``client`` fixture), every decision through the same 
 
 from __future__ import annotations
 
+import time
 from fractions import Fraction
 from typing import Any
 
@@ -145,5 +146,49 @@ def test_approx_bayesian_object_moves_from_f0_to_the_bayesian_phase(
         assert r.json()["odometer"]["delta"] == 0.1
     listed = client.get("/v1/odometers", headers=auth(analyst)).json()["items"]
     assert any(item["id"] == oid and "phase" in item for item in listed)
+    report = verify_all(make_session_factory(make_engine(database_url)))
+    assert report.ok, report.problems
+
+
+def test_import_and_survey_of_approx_objects(client: TestClient, database_url: str) -> None:
+    """Bulk registration carries budget.delta; a survey decides each member by Algorithm 4."""
+    analyst = {"Authorization": f"Bearer {new_key(client, 'analyst')}"}
+    study = unique_id("approx-study")
+    objects = [
+        {
+            "id": f"{study}-{i}",
+            "domain": BINARY,
+            "value": {"b": i % 2},
+            "budget": {"epsilon": 1.0, "delta": 0.1},
+            "filter": "approx_bayesian",
+            "labels": {"study": study},
+        }
+        for i in range(4)
+    ]
+    r = client.post("/v1/imports", headers=auth(ADMIN_KEY), json={"objects": objects})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"created": 4, "existing": 0}
+    r = client.post("/v1/imports", headers=auth(ADMIN_KEY), json={"objects": objects})
+    assert r.json() == {"created": 0, "existing": 4}
+    changed = [{**objects[0], "budget": {"epsilon": 1.0, "delta": 0.2}}]
+    r = client.post("/v1/imports", headers=auth(ADMIN_KEY), json={"objects": changed})
+    assert r.status_code == 409, r.text
+    body = {"name": "rr", "query": _rr(0.1), "cohort": {"labels": {"study": study}}}
+    for _ in range(2):
+        created = client.post("/v1/surveys", headers=analyst, json=body)
+        assert created.status_code == 202, created.text
+        survey_id = created.json()["id"]
+        for _ in range(1200):
+            survey = client.get(f"/v1/surveys/{survey_id}", headers=analyst).json()
+            if survey["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.05)
+        assert survey["status"] == "done", survey
+        assert survey["progress"]["accepted"] == 4
+    for item in objects:
+        odometer = client.get(f"/v1/objects/{item['id']}/odometer", headers=analyst).json()
+        assert odometer["accepted"] == 2
+        assert odometer["delta"] == 0.1
+        assert odometer["phase"] == "output-independent"
     report = verify_all(make_session_factory(make_engine(database_url)))
     assert report.ok, report.problems
