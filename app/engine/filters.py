@@ -163,7 +163,10 @@ def _exact_evaluation(
         exact_bounds(worst, Fraction(0), cap).upper,
         complete,
         exact_worst=worst,
-        exact_charged=exact.loss() + query.group.epsilon + slack,
+        # the tight ε: the declared float's exact value, or 0 for a query constant on the domain
+        exact_charged=exact.loss()
+        + (query.group.epsilon if mechanism.epsilon_exact else 0)
+        + slack,
     )
 
 
@@ -273,11 +276,11 @@ def decide(
         )
     elif kind is FilterKind.SIMPLIFIED:
         charged = loss_now.upper + float(candidate.epsilon_exact)
-        if candidate.exact_charged is not None:  # exact: a tie with the budget is accepted
-            charged = float_up(candidate.exact_charged)
+        accepted = charged <= limit
+        # exact (randomized response): a tie with the budget is accepted; both rules are sound
+        if not accepted and candidate.exact_charged is not None:
             accepted = candidate.exact_charged <= exact_fraction(budget)
-        else:
-            accepted = charged <= limit
+            charged = float_up(candidate.exact_charged)
         relation = "is within" if accepted else "would exceed"
         reason = (
             f"realized loss plus the query's epsilon ({charged:.6g}) {relation} "
@@ -285,10 +288,10 @@ def decide(
         )
     else:
         worst = candidate.worst_case_upper
-        if candidate.exact_worst is not None:  # exact: a tie with the budget is accepted
+        accepted = worst <= limit
+        # exact (randomized response): a tie with the budget is accepted; both rules are sound
+        if not accepted and candidate.exact_worst is not None:
             accepted = candidate.exact_worst <= exact_fraction(budget)
-        else:
-            accepted = worst <= limit
         if accepted:
             reason = (
                 f"for every output the realized loss after the query stays within the "

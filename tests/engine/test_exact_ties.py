@@ -197,3 +197,21 @@ def test_exact_form_survives_persistence() -> None:
     assert np.array_equal(back.logp, state.logp)
     legacy = LikelihoodState.from_bytes(domain, state.logp.astype("<f8").tobytes(), state.err)
     assert legacy.exact is None
+
+
+def test_simplified_charges_a_constant_query_nothing_exactly() -> None:
+    """Algorithm 3 at a loss equal to the budget: a query constant on the domain (tight ε 0)."""
+    domain = parse_domain(BINARY)
+    rr = parse_query(_rr(0.5), domain)
+    snap = ObjectSnapshot.empty(domain, budget=1.0, filter=FilterKind.SIMPLIFIED)
+    for out in (1, 1, 1, 0):  # loss 1.0, basic composition 2.0
+        snap = record(snap, rr, out, None)
+    assert snap.loss().upper == 1.0
+    constant = parse_query(
+        {**_rr(0.5), "predicate": {"attribute": "b", "op": "in", "value": [0, 1]}}, domain
+    )
+    assert constant.epsilon_exact == 0
+    decision = evaluate(snap, constant)
+    assert decision.candidate.exact_charged == 1
+    assert decision.accepted
+    assert not evaluate(snap, rr).accepted
