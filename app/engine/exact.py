@@ -47,6 +47,8 @@ IntArray = npt.NDArray[Any]
 Family = Literal["r", "s"]
 #: Bound on ``ε − λ`` for one query (see the module docstring).
 SAMPLER_SLACK = Fraction(1, 2**49)
+#: Distinct (ε, sampler) groups a history keeps its exact form for (``likelihood._exact_after``).
+MAX_GROUPS = 32
 #: Marks the exact part appended to a likelihood array's bytes.
 MAGIC = b"\x00EXACT1\x00"
 _SAFE = 1 << 62

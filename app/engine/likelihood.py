@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.domain import Domain
-from app.engine.exact import MAGIC, ExactLoss, ExactTerm
+from app.engine.exact import MAGIC, MAX_GROUPS, ExactLoss, ExactTerm
 from app.engine.numerics import FloatArray, float_up, update_error
 
 
@@ -59,8 +59,14 @@ def exact_bounds(loss: Fraction, slack: Fraction, cap: Fraction | None = None) -
 
 
 def _exact_after(exact: ExactLoss | None, term: Term) -> ExactLoss | None:
-    """The exact form after ``term``: kept only while every term has one."""
+    """The exact form after ``term``: kept only while every term has one.
+
+    A history with more than :data:`~app.engine.exact.MAX_GROUPS` distinct ε's drops it (its
+    counts would grow with every new ε; the float rule decides from then on).
+    """
     if exact is None or term.exact is None:
+        return None
+    if term.exact.group not in exact.groups and len(exact.groups) >= MAX_GROUPS:
         return None
     return exact.with_term(term.exact)
 

@@ -13,7 +13,7 @@ import pytest
 
 from app.engine.calculator import compute_loss
 from app.engine.domain import parse_domain
-from app.engine.exact import SAMPLER_SLACK
+from app.engine.exact import MAX_GROUPS, SAMPLER_SLACK
 from app.engine.filters import FilterKind
 from app.engine.likelihood import LikelihoodState
 from app.engine.mechanisms import Mechanism, parse_query
@@ -215,3 +215,16 @@ def test_simplified_charges_a_constant_query_nothing_exactly() -> None:
     assert decision.candidate.exact_charged == 1
     assert decision.accepted
     assert not evaluate(snap, rr).accepted
+
+
+def test_too_many_distinct_epsilons_end_exactness() -> None:
+    domain = parse_domain(BINARY)
+    state = LikelihoodState(domain)
+    for i in range(MAX_GROUPS):
+        state.apply(parse_query(_rr(0.01 * (i + 1)), domain).term(1))
+    assert state.exact is not None
+    assert len(state.exact.groups) == MAX_GROUPS
+    state.apply(parse_query(_rr(0.01), domain).term(0))  # a known ε: still exact
+    assert state.exact is not None
+    state.apply(parse_query(_rr(0.999), domain).term(0))
+    assert state.exact is None
