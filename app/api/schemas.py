@@ -32,6 +32,8 @@ OBJECT_ID_PATTERN = f"^{ID_PATTERN.pattern}$"
 
 Epsilon = Annotated[float, Field(ge=MIN_EPSILON, le=DEFAULT_LIMITS.max_epsilon)]
 Budget = Annotated[float, Field(ge=MIN_EPSILON, le=MAX_BUDGET)]
+#: δ_g in (0, 1) as inclusive float bounds: the smallest positive float, the largest below 1.
+MIN_DELTA, MAX_DELTA = 1e-300, 0.5
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL_PATTERN)]
 LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 LabelValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,256}$")]
@@ -168,7 +170,7 @@ class BudgetBody(_Strict):
 
     epsilon: Budget
     delta: (
-        Annotated[float, Field(gt=0, lt=1, description="δ_g: approx_bayesian only, in (0, 1)")]
+        Annotated[float, Field(ge=MIN_DELTA, le=MAX_DELTA, description="δ_g: approx_bayesian only")]
         | SkipJsonSchema[None]
     ) = None
 
@@ -257,7 +259,7 @@ class LossRequest(_Strict):
     delta: (
         Annotated[
             float,
-            Field(gt=0, lt=1, description="δ_g: also decide with approx_bayesian (extension)"),
+            Field(ge=MIN_DELTA, le=MAX_DELTA, description="δ_g: also decide with approx_bayesian"),
         ]
         | SkipJsonSchema[None]
     ) = None

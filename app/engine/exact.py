@@ -146,7 +146,8 @@ class ExactLoss:
         if arr is None:
             return np.zeros(self.shape[axis], dtype=np.int64)
         weights = scaled[: arr.shape[0]]
-        bound = sum(abs(w) for w in weights) * (int(np.abs(arr).max()) if arr.size else 0)
+        # the weights themselves must fit too (a count of 0 multiplies nothing away)
+        bound = sum(abs(w) for w in weights) * max(1, int(np.abs(arr).max()) if arr.size else 0)
         if bound < _SAFE:
             return np.asarray(np.asarray(weights, dtype=np.int64) @ arr, dtype=np.int64)
         return np.asarray(np.asarray(weights, dtype=object) @ arr.astype(object), dtype=object)
@@ -244,9 +245,11 @@ def _axis_losses(base: IntArray, step: int, query: ExactQuery) -> list[int]:
             return [0]
         lo_order = np.argsort(base, kind="stable")
         top2, bottom2 = lo_order[::-1][:2], lo_order[:2]
-        idx = np.arange(k)
-        other_hi = np.where(idx == top2[0], base[top2[1]], base[top2[0]])
-        other_lo = np.where(idx == bottom2[0], base[bottom2[1]], base[bottom2[0]])
+        # built as arrays of base's dtype: np.where would force Python integers into int64
+        other_hi = np.full(k, base[top2[0]], dtype=base.dtype)
+        other_hi[top2[0]] = base[top2[1]]
+        other_lo = np.full(k, base[bottom2[0]], dtype=base.dtype)
+        other_lo[bottom2[0]] = base[bottom2[1]]
         hit = base + step_arr
         hi = np.where(hit > other_hi, hit, other_hi)
         lo = np.where(hit < other_lo, hit, other_lo)

@@ -122,12 +122,17 @@ def _random_output(rng: random.Random, mech: Mechanism) -> Any:
     return rng.randrange(mech.output_count)
 
 
-@pytest.mark.parametrize("seed", range(6))
+#: ε pools: one ε; several (int64 units); tiny and large together (units beyond int64, so the
+#: exact values are Python integers).
+POOLS = ([0.5], [0.25, 0.1, 0.7, 1.3], [1e-6, 0.3, 60.0])
+
+
+@pytest.mark.parametrize("seed", range(9))
 def test_exact_losses_match_brute_force_and_floats(seed: int) -> None:
     """Random RR histories (several ε, both UE variants): exact = brute force ≈ float."""
     rng = random.Random(seed)
     domain = parse_domain(RICH)
-    pool = [0.25, 0.1, 0.7, 1.3] if seed % 2 else [0.5]
+    pool = POOLS[seed % 3]
     history: list[tuple[Mechanism, Any]] = []
     state = LikelihoodState(domain)
     for _ in range(8):
@@ -146,7 +151,7 @@ def test_exact_losses_match_brute_force_and_floats(seed: int) -> None:
         floats = candidate.candidate_losses(state).losses
         assert len(losses) == floats.size
         for j, loss in enumerate(losses):
-            assert float(loss) == pytest.approx(float(floats[j]), abs=1e-9)
+            assert float(loss) == pytest.approx(float(floats[j]), abs=1e-9, rel=1e-12)
         if candidate.kind != "unary_encoding":
             for j in range(candidate.output_count):
                 assert losses[j] == _brute_force(RICH, [*history, (candidate, j)])
@@ -228,3 +233,29 @@ def test_too_many_distinct_epsilons_end_exactness() -> None:
     assert state.exact is not None
     state.apply(parse_query(_rr(0.999), domain).term(0))
     assert state.exact is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_unary_encoding_worst_pattern_without_enumeration(seed: int) -> None:
+    """10 values: 1024 outputs, above the listing limit; the closed-form worst is exact."""
+    rng = random.Random(seed)
+    wide = {"attributes": [{"name": "a", "type": "integer", "low": 0, "high": 9}]}
+    domain = parse_domain(wide)
+    history: list[tuple[Mechanism, Any]] = []
+    state = LikelihoodState(domain)
+    for _ in range(6):
+        eps = rng.choice(POOLS[seed % 3])
+        mech = parse_query({"mechanism": "grr", "attribute": "a", "epsilon": eps}, domain)
+        out = rng.randrange(10)
+        history.append((mech, out))
+        state.apply(mech.term(out))
+    ue = parse_query(
+        {"mechanism": "unary_encoding", "attribute": "a", "epsilon": 0.7, "variant": "symmetric"},
+        domain,
+    )
+    query = ue.exact_query()
+    assert query is not None and not query.enumerate
+    assert state.exact is not None
+    (worst,) = state.exact.candidate_losses(query)
+    patterns = itertools.product((0, 1), repeat=10)
+    assert worst == max(_brute_force(wide, [*history, (ue, p)]) for p in patterns)
