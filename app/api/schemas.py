@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from app.engine.approx import MIN_DELTA
 from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, MIN_EPSILON
 from app.services.objects import ID_PATTERN
 
@@ -32,8 +33,8 @@ OBJECT_ID_PATTERN = f"^{ID_PATTERN.pattern}$"
 
 Epsilon = Annotated[float, Field(ge=MIN_EPSILON, le=DEFAULT_LIMITS.max_epsilon)]
 Budget = Annotated[float, Field(ge=MIN_EPSILON, le=MAX_BUDGET)]
-#: δ_g in (0, 1) as inclusive float bounds: the smallest positive float, the largest below 1.
-MIN_DELTA, MAX_DELTA = 1e-300, 0.5
+#: δ_g: ``MIN_DELTA <= δ_g < 1`` (the largest float below 1 as the inclusive bound).
+MAX_DELTA = 1.0 - 2.0**-53
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL_PATTERN)]
 LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 LabelValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,256}$")]

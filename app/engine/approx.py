@@ -54,6 +54,10 @@ from app.engine.numerics import exact_fraction, float_up
 #: Relative pad of a computed float toward the safe side.
 _PAD = 1e-12
 
+#: The smallest δ_g accepted: ``log(1/δ_g)`` stays below 691 (and a smaller δ is no stronger
+#: in any practical sense); the largest is any float below 1.
+MIN_DELTA = 1e-300
+
 #: The phases of Algorithm 4 as the odometer names them.
 OUTPUT_INDEPENDENT = "output-independent"
 BAYESIAN = "bayesian"
@@ -126,8 +130,8 @@ def _charge(epsilon_g: float, delta: float, epsilon: float) -> Fraction:
 
 
 def parse_delta_value(raw: Any, field: str) -> float:
-    """A δ_g from JSON: a number strictly between 0 and 1 (``field`` names it in errors)."""
+    """A δ_g from JSON: ``MIN_DELTA <= δ_g < 1`` (``field`` names it in errors)."""
     value = as_number(raw, field)
-    if not 0.0 < value < 1.0:
-        raise InvalidInput(field, "must be greater than 0 and less than 1")
+    if not MIN_DELTA <= value < 1.0:
+        raise InvalidInput(field, f"must be at least {MIN_DELTA:g} and less than 1")
     return value

@@ -254,7 +254,8 @@ def test_unary_encoding_worst_pattern_without_enumeration(seed: int) -> None:
         domain,
     )
     query = ue.exact_query()
-    assert query is not None and not query.enumerate
+    assert query is not None
+    assert not query.enumerate
     assert state.exact is not None
     (worst,) = state.exact.candidate_losses(query)
     patterns = itertools.product((0, 1), repeat=10)

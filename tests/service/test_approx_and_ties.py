@@ -39,7 +39,8 @@ def _register(client: TestClient, budget: dict[str, Any], filter: str) -> Any:
     [
         ({"epsilon": 1.0}, "approx_bayesian", "is required"),
         ({"epsilon": 1.0, "delta": 1.0}, "approx_bayesian", "less than 1"),
-        ({"epsilon": 1.0, "delta": 0}, "approx_bayesian", "greater than 0"),
+        ({"epsilon": 1.0, "delta": 0}, "approx_bayesian", "at least 1e-300"),
+        ({"epsilon": 1.0, "delta": 1e-301}, "approx_bayesian", "at least 1e-300"),
         ({"epsilon": 1.0, "delta": "0.1"}, "approx_bayesian", "number"),
         ({"epsilon": 1.0, "delta": 0.25}, "bayesian", "only allowed"),
     ],
