@@ -17,20 +17,23 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $(RUN_STAMP)
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+# the dev venv also holds the Python client (clients/python, with its pandas extra): its tests
+# run against the app in tests/client
+$(STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]' -e 'clients/python[pandas]'
 	touch $(STAMP)
 
 run: $(RUN_STAMP)
 	$(BIN)/gatekeeper serve
 
 lint: $(STAMP)
-	$(BIN)/ruff check app tests bench
-	$(BIN)/ruff format --check app tests bench
+	$(BIN)/ruff check app tests bench clients/python
+	$(BIN)/ruff format --check app tests bench clients/python
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+	cd clients/python && ../../$(BIN)/mypy
 
 # one BLAS thread per test process: -n 2 already uses both cores, and BLAS threads on top
 # slow the suite down and inflate the CPU-time checks of the search's time limits.

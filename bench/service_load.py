@@ -254,8 +254,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def fresh_database() -> Iterator[tuple[str, str]]:
-    """A new migrated database with the bootstrap admin key; dropped afterwards."""
+def fresh_database(*, keep: bool = False) -> Iterator[tuple[str, str]]:
+    """A new migrated database with the bootstrap admin key; dropped afterwards unless ``keep``."""
     import psycopg
 
     from app.db.migrate import upgrade
@@ -276,8 +276,11 @@ def fresh_database() -> Iterator[tuple[str, str]]:
         engine.dispose()
         yield url, name
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if keep:
+            print(f"kept database {name}", flush=True)
+        else:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 class BackendSampler:

@@ -6,6 +6,8 @@ How to run (from the project root, PostgreSQL reachable)::
     .venv/bin/python bench/survey_load.py                      # 10^6 objects (several minutes)
     .venv/bin/python bench/survey_load.py --objects 100000     # a quicker look
     .venv/bin/python bench/survey_load.py --objects 2000 --continuous 200 --no-single --no-pgbench
+    .venv/bin/python bench/survey_load.py --import-only                 # the import alone
+    .venv/bin/python bench/survey_load.py --import-only --tree /work/old  # an older tree's import
 
 What it does
 ------------
@@ -107,7 +109,8 @@ def write_population(path: Path, n: int, seed: int, *, continuous: bool = False)
             out.write(json.dumps(body) + "\n")
 
 
-def cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(database_url: str, *args: str, tree: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """``gatekeeper ARGS`` on the database, from the source in ``tree`` (default: this one)."""
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -116,7 +119,7 @@ def cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     }
     return subprocess.run(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "app.cli", *args],
-        cwd=ROOT,
+        cwd=tree,
         env=env,
         capture_output=True,
         text=True,
@@ -129,6 +132,11 @@ def sql(database_url: str, statement: str) -> str:
 
     with psycopg.connect(database_url) as conn:
         return str(conn.execute(statement).fetchone()[0])  # type: ignore[index]
+
+
+def db_size(database_url: str) -> int:
+    """The database's size in bytes."""
+    return int(sql(database_url, "SELECT pg_database_size(current_database())"))
 
 
 def table_sizes(database_url: str) -> str:
@@ -255,6 +263,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-single", action="store_true", help="skip service_load.py")
     parser.add_argument("--no-pgbench", action="store_true")
     parser.add_argument("--no-verify", action="store_true")
+    parser.add_argument(
+        "--keep-database", action="store_true", help="do not drop the database (to inspect it)"
+    )
+    parser.add_argument(
+        "--import-only", action="store_true", help="time the import alone (no server, surveys)"
+    )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=ROOT,
+        help="run `gatekeeper import` from the source in this directory (an older commit's "
+        "worktree, to compare it with this one on the same machine)",
+    )
     args = parser.parse_args(argv)
     from cryptography.fernet import Fernet
 
@@ -262,65 +283,72 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()}")
     rows: list[tuple[str, str]] = []
     ok = True
-    with fresh_database() as (url, _name), tempfile.TemporaryDirectory() as tmp:
+    with (
+        fresh_database(keep=args.keep_database) as (url, _name),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         population = Path(tmp) / "population.ndjson"
         write_population(population, args.objects, args.seed)
         start = time.perf_counter()
-        done = cli(url, "import", str(population), "--quiet")
+        done = cli(url, "import", str(population), "--quiet", tree=args.tree)
         seconds = time.perf_counter() - start
         if done.returncode != 0:
             print(done.stderr)
             return 1
         rows.append(
             (
-                "import",
+                "import" if args.tree == ROOT else f"import ({args.tree})",
                 f"{args.objects} objects in {seconds:.1f} s = "
                 f"{args.objects / seconds:,.0f} objects/s  {done.stdout.strip()}",
             )
         )
         print(rows[-1][1], flush=True)
-        env = {
-            "GATEKEEPER_ENCRYPTION_KEY_FILE": str(KEY_FILE),
-            "BOUND_PROCESSES": "1",
-        }
-        server = Server(url, 1, 1, Path(tmp) / "server.log", env)
-        try:
-            with httpx.Client(base_url=server.url, timeout=60) as http:
-                headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
-                for i, query in enumerate(SURVEYS, start=1):
-                    view, seconds = run_survey(http, headers, query, "bench")
-                    states = sql(url, "SELECT count(*) FROM likelihood_states")
-                    size = int(sql(url, "SELECT pg_database_size(current_database())"))
-                    members = view["progress"]["decided"]
-                    rows.append(
-                        (
-                            f"survey {i} ({query['attribute']})",
-                            f"{view['status']}: {members} members in {seconds:.1f} s = "
-                            f"{members / seconds:,.0f} members/s; accepted "
-                            f"{view['progress']['accepted']}, refused "
-                            f"{view['progress']['refused']}, groups {view['groups']}, "
-                            f"states stored {states}, database {size / 2**20:,.0f} MiB",
+        if args.import_only:
+            rows.append(("database after import", f"{db_size(url) / 2**20:,.0f} MiB"))
+            args.no_pgbench = args.no_verify = args.no_single = True
+        else:
+            env = {
+                "GATEKEEPER_ENCRYPTION_KEY_FILE": str(KEY_FILE),
+                "BOUND_PROCESSES": "1",
+            }
+            server = Server(url, 1, 1, Path(tmp) / "server.log", env)
+            try:
+                with httpx.Client(base_url=server.url, timeout=60) as http:
+                    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+                    for i, query in enumerate(SURVEYS, start=1):
+                        view, seconds = run_survey(http, headers, query, "bench")
+                        states = sql(url, "SELECT count(*) FROM likelihood_states")
+                        size = db_size(url)
+                        members = view["progress"]["decided"]
+                        rows.append(
+                            (
+                                f"survey {i} ({query['attribute']})",
+                                f"{view['status']}: {members} members in {seconds:.1f} s = "
+                                f"{members / seconds:,.0f} members/s; accepted "
+                                f"{view['progress']['accepted']}, refused "
+                                f"{view['progress']['refused']}, groups {view['groups']}, "
+                                f"states stored {states}, database {size / 2**20:,.0f} MiB",
+                            )
                         )
-                    )
-                    print(rows[-1][1], flush=True)
-                    ok &= view["status"] == "done"
-                if args.continuous:
-                    cont = Path(tmp) / "continuous.ndjson"
-                    write_population(cont, args.continuous, args.seed, continuous=True)
-                    done = cli(url, "import", str(cont), "--quiet")
-                    view, seconds = run_survey(http, headers, LINEAR, "continuous")
-                    members = view["progress"]["decided"]
-                    rows.append(
-                        (
-                            "continuous (linear, 2-D)",
-                            f"{view['status']}: {members} members in {seconds:.1f} s = "
-                            f"{members / seconds:,.0f} members/s; groups {view['groups']}; "
-                            f"estimate {view['estimate']}",
+                        print(rows[-1][1], flush=True)
+                        ok &= view["status"] == "done"
+                    if args.continuous:
+                        cont = Path(tmp) / "continuous.ndjson"
+                        write_population(cont, args.continuous, args.seed, continuous=True)
+                        done = cli(url, "import", str(cont), "--quiet")
+                        view, seconds = run_survey(http, headers, LINEAR, "continuous")
+                        members = view["progress"]["decided"]
+                        rows.append(
+                            (
+                                "continuous (linear, 2-D)",
+                                f"{view['status']}: {members} members in {seconds:.1f} s = "
+                                f"{members / seconds:,.0f} members/s; groups {view['groups']}; "
+                                f"estimate {view['estimate']}",
+                            )
                         )
-                    )
-                    print(rows[-1][1], flush=True)
-        finally:
-            server.stop()
+                        print(rows[-1][1], flush=True)
+            finally:
+                server.stop()
         rows.append(("largest tables (MiB, with indexes)", table_sizes(url)))
         print(rows[-1][1], flush=True)
         if not args.no_pgbench:

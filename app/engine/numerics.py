@@ -13,6 +13,12 @@ range of the state plus the range of the term), the error of the log-probability
 the sampler's exact rational probabilities from the float ones (a few ulp, see
 :mod:`app.engine.sampling`).
 
+Log-probabilities of two-output responses (``linear``, ``logistic``) are computed by
+:func:`response_log_prob` as ``log(t k + q)`` with ``k = tanh(ε/2)``, ``q = 1/(e^ε + 1)``, never as
+``log1p(t (e^ε - 1)) - log1p(e^ε)``: at ε = 100 the latter subtracts two ~100-nat numbers and errs
+by a few ulp *of ε*, which swamps a loss of 1e-13 (issue 15 item 4). The form used here errs by
+a few ulp of the result, so "a few ulp of ``1 + |term|``" above holds at every ε.
+
 Filter decisions then compare the certified upper bound against the budget minus
 :data:`DECISION_MARGIN`; the margin keeps a mathematical tie (``loss after == budget``) on the
 rejecting side, because in floating point it cannot be told apart from a value a hair above.
@@ -21,6 +27,7 @@ rejecting side, because in floating point it cannot be told apart from a value a
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -57,6 +64,93 @@ def update_error(state_range: float, term_range: float) -> float:
         + ULPS_PER_LOGPROB * (1.0 + term_range)
         + ULPS_SAMPLER
     )
+
+
+def response_log_prob(
+    own: FloatArray, other: FloatArray, epsilon: float | FloatArray
+) -> FloatArray:
+    r"""``log Pr`` of an output whose response is ``own`` (``other = 1 - own``, formed directly).
+
+    .. math::
+
+        \Pr = \frac{1 + t(e^\varepsilon - 1)}{e^\varepsilon + 1} = t\,k + q,\qquad
+        k = \tanh(\varepsilon/2),\; q = \frac{1}{e^\varepsilon + 1},
+
+    computed as ``log(own k + q)`` when that probability is at most 1/2 and as
+    ``log1p(-(other k + q))`` otherwise. Both arguments are sums of non-negative products with a
+    relative error of a few ulp (for ``own``, ``other`` in ``[0, 1]``), so the result errs by a
+    few ulp of ``1 + |result|`` whatever ε — no two large numbers cancel.
+    """
+    eps = np.asarray(epsilon, dtype=np.float64)
+    k = np.tanh(0.5 * eps)
+    q = 1.0 / (1.0 + np.exp(eps))
+    p_own = own * k + q
+    p_other = other * k + q
+    with np.errstate(divide="ignore", invalid="ignore"):
+        small = np.log(p_own)
+        large = np.log1p(-p_other)
+    return np.asarray(np.where(p_own <= 0.5, small, large), dtype=np.float64)
+
+
+def _split(a: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Veltkamp's split ``a = hi + lo`` with 26-bit halves (exact for ``|a| < 1e300``)."""
+    c = 134217729.0 * a
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def two_product(a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Dekker's ``p = fl(a b)`` and the exact ``e = a b - p`` (no overflow or underflow)."""
+    prod = a * b
+    a_hi, a_lo = _split(a)
+    b_hi, b_lo = _split(b)
+    return prod, a_lo * b_lo - (((prod - a_hi * b_hi) - a_lo * b_hi) - a_hi * b_lo)
+
+
+def _two_sum(a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Knuth's ``s = fl(a + b)`` and the exact ``e = a + b - s``."""
+    total = a + b
+    back = total - a
+    return total, (a - (total - back)) + (b - back)
+
+
+def exact_dot(
+    points: FloatArray, theta: FloatArray, c: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """``z = points @ theta.T + c`` and a bound on ``|z - exact z|`` that is 0 when ``z`` is exact.
+
+    ``z`` is accumulated term by term with error-free transformations (Dekker's product, Knuth's
+    sum): the exact value is ``s + Σ e_j`` with ``s`` the float sum and every ``e_j`` a float
+    computed exactly. The result is ``fl(s + fl(Σ e_j))`` — as accurate as a sum in twice the
+    precision — and the bound is the exact error of that last addition plus ``γ Σ|e_j|`` for
+    the float sum of the ``e_j`` (zero when every operation was exact, e.g. at a vertex with
+    representable coordinates). Products of non-zero factors that might underflow
+    (``|p| < 2^-960``) add ``2^-1070`` each. Inputs are assumed finite with magnitudes below
+    ``1e150`` (the engine's limit), so nothing overflows.
+
+    Where the a priori bound ``(d + 2) u Σ|θ_k x_k|`` charges every evaluation, this one is zero
+    at the points that matter most, where a term of slope ``e^80`` would otherwise turn one ulp
+    of ``z`` into 1e19 nats (issue 15 item 5). The extra precision matters for finite domains
+    too: ``3 × 0.1 - 0.3`` is ``2.8e-17`` exactly and ``5.6e-17`` in floats, and at ε = 100 a
+    ``linear`` query's log-probability there is ``log t`` — 0.69 nats apart.
+    """
+    p_count, d = points.shape
+    s = np.broadcast_to(np.asarray(c, dtype=np.float64), (p_count, theta.shape[0])).copy()
+    corr = np.zeros_like(s)
+    abs_err = np.zeros_like(s)
+    tiny = 2.0**-960
+    for k in range(d):
+        a = points[:, k : k + 1]
+        b = theta[:, k][None, :]
+        prod, prod_err = two_product(a, b)
+        s, sum_err = _two_sum(s, prod)
+        corr += prod_err + sum_err
+        underflow = (np.abs(prod) < tiny) & (a != 0.0) & (b != 0.0)
+        abs_err += np.abs(prod_err) + np.abs(sum_err) + np.where(underflow, 2.0**-1070, 0.0)
+    z, last = _two_sum(s, corr)
+    bound = np.abs(last) + abs_err * (4.0 * (2 * d + 2) * UNIT_ROUNDOFF)
+    bound = np.where(abs_err > 0.0, bound * (1.0 + 4.0 * UNIT_ROUNDOFF), 0.0)
+    return np.asarray(z, dtype=np.float64), np.asarray(bound, dtype=np.float64)
 
 
 def log1p_exp(x: float) -> float:
@@ -108,6 +202,22 @@ def float_up(x: Fraction) -> float:
     f = num / den  # correctly rounded
     a, b = f.as_integer_ratio()
     return f if a * den >= num * b else math.nextafter(f, math.inf)
+
+
+def exact_affine(c: float, weights: Sequence[float], point: Sequence[float]) -> Fraction:
+    """``c + Σ w_k x_k`` exactly, as a rational (floats are dyadic: one common power of two)."""
+    parts = [c.as_integer_ratio()]
+    for w, x in zip(weights, point, strict=True):
+        wn, wd = w.as_integer_ratio()
+        xn, xd = x.as_integer_ratio()
+        parts.append((wn * xn, wd * xd))
+    denominator = max(d for _, d in parts)
+    return Fraction(sum(n * (denominator // d) for n, d in parts), denominator)
+
+
+def float_down(x: Fraction) -> float:
+    """The largest float not above the rational ``x``."""
+    return -float_up(-x)
 
 
 def exp_lower(x: float) -> Fraction:

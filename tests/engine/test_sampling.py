@@ -4,7 +4,7 @@ Statistical checks use 4.5σ bounds for single frequencies and chi-square goodne
 for whole distributions: at p > 0.001 for grr with k = 5 (the threshold the issue names) and at
 p > 1e-6 for the others, so that a correct sampler makes the whole file fail with probability
 of order 1e-3 per run rather than 1e-2. The helpers of ``app/engine/sampling.py`` are also
-checked *exactly* by replacing ``secrets.randbelow`` with an enumeration of all its results.
+checked *exactly* by replacing ``sampling.randbelow`` with an enumeration of all its results.
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def test_unary_encoding_samples_a_ratio_at_most_e_eps(
 
 
 def _enumerate_randbelow(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    """Make ``secrets.randbelow(n)`` return 0, 1, ..., n - 1 on successive calls."""
+    """Make ``sampling.randbelow(n)`` return 0, 1, ..., n - 1 on successive calls."""
     state: dict[str, Any] = {"n": None, "next": 0}
 
     def fake(n: int) -> int:
@@ -286,7 +286,7 @@ def _enumerate_randbelow(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
         state["next"] += 1
         return int(u)
 
-    monkeypatch.setattr(sampling.secrets, "randbelow", fake)
+    monkeypatch.setattr(sampling, "randbelow", fake)
 
     def sizes() -> Iterator[int]:
         while True:
@@ -342,15 +342,15 @@ def test_categorical_is_exactly_proportional(
     total = sum(weights)
     if total > 10_000:
         # too many uniform draws to enumerate: check the bucket boundaries instead
-        monkeypatch.setattr(sampling.secrets, "randbelow", lambda n: n - 1)
+        monkeypatch.setattr(sampling, "randbelow", lambda n: n - 1)
         assert sampling.categorical(weights) == max(i for i, w in enumerate(weights) if w)
         cumulative = 0
         for i, w in enumerate(weights):
             if w:
-                monkeypatch.setattr(sampling.secrets, "randbelow", lambda n, c=cumulative: c)
+                monkeypatch.setattr(sampling, "randbelow", lambda n, c=cumulative: c)
                 assert sampling.categorical(weights) == i
                 last = cumulative + w - 1
-                monkeypatch.setattr(sampling.secrets, "randbelow", lambda n, c=last: c)
+                monkeypatch.setattr(sampling, "randbelow", lambda n, c=last: c)
                 assert sampling.categorical(weights) == i
             cumulative += w
         return
@@ -484,7 +484,113 @@ def test_the_engine_never_uses_random_or_numpy_random() -> None:
     }
     assert offenders == {}
     sampling_source = (ENGINE / "sampling.py").read_text(encoding="utf-8")
-    assert "secrets.randbelow" in sampling_source
+    assert "secrets.token_bytes(BLOCK)" in sampling_source
+
+
+# --------------------------------------------------------------------------------------------
+# randbelow: exact uniform integers from secrets.token_bytes, read in blocks
+# --------------------------------------------------------------------------------------------
+
+
+def _fixed_words(monkeypatch: pytest.MonkeyPatch, words: list[int]) -> list[int]:
+    """Make ``secrets.token_bytes`` return blocks whose words pop in the order of ``words``."""
+    calls: list[int] = []
+
+    def token_bytes(size: int) -> bytes:
+        calls.append(size)
+        # words are popped from the end of the unpacked block: the first one goes last
+        return sampling._WORDS.pack(*([0] * (size // 8 - len(words)) + words[::-1]))
+
+    monkeypatch.setattr(sampling.secrets, "token_bytes", token_bytes)
+    monkeypatch.setattr(sampling, "_entropy", sampling._Entropy())
+    return calls
+
+
+def test_randbelow_takes_the_top_bits_and_rejects_values_too_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # n = 5: 3 bits, from the top of each word; 7 and 5 are rejected, 3 is returned
+    top = 64 - 3
+    calls = _fixed_words(monkeypatch, [7 << top, 5 << top, (3 << top) | 12345])
+    assert sampling.randbelow(5) == 3
+    assert calls == [sampling.BLOCK]
+
+
+def test_randbelow_above_64_bits_joins_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 2**100
+    _fixed_words(monkeypatch, [2**64 - 1, 1 << 63])
+    # 100 bits from two words (128 bits): the top 100 of (2^64-1)·2^64 + 2^63
+    expected = (((2**64 - 1) << 64) | (1 << 63)) >> 28
+    assert sampling.randbelow(n) == expected
+
+
+def test_randbelow_refuses_a_non_positive_range_and_one_value_costs_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = _fixed_words(monkeypatch, [])
+    assert sampling.randbelow(1) == 0
+    assert calls == []
+    with pytest.raises(ValueError, match="positive"):
+        sampling.randbelow(0)
+
+
+@pytest.mark.parametrize("n", [2, 3, 6, 7, 255, 256, 257, 1000, 2**64 + 3])
+def test_randbelow_is_uniform(n: int) -> None:
+    # chi-square over 12 bins of the range (equal-width up to the last): p-value not tiny
+    draws = [sampling.randbelow(n) for _ in range(12_000)]
+    assert min(draws) >= 0
+    assert max(draws) < n
+    bins = min(n, 12)
+    counts = Counter(d * bins // n for d in draws)
+    expected = [
+        len(draws) * (math.ceil((b + 1) * n / bins) - math.ceil(b * n / bins)) / n
+        for b in range(bins)
+    ]
+    observed = [counts[b] for b in range(bins)]
+    assert stats.chisquare(observed, expected).pvalue > 1e-4
+
+
+def test_randbelow_reads_the_system_generator_a_block_at_a_time() -> None:
+    sampling._forget_inherited_entropy()
+    draws = [sampling.randbelow(2**64) for _ in range(sampling.BLOCK // 8)]
+    assert sampling._entropy.words == []  # exactly one block's words were used
+    assert len(set(draws)) == len(draws)
+
+
+def test_a_forked_child_never_reuses_the_parents_unread_words() -> None:
+    import os
+
+    sampling.randbelow(2)  # the parent now holds unread words
+    parent_next = sampling._entropy.words[-4:]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its first draws and leave at once
+        os.close(read)
+        words = [sampling.randbelow(2**64) for _ in range(4)]
+        os.write(write, b",".join(str(w).encode() for w in words))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        child = [int(w) for w in pipe.read().split(b",")]
+    os.waitpid(pid, 0)
+    assert not set(child) & set(parent_next)
+
+
+def test_threads_draw_from_their_own_words() -> None:
+    import threading
+
+    seen: dict[str, list[int]] = {}
+
+    def draw(name: str) -> None:
+        seen[name] = [sampling.randbelow(2**64) for _ in range(100)]
+
+    workers = [threading.Thread(target=draw, args=(str(i),)) for i in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    everything = [w for words in seen.values() for w in words]
+    assert len(set(everything)) == len(everything) == 400
 
 
 MECHANISM_QUERIES = [
@@ -522,6 +628,6 @@ def test_samplers_draw_only_through_secrets(
     )
     mech = parse_query(query, domain)
     fixed = (lambda n: 0) if pick == "first" else (lambda n: n - 1)
-    monkeypatch.setattr(sampling.secrets, "randbelow", fixed)
+    monkeypatch.setattr(sampling, "randbelow", fixed)
     draws = {repr(mech.output_json(mech.sample({"a": 6, "c": "w"}))) for _ in range(50)}
     assert len(draws) == 1

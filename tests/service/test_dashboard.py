@@ -84,7 +84,17 @@ def test_every_file_the_page_loads_is_served_with_its_type_and_the_policy(
         todo.extend(_references(name, r.text) - seen - set(todo))
     # every shipped file is used, and every used file is shipped
     assert seen == {p.name for p in STATIC.iterdir()}
-    assert {"app.js", "api.js", "filter.js", "chart.js", "reading.js", "dashboard.css"} <= seen
+    assert {
+        "app.js",
+        "api.js",
+        "filter.js",
+        "chart.js",
+        "reading.js",
+        "labels.js",
+        "surveys.js",
+        "estimate.js",
+        "dashboard.css",
+    } <= seen
 
 
 def test_no_inline_script_style_or_handler_in_the_page() -> None:

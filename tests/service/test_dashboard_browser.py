@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,9 @@ import httpx
 import psycopg
 import pytest
 
+from app.db.migrate import upgrade
+from app.engine.errors import InvalidInput
+from app.services.objects import parse_label_filters
 from tests.service.browser import Browser, find_chromium
 from tests.service.conftest import (
     ADMIN_KEY,
@@ -651,3 +655,534 @@ def test_chart_band_rejections_domain_and_what_if(server: Server, browser: Brows
     assert note == "An analyst or admin key shows the object's domain."
     assert browser.evaluate("document.getElementById('what-if').hidden") is True
     assert browser.problems() == []
+
+
+# --- labels and population surveys -------------------------------------------------------------
+
+SURVEY_DOMAIN = {
+    "attributes": [{"name": "flu", "type": "categorical", "values": ["no", "yes", "unsure"]}]
+}
+SURVEY_GRR = {"mechanism": "grr", "attribute": "flu", "epsilon": 2.0}
+
+
+def final_survey(survey_id: int) -> str:
+    """Shown when the page shows survey ``survey_id`` as finished (and has stopped polling)."""
+    return (
+        f"document.getElementById('survey-name').textContent.endsWith(' #{survey_id}')"
+        " && document.getElementById('updated').textContent.includes('no longer refreshing')"
+    )
+
+
+@pytest.fixture(scope="module")
+def survey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server and database of their own: labelled objects stay out of the other tests' lists."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('surveys-db') / 'gatekeeper.db'}"
+    upgrade(url)
+    running = start_server(
+        tmp_path_factory.mktemp("survey-server"),
+        database_url=url,
+        redis_url=None,
+        workers=1,
+        BOUND_PROCESSES="0",
+    )
+    yield running
+    running.stop()
+
+
+def import_labelled(
+    http: httpx.Client, study: str, n: int, *, budget: float = 5.0, start: int = 0
+) -> list[str]:
+    """Register ``n`` objects labelled ``study`` (sites a and b alternating) in one import."""
+    flu = ["no", "yes", "unsure", "no"]
+    items = [
+        {
+            "id": f"{study}-{i:03d}",
+            "domain": SURVEY_DOMAIN,
+            "value": {"flu": flu[i % 4]},
+            "budget": {"epsilon": budget},
+            "labels": {"study": study, "site": "ab"[i % 2]},
+        }
+        for i in range(start, start + n)
+    ]
+    r = http.post("/v1/imports", headers=auth(ADMIN_KEY), json={"objects": items})
+    assert r.status_code == 200, r.text
+    return [item["id"] for item in items]
+
+
+def create_survey(
+    http: httpx.Client, key: str, name: str, query: dict[str, Any], study: str
+) -> int:
+    body = {"name": name, "query": query, "cohort": {"labels": {"study": study}}}
+    r = http.post("/v1/surveys", headers=auth(key), json=body)
+    assert r.status_code == 202, r.text
+    return int(r.json()["id"])
+
+
+def finished_survey(http: httpx.Client, key: str, survey_id: int) -> dict[str, Any]:
+    """The survey's JSON once it is no longer queued or running."""
+    for _ in range(200):
+        survey: dict[str, Any] = http.get(f"/v1/surveys/{survey_id}", headers=auth(key)).json()
+        if survey["status"] not in ("queued", "running"):
+            return survey
+        time.sleep(0.05)
+    raise AssertionError(f"survey {survey_id} did not finish: {survey}")
+
+
+def exact(values: list[Any]) -> list[str]:
+    """Numbers as the page's data-value attributes must hold them (String(number) round-trips)."""
+    return [repr(float(v)) for v in values]
+
+
+def progress_of(browser: Browser, selector: str) -> dict[str, Any]:
+    """The progress bar's numbers and the widths of its accepted and refused parts."""
+    return dict(
+        browser.evaluate(
+            f"(() => {{ const p = document.querySelector({json.dumps(selector)});"
+            " return {...p.dataset, now: p.getAttribute('aria-valuenow'),"
+            " max: p.getAttribute('aria-valuemax'),"
+            " accepted_width: Number(p.querySelector('rect.accepted').getAttribute('width')),"
+            " refused_width: Number(p.querySelector('rect.refused').getAttribute('width'))}; })()"
+        )
+    )
+
+
+def check_progress(shown: dict[str, Any], progress: dict[str, Any]) -> None:
+    refused = sum(progress["refused"].values())
+    assert (shown["total"], shown["decided"], shown["now"], shown["max"]) == (
+        str(progress["total"]),
+        str(progress["decided"]),
+        str(progress["decided"]),
+        str(progress["total"]),
+    )
+    assert (shown["accepted"], shown["refused"]) == (str(progress["accepted"]), str(refused))
+    assert shown["accepted_width"] == pytest.approx(100 * progress["accepted"] / progress["total"])
+    assert shown["refused_width"] == pytest.approx(100 * refused / progress["total"])
+
+
+@pytest.mark.slow
+def test_surveys_progress_refusals_and_estimates_equal_the_json(
+    survey_server: Server, browser: Browser
+) -> None:
+    server = survey_server
+    http = httpx.Client(base_url=server.url, timeout=30)
+    analyst = new_key(http, "analyst")
+    viewer = new_key(http, "viewer")
+    study = unique_id("flu")
+    import_labelled(http, study, 60)
+    import_labelled(http, study, 4, budget=0.5, start=60)  # too small for ε = 2: refused
+    browser.navigate(f"{server.url}/dashboard/?poll=1#/surveys")
+    sign_in(browser, viewer)
+    browser.wait_for(
+        "!document.getElementById('surveys-view').hidden"
+        " && document.getElementById('updated').textContent.startsWith('Updated')"
+    )
+    # created while the list is open: it shows up by polling, and its bar reaches the end
+    grr = create_survey(http, analyst, "flu share", SURVEY_GRR, study)
+    row = f"document.querySelector('#surveys tr[data-id=\"{grr}\"]')"
+    browser.wait_for(f"{row} && {row}.dataset.status === 'done'")
+    survey = finished_survey(http, viewer, grr)
+    progress = survey["progress"]
+    assert progress == {
+        "total": 64,
+        "decided": 64,
+        "accepted": 60,
+        "refused": {"budget-exhausted": 4, "invalid-for-domain": 0, "retired": 0},
+    }
+    # the list: the progress bar and the refusals by reason are the JSON's
+    check_progress(progress_of(browser, f"#surveys tr[data-id='{grr}'] .progress"), progress)
+    cells = browser.evaluate(f"[...{row}.querySelectorAll('td.num')].map(td => td.dataset.value)")
+    assert cells == ["60", "4", "0", "0"]  # accepted, then refused by reason
+    assert browser.evaluate(f"{row}.cells[1].textContent") == "grr on flu, ε = 2"
+    assert browser.evaluate(f"{row}.querySelector('.progress-text').textContent") == (
+        "64 / 64 (100%)"
+    )
+
+    # one survey: its numbers, progress, refusals and the histogram with its whiskers
+    browser.click(f"#surveys tr[data-id='{grr}'] a")
+    browser.wait_for(final_survey(grr))
+    numbers = browser.evaluate(
+        "Object.fromEntries([...document.querySelectorAll('#survey-numbers dd[id]')]"
+        ".map(d => [d.id, d.dataset.value]))"
+    )
+    assert numbers == {
+        "survey-total": "64",
+        "survey-decided": "64",
+        "survey-accepted": "60",
+        "survey-refused-budget-exhausted": "4",
+        "survey-refused-invalid-for-domain": "0",
+        "survey-refused-retired": "0",
+        "survey-pending": "0",
+        "survey-groups": str(survey["groups"]),
+    }
+    check_progress(progress_of(browser, "#survey-progress .progress"), progress)
+    refusals = browser.evaluate(
+        "[...document.querySelectorAll('#survey-refusals tbody tr')]"
+        ".map(tr => [tr.dataset.reason, tr.cells[1].dataset.value])"
+    )
+    assert refusals == [["budget-exhausted", "4"], ["invalid-for-domain", "0"], ["retired", "0"]]
+    estimate = survey["estimate"]
+    assert estimate["kind"] == "histogram"
+    assert estimate["n"] == 60
+    rows = browser.evaluate(
+        "[...document.querySelectorAll('#estimate-table tbody tr')]"
+        ".map(tr => [tr.dataset.key, ...[...tr.querySelectorAll('td.num')]"
+        ".map(td => td.dataset.value)])"
+    )
+    assert [r[0] for r in rows] == ["no", "yes", "unsure"]
+    for key, *shown in rows:
+        assert exact(shown) == exact(
+            [estimate["values"][key], estimate["stderr"][key], *estimate["ci95"][key]]
+        )
+    assert browser.evaluate("document.getElementById('estimate-n').textContent") == "60"
+    # a bar and a whisker per value; the whisker spans the interval, the bar the share
+    drawn = browser.evaluate(
+        "[...document.querySelectorAll('#estimate-chart path.whisker')]"
+        ".map(p => [p.dataset.key, p.querySelector('title').textContent])"
+    )
+    assert [d[0] for d in drawn] == ["no", "yes", "unsure"]
+    for key, title in drawn:
+        low, high = estimate["ci95"][key]
+        assert f"share {js_num(estimate['values'][key])}" in title
+        assert f"95% interval [{js_num(low)}, {js_num(high)}]" in title
+    spans = browser.evaluate(
+        "[...document.querySelectorAll('#estimate-chart path.whisker')].map(p => {"
+        " const b = p.getBBox(); return [b.y, b.y + b.height]; })"
+    )
+    bars = browser.evaluate(
+        "[...document.querySelectorAll('#estimate-chart rect.bar')].map(r => {"
+        " const b = r.getBBox(); return [b.y, b.y + b.height]; })"
+    )
+    zero = float(
+        browser.evaluate("document.querySelector('#estimate-chart line.zero').getAttribute('y1')")
+    )
+    keys = ["no", "yes", "unsure"]
+    # pixels per unit of share, from the first whisker; the rest must agree with it
+    scale = (spans[0][1] - spans[0][0]) / (estimate["ci95"]["no"][1] - estimate["ci95"]["no"][0])
+    for key, (top, bottom), (bar_top, bar_bottom) in zip(keys, spans, bars, strict=True):
+        low, high = estimate["ci95"][key]
+        assert bottom - top == pytest.approx((high - low) * scale, rel=1e-3)
+        assert zero - top == pytest.approx(high * scale, abs=0.5)
+        share = estimate["values"][key]
+        assert (bar_bottom - bar_top) == pytest.approx(max(abs(share) * scale, 0.5), abs=0.5)
+    notes = browser.evaluate("document.getElementById('estimate-notes').textContent")
+    assert "4 of 64 decided members were refused" in notes
+    assert "The shares sum to 1" in notes
+    # a finished survey's page no longer polls
+    calls = (
+        "performance.getEntriesByType('resource')"
+        f".filter(e => e.name.endsWith('/v1/surveys/{grr}')).length"
+    )
+    before = browser.evaluate(calls)
+    time.sleep(1.5)
+    assert browser.evaluate(calls) == before
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.screenshot(DOCS_FIGURES / "dashboard-survey.png")
+
+    # a proportion: one point with its interval
+    binary = {
+        "mechanism": "binary_rr",
+        "epsilon": 1.0,
+        "predicate": {"attribute": "flu", "op": "==", "value": "yes"},
+    }
+    share = create_survey(http, analyst, "share with flu", binary, study)
+    proportion = finished_survey(http, viewer, share)["estimate"]
+    browser.navigate(f"{server.url}/dashboard/?poll=1#/surveys/{share}")
+    browser.wait_for(final_survey(share))
+    scalar = browser.evaluate(
+        "['est-value', 'est-stderr', 'est-low', 'est-high']"
+        ".map(id => document.getElementById(id).dataset.value)"
+    )
+    assert exact(scalar) == exact([proportion["value"], proportion["stderr"], *proportion["ci95"]])
+    assert proportion["kind"] == "proportion"
+    assert browser.evaluate("document.querySelectorAll('#estimate-chart circle.point').length") == 1
+
+    # no estimate: a matrix query says why; a survey nobody accepted says so
+    matrix = {"mechanism": "matrix", "outputs": [0, 1], "probabilities": [[0.6, 0.4]] * 3}
+    no_estimator = create_survey(http, analyst, "matrix", matrix, study)
+    assert finished_survey(http, viewer, no_estimator)["estimate_unavailable"] == (
+        "no generic estimator for a matrix mechanism"
+    )
+    browser.navigate(f"{server.url}/dashboard/?poll=1#/surveys/{no_estimator}")
+    browser.wait_for(final_survey(no_estimator))
+    assert browser.evaluate("document.getElementById('estimate-message').textContent") == (
+        "No estimate for this survey: no generic estimator for a matrix mechanism."
+    )
+    assert browser.evaluate("document.getElementById('estimate-figure').hidden") is True
+    assert browser.evaluate("document.getElementById('estimate-table').hidden") is True
+    nobody = create_survey(http, analyst, "too costly", {**SURVEY_GRR, "epsilon": 40.0}, study)
+    refused = finished_survey(http, viewer, nobody)
+    assert refused["progress"]["accepted"] == 0
+    assert refused["estimate"] is None
+    browser.navigate(f"{server.url}/dashboard/?poll=1#/surveys/{nobody}")
+    browser.wait_for(final_survey(nobody))
+    assert browser.evaluate("document.getElementById('estimate-message').textContent") == (
+        "No member accepted the query (see the refusals), so there is nothing to estimate."
+    )
+
+    # the list with all of them, for docs/dashboard.md
+    browser.navigate(f"{server.url}/dashboard/?poll=1#/surveys")
+    browser.wait_for(f"!!document.querySelector('#surveys tr[data-id=\"{nobody}\"]')")
+    listed = browser.evaluate(
+        "[...document.querySelectorAll('#surveys tbody tr')].map(tr => tr.dataset.id)"
+    )
+    assert listed[:4] == [str(i) for i in (nobody, no_estimator, share, grr)]  # newest first
+    browser.screenshot(DOCS_FIGURES / "dashboard-surveys.png")
+    # a refresh of the list reads the newest surveys, and of the older ones only those that
+    # were still running (here 2 newest: the two older ones, one of them seen as running)
+    read = browser.evaluate(
+        "import('./surveys.js').then(async m => {"
+        " const key = sessionStorage.getItem('gatekeeper.apiKey');"
+        " const first = await m.refreshSurveys(key, null, 2);"
+        " performance.clearResourceTimings();"
+        f" const seen = first.items.map(s => s.id === {share} ? {{...s, status: 'running'}} : s);"
+        " const again = await m.refreshSurveys(key, {items: seen, more: false}, 2);"
+        " const mine = performance.getEntriesByType('resource').map(e => new URL(e.name))"
+        ".filter(u => u.search === '?limit=2' || /surveys[/][0-9]+$/.test(u.pathname));"
+        " return {first: first.items.map(s => [s.id, s.status]),"
+        " again: again.items.map(s => [s.id, s.status]),"
+        " urls: mine.map(u => u.pathname + u.search)}; })"
+    )
+    everything = [[i, "done"] for i in (nobody, no_estimator, share, grr)]
+    assert read["first"] == everything
+    assert read["again"] == everything
+    assert read["urls"] == ["/v1/surveys?limit=2", f"/v1/surveys/{share}"]
+    assert browser.problems() == []
+
+
+def test_a_running_survey_is_drawn_as_provisional(server: Server, browser: Browser) -> None:
+    """The survey module on surveys still running: a partial bar, a provisional estimate."""
+    browser.navigate(f"{server.url}/dashboard/")
+    running = {
+        "id": 7,
+        "name": "halfway",
+        "status": "running",
+        "query": SURVEY_GRR,
+        "cohort": {"ids": ["a", "b"]},
+        "progress": {
+            "total": 40,
+            "decided": 10,
+            "accepted": 0,
+            "refused": {"budget-exhausted": 3, "invalid-for-domain": 1, "retired": 0},
+        },
+        "groups": 2,
+        "estimate": None,
+        "estimate_unavailable": "no accepted members",
+    }
+    shown = browser.evaluate(
+        "import('./surveys.js').then(m => {"
+        f" const s = {json.dumps(running)}; m.renderSurvey(s);"
+        " const p = document.querySelector('#survey-progress .progress');"
+        " return {active: m.isActive(s),"
+        " text: document.getElementById('survey-progress-text').textContent,"
+        " message: document.getElementById('estimate-message').textContent,"
+        " notes: document.getElementById('estimate-notes').textContent,"
+        " label: p.getAttribute('aria-valuetext'),"
+        " widths: [...p.querySelectorAll('rect')].map(r => Number(r.getAttribute('width')))}; })"
+    )
+    assert shown["active"] is True
+    assert shown["text"] == "10 / 40 (25%) decided · running"
+    assert shown["label"] == "10 of 40 decided: 0 accepted, 4 refused"
+    assert shown["widths"] == [100, 0, 10]
+    assert shown["message"] == (
+        "No member has accepted the query yet: the estimate appears with the first accepted answer."
+    )
+    assert "Provisional" in shown["notes"]
+
+    # accepted members already: a provisional unary-encoding histogram, one share below 0
+    unary = {
+        **running,
+        "query": {"mechanism": "unary_encoding", "attribute": "flu", "epsilon": 1.0},
+        "progress": {**running["progress"], "accepted": 6},
+        "estimate": {
+            "kind": "histogram",
+            "n": 6,
+            "values": {"no": 0.75, "yes": -0.125, "unsure": 0.5},
+            "stderr": {"no": 0.3, "yes": 0.25, "unsure": 0.31},
+            "ci95": {"no": [0.2, 1.1], "yes": [-0.5, 0.4], "unsure": [-0.1, 0.9]},
+        },
+        "outputs": {'"no"': 5, '"yes"': 1, '"unsure"': 3},
+    }
+    del unary["estimate_unavailable"]
+    drawn = browser.evaluate(
+        "import('./surveys.js').then(m => {"
+        f" m.renderSurvey({json.dumps(unary)});"
+        " const zero = Number(document.querySelector('#estimate-chart line.zero')"
+        ".getAttribute('y1'));"
+        " return {title: document.getElementById('estimate-title').textContent,"
+        " message: document.getElementById('estimate-message').hidden,"
+        " notes: document.getElementById('estimate-notes').textContent,"
+        " bars: [...document.querySelectorAll('#estimate-chart rect.bar')].map(r =>"
+        " [r.dataset.key, r.classList.contains('negative'), Number(r.getAttribute('y')) >= zero]),"
+        " outputs: [...document.querySelectorAll('#outputs-table tbody tr')]"
+        ".map(tr => [tr.cells[0].textContent, tr.cells[1].dataset.value])}; })"
+    )
+    assert drawn["title"] == "Estimate over n = 6 accepted members"
+    assert drawn["message"] is True
+    # a negative share is drawn down from 0, the others up to it
+    assert drawn["bars"] == [["no", False, False], ["yes", True, True], ["unsure", False, False]]
+    assert "Provisional" in drawn["notes"]
+    assert "Unary-encoding shares sum to 1 only on average" in drawn["notes"]
+    assert drawn["outputs"] == [['"no"', "5"], ['"yes"', "1"], ['"unsure"', "3"]]
+
+    # a mean of a linear query: one point with its interval, on the query's range
+    linear = {
+        **running,
+        "query": {"mechanism": "linear", "weights": {"x": 1}, "range": [10, 20], "epsilon": 1},
+        "progress": {**running["progress"], "accepted": 6},
+        "estimate": {"kind": "mean", "n": 6, "value": 14.5, "stderr": 1.2, "ci95": [12, 21.5]},
+    }
+    del linear["estimate_unavailable"]
+    mean = browser.evaluate(
+        "import('./surveys.js').then(m => {"
+        f" m.renderSurvey({json.dumps(linear)});"
+        " const svg = document.getElementById('estimate-chart');"
+        " const x = (t) => Number(t.getAttribute('x'));"
+        " const ticks = [...svg.querySelectorAll('.tick.x')];"
+        " const at = (v) => x(ticks.find(t => t.textContent === String(v)));"
+        " const point = Number(svg.querySelector('circle.point').getAttribute('cx'));"
+        " return {ticks: ticks.map(t => t.textContent),"
+        " where: (point - at(10)) / (at(20) - at(10)),"
+        " numbers: ['est-value', 'est-stderr', 'est-low', 'est-high']"
+        ".map(id => document.getElementById(id).dataset.value)}; })"
+    )
+    # the line runs from the range's low end to past the interval's high end
+    assert mean["ticks"][0] == "10"
+    assert float(mean["ticks"][-1]) >= 21.5
+    assert mean["where"] == pytest.approx(0.45)
+    assert mean["numbers"] == ["14.5", "1.2", "12", "21.5"]
+
+    # over without every member decided: cancelled, or failed with its error
+    ended = {**running, "status": "cancelled"}
+    failed = {**running, "status": "failed", "error": "the worker stopped"}
+    said = browser.evaluate(
+        "import('./surveys.js').then(m => [...["
+        f"{json.dumps(ended)}, {json.dumps(failed)}].map(s => {{ m.renderSurvey(s);"
+        " return [m.isActive(s), document.getElementById('survey-progress-text').textContent,"
+        " document.getElementById('survey-error').hidden ? null :"
+        " document.getElementById('survey-error').textContent,"
+        " document.getElementById('estimate-message').textContent]; })])"
+    )
+    nobody = "No member accepted the query (see the refusals), so there is nothing to estimate."
+    assert said == [
+        [
+            False,
+            "10 / 40 (25%) decided · cancelled: the members not decided were never asked",
+            None,
+            nobody,
+        ],
+        [
+            False,
+            "10 / 40 (25%) decided · failed: the members decided keep their answers",
+            "The survey failed: the worker stopped",
+            nobody,
+        ],
+    ]
+    assert browser.problems() == []
+
+
+def test_labels_filter_the_list_and_show_on_the_object(
+    survey_server: Server, browser: Browser
+) -> None:
+    server = survey_server
+    http = httpx.Client(base_url=server.url, timeout=30)
+    analyst = new_key(http, "analyst")
+    study = unique_id("lab")
+    ids = import_labelled(http, study, 6)
+    other = unique_id("other")
+    register(http, other, 1.0)
+
+    def listed(*labels: str) -> list[str]:
+        r = http.get("/v1/odometers", params={"label": list(labels)}, headers=auth(analyst))
+        return sorted(o["id"] for o in r.json()["items"])
+
+    browser.navigate(f"{server.url}/dashboard/?poll=1")
+    sign_in(browser, analyst)
+    browser.wait_for(f"!!document.querySelector('#objects tr[data-id={json.dumps(other)}]')")
+    # a row shows its labels
+    chips = browser.evaluate(
+        f"[...document.querySelectorAll('#objects tr[data-id=\"{ids[1]}\"] .chip')]"
+        ".map(c => c.textContent)"
+    )
+    assert chips == ["site: b", f"study: {study}"]
+    # typed: only the objects carrying the label are loaded, as GET /v1/odometers?label= says
+    browser.type_into("#label-filter", f"study:{study}")
+    browser.click("#label-form button")
+    browser.wait_for(f"document.querySelectorAll('#objects tbody tr').length === {len(ids)}")
+    assert sorted(visible_ids(browser)) == listed(f"study:{study}") == sorted(ids)
+    assert "label=study%3A" in browser.evaluate("window.location.hash")
+    # clicked: a label in a row adds a second condition (all must hold)
+    browser.click(f"#objects tr[data-id='{ids[0]}'] button.chip[data-label='site:a']")
+    browser.wait_for("document.querySelectorAll('#label-chips .chip').length === 2")
+    browser.wait_for(f"document.querySelectorAll('#objects tbody tr').length === {len(ids) // 2}")
+    assert sorted(visible_ids(browser)) == listed(f"study:{study}", "site:a")
+    browser.screenshot(DOCS_FIGURES / "dashboard-labels.png")
+    assert browser.evaluate("document.getElementById('count').textContent").startswith(
+        f"{len(ids) // 2} of {len(ids) // 2} objects with these labels"
+    )
+    # the filter is in the address: a reload keeps it
+    browser.navigate(browser.evaluate("window.location.href"))
+    browser.wait_for(f"document.querySelectorAll('#objects tbody tr').length === {len(ids) // 2}")
+    # removed again
+    browser.click("#label-chips .chip[data-label='site:a'] button.remove")
+    browser.wait_for(f"document.querySelectorAll('#objects tbody tr').length === {len(ids)}")
+    # a label filter that cannot be read says why and changes nothing
+    browser.type_into("#label-filter", "no colon here")
+    browser.click("#label-form button")
+    message = browser.wait_for(
+        "!document.getElementById('label-error').hidden"
+        " && document.getElementById('label-error').textContent"
+    )
+    assert "name:value" in message
+    assert len(visible_ids(browser)) == len(ids)
+    # one object: its labels, linking to the list of objects carrying each
+    browser.click(f"#objects tr[data-id='{ids[0]}'] a")
+    labels = browser.wait_for(
+        "document.querySelectorAll('#detail-labels a.chip').length === 2 &&"
+        " [...document.querySelectorAll('#detail-labels a.chip')]"
+        ".map(a => [a.textContent, a.getAttribute('href')])"
+    )
+    assert labels == [
+        ["site: a", "#/?label=site%3Aa"],
+        [f"study: {study}", f"#/?label=study%3A{study}"],
+    ]
+    assert browser.problems() == []
+
+
+#: label filters the page must accept or refuse exactly as the service does
+LABEL_CASES = [
+    "study:flu-2026",
+    "site:a:b",  # the value may hold colons
+    "n.a_b-c:with spaces ",
+    "9lives:x",
+    "n" * 64 + ":x",
+    "n" * 65 + ":x",
+    "n:" + "v" * 256,
+    "n:" + "v" * 257,
+    "n:" + "😀" * 256,  # counted in code points, as Python does
+    "n:é",
+    "é:x",
+    "-n:x",
+    "bad name:x",
+    ":x",
+    "x:",
+    "no colon",
+    "n:tab\there",
+    "n:del\x7f",
+]
+
+
+def test_the_page_reads_label_filters_as_the_service_does(server: Server, browser: Browser) -> None:
+    browser.navigate(f"{server.url}/dashboard/")
+    page = browser.evaluate(
+        "import('./labels.js').then(m =>"
+        f" {json.dumps(LABEL_CASES)}.map(t => {{ const l = m.parseLabel(t);"
+        " return l.error ? null : [l.name, l.value]; }))"
+    )
+    service = []
+    for text in LABEL_CASES:
+        try:
+            service.append(list(parse_label_filters([text])[0]))
+        except InvalidInput:
+            service.append(None)
+    assert page == service
+    assert service.count(None) == 10  # the cases cover both verdicts

@@ -6,5 +6,7 @@ where each ``φ_i`` is a monotone univariate function with one known inflection 
 each ``φ_i`` over an interval (:mod:`~app.engine.continuous.envelopes`) turn bounding
 ``max``/``min log P`` over a box of query values into a linear program whose optimum is certified
 by weak duality (:mod:`~app.engine.continuous.lp_bound`); branch-and-bound in the space of query
-values closes the gap (:mod:`~app.engine.continuous.branch_and_bound`).
+values closes the gap (:mod:`~app.engine.continuous.branch_and_bound`). Histories whose weights
+are exact multiples of one direction are bounded in one dimension
+(:mod:`~app.engine.continuous.line`).
 """

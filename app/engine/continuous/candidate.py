@@ -21,7 +21,7 @@ from app.engine.continuous.state import ContinuousLoss, ContinuousState, curve_f
 from app.engine.filters import CandidateEvaluation, OutputLoss
 from app.engine.mechanisms import Mechanism
 from app.engine.mechanisms.regression import ScalarResponse
-from app.engine.numerics import float_up
+from app.engine.numerics import UNIT_ROUNDOFF, float_up
 
 
 def _term_range(mechanism: ScalarResponse, output: int) -> float:
@@ -31,8 +31,10 @@ def _term_range(mechanism: ScalarResponse, output: int) -> float:
     probability really is, whatever continuation the search uses for an untruncated ``linear``.
     """
     curve = curve_for(mechanism, output, truncate=True)
-    ends = curve.value(np.array([mechanism.z_min, mechanism.z_max]))
-    return float(abs(ends[1] - ends[0])) * (1 + 1e-12) + 1e-15
+    ends = curve.value(np.array(mechanism.z_outward))
+    # the exact reach rounded outward (h is monotone), each end within a few ulp of itself
+    slack = 16.0 * UNIT_ROUNDOFF * float(np.abs(ends).sum())
+    return float(abs(ends[1] - ends[0])) * (1 + 1e-12) + slack + 1e-15
 
 
 def evaluate_continuous(

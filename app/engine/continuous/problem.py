@@ -8,12 +8,13 @@ branches on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 
 import numpy as np
 
 from app.engine.continuous.univariate import CurveBatch, ResponseCurve, Shape
-from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
+from app.engine.numerics import UNIT_ROUNDOFF, FloatArray, exact_dot, two_product
 
 
 @dataclass(frozen=True)
@@ -78,21 +79,39 @@ class TermSet:
         """``h_i(z_i)`` for every term (``z`` may carry leading point axes)."""
         return self.batch.values(z)
 
-    def evaluate_many(self, points: FloatArray) -> tuple[FloatArray, FloatArray]:
+    def evaluate_many(
+        self, points: FloatArray, z_pad: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray]:
         """``F`` at each row of ``points`` and a bound on each value's rounding error.
 
-        The error covers the sum (``n`` roundings of partial sums), the error of each term
-        (a few ulp) and the error of ``z = θ·x + c`` itself (``d`` roundings) propagated through
-        ``|h_i'|``.
+        The error covers the sum (``n`` roundings of partial sums) and the error of each term
+        (a few ulp of ``|h_i|``: :func:`~app.engine.numerics.response_log_prob` does not cancel),
+        both charged as ``(n + 16) u Σ|h_i|``, and the error of ``z = θ·x + c`` itself.
+        ``z`` comes from :func:`~app.engine.numerics.exact_dot` with a bound ``δ_i`` on its
+        error that is zero when the float operations were exact (a vertex of a box with
+        representable ends usually is); where it is not, ``h_i`` is monotone, so its value at the
+        exact ``z`` lies between its values at ``z ± δ_i`` (rounded outward), and the larger
+        distance to them is charged — not ``|h_i'(z)| δ_i``, which near a slope of ``e^80``
+        certifies nothing (issue 15 item 5). ``z_pad`` (per term) widens each ``δ_i``: the
+        value then bounds ``h_i`` over ``[z_i - pad_i, z_i + pad_i]`` from both sides.
         """
-        z = points @ self.theta.T + self.c
+        z, z_err = exact_dot(points, self.theta, self.c)
+        if z_pad is not None:
+            z_err = z_err + z_pad
         terms = self.batch.values(z)
-        slopes = np.abs(self.batch.derivs(z))
-        n, d = self.size, points.shape[1]
-        z_err = (d + 2) * UNIT_ROUNDOFF * (np.abs(points) @ np.abs(self.theta).T + np.abs(self.c))
+        n = self.size
         total = terms.sum(axis=1) + self.constant
         abs_sum = np.abs(terms).sum(axis=1) + abs(self.constant)
-        err = (n + 10) * UNIT_ROUNDOFF * abs_sum + (slopes * z_err).sum(axis=1)
+        err = (n + 16) * UNIT_ROUNDOFF * abs_sum
+        if np.any(z_err > 0.0):
+            up = self.batch.values(np.nextafter(z + z_err, np.inf))
+            down = self.batch.values(np.nextafter(z - z_err, -np.inf))
+            moved = np.where(z_err > 0.0, np.maximum(np.abs(up - terms), np.abs(terms - down)), 0.0)
+            ends = np.where(z_err > 0.0, np.abs(up) + np.abs(down), 0.0)
+            err = err + (1.0 + 4.0 * UNIT_ROUNDOFF) * moved.sum(axis=1)
+            err = err + 16.0 * UNIT_ROUNDOFF * ends.sum(axis=1)
+        # a bound that is not a number (a bracket end outside a continuation's domain) is none
+        err = np.where(np.isnan(err), np.inf, err)
         return np.asarray(total, dtype=np.float64), np.asarray(err, dtype=np.float64)
 
     def evaluate(self, x: FloatArray) -> tuple[float, float]:
@@ -138,3 +157,115 @@ class TermSet:
             ):
                 return False
         return True
+
+
+@dataclass(frozen=True)
+class RankOneReduction:
+    """``θ_i = λ_i v`` exactly for every term: ``F(x) = G(v·x)`` with ``G(s) = Σ h_i(λ_i s + c_i)``.
+
+    The image of the box under ``s = v·x`` is an interval; ``interval`` contains it (its ends are
+    ``exact_dot`` values widened by their error bounds). So ``max G`` over ``interval`` bounds
+    ``max F`` from above, and a point ``s`` maps back (:meth:`lift`) to a point ``x`` of the box
+    with ``v·x`` close to ``s``, where ``F`` itself is evaluated for a certified lower bound.
+    Parallel weights — many queries along one direction — make a one-dimensional problem whose
+    nodes bound every term on the same ``s``-interval (issue 15 item 5).
+    """
+
+    direction: FloatArray
+    reduced: TermSet
+    interval: Box
+    #: Per term, a bound on ``|θ_i·x - λ_i v·x|`` over the box (0 for exact multiples).
+    pad: FloatArray
+
+    def lift(self, s: float, box: Box) -> FloatArray:
+        """A point ``x`` of ``box`` with ``v·x`` as close to ``s`` as a greedy walk gets."""
+        v = self.direction
+        x = np.where(v > 0, box.lo, box.hi).astype(np.float64)
+        remaining = s - float(v @ x)
+        for k in np.argsort(-np.abs(v) * (box.hi - box.lo)):
+            if v[k] == 0.0 or remaining <= 0.0:
+                continue
+            span = box.hi[k] - box.lo[k]
+            step = min(remaining / abs(v[k]), span)
+            x[k] = x[k] + step if v[k] > 0 else x[k] - step
+            remaining -= step * abs(v[k])
+        return np.clip(x, box.lo, box.hi)
+
+
+def _exact_multiples(theta: FloatArray, v: FloatArray, lam: FloatArray) -> bool:
+    """Whether ``lam[i] * v == theta[i]`` holds exactly, in rationals, for every row."""
+    # necessary (an exact product is a float, so rounding it changes nothing) and cheap: general
+    # histories stop here
+    if not np.array_equal(lam[:, None] * v, theta):
+        return False
+    exact_v = [Fraction(float(a)) for a in v]
+    for row, scale in zip(theta, lam, strict=True):
+        f = Fraction(float(scale))
+        if any(f * vk != Fraction(float(t)) for vk, t in zip(exact_v, row, strict=True)):
+            return False
+    return True
+
+
+#: Rows whose entries are within this relative distance of ``λ_i v`` count as parallel up to
+#: rounding (``fl(λ v)``): the difference is carried as a per-term pad on the query value.
+PARALLEL_RTOL = 1e-12
+
+
+def _residual_pad(theta: FloatArray, v: FloatArray, lam: FloatArray, box: Box) -> FloatArray | None:
+    """``ρ_i >= |(θ_i - λ_i v)·x|`` over the box, or ``None`` if the rows are not that close.
+
+    ``λ_i v_k = p + e`` exactly (Dekker); with ``θ_ik`` within a factor 2 of ``p`` the difference
+    ``θ_ik - p`` is exact (Sterbenz), so ``|θ_ik - λ_i v_k| <= |θ_ik - p| + |e|``.
+    """
+    p, e = two_product(lam[:, None], v[None, :])
+    if not np.all(np.abs(theta - p) <= PARALLEL_RTOL * np.abs(p)):
+        return None
+    reach = np.maximum(np.abs(box.lo), np.abs(box.hi))
+    residual = (np.abs(theta - p) + np.abs(e)) @ reach
+    d = theta.shape[1]
+    return np.asarray(residual * (1.0 + 4.0 * (d + 2) * UNIT_ROUNDOFF), dtype=np.float64)
+
+
+def rank_one(terms: TermSet, box: Box) -> RankOneReduction | None:
+    """The reduction of :class:`RankOneReduction`, if every row is an exact multiple of one.
+
+    Exactness is checked in rationals (``λ_i v_k == θ_ik`` for every ``k``), so ``λ_i s`` is the
+    same real number as ``θ_i·x``. Rows that are multiples only up to rounding (within
+    :data:`PARALLEL_RTOL`, e.g. ``fl(3 v)``) are reduced too, with the residual ``(θ_i - λ_i v)·x``
+    bounded by a per-term pad that the one-dimensional search adds to each query value. Boxes
+    with an integer coordinate that the direction uses are not reduced (their image is not an
+    interval).
+    """
+    if terms.size < 2 or box.dim < 2:
+        return None
+    k0 = int(np.argmax(np.abs(terms.theta).max(axis=0)))
+    column = np.abs(terms.theta[:, k0])
+    nonzero = np.flatnonzero(column)
+    if nonzero.size == 0:
+        return None
+    # the direction is one of the rows; the multiples are exact floats more often when it is the
+    # row with the smallest entry (λ = 2, 4, 6 rather than 1/2, 2/3 ...), else the largest
+    found = None
+    pivots = (nonzero[np.argmin(column[nonzero])], nonzero[np.argmax(column[nonzero])])
+    for pivot in pivots:
+        v = terms.theta[pivot]
+        lam = terms.theta[:, k0] / v[k0]
+        if _exact_multiples(terms.theta, v, lam):
+            found = (v, lam, np.zeros(terms.size))
+            break
+    if found is None:
+        v = terms.theta[pivots[0]]
+        lam = terms.theta[:, k0] / v[k0]
+        pad = _residual_pad(terms.theta, v, lam, box)
+        if pad is None:
+            return None
+        found = (v, lam, pad)
+    v, lam, pad = found
+    if np.any(box.integer_mask() & (v != 0.0)):
+        return None
+    ends = np.stack([np.where(v > 0, box.lo, box.hi), np.where(v > 0, box.hi, box.lo)])
+    s, err = exact_dot(ends, v.reshape(1, -1), np.zeros(1))
+    lo = np.nextafter(s[0] - err[0], -np.inf)
+    hi = np.nextafter(s[1] + err[1], np.inf)
+    reduced = TermSet(lam.reshape(-1, 1), terms.c, terms.curves, terms.constant)
+    return RankOneReduction(v, reduced, Box(lo, hi), pad)

@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import expit
 
-from app.engine.numerics import FloatArray, log1p_exp
+from app.engine.numerics import FloatArray, response_log_prob
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -134,8 +134,8 @@ class ResponseCurve:
     def value(self, z: FloatArray) -> FloatArray:
         """``sign * log Pr(output | z)``."""
         t, one_minus_t, _ = self._response(np.asarray(z, dtype=np.float64))
-        big_e = self.expm1_eps
-        core = np.log1p((t if self.high else one_minus_t) * big_e) - log1p_exp(self.epsilon)
+        own, other = (t, one_minus_t) if self.high else (one_minus_t, t)
+        core = response_log_prob(own, other, self.epsilon)
         return np.asarray(self.sign * core, dtype=np.float64)
 
     def deriv(self, z: FloatArray) -> FloatArray:
@@ -160,7 +160,7 @@ class CurveBatch:
     logistic: BoolArray
     high: BoolArray
     big_e: FloatArray
-    log_norm: FloatArray
+    epsilon: FloatArray
     a: FloatArray
     width: FloatArray
     truncate: BoolArray
@@ -177,7 +177,7 @@ class CurveBatch:
             logistic=np.array([h.logistic for h in curves], dtype=bool),
             high=np.array([h.high for h in curves], dtype=bool),
             big_e=arr([h.expm1_eps for h in curves]),
-            log_norm=arr([log1p_exp(h.epsilon) for h in curves]),
+            epsilon=arr([h.epsilon for h in curves]),
             a=arr([h.a for h in curves]),
             width=arr([h.b - h.a for h in curves]),
             truncate=np.array([h.truncate for h in curves], dtype=bool),
@@ -186,6 +186,11 @@ class CurveBatch:
 
     def _response(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
         """``(t_own, dt_own/dz)``: the response of each curve's own output and its derivative."""
+        own, _other, dt = self._responses(z)
+        return own, dt
+
+    def _responses(self, z: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """``(t_own, 1 - t_own, dt_own/dz)``, ``1 - t_own`` formed without cancellation."""
         with np.errstate(over="ignore"):
             sig = np.asarray(expit(z), dtype=np.float64)
             sig_neg = np.asarray(expit(-z), dtype=np.float64)
@@ -198,14 +203,13 @@ class CurveBatch:
         t_low = np.where(self.logistic, sig_neg, t_lin_low)
         dt = np.where(self.logistic, sig * sig_neg, dt_lin)
         own = np.where(self.high, t_high, t_low)
-        return own, np.where(self.high, dt, -dt)
+        other = np.where(self.high, t_low, t_high)
+        return own, other, np.where(self.high, dt, -dt)
 
     def values(self, z: FloatArray) -> FloatArray:
-        """``h_i(z[..., i])`` for every curve."""
-        own, _ = self._response(z)
-        return np.asarray(
-            self.sign * (np.log1p(own * self.big_e) - self.log_norm), dtype=np.float64
-        )
+        """``h_i(z[..., i])`` for every curve (cancellation-free, see ``response_log_prob``)."""
+        own, other, _ = self._responses(z)
+        return np.asarray(self.sign * response_log_prob(own, other, self.epsilon), dtype=np.float64)
 
     def derivs(self, z: FloatArray) -> FloatArray:
         """``h_i'(z[..., i])`` for every curve."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,17 @@ from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_bool, as_list, as_number, as_object, check_keys, path
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms.base import Output, TabulatedMechanism, check_epsilon
-from app.engine.numerics import FloatArray, exact_fraction, log1p_exp
+from app.engine.numerics import (
+    UNIT_ROUNDOFF,
+    FloatArray,
+    exact_affine,
+    exact_dot,
+    exact_fraction,
+    float_down,
+    float_up,
+    log1p_exp,
+    response_log_prob,
+)
 from app.engine.sampling import bernoulli
 
 #: Relative slack for a ``linear`` query without ``truncate`` whose range is met up to rounding
@@ -44,6 +55,9 @@ MAX_QUERY_MAGNITUDE = 1e150
 
 class ScalarResponse(TabulatedMechanism):
     """Common part of ``linear`` and ``logistic``: weights, intercept, ε, two outputs."""
+
+    #: See :meth:`log_table` (set when the table is built).
+    _extra: float = 0.0
 
     def __init__(
         self, raw: Mapping[str, Any], domain: Domain, field: str, limits: EngineLimits
@@ -77,11 +91,45 @@ class ScalarResponse(TabulatedMechanism):
                 f"make the query's value exceed {MAX_QUERY_MAGNITUDE:g} in magnitude",
             )
         self._check_range(field)
-        t, one_minus_t = self.response(np.array([self.z_min, self.z_max]))
-        log_hi = np.log1p(t * self.expm1_eps)
-        log_lo = np.log1p(one_minus_t * self.expm1_eps)
-        tight = max(float(log_hi[1] - log_hi[0]), float(log_lo[0] - log_lo[1]))
-        super().__init__(domain, self.eps, tight, field)
+        super().__init__(domain, self.eps, self._tight_upper(domain), field)
+
+    def _tight_upper(self, domain: Domain) -> float:
+        r"""A float not below the exact tight ε over the domain (never above the declared ε).
+
+        With ``t0 = t(z_min)``, ``t1 = t(z_max)``, ``Δt = t1 - t0`` and ``Pr = t k + q``
+        (:func:`~app.engine.numerics.response_log_prob`), the two log-ratios are
+
+        .. math::
+
+            \log\frac{\Pr_{hi}(t_1)}{\Pr_{hi}(t_0)} = \operatorname{log1p}
+            \frac{Δt\,k}{t_0 k + q},\qquad
+            \log\frac{\Pr_{lo}(t_0)}{\Pr_{lo}(t_1)} = \operatorname{log1p}
+            \frac{Δt\,k}{(1 - t_1) k + q},
+
+        computed without subtracting two ~ε-sized logarithms (issue 15 item 4: at ε = 100 that
+        difference erred by 1e-14 on a tight ε of 8e-13). ``z_min``, ``z_max`` and ``Δz`` are
+        exact rationals (two points: cheap); :meth:`_ends` turns them into a lower bound of ``t0``
+        and ``1 - t1`` and an upper bound of ``Δt``, and every remaining float operation is
+        covered by a relative ``16u`` margin.
+        """
+        weights = list(self.weights.values())
+        z0, z1 = (
+            exact_affine(self.intercept, weights, [float(x) for x in self._end(domain, top=top)])
+            for top in (False, True)
+        )
+        #: The exact reach ``[z_min, z_max]`` of the query value, rounded outward.
+        self.z_outward = (float_down(z0), float_up(z1))
+        if not self.weights:
+            return 0.0
+        t0_lo, omt1_lo, dt = self._ends(z0, z1)
+        margin = 16.0 * UNIT_ROUNDOFF
+        dt *= 1.0 + margin
+        k, q = math.tanh(0.5 * self.eps), 1.0 / (1.0 + math.exp(self.eps))
+        tight = 0.0
+        for own in (t0_lo, omt1_lo):
+            den = (max(own, 0.0) * k + q) * (1.0 - margin)
+            tight = max(tight, math.log1p(dt * k / den * (1.0 + margin)) * (1.0 + margin))
+        return min(tight, self.eps)
 
     def _z_range(self, domain: Domain) -> tuple[float, float]:
         lo = hi = self.intercept
@@ -95,6 +143,40 @@ class ScalarResponse(TabulatedMechanism):
     def _check_range(self, field: str) -> None:
         """Hook for ``linear``'s range check."""
 
+    def _end(self, domain: Domain, *, top: bool) -> FloatArray:
+        """The vertex of the weighted attributes' box where ``z`` is largest (``top``) or least."""
+        up = [(w > 0) == top for w in self.weights.values()]
+        return np.array(
+            [
+                domain.attributes[a].high if u else domain.attributes[a].low
+                for a, u in zip(self.weights, up, strict=True)
+            ],
+            dtype=np.float64,
+        )
+
+    def _z_bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """``z`` at each row of ``points`` (weighted attributes) with certified ends around it."""
+        w = np.array(list(self.weights.values()), dtype=np.float64).reshape(1, -1)
+        z, err = exact_dot(points, w, np.array([self.intercept]))
+        z, err = z[:, 0], err[:, 0]
+        return z, np.nextafter(z - err, -np.inf), np.nextafter(z + err, np.inf)
+
+    @abc.abstractmethod
+    def bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """Certified ``t_lo <= t <= t_hi`` and ``(1-t)_lo <= 1 - t <= (1-t)_hi`` at each point."""
+
+    @abc.abstractmethod
+    def _ends(self, z0: Fraction, z1: Fraction) -> tuple[float, float, float]:
+        """Lower bounds of ``t(z0)`` and ``1 - t(z1)``, an upper bound of ``t(z1) - t(z0)``."""
+
+    def _grid_points(self) -> FloatArray:
+        """Every cell of the weighted attributes' grid as a row (last attribute fastest)."""
+        values = [self.domain.attributes[a].numeric_values() for a in self.axes]
+        if not values:  # no weights: one cell, z = c
+            return np.zeros((1, 0))
+        mesh = np.meshgrid(*values, indexing="ij")
+        return np.stack([m.reshape(-1) for m in mesh], axis=1).astype(np.float64)
+
     @abc.abstractmethod
     def response(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
         """``(t, 1 - t)`` for query values ``z``, each computed without cancellation."""
@@ -107,17 +189,48 @@ class ScalarResponse(TabulatedMechanism):
         return z
 
     def log_table(self) -> FloatArray:
-        """``[log Pr(low), log Pr(high)]`` over the grid of the weighted attributes."""
+        """``[log Pr(low), log Pr(high)]`` over the grid of the weighted attributes.
+
+        ``t`` and ``1 - t`` come from :meth:`bracket`'s accurate values (``z`` in twice the
+        working precision, ``z - a`` and ``b - z`` without cancellation); the table is also
+        evaluated at the ends of the brackets, and the largest change (``log Pr`` is monotone in
+        ``t``) is this mechanism's :attr:`extra_error`, 0 when every ``z`` was exact.
+        """
         shape = tuple(self.domain.shape[a] for a in self.axes)
-        z = np.full(shape, self.intercept, dtype=np.float64)
-        for n, (axis, w) in enumerate(self.weights.items()):
-            view = [1] * len(shape)
-            view[n] = shape[n]
-            z = z + w * self.domain.attributes[axis].numeric_values().reshape(view)
-        t, one_minus_t = self.response(z)
-        log_high = np.log1p(t * self.expm1_eps) - self.log_norm
-        log_low = np.log1p(one_minus_t * self.expm1_eps) - self.log_norm
-        return np.stack([log_low, log_high], axis=-1)
+        points = self._grid_points()
+        t, omt, inexact = self._accurate(points)
+        t_lo, t_hi, omt_lo, omt_hi = self.bracket(points)
+        columns = []
+        extra = 0.0
+        for own, other, own_lo, own_hi, other_lo, other_hi in (
+            (omt, t, omt_lo, omt_hi, t_lo, t_hi),
+            (t, omt, t_lo, t_hi, omt_lo, omt_hi),
+        ):
+            value = response_log_prob(own, other, self.eps)
+            low_end = response_log_prob(own_lo, other_hi, self.eps)
+            high_end = response_log_prob(own_hi, other_lo, self.eps)
+            moved = np.maximum(np.abs(high_end - value), np.abs(value - low_end))
+            moved = moved + 16.0 * UNIT_ROUNDOFF * (np.abs(low_end) + np.abs(high_end))
+            moved = np.where(inexact, moved, 0.0)
+            if moved.size:
+                extra = max(extra, float(np.max(moved)) if np.all(np.isfinite(moved)) else math.inf)
+            columns.append(value.reshape(shape))
+        self._extra = extra if extra > 0.0 else 0.0
+        return np.stack(columns, axis=-1)
+
+    @property
+    def extra_error(self) -> float:
+        """How far the table's entries may be from those at the exact ``z`` (see log_table)."""
+        self.table()
+        return self._extra
+
+    @abc.abstractmethod
+    def _accurate(self, points: FloatArray) -> tuple[FloatArray, FloatArray, np.ndarray]:
+        """``t``, ``1 - t`` at each point and where ``z`` was not computed exactly.
+
+        ``t`` is as accurate as the brackets allow; where ``z`` is exact the brackets only add
+        rounding that the default error model already charges.
+        """
 
     @property
     def output_count(self) -> int:
@@ -181,6 +294,47 @@ class LinearQuery(ScalarResponse):
         width = self.b - self.a
         return (y - self.a) / width, (self.b - y) / width
 
+    def _offsets(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """``z - a`` and ``b - z`` in twice the working precision, with their error bounds."""
+        w = np.array(list(self.weights.values()), dtype=np.float64)
+        ones = np.ones((points.shape[0], 1))
+        augmented = np.hstack([points, ones])
+        rows = np.array([np.append(w, -self.a), np.append(-w, self.b)])
+        value, err = exact_dot(augmented, rows, np.array([self.intercept, -self.intercept]))
+        return value[:, 0], err[:, 0], value[:, 1], err[:, 1]
+
+    def _accurate(self, points: FloatArray) -> tuple[FloatArray, FloatArray, np.ndarray]:
+        above_a, err_a, below_b, err_b = self._offsets(points)
+        width = self.b - self.a
+        t = np.clip(above_a, 0.0, width) / width
+        return t, np.clip(below_b, 0.0, width) / width, (err_a > 0.0) | (err_b > 0.0)
+
+    def bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """``t = clip(z - a, 0, w)/w`` bracketed from ``z - a ± err`` (likewise ``1 - t``)."""
+        above_a, err_a, below_b, err_b = self._offsets(points)
+        width = self.b - self.a
+        up, down = 1.0 + 4.0 * UNIT_ROUNDOFF, 1.0 - 4.0 * UNIT_ROUNDOFF
+
+        def ends(v: FloatArray, e: FloatArray) -> tuple[FloatArray, FloatArray]:
+            lo = np.clip(np.nextafter(v - e, -np.inf), 0.0, width) / width * down
+            hi = np.clip(np.nextafter(v + e, np.inf), 0.0, width) / width * up
+            return lo, hi
+
+        t_lo, t_hi = ends(above_a, err_a)
+        omt_lo, omt_hi = ends(below_b, err_b)
+        return t_lo, t_hi, omt_lo, omt_hi
+
+    def _ends(self, z0: Fraction, z1: Fraction) -> tuple[float, float, float]:
+        """Exact in rationals (``t`` is piecewise linear), rounded outward."""
+        a, b = exact_fraction(self.a), exact_fraction(self.b)
+        y0, y1 = min(max(z0, a), b), min(max(z1, a), b)
+        width = b - a
+        return (
+            float_down((y0 - a) / width),
+            float_down((b - y1) / width),
+            float_up((y1 - y0) / width),
+        )
+
     def to_json(self) -> dict[str, Any]:
         """Canonical JSON."""
         return {
@@ -220,6 +374,33 @@ class LogisticQuery(ScalarResponse):
     def response(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
         """``σ(z)`` and ``σ(-z)``."""
         return np.asarray(expit(z), dtype=np.float64), np.asarray(expit(-z), dtype=np.float64)
+
+    def _accurate(self, points: FloatArray) -> tuple[FloatArray, FloatArray, np.ndarray]:
+        z, z_lo, z_hi = self._z_bracket(points)
+        t, omt = self.response(z)
+        return t, omt, (np.nextafter(z_lo, np.inf) < z) | (np.nextafter(z_hi, -np.inf) > z)
+
+    def bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """``σ`` at the certified ends of ``z`` (``σ`` is monotone), widened by ``4u``."""
+        _, z_lo, z_hi = self._z_bracket(points)
+        up, down = 1.0 + 4.0 * UNIT_ROUNDOFF, 1.0 - 4.0 * UNIT_ROUNDOFF
+        return (
+            np.asarray(expit(z_lo), dtype=np.float64) * down,
+            np.minimum(np.asarray(expit(z_hi), dtype=np.float64) * up, 1.0),
+            np.asarray(expit(-z_hi), dtype=np.float64) * down,
+            np.minimum(np.asarray(expit(-z_lo), dtype=np.float64) * up, 1.0),
+        )
+
+    def _ends(self, z0: Fraction, z1: Fraction) -> tuple[float, float, float]:
+        """``σ`` at the outward-rounded ends (8u for ``expit``), and ``Δt`` without cancellation.
+
+        ``σ(z1) - σ(z0) = σ(z1) σ(-z0) (1 - e^{-(z1 - z0)})``.
+        """
+        up, down = 1.0 + 8.0 * UNIT_ROUNDOFF, 1.0 - 8.0 * UNIT_ROUNDOFF
+        lo0, hi1 = float_down(z0), float_up(z1)
+        gap = float_up(z1 - z0) * (1.0 + 2.0 * UNIT_ROUNDOFF)
+        rise = float(expit(hi1)) * float(expit(-lo0)) * -math.expm1(-gap) * up**3
+        return float(expit(lo0)) * down, float(expit(-hi1)) * down, rise
 
     def to_json(self) -> dict[str, Any]:
         """Canonical JSON."""

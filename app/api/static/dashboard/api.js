@@ -85,8 +85,9 @@ function explain(error) {
   }
 }
 
-// Runs `task` every `interval` seconds; after a failure it waits longer (doubling up to
-// `maxInterval`), and reports through onError/onSuccess. Stops for good with stop().
+// Runs `task(poller)` every `interval` seconds; after a failure it waits longer (doubling up to
+// `maxInterval`), and reports through onError/onSuccess. The task may stop the poller for good
+// (stop()).
 export class Poller {
   constructor(task, { interval, maxInterval = 60, onError, onSuccess }) {
     this.task = task;
@@ -113,7 +114,7 @@ export class Poller {
       return;
     }
     try {
-      await this.task();
+      await this.task(this);
       if (this.stopped) {
         return;
       }

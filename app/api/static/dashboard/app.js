@@ -1,12 +1,15 @@
-// The dashboard: sign-in, the list of objects, one object's chart, reading and history.
-// Everything shown comes from the JSON API (GET /v1/whoami, /v1/odometers,
-// /v1/objects/{id}/odometer, /odometer/history and, for analysts and admins, /queries).
+// The dashboard: sign-in, the list of objects, one object's chart, reading and history, and
+// the population surveys. Everything shown comes from the JSON API (GET /v1/whoami,
+// /v1/odometers, /v1/objects/{id}/odometer, /odometer/history and, for analysts and admins,
+// /queries; GET /v1/surveys and /v1/surveys/{id}).
 
 import { ApiError, Poller, describeError, getJson, postJson } from "./api.js";
 import { renderChart } from "./chart.js";
-import { num } from "./format.js";
+import { describeQuery, fmtTime, num } from "./format.js";
 import { parseFilter } from "./filter.js";
+import { MAX_LABEL_FILTERS, labelChips, labelQuery, labelsFromHash, listHash, parseLabel } from "./labels.js";
 import { renderReading } from "./reading.js";
+import { clearSurvey, isActive, refreshSurveys, renderSurvey, renderSurveyList } from "./surveys.js";
 
 const STORAGE_KEY = "gatekeeper.apiKey";
 const PAGE = 1000;
@@ -28,14 +31,27 @@ const state = {
   sortKey: "id",
   sortDir: 1,
   filter: parseFilter(""),
+  labels: [],
   detail: null,
+  surveys: null,
 };
 
 // --- small helpers -----------------------------------------------------------------------------
 
+const VIEWS = ["sign-in-view", "list-view", "detail-view", "surveys-view", "survey-view"];
+
 function show(viewId) {
-  for (const id of ["sign-in-view", "list-view", "detail-view"]) {
+  for (const id of VIEWS) {
     $(id).hidden = id !== viewId;
+  }
+  $("nav").hidden = viewId === "sign-in-view";
+  const surveys = viewId === "surveys-view" || viewId === "survey-view";
+  for (const [id, current] of [["nav-objects", !surveys], ["nav-surveys", surveys]]) {
+    if (current) {
+      $(id).setAttribute("aria-current", "page");
+    } else {
+      $(id).removeAttribute("aria-current");
+    }
   }
 }
 
@@ -51,14 +67,6 @@ function clearStatus() {
 
 function fmt(value) {
   return num(value);
-}
-
-function fmtTime(iso) {
-  if (!iso) {
-    return "";
-  }
-  const date = new Date(iso);
-  return Number.isNaN(date.getTime()) ? iso : date.toLocaleString();
 }
 
 function cell(value, { numeric = false, text } = {}) {
@@ -84,25 +92,26 @@ function mayReadQueries() {
   return state.who !== null && state.who.role !== "viewer";
 }
 
-function touched() {
-  $("updated").textContent = `Updated ${new Date().toLocaleTimeString()} · refreshing every ${state.interval} s`;
+function touched(poller) {
+  $("updated").textContent = `Updated ${new Date().toLocaleTimeString()} · refreshing every ${poller.interval} s`;
 }
 
 function startPolling(task) {
   if (state.poller) {
     state.poller.stop();
   }
-  state.poller = new Poller(task, {
+  const poller = new Poller(task, {
     interval: state.interval,
     onSuccess: () => {
       clearStatus();
-      touched();
+      touched(poller);
     },
     onError: (error, delay) => {
       setStatus(`${describeError(error)} Retrying in ${delay} s.`);
     },
   });
-  state.poller.start();
+  state.poller = poller;
+  poller.start();
 }
 
 // --- sign-in -----------------------------------------------------------------------------------
@@ -130,6 +139,7 @@ function signOut(message) {
   state.who = null;
   state.rows = [];
   state.detail = null;
+  state.surveys = null;
   $("session").hidden = true;
   clearStatus();
   $("sign-in-error").hidden = !message;
@@ -189,6 +199,7 @@ function rowOf(item) {
   return {
     id: item.id,
     filter: item.filter,
+    labels: item.labels || {},
     status: item.status,
     budget: item.budget,
     lower: item.realized_loss.lower,
@@ -201,13 +212,14 @@ function rowOf(item) {
   };
 }
 
-async function loadList() {
+async function loadList(poller) {
   const retired = $("include-retired").checked ? "&include_retired=true" : "";
+  const labels = labelQuery(state.labels);
   const rows = [];
   let offset = 0;
   let total = 0;
   do {
-    const page = await getJson(`v1/odometers?limit=${PAGE}&offset=${offset}${retired}`, state.key);
+    const page = await getJson(`v1/odometers?limit=${PAGE}&offset=${offset}${retired}${labels}`, state.key);
     rows.push(...page.items.map(rowOf));
     total = page.total;
     offset += page.items.length;
@@ -215,6 +227,9 @@ async function loadList() {
       break;
     }
   } while (offset < total && offset < MAX_OBJECTS);
+  if (poller.stopped) {
+    return; // replaced (another label filter, include retired): not this list any more
+  }
   state.rows = rows;
   state.total = total;
   renderList();
@@ -254,6 +269,11 @@ function renderList() {
     link.href = objectHref(row.id);
     link.textContent = row.id;
     idCell.append(link);
+    if (Object.keys(row.labels).length) {
+      const chips = labelChips(row.labels, { onClick: addLabelFilter });
+      chips.classList.add("row-labels");
+      idCell.append(chips);
+    }
     tr.append(
       idCell,
       cell(row.filter, { text: row.status === "retired" ? `${row.filter} (retired)` : row.filter }),
@@ -272,7 +292,8 @@ function renderList() {
   $("no-match").hidden = !(shown.length === 0 && state.rows.length > 0);
   renderSummary();
   const more = state.total > state.rows.length ? ` (first ${state.rows.length} loaded)` : "";
-  $("count").textContent = `${shown.length} of ${state.total} objects${more}`;
+  const labelled = state.labels.length ? ` with ${state.labels.length > 1 ? "these labels" : "this label"}` : "";
+  $("count").textContent = `${shown.length} of ${state.total} objects${labelled}${more}`;
   for (const th of $("objects").tHead.rows[0].cells) {
     const sorted = th.dataset.key === state.sortKey;
     th.setAttribute("aria-sort", sorted ? (state.sortDir > 0 ? "ascending" : "descending") : "none");
@@ -297,6 +318,59 @@ function renderSummary() {
   $("sum-exhausted").textContent = num(rows.filter(exhausted).length);
   $("sum-near").textContent = num(rows.filter(nearExhaustion).length);
   $("sum-rejected").textContent = num(rows.reduce((sum, row) => sum + row.rejected, 0));
+}
+
+// --- label filters (in the address: #/?label=name%3Avalue) --------------------------------------
+
+function renderLabelFilters() {
+  const chips = $("label-chips");
+  chips.replaceChildren(
+    ...state.labels.map((text) => {
+      const chip = document.createElement("span");
+      chip.className = "chip active";
+      chip.dataset.label = text;
+      const at = text.indexOf(":");
+      chip.append(`${text.slice(0, at)}: ${text.slice(at + 1)}`);
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "remove";
+      remove.textContent = "×";
+      remove.setAttribute("aria-label", `Remove the label filter ${text}`);
+      remove.addEventListener("click", () => {
+        window.location.hash = listHash(state.labels.filter((l) => l !== text));
+      });
+      chip.append(remove);
+      return chip;
+    }),
+  );
+}
+
+function addLabelFilter(text) {
+  const label = parseLabel(text);
+  const error = $("label-error");
+  if (label.error) {
+    error.textContent = `Label filter not understood: ${label.error}.`;
+    error.hidden = false;
+    return false;
+  }
+  if (!state.labels.includes(label.text) && state.labels.length >= MAX_LABEL_FILTERS) {
+    error.textContent = `At most ${MAX_LABEL_FILTERS} label filters.`;
+    error.hidden = false;
+    return false;
+  }
+  error.hidden = true;
+  if (!state.labels.includes(label.text)) {
+    window.location.hash = listHash([...state.labels, label.text]);
+  }
+  return true;
+}
+
+function onLabelSubmit(event) {
+  event.preventDefault();
+  // what is typed is trimmed (a click on a label passes its exact text)
+  if (addLabelFilter($("label-filter").value.trim())) {
+    $("label-filter").value = "";
+  }
 }
 
 function onHeaderClick(event) {
@@ -468,23 +542,6 @@ async function runWhatIf() {
   $("what-if-result").hidden = false;
 }
 
-function describeQuery(query) {
-  const parts = [query.mechanism];
-  if (query.attribute) {
-    parts.push(`on ${query.attribute}`);
-  }
-  if (query.predicate) {
-    parts.push(`[${query.predicate.attribute} ${query.predicate.op} ${JSON.stringify(query.predicate.value)}]`);
-  }
-  if (query.weights) {
-    parts.push(`weights ${JSON.stringify(query.weights)}`);
-  }
-  if (query.variant) {
-    parts.push(query.variant);
-  }
-  return parts.join(" ");
-}
-
 function renderNumbers(odometer) {
   const list = $("detail-numbers");
   list.replaceChildren();
@@ -568,12 +625,28 @@ function renderHistory(d) {
   $("history").tBodies[0].replaceWith(body);
 }
 
+// An object's labels (public metadata): from its metadata (analyst, admin) or the list's row.
+function renderDetailLabels(labels) {
+  const box = $("detail-labels");
+  if (labels === null) {
+    box.replaceChildren("shown from the list of objects, or with an analyst or admin key");
+    box.className = "chips muted";
+  } else if (Object.keys(labels).length === 0) {
+    box.replaceChildren("none");
+    box.className = "chips muted";
+  } else {
+    box.replaceChildren(...labelChips(labels).childNodes);
+    box.className = "chips";
+  }
+}
+
 function renderDetail() {
   const d = state.detail;
   const odometer = d.odometer;
   $("detail-id").textContent = d.id;
   const known = state.rows.find((r) => r.id === d.id);
   $("detail-meta").textContent = known ? `· ${known.filter} filter · ${known.status}` : "";
+  renderDetailLabels(d.meta && d.meta.labels ? d.meta.labels : known ? known.labels : null);
   renderNumbers(odometer);
   const drawn = `${d.points.length}:${d.rejections.length}:${odometer.realized_loss.upper}:${odometer.budget}`;
   if (drawn !== d.drawn) {
@@ -601,6 +674,35 @@ function renderDetail() {
   }
 }
 
+// --- surveys -----------------------------------------------------------------------------------
+
+// The list of surveys: every page once, then at each refresh the newest ones and the older
+// ones still running (refreshSurveys).
+async function loadSurveyList(poller) {
+  const found = await refreshSurveys(state.key, state.surveys);
+  if (poller.stopped) {
+    return;
+  }
+  state.surveys = found;
+  renderSurveyList(found);
+}
+
+// One survey: refreshed while queued or running; once done, cancelled or failed its numbers
+// are final and polling stops.
+async function loadSurvey(poller, id) {
+  const survey = await getJson(`v1/surveys/${id}`, state.key);
+  if (poller.stopped) {
+    return;
+  }
+  renderSurvey(survey);
+  document.title = `${survey.name} · survey · ldp-gatekeeper`;
+  if (!isActive(survey)) {
+    poller.stop();
+    clearStatus();
+    $("updated").textContent = `Updated ${new Date().toLocaleTimeString()} · survey ${survey.status}: final, no longer refreshing`;
+  }
+}
+
 // --- routing -----------------------------------------------------------------------------------
 
 function route() {
@@ -608,7 +710,26 @@ function route() {
     show("sign-in-view");
     return;
   }
-  const match = /^#\/objects\/(.+)$/.exec(window.location.hash);
+  const hash = window.location.hash;
+  const survey = /^#\/surveys\/(\d+)$/.exec(hash);
+  if (survey) {
+    state.detail = null;
+    clearSurvey(survey[1]);
+    $("updated").textContent = "Loading the survey…";
+    show("survey-view");
+    document.title = `survey #${survey[1]} · ldp-gatekeeper`;
+    startPolling((poller) => loadSurvey(poller, survey[1]));
+    return;
+  }
+  if (/^#\/surveys\/?$/.test(hash)) {
+    state.detail = null;
+    state.surveys = null;
+    show("surveys-view");
+    document.title = "surveys · ldp-gatekeeper";
+    startPolling(loadSurveyList);
+    return;
+  }
+  const match = /^#\/objects\/(.+)$/.exec(hash);
   if (match) {
     const id = decodeURIComponent(match[1]);
     if (!state.detail || state.detail.id !== id) {
@@ -619,6 +740,14 @@ function route() {
     startPolling(loadDetail);
   } else {
     state.detail = null;
+    const labels = labelsFromHash(hash);
+    if (labels.join("\n") !== state.labels.join("\n")) {
+      state.labels = labels;
+      state.rows = [];
+      state.total = 0;
+      renderList();
+    }
+    renderLabelFilters();
     show("list-view");
     document.title = "ldp-gatekeeper · privacy budgets";
     startPolling(loadList);
@@ -632,6 +761,7 @@ function main() {
   $("what-if-run").addEventListener("click", () => {
     runWhatIf();
   });
+  $("label-form").addEventListener("submit", onLabelSubmit);
   $("filter").addEventListener("input", () => {
     state.filter = parseFilter($("filter").value);
     renderList();

@@ -1,0 +1,435 @@
+"""Every operation of the API (v1) as a :class:`~._core.Call` or a :class:`~._core.Pager`.
+
+Request bodies may be given as models or as plain mappings (sent as they are, for fields a
+newer server accepts); each builder serializes the body once and, for the operations that take
+one, generates the ``Idempotency-Key`` once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+from urllib.parse import quote
+
+import httpx
+
+from ldp_gatekeeper_client import models
+from ldp_gatekeeper_client._core import (
+    NDJSON,
+    Call,
+    Pager,
+    dump,
+    encode,
+    new_idempotency_key,
+    parser,
+)
+
+#: A query: a model (``GrrQuery(attribute="disease", epsilon=0.5)``) or its JSON as a mapping.
+QueryLike = (
+    models.GrrQuery
+    | models.BinaryRrQuery
+    | models.UnaryEncodingQuery
+    | models.MatrixQuery
+    | models.LinearQuery
+    | models.LogisticQuery
+    | Mapping[str, Any]
+)
+RegistrationLike = models.RegisterRequest | Mapping[str, Any]
+CohortLike = models.LabelsCohort | models.IdsCohort | Mapping[str, Any]
+
+#: The server's largest import request (objects a request).
+MAX_IMPORT = 10_000
+
+
+def _obj(object_id: str) -> str:
+    return "/v1/objects/" + quote(object_id, safe="")
+
+
+def _key(given: str | None) -> str:
+    if given is not None and not given.strip(" \t"):
+        raise ValueError("an Idempotency-Key must not be empty or blank")
+    return given if given is not None else new_idempotency_key()
+
+
+# ------------------------------------------------------------------------------------ objects
+def register(body: RegistrationLike) -> Call[models.ObjectView]:
+    """``POST /v1/objects`` (admin). Not retried once sent: it carries no Idempotency-Key."""
+    return Call(
+        "POST", "/v1/objects", parser(models.ObjectView), content=encode(dump(body)), safe=False
+    )
+
+
+def registration(
+    object_id: str | RegistrationLike,
+    domain: models.Domain | Mapping[str, Any] | None,
+    value: Mapping[str, models.Scalar] | None,
+    budget: float | None,
+    filter_: str,
+    labels: Mapping[str, str] | None,
+) -> RegistrationLike:
+    """The body of ``objects.register``: built from an id and fields, or given whole."""
+    if not isinstance(object_id, str):
+        return object_id
+    if domain is None or value is None or budget is None:
+        raise TypeError("register(id, ...) needs domain=, value= and budget=")
+    body: dict[str, Any] = {
+        "id": object_id,
+        "domain": dump(domain),
+        "value": dict(value),
+        "budget": {"epsilon": budget},
+        "filter": filter_,
+    }
+    if labels is not None:
+        body["labels"] = dict(labels)
+    return body
+
+
+def get_object(object_id: str) -> Call[models.ObjectView]:
+    """``GET /v1/objects/{id}``."""
+    return Call("GET", _obj(object_id), parser(models.ObjectView))
+
+
+def retire(object_id: str) -> Call[models.ObjectView]:
+    """``DELETE /v1/objects/{id}`` (admin); retiring a retired object changes nothing."""
+    return Call("DELETE", _obj(object_id), parser(models.ObjectView))
+
+
+def dry_run(object_id: str, query: QueryLike) -> Call[models.Decision]:
+    """``POST /v1/objects/{id}/dry-run``: changes nothing, so always safe to retry."""
+    return Call(
+        "POST",
+        _obj(object_id) + "/dry-run",
+        parser(models.Decision),
+        content=encode({"query": dump(query)}),
+    )
+
+
+def submit(
+    object_id: str, query: QueryLike, idempotency_key: str | None
+) -> Call[models.SubmitResult]:
+    """``POST /v1/objects/{id}/queries`` with an Idempotency-Key (given, or a new one)."""
+    return Call(
+        "POST",
+        _obj(object_id) + "/queries",
+        parser(models.SubmitResult),
+        content=encode({"query": dump(query)}),
+        idempotency_key=_key(idempotency_key),
+    )
+
+
+def _split_history(page: models.HistoryPage) -> tuple[list[models.HistoryItem], int | None]:
+    return page.items, page.next_after
+
+
+def history(object_id: str, page_size: int) -> Pager[models.HistoryItem]:
+    """``GET /v1/objects/{id}/queries``, page after page (``after`` = the last seq)."""
+    return Pager(
+        first=0,
+        page=lambda after: Call(
+            "GET",
+            _obj(object_id) + "/queries",
+            parser(models.HistoryPage),
+            params=[("limit", str(page_size)), ("after", str(after))],
+        ),
+        split=_split_history,
+    )
+
+
+def odometer(object_id: str) -> Call[models.Odometer]:
+    """``GET /v1/objects/{id}/odometer``."""
+    return Call("GET", _obj(object_id) + "/odometer", parser(models.Odometer))
+
+
+def _split_odometer_history(
+    page: models.OdometerHistory,
+) -> tuple[list[models.OdometerHistory], int | None]:
+    return [page], page.next_after
+
+
+def odometer_history(object_id: str, page_size: int) -> Pager[models.OdometerHistory]:
+    """``GET /v1/objects/{id}/odometer/history``: one item per page (merged by the client)."""
+    return Pager(
+        first=0,
+        page=lambda after: Call(
+            "GET",
+            _obj(object_id) + "/odometer/history",
+            parser(models.OdometerHistory),
+            params=[("limit", str(page_size)), ("after", str(after))],
+        ),
+        split=_split_odometer_history,
+    )
+
+
+def merge_odometer_history(pages: Sequence[models.OdometerHistory]) -> models.OdometerHistory:
+    """One :class:`~.models.OdometerHistory` of every page's points and rejections."""
+    first = pages[0]
+    return models.OdometerHistory(
+        object_id=first.object_id,
+        budget=first.budget,
+        points=[point for page in pages for point in page.points],
+        rejections=[rejection for page in pages for rejection in page.rejections],
+        next_after=None,
+    )
+
+
+def odometers(
+    *,
+    page_size: int,
+    remaining_lt: float | None,
+    remaining_gt: float | None,
+    include_retired: bool,
+    labels: Mapping[str, str] | None,
+) -> Pager[models.OdometerSummary]:
+    """``GET /v1/odometers``, offset after offset until ``total`` is reached."""
+    params = [("limit", str(page_size)), ("include_retired", str(include_retired).lower())]
+    if remaining_lt is not None:
+        params.append(("remaining_lt", repr(float(remaining_lt))))
+    if remaining_gt is not None:
+        params.append(("remaining_gt", repr(float(remaining_gt))))
+    params += [("label", f"{name}:{value}") for name, value in (labels or {}).items()]
+
+    def split(page: models.OdometerPage) -> tuple[list[models.OdometerSummary], int | None]:
+        reached = page.offset + len(page.items)
+        return page.items, (reached if page.items and reached < page.total else None)
+
+    return Pager(
+        first=0,
+        page=lambda offset: Call(
+            "GET",
+            "/v1/odometers",
+            parser(models.OdometerPage),
+            params=[*params, ("offset", str(offset))],
+        ),
+        split=split,
+    )
+
+
+# ------------------------------------------------------------------------------------ imports
+def import_objects(
+    content: bytes, content_type: str, idempotency_key: str | None
+) -> Call[models.ImportResult]:
+    """``POST /v1/imports`` (admin): one all-or-nothing batch, with an Idempotency-Key."""
+    return Call(
+        "POST",
+        "/v1/imports",
+        parser(models.ImportResult),
+        content=content,
+        content_type=content_type,
+        idempotency_key=_key(idempotency_key),
+    )
+
+
+def import_json(
+    registrations: Sequence[RegistrationLike], idempotency_key: str | None
+) -> Call[models.ImportResult]:
+    """An import of ``registrations`` as a JSON body ``{"objects": [...]}``."""
+    body = encode({"objects": [dump(item) for item in registrations]})
+    return import_objects(body, "application/json", idempotency_key)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Lines ``first``..``last`` (1-based, blank lines skipped) of an NDJSON file."""
+
+    first: int
+    last: int
+    nbytes: int
+    content: bytes
+
+
+def ndjson_batches(source: IO[bytes], batch_size: int) -> Iterator[Batch]:
+    """The non-blank lines of ``source``, ``batch_size`` at a time, as NDJSON bodies."""
+    if not 1 <= batch_size <= MAX_IMPORT:
+        raise ValueError(f"batch_size must be 1..{MAX_IMPORT}")
+    lines: list[bytes] = []
+    first = nbytes = number = 0
+    for number, line in enumerate(source, start=1):
+        nbytes += len(line)
+        if not line.strip():
+            continue
+        if not lines:
+            first = number
+        lines.append(line.rstrip(b"\r\n"))
+        if len(lines) == batch_size:
+            yield Batch(first, number, nbytes, b"\n".join(lines) + b"\n")
+            lines, nbytes = [], 0
+    if lines:
+        yield Batch(first, number, nbytes, b"\n".join(lines) + b"\n")
+
+
+def ndjson_import(batch: Batch) -> Call[models.ImportResult]:
+    """The import of one NDJSON batch (a new Idempotency-Key for it)."""
+    return import_objects(batch.content, NDJSON, None)
+
+
+# ------------------------------------------------------------------------------------ surveys
+def survey_body(
+    name: str,
+    query: QueryLike,
+    *,
+    labels: Mapping[str, str] | None,
+    ids: Sequence[str] | None,
+    cohort: CohortLike | None,
+) -> bytes:
+    """The body of a survey and of its dry-run: exactly one of labels, ids or cohort."""
+    given = [c for c in (labels, ids, cohort) if c is not None]
+    if len(given) != 1:
+        raise ValueError("give exactly one of labels=, ids= or cohort=")
+    if labels is not None:
+        chosen: Any = {"labels": dict(labels)}
+    elif ids is not None:
+        if isinstance(ids, str):
+            raise TypeError("ids= takes a sequence of object ids, not one string")
+        chosen = {"ids": list(ids)}
+    else:
+        assert cohort is not None  # noqa: S101 - exactly one was given
+        chosen = dump(cohort)
+    return encode({"name": name, "query": dump(query), "cohort": chosen})
+
+
+def create_survey(body: bytes, idempotency_key: str | None) -> Call[models.SurveyView]:
+    """``POST /v1/surveys`` (analyst) with an Idempotency-Key: a retry never makes a second."""
+    return Call(
+        "POST",
+        "/v1/surveys",
+        parser(models.SurveyView),
+        content=body,
+        idempotency_key=_key(idempotency_key),
+    )
+
+
+def survey_dry_run(body: bytes) -> Call[models.SurveyDryRun]:
+    """``POST /v1/surveys/dry-run``: spends nothing."""
+    return Call("POST", "/v1/surveys/dry-run", parser(models.SurveyDryRun), content=body)
+
+
+def get_survey(survey_id: int) -> Call[models.SurveyView]:
+    """``GET /v1/surveys/{id}``."""
+    return Call("GET", f"/v1/surveys/{int(survey_id)}", parser(models.SurveyView))
+
+
+def cancel_survey(survey_id: int) -> Call[models.SurveyView]:
+    """``DELETE /v1/surveys/{id}``; cancelling a finished survey changes nothing."""
+    return Call("DELETE", f"/v1/surveys/{int(survey_id)}", parser(models.SurveyView))
+
+
+def _split_surveys(page: models.SurveyPage) -> tuple[list[models.SurveyView], int | None]:
+    return page.items, page.next_before
+
+
+def surveys(page_size: int) -> Pager[models.SurveyView]:
+    """``GET /v1/surveys``, newest first (``before`` = the previous page's ``next_before``)."""
+
+    def page(before: int | None) -> Call[models.SurveyPage]:
+        params = [("limit", str(page_size))]
+        if before is not None:
+            params.append(("before", str(before)))
+        return Call("GET", "/v1/surveys", parser(models.SurveyPage), params=params)
+
+    return Pager(first=None, page=page, split=_split_surveys)
+
+
+def _split_responses(
+    page: models.SurveyResponsePage,
+) -> tuple[list[models.SurveyResponse], str | None]:
+    return page.items, page.next_after
+
+
+def survey_responses(survey_id: int, page_size: int) -> Pager[models.SurveyResponse]:
+    """``GET /v1/surveys/{id}/responses`` in object-id order."""
+
+    def page(after: str | None) -> Call[models.SurveyResponsePage]:
+        params = [("limit", str(page_size))]
+        if after is not None:
+            params.append(("after", after))
+        return Call(
+            "GET",
+            f"/v1/surveys/{int(survey_id)}/responses",
+            parser(models.SurveyResponsePage),
+            params=params,
+        )
+
+    return Pager(first=None, page=page, split=_split_responses)
+
+
+# ------------------------------------------------------------------------- keys, audit, misc
+def create_key(role: str, label: str | None) -> Call[models.CreatedKey]:
+    """``POST /v1/keys`` (admin); not retried once sent (a retry would make a second key)."""
+    body: dict[str, Any] = {"role": role}
+    if label is not None:
+        body["label"] = label
+    return Call("POST", "/v1/keys", parser(models.CreatedKey), content=encode(body), safe=False)
+
+
+def _split_keys(page: models.KeyPage) -> tuple[list[models.KeyInfo], int | None]:
+    return page.items, page.next_after
+
+
+def keys(page_size: int) -> Pager[models.KeyInfo]:
+    """``GET /v1/keys`` (admin), by id."""
+    return Pager(
+        first=0,
+        page=lambda after: Call(
+            "GET",
+            "/v1/keys",
+            parser(models.KeyPage),
+            params=[("limit", str(page_size)), ("after", str(after))],
+        ),
+        split=_split_keys,
+    )
+
+
+def revoke_key(key_id: int) -> Call[models.RevokedKey]:
+    """``DELETE /v1/keys/{id}`` (admin)."""
+    return Call("DELETE", f"/v1/keys/{int(key_id)}", parser(models.RevokedKey), safe=False)
+
+
+def _split_audit(page: models.AuditPage) -> tuple[list[models.AuditEvent], int | None]:
+    return page.events, page.next_after
+
+
+def audit(object_id: str | None, kind: str | None, page_size: int) -> Pager[models.AuditEvent]:
+    """``GET /v1/audit`` (admin), oldest first."""
+    params = [("limit", str(page_size))]
+    if object_id is not None:
+        params.append(("object_id", object_id))
+    if kind is not None:
+        params.append(("kind", kind))
+    return Pager(
+        first=0,
+        page=lambda after: Call(
+            "GET", "/v1/audit", parser(models.AuditPage), params=[*params, ("after", str(after))]
+        ),
+        split=_split_audit,
+    )
+
+
+def loss(body: models.LossRequest | Mapping[str, Any]) -> Call[models.LossResult]:
+    """``POST /v1/loss``: the stateless calculator."""
+    return Call("POST", "/v1/loss", parser(models.LossResult), content=encode(dump(body)))
+
+
+def whoami() -> Call[models.WhoAmI]:
+    """``GET /v1/whoami``."""
+    return Call("GET", "/v1/whoami", parser(models.WhoAmI))
+
+
+def health() -> Call[models.Health]:
+    """``GET /healthz``."""
+    return Call("GET", "/healthz", parser(models.Health))
+
+
+def ready() -> Call[models.Ready]:
+    """``GET /readyz``."""
+    return Call("GET", "/readyz", parser(models.Ready))
+
+
+def _info_version(response: httpx.Response) -> str:
+    return str(json.loads(response.content)["info"]["version"])
+
+
+def api_version() -> Call[str]:
+    """The server's API version: ``info.version`` of ``/openapi.json``."""
+    return Call("GET", "/openapi.json", _info_version)

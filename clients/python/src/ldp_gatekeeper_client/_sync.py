@@ -1,0 +1,464 @@
+"""The synchronous client (:class:`Client`), on :class:`httpx.Client`."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from tqdm import tqdm
+
+from ldp_gatekeeper_client import _ops, frames, models
+from ldp_gatekeeper_client._core import DEFAULT_RETRY, USER_AGENT, Call, Pager, RetryPolicy
+from ldp_gatekeeper_client._core import retry_wait as _retry_wait
+from ldp_gatekeeper_client.errors import (
+    ApiError,
+    ConnectionFailed,
+    ImportFailed,
+    SurveyFailed,
+    WaitTimeout,
+    error_from_response,
+)
+
+T = TypeVar("T")
+
+
+class Client:
+    """A client of one gatekeeper service, for one API key.
+
+    Parameters
+    ----------
+    base_url:
+        The service's URL, e.g. ``http://127.0.0.1:8000``.
+    api_key:
+        The bearer key (``admin``, ``analyst`` or ``viewer``); None for health checks only.
+    timeout:
+        Seconds (or an :class:`httpx.Timeout`) per attempt of a request.
+    retry:
+        When and how long to retry (:class:`RetryPolicy`; ``NO_RETRY`` turns retries off).
+    http_client:
+        An :class:`httpx.Client` to send with (proxies, TLS, event hooks); its base URL and
+        headers are set here, its own timeout applies (``timeout`` is ignored), and
+        :meth:`close` leaves it open.
+
+    Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = 60.0,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._owned = http_client is None
+        self._http = http_client or httpx.Client(timeout=timeout)
+        self._http.base_url = httpx.URL(base_url)
+        self._http.headers["User-Agent"] = USER_AGENT
+        if api_key is not None:
+            self._http.headers["Authorization"] = f"Bearer {api_key}"
+        self.retry = retry
+        self.objects = Objects(self)
+        self.odometers = Odometers(self)
+        self.surveys = Surveys(self)
+        self.keys = Keys(self)
+        self.audit = Audit(self)
+
+    # ------------------------------------------------------------------------------ plumbing
+    def _run(self, call: Call[T]) -> T:
+        """Send ``call``, retrying as :class:`RetryPolicy` allows; its parsed answer."""
+        retry = 0
+        while True:
+            try:
+                response = self._http.send(call.request(self._http))
+            except httpx.TransportError as exc:
+                wait = _retry_wait(self.retry, call, retry, failure=exc)
+                if wait is None:
+                    raise ConnectionFailed(
+                        f"{call.method} {call.path}: {type(exc).__name__}: {exc}"
+                    ) from exc
+            else:
+                if response.status_code < 400:
+                    return call.parse(response)
+                error = error_from_response(response)
+                wait = _retry_wait(self.retry, call, retry, error=error)
+                if wait is None:
+                    raise error
+            time.sleep(wait)
+            retry += 1
+
+    def _iterate(self, pager: Pager[T]) -> Iterator[T]:
+        cursor = pager.first
+        while True:
+            items, cursor = pager.split(self._run(pager.page(cursor)))
+            yield from items
+            if cursor is None:
+                return
+
+    def close(self) -> None:
+        """Close the connections (unless the httpx client was given)."""
+        if self._owned:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------- one-off calls
+    def loss(self, request: models.LossRequest | Mapping[str, Any]) -> models.LossResult:
+        """The stateless loss calculator (``POST /v1/loss``)."""
+        return self._run(_ops.loss(request))
+
+    def whoami(self) -> models.WhoAmI:
+        """The calling key's id and role."""
+        return self._run(_ops.whoami())
+
+    def health(self) -> models.Health:
+        """``GET /healthz``: the process is up."""
+        return self._run(_ops.health())
+
+    def ready(self) -> models.Ready:
+        """``GET /readyz``: the database (and Redis) answer."""
+        return self._run(_ops.ready())
+
+    def api_version(self) -> str:
+        """The server's API version (its OpenAPI ``info.version``)."""
+        return self._run(_ops.api_version())
+
+
+class Objects:
+    """Protected objects: register, dry-run, submit, history, odometers, imports."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def register(
+        self,
+        object_id: str | _ops.RegistrationLike,
+        *,
+        domain: models.Domain | Mapping[str, Any] | None = None,
+        value: Mapping[str, models.Scalar] | None = None,
+        budget: float | None = None,
+        filter: str = "bayesian",
+        labels: Mapping[str, str] | None = None,
+    ) -> models.ObjectView:
+        """Register an object (admin): ``register("p-1", domain=..., value=..., budget=1.0)``.
+
+        Or pass a whole :class:`~.models.RegisterRequest` (or its JSON as a mapping).
+        """
+        body = _ops.registration(object_id, domain, value, budget, filter, labels)
+        return self._c._run(_ops.register(body))
+
+    def get(self, object_id: str) -> models.ObjectView:
+        """An object's metadata and odometer (never its value)."""
+        return self._c._run(_ops.get_object(object_id))
+
+    def retire(self, object_id: str) -> models.ObjectView:
+        """Retire an object (admin): it answers no more queries; its history is kept."""
+        return self._c._run(_ops.retire(object_id))
+
+    def dry_run(self, object_id: str, query: _ops.QueryLike) -> models.Decision:
+        """Would the object's filter accept ``query`` now? Spends nothing."""
+        return self._c._run(_ops.dry_run(object_id, query))
+
+    def would_accept(self, object_id: str, query: _ops.QueryLike) -> bool:
+        """True when a dry-run of ``query`` says the filter would accept it now."""
+        return self.dry_run(object_id, query).accepted
+
+    def submit(
+        self, object_id: str, query: _ops.QueryLike, *, idempotency_key: str | None = None
+    ) -> models.SubmitResult:
+        """Run ``query``: its sampled output and the odometer after it.
+
+        One ``Idempotency-Key`` (``idempotency_key``, or a new UUID) is sent with every retry
+        of this call, so a retry returns the stored output and never spends budget twice.
+        Raises :class:`~.errors.BudgetExhausted` when the filter refuses.
+        """
+        return self._c._run(_ops.submit(object_id, query, idempotency_key))
+
+    def history(self, object_id: str, *, page_size: int = 1000) -> Iterator[models.HistoryItem]:
+        """The object's accepted queries and outputs, oldest first (an analyst: its own)."""
+        return self._c._iterate(_ops.history(object_id, page_size))
+
+    def odometer(self, object_id: str) -> models.Odometer:
+        """The object's odometer: certified loss bounds, remaining budget, counts."""
+        return self._c._run(_ops.odometer(object_id))
+
+    def odometer_history(
+        self, object_id: str, *, page_size: int = 10_000
+    ) -> models.OdometerHistory:
+        """The loss after every accepted query and the rejections between (every page)."""
+        pages = list(self._c._iterate(_ops.odometer_history(object_id, page_size)))
+        return _ops.merge_odometer_history(pages)
+
+    def import_objects(
+        self,
+        registrations: Sequence[_ops.RegistrationLike],
+        *,
+        idempotency_key: str | None = None,
+    ) -> models.ImportResult:
+        """Register up to 10,000 objects in one all-or-nothing request (admin)."""
+        return self._c._run(_ops.import_json(registrations, idempotency_key))
+
+    def import_ndjson(
+        self, path: str | os.PathLike[str], *, batch_size: int = 5000, progress: bool = False
+    ) -> models.ImportResult:
+        """Register the objects of an NDJSON file (one registration a line), in batches.
+
+        Each batch of ``batch_size`` (at most 10,000) lines is one all-or-nothing import with
+        its own Idempotency-Key, retried safely. Objects already registered identically count
+        as ``existing``, so importing the same file again after an interruption resumes it.
+        A refused batch raises :class:`~.errors.ImportFailed` naming its lines; the batches
+        before it stay stored.
+        """
+        created = existing = 0
+        with (
+            Path(path).open("rb") as source,
+            tqdm(
+                total=os.fstat(source.fileno()).st_size,
+                unit="B",
+                unit_scale=True,
+                desc="import",
+                disable=not progress,
+            ) as bar,
+        ):
+            for batch in _ops.ndjson_batches(source, batch_size):
+                try:
+                    result = self._c._run(_ops.ndjson_import(batch))
+                except ApiError as exc:
+                    raise ImportFailed(
+                        f"lines {batch.first}-{batch.last}: {exc}",
+                        first_line=batch.first,
+                        last_line=batch.last,
+                        created=created,
+                        existing=existing,
+                    ) from exc
+                created += result.created
+                existing += result.existing
+                bar.update(batch.nbytes)
+                bar.set_postfix(created=created, existing=existing)
+        return models.ImportResult(created=created, existing=existing)
+
+
+class Odometers:
+    """Every object's odometer (``GET /v1/odometers``)."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def all(
+        self,
+        *,
+        remaining_lt: float | None = None,
+        remaining_gt: float | None = None,
+        include_retired: bool = False,
+        labels: Mapping[str, str] | None = None,
+        page_size: int = 1000,
+    ) -> Iterator[models.OdometerSummary]:
+        """Every matching object's odometer, page after page (``labels``: all must match)."""
+        return self._c._iterate(
+            _ops.odometers(
+                page_size=page_size,
+                remaining_lt=remaining_lt,
+                remaining_gt=remaining_gt,
+                include_retired=include_retired,
+                labels=labels,
+            )
+        )
+
+    def frame(
+        self,
+        *,
+        remaining_lt: float | None = None,
+        remaining_gt: float | None = None,
+        include_retired: bool = False,
+        labels: Mapping[str, str] | None = None,
+    ) -> Any:
+        """:meth:`all` as a pandas DataFrame (needs the ``pandas`` extra)."""
+        return frames.odometers_frame(
+            self.all(
+                remaining_lt=remaining_lt,
+                remaining_gt=remaining_gt,
+                include_retired=include_retired,
+                labels=labels,
+            )
+        )
+
+
+class SurveyRun:
+    """A created survey: follow it (:meth:`wait`), read its responses, cancel it."""
+
+    def __init__(self, client: Client, view: models.SurveyView) -> None:
+        self._c = client
+        self.view = view
+
+    @property
+    def id(self) -> int:
+        """The survey's id."""
+        return self.view.id
+
+    @property
+    def replayed(self) -> bool:
+        """True when the creation was a retry answered with the survey created first."""
+        return self.view.replayed
+
+    def refresh(self) -> models.SurveyView:
+        """Read the survey's status, progress and estimate again."""
+        self.view = self._c.surveys.get(self.id)
+        return self.view
+
+    def wait(
+        self, *, progress: bool = False, timeout: float | None = None, poll_interval: float = 1.0
+    ) -> models.SurveyView:
+        """Poll until the survey is done or cancelled; its final view (with the estimate).
+
+        ``progress=True`` shows a progress bar of the members decided. Raises
+        :class:`~.errors.SurveyFailed` if it failed and :class:`~.errors.WaitTimeout` after
+        ``timeout`` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = min(0.1, poll_interval)
+        with tqdm(
+            total=self.view.progress.total,
+            unit="member",
+            desc=f"survey {self.id}",
+            disable=not progress,
+        ) as bar:
+            while True:
+                bar.update(self.view.progress.decided - bar.n)
+                bar.set_postfix(accepted=self.view.progress.accepted, status=self.view.status)
+                if self.view.finished:
+                    break
+                if deadline is not None and time.monotonic() + pause > deadline:
+                    raise WaitTimeout(self.view, float(timeout or 0.0))
+                time.sleep(pause)
+                pause = min(poll_interval, pause * 1.5)
+                self.refresh()
+        if self.view.status == "failed":
+            raise SurveyFailed(self.view)
+        return self.view
+
+    def cancel(self) -> models.SurveyView:
+        """Cancel: members not yet decided are not queried; accepted answers stay."""
+        self.view = self._c.surveys.cancel(self.id)
+        return self.view
+
+    def responses(self, *, page_size: int = 1000) -> Iterator[models.SurveyResponse]:
+        """Each member's decision (and output, for the survey's analyst and admins)."""
+        return self._c.surveys.responses(self.id, page_size=page_size)
+
+    def responses_frame(self) -> Any:
+        """The responses as a pandas DataFrame (needs the ``pandas`` extra)."""
+        return frames.responses_frame(self.responses())
+
+
+class Surveys:
+    """Population surveys: one query to every member of a cohort."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(
+        self,
+        name: str,
+        query: _ops.QueryLike,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ids: Sequence[str] | None = None,
+        cohort: _ops.CohortLike | None = None,
+        idempotency_key: str | None = None,
+    ) -> SurveyRun:
+        """Start a survey of the objects with all ``labels`` (or these ``ids``) (analyst).
+
+        One Idempotency-Key is sent with every retry: a retry never creates a second survey.
+        """
+        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort)
+        return SurveyRun(self._c, self._c._run(_ops.create_survey(body, idempotency_key)))
+
+    def dry_run(
+        self,
+        name: str,
+        query: _ops.QueryLike,
+        *,
+        labels: Mapping[str, str] | None = None,
+        ids: Sequence[str] | None = None,
+        cohort: _ops.CohortLike | None = None,
+    ) -> models.SurveyDryRun:
+        """How the survey would go now (members, would accept, refusals), spending nothing."""
+        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort)
+        return self._c._run(_ops.survey_dry_run(body))
+
+    def get(self, survey_id: int) -> models.SurveyView:
+        """A survey's status, progress and estimate."""
+        return self._c._run(_ops.get_survey(survey_id))
+
+    def run(self, survey_id: int) -> SurveyRun:
+        """A :class:`SurveyRun` of an existing survey (to wait for it, read its responses)."""
+        return SurveyRun(self._c, self.get(survey_id))
+
+    def cancel(self, survey_id: int) -> models.SurveyView:
+        """Cancel a survey (its analyst or an admin)."""
+        return self._c._run(_ops.cancel_survey(survey_id))
+
+    def all(self, *, page_size: int = 200) -> Iterator[models.SurveyView]:
+        """Every survey the key may see, newest first."""
+        return self._c._iterate(_ops.surveys(page_size))
+
+    def responses(
+        self, survey_id: int, *, page_size: int = 1000
+    ) -> Iterator[models.SurveyResponse]:
+        """Each member's decision, in object-id order."""
+        return self._c._iterate(_ops.survey_responses(survey_id, page_size))
+
+    def responses_frame(self, survey_id: int) -> Any:
+        """The responses as a pandas DataFrame (needs the ``pandas`` extra)."""
+        return frames.responses_frame(self.responses(survey_id))
+
+
+class Keys:
+    """API keys (admin)."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, role: models.Role, *, label: str | None = None) -> models.CreatedKey:
+        """A new key; its secret (``.key``) is shown this once."""
+        return self._c._run(_ops.create_key(role, label))
+
+    def all(self, *, page_size: int = 1000) -> Iterator[models.KeyInfo]:
+        """Every key's public facts (never a secret), by id."""
+        return self._c._iterate(_ops.keys(page_size))
+
+    def revoke(self, key_id: int) -> models.RevokedKey:
+        """Revoke a key (the last active admin key cannot be: LastAdminKey)."""
+        return self._c._run(_ops.revoke_key(key_id))
+
+
+class Audit:
+    """The audit log (admin)."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def events(
+        self,
+        *,
+        object_id: str | None = None,
+        kind: models.AuditKind | None = None,
+        page_size: int = 1000,
+    ) -> Iterator[models.AuditEvent]:
+        """Every event (filtered by object and kind), oldest first."""
+        return self._c._iterate(_ops.audit(object_id, kind, page_size))

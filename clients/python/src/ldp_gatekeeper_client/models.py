@@ -1,0 +1,598 @@
+"""Typed models of every request and response of the gatekeeper's API (v1).
+
+Each class bears the name of a schema of the service's OpenAPI document (``/openapi.json``,
+``components.schemas``) and has its properties; ``tests/client/test_models_follow_the_api.py``
+holds the two to the same names, properties, required fields and request enums.
+
+*Requests* refuse unknown fields (as the server does); their discriminator fields have defaults
+(``GrrQuery(attribute="disease", epsilon=0.5)``). Numeric ranges are left to the server, which
+answers ``422`` naming the field (:class:`~ldp_gatekeeper_client.errors.ValidationFailed`).
+*Responses* keep fields added by later versions of the server (``extra="allow"``) and parse
+timestamps into timezone-aware :class:`~datetime.datetime`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+Scalar = str | int | float
+Role = Literal["admin", "analyst", "viewer"]
+Filter = Literal["bayesian", "simplified", "basic"]
+AuditKind = Literal[
+    "object.registered",
+    "object.retired",
+    "key.created",
+    "key.revoked",
+    "decision.accepted",
+    "decision.rejected",
+    "objects.imported",
+    "survey.created",
+    "survey.finished",
+    "survey.cancelled",
+]
+SurveyStatus = Literal["queued", "running", "done", "cancelled", "failed"]
+#: Statuses after which a survey changes no more.
+FINISHED: frozenset[str] = frozenset({"done", "cancelled", "failed"})
+
+
+class _Request(BaseModel):
+    """A request body: unknown fields are refused, as the server refuses them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    """A response body: fields added by later server versions are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class _Replayable(_Response):
+    """An answer an ``Idempotency-Key`` may have replayed (header ``Idempotent-Replayed``)."""
+
+    _replayed: bool = PrivateAttr(default=False)
+
+    @property
+    def replayed(self) -> bool:
+        """True when the server answered a retry with the answer it had stored."""
+        return self._replayed
+
+
+# ----------------------------------------------------------------------------------- domains
+class RealAttribute(_Request):
+    """A real attribute: the closed interval ``[low, high]``."""
+
+    name: str
+    type: Literal["real"] = "real"
+    low: float
+    high: float
+
+
+class IntegerAttribute(_Request):
+    """An integer attribute: ``low``, ``low + 1``, ..., ``high``."""
+
+    name: str
+    type: Literal["integer"] = "integer"
+    low: int
+    high: int
+
+
+class CategoricalAttribute(_Request):
+    """A categorical attribute: a list of distinct values."""
+
+    name: str
+    type: Literal["categorical"] = "categorical"
+    values: list[str | int]
+
+
+Attribute = Annotated[
+    RealAttribute | IntegerAttribute | CategoricalAttribute, Field(discriminator="type")
+]
+
+
+class Domain(_Request):
+    """The values an object could take (finite when no attribute is ``real``)."""
+
+    attributes: list[Attribute]
+
+
+# ----------------------------------------------------------------------------------- queries
+class Predicate(_Request):
+    """``attribute op value``; ``in`` takes a list of values."""
+
+    attribute: str
+    op: Literal["==", "!=", "<", "<=", ">", ">=", "in"]
+    value: Scalar | list[Scalar]
+
+
+class GrrQuery(_Request):
+    """Generalised randomised response on a finite attribute."""
+
+    mechanism: Literal["grr"] = "grr"
+    attribute: str
+    epsilon: float
+
+
+class BinaryRrQuery(_Request):
+    """Binary randomised response on a predicate; outputs 1 or 0."""
+
+    mechanism: Literal["binary_rr"] = "binary_rr"
+    predicate: Predicate
+    epsilon: float
+
+
+class UnaryEncodingQuery(_Request):
+    """Unary encoding of a finite attribute; outputs a list of bits."""
+
+    mechanism: Literal["unary_encoding"] = "unary_encoding"
+    attribute: str
+    epsilon: float
+    variant: Literal["optimized", "symmetric"] = "optimized"
+
+
+class MatrixQuery(_Request):
+    """Any mechanism on a finite domain: one row of probabilities per domain point."""
+
+    mechanism: Literal["matrix"] = "matrix"
+    outputs: list[Any]
+    probabilities: list[list[float]]
+    epsilon: float | None = None
+
+
+class LinearQuery(_Request):
+    """A linear query ``Σ w·x + c`` on numeric attributes, answered ``a`` or ``b``."""
+
+    mechanism: Literal["linear"] = "linear"
+    weights: dict[str, float]
+    intercept: float = 0.0
+    range: tuple[float, float]
+    truncate: bool = False
+    epsilon: float
+
+
+class LogisticQuery(_Request):
+    """A logistic query ``sigmoid(Σ w·x + c)``, answered 0 or 1."""
+
+    mechanism: Literal["logistic"] = "logistic"
+    weights: dict[str, float]
+    intercept: float = 0.0
+    epsilon: float
+
+
+Query = Annotated[
+    GrrQuery | BinaryRrQuery | UnaryEncodingQuery | MatrixQuery | LinearQuery | LogisticQuery,
+    Field(discriminator="mechanism"),
+]
+
+
+# ---------------------------------------------------------------------------------- requests
+class BudgetBody(_Request):
+    """An object's budget ε_g."""
+
+    epsilon: float
+
+
+class RegisterRequest(_Request):
+    """``POST /v1/objects``: a protected object with its private value (never returned)."""
+
+    id: str
+    domain: Domain
+    value: dict[str, Scalar]
+    budget: BudgetBody
+    filter: Filter = "bayesian"
+    labels: dict[str, str] | None = None
+
+
+class ImportRequest(_Request):
+    """``POST /v1/imports``: up to 10,000 registrations, stored all or nothing."""
+
+    objects: list[RegisterRequest]
+
+
+class LabelsCohort(_Request):
+    """Every object carrying all these labels (membership fixed at creation)."""
+
+    labels: dict[str, str]
+
+
+class IdsCohort(_Request):
+    """These objects."""
+
+    ids: list[str]
+
+
+Cohort = LabelsCohort | IdsCohort
+
+
+class SurveyRequest(_Request):
+    """``POST /v1/surveys`` (and its dry-run): one query to every member of a cohort."""
+
+    name: str
+    query: Query
+    cohort: Cohort
+
+
+class QueryRequest(_Request):
+    """Dry-run and submit: the query to decide."""
+
+    query: Query
+
+
+class HistoryEntry(_Request):
+    """One past query and the output it gave (for the calculator)."""
+
+    query: Query
+    output: Any
+
+
+class LossOptions(_Request):
+    """Calculator options."""
+
+    tolerance: float = 1e-4
+    time_limit: float | None = None
+    max_nodes: int | None = None
+    grouping: int | None = None
+    fast: bool = False
+
+
+class LossRequest(_Request):
+    """``POST /v1/loss``: the stateless calculator."""
+
+    domain: Domain
+    history: list[HistoryEntry]
+    budget: float | None = None
+    candidate: Query | None = None
+    options: LossOptions | None = None
+
+
+class KeyRequest(_Request):
+    """``POST /v1/keys``."""
+
+    role: Role
+    label: str | None = None
+
+
+# --------------------------------------------------------------------------------- responses
+class LossBounds(_Response):
+    """Certified bounds of a realized loss: ``lower <= loss <= upper``."""
+
+    lower: float
+    upper: float
+
+
+class Odometer(_Response):
+    """An object's accounting: budget, certified loss, remaining, basic composition, counts."""
+
+    budget: float
+    realized_loss: LossBounds
+    remaining: float
+    basic_composition: float
+    accepted: int
+    rejected: int
+    updated_at: datetime | None
+
+
+class ObjectBudget(_Response):
+    """The budget of an object."""
+
+    epsilon: float
+
+
+class ObjectView(_Response):
+    """An object's metadata (never its value) with its odometer."""
+
+    id: str
+    domain: dict[str, Any]
+    budget: ObjectBudget
+    filter: str
+    finite: bool
+    labels: dict[str, str]
+    status: Literal["active", "retired"]
+    created_at: datetime | None
+    retired_at: datetime | None
+    odometer: Odometer
+
+
+class OutputLoss(_Response):
+    """The loss bounds after one possible output of a candidate query."""
+
+    output: Any
+    lower: float
+    upper: float
+
+
+class Decision(_Response):
+    """A dry-run: would the filter accept the query now, and the loss after each output."""
+
+    decision: Literal["accept", "reject"]
+    reason: str
+    filter: str
+    budget: float
+    realized_loss: LossBounds
+    worst_case_after: float
+    per_output: list[OutputLoss]
+    per_output_complete: bool
+    epsilon: float
+    basic_composition: float
+    basic_composition_after: float
+
+    @property
+    def accepted(self) -> bool:
+        """True when the filter would accept the query now."""
+        return self.decision == "accept"
+
+
+class SubmitResult(_Replayable):
+    """An accepted submit: the sampled output and the odometer after it."""
+
+    query_id: int
+    object_id: str
+    seq: int
+    output: Any
+    epsilon: float
+    odometer: Odometer
+
+
+class HistoryItem(_Response):
+    """One accepted query of an object's history."""
+
+    query_id: int
+    seq: int
+    query: dict[str, Any]
+    output: Any
+    epsilon: float
+    realized_loss_after: LossBounds
+    basic_composition_after: float
+    created_at: datetime | None
+
+
+class HistoryPage(_Response):
+    """A page of history; ``next_after`` is the ``after`` of the next page (None: last)."""
+
+    items: list[HistoryItem]
+    next_after: int | None
+
+
+class OdometerPoint(_Response):
+    """The loss after one accepted query."""
+
+    accepted: int
+    realized_loss: LossBounds
+    basic_composition: float
+    epsilon: float
+    at: datetime | None
+
+
+class Rejection(_Response):
+    """A rejected submit: ``after_accepted`` queries had been accepted when it came."""
+
+    after_accepted: int
+    at: datetime | None
+
+
+class OdometerHistory(_Response):
+    """The loss over time of one object, and the rejections between its accepted queries."""
+
+    object_id: str
+    budget: float
+    points: list[OdometerPoint]
+    rejections: list[Rejection]
+    next_after: int | None
+
+
+class OdometerSummary(Odometer):
+    """One object in the odometers list: its odometer with its id, filter and status."""
+
+    id: str
+    filter: str
+    labels: dict[str, str]
+    status: Literal["active", "retired"]
+
+
+class OdometerPage(_Response):
+    """A page of odometers."""
+
+    items: list[OdometerSummary]
+    total: int
+    limit: int
+    offset: int
+
+
+class CandidateAcceptance(_Response):
+    """Whether each filter would accept the candidate."""
+
+    bayesian: bool
+    simplified: bool
+    basic: bool
+
+
+class CandidateLoss(_Response):
+    """The calculator's evaluation of a candidate query."""
+
+    per_output: list[OutputLoss]
+    per_output_complete: bool
+    worst_case_upper: float
+    epsilon: float
+    accepted: CandidateAcceptance
+
+
+class LossResult(_Response):
+    """The calculator's answer."""
+
+    realized_loss: LossBounds
+    basic_composition: float
+    status: Literal["ok", "limit"]
+    candidate: CandidateLoss | None = None
+
+
+class ImportResult(_Replayable):
+    """Objects created by an import, and those already registered identically."""
+
+    created: int
+    existing: int
+
+
+class CreatedKey(_Response):
+    """A new API key: ``key`` is the secret, shown this once."""
+
+    id: int
+    role: Role
+    label: str | None
+    key: str
+
+
+class KeyInfo(_Response):
+    """An API key's public facts (never its secret)."""
+
+    id: int
+    role: Role
+    label: str | None
+    created_at: datetime | None
+    revoked_at: datetime | None
+
+
+class KeyPage(_Response):
+    """A page of API keys."""
+
+    items: list[KeyInfo]
+    next_after: int | None
+
+
+class RevokedKey(_Response):
+    """A revoked key."""
+
+    id: int
+    revoked: bool
+
+
+class AuditEvent(_Response):
+    """One entry of the audit log: public facts only."""
+
+    id: int
+    at: datetime
+    kind: str
+    actor_key_id: int | None
+    object_id: str | None
+    detail: dict[str, Any]
+
+
+class AuditPage(_Response):
+    """A page of the audit log."""
+
+    events: list[AuditEvent]
+    next_after: int | None
+
+
+class WhoAmI(_Response):
+    """The calling key."""
+
+    key_id: int
+    role: Role
+
+
+class Health(_Response):
+    """The process is up."""
+
+    status: Literal["ok"]
+
+
+class Ready(_Response):
+    """Ready to serve: the database (and Redis, when configured) answered."""
+
+    status: Literal["ok"]
+    database: Literal["ok"]
+    redis: Literal["ok"] | None = None
+
+
+class SurveyRefusals(_Response):
+    """Members refused, by reason (the JSON names are ``budget-exhausted`` and so on)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    budget_exhausted: int = Field(alias="budget-exhausted")
+    invalid_for_domain: int = Field(alias="invalid-for-domain")
+    retired: int
+
+
+class SurveyProgress(_Response):
+    """How far a survey got."""
+
+    total: int
+    decided: int
+    accepted: int
+    refused: SurveyRefusals
+
+
+class SurveyView(_Replayable):
+    """A survey: status, progress and the estimate over its accepted members."""
+
+    id: int
+    name: str
+    status: SurveyStatus
+    query: dict[str, Any]
+    cohort: dict[str, Any]
+    created_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    progress: SurveyProgress
+    groups: int
+    estimate: dict[str, Any] | None
+    estimate_unavailable: str | None = None
+    outputs: dict[str, int] | None = None
+
+    @property
+    def finished(self) -> bool:
+        """True once the survey changes no more (done, cancelled or failed)."""
+        return self.status in FINISHED
+
+
+class SurveyPage(_Response):
+    """Surveys, newest first; ``next_before`` is the ``before`` of the next page."""
+
+    items: list[SurveyView]
+    next_before: int | None
+
+
+class SurveyResponse(_Response):
+    """One member's decision (``output``: for the survey's analyst and admins)."""
+
+    object_id: str
+    decision: Literal["pending", "accepted", "refused"]
+    reason: str | None
+    output: Any = None
+
+
+class SurveyResponsePage(_Response):
+    """A page of members' decisions in object-id order."""
+
+    items: list[SurveyResponse]
+    next_after: str | None
+
+
+class SurveyDryRun(_Response):
+    """What a survey would do now, spending nothing."""
+
+    members: int
+    would_accept: int
+    would_refuse: SurveyRefusals
+    groups: int
+
+
+class FieldError(_Response):
+    """One invalid field of a request: its path (``objects[3].budget.epsilon``) and why."""
+
+    field: str
+    message: str
+
+
+class Problem(_Response):
+    """An error answer (RFC 9457 ``application/problem+json``); extra members are kept."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldError] | None = None
