@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from app.engine.approx import MIN_DELTA
 from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, MIN_EPSILON
 from app.services.objects import ID_PATTERN
 
@@ -32,6 +33,8 @@ OBJECT_ID_PATTERN = f"^{ID_PATTERN.pattern}$"
 
 Epsilon = Annotated[float, Field(ge=MIN_EPSILON, le=DEFAULT_LIMITS.max_epsilon)]
 Budget = Annotated[float, Field(ge=MIN_EPSILON, le=MAX_BUDGET)]
+#: δ_g: ``MIN_DELTA <= δ_g < 1`` (the largest float below 1 as the inclusive bound).
+MAX_DELTA = 1.0 - 2.0**-53
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL_PATTERN)]
 LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 LabelValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,256}$")]
@@ -164,9 +167,13 @@ Query = Annotated[
 
 # --------------------------------------------------------------------------------- requests
 class BudgetBody(_Strict):
-    """An object's budget ε_g."""
+    """An object's budget ε_g, and δ_g for the ``approx_bayesian`` filter (required there)."""
 
     epsilon: Budget
+    delta: (
+        Annotated[float, Field(ge=MIN_DELTA, le=MAX_DELTA, description="δ_g: approx_bayesian only")]
+        | SkipJsonSchema[None]
+    ) = None
 
 
 class RegisterRequest(_Strict):
@@ -178,7 +185,7 @@ class RegisterRequest(_Strict):
         dict[str, Scalar], Field(description="One point of the domain; never returned")
     ]
     budget: BudgetBody
-    filter: Literal["bayesian", "simplified", "basic"] = "bayesian"
+    filter: Literal["bayesian", "simplified", "basic", "approx_bayesian"] = "bayesian"
     labels: (
         Annotated[
             dict[LabelName, LabelValue],
@@ -250,6 +257,13 @@ class LossRequest(_Strict):
     domain: Domain
     history: list[HistoryEntry]
     budget: Budget | SkipJsonSchema[None] = None
+    delta: (
+        Annotated[
+            float,
+            Field(ge=MIN_DELTA, le=MAX_DELTA, description="δ_g: also decide with approx_bayesian"),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
     candidate: Query | SkipJsonSchema[None] = None
     options: LossOptions | SkipJsonSchema[None] = None
 
@@ -282,12 +296,19 @@ class Odometer(_Open):
     accepted: int
     rejected: int
     updated_at: Timestamp | None
+    delta: float | SkipJsonSchema[None] = Field(
+        default=None, description="δ_g (approx_bayesian objects only)"
+    )
+    phase: Literal["output-independent", "bayesian"] | SkipJsonSchema[None] = Field(
+        default=None, description="Algorithm 4's phase (approx_bayesian objects only)"
+    )
 
 
 class ObjectBudget(_Open):
     """The budget of an object."""
 
     epsilon: float
+    delta: float | SkipJsonSchema[None] = None
 
 
 class ObjectView(_Open):
@@ -296,7 +317,7 @@ class ObjectView(_Open):
     id: str
     domain: dict[str, Any]
     budget: ObjectBudget
-    filter: Literal["bayesian", "simplified", "basic"]
+    filter: Literal["bayesian", "simplified", "basic", "approx_bayesian"]
     finite: bool
     labels: dict[str, str]
     status: Literal["active", "retired"]
@@ -327,6 +348,12 @@ class Decision(_Open):
     epsilon: float
     basic_composition: float
     basic_composition_after: float
+    delta: float | SkipJsonSchema[None] = Field(
+        default=None, description="δ_g (approx_bayesian objects only)"
+    )
+    phase: Literal["output-independent", "bayesian"] | SkipJsonSchema[None] = Field(
+        default=None, description="Algorithm 4's phase after this decision (approx_bayesian)"
+    )
 
 
 class SubmitResult(_Open):
@@ -411,6 +438,7 @@ class CandidateAcceptance(_Open):
     bayesian: bool
     simplified: bool
     basic: bool
+    approx_bayesian: bool | SkipJsonSchema[None] = None
 
 
 class CandidateLoss(_Open):
@@ -430,6 +458,16 @@ class LossResult(_Open):
     basic_composition: float
     status: Literal["ok", "limit"]
     candidate: CandidateLoss | None = None
+    approx: ApproxState | SkipJsonSchema[None] = None
+
+
+class ApproxState(_Open):
+    """With ``delta``: Algorithm 4's state of the history (F₀'s account and the phase)."""
+
+    delta: float
+    f0_account: float
+    f0_threshold: float
+    phase: Literal["output-independent", "bayesian"]
 
 
 class CreatedKey(_Open):

@@ -100,6 +100,8 @@ class ProtectedObject(Base):
     #: The private value as JSON, encrypted at rest (:class:`app.db.types.EncryptedText`).
     value: Mapped[str] = mapped_column(EncryptedText, nullable=False)
     budget: Mapped[float] = mapped_column(Float, nullable=False)
+    #: δ_g of an ``approx_bayesian`` object (None for the pure-ε filters).
+    budget_delta: Mapped[float | None] = mapped_column(Float)
     filter: Mapped[str] = mapped_column(String(16), nullable=False)
     finite: Mapped[bool] = mapped_column(nullable=False)
     #: Public metadata ``{name: value}`` (strings), fixed at registration; selects cohorts.
@@ -114,6 +116,9 @@ class ProtectedObject(Base):
     loss_upper: Mapped[float] = mapped_column(Float, default=0.0)
     #: Exact Σε as a rational's text (unbounded: a sum's digits are not capped by a width).
     basic_total: Mapped[str] = mapped_column(Text, default="0")
+    #: The account of Algorithm 4's output-independent filter F₀ (``approx_bayesian``; "0"
+    #: otherwise), an exact rational's text (:mod:`app.engine.approx`).
+    f0_account: Mapped[str] = mapped_column(Text, default="0", server_default="0")
     accepted: Mapped[int] = mapped_column(Integer, default=0)
     rejected: Mapped[int] = mapped_column(Integer, default=0)
     version: Mapped[int] = mapped_column(Integer, default=0, nullable=False)

@@ -56,6 +56,9 @@ class Odometer:
     basic_composition: float
     accepted: int
     rejected: int
+    #: ``approx_bayesian`` objects: δ_g and Algorithm 4's phase (both None otherwise).
+    delta: float | None = None
+    phase: str | None = None
 
     @property
     def remaining(self) -> float:
@@ -71,6 +74,7 @@ class Odometer:
             "basic_composition": self.basic_composition,
             "accepted": self.accepted,
             "rejected": self.rejected,
+            **({"delta": self.delta, "phase": self.phase} if self.delta is not None else {}),
         }
 
 
@@ -100,6 +104,9 @@ class Accountant:
     _last: tuple[Mechanism, Decision] | None = field(default=None, repr=False)
     #: A state to start from (:meth:`restore`); by default an empty history's.
     initial_state: InitVar[LikelihoodState | ContinuousState | None] = None
+    #: δ_g of an ``approx_bayesian`` object, and F₀'s account of the history.
+    delta: float | None = None
+    f0_account: Fraction = Fraction(0)
 
     def __post_init__(self, initial_state: LikelihoodState | ContinuousState | None) -> None:
         self.state = (
@@ -141,7 +148,14 @@ class Accountant:
     def snapshot(self) -> ObjectSnapshot:
         """The object's public state now, as every engine decision takes it."""
         return ObjectSnapshot(
-            self.domain, self.budget, self.filter, self.basic_total, self.state, self.limits
+            self.domain,
+            self.budget,
+            self.filter,
+            self.basic_total,
+            self.state,
+            self.limits,
+            self.delta,
+            self.f0_account,
         )
 
     def evaluate(self, mechanism: Mechanism, target: float | None = None) -> CandidateEvaluation:
@@ -171,6 +185,7 @@ class Accountant:
         if isinstance(after.state, BasicState):  # pragma: no cover - never from these states
             raise TypeError("an accountant keeps an exact or searched state")
         self.state, self.basic_total = after.state, after.basic_total
+        self.f0_account = after.f0_account
         self.accepted += 1
         self.trajectory.append(TrajectoryPoint(self.accepted, self.loss(), float(self.basic_total)))
 
@@ -181,7 +196,13 @@ class Accountant:
     def odometer(self) -> Odometer:
         """The current odometer."""
         return Odometer(
-            self.budget, self.loss(), float(self.basic_total), self.accepted, self.rejected
+            self.budget,
+            self.loss(),
+            float(self.basic_total),
+            self.accepted,
+            self.rejected,
+            self.delta,
+            self.snapshot.phase,
         )
 
 

@@ -12,6 +12,11 @@ Answer::
                    "accepted": {"bayesian", "simplified", "basic"}, ...}}
 
 ``candidate`` appears only when one was sent, and then ``budget`` is required.
+
+Extension (issue #15): ``"delta": δ_g`` (with ``budget``) also decides with the
+``approx_bayesian`` filter (Algorithm 4): ``accepted`` gains ``"approx_bayesian"`` and the answer
+gains ``"approx": {"delta", "f0_account", "f0_threshold", "phase"}`` — F₀'s account of the
+history (:mod:`app.engine.approx`), its threshold and the phase the history is in.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
+from app.engine.approx import OutputIndependentFilter, parse_delta_value
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain, parse_domain
@@ -41,6 +47,7 @@ from app.engine.pipeline import (
     candidate_bounds,
     decisions_by_filter,
     fold_history,
+    history_account,
     parse_history,
 )
 
@@ -48,7 +55,7 @@ from app.engine.pipeline import (
 #: service, the calculator and the benchmarks.
 DEFAULT_TOLERANCE = BnBSettings.tolerance
 #: The optional top-level fields of a calculator request (``domain`` and ``history`` are required).
-OPTIONAL_FIELDS = ("budget", "candidate", "options")
+OPTIONAL_FIELDS = ("budget", "delta", "candidate", "options")
 
 
 def replay_history(
@@ -133,9 +140,22 @@ def compute_loss(
         )
     if "candidate" in obj and budget is None:
         raise InvalidInput("budget", "is required when a candidate is given")
-    state, basic = replay_history(domain, obj["history"], limits=limits, bnb=settings)
+    delta = None
+    if "delta" in obj:
+        delta = parse_delta_value(obj["delta"], "delta")
+        if budget is None:
+            raise InvalidInput("budget", "is required when a delta is given")
+    entries = parse_history(domain, obj["history"], limits=limits)
+    state, basic = fold_history(domain, entries, bnb=settings)
     snapshot = ObjectSnapshot(
-        domain, budget or MAX_BUDGET, FilterKind.BAYESIAN, basic, state, limits
+        domain,
+        budget or MAX_BUDGET,
+        FilterKind.BAYESIAN if delta is None else FilterKind.APPROX_BAYESIAN,
+        basic,
+        state,
+        limits,
+        delta,
+        history_account(entries, budget or MAX_BUDGET, delta),
     )
     loss = snapshot.loss()
     answer: dict[str, Any] = {
@@ -143,6 +163,13 @@ def compute_loss(
         "basic_composition": float(basic),
         "status": "ok" if loss.upper - loss.lower <= tolerance else "limit",
     }
+    if delta is not None and budget is not None:
+        answer["approx"] = {
+            "delta": delta,
+            "f0_account": float(snapshot.f0_account),
+            "f0_threshold": float(OutputIndependentFilter(budget, delta).threshold),
+            "phase": snapshot.phase,
+        }
     if "candidate" in obj:
         assert budget is not None  # noqa: S101 - checked above
         mechanism = parse_query(obj["candidate"], domain, "candidate", limits=limits)

@@ -9,7 +9,10 @@ never from the object's value.
 * **basic** accepts iff ``Σ ε_i + ε ≤ ε_g``, summed exactly in rationals.
 
 Comparison rule. Float comparisons use certified upper bounds and the budget minus
-:data:`~app.engine.numerics.DECISION_MARGIN`, so rounding and exact ties reject. Basic
+:data:`~app.engine.numerics.DECISION_MARGIN`, so rounding and ties reject. Randomized-response
+histories are the exception (:mod:`app.engine.exact`): their loss is computed exactly and
+compared exactly with the budget's float value, so a worst case equal to the budget is accepted,
+as Algorithm 2 (and Theorem D.1) say. Basic
 composition is summed in exact rationals (ε as written, ``0.1 -> 1/10``), so ten queries of
 ``ε = 0.1`` fit a budget of exactly 1. Because ``loss ≤ Σ ε_i`` always holds (Lemma 6.1), the
 Bayesian and simplified filters also accept whenever basic composition does: they never accept
@@ -25,10 +28,13 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
-from app.engine.likelihood import LikelihoodState, LossBounds, bounds_from
-from app.engine.mechanisms import Mechanism
-from app.engine.numerics import DECISION_MARGIN, decimal_fraction, float_up
+from app.engine.approx import BAYESIAN, OUTPUT_INDEPENDENT, OutputIndependentFilter
+from app.engine.exact import ExactLoss, ExactQuery
+from app.engine.likelihood import LikelihoodState, LossBounds, bounds_from, exact_bounds
+from app.engine.mechanisms import CandidateLosses, Mechanism
+from app.engine.numerics import DECISION_MARGIN, decimal_fraction, exact_fraction, float_up
 
 if TYPE_CHECKING:
     from app.engine.continuous.state import ContinuousLoss
@@ -40,6 +46,9 @@ class FilterKind(StrEnum):
     BAYESIAN = "bayesian"
     SIMPLIFIED = "simplified"
     BASIC = "basic"
+    #: Algorithm 4: the output-independent (ε_g, δ_g) filter F₀ (:mod:`app.engine.approx`),
+    #: then the Bayesian filter on the realized loss.
+    APPROX_BAYESIAN = "approx_bayesian"
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,12 @@ class CandidateEvaluation:
     complete: bool
     tight: bool = True
     searched: Mapping[int, ContinuousLoss] = field(default_factory=dict, compare=False, repr=False)
+    #: The exact worst case over all outputs (plus the samplers' slack) when the history and
+    #: the query are randomized response (:mod:`app.engine.exact`); compared exactly.
+    exact_worst: Fraction | None = None
+    #: Algorithm 3's charge computed exactly in the same case: the history's exact loss plus
+    #: the query's declared ε (plus the samplers' slack).
+    exact_charged: Fraction | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Per-output bounds and the worst case."""
@@ -102,6 +117,9 @@ def evaluate_candidate(
         order = np.arange(losses.size)
     else:
         order = np.sort(np.argsort(losses)[-max_listed:])
+    query = mechanism.exact_query() if state.exact is not None else None
+    if state.exact is not None and query is not None:
+        return _exact_evaluation(state.exact, query, mechanism, candidate, order, cap, complete)
     # bounds_from for every listed output at once (the same float operations, vectorised)
     cap_up = float_up(cap)
     uppers = np.minimum(losses[order] + 2.0 * err, cap_up)
@@ -113,6 +131,42 @@ def evaluate_candidate(
     worst = bounds_from(float(losses.max()), err, cap).upper
     return CandidateEvaluation(
         mechanism.epsilon, mechanism.epsilon_exact, per_output, worst, complete
+    )
+
+
+def _exact_evaluation(
+    exact: ExactLoss,
+    query: ExactQuery,
+    mechanism: Mechanism,
+    candidate: CandidateLosses,
+    order: npt.NDArray[np.intp],
+    cap: Fraction,
+    complete: bool,
+) -> CandidateEvaluation:
+    """Per-output bounds from the exact losses of a randomized-response history and query.
+
+    The same outputs as the float path are listed (its ``order``, chosen on float losses that
+    are within rounding of the exact ones); each bound is the exact loss widened by the
+    samplers' slack and rounded outwards, the worst case is exact.
+    """
+    exact_losses = exact.candidate_losses(query)
+    slack = exact.slack(query)
+    per_output = []
+    for j in order.tolist():
+        bounds = exact_bounds(exact_losses[j], slack, cap)
+        per_output.append(OutputLoss(candidate.output_of(int(j)), bounds.lower, bounds.upper))
+    worst = max(exact_losses) + slack
+    return CandidateEvaluation(
+        mechanism.epsilon,
+        mechanism.epsilon_exact,
+        tuple(per_output),
+        exact_bounds(worst, Fraction(0), cap).upper,
+        complete,
+        exact_worst=worst,
+        # the tight ε: the declared float's exact value, or 0 for a query constant on the domain
+        exact_charged=exact.loss()
+        + (query.group.epsilon if mechanism.epsilon_exact else 0)
+        + slack,
     )
 
 
@@ -158,6 +212,9 @@ class Decision:
     realized_loss: LossBounds
     basic_composition: Fraction
     candidate: CandidateEvaluation
+    #: ``approx_bayesian`` only: δ_g and the phase of Algorithm 4 after this decision.
+    delta: float | None = None
+    phase: str | None = None
 
     @property
     def worst_case_after(self) -> float:
@@ -178,6 +235,7 @@ class Decision:
             "epsilon": self.candidate.epsilon,
             "basic_composition": float(self.basic_composition),
             "basic_composition_after": float(self.basic_composition + self.candidate.epsilon_exact),
+            **({"delta": self.delta, "phase": self.phase} if self.delta is not None else {}),
         }
 
 
@@ -188,8 +246,18 @@ def decide(
     loss_now: LossBounds,
     basic_total: Fraction,
     candidate: CandidateEvaluation,
+    f0_account: Fraction = Fraction(0),
+    delta: float | None = None,
 ) -> Decision:
-    """Apply filter ``kind`` to a candidate evaluated against the current history."""
+    """Apply filter ``kind`` to a candidate evaluated against the current history.
+
+    ``f0_account`` (F₀'s account of the history, :mod:`app.engine.approx`) and ``delta`` serve
+    ``approx_bayesian``.
+    """
+    if kind is FilterKind.APPROX_BAYESIAN:
+        if delta is None:
+            raise ValueError("the approx_bayesian filter needs a delta")
+        return _decide_approx(budget, delta, loss_now, basic_total, f0_account, candidate)
     budget_exact = decimal_fraction(budget)
     basic_after = basic_total + candidate.epsilon_exact
     basic_ok = basic_after <= budget_exact
@@ -209,6 +277,10 @@ def decide(
     elif kind is FilterKind.SIMPLIFIED:
         charged = loss_now.upper + float(candidate.epsilon_exact)
         accepted = charged <= limit
+        # exact (randomized response): a tie with the budget is accepted; both rules are sound
+        if not accepted and candidate.exact_charged is not None:
+            accepted = candidate.exact_charged <= exact_fraction(budget)
+            charged = float_up(candidate.exact_charged)
         relation = "is within" if accepted else "would exceed"
         reason = (
             f"realized loss plus the query's epsilon ({charged:.6g}) {relation} "
@@ -217,6 +289,9 @@ def decide(
     else:
         worst = candidate.worst_case_upper
         accepted = worst <= limit
+        # exact (randomized response): a tie with the budget is accepted; both rules are sound
+        if not accepted and candidate.exact_worst is not None:
+            accepted = candidate.exact_worst <= exact_fraction(budget)
         if accepted:
             reason = (
                 f"for every output the realized loss after the query stays within the "
@@ -229,3 +304,67 @@ def decide(
                 f"above the budget ({budget:g})"
             )
     return Decision(kind, accepted, reason, budget, loss_now, basic_total, candidate)
+
+
+def _decide_approx(
+    budget: float,
+    delta: float,
+    loss_now: LossBounds,
+    basic_total: Fraction,
+    f0_account: Fraction,
+    candidate: CandidateEvaluation,
+) -> Decision:
+    """Algorithm 4: F₀ while it accepts, else the Bayesian filter on the realized loss.
+
+    F₀ (:class:`~app.engine.approx.OutputIndependentFilter`) accepts while its account of the
+    history with the query stays within its threshold and every accepted query so far was its own
+    (``phase`` output-independent). Otherwise the query is accepted only if the realized loss
+    now is within ε_g (line 14) and the Bayesian filter accepts it (every output's loss after
+    within ε_g, exact ties accepted); basic composition within ε_g implies both.
+    """
+    f0 = OutputIndependentFilter(budget, delta)
+    after = f0_account + f0.charge(candidate.epsilon_exact)
+    if f0.phase(f0_account) == OUTPUT_INDEPENDENT and f0.accepts(after):
+        reason = (
+            "the output-independent (epsilon, delta) filter accepts it: its account after the "
+            f"query ({float(after):.6g}) is within its threshold ({float(f0.threshold):.6g})"
+        )
+        return Decision(
+            FilterKind.APPROX_BAYESIAN,
+            True,
+            reason,
+            budget,
+            loss_now,
+            basic_total,
+            candidate,
+            delta,
+            OUTPUT_INDEPENDENT,
+        )
+    bayes = decide(
+        kind=FilterKind.BAYESIAN,
+        budget=budget,
+        loss_now=loss_now,
+        basic_total=basic_total,
+        candidate=candidate,
+    )
+    accepted, reason = bayes.accepted, bayes.reason
+    if loss_now.upper > budget and not (basic_total + candidate.epsilon_exact) <= decimal_fraction(
+        budget
+    ):
+        accepted = False
+        reason = (
+            f"the realized loss ({loss_now.upper:.6g}) already exceeds the budget ({budget:g}) "
+            "after the output-independent phase"
+        )
+    phase = BAYESIAN if accepted or f0.phase(f0_account) == BAYESIAN else OUTPUT_INDEPENDENT
+    return Decision(
+        FilterKind.APPROX_BAYESIAN,
+        accepted,
+        reason,
+        budget,
+        loss_now,
+        basic_total,
+        candidate,
+        delta,
+        phase,
+    )

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from app.engine.domain import Domain
+from app.engine.exact import MAGIC, MAX_GROUPS, ExactLoss, ExactTerm
 from app.engine.numerics import FloatArray, float_up, update_error
 
 
@@ -47,6 +48,29 @@ def bounds_from(computed: float, err: float, cap: Fraction | None = None) -> Los
     return LossBounds(min(max(0.0, computed - 2.0 * err), upper), upper)
 
 
+def exact_bounds(loss: Fraction, slack: Fraction, cap: Fraction | None = None) -> LossBounds:
+    """Bounds from an exact loss: ``[loss − slack, loss + slack]`` rounded outwards, capped."""
+    upper = float_up(loss + slack if slack else loss)
+    if cap is not None:
+        upper = min(upper, float_up(cap))
+    low = loss - slack if slack else loss
+    lower = -float_up(-low) if low > 0 else 0.0
+    return LossBounds(min(lower, upper), upper)
+
+
+def _exact_after(exact: ExactLoss | None, term: Term) -> ExactLoss | None:
+    """The exact form after ``term``: kept only while every term has one.
+
+    A history with more than :data:`~app.engine.exact.MAX_GROUPS` distinct ε's drops it (its
+    counts would grow with every new ε; the float rule decides from then on).
+    """
+    if exact is None or term.exact is None:
+        return None
+    if term.exact.group not in exact.groups and len(exact.groups) >= MAX_GROUPS:
+        return None
+    return exact.with_term(term.exact)
+
+
 @dataclass(frozen=True)
 class Term:
     """``log Pr(M(x) = y)`` for one output ``y`` as a function of the point.
@@ -58,6 +82,8 @@ class Term:
     axes: tuple[int, ...]
     values: FloatArray
     extra_error: float = 0.0
+    #: The term's exact form when the mechanism is randomized response (:mod:`app.engine.exact`).
+    exact: ExactTerm | None = None
 
     @property
     def magnitude(self) -> float:
@@ -76,24 +102,37 @@ class LikelihoodState:
         Optional initial array of shape ``domain.shape`` (copied); defaults to zeros (P = 1).
     err:
         Bound on the accumulated rounding error of every entry (see :mod:`app.engine.numerics`).
+    exact:
+        The history's exact form (:class:`~app.engine.exact.ExactLoss`) while every query in it
+        is randomized response; ``None`` otherwise. An empty state starts with an empty one; a
+        state built from an arbitrary array has none unless given.
     """
 
-    def __init__(self, domain: Domain, logp: FloatArray | None = None, err: float = 0.0) -> None:
+    def __init__(
+        self,
+        domain: Domain,
+        logp: FloatArray | None = None,
+        err: float = 0.0,
+        exact: ExactLoss | None = None,
+    ) -> None:
         if not domain.is_finite:
             raise ValueError("a likelihood array needs a finite domain")
         self.domain = domain
         if logp is None:
             self.logp: FloatArray = np.zeros(domain.shape, dtype=np.float64)
+            if exact is None:
+                exact = ExactLoss(domain.shape)
         else:
             self.logp = np.array(logp, dtype=np.float64).reshape(domain.shape)
             self.logp -= self.logp.max()
         self.err = float(err)
+        self.exact = exact
         self._min = float(self.logp.min())
         self._extremes: dict[tuple[int, ...], tuple[FloatArray, FloatArray]] = {}
 
     def copy(self) -> LikelihoodState:
         """An independent copy."""
-        return LikelihoodState(self.domain, self.logp, self.err)
+        return LikelihoodState(self.domain, self.logp, self.err, self.exact)
 
     @property
     def computed_loss(self) -> float:
@@ -103,8 +142,12 @@ class LikelihoodState:
     def loss(self, cap: Fraction | None = None) -> LossBounds:
         """Certified bounds on the realized loss of the history recorded so far.
 
-        ``cap``, when given, is the exact basic-composition total of that history.
+        ``cap``, when given, is the exact basic-composition total of that history. A
+        randomized-response history's bounds are its exact loss rounded outwards (widened by
+        the samplers' :meth:`~app.engine.exact.ExactLoss.slack`).
         """
+        if self.exact is not None:
+            return exact_bounds(self.exact.loss(), self.exact.slack(), cap)
         return bounds_from(self.computed_loss, self.err, cap)
 
     def extremes_over(self, axes: tuple[int, ...]) -> tuple[FloatArray, FloatArray]:
@@ -134,6 +177,7 @@ class LikelihoodState:
     def apply(self, term: Term) -> None:
         """Multiply ``P`` by the term (add it in log space) and renormalise; O(|X|)."""
         self.err = self.error_after(term.magnitude, term.extra_error)
+        self.exact = _exact_after(self.exact, term)
         self._extremes = {}
         self.logp += self.broadcast(term)
         top = self.logp.max()
@@ -166,18 +210,31 @@ class LikelihoodState:
         after.domain = self.domain
         after.logp = logp
         after.err = self.error_after(term.magnitude, term.extra_error)
+        after.exact = _exact_after(self.exact, term)
         after._min = low
         after._extremes = {}
         return after
 
     def to_bytes(self) -> bytes:
-        """The array as little-endian float64 bytes (for persistence)."""
-        return self.logp.astype("<f8").tobytes()
+        """The array as little-endian float64 bytes, then the exact form if any (persistence).
+
+        The exact part follows :data:`~app.engine.exact.MAGIC`; arrays stored before it
+        existed have none and are restored without one (the float rule decides for them).
+        """
+        data = self.logp.astype("<f8").tobytes()
+        if self.exact is None:
+            return data
+        return data + MAGIC + self.exact.to_bytes()
 
     @classmethod
     def from_bytes(cls, domain: Domain, data: bytes, err: float) -> LikelihoodState:
         """Rebuild a state saved with :meth:`to_bytes`."""
-        return cls(domain, np.frombuffer(data, dtype="<f8").reshape(domain.shape), err)
+        size = 8 * int(np.prod(domain.shape))
+        exact = None
+        if len(data) > size and data[size : size + len(MAGIC)] == MAGIC:
+            exact = ExactLoss.from_bytes(domain.shape, data[size + len(MAGIC) :])
+        logp = np.frombuffer(data[:size], dtype="<f8").reshape(domain.shape)
+        return cls(domain, logp, err, exact)
 
 
 def _reduce_to(array: FloatArray, keep: tuple[int, ...], fn: Any) -> FloatArray:

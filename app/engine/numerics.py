@@ -197,9 +197,11 @@ def round_up_dyadic(x: Fraction, bits: int) -> Fraction:
 
 
 def float_up(x: Fraction) -> float:
-    """The smallest float not below the rational ``x``."""
-    f = float(x)
-    return f if exact_fraction(f) >= x else math.nextafter(f, math.inf)
+    """The smallest float not below the rational ``x`` (integer cross-multiplication)."""
+    num, den = x.numerator, x.denominator
+    f = num / den  # correctly rounded
+    a, b = f.as_integer_ratio()
+    return f if a * den >= num * b else math.nextafter(f, math.inf)
 
 
 def exact_affine(c: float, weights: Sequence[float], point: Sequence[float]) -> Fraction:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
+from app.engine.approx import OutputIndependentFilter
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.continuous.candidate import evaluate_continuous
 from app.engine.continuous.state import ContinuousState
@@ -87,7 +88,8 @@ class ObjectSnapshot:
     """Everything public about one object at one version: what a decision may read.
 
     ``state`` is the finite likelihood array (:class:`LikelihoodState`) or the continuous
-    history's terms (:class:`ContinuousState`); ``basic_total`` the exact ``Σ ε_i``.
+    history's terms (:class:`ContinuousState`); ``basic_total`` the exact ``Σ ε_i``;
+    ``f0_account`` F₀'s account and ``delta`` δ_g (``approx_bayesian``, Algorithm 4).
     """
 
     domain: Domain
@@ -96,6 +98,8 @@ class ObjectSnapshot:
     basic_total: Fraction
     state: State
     limits: EngineLimits = DEFAULT_LIMITS
+    delta: float | None = None
+    f0_account: Fraction = Fraction(0)
 
     @classmethod
     def empty(
@@ -106,9 +110,18 @@ class ObjectSnapshot:
         filter: FilterKind,
         limits: EngineLimits = DEFAULT_LIMITS,
         bnb: BnBSettings | None = None,
+        delta: float | None = None,
     ) -> ObjectSnapshot:
-        """An object without history."""
-        return cls(domain, budget, filter, Fraction(0), empty_state(domain, bnb), limits)
+        """An object without history (``delta``: δ_g of an ``approx_bayesian`` object)."""
+        state = empty_state(domain, bnb)
+        return cls(domain, budget, filter, Fraction(0), state, limits, delta)
+
+    @property
+    def phase(self) -> str | None:
+        """Algorithm 4's phase (``approx_bayesian`` objects only, else None)."""
+        if self.filter is not FilterKind.APPROX_BAYESIAN or self.delta is None:
+            return None
+        return OutputIndependentFilter(self.budget, self.delta).phase(self.f0_account)
 
     def loss(self) -> LossBounds:
         """Certified bounds on the realized loss of the history (capped by exact Σε)."""
@@ -176,7 +189,10 @@ def fold_history(
     bnb: BnBSettings | None = None,
     field: str = "history",
 ) -> tuple[LikelihoodState | ContinuousState, Fraction]:
-    """The state of a history and its exact ``Σ ε_i`` (the one place a history is replayed)."""
+    """The state of a history and its exact ``Σ ε_i`` (the one place a history is replayed).
+
+    F₀'s account of it is :func:`history_account`.
+    """
     state = empty_state(domain, bnb)
     basic = Fraction(0)
     for i, entry in enumerate(entries):
@@ -186,6 +202,16 @@ def fold_history(
             state.record(entry.mechanism, entry.output, path(path(field, i), "query"))
         basic += entry.mechanism.epsilon_exact
     return state, basic
+
+
+def history_account(
+    entries: Sequence[HistoryEntry], budget: float, delta: float | None
+) -> Fraction:
+    """F₀'s account of a history under ``(budget, delta)`` (0 without a δ_g)."""
+    if delta is None:
+        return Fraction(0)
+    f0 = OutputIndependentFilter(budget, delta)
+    return sum((f0.charge(e.mechanism.epsilon_exact) for e in entries), Fraction(0))
 
 
 def candidate_bounds(
@@ -229,6 +255,8 @@ def _decide(
         loss_now=snapshot.loss(),
         basic_total=snapshot.basic_total,
         candidate=candidate,
+        f0_account=snapshot.f0_account,
+        delta=snapshot.delta,
     )
 
 
@@ -272,6 +300,10 @@ def record(
     when first read (:meth:`ObjectSnapshot.loss`).
     """
     basic = snapshot.basic_total + mechanism.epsilon_exact
+    if snapshot.delta is not None:
+        f0 = OutputIndependentFilter(snapshot.budget, snapshot.delta)
+        account = snapshot.f0_account + f0.charge(mechanism.epsilon_exact)
+        snapshot = replace(snapshot, f0_account=account)
     state = snapshot.state
     if isinstance(state, LikelihoodState):
         return replace(snapshot, basic_total=basic, state=state.applied(mechanism.term(output)))
@@ -311,5 +343,12 @@ def loss_without_search(snapshot: ObjectSnapshot) -> LossBounds:
 def decisions_by_filter(
     snapshot: ObjectSnapshot, evaluation: CandidateEvaluation
 ) -> dict[str, bool]:
-    """Whether each filter accepts, from one evaluation (the calculator's ``accepted``)."""
-    return {kind.value: _decide(snapshot, evaluation, kind).accepted for kind in FilterKind}
+    """Whether each filter accepts, from one evaluation (the calculator's ``accepted``).
+
+    ``approx_bayesian`` is listed when the snapshot has a δ_g.
+    """
+    return {
+        kind.value: _decide(snapshot, evaluation, kind).accepted
+        for kind in FilterKind
+        if kind is not FilterKind.APPROX_BAYESIAN or snapshot.delta is not None
+    }

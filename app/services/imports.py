@@ -49,6 +49,7 @@ _REGISTERED = select(
     _OBJECTS.c.domain_hash,
     _OBJECTS.c.value,
     _OBJECTS.c.budget,
+    _OBJECTS.c.budget_delta,
     _OBJECTS.c.filter,
     _OBJECTS.c.labels,
 )
@@ -60,6 +61,7 @@ _OBJECT_TYPES = {
     "domain_hash": "text",
     "value": "text",
     "budget": "float8",
+    "budget_delta": "float8",
     "filter": "text",
     "finite": "boolean",
     "labels": "json",
@@ -68,6 +70,7 @@ _OBJECT_TYPES = {
     "loss_lower": "float8",
     "loss_upper": "float8",
     "basic_total": "text",
+    "f0_account": "text",
     "accepted": "int",
     "rejected": "int",
     "version": "int",
@@ -168,6 +171,7 @@ def _same(registration: Registration, row: Any) -> bool:
         row.domain_hash == registration.domain_hash
         and row.value == registration.value_text
         and row.budget == registration.budget
+        and row.budget_delta == registration.budget_delta
         and row.filter == registration.filter
         and (row.labels or None) == registration.labels
     )

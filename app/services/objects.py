@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.models import AuditEvent, LikelihoodStateRecord, ProtectedObject, QueryRecord, Survey
 from app.engine.accountant import Odometer
+from app.engine.approx import OutputIndependentFilter, parse_delta_value
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
@@ -72,17 +73,40 @@ class OdometerColumns(Protocol):
     def updated_at(self) -> datetime | None:
         """Last change."""
 
+    @property
+    def filter(self) -> str:
+        """The filter's name."""
+
+    @property
+    def budget_delta(self) -> float | None:
+        """δ_g (``approx_bayesian`` only)."""
+
+    @property
+    def f0_account(self) -> str:
+        """F₀'s account (``approx_bayesian``), as a fraction string."""
+
 
 def odometer_view(row: OdometerColumns) -> dict[str, Any]:
     """The odometer object of DESIGN.md: the engine's :class:`Odometer` and a timestamp."""
+    delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
+    phase = None
+    if delta is not None:
+        phase = OutputIndependentFilter(row.budget, delta).phase(Fraction(row.f0_account))
     odometer = Odometer(
         row.budget,
         LossBounds(row.loss_lower, row.loss_upper),
         float(Fraction(row.basic_total)),
         row.accepted,
         row.rejected,
+        delta,
+        phase,
     )
     return {**odometer.to_json(), "updated_at": _iso(row.updated_at)}
+
+
+def budget_view(epsilon: float, delta: float | None) -> dict[str, float]:
+    """``{"epsilon"}``, with ``"delta"`` for an (ε, δ) budget."""
+    return {"epsilon": epsilon} if delta is None else {"epsilon": epsilon, "delta": delta}
 
 
 def object_view(row: ProtectedObject) -> dict[str, Any]:
@@ -90,7 +114,7 @@ def object_view(row: ProtectedObject) -> dict[str, Any]:
     return {
         "id": row.id,
         "domain": json.loads(row.domain),
-        "budget": {"epsilon": row.budget},
+        "budget": budget_view(row.budget, row.budget_delta),
         "filter": row.filter,
         "finite": row.finite,
         "labels": row.labels or {},
@@ -147,6 +171,8 @@ class Registration:
     labels: dict[str, str] | None
     #: The value already encrypted (``app.crypto``), when a worker process sealed it.
     sealed: str | None = None
+    #: δ_g of an ``approx_bayesian`` object.
+    budget_delta: float | None = None
 
     def row(self) -> dict[str, Any]:
         """The columns of a new object's row that are its own (the value in plaintext)."""
@@ -155,6 +181,7 @@ class Registration:
             "domain_hash": self.domain_hash,
             "value": self.value_text,
             "budget": self.budget,
+            "budget_delta": self.budget_delta,
             "filter": self.filter,
             "finite": self.finite,
             "labels": self.labels,
@@ -169,6 +196,7 @@ def new_object_columns(now: datetime) -> dict[str, Any]:
         "loss_lower": 0.0,
         "loss_upper": 0.0,
         "basic_total": "0",
+        "f0_account": "0",
         "accepted": 0,
         "rejected": 0,
         "version": 0,
@@ -202,7 +230,7 @@ def parse_registration(
     )
     value = domain.parse_value(obj["value"], path(field, "value"))
     budget_obj = as_object(obj["budget"], path(field, "budget"))
-    check_keys(budget_obj, path(field, "budget"), required=("epsilon",))
+    check_keys(budget_obj, path(field, "budget"), required=("epsilon",), optional=("delta",))
     budget = as_positive_number(
         budget_obj["epsilon"],
         path(field, "budget.epsilon"),
@@ -212,7 +240,10 @@ def parse_registration(
     filter_raw = obj.get("filter", FilterKind.BAYESIAN.value)
     # a list or an object here was a TypeError (unhashable) and a 500
     if not isinstance(filter_raw, str) or filter_raw not in FILTER_NAMES:
-        raise InvalidInput(path(field, "filter"), "must be one of bayesian, simplified, basic")
+        raise InvalidInput(
+            path(field, "filter"), "must be one of bayesian, simplified, basic, approx_bayesian"
+        )
+    delta = parse_delta(budget_obj, filter_raw, path(field, "budget.delta"))
     labels = parse_labels(obj["labels"], path(field, "labels")) if "labels" in obj else None
     return Registration(
         id=object_id,
@@ -223,7 +254,20 @@ def parse_registration(
         filter=filter_raw,
         finite=domain.is_finite,
         labels=labels or None,
+        budget_delta=delta,
     )
+
+
+def parse_delta(budget: Mapping[str, Any], filter_name: str, field: str) -> float | None:
+    """``budget.delta``: required by ``approx_bayesian`` (``[1e-300, 1)``), refused by others."""
+    approx = filter_name == FilterKind.APPROX_BAYESIAN.value
+    if "delta" not in budget:
+        if approx:
+            raise InvalidInput(field, "is required by the approx_bayesian filter")
+        return None
+    if not approx:
+        raise InvalidInput(field, "is only allowed with the approx_bayesian filter")
+    return parse_delta_value(budget["delta"], field)
 
 
 def _parse_domain_cached(
@@ -277,6 +321,11 @@ def register_object(
                 object_id=registration.id,
                 detail={
                     "budget": registration.budget,
+                    **(
+                        {"delta": registration.budget_delta}
+                        if registration.budget_delta is not None
+                        else {}
+                    ),
                     "filter": registration.filter,
                     "attributes": [
                         a["name"] for a in json.loads(registration.domain_text)["attributes"]

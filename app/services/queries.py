@@ -112,6 +112,8 @@ class _Row:
     version: int
     updated_at: datetime | None
     retired_at: datetime | None
+    budget_delta: float | None
+    f0_account: str
 
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
@@ -456,6 +458,7 @@ def _record_acceptance(
             loss_lower=columns["loss_lower"],
             loss_upper=columns["loss_upper"],
             basic_total=columns["basic_total"],
+            f0_account=columns["f0_account"],
             accepted=seq,
             updated_at=now,
         )

@@ -80,6 +80,12 @@ class SnapshotRow(Protocol):
     @property
     def version(self) -> int: ...  # noqa: D102
 
+    @property
+    def budget_delta(self) -> float | None: ...  # noqa: D102
+
+    @property
+    def f0_account(self) -> str: ...  # noqa: D102
+
 
 class HistoryCache:
     """Parsed continuous histories by ``(object id, version)``, bounded by their total terms."""
@@ -157,7 +163,14 @@ def snapshot_of(
             HISTORIES.put(database, row.id, row.version, cached)
         state = cached
     return ObjectSnapshot(
-        domain, row.budget, FilterKind(row.filter), Fraction(row.basic_total), state, limits
+        domain,
+        row.budget,
+        FilterKind(row.filter),
+        Fraction(row.basic_total),
+        state,
+        limits,
+        row.budget_delta,
+        Fraction(row.f0_account),
     )
 
 
@@ -235,6 +248,7 @@ def advance(
         "loss_lower": loss.lower,
         "loss_upper": loss.upper,
         "basic_total": str(after.basic_total),
+        "f0_account": str(after.f0_account),
     }
     return Advance(columns, stored)
 

@@ -97,6 +97,8 @@ class GroupKey(NamedTuple):
     state_hash: str | None
     loss_lower: float
     loss_upper: float
+    budget_delta: float | None
+    f0_account: str
 
 
 KEY_COLUMNS = [DOMAIN_TEXT if n == "domain" else OBJECTS.c[n] for n in GroupKey._fields]
@@ -152,6 +154,8 @@ class _SnapshotRow(NamedTuple):
     loss_lower: float
     loss_upper: float
     basic_total: str
+    budget_delta: float | None
+    f0_account: str
 
 
 def decide_group(
@@ -185,6 +189,8 @@ def decide_group(
         key.loss_lower,
         key.loss_upper,
         key.basic_total,
+        key.budget_delta,
+        key.f0_account,
     )
     snapshot = snapshot_of(conn, row, domain, parsed.limits)
     decision = decide(snapshot, mech, worker, tight=False)

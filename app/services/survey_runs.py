@@ -187,6 +187,7 @@ _ADVANCE_TYPES = {
     "loss_lower": "float8",
     "loss_upper": "float8",
     "basic_total": "text",
+    "f0_account": "text",
 }
 _MEMBER_TYPES = {
     "where_object": "text",

@@ -484,7 +484,9 @@ def _cohort_groups(
 def _rows_as_groups(rows: Iterable[Any]) -> Iterator[tuple[GroupKey, bool, int, str]]:
     for row in rows:
         values = tuple(row)
-        yield GroupKey(*values[:8]), bool(values[8]), int(values[9]), str(values[10])
+        size = len(GroupKey._fields)
+        key = GroupKey(*values[:size])
+        yield key, bool(values[size]), int(values[size + 1]), str(values[size + 2])
 
 
 def dry_run_survey(

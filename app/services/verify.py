@@ -23,7 +23,7 @@ from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord, S
 from app.engine.calculator import DEFAULT_TOLERANCE
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
-from app.engine.pipeline import fold_history, history_entry
+from app.engine.pipeline import fold_history, history_account, history_entry
 from app.services.snapshots import next_history_hash, state_key
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
@@ -72,6 +72,8 @@ def verify_object(session: Session, row: ProtectedObject, report: Report) -> Non
     state, basic = fold_history(domain, entries)
     if Fraction(row.basic_total) != basic:
         report.problems.append(f"{row.id}: basic composition differs from the history's")
+    if Fraction(row.f0_account) != history_account(entries, row.budget, row.budget_delta):
+        report.problems.append(f"{row.id}: F0's account differs from the history's")
     if row.history_hash != chain:
         report.problems.append(f"{row.id}: history hash differs from the history's")
     loss = state.loss(basic)
@@ -82,11 +84,17 @@ def verify_object(session: Session, row: ProtectedObject, report: Report) -> Non
             report.problems.append(f"{row.id}: likelihood state key differs from the history's")
         if row.state_hash is not None or records:
             found = session.get(LikelihoodStateRecord, row.state_hash) if row.state_hash else None
-            stored = np.frombuffer(found.state if found else b"", dtype="<f8")
+            data = found.state if found else b""
+            stored = np.frombuffer(data[: 8 * state.logp.size], dtype="<f8")
             if stored.size != state.logp.size or not np.allclose(
                 stored, state.logp.ravel(), rtol=0, atol=TOLERANCE
             ):
                 report.problems.append(f"{row.id}: likelihood array differs from the history's")
+            elif found is not None and state.exact is not None:
+                # an array stored before exact forms existed has none (decided by floats)
+                exact = LikelihoodState.from_bytes(domain, data, found.err).exact
+                if exact is not None and not state.exact.same_as(exact):
+                    report.problems.append(f"{row.id}: exact loss differs from the history's")
         lower_off = abs(loss.lower - row.loss_lower) > TOLERANCE
         if lower_off or abs(loss.upper - row.loss_upper) > TOLERANCE:
             report.problems.append(f"{row.id}: stored loss bounds differ from the history's")

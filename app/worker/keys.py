@@ -19,7 +19,8 @@ from app.engine.jsonfields import as_list, as_object, check_keys, path
 from app.engine.limits import DEFAULT_LIMITS, HISTORY_LIMITS
 from app.engine.mechanisms import parse_query
 
-KEY_VERSION = "v1"
+#: v2: exact ties of randomized-response histories and ``delta`` (issue #15) changed answers.
+KEY_VERSION = "v2"
 
 
 def _canonical(value: Any) -> str:
@@ -54,6 +55,7 @@ def request_key(request: Mapping[str, Any]) -> str:
         "history": entries,
         "candidate": candidate,
         "budget": obj.get("budget"),
+        "delta": obj.get("delta"),
         "options": obj.get("options", {}),
     }
     return hashlib.sha256(_canonical(material).encode()).hexdigest()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, TypeVar
 
+from app.engine.approx import parse_delta_value
 from app.engine.calculator import compute_loss
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.domain import parse_domain
@@ -35,6 +36,7 @@ from app.engine.pipeline import (
     ObjectSnapshot,
     candidate_bounds,
     decisions_by_filter,
+    history_account,
     parse_history,
 )
 from app.metrics import BOUND_CACHE, BOUND_FALLBACKS, BOUND_SECONDS
@@ -128,15 +130,24 @@ def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
     """
     obj = as_object(request, "")
     domain = parse_domain(obj["domain"], "domain")
-    total = sum(
-        (e.mechanism.epsilon_exact for e in parse_history(domain, obj["history"])), Fraction(0)
-    )
+    entries = parse_history(domain, obj["history"])
+    total = sum((e.mechanism.epsilon_exact for e in entries), Fraction(0))
     budget = None
     if "candidate" in obj:
         if "budget" not in obj:
             raise InvalidInput("budget", "is required when a candidate is given")
         budget = as_positive_number(obj["budget"], "budget")
-    snapshot = ObjectSnapshot(domain, budget or 1.0, FilterKind.BAYESIAN, total, BasicState())
+    delta = parse_delta_value(obj["delta"], "delta") if "delta" in obj else None
+    kind = FilterKind.BAYESIAN if delta is None else FilterKind.APPROX_BAYESIAN
+    snapshot = ObjectSnapshot(
+        domain,
+        budget or 1.0,
+        kind,
+        total,
+        BasicState(),
+        delta=delta,
+        f0_account=history_account(entries, budget or 1.0, delta),
+    )
     answer: dict[str, Any] = {
         "realized_loss": snapshot.loss().to_json(),
         "basic_composition": float(total),

@@ -13,6 +13,8 @@ from app.engine.domain import parse_domain
 from app.engine.filters import FilterKind
 from app.engine.mechanisms import parse_query
 
+#: The filters of a pure ε_g budget.
+PURE = (FilterKind.BAYESIAN, FilterKind.SIMPLIFIED, FilterKind.BASIC)
 BINARY = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 1}]}
 RICH = {
     "attributes": [
@@ -53,16 +55,37 @@ def test_basic_composition_is_exact_in_decimals() -> None:
     assert acc.rejected == 5
 
 
-def test_bayesian_rejects_a_worst_case_exactly_at_the_budget() -> None:
+def test_bayesian_accepts_an_exact_tie_of_randomized_response() -> None:
+    """Algorithm 2: a worst case equal to the budget is accepted when it is computed exactly."""
     domain = parse_domain(BINARY)
     acc = Accountant(domain, 1.0, FilterKind.BAYESIAN)
     mech = parse_query(_rr(0.5), domain)
-    acc.record(mech, 1)
-    acc.record(mech, 1)
-    acc.record(mech, 0)  # loss 0.5, sum of epsilons 1.5
+    for out in (1, 1, 0):  # loss 0.5, sum of epsilons 1.5
+        acc.record(mech, out)
     decision = acc.dry_run(mech)
-    # the worst output brings the loss to exactly 1.0 = budget: a tie, rejected on purpose
-    assert decision.worst_case_after == pytest.approx(1.0, abs=1e-12)
+    assert decision.candidate.exact_worst == 1
+    assert decision.worst_case_after == 1.0
+    assert decision.accepted
+    tighter = Accountant(domain, float(np.nextafter(1.0, 0.0)), FilterKind.BAYESIAN)
+    for out in (1, 1, 0):
+        tighter.record(mech, out)
+    assert not tighter.dry_run(mech).accepted
+
+
+def test_bayesian_rejects_a_float_tie_where_the_loss_is_not_exact() -> None:
+    """The same probabilities as a ``matrix`` query: no exact form, the margin rejects the tie."""
+    domain = parse_domain(BINARY)
+    acc = Accountant(domain, 1.0, FilterKind.BAYESIAN)
+    p = float(np.exp(0.5) / (1 + np.exp(0.5)))
+    mech = parse_query(
+        {"mechanism": "matrix", "outputs": [0, 1], "probabilities": [[p, 1 - p], [1 - p, p]]},
+        domain,
+    )
+    for out in (1, 1, 0):
+        acc.record(mech, out)
+    decision = acc.dry_run(mech)
+    assert decision.candidate.exact_worst is None
+    assert decision.worst_case_after == pytest.approx(1.0, abs=1e-9)
     assert not decision.accepted
     looser = Accountant(domain, 1.0 + 1e-6, FilterKind.BAYESIAN)
     for out in (1, 1, 0):
@@ -85,7 +108,8 @@ def test_dry_run_changes_nothing() -> None:
 @pytest.mark.parametrize("kind", list(FilterKind))
 def test_a_rejected_submit_never_reads_the_value(kind: FilterKind) -> None:
     domain = parse_domain(BINARY)
-    acc = Accountant(domain, 0.3, kind)
+    delta = 1e-6 if kind is FilterKind.APPROX_BAYESIAN else None
+    acc = Accountant(domain, 0.3, kind, delta=delta)
     mech = parse_query(_rr(0.5), domain)
     result = submit(acc, mech, ForbiddenValue())
     assert not result.decision.accepted
@@ -124,7 +148,7 @@ def test_bayesian_never_accepts_less_than_basic_and_simplified_implies_bayesian(
         for _ in range(40):
             mech = mechs[int(rng.integers(len(mechs)))]
             decisions = {}
-            for kind in FilterKind:
+            for kind in PURE:
                 acc.filter = kind
                 decisions[kind] = acc.dry_run(mech).accepted
             acc.filter = FilterKind.BAYESIAN

@@ -22,6 +22,7 @@ import numpy as np
 
 from app.engine.domain import Domain, Scalar
 from app.engine.errors import InvalidInput
+from app.engine.exact import ExactQuery, ExactTerm
 from app.engine.likelihood import LikelihoodState, Term, losses_from_table
 from app.engine.limits import EXACT_EPSILON_BITS, EngineLimits
 from app.engine.numerics import (
@@ -132,6 +133,17 @@ class Mechanism(abc.ABC):
     def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
         """Realized loss of ``state`` extended by each possible output (without mutating it)."""
 
+    def exact_term(self, output: Output) -> ExactTerm | None:
+        """The output's log-likelihood in exact form (randomized response only; else None)."""
+        return None
+
+    def exact_query(self) -> ExactQuery | None:
+        """How each output moves an exact history (randomized response only; else None).
+
+        Its outputs are in the order of :meth:`candidate_losses`.
+        """
+        return None
+
     # --- sampling ----------------------------------------------------------------------------
     @abc.abstractmethod
     def sample(self, value: Mapping[str, Scalar]) -> Output:
@@ -166,7 +178,9 @@ class TabulatedMechanism(Mechanism):
     def term(self, output: Output) -> Term:
         """The column of the table for ``output``."""
         column = self.table()[..., output_index(output)]
-        return Term(self.axes, np.ascontiguousarray(column), self.extra_error)
+        return Term(
+            self.axes, np.ascontiguousarray(column), self.extra_error, self.exact_term(output)
+        )
 
     def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
         """Loss after every output, from per-cell extremes of ``log P`` (O(|X| + cells·outputs))."""

@@ -16,9 +16,11 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from app.engine.domain import Domain, Scalar
 from app.engine.errors import InvalidInput
+from app.engine.exact import ExactQuery, ExactTerm, Group
 from app.engine.jsonfields import as_integer, check_keys, path
 from app.engine.likelihood import LikelihoodState, Term
 from app.engine.limits import EngineLimits
@@ -79,7 +81,17 @@ class GeneralizedRR(Mechanism):
         """``log_hit`` on points whose attribute equals the output, ``log_miss`` elsewhere."""
         values = np.full(self.k, self.log_miss)
         values[output_index(output)] = self.log_hit
-        return Term((self.axis,), values)
+        return Term((self.axis,), values, exact=self.exact_term(output))
+
+    def exact_term(self, output: Output) -> ExactTerm:
+        """``ε`` on the output's value, 0 elsewhere (plus a constant, dropped)."""
+        coeff = np.zeros(self.k, dtype=np.int64)
+        coeff[output_index(output)] = 1
+        return ExactTerm(self.axis, Group(Fraction(self.eps), "r"), coeff)
+
+    def exact_query(self) -> ExactQuery:
+        """Output ``v`` adds ε on value ``v``."""
+        return ExactQuery(self.axis, Group(Fraction(self.eps), "r"), "grr")
 
     def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
         """Loss after each of the k outputs in O(|X| + k) using the top two per-value extremes.
@@ -171,6 +183,26 @@ class BinaryRR(TabulatedMechanism):
         col1 = np.where(truth, log_true, log_false)
         col0 = np.where(truth, log_false, log_true)
         return np.stack([col0, col1], axis=-1)
+
+    @cached_property
+    def _exact_table(self) -> npt.NDArray[np.int64]:
+        """Columns 0 and 1: whether the output equals the predicate's truth, per value."""
+        truth = self.predicate.truth_table().astype(np.int64)
+        return np.stack([1 - truth, truth], axis=-1)
+
+    def exact_term(self, output: Output) -> ExactTerm | None:
+        """``ε`` where the predicate's truth equals the output (finite attributes)."""
+        if not self.predicate.attribute.is_finite:
+            return None
+        column = self._exact_table[:, output_index(output)]
+        return ExactTerm(self.predicate.axis, Group(Fraction(self.eps), "r"), column)
+
+    def exact_query(self) -> ExactQuery | None:
+        """Outputs 0 and 1 as a two-column table."""
+        if not self.predicate.attribute.is_finite:
+            return None
+        group = Group(Fraction(self.eps), "r")
+        return ExactQuery(self.predicate.axis, group, "table", self._exact_table)
 
     def sample(self, value: Mapping[str, Scalar]) -> Output:
         """Report the truth with probability ``r / (1 + r)``, its negation otherwise."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from app.engine.domain import Domain, Scalar
 from app.engine.errors import InvalidInput
+from app.engine.exact import ExactQuery, ExactTerm, Group
 from app.engine.jsonfields import as_integer, as_list, check_keys, path
 from app.engine.likelihood import LikelihoodState, Term
 from app.engine.limits import EngineLimits
@@ -106,7 +107,22 @@ class UnaryEncoding(Mechanism):
     def term(self, output: Output) -> Term:
         """``A`` on values whose bit is set, ``B`` elsewhere (the common ``C(s)`` is dropped)."""
         values = np.where(np.asarray(output_bits(output), dtype=bool), self.log_a, self.log_b)
-        return Term((self.axis,), values.astype(np.float64))
+        return Term((self.axis,), values.astype(np.float64), exact=self.exact_term(output))
+
+    @property
+    def _group(self) -> Group:
+        """ε and the sampler: ``exp_lower(ε/2)²`` (symmetric) or ``exp_lower(ε)`` (optimized)."""
+        return Group(Fraction(self.eps), "s" if self.variant == "symmetric" else "r")
+
+    def exact_term(self, output: Output) -> ExactTerm:
+        """``ε`` on values whose bit is set (``A − B = ε`` in both variants; ``C(s)`` dropped)."""
+        return ExactTerm(self.axis, self._group, np.asarray(output_bits(output), dtype=np.int64))
+
+    def exact_query(self) -> ExactQuery:
+        """Bit patterns: all of them when they are listed, else the worst one."""
+        return ExactQuery(
+            self.axis, self._group, "ue", enumerate=self.output_count <= self.max_listed
+        )
 
     def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
         r"""Worst-case loss over all ``2^k`` outputs in O(|X| + k).

@@ -1,0 +1,268 @@
+r"""Exact realized loss of randomized-response histories (exact ties, DESIGN.md).
+
+For ``grr``, ``binary_rr`` and ``unary_encoding`` (both variants) the log-likelihood of an output
+is ``ε · a(x) + c(y)`` with ``a(x)`` an integer that depends on one attribute only: the indicator
+that x's value equals the output (``grr``), that the predicate's truth equals the output
+(``binary_rr``), the output's bit at x's value (``unary_encoding``: ``log Pr(s | v) = C(s) +
+(A if s_v else B)`` with ``A - B = ε``, symmetric and optimized alike). Over such a history
+
+.. math::
+
+    \log P(x) = \sum_g \varepsilon_g \sum_a C_{g,a}[x_a] + \text{const},
+
+integer counts ``C`` per distinct ε (a *group*) and attribute ``a``. Since the domain is a
+Cartesian product the maximum and minimum separate by attribute, and the realized loss is
+``Σ_a (max_v V_a[v] − min_v V_a[v])`` with ``V_a = Σ_g ε_g C_{g,a}``: exact rational arithmetic
+on the floats' exact values (``Fraction(float)``), a few integer vectors per object.
+
+A declared ε is the float the JSON number parses to; its exact value is that float's (a dyadic
+rational), and the budget's likewise. All values are integers in units of ``2**-D`` (``D`` the
+largest denominator exponent of the groups), in ``int64`` when they certainly fit, else Python
+integers.
+
+Samplers. The samplers draw with a rational ratio ``r = exp_lower(ε) <= e^ε`` (symmetric unary
+encoding: ``s² `` with ``s = exp_lower(ε/2)``), so the log-ratio actually sampled is
+``λ = log r ∈ [ε − τ, ε]`` with ``τ <= 2**-49`` (two ulp of ``e^ε`` plus one of ``e^{ε/2}``
+squared). When every query of a history (and candidate) shares one ``(ε, sampler)`` group the
+sampled loss is ``λ/ε`` times the declared one, so at most it; with several groups it can exceed
+the declared loss by at most ``Σ_i τ`` (each query's term moves by at most ``τ``), and
+:meth:`ExactLoss.slack` adds that much before any comparison.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[Any]
+#: The sampler family of a group: ``"r"`` samples with ``exp_lower(ε)``, ``"s"`` (symmetric
+#: unary encoding) with ``exp_lower(ε/2)**2``.
+Family = Literal["r", "s"]
+#: Bound on ``ε − λ`` for one query (see the module docstring).
+SAMPLER_SLACK = Fraction(1, 2**49)
+#: Distinct (ε, sampler) groups a history keeps its exact form for (``likelihood._exact_after``).
+MAX_GROUPS = 32
+#: Marks the exact part appended to a likelihood array's bytes.
+MAGIC = b"\x00EXACT1\x00"
+_SAFE = 1 << 62
+
+
+@dataclass(frozen=True)
+class Group:
+    """A distinct declared ε (its float's exact value) and its sampler family."""
+
+    epsilon: Fraction
+    family: Family
+
+
+@dataclass(frozen=True)
+class ExactTerm:
+    """The x-dependent part of one RR-type output's log-likelihood: ``ε · coeff[x_axis]``."""
+
+    axis: int
+    group: Group
+    coeff: IntArray
+
+
+@dataclass(frozen=True)
+class ExactQuery:
+    """How an RR-type candidate moves the exact values, output by output.
+
+    ``kind`` ``"table"``: output ``j`` adds ``ε · table[:, j]`` on the axis; ``"grr"``: output
+    ``j`` adds ε on value ``j``; ``"ue"``: outputs are bit patterns adding ε on set bits —
+    enumerated in ``itertools.product((0, 1), repeat=k)`` order when ``enumerate`` is true,
+    otherwise one worst representative.
+    """
+
+    axis: int
+    group: Group
+    kind: Literal["table", "grr", "ue"]
+    table: IntArray | None = None
+    enumerate: bool = True
+
+
+def _scaled(epsilon: Fraction, denominator_bits: int) -> int:
+    """``ε · 2**D`` as an integer (ε is dyadic with denominator at most ``2**D``)."""
+    value = epsilon * (1 << denominator_bits)
+    if value.denominator != 1:  # pragma: no cover - every float is dyadic
+        raise ValueError("not a dyadic rational")
+    return value.numerator
+
+
+def _bits(epsilon: Fraction) -> int:
+    """``log2`` of the (power-of-two) denominator of a dyadic rational."""
+    return epsilon.denominator.bit_length() - 1
+
+
+@dataclass(frozen=True)
+class ExactLoss:
+    """Integer counts per (attribute, group) of an RR-type history over a finite domain.
+
+    ``counts[a]`` has shape ``(len(groups), shape[a])``; attributes no query touched are absent.
+    ``queries`` counts the history's queries (for :meth:`slack`).
+    """
+
+    shape: tuple[int, ...]
+    groups: tuple[Group, ...] = ()
+    counts: dict[int, IntArray] = field(default_factory=dict)
+    queries: int = 0
+
+    # --- building ----------------------------------------------------------------------------
+    def with_term(self, term: ExactTerm) -> ExactLoss:
+        """The history plus one RR-type output (a new object; this one is unchanged)."""
+        groups = self.groups
+        if term.group not in groups:
+            groups = (*groups, term.group)
+        g = groups.index(term.group)
+        counts: dict[int, IntArray] = {}
+        for axis, arr in self.counts.items():
+            counts[axis] = _pad(arr, len(groups))
+        row = counts.get(term.axis)
+        if row is None:
+            row = np.zeros((len(groups), self.shape[term.axis]), dtype=np.int64)
+        else:
+            row = row.copy()
+        row[g] += np.asarray(term.coeff, dtype=np.int64)
+        counts[term.axis] = row
+        return ExactLoss(self.shape, groups, counts, self.queries + 1)
+
+    # --- values ------------------------------------------------------------------------------
+    def _scale(self, extra: Group | None = None) -> tuple[int, list[int]]:
+        """``D`` and every group's ε in units of ``2**-D`` (``extra`` counted too)."""
+        groups = [*self.groups, *([extra] if extra is not None else [])]
+        bits = max((_bits(g.epsilon) for g in groups), default=0)
+        return bits, [_scaled(g.epsilon, bits) for g in groups]
+
+    def values(self, axis: int, bits: int, scaled: list[int]) -> IntArray:
+        """``V_axis`` in units of ``2**-bits`` (``int64`` when it fits, else Python ints)."""
+        arr = self.counts.get(axis)
+        if arr is None:
+            return np.zeros(self.shape[axis], dtype=np.int64)
+        weights = scaled[: arr.shape[0]]
+        # the weights themselves must fit too (a count of 0 multiplies nothing away)
+        bound = sum(abs(w) for w in weights) * max(1, int(np.abs(arr).max()) if arr.size else 0)
+        if bound < _SAFE:
+            return np.asarray(np.asarray(weights, dtype=np.int64) @ arr, dtype=np.int64)
+        return np.asarray(np.asarray(weights, dtype=object) @ arr.astype(object), dtype=object)
+
+    def _ranges(self, bits: int, scaled: list[int], skip: int | None = None) -> int:
+        """``Σ_a (max V_a − min V_a)`` over the touched attributes other than ``skip``."""
+        total = 0
+        for axis in self.counts:
+            if axis != skip:
+                v = self.values(axis, bits, scaled)
+                total += int(v.max()) - int(v.min())
+        return total
+
+    @cached_property
+    def _loss(self) -> Fraction:
+        bits, scaled = self._scale()
+        return Fraction(self._ranges(bits, scaled), 1 << bits)
+
+    def loss(self) -> Fraction:
+        """The exact realized loss of the declared mechanisms (computed once)."""
+        return self._loss
+
+    def slack(self, extra: ExactQuery | None = None) -> Fraction:
+        """How far the sampled distributions' loss can exceed the declared one (0: one group)."""
+        groups = set(self.groups)
+        if extra is not None:
+            groups.add(extra.group)
+        if len(groups) <= 1:
+            return Fraction(0)
+        return SAMPLER_SLACK * (self.queries + (1 if extra is not None else 0))
+
+    def candidate_losses(self, query: ExactQuery) -> list[Fraction]:
+        """The exact loss after each output of ``query``, in the float path's output order."""
+        bits, scaled = self._scale(query.group)
+        step = scaled[len(self.groups)] if query.group not in self.groups else None
+        if step is None:
+            step = scaled[self.groups.index(query.group)]
+        base = self.values(query.axis, bits, scaled)
+        others = self._ranges(bits, scaled, skip=query.axis)
+        units = [others + u for u in _axis_losses(base, step, query)]
+        return [Fraction(u, 1 << bits) for u in units]
+
+    # --- persistence -------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """A compact JSON encoding (appended to the likelihood array's bytes)."""
+        doc = {
+            "g": [[g.epsilon.numerator, g.epsilon.denominator, g.family] for g in self.groups],
+            "n": self.queries,
+            "c": {str(a): arr.tolist() for a, arr in sorted(self.counts.items())},
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, shape: tuple[int, ...], data: bytes) -> ExactLoss:
+        """Rebuild from :meth:`to_bytes`."""
+        doc = json.loads(data)
+        groups = tuple(Group(Fraction(n, d), fam) for n, d, fam in doc["g"])
+        counts = {int(a): np.asarray(rows, dtype=np.int64) for a, rows in doc["c"].items()}
+        return cls(shape, groups, counts, int(doc["n"]))
+
+    def same_as(self, other: ExactLoss | None) -> bool:
+        """Equal counts and groups (``verify``)."""
+        if other is None or other.groups != self.groups or other.queries != self.queries:
+            return False
+        if set(other.counts) != set(self.counts):
+            return False
+        return all(np.array_equal(other.counts[a], arr) for a, arr in self.counts.items())
+
+
+def _pad(arr: IntArray, rows: int) -> IntArray:
+    if arr.shape[0] == rows:
+        return arr
+    extra = np.zeros((rows - arr.shape[0], arr.shape[1]), dtype=np.int64)
+    return np.concatenate([arr, extra])
+
+
+def _axis_losses(base: IntArray, step: int, query: ExactQuery) -> list[int]:
+    """``max − min`` of ``base`` moved by each output's term (integer units, exact).
+
+    ``int64`` arithmetic when every moved value certainly fits, else Python integers.
+    """
+    top = int(np.abs(base).max()) if base.size else 0
+    if base.dtype == object or top + abs(step) >= _SAFE:
+        base = base.astype(object)
+        step_arr: Any = step
+    else:
+        step_arr = np.int64(step)
+    k = base.shape[0]
+    if query.kind == "table":
+        assert query.table is not None  # noqa: S101 - a table query carries its table
+        moved = base[:, None] + step_arr * query.table.astype(base.dtype)
+        return [int(v) for v in (moved.max(axis=0) - moved.min(axis=0)).tolist()]
+    if query.kind == "grr":
+        if k == 1:
+            return [0]
+        lo_order = np.argsort(base, kind="stable")
+        top2, bottom2 = lo_order[::-1][:2], lo_order[:2]
+        # built as arrays of base's dtype: np.where would force Python integers into int64
+        other_hi = np.full(k, base[top2[0]], dtype=base.dtype)
+        other_hi[top2[0]] = base[top2[1]]
+        other_lo = np.full(k, base[bottom2[0]], dtype=base.dtype)
+        other_lo[bottom2[0]] = base[bottom2[1]]
+        hit = base + step_arr
+        hi = np.where(hit > other_hi, hit, other_hi)
+        lo = np.where(hit < other_lo, hit, other_lo)
+        return [int(v) for v in (hi - lo).tolist()]
+    if query.enumerate:  # unary encoding, every bit pattern in itertools.product order
+        patterns = np.array(list(itertools.product((0, 1), repeat=k)), dtype=np.int64)
+        moved = base[None, :] + step_arr * patterns.astype(base.dtype)
+        return [int(v) for v in (moved.max(axis=1) - moved.min(axis=1)).tolist()]
+    values = [int(v) for v in base.tolist()]
+    within = max(values) - min(values)
+    if k == 1:
+        return [within]
+    top_i = sorted(range(k), key=lambda i: values[i], reverse=True)[:2]
+    low_i = sorted(range(k), key=lambda i: values[i])[:2]
+    across = max(values[v] - values[w] for v in top_i for w in low_i if v != w)
+    return [max(within, across + step)]
