@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 Scalar = str | int | float
 Role = Literal["admin", "analyst", "viewer"]
-Filter = Literal["bayesian", "simplified", "basic"]
+Filter = Literal["bayesian", "simplified", "basic", "approx_bayesian"]
+#: Algorithm 4's phase of an ``approx_bayesian`` object.
+Phase = Literal["output-independent", "bayesian"]
 AuditKind = Literal[
     "object.registered",
     "object.retired",
@@ -170,9 +172,10 @@ Query = Annotated[
 
 # ---------------------------------------------------------------------------------- requests
 class BudgetBody(_Request):
-    """An object's budget ε_g."""
+    """An object's budget ε_g (and δ_g for the ``approx_bayesian`` filter)."""
 
     epsilon: float
+    delta: float | None = None
 
 
 class RegisterRequest(_Request):
@@ -246,6 +249,8 @@ class LossRequest(_Request):
     budget: float | None = None
     candidate: Query | None = None
     options: LossOptions | None = None
+    #: δ_g: also decide the candidate with ``approx_bayesian`` (Algorithm 4).
+    delta: float | None = None
 
 
 class KeyRequest(_Request):
@@ -273,12 +278,16 @@ class Odometer(_Response):
     accepted: int
     rejected: int
     updated_at: datetime | None
+    #: δ_g and Algorithm 4's phase (``approx_bayesian`` objects only).
+    delta: float | None = None
+    phase: Phase | None = None
 
 
 class ObjectBudget(_Response):
     """The budget of an object."""
 
     epsilon: float
+    delta: float | None = None
 
 
 class ObjectView(_Response):
@@ -318,6 +327,9 @@ class Decision(_Response):
     epsilon: float
     basic_composition: float
     basic_composition_after: float
+    #: δ_g and Algorithm 4's phase after this decision (``approx_bayesian`` objects only).
+    delta: float | None = None
+    phase: Phase | None = None
 
     @property
     def accepted(self) -> bool:
@@ -407,6 +419,8 @@ class CandidateAcceptance(_Response):
     bayesian: bool
     simplified: bool
     basic: bool
+    #: With the request's ``delta`` only.
+    approx_bayesian: bool | None = None
 
 
 class CandidateLoss(_Response):
@@ -419,6 +433,15 @@ class CandidateLoss(_Response):
     accepted: CandidateAcceptance
 
 
+class ApproxState(_Response):
+    """With the request's ``delta``: Algorithm 4's state of the history (F₀'s account, phase)."""
+
+    delta: float
+    f0_account: float
+    f0_threshold: float
+    phase: Phase
+
+
 class LossResult(_Response):
     """The calculator's answer."""
 
@@ -426,6 +449,7 @@ class LossResult(_Response):
     basic_composition: float
     status: Literal["ok", "limit"]
     candidate: CandidateLoss | None = None
+    approx: ApproxState | None = None
 
 
 class ImportResult(_Replayable):
