@@ -32,6 +32,7 @@ from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_bool, as_list, as_number, as_object, check_keys, path
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms.base import Output, TabulatedMechanism, check_epsilon
+from app.engine.mechanisms.polynomial import Polynomial
 from app.engine.numerics import FloatArray, exact_fraction, log1p_exp
 from app.engine.sampling import bernoulli
 
@@ -42,6 +43,13 @@ RANGE_SLACK = 1e-9
 MAX_QUERY_MAGNITUDE = 1e150
 
 
+def _box(domain: Domain, axes: tuple[int, ...]) -> tuple[dict[int, float], dict[int, float]]:
+    """Lower and upper ends of the attributes at ``axes``."""
+    lo = {a: float(domain.attributes[a].low) for a in axes}
+    hi = {a: float(domain.attributes[a].high) for a in axes}
+    return lo, hi
+
+
 class ScalarResponse(TabulatedMechanism):
     """Common part of ``linear`` and ``logistic``: weights, intercept, ε, two outputs."""
 
@@ -50,27 +58,20 @@ class ScalarResponse(TabulatedMechanism):
     ) -> None:
         weights_field = path(field, "weights")
         weights_obj = as_object(raw["weights"], weights_field)
-        weights: dict[int, float] = {}
-        for name, w in weights_obj.items():
-            w_field = path(weights_field, str(name))
-            axis = domain.axis(name, w_field)
-            if not domain.attributes[axis].is_numeric:
-                raise InvalidInput(w_field, "must name a numeric (integer or real) attribute")
-            weight = as_number(w, w_field)
-            if weight != 0.0:
-                weights[axis] = weight
-        self.weights = dict(sorted(weights.items()))
-        self.weight_names = {domain.attributes[a].name: w for a, w in self.weights.items()}
-        self.intercept = as_number(raw.get("intercept", 0.0), path(field, "intercept"))
+        intercept = as_number(raw.get("intercept", 0.0), path(field, "intercept"))
+        #: ``z`` as a polynomial of degree <= 2 (``x``, ``x^2``, ``x*y`` weights).
+        self.polynomial = Polynomial.parse(weights_obj, intercept, domain, weights_field)
+        #: The degree-1 weights by axis; :attr:`quadratic` holds the products ``(i, j)``.
+        self.weights = dict(self.polynomial.linear)
+        self.quadratic = dict(self.polynomial.quadratic)
+        self.weight_names = self.polynomial.names(domain)
+        self.intercept = intercept
         self.eps = check_epsilon(raw["epsilon"], path(field, "epsilon"), limits)
-        self.axes = tuple(self.weights)
+        self.axes = self.polynomial.axes
         self.expm1_eps = math.expm1(self.eps)
         self.log_norm = log1p_exp(self.eps)
         self.z_min, self.z_max = self._z_range(domain)
-        magnitude = abs(self.intercept) + sum(
-            abs(w) * max(abs(domain.attributes[a].low), abs(domain.attributes[a].high))
-            for a, w in self.weights.items()
-        )
+        magnitude = self.polynomial.magnitude(*_box(domain, self.axes))
         if not magnitude <= MAX_QUERY_MAGNITUDE:
             raise InvalidInput(
                 weights_field,
@@ -84,13 +85,21 @@ class ScalarResponse(TabulatedMechanism):
         super().__init__(domain, self.eps, tight, field)
 
     def _z_range(self, domain: Domain) -> tuple[float, float]:
-        lo = hi = self.intercept
-        for axis, w in self.weights.items():
-            attr = domain.attributes[axis]
-            a, b = w * attr.low, w * attr.high
-            lo += min(a, b)
-            hi += max(a, b)
-        return lo, hi
+        if self.quadratic and domain.is_finite:  # exact over the grid the table evaluates
+            z = self._z_grid(domain)
+            return float(z.min()), float(z.max())
+        return self.polynomial.range_over_box(*_box(domain, self.axes))
+
+    def _z_grid(self, domain: Domain) -> FloatArray:
+        """``z`` over the grid of the read attributes (shape: their sizes, in axis order)."""
+        shape = tuple(domain.shape[a] for a in self.axes)
+        coords = {}
+        for n, axis in enumerate(self.axes):
+            view = [1] * len(shape)
+            view[n] = shape[n]
+            coords[axis] = domain.attributes[axis].numeric_values().reshape(view)
+        z = self.polynomial.evaluate(coords)
+        return np.asarray(np.broadcast_to(z, shape), dtype=np.float64)
 
     def _check_range(self, field: str) -> None:
         """Hook for ``linear``'s range check."""
@@ -100,21 +109,13 @@ class ScalarResponse(TabulatedMechanism):
         """``(t, 1 - t)`` for query values ``z``, each computed without cancellation."""
 
     def z_of(self, value: Mapping[str, Scalar]) -> float:
-        """``Σ w_a x_a + c`` for one value."""
-        z = self.intercept
-        for name, w in self.weight_names.items():
-            z += w * float(value[name])
-        return z
+        """``z`` for one value: the same :meth:`Polynomial.evaluate` as the table."""
+        coords = {a: float(value[self.domain.attributes[a].name]) for a in self.axes}
+        return float(self.polynomial.evaluate(coords))
 
     def log_table(self) -> FloatArray:
-        """``[log Pr(low), log Pr(high)]`` over the grid of the weighted attributes."""
-        shape = tuple(self.domain.shape[a] for a in self.axes)
-        z = np.full(shape, self.intercept, dtype=np.float64)
-        for n, (axis, w) in enumerate(self.weights.items()):
-            view = [1] * len(shape)
-            view[n] = shape[n]
-            z = z + w * self.domain.attributes[axis].numeric_values().reshape(view)
-        t, one_minus_t = self.response(z)
+        """``[log Pr(low), log Pr(high)]`` over the grid of the read attributes."""
+        t, one_minus_t = self.response(self._z_grid(self.domain))
         log_high = np.log1p(t * self.expm1_eps) - self.log_norm
         log_low = np.log1p(one_minus_t * self.expm1_eps) - self.log_norm
         return np.stack([log_low, log_high], axis=-1)
