@@ -250,7 +250,7 @@ def relax(
     s = np.asarray(res.x[dim:], dtype=np.float64)
     if terms.lifting is not None:
         v = np.clip(np.asarray(res.x[:dim], dtype=np.float64), v_lo_x, v_hi_x)
-        z = np.asarray(terms.theta @ v + terms.c, dtype=np.float64)
+        z = np.clip(np.asarray(terms.theta @ v + terms.c, dtype=np.float64), l, u)
         gaps = np.maximum(s - terms.term_values(z), 0.0)
         # how much each term moves between the LP's z and the true z at x, per unit of z (the
         # secant: a flat part of a truncated term hides a kink from the derivative)

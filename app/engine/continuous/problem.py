@@ -58,6 +58,9 @@ class TermSet:
     constant: float = 0.0
     #: The monomials of quadratic query values (``None``: every ``z_i`` is affine in ``x``).
     lifting: Lifting | None = None
+    #: Lifted only: an interval known to hold each ``z_i`` over the whole box (the query's exact
+    #: range); :meth:`value_ranges` intersects its interval arithmetic with it.
+    reach: tuple[FloatArray, FloatArray] | None = None
 
     @property
     def size(self) -> int:
@@ -72,6 +75,7 @@ class TermSet:
             tuple(h.negated() for h in self.curves),
             -self.constant,
             self.lifting,
+            self.reach,
         )
 
     def subset(self, index: np.ndarray) -> TermSet:
@@ -81,6 +85,7 @@ class TermSet:
             self.c[index],
             tuple(self.curves[i] for i in index),
             lifting=self.lifting,
+            reach=None if self.reach is None else (self.reach[0][index], self.reach[1][index]),
         )
 
     def lift(self, points: FloatArray) -> FloatArray:
@@ -140,7 +145,9 @@ class TermSet:
     def value_ranges(self, box: Box) -> tuple[FloatArray, FloatArray]:
         """``[l_i, u_i]``: the range of each ``θ_i·x + c_i`` over the box (rounded outward).
 
-        Lifted: an outer bound, each monomial taken over its own range (interval arithmetic).
+        Lifted: an outer bound, each monomial taken over its own range (interval arithmetic),
+        intersected with :attr:`reach` (interval arithmetic alone can leave the range a plain
+        ``linear`` query was checked against, where its curve is not defined).
         """
         v_lo, v_hi = self.lifted_bounds(box.lo, box.hi)
         pos, neg = np.maximum(self.theta, 0.0), np.minimum(self.theta, 0.0)
@@ -151,7 +158,10 @@ class TermSet:
             * UNIT_ROUNDOFF
             * (np.abs(self.theta) @ np.maximum(np.abs(v_lo), np.abs(v_hi)) + np.abs(self.c))
         )
-        return np.asarray(lo - pad, dtype=np.float64), np.asarray(hi + pad, dtype=np.float64)
+        lo, hi = lo - pad, hi + pad
+        if self.reach is not None:
+            lo, hi = np.maximum(lo, self.reach[0]), np.minimum(hi, self.reach[1])
+        return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
 
     def concave_on(self, l: FloatArray, u: FloatArray) -> bool:
         """Whether every term is concave on its interval (then ``F`` is concave in ``x``).

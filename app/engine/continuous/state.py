@@ -58,6 +58,8 @@ class _Term:
     excess: float
     #: Coefficients of the monomials ``x_i x_j`` (box coordinates ``i <= j``) of a quadratic query.
     quadratic: tuple[tuple[tuple[int, int], float], ...] = ()
+    #: The query's range over the box, holding every computed ``z`` (quadratic queries).
+    reach: tuple[float, float] = (-np.inf, np.inf)
 
 
 def box_of(domain: Domain) -> tuple[Box, tuple[int, ...]]:
@@ -103,8 +105,10 @@ def _term(
     quadratic = tuple(
         ((axes.index(i), axes.index(j)), w) for (i, j), w in mechanism.quadratic.items()
     )
+    reach = (mechanism.z_min, mechanism.z_max) if quadratic else (-np.inf, np.inf)
     if isinstance(mechanism, LogisticQuery):
-        return _Term(theta, mechanism.intercept, curve_for(mechanism, output), 0.0, quadratic)
+        curve = curve_for(mechanism, output)
+        return _Term(theta, mechanism.intercept, curve, 0.0, quadratic, reach)
     assert isinstance(mechanism, LinearQuery)  # noqa: S101 - the two ScalarResponse kinds
     truncate = mechanism.truncate
     excess = 0.0
@@ -131,7 +135,7 @@ def _term(
         else:  # the continuation is not close (large ε): bound the clipped mechanism itself
             truncate = True
     curve = curve_for(mechanism, output, truncate=truncate)
-    return _Term(theta, mechanism.intercept, curve, excess, quadratic)
+    return _Term(theta, mechanism.intercept, curve, excess, quadratic, reach)
 
 
 @dataclass
@@ -167,7 +171,8 @@ class ContinuousState:
             for pair, w in t.quadratic:
                 lifted[n, column[pair]] = w
         lifting = Lifting(len(self.axes), tuple(pairs))
-        return TermSet(lifted, c, curves, lifting=lifting), excess
+        reach = (np.array([t.reach[0] for t in terms]), np.array([t.reach[1] for t in terms]))
+        return TermSet(lifted, c, curves, lifting=lifting, reach=reach), excess
 
     def _bound(self, extra: list[_Term] | None = None) -> ContinuousLoss:
         terms, excess = self.term_set(extra)

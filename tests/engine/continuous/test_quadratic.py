@@ -313,3 +313,23 @@ def test_envelope_rows_hold_at_every_point_of_the_box() -> None:
         v_lo, v_hi = lifting.bounds(lo, hi)
         assert np.all(lifted >= v_lo)
         assert np.all(lifted <= v_hi)
+
+
+@pytest.mark.filterwarnings("error")
+def test_plain_linear_range_met_exactly_where_interval_arithmetic_is_wider() -> None:
+    """``x^2 + x`` on ``[-1, 1]`` reaches exactly ``[-0.25, 2]`` but interval arithmetic says
+    ``[-1, 2]``, where the plain query's affine continuation leaves ``[0, 1]`` (at ε = 2,
+    ``1 + tE < 0``: NaN log-probabilities): the search must stay within the query's own range
+    (``TermSet.reach``)."""
+    lo, hi = np.array([-1.0, 0.0]), np.array([1.0, 1.0])
+    history = [
+        Query({"x^2": 1.0, "x": 1.0}, 0.0, "plain", -0.25, 2.0, 2.0, True),
+        Query({"x*y": 1.5, "y": -0.5}, 0.1, "logistic", 0, 1, 1.0, True),
+    ]
+    answer = compute_loss(request(lo, hi, history, time_limit=20.0))
+    found = answer["realized_loss"]
+    reference = extreme(history, lo, hi, 1.0) - extreme(history, lo, hi, -1.0)
+    assert answer["status"] == "ok"
+    assert math.isfinite(found["lower"])
+    assert math.isfinite(found["upper"])
+    assert found["lower"] - 1e-7 <= reference <= found["upper"] + 1e-9
