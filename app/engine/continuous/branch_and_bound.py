@@ -208,9 +208,9 @@ def choose_branch(node: _Node, terms: TermSet, integer: np.ndarray) -> tuple[str
 
 #: A coordinate split is preferred unless the monomials' error at the LP optimum is below this
 #: fraction of the terms' envelope error. Splitting a coordinate narrows every query value that
-#: reads it (:func:`_narrowed`); on 40 random 2-D histories of 3–7 quadratic queries (both
-#: sides, tolerance 5e-5) the searches took 10,541 nodes when the larger error decided and the
-#: coordinate was split at the LP's point, 7,742 with this preference and bisection.
+#: reads it (:func:`_narrowed`): on 40 random 2-D histories of 3–7 quadratic queries (both
+#: sides, tolerance 5e-5) the searches took 14,376 nodes with a preference of 1 and 11,381 with
+#: 100 (``bench/quadratic_bench.py``, docs/benchmarks.md).
 LIFT_PREFERENCE = 100.0
 
 

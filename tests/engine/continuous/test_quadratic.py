@@ -229,10 +229,15 @@ def test_appendix_a_mean_and_variance_estimators(
 # --- random 2-D histories ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(16))
 def test_random_2d_quadratic_histories_bracket_the_grid(seed: int) -> None:
+    """3-7 queries: plain, truncated and logistic, random monomials and boxes."""
+    check_random_history(seed, 3 + seed % 5)
+
+
+def check_random_history(seed: int, size: int) -> None:
     rng = np.random.default_rng(1000 + seed)
-    lo, hi, history = random_history(rng, 3 + seed % 3)
+    lo, hi, history = random_history(rng, size)
     answer = compute_loss(request(lo, hi, history, time_limit=20.0))
     found = answer["realized_loss"]
     top, bottom = extreme(history, lo, hi, 1.0), extreme(history, lo, hi, -1.0)
