@@ -297,3 +297,21 @@ def test_survey_estimate_of_a_square_is_the_mean_of_the_square() -> None:
     assert found is not None
     truth = float(np.mean(population**2))
     assert abs(found["value"] - truth) <= 4.5 * found["stderr"]
+
+
+def test_a_product_whose_canonical_key_is_an_attribute_name_is_refused() -> None:
+    domain = parse_domain(
+        {
+            "attributes": [
+                {"name": "x", "type": "real", "low": 0, "high": 1},
+                {"name": "x^2", "type": "real", "low": 0, "high": 1},
+            ]
+        }
+    )
+    plain = parse_query({"mechanism": "logistic", "weights": {"x^2": 1}, "epsilon": 1}, domain)
+    assert isinstance(plain, ScalarResponse)
+    assert plain.axes == (1,)  # the attribute itself
+    assert not plain.quadratic
+    with pytest.raises(InvalidInput) as caught:
+        parse_query({"mechanism": "logistic", "weights": {"x*x": 1}, "epsilon": 1}, domain)
+    assert caught.value.errors[0].field == "query.weights.x*x"

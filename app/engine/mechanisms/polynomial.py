@@ -7,7 +7,9 @@ r"""The query value of ``linear`` and ``logistic``: a polynomial of degree <= 2 
 * ``"x*y"`` — the product of two attributes (``"x*x"`` is ``"x^2"``).
 
 A key that is exactly an attribute's name is that attribute, whatever characters the name has;
-otherwise ``^2`` and ``*`` are read as above (spaces around them ignored). The value is
+otherwise ``^2`` and ``*`` are read as above (spaces around them ignored). A product whose
+canonical key (``x^2``, ``x*y`` in attribute order, as :meth:`Polynomial.names` writes it) is
+itself an attribute's name is refused: the canonical form would read back as that attribute. The value is
 
 .. math::
 
@@ -71,6 +73,12 @@ def _monomial(name: str, domain: Domain) -> tuple[int, ...] | None:
     return None
 
 
+def _canonical(pair: tuple[int, ...], domain: Domain) -> str:
+    """``x^2`` or ``x*y`` (attribute order) for the monomial of axes ``pair``."""
+    left, right = domain.attributes[pair[0]].name, domain.attributes[pair[1]].name
+    return f"{left}^2" if pair[0] == pair[1] else f"{left}*{right}"
+
+
 @dataclass(frozen=True)
 class Polynomial:
     """``intercept + Σ linear[a] x_a + Σ quadratic[(a, b)] x_a x_b`` over domain axes."""
@@ -102,6 +110,9 @@ class Polynomial:
                         w_field, "must name numeric (integer or real) attributes only"
                     )
             key = tuple(sorted(axes))
+            if len(key) == 2 and _canonical(key, domain) in domain.names:
+                # the canonical form (to_json, stored histories) would read as that attribute
+                raise InvalidInput(w_field, "is ambiguous: an attribute has its canonical name")
             if key in seen:
                 raise InvalidInput(w_field, f"names the same term as weights.{seen[key]}")
             seen[key] = str(name)
@@ -130,9 +141,8 @@ class Polynomial:
     def names(self, domain: Domain) -> dict[str, float]:
         """Canonical ``weights``: ``x``, ``x^2``, ``x*y`` (attribute order) to weights."""
         out = {domain.attributes[a].name: w for a, w in self.linear}
-        for (i, j), w in self.quadratic:
-            ni, nj = domain.attributes[i].name, domain.attributes[j].name
-            out[f"{ni}^2" if i == j else f"{ni}*{nj}"] = w
+        for pair, w in self.quadratic:
+            out[_canonical(pair, domain)] = w
         return out
 
     def evaluate(self, coords: Mapping[int, Any]) -> Any:
