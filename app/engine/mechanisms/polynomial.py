@@ -9,7 +9,8 @@ r"""The query value of ``linear`` and ``logistic``: a polynomial of degree <= 2 
 A key that is exactly an attribute's name is that attribute, whatever characters the name has;
 otherwise ``^2`` and ``*`` are read as above (spaces around them ignored). A product whose
 canonical key (``x^2``, ``x*y`` in attribute order, as :meth:`Polynomial.names` writes it) is
-itself an attribute's name is refused: the canonical form would read back as that attribute. The value is
+itself an attribute's name is refused: the canonical form would read back as that attribute.
+The value is
 
 .. math::
 
