@@ -121,7 +121,7 @@ def _term(
             * UNIT_ROUNDOFF
             * (
                 float(np.abs(theta) @ top)
-                + sum(abs(w) * top[i] * top[j] for (i, j), w in quadratic)
+                + sum(abs(w) * float(top[i] * top[j]) for (i, j), w in quadratic)
                 + abs(mechanism.intercept)
             )
         )
