@@ -120,13 +120,14 @@ def certified_empty(
 
     ``False`` means "not proven empty", never "non-empty".
     """
-    if terms.lifting is not None:
-        env_a, env_b = terms.lifting.envelope_rows(x_lo, x_hi)
+    theta, c = terms.theta, terms.c
+    env_a, env_b = (
+        terms.lifting.envelope_rows(x_lo, x_hi)
+        if terms.lifting is not None
+        else (np.zeros((0, theta.shape[1])), np.zeros(0))
+    )
     x_lo, x_hi = terms.lifted_bounds(x_lo, x_hi)
     n, d = terms.size, x_lo.size
-    theta, c = terms.theta, terms.c
-    if terms.lifting is None:
-        env_a, env_b = np.zeros((0, d)), np.zeros(0)
     # phase 1: min Σ(p + q) s.t. θx - p <= u - c, -θx - q <= c - l, box, p, q >= 0
     # (lifted: also the envelope rows E v <= e, which every point of the node meets)
     k = env_b.size
