@@ -132,9 +132,12 @@ class ScalarResponse(TabulatedMechanism):
     def _reach(self, domain: Domain) -> tuple[Fraction, Fraction]:
         """Rationals ``z0 <= min z`` and ``z1 >= max z`` over the domain.
 
-        Degree 1: exact, at the two extreme vertices. Degree 2 on a finite domain: the least and
-        greatest certified ends of ``z`` over the grid (:meth:`_z_bracket`); on a box: the ends
-        of :meth:`Polynomial.range_over_box` (padded to hold every exact value).
+        Degree 1: exact, at the two extreme vertices. Degree 2 on a box: the ends of
+        :meth:`Polynomial.range_over_box` (padded to hold every exact value); on a finite domain:
+        the float grid's range (:meth:`_z_range`, already computed) widened by the same rounding
+        pad, ``8 (k + 4) u (|c| + Σ|w| max|monomial|)`` for ``k`` axes and products — each
+        computed ``z`` is within it of the exact one, and a certified grid (:meth:`_z_bracket`)
+        would cost another pass over up to ``max_points`` cells for a few ulp of tight ε.
         """
         if not self.quadratic:
             weights = list(self.weights.values())
@@ -146,8 +149,10 @@ class ScalarResponse(TabulatedMechanism):
             )
             return z0, z1
         if domain.is_finite:
-            _, z_lo, z_hi = self._z_bracket(self._grid_points(domain))
-            return exact_fraction(float(z_lo.min())), exact_fraction(float(z_hi.max()))
+            count = len(self.axes) + len(self.quadratic) + 4
+            magnitude = self.polynomial.magnitude(*_box(domain, self.axes))
+            pad = exact_fraction(8 * count * UNIT_ROUNDOFF * magnitude)
+            return exact_fraction(self.z_min) - pad, exact_fraction(self.z_max) + pad
         lo, hi = self.polynomial.range_over_box(*_box(domain, self.axes))
         return exact_fraction(lo), exact_fraction(hi)
 
@@ -214,10 +219,9 @@ class ScalarResponse(TabulatedMechanism):
     def _ends(self, z0: Fraction, z1: Fraction) -> tuple[float, float, float]:
         """Lower bounds of ``t(z0)`` and ``1 - t(z1)``, an upper bound of ``t(z1) - t(z0)``."""
 
-    def _grid_points(self, domain: Domain | None = None) -> FloatArray:
+    def _grid_points(self) -> FloatArray:
         """Every cell of the read attributes' grid as a row (last attribute fastest)."""
-        domain = self.domain if domain is None else domain
-        values = [domain.attributes[a].numeric_values() for a in self.axes]
+        values = [self.domain.attributes[a].numeric_values() for a in self.axes]
         if not values:  # no weights: one cell, z = c
             return np.zeros((1, 0))
         mesh = np.meshgrid(*values, indexing="ij")
