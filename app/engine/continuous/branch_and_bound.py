@@ -24,6 +24,16 @@ and L-BFGS-B stop when it runs out, and children that cannot be bounded in time 
 parent's bound (a valid upper bound of any sub-box). A search overruns its limit by at most one
 LP solve's bookkeeping and one objective evaluation.
 
+Quadratic query values. With ``x^2``/``x*y`` weights, ``z_i`` is affine in the lifted vector
+``[x, m(x)]`` (:mod:`~app.engine.continuous.lifting`) and the LP relaxes the monomials by their
+envelopes, whose gap shrinks only with the coordinate box. The branch rule then also splits a
+coordinate (``("c", k, v)``): when the monomial error the LP exploits
+(:attr:`~app.engine.continuous.lp_bound.Relaxation.lift_gaps`) exceeds the worst term envelope
+error divided by :data:`LIFT_PREFERENCE`, the wider coordinate of the worst monomial is
+bisected. A child's query-value box is intersected with the range of each ``z_i`` over its smaller
+coordinate box (both contain every value the child can take). The exact fast paths below assume
+``z`` affine in ``x`` and are skipped.
+
 Exact fast paths. When every term is convex on its range, ``F`` is convex in ``x`` and its maximum
 is at a vertex of the box; with ``2**d`` small the vertices are enumerated. When every term is
 concave (histories of plain ``linear`` queries), ``F`` is concave: a local maximum ``x*`` found by
@@ -177,9 +187,10 @@ def choose_branch(node: _Node, terms: TermSet, integer: np.ndarray) -> tuple[str
     """The *branch* role: what to split and where.
 
     Returns ``("x", k, v)`` to split integer coordinate ``k`` into ``<= floor(v)`` and
-    ``>= ceil(v)``, or ``("z", i, v)`` to split query value ``i`` at ``v``. A fractional integer
-    coordinate is split first; otherwise the term the LP overestimates most, at the LP's value
-    (kept away from the interval's ends so both children shrink).
+    ``>= ceil(v)``, ``("c", k, v)`` to split coordinate ``k`` at ``v`` (quadratic query values,
+    see the module docstring), or ``("z", i, v)`` to split query value ``i`` at ``v``. A
+    fractional integer coordinate is split first; otherwise the term the LP overestimates most,
+    at the LP's value (kept away from the interval's ends so both children shrink).
     """
     rel = node.relaxation
     if rel.x is not None and integer.any():
@@ -187,6 +198,10 @@ def choose_branch(node: _Node, terms: TermSet, integer: np.ndarray) -> tuple[str
         k = int(np.argmax(frac))
         if frac[k] > 1e-6:
             return "x", k, float(rel.x[k])
+    if terms.lifting is not None:
+        coordinate = _coordinate_split(node, terms, integer)
+        if coordinate is not None:
+            return coordinate
     widths = node.u - node.l
     if rel.z is not None and rel.gaps.size and float(rel.gaps.max()) > 0.0:
         i = int(np.argmax(rel.gaps))
@@ -194,6 +209,55 @@ def choose_branch(node: _Node, terms: TermSet, integer: np.ndarray) -> tuple[str
         return "z", i, float(np.clip(rel.z[i], lo, hi))
     i = int(np.argmax(widths / np.maximum(np.abs(node.l) + np.abs(node.u), 1.0)))
     return "z", i, float(0.5 * (node.l[i] + node.u[i]))
+
+
+#: A coordinate split is preferred unless the monomials' error at the LP optimum is below this
+#: fraction of the terms' envelope error. Splitting a coordinate narrows every query value that
+#: reads it (:func:`_narrowed`): on 40 random 2-D histories of 3–7 quadratic queries (both
+#: sides, tolerance 5e-5) the searches took 14,376 nodes with a preference of 1 and 11,381 with
+#: 100 (``bench/quadratic_bench.py``, docs/benchmarks.md).
+LIFT_PREFERENCE = 100.0
+
+
+def _coordinate_split(
+    node: _Node, terms: TermSet, integer: np.ndarray
+) -> tuple[str, int, float] | None:
+    """A coordinate split for quadratic query values, or ``None`` to split a query value.
+
+    At the LP optimum, the monomial with the largest error, unless every monomial's error is
+    below ``1/LIFT_PREFERENCE`` of the worst term's envelope error; without an LP point (HiGHS
+    failed, or no error is measurable), the widest coordinate. The chosen coordinate (the
+    monomial's wider one) is bisected, so that the coordinate box, and with it every envelope,
+    keeps shrinking.
+    """
+    assert terms.lifting is not None  # noqa: S101 - called for lifted terms only
+    rel = node.relaxation
+    x_width = node.x_hi - node.x_lo
+    axis = -1
+    if rel.x is not None and rel.lift_gaps.size:
+        k = int(np.argmax(rel.lift_gaps))
+        envelope = float(rel.gaps.max()) if rel.gaps.size else 0.0
+        if float(rel.lift_gaps[k]) * LIFT_PREFERENCE > envelope:
+            i, j = terms.lifting.pairs[k]
+            axis = i if x_width[i] >= x_width[j] else j
+    if axis < 0 and (rel.x is None or not rel.gaps.size or float(rel.gaps.max()) <= 0.0):
+        axis = int(np.argmax(x_width))
+    if axis < 0 or x_width[axis] <= 0.0 or (integer[axis] and x_width[axis] < 1.0):
+        return None
+    where = float(0.5 * (node.x_lo[axis] + node.x_hi[axis]))
+    if integer[axis]:  # integer split: <= floor(v) and >= floor(v) + 1
+        return "x", axis, math.floor(where) + 0.5
+    return "c", axis, where
+
+
+def _narrowed(
+    terms: TermSet, x_lo: FloatArray, x_hi: FloatArray, l: FloatArray, u: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """A child's query-value box intersected with the range of each ``z_i`` over its box."""
+    if terms.lifting is None:
+        return l, u
+    r_lo, r_hi = terms.value_ranges(Box(x_lo, x_hi))
+    return np.maximum(l, r_lo), np.minimum(u, r_hi)
 
 
 def _same_rows(terms: TermSet) -> np.ndarray:
@@ -300,7 +364,10 @@ class _Search:
         def negative(x: FloatArray) -> tuple[float, FloatArray]:
             z = terms.values(x)
             value = float(terms.batch.values(z).sum())
-            return -value, -(terms.theta.T @ terms.batch.derivs(z))
+            grad = terms.theta.T @ terms.batch.derivs(z)
+            if terms.lifting is not None:
+                grad = terms.lifting.chain(x, grad)
+            return -value, -grad
 
         def out_of_time(intermediate_result: object) -> None:
             if self.remaining() <= 0.0:
@@ -375,8 +442,9 @@ class _Search:
 def maximize(terms: TermSet, box: Box, settings: BnBSettings | None = None) -> MaxResult:
     """Certified bounds on ``max_{x in box} F(x)``; see the module docstring.
 
-    A history whose weights are all exact multiples of one direction ``v`` is searched in one
-    dimension, ``s = v·x`` (:func:`~app.engine.continuous.problem.rank_one`), by
+    A history whose weights are all exact multiples of one direction ``v`` (and has no quadratic
+    query value) is searched in one dimension, ``s = v·x``
+    (:func:`~app.engine.continuous.problem.rank_one`), by
     :func:`~app.engine.continuous.line.maximize_line`; the best ``s`` is lifted back to a point
     of the box where ``F`` is evaluated for the lower bound.
     """
@@ -436,10 +504,16 @@ def _maximize(terms: TermSet, box: Box, settings: BnBSettings) -> MaxResult:
             continue
         what, k, v = choose_branch(node, terms, search.integer)
         children = []
-        if what == "x":
+        if what in ("x", "c"):
             left_hi, right_lo = node.x_hi.copy(), node.x_lo.copy()
-            left_hi[k], right_lo[k] = math.floor(v), math.ceil(v)
-            children = [(node.x_lo, left_hi, node.l, node.u), (right_lo, node.x_hi, node.l, node.u)]
+            if what == "x":
+                left_hi[k], right_lo[k] = math.floor(v), math.ceil(v)
+            else:
+                left_hi[k], right_lo[k] = v, v
+            children = [
+                (node.x_lo, left_hi, *_narrowed(terms, node.x_lo, left_hi, node.l, node.u)),
+                (right_lo, node.x_hi, *_narrowed(terms, right_lo, node.x_hi, node.l, node.u)),
+            ]
         else:
             left_u, right_l = split_value(
                 node.l, node.u, search.same_value == search.same_value[k], v

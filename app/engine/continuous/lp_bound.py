@@ -42,13 +42,21 @@ so if the minimum of the left-hand side over the coordinate box is positive, the
 involves only ``θ`` and the box, so it is well scaled whatever ε; the minimum over the box is
 evaluated in float64 and must exceed a bound on its rounding error. Without a certificate the node
 keeps the interval bound.
+
+Quadratic query values (``TermSet.lifting``). ``θ·x`` is then ``θ·v`` over the lifted vector
+``v = [x, m(x)]``; the LP gets one variable per monomial, bounded by the monomial's range over the
+node's coordinate box, and the envelope rows of :mod:`~app.engine.continuous.lifting` (tangents
+and secant of each square, McCormick planes of each product), all satisfied by ``(x, m(x))`` for
+every ``x`` of the box, so the optimum still bounds ``max F`` over the node. The emptiness
+certificate adds the envelope rows ``E v <= e`` to the system (a multiplier ``y_e >= 0`` each:
+``y_e^T(E v - e) <= 0`` at every point of the node) and minimises over the lifted box.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import linprog
@@ -74,6 +82,12 @@ class Relaxation:
         Per term, how much the relaxation overestimates the term at ``x`` (branching scores).
     solved:
         Whether HiGHS reported an optimal solution.
+    lift_gaps:
+        Quadratic query values only: per monomial, ``|v_k - m_k(x)|`` at the LP optimum times
+        ``Σ_i |θ_ik| g_i``, ``g_i`` the larger of ``|h_i'|`` at the LP's ``z_i`` and the slope of
+        the secant of ``h_i`` between the LP's ``z_i`` and the true one at ``x``: the error the
+        envelopes of :mod:`.lifting` let the LP exploit (``z`` is then the LP's own
+        ``θ·v + c``). Empty otherwise.
     """
 
     bound: float
@@ -81,6 +95,7 @@ class Relaxation:
     z: FloatArray | None
     gaps: FloatArray
     solved: bool
+    lift_gaps: FloatArray = field(default_factory=lambda: np.zeros(0))
 
 
 def _certify(
@@ -105,14 +120,23 @@ def certified_empty(
 
     ``False`` means "not proven empty", never "non-empty".
     """
-    n, d = terms.size, x_lo.size
     theta, c = terms.theta, terms.c
+    env_a, env_b = (
+        terms.lifting.envelope_rows(x_lo, x_hi)
+        if terms.lifting is not None
+        else (np.zeros((0, theta.shape[1])), np.zeros(0))
+    )
+    x_lo, x_hi = terms.lifted_bounds(x_lo, x_hi)
+    n, d = terms.size, x_lo.size
     # phase 1: min Σ(p + q) s.t. θx - p <= u - c, -θx - q <= c - l, box, p, q >= 0
-    A = np.zeros((2 * n, d + 2 * n))
-    A[:n, :d], A[n:, :d] = theta, -theta
+    # (lifted: also the envelope rows E v <= e, which every point of the node meets)
+    k = env_b.size
+    A = np.zeros((2 * n + k, d + 2 * n))
+    A[:n, :d], A[n : 2 * n, :d] = theta, -theta
     A[np.arange(n), d + np.arange(n)] = -1.0
     A[n + np.arange(n), d + n + np.arange(n)] = -1.0
-    b = np.concatenate([u - c, c - l])
+    A[2 * n :, :d] = env_a
+    b = np.concatenate([u - c, c - l, env_b])
     if not (np.all(np.isfinite(b)) and np.all(np.isfinite(theta))):
         return False
     cost = np.concatenate([np.zeros(d), np.ones(2 * n)])
@@ -123,19 +147,21 @@ def certified_empty(
     if res.status != 0 or res.ineqlin is None:
         return False
     y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
-    y_up, y_down = y[:n], y[n:]
+    y_up, y_down, y_env = y[:n], y[n : 2 * n], y[2 * n :]
     w = y_up - y_down
-    r = theta.T @ w
+    r = theta.T @ w + env_a.T @ y_env
     reach = np.minimum(r * x_lo, r * x_hi)
     gap = float(np.sum(reach)) + float(w @ c) - float(y_up @ u) + float(y_down @ l)
-    gamma = 2.0 * (2 * n + d + 4) * UNIT_ROUNDOFF
+    gap -= float(y_env @ env_b)
+    gamma = 2.0 * (2 * n + k + d + 4) * UNIT_ROUNDOFF
     scale = np.maximum(np.abs(x_lo), np.abs(x_hi))
     err = gamma * (
         float(np.abs(r) @ scale)
-        + float((np.abs(theta).T @ np.abs(w)) @ scale)
+        + float((np.abs(theta).T @ np.abs(w) + np.abs(env_a).T @ y_env) @ scale)
         + float(np.abs(w) @ np.abs(c))
         + float(y_up @ np.abs(u))
         + float(y_down @ np.abs(l))
+        + float(y_env @ np.abs(env_b))
     )
     return gap > 2.0 * err
 
@@ -157,6 +183,8 @@ def relax(
     """
     n, d = terms.size, x_lo.size
     start = time.perf_counter()
+    v_lo_x, v_hi_x = terms.lifted_bounds(x_lo, x_hi)
+    dim = v_lo_x.size  # columns of θ: d, plus one per monomial when lifted
     ends = terms.batch.values(np.stack([l, u]))
     pad = 256 * UNIT_ROUNDOFF * (1.0 + np.abs(ends).max(axis=0))
     s_hi = ends.max(axis=0) + pad
@@ -181,22 +209,26 @@ def relax(
     owner = np.repeat(np.arange(n), counts)
     alpha = np.concatenate([ln.slopes for ln in lines])
     beta = np.concatenate([ln.intercepts for ln in lines])
-    A = np.zeros((rows + 2 * n, d + n))
-    A[:rows, :d] = -alpha[:, None] * terms.theta[owner]
-    A[np.arange(rows), d + owner] = 1.0
+    A = np.zeros((rows + 2 * n, dim + n))
+    A[:rows, :dim] = -alpha[:, None] * terms.theta[owner]
+    A[np.arange(rows), dim + owner] = 1.0
     b = np.empty(rows + 2 * n)
     b[:rows] = alpha * terms.c[owner] + beta
-    A[rows : rows + n, :d] = terms.theta
+    A[rows : rows + n, :dim] = terms.theta
     b[rows : rows + n] = u - terms.c
-    A[rows + n :, :d] = -terms.theta
+    A[rows + n :, :dim] = -terms.theta
     b[rows + n :] = terms.c - l
+    if terms.lifting is not None:
+        env_a, env_b = terms.lifting.envelope_rows(x_lo, x_hi)
+        A = np.vstack([A, np.hstack([env_a, np.zeros((env_a.shape[0], n))])])
+        b = np.concatenate([b, env_b])
     # a line with a non-finite coefficient (slopes overflow at very large ε) is dropped: fewer
     # over-estimating lines only loosen the relaxation, which stays an upper bound
     keep = np.isfinite(b) & np.all(np.isfinite(A), axis=1)
     A, b = A[keep], b[keep]
-    cost = np.concatenate([np.zeros(d), np.ones(n)])
-    v_lo = np.concatenate([x_lo, s_lo])
-    v_hi = np.concatenate([x_hi, s_hi])
+    cost = np.concatenate([np.zeros(dim), np.ones(n)])
+    v_lo = np.concatenate([v_lo_x, s_lo])
+    v_hi = np.concatenate([v_hi_x, s_hi])
     left = None if time_limit is None else time_limit - (time.perf_counter() - start)
     options = {} if left is None else {"time_limit": max(left, 1e-3)}
     res = linprog(
@@ -216,7 +248,21 @@ def relax(
     y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
     bound = min(interval_bound, _certify(A, b, cost, v_lo, v_hi, y))
     x = np.clip(np.asarray(res.x[:d], dtype=np.float64), x_lo, x_hi)
+    s = np.asarray(res.x[dim:], dtype=np.float64)
+    if terms.lifting is not None:
+        v = np.clip(np.asarray(res.x[:dim], dtype=np.float64), v_lo_x, v_hi_x)
+        z = np.clip(np.asarray(terms.theta @ v + terms.c, dtype=np.float64), l, u)
+        gaps = np.maximum(s - terms.term_values(z), 0.0)
+        # how much each term moves between the LP's z and the true z at x, per unit of z (the
+        # secant: a flat part of a truncated term hides a kink from the derivative)
+        z_true = terms.values(x)
+        dz = np.abs(z - z_true)
+        moved = np.abs(terms.term_values(z) - terms.term_values(z_true))
+        slopes = np.where(dz > 0.0, moved / np.where(dz > 0.0, dz, 1.0), 0.0)
+        slopes = np.maximum(slopes, np.abs(terms.batch.derivs(z)))
+        violation = np.abs(v[d:] - terms.lifting.lift(x)[d:])
+        lift_gaps = violation * (np.abs(terms.theta[:, d:]).T @ slopes)
+        return Relaxation(bound + const, x, z, gaps, True, np.asarray(lift_gaps, dtype=np.float64))
     z = terms.values(x)
-    s = np.asarray(res.x[d:], dtype=np.float64)
     gaps = np.maximum(s - terms.term_values(z), 0.0)
     return Relaxation(bound + const, x, z, gaps, True)

@@ -1,5 +1,9 @@
 """The bounding problem: ``F(x) = const + Σ_i h_i(θ_i·x + c_i)`` over a box.
 
+With quadratic query values, ``x`` in ``θ_i·x`` is the lifted vector ``[x, m(x)]`` of
+:mod:`~app.engine.continuous.lifting` (``TermSet.lifting``): ``θ`` then has a column per
+monomial after the box's coordinates.
+
 This module holds the *problem* role of the branch-and-bound (pybnb's split): the terms, the
 box, evaluation of ``F``, and the query-value boxes (``[l_i, u_i] ∋ θ_i·x + c_i``) that the search
 branches on.
@@ -13,8 +17,15 @@ from functools import cached_property
 
 import numpy as np
 
+from app.engine.continuous.lifting import Lifting
 from app.engine.continuous.univariate import CurveBatch, ResponseCurve, Shape
-from app.engine.numerics import UNIT_ROUNDOFF, FloatArray, exact_dot, two_product
+from app.engine.numerics import (
+    UNIT_ROUNDOFF,
+    FloatArray,
+    exact_dot,
+    exact_lifted_dot,
+    two_product,
+)
 
 
 @dataclass(frozen=True)
@@ -46,12 +57,17 @@ class Box:
 
 @dataclass(frozen=True)
 class TermSet:
-    """``F(x) = constant + Σ_i curves[i](theta[i] @ x + c[i])``."""
+    """``F(x) = constant + Σ_i curves[i](theta[i] @ v + c[i])``, ``v`` = ``x`` or ``lift(x)``."""
 
     theta: FloatArray
     c: FloatArray
     curves: tuple[ResponseCurve, ...]
     constant: float = 0.0
+    #: The monomials of quadratic query values (``None``: every ``z_i`` is affine in ``x``).
+    lifting: Lifting | None = None
+    #: Lifted only: an interval known to hold each ``z_i`` over the whole box (the query's exact
+    #: range); :meth:`value_ranges` intersects its interval arithmetic with it.
+    reach: tuple[FloatArray, FloatArray] | None = None
 
     @property
     def size(self) -> int:
@@ -60,15 +76,36 @@ class TermSet:
 
     def negated(self) -> TermSet:
         """``-F``."""
-        return TermSet(self.theta, self.c, tuple(h.negated() for h in self.curves), -self.constant)
+        return TermSet(
+            self.theta,
+            self.c,
+            tuple(h.negated() for h in self.curves),
+            -self.constant,
+            self.lifting,
+            self.reach,
+        )
 
     def subset(self, index: np.ndarray) -> TermSet:
         """The terms at ``index`` (no constant)."""
-        return TermSet(self.theta[index], self.c[index], tuple(self.curves[i] for i in index))
+        return TermSet(
+            self.theta[index],
+            self.c[index],
+            tuple(self.curves[i] for i in index),
+            lifting=self.lifting,
+            reach=None if self.reach is None else (self.reach[0][index], self.reach[1][index]),
+        )
+
+    def lift(self, points: FloatArray) -> FloatArray:
+        """The vectors ``θ`` multiplies: ``points`` themselves, or with their monomials."""
+        return points if self.lifting is None else self.lifting.lift(points)
+
+    def lifted_bounds(self, lo: FloatArray, hi: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Bounds of :meth:`lift` over the box ``[lo, hi]``."""
+        return (lo, hi) if self.lifting is None else self.lifting.bounds(lo, hi)
 
     def values(self, x: FloatArray) -> FloatArray:
         """``z_i = θ_i·x + c_i`` for one point ``x``."""
-        return np.asarray(self.theta @ x + self.c, dtype=np.float64)
+        return np.asarray(self.theta @ self.lift(x) + self.c, dtype=np.float64)
 
     @cached_property
     def batch(self) -> CurveBatch:
@@ -87,15 +124,16 @@ class TermSet:
         The error covers the sum (``n`` roundings of partial sums) and the error of each term
         (a few ulp of ``|h_i|``: :func:`~app.engine.numerics.response_log_prob` does not cancel),
         both charged as ``(n + 16) u Σ|h_i|``, and the error of ``z = θ·x + c`` itself.
-        ``z`` comes from :func:`~app.engine.numerics.exact_dot` with a bound ``δ_i`` on its
-        error that is zero when the float operations were exact (a vertex of a box with
-        representable ends usually is); where it is not, ``h_i`` is monotone, so its value at the
-        exact ``z`` lies between its values at ``z ± δ_i`` (rounded outward), and the larger
-        distance to them is charged — not ``|h_i'(z)| δ_i``, which near a slope of ``e^80``
-        certifies nothing (issue 15 item 5). ``z_pad`` (per term) widens each ``δ_i``: the
-        value then bounds ``h_i`` over ``[z_i - pad_i, z_i + pad_i]`` from both sides.
+        ``z`` comes from :func:`~app.engine.numerics.exact_dot` (lifted:
+        :func:`~app.engine.numerics.exact_lifted_dot`, each monomial split error-free) with a
+        bound ``δ_i`` on its error that is zero when the float operations were exact (a vertex of
+        a box with representable ends usually is); where it is not, ``h_i`` is monotone, so its
+        value at the exact ``z`` lies between its values at ``z ± δ_i`` (rounded outward), and
+        the larger distance to them is charged — not ``|h_i'(z)| δ_i``, which near a slope of
+        ``e^80`` certifies nothing (issue 15 item 5). ``z_pad`` (per term) widens each ``δ_i``:
+        the value then bounds ``h_i`` over ``[z_i - pad_i, z_i + pad_i]`` from both sides.
         """
-        z, z_err = exact_dot(points, self.theta, self.c)
+        z, z_err = self.exact_values(points)
         if z_pad is not None:
             z_err = z_err + z_pad
         terms = self.batch.values(z)
@@ -114,6 +152,12 @@ class TermSet:
         err = np.where(np.isnan(err), np.inf, err)
         return np.asarray(total, dtype=np.float64), np.asarray(err, dtype=np.float64)
 
+    def exact_values(self, points: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """``z`` at each row of ``points`` and a bound on its error (0 where it is exact)."""
+        if self.lifting is None:
+            return exact_dot(points, self.theta, self.c)
+        return exact_lifted_dot(points, self.lifting.pairs, self.theta, self.c)
+
     def evaluate(self, x: FloatArray) -> tuple[float, float]:
         """``F(x)`` and a bound on its rounding error (see :meth:`evaluate_many`)."""
         total, err = self.evaluate_many(x.reshape(1, -1))
@@ -124,22 +168,39 @@ class TermSet:
         slopes = self.batch.derivs(self.values(x))
         grad = self.theta.T @ slopes
         err = (self.size + 16) * UNIT_ROUNDOFF * (np.abs(self.theta).T @ np.abs(slopes))
+        if self.lifting is not None:  # chain rule; the error bound of the exact paths is not kept
+            grad = self.lifting.chain(x, grad)
+            err = self.lifting.chain(np.abs(x), err) * (1 + 4 * UNIT_ROUNDOFF)
         return np.asarray(grad, dtype=np.float64), np.asarray(err, dtype=np.float64)
 
     def value_ranges(self, box: Box) -> tuple[FloatArray, FloatArray]:
-        """``[l_i, u_i]``: the range of each ``θ_i·x + c_i`` over the box (rounded outward)."""
+        """``[l_i, u_i]``: the range of each ``θ_i·x + c_i`` over the box (rounded outward).
+
+        Lifted: an outer bound, each monomial taken over its own range (interval arithmetic),
+        intersected with :attr:`reach` (interval arithmetic alone can leave the range a plain
+        ``linear`` query was checked against, where its curve is not defined).
+        """
+        v_lo, v_hi = self.lifted_bounds(box.lo, box.hi)
         pos, neg = np.maximum(self.theta, 0.0), np.minimum(self.theta, 0.0)
-        lo = pos @ box.lo + neg @ box.hi + self.c
-        hi = pos @ box.hi + neg @ box.lo + self.c
+        lo = pos @ v_lo + neg @ v_hi + self.c
+        hi = pos @ v_hi + neg @ v_lo + self.c
         pad = (
-            (self.theta.shape[1] + 2)
+            (self.theta.shape[1] + 2 + (self.lifting is not None))
             * UNIT_ROUNDOFF
-            * (np.abs(self.theta) @ np.maximum(np.abs(box.lo), np.abs(box.hi)) + np.abs(self.c))
+            * (np.abs(self.theta) @ np.maximum(np.abs(v_lo), np.abs(v_hi)) + np.abs(self.c))
         )
-        return np.asarray(lo - pad, dtype=np.float64), np.asarray(hi + pad, dtype=np.float64)
+        lo, hi = lo - pad, hi + pad
+        if self.reach is not None:
+            lo, hi = np.maximum(lo, self.reach[0]), np.minimum(hi, self.reach[1])
+        return np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
 
     def concave_on(self, l: FloatArray, u: FloatArray) -> bool:
-        """Whether every term is concave on its interval (then ``F`` is concave in ``x``)."""
+        """Whether every term is concave on its interval (then ``F`` is concave in ``x``).
+
+        Always False with quadratic query values: ``z`` is then not affine in ``x``.
+        """
+        if self.lifting is not None:
+            return False
         for h, li, ui in zip(self.curves, l, u, strict=True):
             z_star = h.inflection
             if not (
@@ -149,7 +210,12 @@ class TermSet:
         return True
 
     def convex_on(self, l: FloatArray, u: FloatArray) -> bool:
-        """Whether every term is convex on its interval (then ``F`` is convex in ``x``)."""
+        """Whether every term is convex on its interval (then ``F`` is convex in ``x``).
+
+        Always False with quadratic query values: ``z`` is then not affine in ``x``.
+        """
+        if self.lifting is not None:
+            return False
         for h, li, ui in zip(self.curves, l, u, strict=True):
             z_star = h.inflection
             if not (
@@ -234,9 +300,11 @@ def rank_one(terms: TermSet, box: Box) -> RankOneReduction | None:
     :data:`PARALLEL_RTOL`, e.g. ``fl(3 v)``) are reduced too, with the residual ``(θ_i - λ_i v)·x``
     bounded by a per-term pad that the one-dimensional search adds to each query value. Boxes
     with an integer coordinate that the direction uses are not reduced (their image is not an
-    interval).
+    interval), nor are histories with quadratic query values (``terms.lifting``): their ``θ``
+    has a column per monomial, so parallel rows would not make ``z`` a function of ``v·x``.
     """
-    if terms.size < 2 or box.dim < 2:
+    if terms.size < 2 or box.dim < 2 or terms.lifting is not None:
+        # quadratic histories: θ has a column per monomial and z is not a function of one v·x
         return None
     k0 = int(np.argmax(np.abs(terms.theta).max(axis=0)))
     column = np.abs(terms.theta[:, k0])

@@ -6,6 +6,10 @@ no weights and do not matter). ``max log P`` and ``min log P = -max(-log P)`` ar
 certified branch-and-bound, so the realized loss lies in
 ``[max_lower - min_upper, max_upper - min_lower]``.
 
+Query values of degree 2 (``x^2``, ``x*y`` weights) put their monomials' coefficients in extra
+columns of ``θ`` (:mod:`~app.engine.continuous.lifting`); the history's union of monomials is
+the :class:`~app.engine.continuous.lifting.Lifting` of its :class:`TermSet`.
+
 Only ``linear`` and ``logistic`` queries are supported on continuous domains so far.
 """
 
@@ -17,6 +21,7 @@ from fractions import Fraction
 import numpy as np
 
 from app.engine.continuous.branch_and_bound import BnBSettings, MaxResult, maximize
+from app.engine.continuous.lifting import Lifting
 from app.engine.continuous.problem import Box, TermSet
 from app.engine.continuous.univariate import ResponseCurve
 from app.engine.domain import AttributeKind, Domain
@@ -51,6 +56,10 @@ class _Term:
     curve: ResponseCurve
     #: Bound on |clipped mechanism - affine continuation| over the domain (plain linear only).
     excess: float
+    #: Coefficients of the monomials ``x_i x_j`` (box coordinates ``i <= j``) of a quadratic query.
+    quadratic: tuple[tuple[tuple[int, int], float], ...] = ()
+    #: The query's range over the box, holding every computed ``z`` (quadratic queries).
+    reach: tuple[float, float] = (-np.inf, np.inf)
 
 
 def box_of(domain: Domain) -> tuple[Box, tuple[int, ...]]:
@@ -93,19 +102,26 @@ def _term(
     theta = np.zeros(len(axes))
     for axis, w in mechanism.weights.items():
         theta[axes.index(axis)] = w
+    quadratic = tuple(
+        ((axes.index(i), axes.index(j)), w) for (i, j), w in mechanism.quadratic.items()
+    )
+    reach = (mechanism.z_min, mechanism.z_max) if quadratic else (-np.inf, np.inf)
     if isinstance(mechanism, LogisticQuery):
-        return _Term(theta, mechanism.intercept, curve_for(mechanism, output), 0.0)
+        curve = curve_for(mechanism, output)
+        return _Term(theta, mechanism.intercept, curve, 0.0, quadratic, reach)
     assert isinstance(mechanism, LinearQuery)  # noqa: S101 - the two ScalarResponse kinds
     truncate = mechanism.truncate
     excess = 0.0
     if not truncate:
         # the search sees query values up to a rounding pad beyond the reach over the box
         # (Termset.value_ranges), so the continuation must be close there too
+        top = np.maximum(np.abs(box.lo), np.abs(box.hi))
         pad = (
-            (len(axes) + 2)
+            (len(axes) + len(quadratic) + 3)
             * UNIT_ROUNDOFF
             * (
-                float(np.abs(theta) @ np.maximum(np.abs(box.lo), np.abs(box.hi)))
+                float(np.abs(theta) @ top)
+                + sum(abs(w) * float(top[i] * top[j]) for (i, j), w in quadratic)
                 + abs(mechanism.intercept)
             )
         )
@@ -119,7 +135,7 @@ def _term(
         else:  # the continuation is not close (large ε): bound the clipped mechanism itself
             truncate = True
     curve = curve_for(mechanism, output, truncate=truncate)
-    return _Term(theta, mechanism.intercept, curve, excess)
+    return _Term(theta, mechanism.intercept, curve, excess, quadratic, reach)
 
 
 @dataclass
@@ -143,7 +159,20 @@ class ContinuousState:
             return TermSet(np.zeros((0, len(self.axes))), np.zeros(0), ()), 0.0
         theta = np.array([t.theta for t in terms])
         c = np.array([t.c for t in terms])
-        return TermSet(theta, c, tuple(t.curve for t in terms)), sum(t.excess for t in terms)
+        curves = tuple(t.curve for t in terms)
+        excess = sum(t.excess for t in terms)
+        pairs = sorted({pair for t in terms for pair, _ in t.quadratic})
+        if not pairs:
+            return TermSet(theta, c, curves), excess
+        column = {pair: len(self.axes) + k for k, pair in enumerate(pairs)}
+        lifted = np.zeros((len(terms), len(self.axes) + len(pairs)))
+        lifted[:, : len(self.axes)] = theta
+        for n, t in enumerate(terms):
+            for pair, w in t.quadratic:
+                lifted[n, column[pair]] = w
+        lifting = Lifting(len(self.axes), tuple(pairs))
+        reach = (np.array([t.reach[0] for t in terms]), np.array([t.reach[1] for t in terms]))
+        return TermSet(lifted, c, curves, lifting=lifting, reach=reach), excess
 
     def _bound(self, extra: list[_Term] | None = None) -> ContinuousLoss:
         terms, excess = self.term_set(extra)

@@ -33,12 +33,13 @@ from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_bool, as_list, as_number, as_object, check_keys, path
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms.base import Output, TabulatedMechanism, check_epsilon
+from app.engine.mechanisms.polynomial import Polynomial
 from app.engine.numerics import (
     UNIT_ROUNDOFF,
     FloatArray,
     exact_affine,
-    exact_dot,
     exact_fraction,
+    exact_lifted_dot,
     float_down,
     float_up,
     log1p_exp,
@@ -53,6 +54,13 @@ RANGE_SLACK = 1e-9
 MAX_QUERY_MAGNITUDE = 1e150
 
 
+def _box(domain: Domain, axes: tuple[int, ...]) -> tuple[dict[int, float], dict[int, float]]:
+    """Lower and upper ends of the attributes at ``axes``."""
+    lo = {a: float(domain.attributes[a].low) for a in axes}
+    hi = {a: float(domain.attributes[a].high) for a in axes}
+    return lo, hi
+
+
 class ScalarResponse(TabulatedMechanism):
     """Common part of ``linear`` and ``logistic``: weights, intercept, ε, two outputs."""
 
@@ -64,27 +72,20 @@ class ScalarResponse(TabulatedMechanism):
     ) -> None:
         weights_field = path(field, "weights")
         weights_obj = as_object(raw["weights"], weights_field)
-        weights: dict[int, float] = {}
-        for name, w in weights_obj.items():
-            w_field = path(weights_field, str(name))
-            axis = domain.axis(name, w_field)
-            if not domain.attributes[axis].is_numeric:
-                raise InvalidInput(w_field, "must name a numeric (integer or real) attribute")
-            weight = as_number(w, w_field)
-            if weight != 0.0:
-                weights[axis] = weight
-        self.weights = dict(sorted(weights.items()))
-        self.weight_names = {domain.attributes[a].name: w for a, w in self.weights.items()}
-        self.intercept = as_number(raw.get("intercept", 0.0), path(field, "intercept"))
+        intercept = as_number(raw.get("intercept", 0.0), path(field, "intercept"))
+        #: ``z`` as a polynomial of degree <= 2 (``x``, ``x^2``, ``x*y`` weights).
+        self.polynomial = Polynomial.parse(weights_obj, intercept, domain, weights_field)
+        #: The degree-1 weights by axis; :attr:`quadratic` holds the products ``(i, j)``.
+        self.weights = dict(self.polynomial.linear)
+        self.quadratic = dict(self.polynomial.quadratic)
+        self.weight_names = self.polynomial.names(domain)
+        self.intercept = intercept
         self.eps = check_epsilon(raw["epsilon"], path(field, "epsilon"), limits)
-        self.axes = tuple(self.weights)
+        self.axes = self.polynomial.axes
         self.expm1_eps = math.expm1(self.eps)
         self.log_norm = log1p_exp(self.eps)
         self.z_min, self.z_max = self._z_range(domain)
-        magnitude = abs(self.intercept) + sum(
-            abs(w) * max(abs(domain.attributes[a].low), abs(domain.attributes[a].high))
-            for a, w in self.weights.items()
-        )
+        magnitude = self.polynomial.magnitude(*_box(domain, self.axes))
         if not magnitude <= MAX_QUERY_MAGNITUDE:
             raise InvalidInput(
                 weights_field,
@@ -110,16 +111,13 @@ class ScalarResponse(TabulatedMechanism):
         difference erred by 1e-14 on a tight ε of 8e-13). ``z_min``, ``z_max`` and ``Δz`` are
         exact rationals (two points: cheap); :meth:`_ends` turns them into a lower bound of ``t0``
         and ``1 - t1`` and an upper bound of ``Δt``, and every remaining float operation is
-        covered by a relative ``16u`` margin.
+        covered by a relative ``16u`` margin. Quadratic query values (:meth:`_reach`) use an
+        interval containing the exact reach instead: a wider ``[z0, z1]`` only raises the bound.
         """
-        weights = list(self.weights.values())
-        z0, z1 = (
-            exact_affine(self.intercept, weights, [float(x) for x in self._end(domain, top=top)])
-            for top in (False, True)
-        )
+        z0, z1 = self._reach(domain)
         #: The exact reach ``[z_min, z_max]`` of the query value, rounded outward.
         self.z_outward = (float_down(z0), float_up(z1))
-        if not self.weights:
+        if not self.weights and not self.quadratic:
             return 0.0
         t0_lo, omt1_lo, dt = self._ends(z0, z1)
         margin = 16.0 * UNIT_ROUNDOFF
@@ -131,20 +129,58 @@ class ScalarResponse(TabulatedMechanism):
             tight = max(tight, math.log1p(dt * k / den * (1.0 + margin)) * (1.0 + margin))
         return min(tight, self.eps)
 
+    def _reach(self, domain: Domain) -> tuple[Fraction, Fraction]:
+        """Rationals ``z0 <= min z`` and ``z1 >= max z`` over the domain.
+
+        Degree 1: exact, at the two extreme vertices. Degree 2 on a box: the ends of
+        :meth:`Polynomial.range_over_box` (padded to hold every exact value); on a finite domain:
+        the float grid's range (:meth:`_z_range`, already computed) widened by the same rounding
+        pad, ``8 (k + 4) u (|c| + Σ|w| max|monomial|)`` for ``k`` axes and products — each
+        computed ``z`` is within it of the exact one, and a certified grid (:meth:`_z_bracket`)
+        would cost another pass over up to ``max_points`` cells for a few ulp of tight ε.
+        """
+        if not self.quadratic:
+            weights = list(self.weights.values())
+            z0, z1 = (
+                exact_affine(
+                    self.intercept, weights, [float(x) for x in self._end(domain, top=top)]
+                )
+                for top in (False, True)
+            )
+            return z0, z1
+        if domain.is_finite:
+            count = len(self.axes) + len(self.quadratic) + 4
+            magnitude = self.polynomial.magnitude(*_box(domain, self.axes))
+            pad = exact_fraction(8 * count * UNIT_ROUNDOFF * magnitude)
+            return exact_fraction(self.z_min) - pad, exact_fraction(self.z_max) + pad
+        lo, hi = self.polynomial.range_over_box(*_box(domain, self.axes))
+        return exact_fraction(lo), exact_fraction(hi)
+
     def _z_range(self, domain: Domain) -> tuple[float, float]:
-        lo = hi = self.intercept
-        for axis, w in self.weights.items():
-            attr = domain.attributes[axis]
-            a, b = w * attr.low, w * attr.high
-            lo += min(a, b)
-            hi += max(a, b)
-        return lo, hi
+        if self.quadratic and domain.is_finite:  # the grid's range (floats: see _reach)
+            z = self._z_grid(domain)
+            return float(z.min()), float(z.max())
+        return self.polynomial.range_over_box(*_box(domain, self.axes))
+
+    def _z_grid(self, domain: Domain) -> FloatArray:
+        """``z`` over the grid of the read attributes (shape: their sizes, in axis order)."""
+        shape = tuple(domain.shape[a] for a in self.axes)
+        coords = {}
+        for n, axis in enumerate(self.axes):
+            view = [1] * len(shape)
+            view[n] = shape[n]
+            coords[axis] = domain.attributes[axis].numeric_values().reshape(view)
+        z = self.polynomial.evaluate(coords)
+        return np.asarray(np.broadcast_to(z, shape), dtype=np.float64)
 
     def _check_range(self, field: str) -> None:
         """Hook for ``linear``'s range check."""
 
     def _end(self, domain: Domain, *, top: bool) -> FloatArray:
-        """The vertex of the weighted attributes' box where ``z`` is largest (``top``) or least."""
+        """The vertex of the weighted attributes' box where ``z`` is largest (``top``) or least.
+
+        Degree 1 only (the extremes of a quadratic need not be vertices).
+        """
         up = [(w > 0) == top for w in self.weights.values()]
         return np.array(
             [
@@ -154,10 +190,24 @@ class ScalarResponse(TabulatedMechanism):
             dtype=np.float64,
         )
 
+    def _lifted_weights(self) -> tuple[FloatArray, FloatArray, tuple[tuple[int, int], ...]]:
+        """``z``'s weights on :attr:`axes` (in order), on its monomials, and their positions.
+
+        The monomial ``(i, j)`` is ``x_i x_j`` of columns ``i, j`` of the rows
+        :meth:`_grid_points` makes, as :func:`~app.engine.numerics.exact_lifted_dot` reads it.
+        """
+        where = {a: n for n, a in enumerate(self.axes)}
+        linear = np.zeros(len(self.axes))
+        for axis, w in self.weights.items():
+            linear[where[axis]] = w
+        pairs = tuple((where[i], where[j]) for i, j in self.quadratic)
+        return linear, np.array(list(self.quadratic.values()), dtype=np.float64), pairs
+
     def _z_bracket(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """``z`` at each row of ``points`` (weighted attributes) with certified ends around it."""
-        w = np.array(list(self.weights.values()), dtype=np.float64).reshape(1, -1)
-        z, err = exact_dot(points, w, np.array([self.intercept]))
+        """``z`` at each row of ``points`` (read attributes) with certified ends around it."""
+        linear, quadratic, pairs = self._lifted_weights()
+        row = np.concatenate([linear, quadratic]).reshape(1, -1)
+        z, err = exact_lifted_dot(points, pairs, row, np.array([self.intercept]))
         z, err = z[:, 0], err[:, 0]
         return z, np.nextafter(z - err, -np.inf), np.nextafter(z + err, np.inf)
 
@@ -170,7 +220,7 @@ class ScalarResponse(TabulatedMechanism):
         """Lower bounds of ``t(z0)`` and ``1 - t(z1)``, an upper bound of ``t(z1) - t(z0)``."""
 
     def _grid_points(self) -> FloatArray:
-        """Every cell of the weighted attributes' grid as a row (last attribute fastest)."""
+        """Every cell of the read attributes' grid as a row (last attribute fastest)."""
         values = [self.domain.attributes[a].numeric_values() for a in self.axes]
         if not values:  # no weights: one cell, z = c
             return np.zeros((1, 0))
@@ -182,19 +232,18 @@ class ScalarResponse(TabulatedMechanism):
         """``(t, 1 - t)`` for query values ``z``, each computed without cancellation."""
 
     def z_of(self, value: Mapping[str, Scalar]) -> float:
-        """``Σ w_a x_a + c`` for one value."""
-        z = self.intercept
-        for name, w in self.weight_names.items():
-            z += w * float(value[name])
-        return z
+        """``z`` for one value by :meth:`Polynomial.evaluate` (the table: :meth:`_z_bracket`)."""
+        coords = {a: float(value[self.domain.attributes[a].name]) for a in self.axes}
+        return float(self.polynomial.evaluate(coords))
 
     def log_table(self) -> FloatArray:
-        """``[log Pr(low), log Pr(high)]`` over the grid of the weighted attributes.
+        """``[log Pr(low), log Pr(high)]`` over the grid of the read attributes.
 
         ``t`` and ``1 - t`` come from :meth:`bracket`'s accurate values (``z`` in twice the
-        working precision, ``z - a`` and ``b - z`` without cancellation); the table is also
-        evaluated at the ends of the brackets, and the largest change (``log Pr`` is monotone in
-        ``t``) is this mechanism's :attr:`extra_error`, 0 when every ``z`` was exact.
+        working precision, monomials split error-free, ``z - a`` and ``b - z`` without
+        cancellation); the table is also evaluated at the ends of the brackets, and the largest
+        change (``log Pr`` is monotone in ``t``) is this mechanism's :attr:`extra_error`, 0 when
+        every ``z`` was exact.
         """
         shape = tuple(self.domain.shape[a] for a in self.axes)
         points = self._grid_points()
@@ -296,11 +345,18 @@ class LinearQuery(ScalarResponse):
 
     def _offsets(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
         """``z - a`` and ``b - z`` in twice the working precision, with their error bounds."""
-        w = np.array(list(self.weights.values()), dtype=np.float64)
+        linear, quadratic, pairs = self._lifted_weights()
         ones = np.ones((points.shape[0], 1))
-        augmented = np.hstack([points, ones])
-        rows = np.array([np.append(w, -self.a), np.append(-w, self.b)])
-        value, err = exact_dot(augmented, rows, np.array([self.intercept, -self.intercept]))
+        augmented = np.hstack([points, ones])  # the monomials' columns index ``points`` only
+        rows = np.array(
+            [
+                np.concatenate([linear, [-self.a], quadratic]),
+                np.concatenate([-linear, [self.b], -quadratic]),
+            ]
+        )
+        value, err = exact_lifted_dot(
+            augmented, pairs, rows, np.array([self.intercept, -self.intercept])
+        )
         return value[:, 0], err[:, 0], value[:, 1], err[:, 1]
 
     def _accurate(self, points: FloatArray) -> tuple[FloatArray, FloatArray, np.ndarray]:
