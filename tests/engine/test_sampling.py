@@ -631,3 +631,64 @@ def test_samplers_draw_only_through_secrets(
     monkeypatch.setattr(sampling, "randbelow", fixed)
     draws = {repr(mech.output_json(mech.sample({"a": 6, "c": "w"}))) for _ in range(50)}
     assert len(draws) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# linear / logistic: what is sampled is what is accounted, at any ε
+# --------------------------------------------------------------------------------------------
+
+
+def _drawn_probability(
+    monkeypatch: pytest.MonkeyPatch, query: dict[str, Any], domain: dict[str, Any], value: Any
+) -> tuple[Fraction, int]:
+    """The probability ``sample`` hands to ``bernoulli`` and the output it returns."""
+    from app.engine.mechanisms import regression
+
+    seen: list[Fraction] = []
+
+    def record(p: Fraction) -> bool:
+        seen.append(p)
+        return True
+
+    monkeypatch.setattr(regression, "bernoulli", record)
+    mech = parse_query(query, parse_domain(domain))
+    output = mech.sample(value)
+    assert len(seen) == 1
+    return seen[0], int(output)
+
+
+def test_linear_samples_the_accurate_t_where_z_minus_a_cancels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 3 × 0.1 − 0.3 is 2.8e-17 exactly but 5.6e-17 in floats: at ε = 100 Pr(high) ≈ t, and a
+    # sampler using the float z would draw high twice as often as the table accounts for
+    domain = {"attributes": [{"name": "x", "type": "integer", "low": 3, "high": 4}]}
+    query = {
+        "mechanism": "linear",
+        "weights": {"x": 0.1},
+        "range": [0.3, 0.4],
+        "epsilon": 100.0,
+    }
+    p, output = _drawn_probability(monkeypatch, query, domain, {"x": 3})
+    t = (3 * Fraction(0.1) - Fraction(0.3)) / (Fraction(0.4) - Fraction(0.3))
+    q = 1 / (1 + math.exp(100.0))
+    expected = float(t) * math.tanh(50.0) + q  # q ≈ 3.7e-44 is negligible next to t
+    assert output == 1
+    assert abs(float(p) / expected - 1) < 1e-12
+
+
+def test_a_probability_near_one_keeps_its_complement_positive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # t = 1 at ε = 100: Pr(high) = 1 − 3.7e-44 rounds to 1.0 in floats; the low output's own
+    # probability is drawn instead, so it stays 3.7e-44 (never 0: the loss of 'low' is 100)
+    domain = {"attributes": [{"name": "x", "type": "real", "low": 0, "high": 1}]}
+    query = {"mechanism": "linear", "weights": {"x": 1}, "range": [0, 1], "epsilon": 100.0}
+    p_low, output = _drawn_probability(monkeypatch, query, domain, {"x": 1.0})
+    assert output == 0  # the recorded draw 'True' is the low output
+    assert p_low > 0
+    assert abs(float(p_low) * (1 + math.exp(100.0)) - 1) < 1e-12
+    logistic = {"mechanism": "logistic", "weights": {"x": 60}, "epsilon": 100.0}
+    p_low, output = _drawn_probability(monkeypatch, logistic, domain, {"x": 1.0})
+    assert output == 0
+    assert 0 < float(p_low) < 1e-25

@@ -287,10 +287,24 @@ class ScalarResponse(TabulatedMechanism):
         return 2
 
     def sample(self, value: Mapping[str, Scalar]) -> Output:
-        """Output high with the exact dyadic value of ``Pr(high | x)``."""
-        t, _ = self.response(np.array([self.z_of(value)]))
-        p_high = float((1.0 + float(t[0]) * self.expm1_eps) / (1.0 + math.exp(self.eps)))
-        return int(bernoulli(exact_fraction(min(1.0, max(0.0, p_high)))))
+        """Output high with probability ``t k + q`` (``k = tanh(ε/2)``, ``q = 1/(e^ε + 1)``).
+
+        ``t`` and ``1 - t`` are the table's accurate values at this point (:meth:`_accurate`: the
+        same ``z`` in twice the working precision), so what is sampled is what is accounted.
+        The smaller of the two output probabilities is drawn from its own float — ``t k + q``
+        or ``(1 - t) k + q``, each a few ulp from the real value relative to itself — and the
+        other is its exact complement: both outputs keep a positive probability with a small
+        relative error at any ε (a float of ``Pr(high)`` near 1 would round ``Pr(low)`` to 0,
+        or far from its value).
+        """
+        point = np.array([[float(value[self.domain.attributes[a].name]) for a in self.axes]])
+        t, omt, _ = self._accurate(point.reshape(1, len(self.axes)))
+        k, q = math.tanh(0.5 * self.eps), 1.0 / (1.0 + math.exp(self.eps))
+        p_high = min(1.0, float(t[0]) * k + q)
+        p_low = min(1.0, float(omt[0]) * k + q)
+        if p_high <= p_low:
+            return int(bernoulli(exact_fraction(p_high)))
+        return int(not bernoulli(exact_fraction(p_low)))
 
     def _common_json(self) -> dict[str, Any]:
         return {
