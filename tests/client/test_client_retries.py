@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -250,16 +251,21 @@ def test_a_registration_is_resent_when_it_certainly_did_not_arrive() -> None:
     assert len(recorder.requests) == 3
 
 
+def client_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The client's own log records (in the whole suite, httpx's INFO lines reach caplog too)."""
+    return [r for r in caplog.records if r.name.startswith("ldp_gatekeeper_client")]
+
+
 def test_a_bad_url_is_not_retried_and_retries_are_logged(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO", logger="ldp_gatekeeper_client")
     with Client("ftp://gatekeeper.test", retry=FAST) as gk, pytest.raises(ConnectionFailed) as e:
         gk.health()
     assert isinstance(e.value.__cause__, httpx.UnsupportedProtocol)
-    assert caplog.records == []
+    assert client_records(caplog) == []
     recorder = Recorder([drop(httpx.ConnectError), answer(httpx.Response(200, json=ODOMETER))])
     with client_for(recorder) as gk:
         gk.objects.odometer("p-1")
-    (message,) = [r.getMessage() for r in caplog.records]
+    (message,) = [r.getMessage() for r in client_records(caplog)]
     assert message.startswith("GET /v1/objects/p-1/odometer: ConnectError; retry 1 of 4 in ")
 
 
