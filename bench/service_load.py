@@ -254,8 +254,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def fresh_database(*, keep: bool = False) -> Iterator[tuple[str, str]]:
-    """A new migrated database with the bootstrap admin key; dropped afterwards unless ``keep``."""
+def fresh_database(*, keep: bool = False, migrate: bool = True) -> Iterator[tuple[str, str]]:
+    """A new migrated database with the bootstrap admin key; dropped afterwards unless ``keep``.
+
+    ``migrate=False``: an empty database (an older tree's command migrates it to its own head).
+    """
     import psycopg
 
     from app.db.migrate import upgrade
@@ -268,6 +271,9 @@ def fresh_database(*, keep: bool = False) -> Iterator[tuple[str, str]]:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         url = admin.rsplit("/", 1)[0] + "/" + name
+        if not migrate:
+            yield url, name
+            return
         upgrade(url)
         # stored before the workers start: several workers creating it at once can collide
         engine = make_engine(url)

@@ -277,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         "worktree, to compare it with this one on the same machine)",
     )
     args = parser.parse_args(argv)
+    if args.tree != ROOT and not args.import_only:
+        parser.error("--tree times an older tree's import: use it with --import-only")
     from cryptography.fernet import Fernet
 
     KEY_FILE.write_text(Fernet.generate_key().decode())
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, str]] = []
     ok = True
     with (
-        fresh_database(keep=args.keep_database) as (url, _name),
+        fresh_database(keep=args.keep_database, migrate=args.tree == ROOT) as (url, _name),
         tempfile.TemporaryDirectory() as tmp,
     ):
         population = Path(tmp) / "population.ndjson"
