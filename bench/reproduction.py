@@ -38,10 +38,12 @@ in ``--grouped`` (default ``linear``).
 Bayesian filter (the paper's choice; ``--rr-filter bayesian`` for Algorithm 2) with budget ``kε``,
 submitted until the first rejection; mean count over ``--rr-runs`` walks for ``k = 1..--k-max``
 and each ``--eps``, against eq. (68) and an independent solution of the recurrence (66). Two
-budgets are simulated: ``kε + 1e-6`` (the theorem's filter, which accepts a worst case *equal*
-to the budget) and exactly ``kε`` (the engine rejects ties, ``DECISION_MARGIN``), whose exact
-expectation is computed from the same walk with walls at ``±(k-1)`` after the first k
-basic-composition steps.
+budgets are simulated: ``kε + 1e-6`` (a float slack, which makes any filter accept a worst case
+*equal* to the budget) and exactly ``kε``. Since issue 15 the engine computes a randomized-response
+history's loss exactly and accepts such ties (Algorithm 2, Theorem D.1), so both must match the
+walk with walls at ``±k`` after the first k basic-composition steps; before, a float margin
+rejected ties and the exact-budget walk stopped at ``±(k-1)`` (``walk_expectation(...,
+ties_rejected=True)``, kept as the model of that rule).
 
 **What-if filters** (``whatif``; bench-side, through ``paper_repro.run_grouped``'s hooks): filters
 that are *not* the engine's, run as Algorithm 6 at budget 1 to test explanations of the paper's
@@ -97,8 +99,8 @@ DEFAULT_BUDGETS = [round(0.1 * i, 1) for i in range(1, 11)]
 DEFAULT_CACHE = Path(
     os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache")), "ldp-gatekeeper", "reproduction"
 )
-#: Bumped when the meaning of a cached record changes.
-CACHE_VERSION = 1
+#: Bumped when the meaning of a cached record changes (2: exact ties accepted, issue 15).
+CACHE_VERSION = 2
 #: ``at_stop(accountant, history, rejected query)``, run after the last decision of a run.
 StopHook = Callable[[Accountant, History, "dict[str, Any] | None"], "dict[str, Any]"]
 #: Budget slack that makes the engine accept a worst case equal to ``kε`` (Theorem D.1's rule).
@@ -757,7 +759,7 @@ class Fig3Config:
     filter_kind: FilterKind
 
     def points(self) -> list[tuple[float, int, bool]]:
-        """(ε, k, ties_rejected) triples."""
+        """(ε, k, exact_budget) triples: budget exactly kε, or kε + THEOREM_SLACK."""
         ks = range(1, self.k_max + 1)
         return [(e, k, t) for e in self.eps for k in ks for t in (False, True)]
 
@@ -767,12 +769,12 @@ def run_fig3(cfg: Fig3Config, cache: Cache) -> list[dict[str, Any]]:
     points = cfg.points()
     bar = Progress(len(points), "fig3a")
     out = []
-    for eps, k, ties in points:
+    for eps, k, exact_budget in points:
         key = {
             "what": "fig3a",
             "eps": eps,
             "k": k,
-            "ties_rejected": ties,
+            "exact_budget": exact_budget,
             "runs": cfg.runs,
             "filter": cfg.filter_kind.value,
         }
@@ -780,32 +782,33 @@ def run_fig3(cfg: Fig3Config, cache: Cache) -> list[dict[str, Any]]:
         cached = record is not None
         if record is None:
             t0 = time.perf_counter()
-            counts = rr_walks(
-                k, eps, cfg.runs, slack=0.0 if ties else THEOREM_SLACK, filter_kind=cfg.filter_kind
-            )
+            slack = 0.0 if exact_budget else THEOREM_SLACK
+            counts = rr_walks(k, eps, cfg.runs, slack=slack, filter_kind=cfg.filter_kind)
             record = {**key, "counts": counts, "seconds": time.perf_counter() - t0}
             cache.put(key, record)
         out.append(record)
         mean = float(np.mean(record["counts"]))
         bar.update(
-            f"ε={eps} k={k} {'ties' if ties else 'theorem'}: mean {mean:.2f}"
+            f"ε={eps} k={k} {'kε' if exact_budget else 'kε+slack'}: mean {mean:.2f}"
             + (" (cached)" if cached else "")
         )
     return out
 
 
 def fig3_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per record: mean, standard error, theorem and exact expectation."""
+    """Per record: mean, standard error, theorem and exact expectation (walls at ±k: ties are
+    accepted at exactly kε as with the slack)."""
     rows = []
     for r in records:
         counts = np.asarray(r["counts"], dtype=np.float64)
         se = float(counts.std(ddof=1) / math.sqrt(counts.size)) if counts.size > 1 else math.nan
-        exact = walk_expectation(r["k"], r["eps"], ties_rejected=r["ties_rejected"])
+        exact = walk_expectation(r["k"], r["eps"], ties_rejected=False)
         rows.append(
             {
                 "eps": r["eps"],
                 "k": r["k"],
-                "ties_rejected": r["ties_rejected"],
+                "exact_budget": r["exact_budget"],
+                "old_rule": walk_expectation(r["k"], r["eps"], ties_rejected=True),
                 "runs": int(counts.size),
                 "mean": float(counts.mean()),
                 "se": se,
@@ -829,11 +832,11 @@ def print_fig3(cfg: Fig3Config, records: list[dict[str, Any]]) -> None:
     )
     header = (
         f"{'ε':>5}{'k':>4}{'eq. (68)':>10}{'chain W=k':>11}{'sim kε+1e-6':>18}{'z':>6}"
-        f"{'chain W=k-1':>13}{'sim kε':>16}{'z':>6}{'basic':>7}"
+        f"{'sim kε':>16}{'z':>6}{'ties rejected':>15}{'basic':>7}"
     )
     print(header)
     print("-" * len(header))
-    by = {(r["eps"], r["k"], r["ties_rejected"]): r for r in rows}
+    by = {(r["eps"], r["k"], r["exact_budget"]): r for r in rows}
     worst_z = 0.0
     for eps in cfg.eps:
         for k in range(1, cfg.k_max + 1):
@@ -842,13 +845,15 @@ def print_fig3(cfg: Fig3Config, records: list[dict[str, Any]]) -> None:
             print(
                 f"{eps:>5g}{k:>4}{t['theorem']:>10.3f}{t['exact']:>11.3f}"
                 f"{t['mean']:>10.3f} ±{1.96 * t['se']:>5.2f}{t['z']:>6.1f}"
-                f"{e['exact']:>13.3f}{e['mean']:>9.3f} ±{1.96 * e['se']:>5.2f}{e['z']:>6.1f}{k:>7}"
+                f"{e['mean']:>10.3f} ±{1.96 * e['se']:>5.2f}{e['z']:>6.1f}"
+                f"{e['old_rule']:>15.3f}{k:>7}"
             )
-    diff = max(abs(r["theorem"] - r["exact"]) / r["exact"] for r in rows if not r["ties_rejected"])
+    diff = max(abs(r["theorem"] - r["exact"]) / r["exact"] for r in rows)
     print(
         "eq. (68) = Theorem D.1; chain W = expected count of the walk solved as a linear system "
         "(walls ±W after\nthe first k basic-composition steps); sim = engine simulation mean "
-        "± 1.96 SE; z = (sim - chain) / SE."
+        "± 1.96 SE; z = (sim - chain W=k) / SE; ties rejected = the\nchain with walls ±(k-1), "
+        "what the engine's float margin gave before exact ties (issue 15)."
     )
     for eps in cfg.eps:
         t = by[(eps, cfg.k_max, False)]
@@ -988,8 +993,11 @@ def plot_fig3(cfg: Fig3Config, records: list[dict[str, Any]], out: Path) -> Path
         c = colors[i % len(colors)]
         curve = [theorem_d1(float(k), eps) for k in fine]  # type: ignore[arg-type]
         ax.plot(fine, curve, color=c, lw=1.3, label=f"ε={eps:g}: Theorem D.1, eq. (68)")
-        for ties, fmt, what in ((False, "o", "budget kε+1e-6"), (True, "x", "budget exactly kε")):
-            sel = [r for r in rows if r["eps"] == eps and r["ties_rejected"] is ties]
+        for exact_budget, fmt, what in (
+            (False, "o", "budget kε+1e-6"),
+            (True, "x", "budget exactly kε"),
+        ):
+            sel = [r for r in rows if r["eps"] == eps and r["exact_budget"] is exact_budget]
             ax.errorbar(
                 [r["k"] for r in sel],
                 [r["mean"] for r in sel],
@@ -1000,8 +1008,8 @@ def plot_fig3(cfg: Fig3Config, records: list[dict[str, Any]], out: Path) -> Path
                 capsize=2,
                 label=f"ε={eps:g}: engine, {what}",
             )
-        ties_exact = [r["exact"] for r in rows if r["eps"] == eps and r["ties_rejected"]]
-        ax.plot(ks, ties_exact, color=c, lw=0.8, ls=":", label=f"ε={eps:g}: exact, ties rejected")
+        old = [r["old_rule"] for r in rows if r["eps"] == eps and r["exact_budget"]]
+        ax.plot(ks, old, color=c, lw=0.8, ls=":", label=f"ε={eps:g}: if ties were rejected")
     ax.plot(ks, ks, "k--", lw=1, label="basic composition (k)")
     ax.set_yscale("log")
     ax.set_xlabel("k (budget = k·ε)")

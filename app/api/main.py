@@ -38,7 +38,7 @@ from app.services.auth import KeyCache, ensure_bootstrap_admin
 from app.services.locks import ObjectLocks
 from app.settings import Settings, get_settings
 from app.worker.cache import RedisCache
-from app.worker.jobs import InProcessJobs
+from app.worker.jobs import InProcessJobs, SurveyJobs
 from app.worker.pool import BoundWorker, WorkerSettings
 from app.worker.threads import single_threaded_blas
 
@@ -82,6 +82,20 @@ def build_runtime(settings: Settings) -> Runtime:
         ),
         orphans=lambda: survey_runs.resumable_surveys(engine=engine),
     )
+    return _runtime(settings, engine, redis_client, lock_client, worker=worker, surveys=jobs)
+
+
+def _runtime(
+    settings: Settings,
+    engine: Engine,
+    redis_client: Any,
+    lock_client: Any,
+    *,
+    worker: BoundWorker,
+    surveys: SurveyJobs,
+    celery: tuple[Any, Any] | None = None,
+) -> Runtime:
+    """The runtime around a bound worker and a survey job runner (in process or Celery)."""
     return Runtime(
         settings=settings,
         engine=engine,
@@ -92,7 +106,8 @@ def build_runtime(settings: Settings) -> Runtime:
         redis=redis_client,
         keys=KeyCache(settings.auth_cache_seconds),
         threads=CapacityLimiter(settings.db_pool_size),
-        surveys=jobs,
+        surveys=surveys,
+        celery=celery,
     )
 
 
@@ -116,16 +131,12 @@ def _with_celery(
     jobs = CeleryJobs(
         celery=celery, cfg=cfg, orphans=lambda: survey_runs.resumable_surveys(engine=engine)
     )
-    return Runtime(
-        settings=settings,
-        engine=engine,
-        sessions=make_session_factory(engine),
+    return _runtime(
+        settings,
+        engine,
+        redis_client,
+        lock_client,
         worker=worker,
-        locks=ObjectLocks(lock_client, settings.lock_timeout, settings.lock_wait),
-        limits=DEFAULT_LIMITS,
-        redis=redis_client,
-        keys=KeyCache(settings.auth_cache_seconds),
-        threads=CapacityLimiter(settings.db_pool_size),
         surveys=jobs,
         celery=(celery, cfg),
     )
