@@ -34,10 +34,10 @@ def _recordset(rows: Sequence[Mapping[str, Any]], types: Mapping[str, str]) -> s
 
 
 def _rows_json(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, str]:
-    # orjson: 12x faster than the standard encoder on a chunk's rows (0.43 vs 5.2 us a row of
-    # an import, measured in docs/benchmarks.md "Population surveys"); datetimes as RFC 3339.
-    # Its one difference that matters here, NaN/inf written as null, cannot pass silently:
-    # every float column these statements write is NOT NULL.
+    # orjson: the standard encoder was a large part of an import's profile (docs/benchmarks.md,
+    # "Import: before and after"); datetimes come out as RFC 3339. Its one difference that
+    # matters here, NaN/inf written as null, cannot pass silently: every float column these
+    # statements write is NOT NULL.
     return {"rows": orjson.dumps([{k: row[k] for k in keys} for row in rows]).decode()}
 
 

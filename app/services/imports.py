@@ -143,9 +143,9 @@ def parse_lines(
     items = []
     for number, line in numbered:
         try:
-            # orjson: a third of the standard decoder's time (1.4 vs 4.3 us a line measured);
-            # what it refuses (an integer over 64 bits, a lone surrogate) goes to the standard
-            # decoder, so a line means what it meant before
+            # orjson, faster than the standard decoder (docs/benchmarks.md, "Import: before and
+            # after"); what it refuses (an integer over 64 bits, a lone surrogate) goes to the
+            # standard decoder, so a line means what it meant before
             items.append(orjson.loads(line))
         except orjson.JSONDecodeError:
             try:

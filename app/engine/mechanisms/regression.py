@@ -298,7 +298,7 @@ class ScalarResponse(TabulatedMechanism):
         or far from its value).
         """
         point = np.array([[float(value[self.domain.attributes[a].name]) for a in self.axes]])
-        t, omt, _ = self._accurate(point.reshape(1, len(self.axes)))
+        t, omt, _ = self._accurate(point)
         k, q = math.tanh(0.5 * self.eps), 1.0 / (1.0 + math.exp(self.eps))
         p_high = min(1.0, float(t[0]) * k + q)
         p_low = min(1.0, float(omt[0]) * k + q)

@@ -8,7 +8,9 @@ const WIDTH = 640;
 const HEIGHT = 320;
 const MARGIN = { left: 56, right: 20, top: 16, bottom: 44 };
 
-function element(name, attributes, text) {
+// An SVG element with its attributes (and text): the charts, the estimate plots and the progress
+// bars all build their SVG through this.
+export function element(name, attributes, text) {
   const node = document.createElementNS(SVG, name);
   for (const [key, value] of Object.entries(attributes)) {
     node.setAttribute(key, String(value));

@@ -2,23 +2,12 @@
 // a histogram of shares with 95% interval whiskers (grr, unary_encoding), or one point with its
 // interval on a number line (a proportion or a mean); and the exact numbers in a table.
 
+import { element } from "./chart.js";
 import { num } from "./format.js";
 
-const SVG = "http://www.w3.org/2000/svg";
 const WIDTH = 640;
 const HEIGHT = 300;
 const MARGIN = { left: 56, right: 20, top: 16, bottom: 56 };
-
-function element(name, attributes, text) {
-  const node = document.createElementNS(SVG, name);
-  for (const [key, value] of Object.entries(attributes)) {
-    node.setAttribute(key, String(value));
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
-}
 
 // About `count` round tick values covering [low, high] (low < high).
 export function rangeTicks(low, high, count) {

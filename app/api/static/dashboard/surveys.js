@@ -3,11 +3,11 @@
 // comes from GET /v1/surveys and GET /v1/surveys/{id}.
 
 import { getJson } from "./api.js";
+import { element as svgElement } from "./chart.js";
 import { histogramRows, renderHistogram, renderInterval, scalarRow } from "./estimate.js";
 import { describeQuery, fmtTime, num } from "./format.js";
 import { labelChip, listHash } from "./labels.js";
 
-const SVG = "http://www.w3.org/2000/svg";
 const PAGE = 200;
 const MAX_SURVEYS = 1000;
 // Each refresh of the list reads this many of the newest surveys.
@@ -30,14 +30,6 @@ export const REASONS = [
 
 export function refusedTotal(progress) {
   return REASONS.reduce((sum, [reason]) => sum + (progress.refused[reason] || 0), 0);
-}
-
-function svgElement(name, attributes) {
-  const node = document.createElementNS(SVG, name);
-  for (const [key, value] of Object.entries(attributes)) {
-    node.setAttribute(key, String(value));
-  }
-  return node;
 }
 
 // The progress bar of a survey: accepted members, then refused ones, over all members.
