@@ -63,27 +63,24 @@ def survey_handlers(settings: Settings) -> SurveyHandlers:
     def engine(pid: int) -> Engine:  # one engine per process: connections never cross a fork
         return make_engine(settings.database_url, pool_size=1, max_overflow=1)
 
-    def plan(survey_id: int) -> tuple[str, list[tuple[str | None, str | None]]] | None:
+    def plan(survey_id: int) -> tuple[str, list[int]] | None:
         owner = f"celery:{secrets.token_hex(8)}"
-        ranges = survey_runs.plan_survey(
+        chunks = survey_runs.plan_survey(
             engine=engine(os.getpid()),
             survey_id=survey_id,
             owner=owner,
-            chunk_size=settings.survey_chunk_size,
             lease_seconds=settings.survey_lease_seconds,
         )
-        return None if not ranges else (owner, ranges)
+        return None if not chunks else (owner, chunks)
 
-    def run_range(survey_id: int, owner: str, after: str | None, upto: str | None) -> str:
+    def run_range(survey_id: int, owner: str, chunk: int) -> str:
         return survey_runs.run_survey_range(
             engine=engine(os.getpid()),
             worker=bound,
             survey_id=survey_id,
             owner=owner,
-            after=after,
-            upto=upto,
+            chunk=chunk,
             limits=DEFAULT_LIMITS,
-            chunk_size=settings.survey_chunk_size,
             lease_seconds=settings.survey_lease_seconds,
         )
 

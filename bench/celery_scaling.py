@@ -204,7 +204,7 @@ def row_sizes(url: str) -> dict[str, tuple[int, float]]:
 
     sizes = {}
     with psycopg.connect(url) as conn:
-        for table in ("objects", "queries", "survey_members"):
+        for table in ("objects", "queries", "survey_chunks"):
             row = conn.execute(
                 f"SELECT count(*), pg_total_relation_size('{table}') FROM {table}"  # noqa: S608
             ).fetchone()

@@ -76,7 +76,6 @@ def build_runtime(settings: Settings) -> Runtime:
             survey_id=survey_id,
             owner=owner,
             limits=DEFAULT_LIMITS,
-            chunk_size=settings.survey_chunk_size,
             lease_seconds=settings.survey_lease_seconds,
             threads=settings.survey_threads,
         ),

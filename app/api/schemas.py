@@ -368,9 +368,14 @@ class SubmitResult(_Open):
 
 
 class HistoryItem(_Open):
-    """One accepted query of an object's history."""
+    """One accepted query of an object's history: a single submit or a survey's answer."""
 
-    query_id: int
+    query_id: int | None = Field(
+        description="The submit's query id; null for a survey's answer (see survey_id)"
+    )
+    survey_id: int | None = Field(
+        default=None, description="The survey that asked it (null: a single submit)"
+    )
     seq: int
     query: dict[str, Any]
     output: Any

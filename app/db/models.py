@@ -12,8 +12,8 @@
   object registered with it (a million objects of one study share one ~250-byte text).
 * :class:`LikelihoodStateRecord` — a finite likelihood array, stored once per (domain, history)
   and shared by every object with that history (storage grows with distinct histories).
-* :class:`Survey` and :class:`SurveyMember` — a population survey, its fixed membership and each
-  member's decision (issue #13).
+* :class:`Survey` and :class:`SurveyChunk` — a population survey, and its fixed membership cut
+  into chunks, each holding its members' decisions and answers packed (issue #13).
 
 The state of an object is always re-derivable from its query records (``gatekeeper verify``).
 """
@@ -31,7 +31,6 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     ScalarSelect,
-    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -109,6 +108,9 @@ class ProtectedObject(Base):
     #: Finite domains: the key of the likelihood array in ``likelihood_states`` (None: no
     #: accepted query yet, ``log P = 0``).
     state_hash: Mapped[str | None] = mapped_column(String(32))
+    #: The survey answers in this object's history, ``"{survey_id}:{chunk}"`` tokens joined by
+    #: commas in sequence order (None: none) — :mod:`app.services.history` reads them.
+    answered: Mapped[str | None] = mapped_column(Text)
     #: Hash chain of the accepted history (``app.services.snapshots.next_history_hash``): equal
     #: for equal histories, which is how a survey groups continuous objects.
     history_hash: Mapped[str | None] = mapped_column(String(32))
@@ -261,17 +263,31 @@ class Survey(Base):
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
-class SurveyMember(Base):
-    """One member of a survey and its decision (``status``: 0 pending, 1 accepted, 2 refused)."""
+class SurveyChunk(Base):
+    """A chunk of a survey's members, decided together in one transaction (issue #13).
 
-    __tablename__ = "survey_members"
+    Members are packed: a chunk of 5,000 members is one row whose texts PostgreSQL compresses,
+    about 10 bytes a member instead of the ~380 a member row plus a history row took. The
+    format is :mod:`app.services.survey_chunks`'s: ``members`` in sorted order joined by
+    newlines; once decided, ``picks`` (per member: an index into ``variants`` when accepted, a
+    negative refusal code otherwise), ``seqs`` (per member: the answer's sequence number in its
+    object's history, 0 when refused) and ``variants`` (the distinct history entries the
+    chunk's answers are: query, output, ε, loss bounds after), all JSON. A chunk is wholly
+    pending (``decided_at`` None) or wholly decided.
+    """
+
+    __tablename__ = "survey_chunks"
 
     survey_id: Mapped[int] = mapped_column(ForeignKey("surveys.id"), primary_key=True)
-    object_id: Mapped[str] = mapped_column(String(128), primary_key=True)
-    status: Mapped[int] = mapped_column(SmallInteger, default=0, nullable=False)
-    reason: Mapped[str | None] = mapped_column(String(32))
-    #: The accepted output (JSON); its history row names the survey.
-    output: Mapped[str | None] = mapped_column(Text)
+    chunk: Mapped[int] = mapped_column(Integer, primary_key=True)
+    size: Mapped[int] = mapped_column(Integer, nullable=False)
+    first_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    last_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    members: Mapped[str] = mapped_column(Text, nullable=False)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    picks: Mapped[str | None] = mapped_column(Text)
+    seqs: Mapped[str | None] = mapped_column(Text)
+    variants: Mapped[str | None] = mapped_column(Text)
 
 
 class IdempotentRequest(Base):

@@ -19,7 +19,7 @@ from sqlalchemy import ColumnElement, Numeric, case, cast, func, literal, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import AuditEvent, LikelihoodStateRecord, ProtectedObject, QueryRecord, Survey
+from app.db.models import AuditEvent, LikelihoodStateRecord, ProtectedObject, Survey
 from app.engine.accountant import Odometer
 from app.engine.approx import OutputIndependentFilter, parse_delta_value
 from app.engine.domain import Domain, parse_domain
@@ -30,6 +30,7 @@ from app.engine.likelihood import LossBounds
 from app.engine.limits import MAX_BUDGET, EngineLimits
 from app.services import audit
 from app.services.domains import domain_hash, store_domains
+from app.services.history import answered_of, object_history
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
@@ -384,12 +385,9 @@ def odometer_history(
     """Realized-loss bounds and basic composition after each accepted query (for charts)."""
     with session_factory() as session:
         row = load_object(session, object_id)
-        records = session.scalars(
-            select(QueryRecord)
-            .where(QueryRecord.object_id == object_id, QueryRecord.seq > after)
-            .order_by(QueryRecord.seq)
-            .limit(limit)
-        ).all()
+        records = object_history(
+            session.connection(), object_id, row.answered, after=after, limit=limit
+        )
         points = [
             {
                 "accepted": r.seq,
@@ -434,13 +432,15 @@ def _rejections(
         accepted = json.loads(event.detail).get("accepted")
         if not isinstance(accepted, int):
             if times is None:  # events written before the count was recorded
-                times = list(
-                    session.scalars(
-                        select(QueryRecord.created_at)
-                        .where(QueryRecord.object_id == object_id)
-                        .order_by(QueryRecord.seq)
+                times = [
+                    r.created_at
+                    for r in object_history(
+                        session.connection(),
+                        object_id,
+                        answered_of(session.connection(), object_id),
                     )
-                )
+                    if r.created_at is not None
+                ]
             accepted = bisect.bisect_right(times, event.at)
         if accepted >= after and (before is None or accepted < before):
             found.append({"after_accepted": accepted, "at": _iso(event.at)})

@@ -57,6 +57,7 @@ from app.services.errors import (
     Retired,
     ServiceError,
 )
+from app.services.history import object_history
 from app.services.locks import ObjectLocks
 from app.services.objects import ID_PATTERN, load_object, odometer_view
 from app.services.snapshots import advance, move_state_refs, remember, snapshot_of
@@ -536,16 +537,19 @@ def list_queries(
 ) -> dict[str, Any]:
     """Accepted queries of an object (an analyst sees only its own)."""
     with session_factory() as session:
-        load_object(session, object_id)
-        query = select(QueryRecord).where(
-            QueryRecord.object_id == object_id, QueryRecord.seq > after
+        row = load_object(session, object_id)
+        records = object_history(
+            session.connection(),
+            object_id,
+            row.answered,
+            after=after,
+            limit=limit,
+            analyst_key_id=analyst_key_id,
         )
-        if analyst_key_id is not None:
-            query = query.where(QueryRecord.analyst_key_id == analyst_key_id)
-        records = session.scalars(query.order_by(QueryRecord.seq).limit(limit)).all()
         items = [
             {
-                "query_id": r.id,
+                "query_id": r.query_id,
+                "survey_id": r.survey_id,
                 "seq": r.seq,
                 "query": json.loads(r.query),
                 "output": json.loads(r.output),

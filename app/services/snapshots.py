@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from sqlalchemy import Connection, Engine, Table, bindparam, delete, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from app.db.models import LikelihoodStateRecord, QueryRecord
+from app.db.models import LikelihoodStateRecord
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
 from app.engine.filters import FilterKind
@@ -36,18 +36,13 @@ from app.engine.pipeline import (
     fold_history,
     history_entry,
 )
+from app.services.history import answered_of, object_history
 
 #: Continuous history terms kept in the cache, all objects together (a term is a few hundred
 #: bytes: the default holds about 100 MB).
 CACHED_TERMS = 250_000
 
-_QUERIES: Table = QueryRecord.__table__  # type: ignore[assignment]
 _STATES: Table = LikelihoodStateRecord.__table__  # type: ignore[assignment]
-_HISTORY = (
-    select(_QUERIES.c.query, _QUERIES.c.output)
-    .where(_QUERIES.c.object_id == bindparam("object_id"))
-    .order_by(_QUERIES.c.seq)
-)
 
 
 class SnapshotRow(Protocol):
@@ -138,9 +133,9 @@ HISTORIES = HistoryCache()
 
 
 def stored_history(conn: Connection, object_id: str, domain: Domain) -> list[HistoryEntry]:
-    """The object's accepted queries and outputs, parsed, in sequence order."""
-    rows = conn.execute(_HISTORY, {"object_id": object_id}).all()
-    return [history_entry(domain, json.loads(r.query), json.loads(r.output)) for r in rows]
+    """The object's accepted queries and outputs (submits and survey answers), parsed, in order."""
+    items = object_history(conn, object_id, answered_of(conn, object_id))
+    return [history_entry(domain, json.loads(r.query), json.loads(r.output)) for r in items]
 
 
 def snapshot_of(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import StrEnum
 from typing import Any, NamedTuple, cast
 
 from sqlalchemy import Connection, Table, select
@@ -31,14 +31,6 @@ from app.worker.pool import BoundWorker
 
 OBJECTS = cast(Table, ProtectedObject.__table__)
 SURVEYS = cast(Table, Survey.__table__)
-
-
-class MemberStatus(IntEnum):
-    """A member's state in ``survey_members.status``."""
-
-    PENDING = 0
-    ACCEPTED = 1
-    REFUSED = 2
 
 
 class Refusal(StrEnum):

@@ -1,27 +1,30 @@
 """Running a survey: its members decided chunk by chunk, each chunk one transaction.
 
-A chunk:
+A survey's members are cut into chunks at creation (:mod:`app.services.survey_chunks`). A
+chunk:
 
-1. takes the next pending members (keyset on the object id) and their object rows — locked
+1. takes its ``survey_chunks`` row if still pending, and its members' object rows — both locked
    ``FOR UPDATE`` on PostgreSQL, so a concurrent single submit waits, then loses its
-   compare-and-set and decides again on the committed history;
+   compare-and-set and decides again on the committed history, and a second worker on the same
+   chunk waits, then finds it decided;
 2. groups them by public state (:mod:`app.services.survey_groups`) and decides each group once —
    remembered for the rest of the run (:class:`RunCache`), since equal public state means an
    equal decision;
 3. decrypts and samples each accepted member (the only read of a value); the next snapshot is
    computed once per (group, output), also remembered, so a million members with ten histories
    compute twenty states, and store each once (:mod:`app.services.snapshots`);
-4. writes in a handful of statements (:mod:`app.services.bulk`): history rows naming the
-   survey, a compare-and-set on every accepted object's version, the members' decisions (only
-   from pending: a member is decided at most once), refusals counted on their objects, the
-   shared states' reference counts, and the survey's counters and output tally — whose row is
-   locked last, and whose status is checked there: a survey cancelled meanwhile rolls the chunk
-   back.
+4. writes in a handful of statements (:mod:`app.services.bulk`): a compare-and-set on every
+   accepted object's version (which also names the chunk in ``objects.answered``: the answer
+   is in the object's history from then on), the members' decisions and answers packed in the
+   chunk's row (only from pending: a member is decided at most once), refusals counted on
+   their objects, the shared states' reference counts, and the survey's counters and output
+   tally — whose row is locked last, and whose status is checked there: a survey cancelled
+   meanwhile rolls the chunk back.
 
 Anything failing in a chunk (a lost race, a crash, a cancel) rolls it back — the samples drawn
 are discarded unseen — and it is decided again from what committed. A process claims a survey
 with a lease renewed after every chunk; a crashed process's surveys are taken over when its
-lease expires (:func:`resumable_surveys`) and resume at the first pending member.
+lease expires (:func:`resumable_surveys`) and resume at the first pending chunk.
 """
 
 from __future__ import annotations
@@ -37,14 +40,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, Text, bindparam, func, or_, select, update
+from sqlalchemy import Connection, Engine, Text, bindparam, func, or_, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from app import crypto, metrics
-from app.db.models import QueryRecord, SurveyMember
 from app.engine.estimates import tally_keys
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Output
@@ -58,6 +60,13 @@ from app.services.snapshots import (
     load_states,
     move_state_refs,
 )
+from app.services.survey_chunks import (
+    CHUNKS,
+    REFUSAL_CODES,
+    Variant,
+    append_answered,
+    decided_columns,
+)
 from app.services.survey_groups import (
     ACTIVE,
     KEY_COLUMNS,
@@ -65,7 +74,6 @@ from app.services.survey_groups import (
     SURVEYS,
     GroupAccepted,
     GroupKey,
-    MemberStatus,
     ParsedQuery,
     Refusal,
     StateMissing,
@@ -75,9 +83,6 @@ from app.services.survey_groups import (
     survey_totals,
 )
 from app.worker.pool import BoundWorker
-
-_QUERIES = cast(Table, QueryRecord.__table__)
-_MEMBERS = cast(Table, SurveyMember.__table__)
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +98,9 @@ class _Stopped(Exception):
 
 @dataclass(frozen=True)
 class ChunkOutcome:
-    """What one chunk did: the last member it decided (None: nothing pending) and counts."""
+    """What one chunk did: its number and counts (``decided`` 0: it was decided already)."""
 
-    last: str | None
+    chunk: int
     decided: int
     accepted: int
     groups: int
@@ -140,47 +145,34 @@ class RunCache:
             self.parsed.states.clear()
 
 
-#: Where the group key's columns start in a :data:`_PENDING` row (they end it).
-_KEY_START = 5
-_PENDING = (
+#: Where the group key's columns start in a :data:`_MEMBER_ROWS` row (they end it).
+_KEY_START = 6
+_MEMBER_ROWS = (
     select(
         OBJECTS.c.id,
         OBJECTS.c.version,
         OBJECTS.c.accepted,
         OBJECTS.c.retired_at,
+        OBJECTS.c.answered,
         sql_cast(OBJECTS.c.value, Text).label("sealed"),
         *KEY_COLUMNS,
     )
-    .select_from(_MEMBERS.join(OBJECTS, OBJECTS.c.id == _MEMBERS.c.object_id))
-    .where(
-        _MEMBERS.c.survey_id == bindparam("survey_id"),
-        _MEMBERS.c.status == MemberStatus.PENDING.value,
-        or_(bindparam("after", type_=Text).is_(None), _MEMBERS.c.object_id > bindparam("after")),
-        or_(bindparam("upto", type_=Text).is_(None), _MEMBERS.c.object_id <= bindparam("upto")),
-    )
-    .order_by(_MEMBERS.c.object_id)
-    .limit(bindparam("size"))
+    .where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
+    .order_by(OBJECTS.c.id)
 )
-#: PostgreSQL array types of the history rows a chunk inserts.
-_HISTORY_TYPES = {
-    "object_id": "text",
-    "seq": "int",
-    "query": "text",
-    "output": "text",
-    "epsilon": "float8",
-    "epsilon_exact": "text",
-    "loss_lower": "float8",
-    "loss_upper": "float8",
-    "basic_after": "float8",
-    "analyst_key_id": "int",
-    "survey_id": "int",
-    "created_at": "timestamptz",
-}
+#: Member objects read (and locked) per statement.
+_READ_BATCH = 5000
+_PENDING_CHUNK = select(CHUNKS.c.members).where(
+    CHUNKS.c.survey_id == bindparam("survey_id"),
+    CHUNKS.c.chunk == bindparam("chunk"),
+    CHUNKS.c.decided_at.is_(None),
+)
 _ADVANCE_TYPES = {
     "where_id": "text",
     "where_version": "int",
     "version": "int",
     "accepted": "int",
+    "answered": "text",
     "updated_at": "timestamptz",
     "state_hash": "text",
     "history_hash": "text",
@@ -189,21 +181,19 @@ _ADVANCE_TYPES = {
     "basic_total": "text",
     "f0_account": "text",
 }
-_MEMBER_TYPES = {
-    "where_object": "text",
-    "status": "smallint",
-    "reason": "text",
-    "output": "text",
-}
 
 
 @dataclass
 class _Chunk:
     """What a chunk will write."""
 
-    history: list[dict[str, Any]] = field(default_factory=list)
+    survey_id: int
+    chunk: int
+    now: datetime
+    picks: dict[str, int] = field(default_factory=dict)
+    seqs: dict[str, int] = field(default_factory=dict)
+    variants: list[Variant] = field(default_factory=list)
     advances: list[dict[str, Any]] = field(default_factory=list)
-    members: list[dict[str, Any]] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     gained: dict[str, tuple[StoredState, int]] = field(default_factory=dict)
     lost: Counter[str] = field(default_factory=Counter)
@@ -224,17 +214,16 @@ def run_chunk(
     engine: Engine,
     worker: BoundWorker,
     survey_id: int,
-    after: str | None,
-    size: int,
+    chunk: int,
     limits: EngineLimits,
     cache: RunCache | None = None,
-    upto: str | None = None,
 ) -> ChunkOutcome:
-    """Decide the next ``size`` pending members in ``(after, upto]``, in one transaction.
+    """Decide chunk ``chunk`` of the survey's members, in one transaction.
 
     ``cache`` carries decisions and states from earlier chunks of the same run (a fresh one
-    when None). Raises :class:`_Stopped` when the survey is no longer active and
-    :class:`_LostRace` when an object changed under the chunk (nothing was written).
+    when None). A chunk decided already is left alone (``decided`` 0). Raises
+    :class:`_Stopped` when the survey is no longer active and :class:`_LostRace` when an object
+    changed under the chunk (nothing was written).
     """
     new_groups: set[GroupKey] = set()
     try:
@@ -244,16 +233,17 @@ def run_chunk(
                 raise _Stopped
             if cache is None:
                 cache = new_run_cache(json.loads(survey.query), limits)
-            statement = _PENDING.with_for_update(of=OBJECTS) if _locks_rows(conn) else _PENDING
-            rows = conn.execute(
-                statement, {"survey_id": survey_id, "after": after, "upto": upto, "size": size}
-            ).all()
-            if not rows:
-                return ChunkOutcome(None, 0, 0, 0)
-            work = _decide_rows(conn, rows, cache, worker, survey)
+            locks = _locks_rows(conn)
+            pending = _PENDING_CHUNK.with_for_update() if locks else _PENDING_CHUNK
+            members = conn.execute(pending, {"survey_id": survey_id, "chunk": chunk}).scalar()
+            if members is None:
+                return ChunkOutcome(chunk, 0, 0, 0)
+            ids = members.split("\n")
+            rows = _member_rows(conn, ids, locks)
+            work = _decide_rows(conn, rows, cache, worker, survey, _Chunk(survey_id, chunk, _now()))
             new_groups = cache.claim_groups(work.keys)
             work.groups = len(new_groups)
-            _write(conn, survey_id, work, len(rows), cache)
+            _write(conn, ids, work, cache)
             accepted = len(work.advances)
     except BaseException as exc:  # not committed: the groups were not counted
         if cache is not None:
@@ -266,7 +256,23 @@ def run_chunk(
     metrics.SURVEY_MEMBERS.labels("accepted").inc(accepted)
     metrics.SURVEY_MEMBERS.labels("refused").inc(len(rows) - accepted)
     metrics.SURVEY_GROUPS.inc(work.groups)
-    return ChunkOutcome(rows[-1].id, len(rows), accepted, work.groups)
+    return ChunkOutcome(chunk, len(rows), accepted, work.groups)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _member_rows(conn: Connection, ids: list[str], locks: bool) -> list[Any]:
+    """The members' object rows (locked on PostgreSQL); every member must have one."""
+    statement = _MEMBER_ROWS.with_for_update(of=OBJECTS) if locks else _MEMBER_ROWS
+    rows: list[Any] = []
+    for start in range(0, len(ids), _READ_BATCH):
+        rows.extend(conn.execute(statement, {"ids": ids[start : start + _READ_BATCH]}))
+    if len(rows) != len(ids):
+        missing = sorted(set(ids) - {row.id for row in rows})[:5]
+        raise LookupError(f"survey members without an object row: {missing}")
+    return rows
 
 
 def _locks_rows(conn: Connection) -> bool:
@@ -302,10 +308,14 @@ def _advance_of(
 
 
 def _decide_rows(
-    conn: Connection, rows: Sequence[Any], cache: RunCache, worker: BoundWorker, survey: Any
+    conn: Connection,
+    rows: Sequence[Any],
+    cache: RunCache,
+    worker: BoundWorker,
+    survey: Any,
+    work: _Chunk,
 ) -> _Chunk:
     """Group the chunk's members, decide each group once, sample each accepted member."""
-    work = _Chunk()
     by_group: dict[GroupKey, list[Any]] = defaultdict(list)
     for row in rows:
         if row.retired_at is not None:
@@ -317,7 +327,6 @@ def _decide_rows(
     states.update(load_states(conn, {k for k in missing if k is not None}))
     work.keys = set(by_group)
     cipher = crypto.active()
-    now = datetime.now(UTC)
     for key, members in by_group.items():
         group = _group_decision(conn, key, members[0], cache, worker)
         if isinstance(group, Refusal):
@@ -330,14 +339,6 @@ def _decide_rows(
             by_output[mech.sample(json.loads(cipher.decrypt(row.sealed)))].append(row)
         work.domains.add(key.domain)
         query_text = json.dumps(mech.to_json())
-        common = {
-            "query": query_text,
-            "epsilon": mech.epsilon,
-            "epsilon_exact": str(mech.epsilon_exact),
-            "analyst_key_id": survey.analyst_key_id,
-            "survey_id": survey.id,
-            "created_at": now,
-        }
         for output, answered in by_output.items():
             change = _advance_of(key, group, output, cache, worker)
             columns = change.columns
@@ -350,33 +351,31 @@ def _decide_rows(
                 work.lost[key.state_hash] += len(answered)
             for tally_key in tally_keys(mech, output):
                 work.tally[tally_key] += len(answered)
-            output_text = json.dumps(mech.output_json(output))
-            row_common = {
-                **common,
-                "output": output_text,
-                "loss_lower": columns["loss_lower"],
-                "loss_upper": columns["loss_upper"],
-                "basic_after": float(Fraction(columns["basic_total"])),
-            }
+            pick = len(work.variants)
+            work.variants.append(
+                Variant(
+                    query=query_text,
+                    output=json.dumps(mech.output_json(output)),
+                    epsilon=mech.epsilon,
+                    epsilon_exact=str(mech.epsilon_exact),
+                    loss_lower=columns["loss_lower"],
+                    loss_upper=columns["loss_upper"],
+                    basic_after=float(Fraction(columns["basic_total"])),
+                )
+            )
             for row in answered:
                 seq = row.accepted + 1
-                work.history.append({**row_common, "object_id": row.id, "seq": seq})
+                work.picks[row.id] = pick
+                work.seqs[row.id] = seq
                 work.advances.append(
                     {
                         "where_id": row.id,
                         "where_version": row.version,
                         "version": row.version + 1,
                         "accepted": seq,
-                        "updated_at": now,
+                        "answered": append_answered(row.answered, work.survey_id, work.chunk),
+                        "updated_at": work.now,
                         **columns,
-                    }
-                )
-                work.members.append(
-                    {
-                        "where_object": row.id,
-                        "status": MemberStatus.ACCEPTED.value,
-                        "reason": None,
-                        "output": output_text,
                     }
                 )
     return work
@@ -384,22 +383,15 @@ def _decide_rows(
 
 def _refuse(work: _Chunk, row: Any, reason: Refusal) -> None:
     work.refused[reason.value] += 1
-    work.members.append(
-        {
-            "where_object": row.id,
-            "status": MemberStatus.REFUSED.value,
-            "reason": reason.value,
-            "output": None,
-        }
-    )
+    work.picks[row.id] = REFUSAL_CODES[reason.value]
+    work.seqs[row.id] = 0
     if reason is Refusal.BUDGET:
         work.refusals.append(row.id)
 
 
-def _write(conn: Connection, survey_id: int, work: _Chunk, count: int, cache: RunCache) -> None:
-    """Store a chunk's decisions; :class:`_LostRace` if an object or member moved meanwhile."""
+def _write(conn: Connection, ids: list[str], work: _Chunk, cache: RunCache) -> None:
+    """Store a chunk's decisions; :class:`_LostRace` if an object or the chunk moved meanwhile."""
     if work.advances:
-        bulk.insert_rows(conn, _QUERIES, work.history, _HISTORY_TYPES)
         updated = bulk.update_rows(
             conn,
             OBJECTS,
@@ -411,21 +403,26 @@ def _write(conn: Connection, survey_id: int, work: _Chunk, count: int, cache: Ru
             raise _LostRace
         move_state_refs(conn, gained=work.gained, lost=work.lost, stored=cache.stored)
     bulk.increment(conn, OBJECTS, "rejected", work.refusals)
-    members = [{**m, "where_survey": survey_id} for m in work.members]
-    decided = bulk.update_rows(
-        conn,
-        _MEMBERS,
-        members,
-        where={"where_survey": "survey_id", "where_object": "object_id"},
-        values={"where_survey": "int", **_MEMBER_TYPES},
-        fixed="t.status = 0",
+    decided = conn.execute(
+        update(CHUNKS)
+        .where(
+            CHUNKS.c.survey_id == work.survey_id,
+            CHUNKS.c.chunk == work.chunk,
+            CHUNKS.c.decided_at.is_(None),
+        )
+        .values(
+            decided_at=work.now,
+            **decided_columns(
+                [work.picks[i] for i in ids], [work.seqs[i] for i in ids], work.variants
+            ),
+        )
     )
-    if decided != count:
+    if decided.rowcount != 1:
         raise _LostRace
     # the survey's row last: it serialises chunks of one survey for the shortest time
     survey = conn.execute(
         select(SURVEYS.c.status, SURVEYS.c.refused, SURVEYS.c.tally, SURVEYS.c.domain)
-        .where(SURVEYS.c.id == survey_id)
+        .where(SURVEYS.c.id == work.survey_id)
         .with_for_update()
     ).one()
     if survey.status not in ACTIVE:
@@ -439,9 +436,9 @@ def _write(conn: Connection, survey_id: int, work: _Chunk, count: int, cache: Ru
         domain = text if domain is None or domain == text else ""
     conn.execute(
         update(SURVEYS)
-        .where(SURVEYS.c.id == survey_id)
+        .where(SURVEYS.c.id == work.survey_id)
         .values(
-            decided=SURVEYS.c.decided + count,
+            decided=SURVEYS.c.decided + len(ids),
             accepted=SURVEYS.c.accepted + len(work.advances),
             groups=SURVEYS.c.groups + work.groups,
             refused=json.dumps(dict(refused)),
@@ -493,50 +490,24 @@ def resumable_surveys(*, engine: Engine) -> list[int]:
         )
 
 
-def chunk_ranges(
-    *, engine: Engine, survey_id: int, size: int
-) -> list[tuple[str | None, str | None]]:
-    """The pending members cut into ranges ``(after, upto]`` of at most ``size`` members.
+def pending_chunks(*, engine: Engine, survey_id: int) -> list[int]:
+    """The numbers of the survey's chunks not decided yet, in order.
 
-    One ordered scan of the survey's pending members (its primary key); the ranges are
-    independent units of work — for this process's threads, or a distributed worker's tasks.
+    Each is an independent unit of work — for this process's threads, or a distributed
+    worker's tasks.
     """
-    numbered = (
-        select(
-            _MEMBERS.c.object_id,
-            func.row_number().over(order_by=_MEMBERS.c.object_id).label("n"),
-        )
-        .where(
-            _MEMBERS.c.survey_id == survey_id,
-            _MEMBERS.c.status == MemberStatus.PENDING.value,
-        )
-        .subquery()
-    )
     with engine.connect() as conn:
-        ends = list(
+        return list(
             conn.execute(
-                select(numbered.c.object_id)
-                .where(numbered.c.n % size == 0)
-                .order_by(numbered.c.object_id)
+                select(CHUNKS.c.chunk)
+                .where(CHUNKS.c.survey_id == survey_id, CHUNKS.c.decided_at.is_(None))
+                .order_by(CHUNKS.c.chunk)
             ).scalars()
         )
-        if not ends:
-            pending = conn.execute(
-                select(func.count())
-                .select_from(_MEMBERS)
-                .where(
-                    _MEMBERS.c.survey_id == survey_id,
-                    _MEMBERS.c.status == MemberStatus.PENDING.value,
-                )
-            ).scalar_one()
-            return [(None, None)] if pending else []
-    starts: list[str | None] = [None, *ends]
-    uppers: list[str | None] = [*ends, None]
-    return list(zip(starts, uppers, strict=True))
 
 
 class _Run:
-    """One process's run of a survey: its ranges decided by ``threads`` threads."""
+    """One process's run of a survey: its chunks decided by ``threads`` threads."""
 
     def __init__(
         self,
@@ -546,13 +517,12 @@ class _Run:
         survey_id: int,
         owner: str,
         limits: EngineLimits,
-        chunk_size: int,
         lease_seconds: float,
         attempts: int,
         cache: RunCache,
     ) -> None:
         self.engine, self.worker, self.survey_id, self.owner = engine, worker, survey_id, owner
-        self.limits, self.chunk_size, self.lease_seconds = limits, chunk_size, lease_seconds
+        self.limits, self.lease_seconds = limits, lease_seconds
         self.attempts, self.cache = attempts, cache
         self.stop = threading.Event()
         self.outcome: str | None = None  # set when the run must end early (why)
@@ -564,8 +534,8 @@ class _Run:
                 self.outcome = outcome
         self.stop.set()
 
-    def range_(self, after: str | None, upto: str | None) -> None:
-        """Decide one range, retrying lost races; ends the run on a stop or an error."""
+    def chunk(self, chunk: int) -> None:
+        """Decide one chunk, retrying lost races; ends the run on a stop or an error."""
         failures = 0
         while not self.stop.is_set():
             try:
@@ -573,9 +543,7 @@ class _Run:
                     engine=self.engine,
                     worker=self.worker,
                     survey_id=self.survey_id,
-                    after=after,
-                    upto=upto,
-                    size=self.chunk_size,
+                    chunk=chunk,
                     limits=self.limits,
                     cache=self.cache,
                 )
@@ -610,14 +578,13 @@ def run_survey(
     survey_id: int,
     owner: str,
     limits: EngineLimits,
-    chunk_size: int,
     lease_seconds: float,
     threads: int = 1,
     attempts: int = 20,
 ) -> str:
-    """Decide every pending member, range by range, then mark the survey done.
+    """Decide every pending chunk, then mark the survey done.
 
-    ``threads`` ranges are decided at once (while one thread's chunk is in the database,
+    ``threads`` chunks are decided at once (while one thread's chunk is in the database,
     another samples). Returns the survey's final status (or ``"not-claimed"`` when another
     process holds it). A chunk that loses a race is decided again (up to ``attempts`` times in
     a row); any other error marks the survey ``failed`` with the error's type.
@@ -635,17 +602,16 @@ def run_survey(
         survey_id=survey_id,
         owner=owner,
         limits=limits,
-        chunk_size=chunk_size,
         lease_seconds=lease_seconds,
         attempts=attempts,
         cache=cache,
     )
     while True:
-        ranges = chunk_ranges(engine=engine, survey_id=survey_id, size=chunk_size)
-        if not ranges:
+        chunks = pending_chunks(engine=engine, survey_id=survey_id)
+        if not chunks:
             return _finish(engine, survey_id, started)
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="survey") as pool:
-            for _ in pool.map(lambda bounds: run.range_(*bounds), ranges):
+            for _ in pool.map(run.chunk, chunks):
                 pass
         if run.outcome == "stopped":
             log.info("survey %d: stopped (no longer active)", survey_id)
@@ -658,33 +624,33 @@ def run_survey(
 
 
 # ------------------------------------------------------------------------------ distributed
-#: Errors that interrupt a range without failing the survey: a distributed worker's time
+#: Errors that interrupt a chunk without failing the survey: a distributed worker's time
 #: limit (Celery raises ``SoftTimeLimitExceeded`` inside the chunk, which then rolls back).
 INTERRUPTIONS = frozenset({"SoftTimeLimitExceeded"})
 
 
 def plan_survey(
-    *, engine: Engine, survey_id: int, owner: str, chunk_size: int, lease_seconds: float
-) -> list[tuple[str | None, str | None]] | None:
-    """Claim a survey for a distributed run and cut its pending members into ranges.
+    *, engine: Engine, survey_id: int, owner: str, lease_seconds: float
+) -> list[int] | None:
+    """Claim a survey for a distributed run and list its pending chunks.
 
-    Each range is then decided by :func:`run_survey_range` on any worker, under ``owner``'s
+    Each chunk is then decided by :func:`run_survey_range` on any worker, under ``owner``'s
     lease. Returns None when there is nothing to dispatch: another run holds the lease (or took
-    it over while the ranges were cut: planning must end within ``lease_seconds``) or the
-    survey is no longer active; an empty list when no member is pending (the survey is then
+    it over while the chunks were listed: planning must end within ``lease_seconds``) or the
+    survey is no longer active; an empty list when no chunk is pending (the survey is then
     marked done here).
     """
     if not claim(engine=engine, survey_id=survey_id, owner=owner, lease_seconds=lease_seconds):
         return None
-    ranges = chunk_ranges(engine=engine, survey_id=survey_id, size=chunk_size)
-    if not ranges:
+    chunks = pending_chunks(engine=engine, survey_id=survey_id)
+    if not chunks:
         _finish(engine, survey_id, time.monotonic())
-        return ranges
-    # renewed before dispatching: a plan whose lease expired while it scanned (another plan
-    # took over) must not send a second set of ranges
+        return chunks
+    # renewed before dispatching: a plan whose lease expired while it listed (another plan
+    # took over) must not send a second set of tasks
     if not claim(engine=engine, survey_id=survey_id, owner=owner, lease_seconds=lease_seconds):
         return None
-    return ranges
+    return chunks
 
 
 def run_survey_range(
@@ -693,17 +659,15 @@ def run_survey_range(
     worker: BoundWorker,
     survey_id: int,
     owner: str,
-    after: str | None,
-    upto: str | None,
+    chunk: int,
     limits: EngineLimits,
-    chunk_size: int,
     lease_seconds: float,
     attempts: int = 20,
 ) -> str:
-    """Decide the pending members of ``(after, upto]`` (one range of :func:`plan_survey`).
+    """Decide chunk ``chunk`` (one task of :func:`plan_survey`).
 
     The same chunk code and retry rules as :func:`run_survey`; the lease is renewed under
-    ``owner`` afterwards. The range that leaves no member pending marks the survey done.
+    ``owner`` afterwards. The chunk that leaves no member pending marks the survey done.
     Returns the survey's status (``"not-claimed"`` when another run took the lease over).
     """
     started = time.monotonic()
@@ -717,12 +681,11 @@ def run_survey_range(
         survey_id=survey_id,
         owner=owner,
         limits=limits,
-        chunk_size=chunk_size,
         lease_seconds=lease_seconds,
         attempts=attempts,
         cache=new_run_cache(json.loads(survey.query), limits),
     )
-    run.range_(after, upto)
+    run.chunk(chunk)
     if run.outcome == "stopped":
         return _status(engine, survey_id)
     if run.outcome == "not-claimed":

@@ -1,37 +1,37 @@
 """Population surveys: requests, membership, views, cancel and dry-run.
 
-Creation (``POST /v1/surveys``) validates the request, fixes the membership (a labels cohort is
-copied server-side with one ``INSERT … SELECT``; an ids cohort must name registered objects) and
-stores the survey ``queued``; :mod:`app.services.survey_runs` then decides its members off the
-request path. A dry-run groups the cohort by public state in SQL and decides each group once,
-as the run will, spending nothing.
+Creation (``POST /v1/surveys``) validates the request, fixes the membership (the ids a labels
+cohort selects, or an ids cohort's — which must name registered objects — sorted and cut into
+chunks: :mod:`app.services.survey_chunks`) and stores the survey ``queued``;
+:mod:`app.services.survey_runs` then decides its members off the request path. A dry-run
+groups the cohort by public state in SQL and decides each group once, as the run will, spending
+nothing.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Engine,
     Select,
-    Table,
     and_,
     bindparam,
     func,
     insert,
-    literal,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
 
-from app.db.models import SurveyMember
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput, Unsupported
 from app.engine.estimates import estimate, output_histogram
@@ -42,13 +42,13 @@ from app.services import audit
 from app.services.domains import DOMAIN_TEXT
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, ServiceError
 from app.services.objects import ID_PATTERN, label_conditions, parse_labels
+from app.services.survey_chunks import CHUNKS, MemberDecision, cut_members, decode
 from app.services.survey_groups import (
     ACTIVE,
     KEY_COLUMNS,
     OBJECTS,
     SURVEYS,
     GroupKey,
-    MemberStatus,
     ParsedQuery,
     Refusal,
     StateMissing,
@@ -58,8 +58,6 @@ from app.services.survey_groups import (
     survey_totals,
 )
 from app.worker.pool import BoundWorker
-
-_MEMBERS = cast(Table, SurveyMember.__table__)
 
 #: Ids looked up per statement when checking an ids cohort.
 _ID_CHUNK = 1000
@@ -205,20 +203,58 @@ def create_survey(
     analyst_key_id: int | None,
     max_members: int,
     limits: EngineLimits,
+    chunk_size: int,
 ) -> tuple[dict[str, Any], bool]:
     """Store a survey and its membership; returns its view and whether it is a replay.
 
-    Raises :class:`InvalidCohort` (422: no member, unknown ids, too many members) and
-    :class:`IdempotencyMismatch` (the key was used with another body).
+    The members are stored in chunks of ``chunk_size`` (the unit a run decides in one
+    transaction). Raises :class:`InvalidCohort` (422: no member, unknown ids, too many members)
+    and :class:`IdempotencyMismatch` (the key was used with another body).
     """
     for _ in range(3):
         try:
             return _create_once(
-                engine, request, fingerprint, idempotency_key, analyst_key_id, max_members, limits
+                engine,
+                request,
+                fingerprint,
+                idempotency_key,
+                _Cohort(analyst_key_id, max_members, limits, chunk_size),
             )
         except IntegrityError:  # a concurrent request with the same key stored it first
             continue
     raise ServiceError("could not store the survey")  # pragma: no cover - three lost races
+
+
+@dataclass(frozen=True)
+class _Cohort:
+    """Who creates a survey and the limits its membership is stored under."""
+
+    analyst_key_id: int | None
+    max_members: int
+    limits: EngineLimits
+    chunk_size: int
+
+
+def _member_ids(conn: Connection, request: SurveyRequest) -> list[str]:
+    """The cohort's ids (unordered): the objects its labels select, or the ids it names."""
+    if request.labels is not None:
+        return [str(i) for i in conn.execute(_labels_cohort(request.labels)).scalars()]
+    assert request.ids is not None  # noqa: S101 - an ids cohort
+    return list(request.ids)
+
+
+def _cohort_domains(conn: Connection, request: SurveyRequest) -> set[str]:
+    """The distinct domain texts of the cohort's objects."""
+    statement = select(DOMAIN_TEXT).distinct()
+    if request.labels is not None:
+        return set(conn.execute(statement.where(and_(*label_conditions(request.labels)))).scalars())
+    assert request.ids is not None  # noqa: S101 - an ids cohort
+    within: ColumnElement[bool] = OBJECTS.c.id.in_(bindparam("ids", expanding=True))
+    found: set[str] = set()
+    for start in range(0, len(request.ids), _ID_CHUNK):
+        part = request.ids[start : start + _ID_CHUNK]
+        found.update(conn.execute(statement.where(within), {"ids": part}).scalars())
+    return found
 
 
 def _create_once(
@@ -226,10 +262,9 @@ def _create_once(
     request: SurveyRequest,
     fingerprint: str,
     key: str | None,
-    analyst_key_id: int | None,
-    max_members: int,
-    limits: EngineLimits,
+    cohort: _Cohort,
 ) -> tuple[dict[str, Any], bool]:
+    analyst_key_id, max_members, limits = cohort.analyst_key_id, cohort.max_members, cohort.limits
     with engine.begin() as conn:
         if key is not None:
             found = conn.execute(
@@ -266,31 +301,13 @@ def _create_once(
                 "created_at": now,
             },
         ).scalar_one()
-        if request.labels is not None:
-            members = _labels_cohort(request.labels).add_columns(
-                literal(survey_id).label("survey_id"), literal(0).label("status")
-            )
-            conn.execute(
-                insert(_MEMBERS).from_select(["object_id", "survey_id", "status"], members)
-            )
-            count = conn.execute(
-                select(func.count()).select_from(_MEMBERS).where(_MEMBERS.c.survey_id == survey_id)
-            ).scalar_one()
-        else:
-            assert request.ids is not None  # noqa: S101 - an ids cohort
-            conn.execute(
-                insert(_MEMBERS),
-                [{"survey_id": survey_id, "object_id": i, "status": 0} for i in request.ids],
-            )
-            count = len(request.ids)
+        ids = _member_ids(conn, request)
+        count = len(ids)
         _refuse_empty_or_large(count, max_members)
-        domains = conn.execute(
-            select(DOMAIN_TEXT)
-            .select_from(_MEMBERS.join(OBJECTS, OBJECTS.c.id == _MEMBERS.c.object_id))
-            .where(_MEMBERS.c.survey_id == survey_id)
-            .distinct()
-        ).scalars()
-        _refuse_query_fitting_no_member(domains, request.query, limits)
+        _refuse_query_fitting_no_member(_cohort_domains(conn, request), request.query, limits)
+        chunks = cut_members(ids, survey_id=survey_id, size=cohort.chunk_size)
+        for start in range(0, len(chunks), 50):
+            conn.execute(insert(CHUNKS), chunks[start : start + 50])
         conn.execute(update(SURVEYS).where(SURVEYS.c.id == survey_id).values(total=count))
         audit.record(
             conn,
@@ -408,31 +425,40 @@ def list_responses(
     caller_key_id: int | None,
     is_admin: bool,
 ) -> dict[str, Any]:
-    """Members' decisions in object-id order (outputs only for the survey's analyst, admins)."""
-    statement = (
-        select(_MEMBERS.c.object_id, _MEMBERS.c.status, _MEMBERS.c.reason, _MEMBERS.c.output)
-        .where(_MEMBERS.c.survey_id == survey_id)
-        .order_by(_MEMBERS.c.object_id)
-        .limit(limit)
-    )
-    if after is not None:
-        statement = statement.where(_MEMBERS.c.object_id > after)
+    """Members' decisions in object-id order (outputs only for the survey's analyst, admins).
+
+    ``after`` is the previous page's last object id: the page starts in the first chunk whose
+    last member comes after it.
+    """
     with engine.connect() as conn:
         survey = load_survey(conn, survey_id)
-        rows = conn.execute(statement).all()
+        ends = conn.execute(
+            select(CHUNKS.c.chunk, CHUNKS.c.last_id)
+            .where(CHUNKS.c.survey_id == survey_id)
+            .order_by(CHUNKS.c.chunk)
+        ).all()
+        # chunks hold consecutive runs of the sorted ids: the first ending past ``after``
+        numbers = [number for number, last in ends if after is None or last > after]
+        decisions: list[MemberDecision] = []
+        for number in numbers:
+            row = conn.execute(
+                select(CHUNKS).where(CHUNKS.c.survey_id == survey_id, CHUNKS.c.chunk == number)
+            ).one()
+            chunk = decode(row)
+            start = 0 if after is None else bisect.bisect_right(chunk.members, after)
+            stop = min(len(chunk.members), start + limit - len(decisions))
+            decisions.extend(chunk.decision(at) for at in range(start, stop))
+            if len(decisions) >= limit:
+                break
     outputs = _may_see_outputs(survey, caller_key_id, is_admin)
-    names = {MemberStatus.PENDING: "pending", MemberStatus.ACCEPTED: "accepted"}
     items = []
-    for r in rows:
-        item: dict[str, Any] = {
-            "object_id": r.object_id,
-            "decision": names.get(MemberStatus(r.status), "refused"),
-            "reason": r.reason,
-        }
+    for d in decisions:
+        item: dict[str, Any] = {"object_id": d.object_id, "decision": d.status, "reason": d.reason}
         if outputs:
-            item["output"] = json.loads(r.output) if r.output is not None else None
+            item["output"] = json.loads(d.variant.output) if d.variant is not None else None
         items.append(item)
-    return {"items": items, "next_after": rows[-1].object_id if len(rows) == limit else None}
+    full = len(items) == limit
+    return {"items": items, "next_after": items[-1]["object_id"] if full else None}
 
 
 def cancel_survey(

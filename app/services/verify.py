@@ -4,9 +4,10 @@ For each object the accepted queries are replayed in sequence order and compared
 stored: sequence numbers ``1..n`` with no gaps, ``accepted == n``, the exact basic-composition
 total, the history hash chain, and the realized-loss bounds (finite domains: the whole ``log P``
 array too, found under the key the history names). Shared likelihood states must be counted by
-exactly the objects that use them. Surveys: each accepted member has exactly one history row
-naming the survey, with the member's output; refused and pending members have none. A mismatch
-means the stored state does not follow from the stored history.
+exactly the objects that use them. Surveys: every answer an object's history names
+(``objects.answered``) is an accepted member of that survey's chunk, and every accepted member
+of a chunk is named by its object exactly once; refused and pending members are named by none.
+A mismatch means the stored state does not follow from the stored history.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord, SurveyMember
+from app.db.models import LikelihoodStateRecord, ProtectedObject, SurveyChunk
 from app.engine.calculator import DEFAULT_TOLERANCE
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_account, history_entry
+from app.services.history import object_history
 from app.services.snapshots import next_history_hash, state_key
+from app.services.survey_chunks import ChunkCache, decode, parse_answered
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
 TOLERANCE = 1e-9
@@ -45,15 +48,20 @@ class Report:
         return not self.problems
 
 
-def verify_object(session: Session, row: ProtectedObject, report: Report) -> None:
+def verify_object(
+    session: Session, row: ProtectedObject, report: Report, chunks: ChunkCache | None = None
+) -> None:
     """Replay one object's history and record any mismatch in ``report``.
 
-    The history is folded by the engine's own replay (:func:`app.engine.pipeline.fold_history`,
-    the one every decision uses); a continuous history's loss is searched afresh.
+    The history (single submits and survey answers, :mod:`app.services.history`) is folded by
+    the engine's own replay (:func:`app.engine.pipeline.fold_history`, the one every decision
+    uses); a continuous history's loss is searched afresh.
     """
-    records = session.scalars(
-        select(QueryRecord).where(QueryRecord.object_id == row.id).order_by(QueryRecord.seq)
-    ).all()
+    try:
+        records = object_history(session.connection(), row.id, row.answered, chunks=chunks)
+    except LookupError as exc:
+        report.problems.append(f"{row.id}: {exc}")
+        return
     seqs = [r.seq for r in records]
     if seqs != list(range(1, len(records) + 1)):
         report.problems.append(f"{row.id}: sequence numbers are not 1..{len(records)}")
@@ -137,36 +145,45 @@ def verify_state_refs(session: Session, report: Report) -> None:
 
 
 def verify_surveys(session: Session, report: Report) -> None:
-    """Accepted members have exactly one history row naming their survey, with their output."""
-    rows: dict[tuple[int | None, str], list[str | None]] = {}
-    for asked_by, asked, answer in session.execute(
-        select(QueryRecord.survey_id, QueryRecord.object_id, QueryRecord.output).where(
-            QueryRecord.survey_id.is_not(None)
+    """Each answer an object names is an accepted member of that chunk, named exactly once."""
+    named: dict[tuple[int, int], dict[str, int]] = {}
+    for object_id, answered in session.execute(
+        select(ProtectedObject.id, ProtectedObject.answered).where(
+            ProtectedObject.answered.is_not(None)
         )
     ):
-        rows.setdefault((asked_by, asked), []).append(answer)
-    members = session.execute(
-        select(
-            SurveyMember.survey_id, SurveyMember.object_id, SurveyMember.status, SurveyMember.output
-        )
-    )
-    for survey_id, object_id, status, output in members:
-        found = rows.pop((survey_id, object_id), [])
-        label = f"survey {survey_id}, member {object_id}"
-        if status == 1 and found != [output]:
-            report.problems.append(f"{label}: accepted with {len(found)} matching history rows")
-        elif status != 1 and found:
-            report.problems.append(f"{label}: not accepted but has {len(found)} history rows")
-    for asked_by, asked in rows:
-        report.problems.append(f"survey {asked_by}: history row of non-member {asked}")
+        for pair in parse_answered(answered):
+            by_object = named.setdefault(pair, {})
+            by_object[object_id] = by_object.get(object_id, 0) + 1
+    for row in session.execute(select(SurveyChunk.__table__)):
+        chunk = decode(row)
+        names = named.pop((chunk.survey_id, chunk.chunk), {})
+        label = f"survey {chunk.survey_id}, chunk {chunk.chunk}"
+        if chunk.members != sorted(set(chunk.members)):
+            report.problems.append(f"{label}: members are not sorted and distinct")
+        for at, member in enumerate(chunk.members):
+            decision = chunk.decision(at)
+            times = names.pop(member, 0)
+            if decision.status == "accepted" and times != 1:
+                report.problems.append(
+                    f"{label}, member {member}: accepted, named by its object {times} times"
+                )
+            elif decision.status != "accepted" and times:
+                report.problems.append(f"{label}, member {member}: {decision.status}, but named")
+        for member in names:
+            report.problems.append(f"{label}: named by {member}, which is not a member")
+    for (survey_id, number), names in named.items():
+        for member in names:
+            report.problems.append(f"{member}: names survey {survey_id} chunk {number}, not stored")
 
 
 def verify_all(session_factory: sessionmaker[Session]) -> Report:
     """Check every object, the shared likelihood states and the surveys' members."""
     report = Report()
     with session_factory() as session:
+        chunks = ChunkCache()
         for row in session.scalars(select(ProtectedObject).order_by(ProtectedObject.id)):
-            verify_object(session, row, report)
+            verify_object(session, row, report, chunks)
         verify_state_refs(session, report)
         verify_surveys(session, report)
     return report

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 CALCULATOR_TASK = "gatekeeper.bounds.calculator"
 CALL_TASK = "gatekeeper.bounds.call"
 PLAN_TASK = "gatekeeper.surveys.plan"
-RANGE_TASK = "gatekeeper.surveys.range"
+RANGE_TASK = "gatekeeper.surveys.chunk"
 
 #: Interactive work first when a broker orders by priority too (RabbitMQ with x-max-priority).
 BOUND_PRIORITY = 9
@@ -116,13 +116,13 @@ class CelerySettings:
 class SurveyHandlers:
     """What the survey tasks run (installed by ``gatekeeper worker``; services-layer code).
 
-    ``plan(survey_id)`` claims the survey and returns ``(owner, ranges)``, or None when there
-    is nothing to dispatch (held elsewhere, finished, inactive); ``run_range(survey_id, owner,
-    after, upto)`` decides one range and returns the survey's status.
+    ``plan(survey_id)`` claims the survey and returns ``(owner, chunks)`` (the pending chunks'
+    numbers), or None when there is nothing to dispatch (held elsewhere, finished, inactive);
+    ``run_range(survey_id, owner, chunk)`` decides one chunk and returns the survey's status.
     """
 
-    plan: Callable[[int], tuple[str, list[tuple[str | None, str | None]]] | None]
-    run_range: Callable[[int, str, str | None, str | None], str]
+    plan: Callable[[int], tuple[str, list[int]] | None]
+    run_range: Callable[[int, str, int], str]
 
 
 _handlers: SurveyHandlers | None = None
@@ -233,22 +233,22 @@ def make_celery(cfg: CelerySettings) -> Celery:
         time_limit=cfg.survey_hard_limit,
     )
     def plan(survey_id: int) -> int:
-        """Claim a survey and send one task per range of its pending members."""
+        """Claim a survey and send one task per pending chunk of its members."""
         planned = timed(PLAN_TASK, lambda: _survey_handlers().plan(survey_id))
         if planned is None:
             return 0
-        owner, ranges = planned
-        ids = [f"{cfg.namespace}:survey:{survey_id}:{owner}:{n}" for n in range(len(ranges))]
+        owner, chunks = planned
+        ids = [f"{cfg.namespace}:survey:{survey_id}:{owner}:{n}" for n in chunks]
         remember_survey_tasks(app, cfg, survey_id, ids)
-        for task_id, (after, upto) in zip(ids, ranges, strict=True):
+        for task_id, chunk in zip(ids, chunks, strict=True):
             app.send_task(
                 RANGE_TASK,
-                args=(survey_id, owner, after, upto),
+                args=(survey_id, owner, chunk),
                 task_id=task_id,
                 queue=cfg.surveys_queue,
                 ignore_result=True,
             )
-        return len(ranges)
+        return len(chunks)
 
     @app.task(  # type: ignore[untyped-decorator]
         name=RANGE_TASK,
@@ -256,11 +256,11 @@ def make_celery(cfg: CelerySettings) -> Celery:
         time_limit=cfg.survey_hard_limit,
         ignore_result=True,
     )
-    def run_range(survey_id: int, owner: str, after: str | None, upto: str | None) -> str:
-        """Decide one range of a survey (at most once per member: the database decides)."""
+    def run_range(survey_id: int, owner: str, chunk: int) -> str:
+        """Decide one chunk of a survey (at most once per member: the database decides)."""
         try:
             status: str = timed(
-                RANGE_TASK, lambda: _survey_handlers().run_range(survey_id, owner, after, upto)
+                RANGE_TASK, lambda: _survey_handlers().run_range(survey_id, owner, chunk)
             )
         except SoftTimeLimitExceeded:  # rolled back; the lease expires and the survey re-plans
             log.warning("survey %d: a chunk exceeded its time limit", survey_id)

@@ -1,13 +1,14 @@
 """Surveys on Celery workers: a web process only enqueues; ``gatekeeper worker`` runs them.
 
 ``start(survey_id)`` sends a *plan* task; a worker claims the survey's lease and sends one
-*range* task per ``SURVEY_CHUNK_SIZE`` pending members, which any worker on any machine runs.
-Each range renews the lease; the range that finds no member pending marks the survey done.
+*chunk* task per pending chunk of members (``SURVEY_CHUNK_SIZE`` each), which any worker on any
+machine runs. Each chunk renews the lease; the chunk that leaves no member pending marks the
+survey done.
 
 Whatever the broker loses (a restart without persistence, a node killed while holding tasks),
 the lease stops being renewed and expires; this process's sweeper (every ``sweep_seconds``)
-then sends a new plan for the members still pending. No member is ever asked twice: the
-database decides (a member is decided only from ``pending``, under the objects' compare-and-set).
+then sends a new plan for the chunks still pending. No member is ever asked twice: the
+database decides (a chunk is decided only from pending, under the objects' compare-and-set).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class CeleryJobs:
             log.warning("survey %d not dispatched yet (%s)", survey_id, type(exc).__name__)
 
     def cancelled(self, survey_id: int) -> None:
-        """Revoke the survey's queued range tasks."""
+        """Revoke the survey's queued chunk tasks."""
         try:
             revoked = revoke_survey_tasks(self.celery, self.cfg, survey_id)
             log.info("survey %d: %d tasks revoked", survey_id, revoked)

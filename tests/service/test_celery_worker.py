@@ -440,7 +440,7 @@ def test_cancel_revokes_the_queued_range_tasks(
             cancelled = http.delete(f"/v1/surveys/{survey_id}", headers=analyst).json()
             time.sleep(3)  # what the worker still had would run now
             final = http.get(f"/v1/surveys/{survey_id}", headers=analyst).json()
-        ranges = tasks_run(redis_url, namespace, "gatekeeper.surveys.range")
+        ranges = tasks_run(redis_url, namespace, "gatekeeper.surveys.chunk")
     finally:
         server.stop()
         worker.stop()

@@ -17,27 +17,34 @@ from typing import Any
 
 import httpx
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from app.api.main import create_app
-from app.db.models import QueryRecord
+from app.db.models import ProtectedObject
 from app.db.session import make_engine
+from app.services.survey_chunks import parse_answered
 from tests.service.conftest import auth, make_settings, new_key, start_server, unique_id
 from tests.service.test_surveys import GRR, import_study, verify_clean, wait_done
 
 
 def survey_rows_per_member(database_url: str, survey_id: int) -> dict[str, int]:
+    """Per object, how many answers to the survey its history holds (``objects.answered``)."""
     engine = make_engine(database_url)
     try:
         with engine.connect() as conn:
             rows = conn.execute(
-                select(QueryRecord.object_id, func.count())
-                .where(QueryRecord.survey_id == survey_id)
-                .group_by(QueryRecord.object_id)
+                select(ProtectedObject.id, ProtectedObject.answered).where(
+                    ProtectedObject.answered.is_not(None)
+                )
             ).all()
     finally:
         engine.dispose()
-    return {str(oid): int(n) for oid, n in rows}
+    counts: dict[str, int] = {}
+    for oid, answered in rows:
+        times = sum(1 for asked_by, _ in parse_answered(answered) if asked_by == survey_id)
+        if times:
+            counts[str(oid)] = times
+    return counts
 
 
 def kill_tree(process: subprocess.Popen[Any]) -> None:

@@ -16,14 +16,15 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from app.api.main import create_app
-from app.db.models import LikelihoodStateRecord, QueryRecord
+from app.db.models import LikelihoodStateRecord, ProtectedObject
 from app.db.session import make_engine, make_session_factory
 from app.engine.limits import DEFAULT_LIMITS
 from app.services import survey_runs
 from app.services import surveys as survey_service
+from app.services.survey_chunks import parse_answered
 from app.services.verify import verify_all
 from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
@@ -266,9 +267,10 @@ def test_a_survey_queries_each_member_once_and_estimates(
     engine = make_engine(database_url)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(
-                select(func.count()).select_from(QueryRecord).where(QueryRecord.object_id.in_(ids))
-            ).scalar_one()
+            answered = conn.execute(
+                select(ProtectedObject.answered).where(ProtectedObject.id.in_(ids))
+            ).scalars()
+            rows = sum(len(parse_answered(a)) for a in answered)
             states = conn.execute(select(LikelihoodStateRecord.refs)).scalars().all()
     finally:
         engine.dispose()
@@ -409,14 +411,10 @@ def test_cancel_stops_before_undecided_members(
             analyst_key_id=None,
             max_members=MAX_MEMBERS,
             limits=DEFAULT_LIMITS,
+            chunk_size=6,
         )
         first = survey_runs.run_chunk(
-            engine=engine,
-            worker=worker,
-            survey_id=view["id"],
-            after=None,
-            size=6,
-            limits=DEFAULT_LIMITS,
+            engine=engine, worker=worker, survey_id=view["id"], chunk=0, limits=DEFAULT_LIMITS
         )
         assert first.decided == 6
         r = client.delete(f"/v1/surveys/{view['id']}", headers=auth(ADMIN_KEY))
@@ -428,7 +426,6 @@ def test_cancel_stops_before_undecided_members(
             survey_id=view["id"],
             owner="test",
             limits=DEFAULT_LIMITS,
-            chunk_size=6,
             lease_seconds=5,
         )
         assert status == "cancelled"

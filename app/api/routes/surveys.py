@@ -65,6 +65,7 @@ async def create_survey(
         analyst_key_id=caller.key_id,
         max_members=max_members,
         limits=runtime.limits,
+        chunk_size=runtime.settings.survey_chunk_size,
     )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"

@@ -1,0 +1,206 @@
+"""A survey's members and answers, packed per chunk (the ``survey_chunks`` table).
+
+A survey's membership is fixed at creation and cut into chunks of ``SURVEY_CHUNK_SIZE`` members
+in sorted id order; a chunk is decided in one transaction (:mod:`app.services.survey_runs`) and
+then holds every member's decision. One row per chunk instead of a member row and a history row
+per member: a million answers take ~10 MB instead of ~380 MB (PostgreSQL compresses the texts;
+measured in docs/benchmarks.md).
+
+The format (all JSON, compact separators):
+
+* ``members``: the ids, sorted (Python string order: ids are ASCII), joined by newlines;
+* ``picks``: per member, an index into ``variants`` when accepted, else a refusal code
+  (:data:`REFUSAL_CODES`);
+* ``seqs``: per member, the answer's sequence number in its object's history (0: refused);
+* ``variants``: the distinct history entries the chunk's answers are (:class:`Variant`) — the
+  members of a decision group that drew the same output share one.
+
+An accepted member's object names the chunk in ``objects.answered`` (:func:`append_answered`),
+which is how :mod:`app.services.history` finds the answers in an object's history.
+
+>>> rows = cut_members(["b", "a", "c"], survey_id=7, size=2)
+>>> [(r["chunk"], r["members"].split()) for r in rows]
+[(0, ['a', 'b']), (1, ['c'])]
+>>> parse_answered(append_answered(append_answered(None, 7, 0), 8, 3))
+[(7, 0), (8, 3)]
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import Connection, Table, and_, or_, select, tuple_
+
+from app.db.models import SurveyChunk
+
+CHUNKS = cast(Table, SurveyChunk.__table__)
+
+#: A refused member's code in ``picks``, by reason (``app.services.survey_groups.Refusal``).
+REFUSAL_CODES = {"budget-exhausted": -1, "invalid-for-domain": -2, "retired": -3}
+REASONS = {code: reason for reason, code in REFUSAL_CODES.items()}
+
+_COMPACT = (",", ":")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One history entry shared by answers of a chunk: what a history row held."""
+
+    query: str
+    output: str
+    epsilon: float
+    epsilon_exact: str
+    loss_lower: float
+    loss_upper: float
+    basic_after: float
+
+
+@dataclass(frozen=True)
+class MemberDecision:
+    """A member's decision as read from its chunk."""
+
+    object_id: str
+    status: str  # "pending" | "accepted" | "refused"
+    reason: str | None
+    seq: int
+    variant: Variant | None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A decoded ``survey_chunks`` row."""
+
+    survey_id: int
+    chunk: int
+    members: list[str]
+    decided_at: datetime | None
+    picks: list[int] | None
+    seqs: list[int] | None
+    variants: list[Variant]
+
+    def position(self, object_id: str) -> int | None:
+        """Where ``object_id`` is among the members (None: not a member)."""
+        at = bisect.bisect_left(self.members, object_id)
+        if at < len(self.members) and self.members[at] == object_id:
+            return at
+        return None
+
+    def decision(self, at: int) -> MemberDecision:
+        """The decision of the member at position ``at``."""
+        object_id = self.members[at]
+        if self.picks is None or self.seqs is None:
+            return MemberDecision(object_id, "pending", None, 0, None)
+        pick = self.picks[at]
+        if pick < 0:
+            return MemberDecision(object_id, "refused", REASONS.get(pick, "unknown"), 0, None)
+        return MemberDecision(object_id, "accepted", None, self.seqs[at], self.variants[pick])
+
+    def answer(self, object_id: str) -> MemberDecision | None:
+        """``object_id``'s decision, when it is a member."""
+        at = self.position(object_id)
+        return None if at is None else self.decision(at)
+
+
+def cut_members(ids: Iterable[str], *, survey_id: int, size: int) -> list[dict[str, Any]]:
+    """``survey_chunks`` rows (pending) holding ``ids`` sorted, ``size`` members a chunk."""
+    ordered = sorted(ids)
+    rows = []
+    for number, start in enumerate(range(0, len(ordered), size)):
+        part = ordered[start : start + size]
+        rows.append(
+            {
+                "survey_id": survey_id,
+                "chunk": number,
+                "size": len(part),
+                "first_id": part[0],
+                "last_id": part[-1],
+                "members": "\n".join(part),
+            }
+        )
+    return rows
+
+
+def decided_columns(picks: list[int], seqs: list[int], variants: list[Variant]) -> dict[str, str]:
+    """The texts a decided chunk stores."""
+    return {
+        "picks": json.dumps(picks, separators=_COMPACT),
+        "seqs": json.dumps(seqs, separators=_COMPACT),
+        "variants": json.dumps([asdict(v) for v in variants], separators=_COMPACT),
+    }
+
+
+def decode(row: Any) -> Chunk:
+    """A ``survey_chunks`` row (any object with its columns) as a :class:`Chunk`."""
+    variants = [Variant(**v) for v in json.loads(row.variants)] if row.variants else []
+    return Chunk(
+        survey_id=int(row.survey_id),
+        chunk=int(row.chunk),
+        members=row.members.split("\n"),
+        decided_at=row.decided_at,
+        picks=json.loads(row.picks) if row.picks is not None else None,
+        seqs=json.loads(row.seqs) if row.seqs is not None else None,
+        variants=variants,
+    )
+
+
+def append_answered(answered: str | None, survey_id: int, chunk: int) -> str:
+    """``objects.answered`` after one more survey answer."""
+    token = f"{survey_id}:{chunk}"
+    return token if not answered else f"{answered},{token}"
+
+
+def parse_answered(answered: str | None) -> list[tuple[int, int]]:
+    """The ``(survey_id, chunk)`` pairs of ``objects.answered``, in sequence order."""
+    if not answered:
+        return []
+    pairs = []
+    for token in answered.split(","):
+        survey, chunk = token.split(":")
+        pairs.append((int(survey), int(chunk)))
+    return pairs
+
+
+def load_chunks(conn: Connection, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Chunk]:
+    """The chunks named by ``(survey_id, chunk)`` pairs, decoded."""
+    found: dict[tuple[int, int], Chunk] = {}
+    wanted = sorted(set(keys))
+    for start in range(0, len(wanted), 100):
+        part = wanted[start : start + 100]
+        condition = (
+            tuple_(CHUNKS.c.survey_id, CHUNKS.c.chunk).in_(part)
+            if conn.dialect.name == "postgresql"
+            else or_(*(and_(CHUNKS.c.survey_id == s, CHUNKS.c.chunk == c) for s, c in part))
+        )
+        for row in conn.execute(select(CHUNKS).where(condition)):
+            decoded = decode(row)
+            found[(decoded.survey_id, decoded.chunk)] = decoded
+    return found
+
+
+class ChunkCache:
+    """Decoded chunks, the most recent ``capacity`` of them (a scan in id order reuses them)."""
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._chunks: dict[tuple[int, int], Chunk] = {}
+
+    def get_many(self, conn: Connection, keys: Sequence[tuple[int, int]]) -> list[Chunk]:
+        """The chunks of ``keys`` (loading the ones not held)."""
+        held = {k: self._chunks[k] for k in keys if k in self._chunks}
+        missing = [k for k in keys if k not in held]
+        if missing:
+            loaded = load_chunks(conn, missing)
+            for key in missing:
+                if key not in loaded:
+                    raise LookupError(f"survey {key[0]} has no chunk {key[1]}")
+            held.update(loaded)
+            for key, chunk in loaded.items():
+                if len(self._chunks) >= self.capacity:
+                    self._chunks.pop(next(iter(self._chunks)))
+                self._chunks[key] = chunk
+        return [held[k] for k in keys]
