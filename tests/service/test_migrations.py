@@ -7,13 +7,17 @@ constraint added to a model without a migration (or the reverse) fails here.
 from __future__ import annotations
 
 import json
+import secrets
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import DateTime, bindparam, inspect, text
 
 from app import crypto
 from app.crypto import ValueCipher, new_key
@@ -140,3 +144,399 @@ def test_postgres_leaves_room_in_pages_for_a_surveys_updates(postgres_url: str) 
         engine.dispose()
     # survey_chunks: one update per chunk (pending -> decided), its texts stored out of line
     assert options == {"objects": ["fillfactor=50"], "survey_chunks": None}
+
+
+# ---------------------------------------------------------------- 0007: packed survey answers
+T1 = datetime(2026, 11, 20, 10, 0, 0, 123456, tzinfo=UTC)
+T2 = datetime(2026, 11, 21, 11, 30, 0, tzinfo=UTC)
+Q1 = json.dumps({"mechanism": "grr", "attribute": "c", "epsilon": 0.5})
+Q2 = json.dumps({"mechanism": "grr", "attribute": "c", "epsilon": 0.25})
+#: (object, seq, query, output, loss_lower, loss_upper, basic_after, survey, created_at): the
+#: single submits (survey None) interleave with the answers of surveys 1 and 2
+HISTORY: list[tuple[Any, ...]] = [
+    ("a", 1, Q1, '"x"', 0.1, 0.5, 0.5, None, T1),
+    ("a", 2, Q1, '"x"', 0.2, 1.0, 1.0, 1, T1),
+    ("a", 3, Q1, '"y"', 0.3, 1.5, 1.5, None, T1),
+    ("a", 4, Q2, '"z"', 0.35, 1.75, 1.75, 2, T2),
+    ("b", 1, Q2, '"z"', 0.05, 0.25, 0.25, 2, T2),
+    ("b", 2, Q1, '"y"', 0.2, 0.75, 0.75, 1, T1),
+    ("c", 1, Q1, '"x"', 0.2, 1.0, 1.0, 1, T1),
+]
+#: survey -> [(object, status, reason)]: accepted (1), refused (2) and pending (0) members
+MEMBERS: dict[int, list[tuple[str, int, str | None]]] = {
+    1: [
+        ("e", 2, "retired"),
+        ("a", 1, None),
+        ("h", 2, "invalid-for-domain"),
+        ("f", 0, None),
+        ("b", 1, None),
+        ("g", 0, None),
+        ("d", 2, "budget-exhausted"),
+        ("c", 1, None),
+    ],
+    2: [("b", 1, None), ("c", 0, None), ("a", 1, None)],
+}
+
+
+def _variant(query: str, output: str, lower: float, upper: float, basic: float) -> dict[str, Any]:
+    eps, exact = (0.5, "1/2") if query == Q1 else (0.25, "1/4")
+    return {
+        "query": query,
+        "output": output,
+        "epsilon": eps,
+        "epsilon_exact": exact,
+        "loss_lower": lower,
+        "loss_upper": upper,
+        "basic_after": basic,
+    }
+
+
+def _store_surveys_of_0006(url: str, history: list[tuple[Any, ...]]) -> None:
+    """Objects a..h with ``history``, surveys 1 and 2 with :data:`MEMBERS`, as 0006 stored them."""
+    engine = make_engine(url)
+    stamp = bindparam("t", type_=DateTime(timezone=True))
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO api_keys (id, key_hash, prefix, role, created_at) "
+                    "VALUES (7, 'h', 'p', 'analyst', :t)"
+                ).bindparams(stamp),
+                {"t": T1},
+            )
+            conn.execute(text("INSERT INTO domains (hash, text) VALUES ('d', '{}')"))
+            accepted = {oid: seq for oid, seq, *_ in history}
+            conn.execute(
+                text(
+                    "INSERT INTO objects (id, domain_hash, value, budget, filter, finite, "
+                    "loss_lower, loss_upper, basic_total, accepted, rejected, version, "
+                    "created_at, updated_at) VALUES (:id, 'd', 'v', 9, 'bayesian', true, 0, 0, "
+                    "'0', :n, 0, :n, :t, :t)"
+                ).bindparams(stamp),
+                [{"id": oid, "n": accepted.get(oid, 0), "t": T1} for oid in "abcdefgh"],
+            )
+            for survey_id, query in ((1, Q1), (2, Q2)):
+                conn.execute(
+                    text(
+                        "INSERT INTO surveys (id, name, query, cohort, analyst_key_id, "
+                        "fingerprint, status, total, decided, accepted, refused, tally, groups, "
+                        "created_at) VALUES (:id, 'n', :q, '{}', 7, 'f', 'running', 0, 0, 0, "
+                        "'{}', '{}', 0, :t)"
+                    ).bindparams(stamp),
+                    {"id": survey_id, "q": query, "t": T1},
+                )
+            outputs = {(row[0], row[7]): row[3] for row in history if row[7] is not None}
+            conn.execute(
+                text(
+                    "INSERT INTO survey_members (survey_id, object_id, status, reason, output) "
+                    "VALUES (:s, :o, :st, :r, :out)"
+                ),
+                [
+                    {"s": s, "o": o, "st": st, "r": r, "out": outputs.get((o, s))}
+                    for s, members in MEMBERS.items()
+                    for o, st, r in members
+                ],
+            )
+            for oid, seq, query, output, lower, upper, basic, survey, created in history:
+                eps, exact = (0.5, "1/2") if query == Q1 else (0.25, "1/4")
+                single = survey is None
+                conn.execute(
+                    text(
+                        "INSERT INTO queries (object_id, seq, query, output, epsilon, "
+                        "epsilon_exact, loss_lower, loss_upper, basic_after, analyst_key_id, "
+                        "idempotency_key, fingerprint, response, survey_id, created_at) VALUES "
+                        "(:o, :seq, :q, :out, :eps, :exact, :lo, :up, :basic, 7, :key, :fp, "
+                        ":resp, :s, :t)"
+                    ).bindparams(stamp),
+                    {
+                        "o": oid,
+                        "seq": seq,
+                        "q": query,
+                        "out": output,
+                        "eps": eps,
+                        "exact": exact,
+                        "lo": lower,
+                        "up": upper,
+                        "basic": basic,
+                        "key": f"k{seq}" if single else None,
+                        "fp": "f" if single else None,
+                        "resp": "{}" if single else None,
+                        "s": survey,
+                        "t": created,
+                    },
+                )
+    finally:
+        engine.dispose()
+
+
+def _old_rows(url: str) -> tuple[list[Any], list[Any]]:
+    """The ``survey_members`` rows and the ``queries`` rows (without ids), in key order."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            members = conn.execute(
+                text(
+                    "SELECT survey_id, object_id, status, reason, output FROM survey_members "
+                    "ORDER BY survey_id, object_id"
+                )
+            ).all()
+            queries = conn.execute(
+                text(
+                    "SELECT object_id, seq, query, output, epsilon, epsilon_exact, loss_lower, "
+                    "loss_upper, basic_after, analyst_key_id, idempotency_key, fingerprint, "
+                    "response, survey_id, created_at FROM queries ORDER BY object_id, seq"
+                ).columns(created_at=DateTime(timezone=True))
+            ).all()
+    finally:
+        engine.dispose()
+    utc = [(*row[:-1], _as_utc(row[-1])) for row in queries]
+    return [tuple(row) for row in members], utc
+
+
+def _as_utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _chunks(url: str) -> list[dict[str, Any]]:
+    """The ``survey_chunks`` rows, JSON decoded, ``decided_at`` in UTC."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT survey_id, chunk, size, first_id, last_id, members, decided_at, "
+                    "picks, seqs, variants FROM survey_chunks ORDER BY survey_id, chunk"
+                ).columns(decided_at=DateTime(timezone=True))
+            ).all()
+    finally:
+        engine.dispose()
+    chunks = []
+    for row in rows:
+        chunk = dict(row._mapping)
+        if chunk["decided_at"] is not None:
+            chunk["decided_at"] = _as_utc(chunk["decided_at"])
+        for column in ("picks", "seqs", "variants"):
+            if chunk[column] is not None:
+                chunk[column] = json.loads(chunk[column])
+        chunks.append(chunk)
+    return chunks
+
+
+@pytest.fixture
+def empty_postgres_url(postgres_url: str) -> Iterator[str]:
+    """An empty PostgreSQL database on the server of ``postgres_url``, dropped afterwards."""
+    import psycopg
+
+    name = "gk_migration_" + secrets.token_hex(6)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield postgres_url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database: a SQLite file, or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'empty.db'}"
+    return str(request.getfixturevalue("empty_postgres_url"))
+
+
+def _tables_and_answered(url: str) -> tuple[set[str], bool, list[Any], list[Any]]:
+    """The tables, whether ``objects.answered`` exists, ``(id, answered)`` of the objects and
+    ``(object, seq, survey)`` of the history rows."""
+    engine = make_engine(url)
+    try:
+        inspector = inspect(engine)
+        tables = set(inspector.get_table_names())
+        has_answered = "answered" in {c["name"] for c in inspector.get_columns("objects")}
+        with engine.connect() as conn:
+            answered = (
+                conn.execute(text("SELECT id, answered FROM objects ORDER BY id")).all()
+                if has_answered
+                else []
+            )
+            history = conn.execute(
+                text("SELECT object_id, seq, survey_id FROM queries ORDER BY object_id, seq")
+            ).all()
+    finally:
+        engine.dispose()
+    return tables, has_answered, [tuple(r) for r in answered], [tuple(r) for r in history]
+
+
+def _fillfactor(url: str, table: str) -> Any:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(
+                text("SELECT reloptions FROM pg_class WHERE relname = :t"), {"t": table}
+            ).scalar_one_or_none()
+    finally:
+        engine.dispose()
+
+
+def test_0007_packs_survey_answers_per_chunk_and_downgrades(empty_url: str) -> None:
+    """0006's members and history rows become chunks and ``objects.answered``, and come back."""
+    url = empty_url
+    command.upgrade(alembic_config(url), "0006")
+    _store_surveys_of_0006(url, HISTORY)
+    members_before, queries_before = _old_rows(url)
+    started = datetime.now(UTC)
+    command.upgrade(alembic_config(url), "0007")
+    ended = datetime.now(UTC)
+
+    chunks = _chunks(url)
+    refused_only = chunks[2]["decided_at"]  # no accepted member: decided "now"
+    assert started <= refused_only <= ended
+    x = _variant(Q1, '"x"', 0.2, 1.0, 1.0)  # a's and c's answer to survey 1: one variant
+    assert chunks == [
+        {
+            "survey_id": 1,
+            "chunk": 0,
+            "size": 5,
+            "first_id": "a",
+            "last_id": "e",
+            "members": "a\nb\nc\nd\ne",
+            "decided_at": T1,
+            "picks": [0, 1, 0, -1, -3],
+            "seqs": [2, 2, 1, 0, 0],
+            "variants": [x, _variant(Q1, '"y"', 0.2, 0.75, 0.75)],
+        },
+        {
+            "survey_id": 1,
+            "chunk": 1,
+            "size": 2,
+            "first_id": "f",
+            "last_id": "g",
+            "members": "f\ng",
+            "decided_at": None,
+            "picks": None,
+            "seqs": None,
+            "variants": None,
+        },
+        {
+            "survey_id": 1,
+            "chunk": 2,
+            "size": 1,
+            "first_id": "h",
+            "last_id": "h",
+            "members": "h",
+            "decided_at": refused_only,
+            "picks": [-2],
+            "seqs": [0],
+            "variants": [],
+        },
+        {
+            "survey_id": 2,
+            "chunk": 0,
+            "size": 2,
+            "first_id": "a",
+            "last_id": "b",
+            "members": "a\nb",
+            "decided_at": T2,
+            "picks": [0, 1],  # one output, two loss bounds: two variants
+            "seqs": [4, 1],
+            "variants": [
+                _variant(Q2, '"z"', 0.35, 1.75, 1.75),
+                _variant(Q2, '"z"', 0.05, 0.25, 0.25),
+            ],
+        },
+        {
+            "survey_id": 2,
+            "chunk": 1,
+            "size": 1,
+            "first_id": "c",
+            "last_id": "c",
+            "members": "c",
+            "decided_at": None,
+            "picks": None,
+            "seqs": None,
+            "variants": None,
+        },
+    ]
+    tables, has_answered, answered, history = _tables_and_answered(url)
+    assert "survey_members" not in tables
+    assert has_answered
+    # in sequence order: b answered survey 2 before survey 1
+    assert answered == [
+        ("a", "1:0,2:0"),
+        ("b", "2:0,1:0"),
+        ("c", "1:0"),
+        *((oid, None) for oid in "defgh"),
+    ]
+    assert history == [("a", 1, None), ("a", 3, None)]  # the single submits stay
+
+    command.downgrade(alembic_config(url), "0006")
+    tables, has_answered, _, _ = _tables_and_answered(url)
+    assert "survey_chunks" not in tables
+    assert not has_answered
+    assert _old_rows(url) == (members_before, queries_before)
+    if url.startswith("postgresql"):
+        assert _fillfactor(url, "survey_members") == ["fillfactor=50"]
+
+
+def test_0007_cuts_chunks_of_the_configured_size(tmp_path: Path) -> None:
+    """Smaller chunks: each has its own variants; ``decided_at`` is its latest history row's."""
+    url = f"sqlite:///{tmp_path / 'small.db'}"
+    command.upgrade(alembic_config(url), "0006")
+    later = [(*row[:8], T2) if row[:2] == ("b", 2) else row for row in HISTORY]
+    _store_surveys_of_0006(url, later)
+    members_before, queries_before = _old_rows(url)
+    config = alembic_config(url)
+    config.attributes["survey_chunk_size"] = 2
+    command.upgrade(config, "0007")
+
+    chunks = _chunks(url)
+    x = _variant(Q1, '"x"', 0.2, 1.0, 1.0)
+    summary = [
+        (c["survey_id"], c["chunk"], c["members"], c["picks"], c["seqs"], c["variants"])
+        for c in chunks
+    ]
+    assert summary == [
+        (1, 0, "a\nb", [0, 1], [2, 2], [x, _variant(Q1, '"y"', 0.2, 0.75, 0.75)]),
+        (1, 1, "c\nd", [0, -1], [1, 0], [x]),
+        (1, 2, "e", [-3], [0], []),
+        (1, 3, "f\ng", None, None, None),
+        (1, 4, "h", [-2], [0], []),
+        (
+            2,
+            0,
+            "a\nb",
+            [0, 1],
+            [4, 1],
+            [
+                _variant(Q2, '"z"', 0.35, 1.75, 1.75),
+                _variant(Q2, '"z"', 0.05, 0.25, 0.25),
+            ],
+        ),
+        (2, 1, "c", None, None, None),
+    ]
+    assert [c["decided_at"] for c in chunks][:2] == [T2, T1]  # the later of a's and b's rows
+    assert [(c["first_id"], c["last_id"], c["size"]) for c in chunks][:2] == [
+        ("a", "b", 2),
+        ("c", "d", 2),
+    ]
+    _, _, answered, _ = _tables_and_answered(url)
+    assert answered[:3] == [("a", "1:0,2:0"), ("b", "2:0,1:0"), ("c", "1:1")]
+
+    command.downgrade(alembic_config(url), "0006")
+    members_after, queries_after = _old_rows(url)
+    assert members_after == members_before
+    # a's answer to survey 1 now carries its chunk's time (b's, the later)
+    expected = [(*row[:-1], T2) if row[:2] == ("a", 2) else row for row in queries_before]
+    assert queries_after == expected
+
+
+def test_0007_refuses_an_accepted_member_without_history(tmp_path: Path) -> None:
+    """A member marked accepted whose history row is missing stops the migration before it
+    changes anything (SQLite's DDL is not rolled back)."""
+    url = f"sqlite:///{tmp_path / 'broken.db'}"
+    command.upgrade(alembic_config(url), "0006")
+    _store_surveys_of_0006(url, [row for row in HISTORY if row[:2] != ("c", 1)])
+    with pytest.raises(RuntimeError, match="member 'c' is accepted but has no history row"):
+        command.upgrade(alembic_config(url), "0007")
+    tables, has_answered, _, _ = _tables_and_answered(url)
+    assert "survey_chunks" not in tables
+    assert "survey_members" in tables
+    assert not has_answered
