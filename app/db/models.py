@@ -108,9 +108,6 @@ class ProtectedObject(Base):
     #: Finite domains: the key of the likelihood array in ``likelihood_states`` (None: no
     #: accepted query yet, ``log P = 0``).
     state_hash: Mapped[str | None] = mapped_column(String(32))
-    #: The survey answers in this object's history, ``"{survey_id}:{chunk}"`` tokens joined by
-    #: commas in sequence order (None: none) — :mod:`app.services.history` reads them.
-    answered: Mapped[str | None] = mapped_column(Text)
     #: Hash chain of the accepted history (``app.services.snapshots.next_history_hash``): equal
     #: for equal histories, which is how a survey groups continuous objects.
     history_hash: Mapped[str | None] = mapped_column(String(32))
@@ -273,7 +270,9 @@ class SurveyChunk(Base):
     negative refusal code otherwise), ``seqs`` (per member: the answer's sequence number in its
     object's history, 0 when refused) and ``variants`` (the distinct history entries the
     chunk's answers are: query, output, ε, loss bounds after), all JSON. A chunk is wholly
-    pending (``decided_at`` None) or wholly decided.
+    pending (``decided_at`` None) or wholly decided. An object's answers are found through the
+    chunks whose ``[first_id, last_id]`` covers its id (compared bytewise: ``COLLATE "C"`` on
+    PostgreSQL), so a survey never changes the size of the object's row.
     """
 
     __tablename__ = "survey_chunks"

@@ -30,7 +30,7 @@ from app.engine.likelihood import LossBounds
 from app.engine.limits import MAX_BUDGET, EngineLimits
 from app.services import audit
 from app.services.domains import domain_hash, store_domains
-from app.services.history import answered_of, object_history
+from app.services.history import object_history
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
@@ -385,9 +385,7 @@ def odometer_history(
     """Realized-loss bounds and basic composition after each accepted query (for charts)."""
     with session_factory() as session:
         row = load_object(session, object_id)
-        records = object_history(
-            session.connection(), object_id, row.answered, after=after, limit=limit
-        )
+        records = object_history(session.connection(), object_id, after=after, limit=limit)
         points = [
             {
                 "accepted": r.seq,
@@ -434,11 +432,7 @@ def _rejections(
             if times is None:  # events written before the count was recorded
                 times = [
                     r.created_at
-                    for r in object_history(
-                        session.connection(),
-                        object_id,
-                        answered_of(session.connection(), object_id),
-                    )
+                    for r in object_history(session.connection(), object_id)
                     if r.created_at is not None
                 ]
             accepted = bisect.bisect_right(times, event.at)

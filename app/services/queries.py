@@ -537,11 +537,10 @@ def list_queries(
 ) -> dict[str, Any]:
     """Accepted queries of an object (an analyst sees only its own)."""
     with session_factory() as session:
-        row = load_object(session, object_id)
+        load_object(session, object_id)
         records = object_history(
             session.connection(),
             object_id,
-            row.answered,
             after=after,
             limit=limit,
             analyst_key_id=analyst_key_id,

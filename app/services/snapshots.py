@@ -36,7 +36,7 @@ from app.engine.pipeline import (
     fold_history,
     history_entry,
 )
-from app.services.history import answered_of, object_history
+from app.services.history import object_history
 
 #: Continuous history terms kept in the cache, all objects together (a term is a few hundred
 #: bytes: the default holds about 100 MB).
@@ -134,7 +134,7 @@ HISTORIES = HistoryCache()
 
 def stored_history(conn: Connection, object_id: str, domain: Domain) -> list[HistoryEntry]:
     """The object's accepted queries and outputs (submits and survey answers), parsed, in order."""
-    items = object_history(conn, object_id, answered_of(conn, object_id))
+    items = object_history(conn, object_id)
     return [history_entry(domain, json.loads(r.query), json.loads(r.output)) for r in items]
 
 

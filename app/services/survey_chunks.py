@@ -15,14 +15,15 @@ The format (all JSON, compact separators):
 * ``variants``: the distinct history entries the chunk's answers are (:class:`Variant`) — the
   members of a decision group that drew the same output share one.
 
-An accepted member's object names the chunk in ``objects.answered`` (:func:`append_answered`),
-which is how :mod:`app.services.history` finds the answers in an object's history.
+The chunks of one survey hold disjoint, consecutive runs of the sorted ids, so an object's
+answers are in the decided chunks whose ``[first_id, last_id]`` covers its id
+(:func:`chunks_covering`); :mod:`app.services.history` merges them into the object's history.
+Nothing is written to the object's row but its accounting columns, whose size a survey does not
+change — which keeps PostgreSQL's updates of it in place (HOT; docs/benchmarks.md).
 
 >>> rows = cut_members(["b", "a", "c"], survey_id=7, size=2)
 >>> [(r["chunk"], r["members"].split()) for r in rows]
 [(0, ['a', 'b']), (1, ['c'])]
->>> parse_answered(append_answered(append_answered(None, 7, 0), 8, 3))
-[(7, 0), (8, 3)]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, and_, or_, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Table, and_, or_, select, tuple_
 
 from app.db.models import SurveyChunk
 
@@ -65,7 +66,7 @@ class MemberDecision:
     """A member's decision as read from its chunk."""
 
     object_id: str
-    status: str  # "pending" | "accepted" | "refused"
+    status: str  # "pending" | "accepted" | "refused" ("invalid": a damaged chunk row)
     reason: str | None
     seq: int
     variant: Variant | None
@@ -95,6 +96,9 @@ class Chunk:
         object_id = self.members[at]
         if self.picks is None or self.seqs is None:
             return MemberDecision(object_id, "pending", None, 0, None)
+        if at >= min(len(self.picks), len(self.seqs)) or self.picks[at] >= len(self.variants):
+            # a damaged row (``gatekeeper verify`` says how): no answer can be read from it
+            return MemberDecision(object_id, "invalid", None, 0, None)
         pick = self.picks[at]
         if pick < 0:
             return MemberDecision(object_id, "refused", REASONS.get(pick, "unknown"), 0, None)
@@ -148,21 +152,23 @@ def decode(row: Any) -> Chunk:
     )
 
 
-def append_answered(answered: str | None, survey_id: int, chunk: int) -> str:
-    """``objects.answered`` after one more survey answer."""
-    token = f"{survey_id}:{chunk}"
-    return token if not answered else f"{answered},{token}"
+def chunks_covering(conn: Connection, object_id: str) -> list[tuple[int, int]]:
+    """``(survey_id, chunk)`` of the decided chunks whose id range covers ``object_id``.
 
-
-def parse_answered(answered: str | None) -> list[tuple[int, int]]:
-    """The ``(survey_id, chunk)`` pairs of ``objects.answered``, in sequence order."""
-    if not answered:
-        return []
-    pairs = []
-    for token in answered.split(","):
-        survey, chunk = token.split(":")
-        pairs.append((int(survey), int(chunk)))
-    return pairs
+    Ids compare bytewise, as Python sorted them (``COLLATE "C"`` on PostgreSQL, whatever the
+    database's collation; SQLite's default is bytewise). A covering chunk may still not hold the
+    id (a cohort need not be every object): :meth:`Chunk.answer` says.
+    """
+    first: ColumnElement[str] = CHUNKS.c.first_id
+    last: ColumnElement[str] = CHUNKS.c.last_id
+    if conn.dialect.name == "postgresql":
+        first, last = first.collate("C"), last.collate("C")
+    rows = conn.execute(
+        select(CHUNKS.c.survey_id, CHUNKS.c.chunk).where(
+            CHUNKS.c.decided_at.is_not(None), first <= object_id, last >= object_id
+        )
+    )
+    return [(int(s), int(c)) for s, c in rows]
 
 
 def load_chunks(conn: Connection, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Chunk]:

@@ -14,11 +14,11 @@ chunk:
    computed once per (group, output), also remembered, so a million members with ten histories
    compute twenty states, and store each once (:mod:`app.services.snapshots`);
 4. writes in a handful of statements (:mod:`app.services.bulk`): a compare-and-set on every
-   accepted object's version (which also names the chunk in ``objects.answered``: the answer
-   is in the object's history from then on), the members' decisions and answers packed in the
-   chunk's row (only from pending: a member is decided at most once), refusals counted on
-   their objects, the shared states' reference counts, and the survey's counters and output
-   tally — whose row is locked last, and whose status is checked there: a survey cancelled
+   accepted object's version, the members' decisions and answers packed in the chunk's row
+   (only from pending: a member is decided at most once; the answers are in the objects'
+   histories from then on, :mod:`app.services.history`), refusals counted on their objects,
+   the shared states' reference counts, and the survey's counters and output tally — whose
+   row is locked last, and whose status is checked there: a survey cancelled
    meanwhile rolls the chunk back.
 
 Anything failing in a chunk (a lost race, a crash, a cancel) rolls it back — the samples drawn
@@ -64,7 +64,6 @@ from app.services.survey_chunks import (
     CHUNKS,
     REFUSAL_CODES,
     Variant,
-    append_answered,
     decided_columns,
 )
 from app.services.survey_groups import (
@@ -146,14 +145,13 @@ class RunCache:
 
 
 #: Where the group key's columns start in a :data:`_MEMBER_ROWS` row (they end it).
-_KEY_START = 6
+_KEY_START = 5
 _MEMBER_ROWS = (
     select(
         OBJECTS.c.id,
         OBJECTS.c.version,
         OBJECTS.c.accepted,
         OBJECTS.c.retired_at,
-        OBJECTS.c.answered,
         sql_cast(OBJECTS.c.value, Text).label("sealed"),
         *KEY_COLUMNS,
     )
@@ -172,7 +170,6 @@ _ADVANCE_TYPES = {
     "where_version": "int",
     "version": "int",
     "accepted": "int",
-    "answered": "text",
     "updated_at": "timestamptz",
     "state_hash": "text",
     "history_hash": "text",
@@ -373,7 +370,6 @@ def _decide_rows(
                         "where_version": row.version,
                         "version": row.version + 1,
                         "accepted": seq,
-                        "answered": append_answered(row.answered, work.survey_id, work.chunk),
                         "updated_at": work.now,
                         **columns,
                     }

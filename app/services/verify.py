@@ -4,10 +4,12 @@ For each object the accepted queries are replayed in sequence order and compared
 stored: sequence numbers ``1..n`` with no gaps, ``accepted == n``, the exact basic-composition
 total, the history hash chain, and the realized-loss bounds (finite domains: the whole ``log P``
 array too, found under the key the history names). Shared likelihood states must be counted by
-exactly the objects that use them. Surveys: every answer an object's history names
-(``objects.answered``) is an accepted member of that survey's chunk, and every accepted member
-of a chunk is named by its object exactly once; refused and pending members are named by none.
-A mismatch means the stored state does not follow from the stored history.
+exactly the objects that use them. An object's history includes its survey answers (packed in
+their chunks, :mod:`app.services.history`), so a survey answer lost, added or doubled shows as a
+sequence gap or a count that differs from ``accepted``. Surveys: each chunk's members sorted and
+distinct within its stated range, the chunks of a survey disjoint and in order, their decisions
+well formed, and the survey's counters equal to what its chunks hold. A mismatch means the
+stored state does not follow from the stored history.
 """
 
 from __future__ import annotations
@@ -15,19 +17,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import LikelihoodStateRecord, ProtectedObject, SurveyChunk
+from app.db.models import LikelihoodStateRecord, ProtectedObject, Survey, SurveyChunk
 from app.engine.calculator import DEFAULT_TOLERANCE
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_account, history_entry
-from app.services.history import object_history
+from app.services.history import stored_entries
 from app.services.snapshots import next_history_hash, state_key
-from app.services.survey_chunks import ChunkCache, decode, parse_answered
+from app.services.survey_chunks import REASONS, Chunk, ChunkCache, decode
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
 TOLERANCE = 1e-9
@@ -57,11 +60,7 @@ def verify_object(
     the engine's own replay (:func:`app.engine.pipeline.fold_history`, the one every decision
     uses); a continuous history's loss is searched afresh.
     """
-    try:
-        records = object_history(session.connection(), row.id, row.answered, chunks=chunks)
-    except LookupError as exc:
-        report.problems.append(f"{row.id}: {exc}")
-        return
+    records = stored_entries(session.connection(), row.id, chunks=chunks)
     seqs = [r.seq for r in records]
     if seqs != list(range(1, len(records) + 1)):
         report.problems.append(f"{row.id}: sequence numbers are not 1..{len(records)}")
@@ -145,36 +144,58 @@ def verify_state_refs(session: Session, report: Report) -> None:
 
 
 def verify_surveys(session: Session, report: Report) -> None:
-    """Each answer an object names is an accepted member of that chunk, named exactly once."""
-    named: dict[tuple[int, int], dict[str, int]] = {}
-    for object_id, answered in session.execute(
-        select(ProtectedObject.id, ProtectedObject.answered).where(
-            ProtectedObject.answered.is_not(None)
-        )
-    ):
-        for pair in parse_answered(answered):
-            by_object = named.setdefault(pair, {})
-            by_object[object_id] = by_object.get(object_id, 0) + 1
-    for row in session.execute(select(SurveyChunk.__table__)):
+    """Chunks well formed and in order; each survey's counters equal what its chunks hold."""
+    surveys = {row.id: row for row in session.execute(select(Survey.__table__))}
+    previous: Chunk | None = None
+    totals: dict[int, list[int]] = {}  # survey -> [members, decided, accepted]
+    rows = session.execute(
+        select(SurveyChunk.__table__).order_by(SurveyChunk.survey_id, SurveyChunk.chunk)
+    )
+    for row in rows:
         chunk = decode(row)
-        names = named.pop((chunk.survey_id, chunk.chunk), {})
         label = f"survey {chunk.survey_id}, chunk {chunk.chunk}"
-        if chunk.members != sorted(set(chunk.members)):
-            report.problems.append(f"{label}: members are not sorted and distinct")
-        for at, member in enumerate(chunk.members):
-            decision = chunk.decision(at)
-            times = names.pop(member, 0)
-            if decision.status == "accepted" and times != 1:
-                report.problems.append(
-                    f"{label}, member {member}: accepted, named by its object {times} times"
-                )
-            elif decision.status != "accepted" and times:
-                report.problems.append(f"{label}, member {member}: {decision.status}, but named")
-        for member in names:
-            report.problems.append(f"{label}: named by {member}, which is not a member")
-    for (survey_id, number), names in named.items():
-        for member in names:
-            report.problems.append(f"{member}: names survey {survey_id} chunk {number}, not stored")
+        _check_chunk(chunk, row, label, report)
+        if previous is not None and previous.survey_id == chunk.survey_id:
+            if previous.chunk + 1 != chunk.chunk or previous.members[-1] >= chunk.members[0]:
+                report.problems.append(f"{label}: not after chunk {previous.chunk} in id order")
+        elif chunk.chunk != 0:
+            report.problems.append(f"{label}: the survey's first chunk is not 0")
+        previous = chunk
+        counts = totals.setdefault(chunk.survey_id, [0, 0, 0])
+        counts[0] += len(chunk.members)
+        if chunk.picks is not None:
+            counts[1] += len(chunk.members)
+            counts[2] += sum(1 for pick in chunk.picks if pick >= 0)
+    for survey_id, survey in surveys.items():
+        members, decided, accepted = totals.get(survey_id, [0, 0, 0])
+        if (members, decided, accepted) != (survey.total, survey.decided, survey.accepted):
+            report.problems.append(
+                f"survey {survey_id}: total/decided/accepted {survey.total}/{survey.decided}/"
+                f"{survey.accepted}, its chunks hold {members}/{decided}/{accepted}"
+            )
+    for survey_id in totals.keys() - surveys.keys():
+        report.problems.append(f"survey {survey_id}: chunks stored without the survey")
+
+
+def _check_chunk(chunk: Chunk, row: Any, label: str, report: Report) -> None:
+    """One chunk's own consistency: members, range, and (decided) picks and sequence numbers."""
+    members = chunk.members
+    if members != sorted(set(members)) or row.size != len(members):
+        report.problems.append(f"{label}: members are not {row.size} sorted distinct ids")
+    elif (row.first_id, row.last_id) != (members[0], members[-1]):
+        report.problems.append(f"{label}: first_id/last_id differ from its members")
+    if chunk.picks is None or chunk.seqs is None:
+        if chunk.picks is not None or chunk.seqs is not None or chunk.decided_at is not None:
+            report.problems.append(f"{label}: partly decided")
+        return
+    if len(chunk.picks) != len(members) or len(chunk.seqs) != len(members):
+        report.problems.append(f"{label}: picks or seqs do not match its members")
+        return
+    for member, pick, seq in zip(members, chunk.picks, chunk.seqs, strict=True):
+        accepted = 0 <= pick < len(chunk.variants) and seq >= 1
+        refused = pick in REASONS and seq == 0
+        if not (accepted or refused):
+            report.problems.append(f"{label}, member {member}: pick {pick} / seq {seq} is invalid")
 
 
 def verify_all(session_factory: sessionmaker[Session]) -> Report:

@@ -14,9 +14,10 @@ outputs, each with its loss bounds — so this revision stores a chunk's answers
   0 when refused) and ``variants`` (the distinct history-row contents of the chunk's answers).
   A chunk is wholly pending (those four NULL) or wholly decided. That is about 10 bytes per
   member instead of about 380.
-* ``objects.answered``: the survey answers in the object's history, ``"{survey_id}:{chunk}"``
-  tokens joined by commas in sequence order (NULL: none), so an object's history is its
-  single-submit ``queries`` rows merged with these chunks' entries by sequence number.
+* An object's history is its single-submit ``queries`` rows merged by sequence number with
+  its answers in the decided chunks whose ``[first_id, last_id]`` covers its id
+  (``app.services.history``); nothing is added to the ``objects`` row, whose size a survey
+  must not change (PostgreSQL then updates it in place, HOT).
 * ``survey_members`` goes (with its PostgreSQL ``fillfactor``), and so do the surveys' history
   rows in ``queries`` (``survey_id`` not NULL); the ``queries.survey_id`` column stays.
 
@@ -31,7 +32,6 @@ Create Date: 2026-11-25
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -90,7 +90,7 @@ def _chunk_size() -> int:
 
 
 def upgrade() -> None:
-    """Create ``survey_chunks`` and ``objects.answered``, pack every survey, drop the rest."""
+    """Create ``survey_chunks``, pack every survey into it, drop the rest."""
     _check_history(op.get_bind())
     op.create_table(
         "survey_chunks",
@@ -105,14 +105,10 @@ def upgrade() -> None:
         sa.Column("seqs", sa.Text()),
         sa.Column("variants", sa.Text()),
     )
-    with op.batch_alter_table("objects") as batch:
-        batch.add_column(sa.Column("answered", sa.Text()))
     conn = op.get_bind()
-    answered: dict[str, list[tuple[int, str]]] = defaultdict(list)
     survey_ids = conn.execute(sa.text("SELECT id FROM surveys ORDER BY id")).scalars().all()
     for survey_id in survey_ids:
-        _pack_survey(conn, int(survey_id), answered)
-    _write_answered(conn, answered)
+        _pack_survey(conn, int(survey_id))
     conn.execute(sa.text("DELETE FROM queries WHERE survey_id IS NOT NULL"))
     op.drop_table("survey_members")
 
@@ -145,10 +141,8 @@ def _no_history(survey_id: int, object_id: str) -> str:
     )
 
 
-def _pack_survey(
-    conn: sa.Connection, survey_id: int, answered: dict[str, list[tuple[int, str]]]
-) -> None:
-    """Write the chunks of one survey; add its answers' ``(seq, token)`` to ``answered``."""
+def _pack_survey(conn: sa.Connection, survey_id: int) -> None:
+    """Write the chunks of one survey."""
     members = sorted(
         (str(object_id), int(status), reason)
         for object_id, status, reason in conn.execute(
@@ -187,7 +181,7 @@ def _pack_survey(
     del variant_ids
     chunks: list[dict[str, Any]] = []
     for number, chunk in enumerate(_cut(members, _chunk_size())):
-        chunks.append(_chunk_row(survey_id, number, chunk, history, variants, answered))
+        chunks.append(_chunk_row(survey_id, number, chunk, history, variants))
         if len(chunks) >= 10:  # a chunk's row holds up to CHUNK_SIZE ids: write them in tens
             _insert_chunks(conn, chunks)
             chunks = []
@@ -216,7 +210,6 @@ def _chunk_row(
     chunk: Sequence[tuple[str, int, str | None]],
     history: dict[str, tuple[int, int, datetime]],
     variants: Sequence[tuple[Any, ...]],
-    answered: dict[str, list[tuple[int, str]]],
 ) -> dict[str, Any]:
     """The ``survey_chunks`` row of ``chunk`` (member id, status, reason), sorted by id."""
     row: dict[str, Any] = {
@@ -233,7 +226,6 @@ def _chunk_row(
     }
     if chunk[0][1] == PENDING:
         return row
-    token = f"{survey_id}:{number}"
     local: dict[int, int] = {}  # survey-wide variant id -> index in this chunk's variants
     picks: list[int] = []
     seqs: list[int] = []
@@ -249,7 +241,6 @@ def _chunk_row(
         picks.append(local.setdefault(vid, len(local)))
         seqs.append(seq)
         decided_at = created_at if decided_at is None else max(decided_at, created_at)
-        answered[object_id].append((seq, token))
     row["decided_at"] = decided_at if decided_at is not None else datetime.now(UTC)
     row["picks"] = _dumps(picks)
     row["seqs"] = _dumps(seqs)
@@ -268,18 +259,6 @@ def _insert_chunks(conn: sa.Connection, rows: Sequence[dict[str, Any]]) -> None:
             ":last_id, :members, :decided_at, :picks, :seqs, :variants)"
         ).bindparams(sa.bindparam("decided_at", type_=_TIMESTAMP)),
         list(rows),
-    )
-
-
-def _write_answered(conn: sa.Connection, answered: dict[str, list[tuple[int, str]]]) -> None:
-    """Set ``objects.answered`` of every object that answered a survey (tokens by seq)."""
-    _execute_many(
-        conn,
-        sa.text("UPDATE objects SET answered = :answered WHERE id = :id"),
-        (
-            {"id": object_id, "answered": ",".join(token for _, token in sorted(tokens))}
-            for object_id, tokens in answered.items()
-        ),
     )
 
 
@@ -305,8 +284,6 @@ def downgrade() -> None:
     for survey_id, number, analyst_key_id in keys:
         _unpack_chunk(conn, int(survey_id), int(number), analyst_key_id)
     op.drop_table("survey_chunks")
-    with op.batch_alter_table("objects") as batch:
-        batch.drop_column("answered")
 
 
 def _unpack_chunk(

@@ -28,6 +28,7 @@ from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_entry
 from app.services.domains import domain_hash
+from app.services.history import object_history
 from app.services.verify import verify_all
 
 DOMAIN = {"attributes": [{"name": "c", "type": "categorical", "values": ["x", "y", "z"]}]}
@@ -343,26 +344,30 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("empty_postgres_url"))
 
 
-def _tables_and_answered(url: str) -> tuple[set[str], bool, list[Any], list[Any]]:
-    """The tables, whether ``objects.answered`` exists, ``(id, answered)`` of the objects and
-    ``(object, seq, survey)`` of the history rows."""
+def _tables_and_history(url: str) -> tuple[set[str], list[Any], list[Any]]:
+    """The tables, ``(object, seq, survey)`` of the ``queries`` rows, and — once migrated —
+    ``(object, seq, survey, output)`` of every object's history as the service reads it
+    (single submits and survey answers, :mod:`app.services.history`)."""
     engine = make_engine(url)
     try:
-        inspector = inspect(engine)
-        tables = set(inspector.get_table_names())
-        has_answered = "answered" in {c["name"] for c in inspector.get_columns("objects")}
+        tables = set(inspect(engine).get_table_names())
         with engine.connect() as conn:
-            answered = (
-                conn.execute(text("SELECT id, answered FROM objects ORDER BY id")).all()
-                if has_answered
-                else []
-            )
-            history = conn.execute(
+            rows = conn.execute(
                 text("SELECT object_id, seq, survey_id FROM queries ORDER BY object_id, seq")
             ).all()
+            read = []
+            if "survey_chunks" in tables:
+                for oid in "abcdefgh":
+                    read.extend(
+                        (oid, h.seq, h.survey_id, h.output) for h in object_history(conn, oid)
+                    )
     finally:
         engine.dispose()
-    return tables, has_answered, [tuple(r) for r in answered], [tuple(r) for r in history]
+    return tables, [tuple(r) for r in rows], read
+
+
+#: HISTORY as :func:`_tables_and_history` reads it back after the upgrade.
+READ_BACK = [(oid, seq, survey, output) for oid, seq, _, output, *_, survey, _ in HISTORY]
 
 
 def _fillfactor(url: str, table: str) -> Any:
@@ -377,7 +382,8 @@ def _fillfactor(url: str, table: str) -> Any:
 
 
 def test_0007_packs_survey_answers_per_chunk_and_downgrades(empty_url: str) -> None:
-    """0006's members and history rows become chunks and ``objects.answered``, and come back."""
+    """0006's members and history rows become chunks (each object's history unchanged as the
+    service reads it), and come back."""
     url = empty_url
     command.upgrade(alembic_config(url), "0006")
     _store_surveys_of_0006(url, HISTORY)
@@ -455,22 +461,15 @@ def test_0007_packs_survey_answers_per_chunk_and_downgrades(empty_url: str) -> N
             "variants": None,
         },
     ]
-    tables, has_answered, answered, history = _tables_and_answered(url)
+    tables, history, read = _tables_and_history(url)
     assert "survey_members" not in tables
-    assert has_answered
-    # in sequence order: b answered survey 2 before survey 1
-    assert answered == [
-        ("a", "1:0,2:0"),
-        ("b", "2:0,1:0"),
-        ("c", "1:0"),
-        *((oid, None) for oid in "defgh"),
-    ]
     assert history == [("a", 1, None), ("a", 3, None)]  # the single submits stay
+    # b answered survey 2 before survey 1; a's answers interleave with its submits
+    assert read == READ_BACK
 
     command.downgrade(alembic_config(url), "0006")
-    tables, has_answered, _, _ = _tables_and_answered(url)
+    tables, _, _ = _tables_and_history(url)
     assert "survey_chunks" not in tables
-    assert not has_answered
     assert _old_rows(url) == (members_before, queries_before)
     if url.startswith("postgresql"):
         assert _fillfactor(url, "survey_members") == ["fillfactor=50"]
@@ -517,8 +516,7 @@ def test_0007_cuts_chunks_of_the_configured_size(tmp_path: Path) -> None:
         ("a", "b", 2),
         ("c", "d", 2),
     ]
-    _, _, answered, _ = _tables_and_answered(url)
-    assert answered[:3] == [("a", "1:0,2:0"), ("b", "2:0,1:0"), ("c", "1:1")]
+    assert _tables_and_history(url)[2] == READ_BACK
 
     command.downgrade(alembic_config(url), "0006")
     members_after, queries_after = _old_rows(url)
@@ -536,7 +534,6 @@ def test_0007_refuses_an_accepted_member_without_history(tmp_path: Path) -> None
     _store_surveys_of_0006(url, [row for row in HISTORY if row[:2] != ("c", 1)])
     with pytest.raises(RuntimeError, match="member 'c' is accepted but has no history row"):
         command.upgrade(alembic_config(url), "0007")
-    tables, has_answered, _, _ = _tables_and_answered(url)
+    tables, _, _ = _tables_and_history(url)
     assert "survey_chunks" not in tables
     assert "survey_members" in tables
-    assert not has_answered

@@ -20,30 +20,29 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from app.api.main import create_app
-from app.db.models import ProtectedObject
 from app.db.session import make_engine
-from app.services.survey_chunks import parse_answered
+from app.services.history import stored_entries
+from app.services.survey_chunks import CHUNKS, ChunkCache, decode
 from tests.service.conftest import auth, make_settings, new_key, start_server, unique_id
 from tests.service.test_surveys import GRR, import_study, verify_clean, wait_done
 
 
 def survey_rows_per_member(database_url: str, survey_id: int) -> dict[str, int]:
-    """Per object, how many answers to the survey its history holds (``objects.answered``)."""
+    """Per member, how many entries of its object's stored history answer the survey."""
     engine = make_engine(database_url)
+    counts: dict[str, int] = {}
     try:
         with engine.connect() as conn:
-            rows = conn.execute(
-                select(ProtectedObject.id, ProtectedObject.answered).where(
-                    ProtectedObject.answered.is_not(None)
-                )
-            ).all()
+            rows = conn.execute(select(CHUNKS).where(CHUNKS.c.survey_id == survey_id)).all()
+            cache = ChunkCache()
+            for row in rows:
+                for oid in decode(row).members:
+                    entries = stored_entries(conn, oid, chunks=cache)
+                    times = sum(1 for e in entries if e.survey_id == survey_id)
+                    if times:
+                        counts[oid] = times
     finally:
         engine.dispose()
-    counts: dict[str, int] = {}
-    for oid, answered in rows:
-        times = sum(1 for asked_by, _ in parse_answered(answered) if asked_by == survey_id)
-        if times:
-            counts[str(oid)] = times
     return counts
 
 

@@ -1,7 +1,7 @@
 """Survey answers packed per chunk are part of every object's history (issue #13's storage).
 
-An object's history is its single-submit rows and its survey answers (``objects.answered`` names
-the chunks): the history API, the odometer history, continuous snapshots and ``gatekeeper
+An object's history is its single-submit rows and its survey answers (in the chunks covering
+its id): the history API, the odometer history, continuous snapshots and ``gatekeeper
 verify`` all see both, in sequence order; verify finds answers that were tampered with.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,18 +17,17 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select, update
 
 from app.api.main import create_app
-from app.db.models import Base, ProtectedObject, Survey, SurveyChunk
+from app.db.models import Base, Survey, SurveyChunk
 from app.db.session import make_engine, make_session_factory
 from app.services import snapshots
 from app.services.survey_chunks import (
     ChunkCache,
     Variant,
-    append_answered,
+    chunks_covering,
     cut_members,
     decided_columns,
     decode,
     load_chunks,
-    parse_answered,
 )
 from app.services.verify import verify_all
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
@@ -183,46 +183,39 @@ def test_verify_finds_tampered_survey_answers(client: TestClient, database_url: 
     study = unique_id("tamp")
     ids = import_study(client, study, 6)
     survey = _survey(client, analyst, study, GRR)
-    objects, chunks = ProtectedObject.__table__, SurveyChunk.__table__
+    chunks = SurveyChunk.__table__
+    first = (chunks.c.survey_id == survey["id"], chunks.c.chunk == 0)
     engine = make_engine(database_url)
     try:
         with engine.connect() as conn:
-            answered = conn.execute(
-                select(objects.c.answered).where(objects.c.id == ids[0])
-            ).scalar_one()
-            row = conn.execute(
-                select(chunks).where(chunks.c.survey_id == survey["id"], chunks.c.chunk == 0)
-            ).one()
+            row = conn.execute(select(chunks).where(*first)).one()
+        original = {"members": row.members, "picks": row.picks, "seqs": row.seqs}
 
-        def set_answered(value: str | None) -> Callable[[Any], None]:
+        def chunk_with(**values: Any) -> Callable[[Any], None]:
             def apply(conn: Any) -> None:
-                conn.execute(update(objects).where(objects.c.id == ids[0]).values(answered=value))
+                conn.execute(update(chunks).where(*first).values(**values))
 
             return apply
 
-        problems = _tampered(engine, set_answered(None), set_answered(answered))
+        restore = chunk_with(**original)
+        picks, seqs = json.loads(row.picks), json.loads(row.seqs)
+        # an answer turned into a refusal: the object's history lost it
+        problems = _tampered(engine, chunk_with(picks=json.dumps([-1, *picks[1:]])), restore)
         assert f"{ids[0]}: accepted=1 but 0 queries are stored" in problems
-        assert any("accepted, named by its object 0 times" in p for p in problems)
-
-        doubled = f"{answered},{answered}"
-        problems = _tampered(engine, set_answered(doubled), set_answered(answered))
-        assert any("accepted, named by its object 2 times" in p for p in problems)
-
-        picks = json.loads(row.picks)
-
-        def set_picks(value: list[int]) -> Callable[[Any], None]:
-            def apply(conn: Any) -> None:
-                conn.execute(
-                    update(chunks)
-                    .where(chunks.c.survey_id == survey["id"], chunks.c.chunk == 0)
-                    .values(picks=json.dumps(value))
-                )
-
-            return apply
-
-        problems = _tampered(engine, set_picks([-1, *picks[1:]]), set_picks(picks))
-        assert any(f"member {ids[0]}: refused, but named" in p for p in problems)
-        assert any(ids[0] in p and "holds no answer" in p for p in problems)
+        assert any(f"survey {survey['id']}: total/decided/accepted" in p for p in problems)
+        # an answer renumbered
+        problems = _tampered(engine, chunk_with(seqs=json.dumps([2, *seqs[1:]])), restore)
+        assert f"{ids[0]}: sequence numbers are not 1..1" in problems
+        # a refusal with a sequence number, an unknown pick
+        bad = json.dumps([-2, 99, *picks[2:]])
+        problems = _tampered(engine, chunk_with(picks=bad), restore)
+        assert any(f"member {ids[0]}: pick -2 / seq 1 is invalid" in p for p in problems)
+        assert any(f"member {ids[1]}: pick 99 / seq 1 is invalid" in p for p in problems)
+        # members out of order
+        members = row.members.split("\n")
+        swapped = "\n".join([members[1], members[0], *members[2:]])
+        problems = _tampered(engine, chunk_with(members=swapped), restore)
+        assert any("members are not" in p and "sorted distinct ids" in p for p in problems)
     finally:
         engine.dispose()
     verify_clean(database_url)
@@ -254,8 +247,6 @@ def test_chunks_hold_sorted_members_and_decode_their_decisions() -> None:
         )
     )
     assert pending.decision(0).status == "pending"
-    assert parse_answered(append_answered(append_answered(None, 3, 1), 12, 0)) == [(3, 1), (12, 0)]
-    assert parse_answered(None) == parse_answered("") == []
 
 
 def test_chunk_cache_returns_what_it_evicts_meanwhile(tmp_path: Any) -> None:
@@ -281,5 +272,16 @@ def test_chunk_cache_returns_what_it_evicts_meanwhile(tmp_path: Any) -> None:
             assert sorted(load_chunks(conn, [(1, 4), (1, 4)])) == [(1, 4)]
             with pytest.raises(LookupError, match="no chunk 9"):
                 cache.get_many(conn, [(1, 9)])
+            assert chunks_covering(conn, "m02") == []  # pending chunks hold no answer yet
+        with engine.begin() as conn:
+            conn.execute(
+                update(SurveyChunk.__table__)
+                .where(SurveyChunk.chunk == 1)
+                .values(decided_at=datetime.now(UTC), picks="[-1,-1]", seqs="[0,0]")
+            )
+        with engine.connect() as conn:
+            assert chunks_covering(conn, "m02") == chunks_covering(conn, "m03") == [(1, 1)]
+            assert chunks_covering(conn, "m021") == [(1, 1)]  # covered, not a member
+            assert chunks_covering(conn, "m04") == chunks_covering(conn, "a") == []
     finally:
         engine.dispose()

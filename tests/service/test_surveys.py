@@ -19,12 +19,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from app.api.main import create_app
-from app.db.models import LikelihoodStateRecord, ProtectedObject
+from app.db.models import LikelihoodStateRecord
 from app.db.session import make_engine, make_session_factory
 from app.engine.limits import DEFAULT_LIMITS
 from app.services import survey_runs
 from app.services import surveys as survey_service
-from app.services.survey_chunks import parse_answered
+from app.services.history import object_history
 from app.services.verify import verify_all
 from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
@@ -267,10 +267,7 @@ def test_a_survey_queries_each_member_once_and_estimates(
     engine = make_engine(database_url)
     try:
         with engine.connect() as conn:
-            answered = conn.execute(
-                select(ProtectedObject.answered).where(ProtectedObject.id.in_(ids))
-            ).scalars()
-            rows = sum(len(parse_answered(a)) for a in answered)
+            rows = sum(len(object_history(conn, oid)) for oid in ids)
             states = conn.execute(select(LikelihoodStateRecord.refs)).scalars().all()
     finally:
         engine.dispose()

@@ -349,9 +349,12 @@ class SubmitResult(_Replayable):
 
 
 class HistoryItem(_Response):
-    """One accepted query of an object's history."""
+    """One accepted query of an object's history: a single submit or a survey's answer."""
 
-    query_id: int
+    #: The submit's query id; None for a survey's answer (``survey_id`` names the survey).
+    query_id: int | None
+    #: The survey that asked it (None: a single submit).
+    survey_id: int | None = None
     seq: int
     query: dict[str, Any]
     output: Any
