@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -112,21 +112,39 @@ class Chunk:
 
 def cut_members(ids: Iterable[str], *, survey_id: int, size: int) -> list[dict[str, Any]]:
     """``survey_chunks`` rows (pending) holding ``ids`` sorted, ``size`` members a chunk."""
-    ordered = sorted(ids)
-    rows = []
-    for number, start in enumerate(range(0, len(ordered), size)):
-        part = ordered[start : start + size]
-        rows.append(
-            {
-                "survey_id": survey_id,
-                "chunk": number,
-                "size": len(part),
-                "first_id": part[0],
-                "last_id": part[-1],
-                "members": "\n".join(part),
-            }
-        )
-    return rows
+    return list(pack_sorted(sorted(ids), survey_id=survey_id, size=size))
+
+
+def pack_sorted(ids: Iterable[str], *, survey_id: int, size: int) -> Iterator[dict[str, Any]]:
+    """``survey_chunks`` rows (pending) of ids arriving in increasing order, as they come.
+
+    Raises ValueError when an id is not above the one before (a database that ordered them
+    otherwise than bytewise, or a repeated id): the chunks' lookups rely on that order.
+    """
+    part: list[str] = []
+    previous: str | None = None
+    number = 0
+    for object_id in ids:
+        if previous is not None and object_id <= previous:
+            raise ValueError(f"member ids out of order: {object_id!r} after {previous!r}")
+        previous = object_id
+        part.append(object_id)
+        if len(part) == size:
+            yield _pending_row(survey_id, number, part)
+            number, part = number + 1, []
+    if part:
+        yield _pending_row(survey_id, number, part)
+
+
+def _pending_row(survey_id: int, number: int, part: list[str]) -> dict[str, Any]:
+    return {
+        "survey_id": survey_id,
+        "chunk": number,
+        "size": len(part),
+        "first_id": part[0],
+        "last_id": part[-1],
+        "members": "\n".join(part),
+    }
 
 
 def decided_columns(picks: list[int], seqs: list[int], variants: list[Variant]) -> dict[str, str]:

@@ -42,7 +42,7 @@ from app.services import audit
 from app.services.domains import DOMAIN_TEXT
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, ServiceError
 from app.services.objects import ID_PATTERN, label_conditions, parse_labels
-from app.services.survey_chunks import CHUNKS, MemberDecision, cut_members, decode
+from app.services.survey_chunks import CHUNKS, MemberDecision, decode, pack_sorted
 from app.services.survey_groups import (
     ACTIVE,
     KEY_COLUMNS,
@@ -235,12 +235,42 @@ class _Cohort:
     chunk_size: int
 
 
-def _member_ids(conn: Connection, request: SurveyRequest) -> list[str]:
-    """The cohort's ids (unordered): the objects its labels select, or the ids it names."""
-    if request.labels is not None:
-        return [str(i) for i in conn.execute(_labels_cohort(request.labels)).scalars()]
-    assert request.ids is not None  # noqa: S101 - an ids cohort
-    return list(request.ids)
+def _member_ids(conn: Connection, request: SurveyRequest) -> Iterator[str]:
+    """The cohort's ids in increasing bytewise order, streamed.
+
+    The objects its labels select (``COLLATE "C"`` on PostgreSQL, SQLite's default order), or
+    the ids it names, sorted.
+    """
+    if request.labels is None:
+        assert request.ids is not None  # noqa: S101 - an ids cohort
+        yield from sorted(request.ids)
+        return
+    order: ColumnElement[str] = OBJECTS.c.id
+    if conn.dialect.name == "postgresql":
+        order = order.collate("C")
+    statement = _labels_cohort(request.labels).order_by(order).execution_options(yield_per=10_000)
+    for object_id in conn.execute(statement).scalars():
+        yield str(object_id)
+
+
+def _store_members(
+    conn: Connection, request: SurveyRequest, survey_id: int, cohort: _Cohort
+) -> int:
+    """Store the cohort's members in chunks, streaming; returns how many (stops past the max)."""
+    count = 0
+    batch: list[dict[str, Any]] = []
+    rows = pack_sorted(_member_ids(conn, request), survey_id=survey_id, size=cohort.chunk_size)
+    for row in rows:
+        count += int(row["size"])
+        if count > cohort.max_members:
+            return count  # refused: the transaction rolls back
+        batch.append(row)
+        if len(batch) == 20:
+            conn.execute(insert(CHUNKS), batch)
+            batch = []
+    if batch:
+        conn.execute(insert(CHUNKS), batch)
+    return count
 
 
 def _cohort_domains(conn: Connection, request: SurveyRequest) -> set[str]:
@@ -301,13 +331,9 @@ def _create_once(
                 "created_at": now,
             },
         ).scalar_one()
-        ids = _member_ids(conn, request)
-        count = len(ids)
+        count = _store_members(conn, request, survey_id, cohort)
         _refuse_empty_or_large(count, max_members)
         _refuse_query_fitting_no_member(_cohort_domains(conn, request), request.query, limits)
-        chunks = cut_members(ids, survey_id=survey_id, size=cohort.chunk_size)
-        for start in range(0, len(chunks), 50):
-            conn.execute(insert(CHUNKS), chunks[start : start + 50])
         conn.execute(update(SURVEYS).where(SURVEYS.c.id == survey_id).values(total=count))
         audit.record(
             conn,

@@ -28,6 +28,7 @@ from app.services.survey_chunks import (
     decided_columns,
     decode,
     load_chunks,
+    pack_sorted,
 )
 from app.services.verify import verify_all
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
@@ -229,6 +230,10 @@ def test_chunks_hold_sorted_members_and_decode_their_decisions() -> None:
         (1, "c", "d", 2),
         (2, "e", "e", 1),
     ]
+    with pytest.raises(ValueError, match="out of order: 'a' after 'b'"):
+        list(pack_sorted(["a", "b", "a"], survey_id=3, size=2))
+    with pytest.raises(ValueError, match="out of order"):
+        list(pack_sorted(["a", "a"], survey_id=3, size=5))  # repeated
     variant = Variant('{"q":1}', '"yes"', 1.0, "1", 0.1, 0.2, 2.0)
     columns = decided_columns([0, -3], [4, 0], [variant])
     row = type("Row", (), {**rows[0], "decided_at": None, **columns})
