@@ -22,7 +22,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table, func, select
 
 from app.db.models import ProtectedObject, QueryRecord, Survey
-from app.services.survey_chunks import ChunkCache, chunks_covering
+from app.services.survey_chunks import ChunkCache, chunks_covering, shared_cache
 
 _QUERIES = cast(Table, QueryRecord.__table__)
 _OBJECTS = cast(Table, ProtectedObject.__table__)
@@ -147,7 +147,7 @@ def _survey_answers(
         ).all()
     )
     found = []
-    for chunk in (chunks or ChunkCache(len(pairs))).get_many(conn, pairs):
+    for chunk in (chunks or shared_cache(conn)).get_many(conn, pairs):
         decision = chunk.answer(object_id)
         if decision is None or decision.variant is None:
             continue  # not a member (the range only covers it), or refused

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import bisect
 import json
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, cast
 
+import orjson
 from sqlalchemy import ColumnElement, Connection, Table, and_, or_, select, tuple_
 
 from app.db.models import SurveyChunk
@@ -82,7 +84,8 @@ class Chunk:
     decided_at: datetime | None
     picks: list[int] | None
     seqs: list[int] | None
-    variants: list[Variant]
+    #: The stored variants as parsed JSON objects (:meth:`decision` makes the one it needs).
+    variants: list[dict[str, Any]]
 
     def position(self, object_id: str) -> int | None:
         """Where ``object_id`` is among the members (None: not a member)."""
@@ -102,7 +105,8 @@ class Chunk:
         pick = self.picks[at]
         if pick < 0:
             return MemberDecision(object_id, "refused", REASONS.get(pick, "unknown"), 0, None)
-        return MemberDecision(object_id, "accepted", None, self.seqs[at], self.variants[pick])
+        variant = Variant(**self.variants[pick])
+        return MemberDecision(object_id, "accepted", None, self.seqs[at], variant)
 
     def answer(self, object_id: str) -> MemberDecision | None:
         """``object_id``'s decision, when it is a member."""
@@ -158,15 +162,14 @@ def decided_columns(picks: list[int], seqs: list[int], variants: list[Variant]) 
 
 def decode(row: Any) -> Chunk:
     """A ``survey_chunks`` row (any object with its columns) as a :class:`Chunk`."""
-    variants = [Variant(**v) for v in json.loads(row.variants)] if row.variants else []
     return Chunk(
         survey_id=int(row.survey_id),
         chunk=int(row.chunk),
         members=row.members.split("\n"),
         decided_at=row.decided_at,
-        picks=json.loads(row.picks) if row.picks is not None else None,
-        seqs=json.loads(row.seqs) if row.seqs is not None else None,
-        variants=variants,
+        picks=orjson.loads(row.picks) if row.picks is not None else None,
+        seqs=orjson.loads(row.seqs) if row.seqs is not None else None,
+        variants=orjson.loads(row.variants) if row.variants else [],
     )
 
 
@@ -207,15 +210,22 @@ def load_chunks(conn: Connection, keys: Sequence[tuple[int, int]]) -> dict[tuple
 
 
 class ChunkCache:
-    """Decoded chunks, the most recent ``capacity`` of them (a scan in id order reuses them)."""
+    """Decoded *decided* chunks, the most recent ``capacity`` of them; thread-safe.
+
+    A decided chunk never changes (only a pending one is written, once), so holding it is safe
+    for as long as its database exists; pending chunks are never held. A scan in id order
+    (``gatekeeper verify``) reuses each chunk for its 5,000 members.
+    """
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
         self._chunks: dict[tuple[int, int], Chunk] = {}
+        self._guard = threading.Lock()
 
     def get_many(self, conn: Connection, keys: Sequence[tuple[int, int]]) -> list[Chunk]:
         """The chunks of ``keys`` (loading the ones not held)."""
-        held = {k: self._chunks[k] for k in keys if k in self._chunks}
+        with self._guard:
+            held = {k: self._chunks[k] for k in keys if k in self._chunks}
         missing = [k for k in keys if k not in held]
         if missing:
             loaded = load_chunks(conn, missing)
@@ -223,8 +233,29 @@ class ChunkCache:
                 if key not in loaded:
                     raise LookupError(f"survey {key[0]} has no chunk {key[1]}")
             held.update(loaded)
-            for key, chunk in loaded.items():
-                if len(self._chunks) >= self.capacity:
-                    self._chunks.pop(next(iter(self._chunks)))
-                self._chunks[key] = chunk
+            with self._guard:
+                for key, chunk in loaded.items():
+                    if chunk.picks is None:
+                        continue
+                    self._chunks.pop(key, None)
+                    while len(self._chunks) >= self.capacity:
+                        self._chunks.pop(next(iter(self._chunks)))
+                    self._chunks[key] = chunk
         return [held[k] for k in keys]
+
+
+#: Decoded chunks per database (its URL without the password), shared by this process's
+#: history reads: a dashboard paging through objects of one survey reads each chunk once.
+_SHARED: dict[str, ChunkCache] = {}
+_SHARED_GUARD = threading.Lock()
+SHARED_CHUNKS = 32
+
+
+def shared_cache(conn: Connection) -> ChunkCache:
+    """The process's chunk cache for ``conn``'s database."""
+    name = conn.engine.url.render_as_string(hide_password=True)
+    with _SHARED_GUARD:
+        found = _SHARED.get(name)
+        if found is None:
+            found = _SHARED[name] = ChunkCache(SHARED_CHUNKS)
+        return found
