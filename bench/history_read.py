@@ -1,0 +1,57 @@
+"""Time reading objects' histories (single submits + survey answers packed per chunk).
+
+Run it on a database kept by ``bench/survey_load.py --keep-database`` (10^6 objects, three
+surveys: three answers per object, each in a 5,000-member chunk)::
+
+    .venv/bin/python bench/history_read.py postgresql+psycopg://postgres@127.0.0.1:5432/gk_bench_…
+
+It reads ``--objects`` histories through :func:`app.services.history.object_history` (the road
+of the history API, the odometer history, continuous snapshots), twice: objects of neighbouring
+ids (a sample of table blocks: a dashboard paging through a list, ``gatekeeper verify``), and
+objects in random order (every chunk read cold), each with a fresh process chunk cache, and
+prints the milliseconds per read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from sqlalchemy import text
+
+from app.db.session import make_engine
+from app.services import survey_chunks
+from app.services.history import object_history
+
+ORDERS = {
+    "neighbouring ids": "SELECT id FROM objects TABLESAMPLE SYSTEM (0.1) ORDER BY id LIMIT :n",
+    "random order": "SELECT id FROM objects ORDER BY random() LIMIT :n",
+}
+
+
+def main() -> None:
+    """Print a table of milliseconds per history read, by access order."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url", help="SQLAlchemy URL of a database kept by survey_load.py")
+    parser.add_argument("--objects", type=int, default=300)
+    args = parser.parse_args()
+    engine = make_engine(args.url)
+    print(f"machine load {os.getloadavg()[0]:.2f}; {args.objects} objects per order")
+    print("| order | histories | entries | ms per read |")
+    print("|---|---|---|---|")
+    try:
+        for name, sql in ORDERS.items():
+            survey_chunks.clear_shared_caches()  # every order starts cold
+            with engine.connect() as conn:
+                ids = [str(i) for i in conn.execute(text(sql), {"n": args.objects}).scalars()]
+                started = time.perf_counter()
+                entries = sum(len(object_history(conn, oid)) for oid in ids)
+                seconds = time.perf_counter() - started
+            print(f"| {name} | {len(ids)} | {entries} | {seconds / len(ids) * 1000:.2f} |")
+    finally:
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    main()
