@@ -1,9 +1,10 @@
 """Smoke test of ``bench/reproduction.py`` (Figure 1 and 3a of the paper) on tiny configurations.
 
 Runs the numeric core without the bench extras; the plotting test needs matplotlib (a dev
-dependency, so CI runs it; skipped in a venv without it). Keeps the script from rotting silently: every run must be well-formed and plausible
-(certified loss within the budget on every accepted prefix, never fewer queries than basic
-composition, Theorem D.1 met by the simulated walks).
+dependency, so CI runs it; skipped in a venv without it). Keeps the script from rotting
+silently: every run must be well-formed and plausible (certified loss within the budget on every
+accepted prefix, never fewer queries than basic composition, Theorem D.1 met by the simulated
+walks).
 """
 
 from __future__ import annotations
