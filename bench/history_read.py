@@ -9,7 +9,11 @@ It reads ``--objects`` histories through :func:`app.services.history.object_hist
 of the history API, the odometer history, continuous snapshots), twice: objects of neighbouring
 ids (a sample of table blocks: a dashboard paging through a list, ``gatekeeper verify``), and
 objects in random order (every chunk read cold), each with a fresh process chunk cache, and
-prints the milliseconds per read.
+prints the milliseconds per read. Then, side by side on the same random objects, two ways of
+finding the chunks that cover an object: one probe per survey of ``ix_survey_chunks_first_id``
+(:func:`app.services.survey_chunks.chunks_covering` on PostgreSQL) and a scan of every decided
+chunk's range (what it does on SQLite); both must find the same chunks. ``--lookups-only`` times just these (on a database given more chunk rows to see how the
+two grow).
 """
 
 from __future__ import annotations
@@ -23,6 +27,13 @@ from sqlalchemy import text
 from app.db.session import make_engine
 from app.services import survey_chunks
 from app.services.history import object_history
+from app.services.survey_chunks import chunks_covering
+
+#: The alternative: every decided chunk's range compared with the id.
+SCAN = text(
+    "SELECT survey_id, chunk FROM survey_chunks WHERE decided_at IS NOT NULL "
+    'AND first_id COLLATE "C" <= :x AND last_id COLLATE "C" >= :x'
+)
 
 ORDERS = {
     "neighbouring ids": "SELECT id FROM objects TABLESAMPLE SYSTEM (0.1) ORDER BY id LIMIT :n",
@@ -35,13 +46,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url", help="SQLAlchemy URL of a database kept by survey_load.py")
     parser.add_argument("--objects", type=int, default=300)
+    parser.add_argument(
+        "--lookups-only",
+        action="store_true",
+        help="only the chunk lookups (a database with copied chunks has no valid histories)",
+    )
     args = parser.parse_args()
     engine = make_engine(args.url)
     print(f"machine load {os.getloadavg()[0]:.2f}; {args.objects} objects per order")
     print("| order | histories | entries | ms per read |")
     print("|---|---|---|---|")
     try:
-        for name, sql in ORDERS.items():
+        for name, sql in ORDERS.items() if not args.lookups_only else ():
             survey_chunks.clear_shared_caches()  # every order starts cold
             with engine.connect() as conn:
                 ids = [str(i) for i in conn.execute(text(sql), {"n": args.objects}).scalars()]
@@ -49,6 +65,26 @@ def main() -> None:
                 entries = sum(len(object_history(conn, oid)) for oid in ids)
                 seconds = time.perf_counter() - started
             print(f"| {name} | {len(ids)} | {entries} | {seconds / len(ids) * 1000:.2f} |")
+        print()
+        print("| chunk lookup | objects | chunks in the table | ms per lookup |")
+        print("|---|---|---|---|")
+        with engine.connect() as conn:
+            chunks = conn.execute(text("SELECT count(*) FROM survey_chunks")).scalar_one()
+            ids = [str(i) for i in conn.execute(text(ORDERS["random order"]), {"n": args.objects})]
+            found: dict[str, list[list[tuple[int, int]]]] = {}
+            for name, lookup in (
+                ("index probe per survey (the service)", lambda oid: chunks_covering(conn, oid)),
+                (
+                    "scan of every range",
+                    lambda oid: [tuple(r) for r in conn.execute(SCAN, {"x": oid})],
+                ),
+            ):
+                started = time.perf_counter()
+                found[name] = [sorted(lookup(oid)) for oid in ids]
+                seconds = time.perf_counter() - started
+                print(f"| {name} | {len(ids)} | {chunks} | {seconds / len(ids) * 1000:.3f} |")
+            if len({repr(v) for v in found.values()}) != 1:
+                raise SystemExit("the two lookups found different chunks")
     finally:
         engine.dispose()
 

@@ -260,6 +260,10 @@ class Survey(Base):
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+#: An object id compared bytewise (as Python sorts it), whatever the database's collation.
+BYTEWISE_ID = String(128).with_variant(String(128, collation="C"), "postgresql")
+
+
 class SurveyChunk(Base):
     """A chunk of a survey's members, decided together in one transaction (issue #13).
 
@@ -271,17 +275,20 @@ class SurveyChunk(Base):
     object's history, 0 when refused) and ``variants`` (the distinct history entries the
     chunk's answers are: query, output, ε, loss bounds after), all JSON. A chunk is wholly
     pending (``decided_at`` None) or wholly decided. An object's answers are found through the
-    chunks whose ``[first_id, last_id]`` covers its id (compared bytewise: ``COLLATE "C"`` on
-    PostgreSQL), so a survey never changes the size of the object's row.
+    chunks whose ``[first_id, last_id]`` covers its id — on PostgreSQL one probe of
+    ``ix_survey_chunks_first_id`` per survey — so a survey never changes the size of the
+    object's row. Ids compare bytewise, as Python sorts them: the id columns are
+    ``COLLATE "C"`` on PostgreSQL (SQLite compares bytewise by default).
     """
 
     __tablename__ = "survey_chunks"
+    __table_args__ = (Index("ix_survey_chunks_first_id", "survey_id", "first_id"),)
 
     survey_id: Mapped[int] = mapped_column(ForeignKey("surveys.id"), primary_key=True)
     chunk: Mapped[int] = mapped_column(Integer, primary_key=True)
     size: Mapped[int] = mapped_column(Integer, nullable=False)
-    first_id: Mapped[str] = mapped_column(String(128), nullable=False)
-    last_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    first_id: Mapped[str] = mapped_column(BYTEWISE_ID, nullable=False)
+    last_id: Mapped[str] = mapped_column(BYTEWISE_ID, nullable=False)
     members: Mapped[str] = mapped_column(Text, nullable=False)
     decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     picks: Mapped[str | None] = mapped_column(Text)

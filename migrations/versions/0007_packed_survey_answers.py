@@ -7,7 +7,9 @@ million-object study. The members of one chunk share almost everything — one q
 outputs, each with its loss bounds — so this revision stores a chunk's answers once, packed:
 
 * ``survey_chunks`` (one row per survey and chunk of at most :data:`CHUNK_SIZE` members, in
-  member-id order): ``members`` (the ids, sorted, joined by newlines), ``first_id``/``last_id``,
+  member-id order): ``members`` (the ids, sorted, joined by newlines), ``first_id``/``last_id``
+  (``COLLATE "C"`` on PostgreSQL; indexed with ``survey_id``: an object's chunk in a survey is
+  the last one starting at or before its id),
   and, once the chunk is decided, ``decided_at`` with three compact JSON lists — ``picks`` (per
   member: an index into ``variants`` when accepted, or a negative refusal code, see
   :data:`REFUSALS`), ``seqs`` (per member: the answer's sequence number in the object's history,
@@ -43,6 +45,10 @@ revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
+
+#: An object id compared bytewise, as Python sorts ids (``COLLATE "C"`` on PostgreSQL): an
+#: object's chunk is found by comparing its id with the chunks' first and last ids.
+BYTEWISE_ID = sa.String(128).with_variant(sa.String(128, collation="C"), "postgresql")
 
 #: Members per chunk. A test may set ``config.attributes["survey_chunk_size"]`` on the Alembic
 #: config to cut smaller chunks (:func:`_chunk_size`).
@@ -97,14 +103,15 @@ def upgrade() -> None:
         sa.Column("survey_id", sa.Integer(), sa.ForeignKey("surveys.id"), primary_key=True),
         sa.Column("chunk", sa.Integer(), primary_key=True),
         sa.Column("size", sa.Integer(), nullable=False),
-        sa.Column("first_id", sa.String(128), nullable=False),
-        sa.Column("last_id", sa.String(128), nullable=False),
+        sa.Column("first_id", BYTEWISE_ID, nullable=False),
+        sa.Column("last_id", BYTEWISE_ID, nullable=False),
         sa.Column("members", sa.Text(), nullable=False),
         sa.Column("decided_at", sa.DateTime(timezone=True)),
         sa.Column("picks", sa.Text()),
         sa.Column("seqs", sa.Text()),
         sa.Column("variants", sa.Text()),
     )
+    op.create_index("ix_survey_chunks_first_id", "survey_chunks", ["survey_id", "first_id"])
     conn = op.get_bind()
     survey_ids = conn.execute(sa.text("SELECT id FROM surveys ORDER BY id")).scalars().all()
     for survey_id in survey_ids:

@@ -217,14 +217,22 @@ def _store_surveys_of_0006(url: str, history: list[tuple[Any, ...]]) -> None:
                 [{"id": oid, "n": accepted.get(oid, 0), "t": T1} for oid in "abcdefgh"],
             )
             for survey_id, query in ((1, Q1), (2, Q2)):
+                statuses = [status for _, status, _ in MEMBERS[survey_id]]
                 conn.execute(
                     text(
                         "INSERT INTO surveys (id, name, query, cohort, analyst_key_id, "
                         "fingerprint, status, total, decided, accepted, refused, tally, groups, "
-                        "created_at) VALUES (:id, 'n', :q, '{}', 7, 'f', 'running', 0, 0, 0, "
-                        "'{}', '{}', 0, :t)"
+                        "created_at) VALUES (:id, 'n', :q, '{}', 7, 'f', 'running', :total, "
+                        ":decided, :accepted, '{}', '{}', 0, :t)"
                     ).bindparams(stamp),
-                    {"id": survey_id, "q": query, "t": T1},
+                    {
+                        "id": survey_id,
+                        "q": query,
+                        "t": T1,
+                        "total": len(statuses),
+                        "decided": sum(1 for status in statuses if status != 0),
+                        "accepted": statuses.count(1),
+                    },
                 )
             outputs = {(row[0], row[7]): row[3] for row in history if row[7] is not None}
             conn.execute(

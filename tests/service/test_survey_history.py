@@ -279,14 +279,14 @@ def test_chunk_cache_returns_what_it_evicts_meanwhile(tmp_path: Any) -> None:
                 cache.get_many(conn, [(1, 9)])
             assert chunks_covering(conn, "m02") == []  # pending chunks hold no answer yet
         with engine.begin() as conn:
+            decided = {"decided_at": datetime.now(UTC), "picks": "[-1,-1]", "seqs": "[0,0]"}
             conn.execute(
-                update(SurveyChunk.__table__)
-                .where(SurveyChunk.chunk == 1)
-                .values(decided_at=datetime.now(UTC), picks="[-1,-1]", seqs="[0,0]")
+                update(SurveyChunk.__table__).where(SurveyChunk.chunk == 1).values(**decided)
             )
         with engine.connect() as conn:
             assert chunks_covering(conn, "m02") == chunks_covering(conn, "m03") == [(1, 1)]
             assert chunks_covering(conn, "m021") == [(1, 1)]  # covered, not a member
             assert chunks_covering(conn, "m04") == chunks_covering(conn, "a") == []
+            assert chunks_covering(conn, "m09") == []  # the last chunk: pending
     finally:
         engine.dispose()
