@@ -12,8 +12,8 @@ objects in random order (every chunk read cold), each with a fresh process chunk
 prints the milliseconds per read. Then, side by side on the same random objects, two ways of
 finding the chunks that cover an object: one probe per survey of ``ix_survey_chunks_first_id``
 (:func:`app.services.survey_chunks.chunks_covering` on PostgreSQL) and a scan of every decided
-chunk's range (what it does on SQLite); both must find the same chunks. ``--lookups-only`` times just these (on a database given more chunk rows to see how the
-two grow).
+chunk's range (what it does on SQLite); both must find the same chunks. ``--lookups-only``
+times just these (on a database given more chunk rows, to see how the two grow).
 """
 
 from __future__ import annotations
