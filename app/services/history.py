@@ -50,7 +50,6 @@ class HistoryItem:
     query_id: int | None
     #: The survey that asked it (None: a single submit).
     survey_id: int | None
-    analyst_key_id: int | None
 
 
 def object_history(
@@ -80,17 +79,15 @@ def object_history(
     items = [_submitted(r) for r in conn.execute(statement)]
     if singles < accepted:
         answers = _survey_answers(conn, object_id, accepted, chunks)
-        seqs = sorted({r.seq for r in answers})
-        if len(answers) + singles != accepted or len(seqs) != len(answers):
+        if len(answers) + singles != accepted or len({r.seq for r in answers}) != len(answers):
             raise HistoryMismatch(
                 f"{object_id}: accepted={accepted}, but {singles} submits and "
                 f"{len(answers)} survey answers are stored"
             )
-        items.extend(
-            r
-            for r in answers
-            if r.seq > after and (analyst_key_id is None or r.analyst_key_id == analyst_key_id)
-        )
+        if analyst_key_id is not None:
+            own = _surveys_of(conn, analyst_key_id, {r.survey_id for r in answers})
+            answers = [r for r in answers if r.survey_id in own]
+        items.extend(r for r in answers if r.seq > after)
         items.sort(key=lambda item: item.seq)
     elif singles > accepted:  # pragma: no cover - seq <= accepted and unique (object, seq)
         raise HistoryMismatch(f"{object_id}: more submits stored than accepted")
@@ -128,7 +125,6 @@ def _submitted(r: Any) -> HistoryItem:
         created_at=r.created_at,
         query_id=r.id,
         survey_id=r.survey_id,
-        analyst_key_id=r.analyst_key_id,
     )
 
 
@@ -137,15 +133,6 @@ def _survey_answers(
 ) -> list[HistoryItem]:
     """The object's survey answers (numbered ``<= upto``), from the chunks covering it."""
     pairs = chunks_covering(conn, object_id)
-    if not pairs:
-        return []
-    analysts = dict(
-        conn.execute(
-            select(_SURVEYS.c.id, _SURVEYS.c.analyst_key_id).where(
-                _SURVEYS.c.id.in_(sorted({s for s, _ in pairs}))
-            )
-        ).all()
-    )
     found = []
     for chunk in (chunks or shared_cache(conn)).get_many(conn, pairs):
         decision = chunk.answer(object_id)
@@ -167,7 +154,15 @@ def _survey_answers(
                 created_at=chunk.decided_at,
                 query_id=None,
                 survey_id=chunk.survey_id,
-                analyst_key_id=analysts.get(chunk.survey_id),
             )
         )
     return found
+
+
+def _surveys_of(conn: Connection, analyst_key_id: int, among: set[int | None]) -> set[int]:
+    """Which of the surveys ``among`` the analyst created."""
+    statement = select(_SURVEYS.c.id).where(
+        _SURVEYS.c.analyst_key_id == analyst_key_id,
+        _SURVEYS.c.id.in_(sorted(i for i in among if i is not None)),
+    )
+    return set(conn.execute(statement).scalars())

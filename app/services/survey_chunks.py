@@ -29,15 +29,14 @@ change — which keeps PostgreSQL's updates of it in place (HOT; docs/benchmarks
 from __future__ import annotations
 
 import bisect
-import json
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
 import orjson
-from sqlalchemy import Connection, String, Table, and_, bindparam, or_, select, true, tuple_
+from sqlalchemy import Connection, String, Table, bindparam, select, true, tuple_
 
 from app.db.models import Survey, SurveyChunk
 
@@ -47,8 +46,6 @@ _SURVEYS = cast(Table, Survey.__table__)
 #: A refused member's code in ``picks``, by reason (``app.services.survey_groups.Refusal``).
 REFUSAL_CODES = {"budget-exhausted": -1, "invalid-for-domain": -2, "retired": -3}
 REASONS = {code: reason for reason, code in REFUSAL_CODES.items()}
-
-_COMPACT = (",", ":")
 
 
 @dataclass(frozen=True)
@@ -153,11 +150,11 @@ def _pending_row(survey_id: int, number: int, part: list[str]) -> dict[str, Any]
 
 
 def decided_columns(picks: list[int], seqs: list[int], variants: list[Variant]) -> dict[str, str]:
-    """The texts a decided chunk stores."""
+    """The texts a decided chunk stores (compact JSON; orjson writes dataclasses as objects)."""
     return {
-        "picks": json.dumps(picks, separators=_COMPACT),
-        "seqs": json.dumps(seqs, separators=_COMPACT),
-        "variants": json.dumps([asdict(v) for v in variants], separators=_COMPACT),
+        "picks": orjson.dumps(picks).decode(),
+        "seqs": orjson.dumps(seqs).decode(),
+        "variants": orjson.dumps(variants).decode(),
     }
 
 
@@ -216,11 +213,7 @@ def load_chunks(conn: Connection, keys: Sequence[tuple[int, int]]) -> dict[tuple
     wanted = sorted(set(keys))
     for start in range(0, len(wanted), 100):
         part = wanted[start : start + 100]
-        condition = (
-            tuple_(CHUNKS.c.survey_id, CHUNKS.c.chunk).in_(part)
-            if conn.dialect.name == "postgresql"
-            else or_(*(and_(CHUNKS.c.survey_id == s, CHUNKS.c.chunk == c) for s, c in part))
-        )
+        condition = tuple_(CHUNKS.c.survey_id, CHUNKS.c.chunk).in_(part)
         for row in conn.execute(select(CHUNKS).where(condition)):
             decoded = decode(row)
             found[(decoded.survey_id, decoded.chunk)] = decoded

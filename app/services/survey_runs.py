@@ -237,7 +237,9 @@ def run_chunk(
                 return ChunkOutcome(chunk, 0, 0, 0)
             ids = members.split("\n")
             rows = _member_rows(conn, ids, locks)
-            work = _decide_rows(conn, rows, cache, worker, survey, _Chunk(survey_id, chunk, _now()))
+            work = _decide_rows(
+                conn, rows, cache, worker, survey, _Chunk(survey_id, chunk, datetime.now(UTC))
+            )
             new_groups = cache.claim_groups(work.keys)
             work.groups = len(new_groups)
             _write(conn, ids, work, cache)
@@ -254,10 +256,6 @@ def run_chunk(
     metrics.SURVEY_MEMBERS.labels("refused").inc(len(rows) - accepted)
     metrics.SURVEY_GROUPS.inc(work.groups)
     return ChunkOutcome(chunk, len(rows), accepted, work.groups)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 def _member_rows(conn: Connection, ids: list[str], locks: bool) -> list[Any]:

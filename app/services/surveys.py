@@ -42,7 +42,7 @@ from app.services import audit
 from app.services.domains import DOMAIN_TEXT
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, ServiceError
 from app.services.objects import ID_PATTERN, label_conditions, parse_labels
-from app.services.survey_chunks import CHUNKS, MemberDecision, decode, pack_sorted
+from app.services.survey_chunks import CHUNKS, MemberDecision, load_chunks, pack_sorted
 from app.services.survey_groups import (
     ACTIVE,
     KEY_COLUMNS,
@@ -467,10 +467,7 @@ def list_responses(
         numbers = [number for number, last in ends if after is None or last > after]
         decisions: list[MemberDecision] = []
         for number in numbers:
-            row = conn.execute(
-                select(CHUNKS).where(CHUNKS.c.survey_id == survey_id, CHUNKS.c.chunk == number)
-            ).one()
-            chunk = decode(row)
+            chunk = load_chunks(conn, [(survey_id, number)])[(survey_id, number)]
             start = 0 if after is None else bisect.bisect_right(chunk.members, after)
             stop = min(len(chunk.members), start + limit - len(decisions))
             decisions.extend(chunk.decision(at) for at in range(start, stop))
