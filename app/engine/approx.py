@@ -89,7 +89,8 @@ def ordered_pairs(points: int) -> int:
 
 def log_term(delta: float, pairs: int) -> float:
     """``L = log(pairs/δ_g)`` (floats; the threshold's pad covers their rounding)."""
-    return math.log(pairs) - math.log(delta)
+    # log(1/δ_g) as the pairwise F₀ computed it, so pairs = 1 reproduces its accounts exactly
+    return math.log(1.0 / delta) + math.log(pairs)
 
 
 def squares_limit(epsilon: float, log_inv: float) -> float:
