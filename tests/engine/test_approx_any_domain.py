@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy.typing as npt
 import pytest
 from scipy import stats
 
+from app.engine.approx import OutputIndependentFilter
 from app.engine.domain import Domain, parse_domain
 from app.engine.filters import FilterKind
 from app.engine.mechanisms import parse_query
@@ -177,3 +179,41 @@ def test_adaptive_analysts_pass_the_budget_with_probability_at_most_delta(
     above = int(loss_exceeded(strategy, d, n, runs, rng).sum())
     lower = stats.beta.ppf(1e-3, above, runs - above + 1) if above else 0.0
     assert lower <= DELTA, (strategy, d, n, above / runs)
+
+
+def test_f0_counts_fall_with_the_number_of_ordered_pairs() -> None:
+    """L = log(d(d−1)/δ_g): one point (no pair) is the pairwise rule, then fewer queries per d."""
+
+    def count(points: int) -> int:
+        f0 = OutputIndependentFilter.for_points(1.0, 1e-6, points)
+        return int(f0.threshold / f0.charge(Fraction(1, 100)))
+
+    pairwise = OutputIndependentFilter(1.0, 1e-6, 1)
+    assert count(1) == int(pairwise.threshold / pairwise.charge(Fraction(1, 100))) == 354
+    assert [count(d) for d in (2, 3, 100, 10**4, 10**7)] == [338, 315, 220, 163, 121]
+
+
+def test_without_a_finite_domain_f0_accepts_nothing_and_the_bayesian_phase_decides() -> None:
+    """A continuous ``approx_bayesian`` object (stored before F₀ needed a finite domain)."""
+    f0 = OutputIndependentFilter.for_points(1.0, 0.05, None)
+    assert not f0.available
+    assert f0.charge(Fraction(1, 10)) == 0
+    assert not f0.accepts(Fraction(0))
+    assert f0.phase(Fraction(0)) == "bayesian"
+    domain = parse_domain({"attributes": [{"name": "r", "type": "real", "low": 0, "high": 1}]})
+    linear = {
+        "mechanism": "linear",
+        "weights": {"r": 0.5},
+        "intercept": 0.0,
+        "range": [-0.5, 0.5],
+        "epsilon": 0.4,
+    }
+    mech = parse_query(linear, domain)
+    snap = ObjectSnapshot.empty(domain, budget=1.0, filter=FilterKind.APPROX_BAYESIAN, delta=0.05)
+    assert snap.phase == "bayesian"
+    decision = evaluate(snap, mech)
+    assert decision.accepted  # basic composition certifies it: the Bayesian filter's
+    assert decision.phase == "bayesian"
+    snap = record(snap, mech, mech.sample({"r": 0.25}), decision)
+    assert snap.f0_account == 0
+    assert snap.phase == "bayesian"
