@@ -167,11 +167,21 @@ Query = Annotated[
 
 # --------------------------------------------------------------------------------- requests
 class BudgetBody(_Strict):
-    """An object's budget ε_g, and δ_g for the ``approx_bayesian`` filter (required there)."""
+    """An object's budget ε_g, and δ_g for the ``approx_bayesian`` filter (required there).
+
+    ``approx_bayesian`` needs a finite domain (a continuous one is a 422 naming ``filter``).
+    """
 
     epsilon: Budget
     delta: (
-        Annotated[float, Field(ge=MIN_DELTA, le=MAX_DELTA, description="δ_g: approx_bayesian only")]
+        Annotated[
+            float,
+            Field(
+                ge=MIN_DELTA,
+                le=MAX_DELTA,
+                description="δ_g: approx_bayesian only (finite domains only)",
+            ),
+        ]
         | SkipJsonSchema[None]
     ) = None
 
@@ -260,7 +270,11 @@ class LossRequest(_Strict):
     delta: (
         Annotated[
             float,
-            Field(ge=MIN_DELTA, le=MAX_DELTA, description="δ_g: also decide with approx_bayesian"),
+            Field(
+                ge=MIN_DELTA,
+                le=MAX_DELTA,
+                description="δ_g: also decide with approx_bayesian (finite domains only)",
+            ),
         ]
         | SkipJsonSchema[None]
     ) = None

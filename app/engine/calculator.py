@@ -25,7 +25,7 @@ from dataclasses import replace
 from fractions import Fraction
 from typing import Any
 
-from app.engine.approx import OutputIndependentFilter, parse_delta_value
+from app.engine.approx import NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain, parse_domain
@@ -46,6 +46,7 @@ from app.engine.pipeline import (
     ObjectSnapshot,
     candidate_bounds,
     decisions_by_filter,
+    f0_filter,
     fold_history,
     history_account,
     parse_history,
@@ -145,6 +146,8 @@ def compute_loss(
         delta = parse_delta_value(obj["delta"], "delta")
         if budget is None:
             raise InvalidInput("budget", "is required when a delta is given")
+        if not domain.is_finite:
+            raise InvalidInput("delta", NEEDS_FINITE_DOMAIN)
     entries = parse_history(domain, obj["history"], limits=limits)
     state, basic = fold_history(domain, entries, bnb=settings)
     snapshot = ObjectSnapshot(
@@ -155,7 +158,7 @@ def compute_loss(
         state,
         limits,
         delta,
-        history_account(entries, budget or MAX_BUDGET, delta),
+        history_account(entries, budget or MAX_BUDGET, delta, domain),
     )
     loss = snapshot.loss()
     answer: dict[str, Any] = {
@@ -167,7 +170,7 @@ def compute_loss(
         answer["approx"] = {
             "delta": delta,
             "f0_account": float(snapshot.f0_account),
-            "f0_threshold": float(OutputIndependentFilter(budget, delta).threshold),
+            "f0_threshold": float(f0_filter(budget, delta, domain).threshold),
             "phase": snapshot.phase,
         }
     if "candidate" in obj:

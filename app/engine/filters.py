@@ -247,17 +247,17 @@ def decide(
     basic_total: Fraction,
     candidate: CandidateEvaluation,
     f0_account: Fraction = Fraction(0),
-    delta: float | None = None,
+    f0: OutputIndependentFilter | None = None,
 ) -> Decision:
     """Apply filter ``kind`` to a candidate evaluated against the current history.
 
-    ``f0_account`` (F₀'s account of the history, :mod:`app.engine.approx`) and ``delta`` serve
-    ``approx_bayesian``.
+    ``f0_account`` (F₀'s account of the history) and ``f0`` (F₀ for the object's budget, δ_g
+    and domain size, :mod:`app.engine.approx`) serve ``approx_bayesian``.
     """
     if kind is FilterKind.APPROX_BAYESIAN:
-        if delta is None:
-            raise ValueError("the approx_bayesian filter needs a delta")
-        return _decide_approx(budget, delta, loss_now, basic_total, f0_account, candidate)
+        if f0 is None:
+            raise ValueError("the approx_bayesian filter needs its F0")
+        return _decide_approx(budget, f0, loss_now, basic_total, f0_account, candidate)
     budget_exact = decimal_fraction(budget)
     basic_after = basic_total + candidate.epsilon_exact
     basic_ok = basic_after <= budget_exact
@@ -308,7 +308,7 @@ def decide(
 
 def _decide_approx(
     budget: float,
-    delta: float,
+    f0: OutputIndependentFilter,
     loss_now: LossBounds,
     basic_total: Fraction,
     f0_account: Fraction,
@@ -320,9 +320,10 @@ def _decide_approx(
     history with the query stays within its threshold and every accepted query so far was its own
     (``phase`` output-independent). Otherwise the query is accepted only if the realized loss
     now is within ε_g (line 14) and the Bayesian filter accepts it (every output's loss after
-    within ε_g, exact ties accepted); basic composition within ε_g implies both.
+    within ε_g, exact ties accepted); basic composition within ε_g implies both. Without F₀
+    (a continuous domain) every query is the Bayesian filter's.
     """
-    f0 = OutputIndependentFilter(budget, delta)
+    delta = f0.delta
     after = f0_account + f0.charge(candidate.epsilon_exact)
     if f0.phase(f0_account) == OUTPUT_INDEPENDENT and f0.accepts(after):
         reason = (

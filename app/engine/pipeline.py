@@ -119,9 +119,17 @@ class ObjectSnapshot:
     @property
     def phase(self) -> str | None:
         """Algorithm 4's phase (``approx_bayesian`` objects only, else None)."""
-        if self.filter is not FilterKind.APPROX_BAYESIAN or self.delta is None:
+        f0 = self.f0
+        if self.filter is not FilterKind.APPROX_BAYESIAN or f0 is None:
             return None
-        return OutputIndependentFilter(self.budget, self.delta).phase(self.f0_account)
+        return f0.phase(self.f0_account)
+
+    @property
+    def f0(self) -> OutputIndependentFilter | None:
+        """F₀ for the snapshot's budget, δ_g and domain size (None without a δ_g)."""
+        if self.delta is None:
+            return None
+        return f0_filter(self.budget, self.delta, self.domain)
 
     def loss(self) -> LossBounds:
         """Certified bounds on the realized loss of the history (capped by exact Σε)."""
@@ -204,13 +212,26 @@ def fold_history(
     return state, basic
 
 
+def domain_points(domain: Domain) -> int | None:
+    """The number of points of a finite domain, None for a continuous one."""
+    return domain.size if domain.is_finite else None
+
+
+def f0_filter(budget: float, delta: float, domain: Domain) -> OutputIndependentFilter:
+    """F₀ (:mod:`app.engine.approx`) for ``(budget, delta)`` on ``domain``.
+
+    Its order and threshold depend on the domain's size; it is unavailable on a continuous one.
+    """
+    return OutputIndependentFilter.for_points(budget, delta, domain_points(domain))
+
+
 def history_account(
-    entries: Sequence[HistoryEntry], budget: float, delta: float | None
+    entries: Sequence[HistoryEntry], budget: float, delta: float | None, domain: Domain
 ) -> Fraction:
-    """F₀'s account of a history under ``(budget, delta)`` (0 without a δ_g)."""
+    """F₀'s account of a history under ``(budget, delta)`` on ``domain`` (0 without a δ_g)."""
     if delta is None:
         return Fraction(0)
-    f0 = OutputIndependentFilter(budget, delta)
+    f0 = f0_filter(budget, delta, domain)
     return sum((f0.charge(e.mechanism.epsilon_exact) for e in entries), Fraction(0))
 
 
@@ -256,7 +277,7 @@ def _decide(
         basic_total=snapshot.basic_total,
         candidate=candidate,
         f0_account=snapshot.f0_account,
-        delta=snapshot.delta,
+        f0=snapshot.f0,
     )
 
 
@@ -300,8 +321,7 @@ def record(
     when first read (:meth:`ObjectSnapshot.loss`).
     """
     basic = snapshot.basic_total + mechanism.epsilon_exact
-    if snapshot.delta is not None:
-        f0 = OutputIndependentFilter(snapshot.budget, snapshot.delta)
+    if (f0 := snapshot.f0) is not None:
         account = snapshot.f0_account + f0.charge(mechanism.epsilon_exact)
         snapshot = replace(snapshot, f0_account=account)
     state = snapshot.state

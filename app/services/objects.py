@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, Numeric, case, cast, func, literal, select
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.models import AuditEvent, LikelihoodStateRecord, ProtectedObject, Survey
 from app.engine.accountant import Odometer
-from app.engine.approx import OutputIndependentFilter, parse_delta_value
+from app.engine.approx import NEEDS_FINITE_DOMAIN, OutputIndependentFilter, parse_delta_value
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
@@ -86,13 +87,32 @@ class OdometerColumns(Protocol):
     def f0_account(self) -> str:
         """F₀'s account (``approx_bayesian``), as a fraction string."""
 
+    @property
+    def domain(self) -> str:
+        """The domain's JSON text (F₀'s threshold depends on its size)."""
+
+
+#: Stored domains were checked against the limits of their registration: read them whatever
+#: the limits are now.
+_STORED_DOMAINS = EngineLimits(
+    max_attributes=2**31, max_points=2**63, max_values_per_attribute=2**63
+)
+
+
+@lru_cache(maxsize=1024)
+def domain_points(domain_text: str) -> int | None:
+    """The number of points of a stored domain (None: continuous), parsed once per text."""
+    domain = parse_domain(json.loads(domain_text), limits=_STORED_DOMAINS)
+    return domain.size if domain.is_finite else None
+
 
 def odometer_view(row: OdometerColumns) -> dict[str, Any]:
     """The odometer object of DESIGN.md: the engine's :class:`Odometer` and a timestamp."""
     delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
     phase = None
     if delta is not None:
-        phase = OutputIndependentFilter(row.budget, delta).phase(Fraction(row.f0_account))
+        f0 = OutputIndependentFilter.for_points(row.budget, delta, domain_points(row.domain))
+        phase = f0.phase(Fraction(row.f0_account))
     odometer = Odometer(
         row.budget,
         LossBounds(row.loss_lower, row.loss_upper),
@@ -246,6 +266,8 @@ def parse_registration(
             path(field, "filter"), "must be one of bayesian, simplified, basic, approx_bayesian"
         )
     delta = parse_delta(budget_obj, filter_raw, path(field, "budget.delta"))
+    if delta is not None and not domain.is_finite:
+        raise InvalidInput(path(field, "filter"), f"approx_bayesian {NEEDS_FINITE_DOMAIN}")
     labels = parse_labels(obj["labels"], path(field, "labels")) if "labels" in obj else None
     return Registration(
         id=object_id,

@@ -79,7 +79,8 @@ def verify_object(
     state, basic = fold_history(domain, entries)
     if Fraction(row.basic_total) != basic:
         report.problems.append(f"{row.id}: basic composition differs from the history's")
-    if Fraction(row.f0_account) != history_account(entries, row.budget, row.budget_delta):
+    account = history_account(entries, row.budget, row.budget_delta, domain)
+    if Fraction(row.f0_account) != account:
         report.problems.append(f"{row.id}: F0's account differs from the history's")
     if row.history_hash != chain:
         report.problems.append(f"{row.id}: history hash differs from the history's")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any, TypeVar
 
-from app.engine.approx import parse_delta_value
+from app.engine.approx import NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.calculator import compute_loss
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.domain import parse_domain
@@ -138,6 +138,8 @@ def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
             raise InvalidInput("budget", "is required when a candidate is given")
         budget = as_positive_number(obj["budget"], "budget")
     delta = parse_delta_value(obj["delta"], "delta") if "delta" in obj else None
+    if delta is not None and not domain.is_finite:
+        raise InvalidInput("delta", NEEDS_FINITE_DOMAIN)
     kind = FilterKind.BAYESIAN if delta is None else FilterKind.APPROX_BAYESIAN
     snapshot = ObjectSnapshot(
         domain,
@@ -146,7 +148,7 @@ def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
         total,
         BasicState(),
         delta=delta,
-        f0_account=history_account(entries, budget or 1.0, delta),
+        f0_account=history_account(entries, budget or 1.0, delta, domain),
     )
     answer: dict[str, Any] = {
         "realized_loss": snapshot.loss().to_json(),

@@ -97,7 +97,7 @@ def test_calculator_accepts_the_tie_and_reports_algorithm_4(client: TestClient) 
     assert r.status_code == 200, r.text
     answer = r.json()
     assert answer["candidate"]["accepted"]["approx_bayesian"] is True
-    f0 = OutputIndependentFilter(1.0, 1e-6)
+    f0 = OutputIndependentFilter.for_points(1.0, 1e-6, 2)
     assert answer["approx"]["phase"] == "bayesian"  # 5 queries of 0.25 are beyond F₀
     assert answer["approx"]["f0_account"] == float(5 * f0.charge(Fraction(1, 4)))
     assert answer["approx"]["f0_threshold"] == float(f0.threshold)
@@ -109,7 +109,7 @@ def test_calculator_accepts_the_tie_and_reports_algorithm_4(client: TestClient) 
 def test_approx_bayesian_object_moves_from_f0_to_the_bayesian_phase(
     client: TestClient, database_url: str
 ) -> None:
-    """Budget (1, 0.1), binary RR ε = 0.1: F₀ accepts 18 queries, then the Bayesian filter."""
+    """Budget (1, 0.1), binary RR ε = 0.1: F₀ accepts 15 queries, then the Bayesian filter."""
     analyst = new_key(client, "analyst")
     r = _register(client, {"epsilon": 1.0, "delta": 0.1}, "approx_bayesian")
     assert r.status_code == 201, r.text
@@ -118,9 +118,9 @@ def test_approx_bayesian_object_moves_from_f0_to_the_bayesian_phase(
     assert view["filter"] == "approx_bayesian"
     assert view["odometer"]["phase"] == "output-independent"
     oid = view["id"]
-    f0 = OutputIndependentFilter(1.0, 0.1)
+    f0 = OutputIndependentFilter.for_points(1.0, 0.1, 2)
     f0_count = int(f0.threshold / f0.charge(Fraction(1, 10)))
-    assert f0_count == 18
+    assert f0_count == 15
     for i in range(f0_count):
         dry = client.post(
             f"/v1/objects/{oid}/dry-run", headers=auth(analyst), json={"query": _rr(0.1)}
@@ -135,7 +135,7 @@ def test_approx_bayesian_object_moves_from_f0_to_the_bayesian_phase(
         assert r.json()["odometer"]["phase"] == "output-independent", i
     dry = client.post(f"/v1/objects/{oid}/dry-run", headers=auth(analyst), json={"query": _rr(0.1)})
     loss = dry.json()["realized_loss"]["upper"]
-    # F₀ is done; the Bayesian filter decides on the realized loss (at most 1.8 after 18 queries)
+    # F₀ is done; the Bayesian filter decides on the realized loss (at most 1.5 after 15 queries)
     assert dry.json()["decision"] == ("accept" if loss <= 0.9 else "reject")
     if loss <= 0.9:
         assert dry.json()["phase"] == "bayesian"
@@ -193,3 +193,81 @@ def test_import_and_survey_of_approx_objects(client: TestClient, database_url: s
         assert odometer["phase"] == "output-independent"
     report = verify_all(make_session_factory(make_engine(database_url)))
     assert report.ok, report.problems
+
+
+def _bit_query(j: int) -> dict[str, Any]:
+    """``x in {v : bit j of v is 1}`` on ``0 .. 2047``, binary RR of ε₀ = 0.1."""
+    members = [v for v in range(2048) if v >> j & 1]
+    pred = {"attribute": "x", "op": "in", "value": members}
+    return {"mechanism": "binary_rr", "epsilon": 0.1, "predicate": pred}
+
+
+def test_bit_splits_on_2048_points_stay_within_the_budget(
+    client: TestClient, database_url: str
+) -> None:
+    """Issue 22's reproduction through the service: budget (1, 0.05), the 11 bit queries.
+
+    Whatever the outputs, ``k`` accepted bit queries leave a realized loss of exactly ``0.1 k``
+    (the points agreeing with every output and with none). The pairwise F₀ accepted all 11 in
+    its output-independent phase (15 queries of 0.1 fit it at any domain size): the odometer
+    showed 1.1 > 1.0 with probability 1. Now F₀ (L = log(2048·2047/0.05)) takes 6, the
+    Bayesian filter 4 more up to the tie 1.0, and the 11th is refused.
+    """
+    analyst = new_key(client, "analyst")
+    domain = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 2047}]}
+    body = {
+        "id": unique_id("bits"),
+        "domain": domain,
+        "value": {"x": 1234},
+        "budget": {"epsilon": 1.0, "delta": 0.05},
+        "filter": "approx_bayesian",
+    }
+    r = client.post("/v1/objects", headers=auth(ADMIN_KEY), json=body)
+    assert r.status_code == 201, r.text
+    oid = r.json()["id"]
+    phases = []
+    for j in range(11):
+        r = client.post(
+            f"/v1/objects/{oid}/queries", headers=auth(analyst), json={"query": _bit_query(j)}
+        )
+        if j < 10:
+            assert r.status_code == 201, r.text
+            odometer = r.json()["odometer"]
+        else:
+            assert r.status_code == 409, r.text
+            odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
+        phases.append(odometer["phase"])
+        assert odometer["realized_loss"]["upper"] <= 1.0, (j, odometer)
+    assert phases == ["output-independent"] * 6 + ["bayesian"] * 5
+    assert odometer["realized_loss"] == {"lower": 1.0, "upper": 1.0}
+    report = verify_all(make_session_factory(make_engine(database_url)))
+    assert report.ok, report.problems
+
+
+def test_approx_bayesian_needs_a_finite_domain(client: TestClient) -> None:
+    """F₀ bounds the loss over the d(d−1) ordered pairs of points: no finite d, no F₀."""
+    real = {"attributes": [{"name": "r", "type": "real", "low": 0, "high": 1}]}
+    body = {
+        "id": unique_id("real"),
+        "domain": real,
+        "value": {"r": 0.5},
+        "budget": {"epsilon": 1.0, "delta": 0.05},
+        "filter": "approx_bayesian",
+    }
+    r = client.post("/v1/objects", headers=auth(ADMIN_KEY), json=body)
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert "filter" in r.text
+    assert "finite domain" in r.text
+    r = client.post("/v1/imports", headers=auth(ADMIN_KEY), json={"objects": [body]})
+    assert r.status_code == 422, r.text
+    assert "objects[0].filter" in r.text
+    analyst = new_key(client, "analyst")
+    loss = {"domain": real, "history": [], "budget": 1.0, "delta": 0.05}
+    r = client.post("/v1/loss", headers=auth(analyst), json=loss)
+    assert r.status_code == 422, r.text
+    assert "delta" in r.text
+    assert "finite domain" in r.text
+    # the pure filters stay available on continuous domains
+    body = {**body, "id": unique_id("real"), "budget": {"epsilon": 1.0}, "filter": "bayesian"}
+    assert client.post("/v1/objects", headers=auth(ADMIN_KEY), json=body).status_code == 201

@@ -10,6 +10,7 @@ import json
 import secrets
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +18,25 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from fastapi.testclient import TestClient
 from sqlalchemy import DateTime, bindparam, inspect, text
 
 from app import crypto
+from app.api.main import create_app
 from app.crypto import ValueCipher, new_key
 from app.db.migrate import alembic_config, upgrade
 from app.db.models import Base
 from app.db.session import make_engine, make_session_factory
+from app.engine import pipeline
+from app.engine.approx import OutputIndependentFilter
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_entry
 from app.services.domains import domain_hash
 from app.services.history import object_history
 from app.services.verify import verify_all
+from tests.service.conftest import ADMIN_KEY, auth, make_settings
+from tests.service.conftest import new_key as new_api_key
 
 DOMAIN = {"attributes": [{"name": "c", "type": "categorical", "values": ["x", "y", "z"]}]}
 
@@ -545,3 +552,126 @@ def test_0007_refuses_an_accepted_member_without_history(tmp_path: Path) -> None
     tables, _, _ = _tables_and_history(url)
     assert "survey_chunks" not in tables
     assert "survey_members" in tables
+
+
+def _bits_query(j: int) -> dict[str, Any]:
+    """Bit ``j`` of ``x`` in ``0 .. 2047`` by binary RR of ε₀ = 0.1 (issue 22's reproduction)."""
+    members = [v for v in range(2048) if v >> j & 1]
+    pred = {"attribute": "x", "op": "in", "value": members}
+    return {"mechanism": "binary_rr", "epsilon": 0.1, "predicate": pred}
+
+
+def test_0008_recomputes_f0_accounts_and_moves_objects_past_the_new_count(
+    empty_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Accounts written by the pairwise F₀ are recomputed over all ordered pairs.
+
+    The objects are written by the service running the pairwise rule (``f0_filter`` patched to
+    one pair, which is exactly the rule of 0006): ``bits`` took the 11 bit queries of issue 22
+    in its output-independent phase (realized loss 1.1 > 1.0); ``binary`` took 3 queries of 0.1.
+    After 0008, ``bits`` is past the new F₀ count (6) and in the Bayesian phase, which refuses
+    everything while the loss is above ε_g; ``binary`` stays F₀'s; a continuous object (no F₀
+    any more) has account 0 and the Bayesian phase. The downgrade restores the pairwise accounts.
+    """
+    url = empty_url
+    upgrade(url)
+    pairwise = OutputIndependentFilter
+    budget = {"epsilon": 1.0, "delta": 0.05}
+    bits = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 2047}]}
+    binary = {"attributes": [{"name": "b", "type": "integer", "low": 0, "high": 1}]}
+    real = {"attributes": [{"name": "r", "type": "real", "low": 0, "high": 1}]}
+    rr_b = {
+        "mechanism": "binary_rr",
+        "epsilon": 0.1,
+        "predicate": {"attribute": "b", "op": "==", "value": 1},
+    }
+    linear = {
+        "mechanism": "linear",
+        "weights": {"r": 0.5},
+        "intercept": 0.0,
+        "range": [-0.5, 0.5],
+        "epsilon": 0.1,
+    }
+
+    def objects(client: TestClient, specs: list[tuple[str, Any, Any, str, list[Any]]]) -> None:
+        analyst = new_api_key(client, "analyst")
+        for oid, domain, value, filter_name, queries in specs:
+            body = {"id": oid, "domain": domain, "value": value, "filter": filter_name}
+            body["budget"] = budget if filter_name == "approx_bayesian" else {"epsilon": 1.0}
+            r = client.post("/v1/objects", headers=auth(ADMIN_KEY), json=body)
+            assert r.status_code == 201, r.text
+            for query in queries:
+                r = client.post(
+                    f"/v1/objects/{oid}/queries", headers=auth(analyst), json={"query": query}
+                )
+                assert r.status_code == 201, r.text
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "f0_filter", lambda eps, delta, domain: pairwise(eps, delta, 1))
+        with TestClient(create_app(make_settings(url))) as client:
+            objects(
+                client,
+                [
+                    (
+                        "bits",
+                        bits,
+                        {"x": 1234},
+                        "approx_bayesian",
+                        [_bits_query(j) for j in range(11)],
+                    ),
+                    ("binary", binary, {"b": 1}, "approx_bayesian", [rr_b] * 3),
+                    ("real", real, {"r": 0.25}, "bayesian", [linear] * 2),
+                ],
+            )
+    engine = make_engine(url)
+    old_charge = pairwise(1.0, 0.05, 1).charge(Fraction(1, 10))
+    select_accounts = text("SELECT id, f0_account FROM objects ORDER BY id")
+    try:
+        with engine.begin() as conn:  # a continuous approx_bayesian object of before 0008
+            exact = conn.execute(text("SELECT epsilon_exact FROM queries WHERE object_id = 'real'"))
+            real_account = sum(pairwise(1.0, 0.05, 1).charge(Fraction(e)) for (e,) in exact)
+            conn.execute(
+                text(
+                    "UPDATE objects SET filter = 'approx_bayesian', budget_delta = 0.05, "
+                    "f0_account = :a WHERE id = 'real'"
+                ),
+                {"a": str(real_account)},
+            )
+            before: dict[str, str] = dict(conn.execute(select_accounts).all())
+        assert before == {
+            "binary": str(3 * old_charge),
+            "bits": str(11 * old_charge),
+            "real": str(real_account),
+        }
+        command.downgrade(alembic_config(url), "0007")
+        with engine.connect() as conn:
+            assert dict(conn.execute(select_accounts).all()) == before
+        command.upgrade(alembic_config(url), "0008")
+        with engine.connect() as conn:
+            after: dict[str, str] = dict(conn.execute(select_accounts).all())
+    finally:
+        engine.dispose()
+    new_bits = OutputIndependentFilter.for_points(1.0, 0.05, 2048)
+    new_binary = OutputIndependentFilter.for_points(1.0, 0.05, 2)
+    assert after == {
+        "binary": str(3 * new_binary.charge(Fraction(1, 10))),
+        "bits": str(11 * new_bits.charge(Fraction(1, 10))),
+        "real": "0",
+    }
+    with TestClient(create_app(make_settings(url))) as client:
+        analyst = new_api_key(client, "analyst")
+        phases = {}
+        for oid in ("binary", "bits", "real"):
+            odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
+            phases[oid] = odometer["phase"]
+        assert phases == {"binary": "output-independent", "bits": "bayesian", "real": "bayesian"}
+        # the Bayesian phase refuses while the loss (1.1) is above ε_g, even a tiny query
+        tiny = {**_bits_query(0), "epsilon": 0.001}
+        r = client.post("/v1/objects/bits/queries", headers=auth(analyst), json={"query": tiny})
+        assert r.status_code == 409, r.text
+        assert "already exceeds" in r.text
+        r = client.post("/v1/objects/binary/queries", headers=auth(analyst), json={"query": rr_b})
+        assert r.status_code == 201, r.text
+        assert r.json()["odometer"]["phase"] == "output-independent"
+    report = verify_all(make_session_factory(make_engine(url)))
+    assert report.ok, report.problems
