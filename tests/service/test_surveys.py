@@ -494,6 +494,14 @@ def test_gatekeeper_import_streams_a_file_and_resumes(tmp_path: Path, database_u
     failed = run_cli("import", str(garbage), database_url=database_url)
     assert failed.returncode == 2
     assert "line 1: not valid JSON" in failed.stderr
+    # the first bad line is reported, whichever way the lines after it are bad (the malformed
+    # line 4 used to be reported before the invalid line 2 of the same batch)
+    both = tmp_path / "both.ndjson"
+    both.write_text("\n".join([lines[1], json.dumps(broken), lines[2], "{not json"]) + "\n")
+    failed = run_cli("import", str(both), "--jobs", "0", database_url=database_url)
+    assert failed.returncode == 2
+    assert "line 2, field budget.epsilon" in failed.stderr
+    assert "line 4" not in failed.stderr
 
 
 @pytest.mark.parametrize("jobs", ["0", "2"])
