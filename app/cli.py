@@ -373,15 +373,30 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Recompute every object's state from its history; non-zero exit on any mismatch."""
+    import time
+
+    from tqdm import tqdm
+
     from app.db.session import make_session_factory
-    from app.services.verify import verify_all
+    from app.services.verify import count_objects, verify_all
 
     engine = _open_database(values=True)
-    report = verify_all(make_session_factory(engine))
+    sessions = make_session_factory(engine)
+    started = time.monotonic()
+    with tqdm(
+        total=count_objects(sessions),
+        unit=" objects",
+        desc="verify",
+        disable=args.quiet,
+        file=sys.stderr,
+    ) as bar:
+        report = verify_all(sessions, progress=bar.update)
+    engine.dispose()
     for line in report.problems:
         print(f"MISMATCH {line}")
     print(
-        f"verified {report.checked} object(s): "
+        f"verified {report.checked} object(s) and {report.surveys} survey(s) in "
+        f"{time.monotonic() - started:.1f} s: "
         + ("ok" if report.ok else f"{len(report.problems)} mismatch(es)")
     )
     return 0 if report.ok else 1
@@ -440,7 +455,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                 created += result.body["created"]
                 existing += result.body["existing"]
                 bar.update(size)
-                bar.set_postfix(created=created, existing=existing)
+                # as text: tqdm shows numbers in short form (created=2e+4)
+                bar.set_postfix_str(f"created={created}, existing={existing}")
         except BadLine as exc:
             return _fail(str(exc))
     print(json.dumps({"created": created, "existing": existing}))
@@ -603,6 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     imports.set_defaults(func=cmd_import)
     verify = sub.add_parser("verify", help="recompute every object's state from its history")
+    verify.add_argument("--quiet", action="store_true", help="no progress bar")
     verify.set_defaults(func=cmd_verify)
     encryption = sub.add_parser("encryption", help="keys of the private values at rest")
     encryption_sub = encryption.add_subparsers(dest="encryption_command", required=True)

@@ -21,7 +21,7 @@ from alembic import command
 from app.cli import describe_database
 from app.db.migrate import alembic_config, head_revision
 from tests.service.conftest import ROOT
-from tests.service.factories import SETTINGS_ENV
+from tests.service.factories import SETTINGS_ENV, run_cli
 
 #: The commands that read or write the database but never create it.
 COMMANDS = [
@@ -158,3 +158,23 @@ def test_a_relative_sqlite_path_is_named_absolute(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     assert describe_database("sqlite:///./data/x.db") == f"sqlite:///{tmp_path.resolve()}/data/x.db"
+
+
+@pytest.mark.slow
+def test_the_import_progress_bar_counts_in_integers(sqlite_url: str, tmp_path: Path) -> None:
+    """tqdm wrote ``created=1e+4`` for 10,000 objects."""
+    path = tmp_path / "many.ndjson"
+    domain = '{"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 1}]}'
+    path.write_text(
+        "".join(
+            f'{{"id": "bar-{i:05d}", "domain": {domain}, "value": {{"x": 1}}, '
+            '"budget": {"epsilon": 1}}\n'
+            for i in range(10_000)
+        )
+    )
+    done = run_cli(
+        "import", str(path), "--jobs", "0", "--batch-size", "10000", database_url=sqlite_url
+    )
+    assert done.returncode == 0, done.stderr
+    assert "created=10000, existing=0" in done.stderr
+    assert "e+" not in done.stderr
