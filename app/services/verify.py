@@ -209,7 +209,7 @@ def count_objects(session_factory: sessionmaker[Session]) -> int:
 
 
 def verify_all(
-    session_factory: sessionmaker[Session], progress: Callable[[int], None] | None = None
+    session_factory: sessionmaker[Session], progress: Callable[[int], object] | None = None
 ) -> Report:
     """Check every object, the shared likelihood states and the surveys' members.
 
