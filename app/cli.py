@@ -639,10 +639,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
     except (SettingsError, EncryptionKeyError, Refused) as exc:
         print(f"gatekeeper: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader is gone (`gatekeeper keys list --json | head`): stop without a traceback;
+        # standard output goes to /dev/null so that the exit's flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe stopped
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -178,3 +178,33 @@ def test_the_import_progress_bar_counts_in_integers(sqlite_url: str, tmp_path: P
     assert done.returncode == 0, done.stderr
     assert "created=10000, existing=0" in done.stderr
     assert "e+" not in done.stderr
+
+
+@pytest.mark.slow
+def test_a_closed_pipe_stops_the_output_without_a_traceback(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """``gatekeeper keys list --json | head`` printed a BrokenPipeError traceback."""
+    for _ in range(3):
+        created = run_cli("keys", "create", "--role", "viewer", database_url=sqlite_url)
+        assert created.returncode == 0, created.stderr
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line is written
+    env = {k: v for k, v in os.environ.items() if k not in SETTINGS_ENV}
+    env.update({"DATABASE_URL": sqlite_url, "PYTHONPATH": str(ROOT)})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "app.cli", "keys", "list", "--json"],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert "BrokenPipeError" not in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.returncode == 141
