@@ -1,4 +1,10 @@
-"""The ``gatekeeper`` command line: loss, serve, worker, keys, import, verify, encryption."""
+"""The ``gatekeeper`` command line: loss, serve, migrate, worker, keys, import, verify, encryption.
+
+Every command that opens the database names it on standard error (a password masked). Only
+``serve`` and ``migrate`` create or migrate a database (and the key file of the values at rest);
+the others refuse a database that is missing or not at this version's migration, saying how to
+fix it, instead of creating a fresh ``./data/gatekeeper.db`` wherever they are run.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from app.engine.calculator import compute_loss
@@ -72,6 +79,105 @@ def cmd_loss(args: argparse.Namespace) -> int:
     return 0
 
 
+class Refused(Exception):
+    """A command cannot run as configured; the message says why and how to fix it (exit 2)."""
+
+
+def describe_database(url: str) -> str:
+    """``url`` as commands print it: the password masked, a relative SQLite path made absolute.
+
+    >>> describe_database("postgresql://gk:s3cret@db:5432/gatekeeper")
+    'postgresql://gk:***@db:5432/gatekeeper'
+    >>> describe_database("sqlite:////srv/gk.db")
+    'sqlite:////srv/gk.db'
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return url.split("://", 1)[0] + "://…"  # unparsable: never echo what might be a password
+    path = _sqlite_path(url)
+    if path is not None:
+        parsed = parsed.set(database=str(path.resolve()))
+    return parsed.render_as_string(hide_password=True)
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (``None``: another database, or SQLite in memory)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def _announce_database(settings: Any) -> None:
+    """Name the database this command uses (standard error)."""
+    from app.settings import DEFAULT_DATABASE_URL
+
+    default = (
+        " (the default, relative to the current directory: set DATABASE_URL to use another)"
+        if settings.database_url == DEFAULT_DATABASE_URL
+        else ""
+    )
+    print(
+        f"gatekeeper: database {describe_database(settings.database_url)}{default}", file=sys.stderr
+    )
+
+
+_HOW_TO_MIGRATE = (
+    "run `gatekeeper migrate` (or `gatekeeper serve` once) with this DATABASE_URL to create or "
+    "upgrade it"
+)
+
+
+def _open_database(*, values: bool) -> Any:
+    """The engine of a database at this version's migration, for commands other than ``serve``.
+
+    Refuses (:class:`Refused`) a SQLite file that does not exist — creating nothing, neither
+    the file, nor its folder, nor an encryption key — and a database not at the newest
+    migration. With ``values`` the cipher of the values at rest is configured from the
+    settings' keys or an existing key file (never a new one).
+    """
+    from app import crypto
+    from app.db.migrate import migration_problem
+    from app.db.session import make_engine, wait_for_database
+    from app.settings import get_settings
+
+    settings = get_settings()
+    _announce_database(settings)
+    name = describe_database(settings.database_url)
+    path = _sqlite_path(settings.database_url)
+    if path is not None and not path.is_file():
+        raise Refused(
+            f"no database at {path.resolve()}: run this command where the service's database is, "
+            f"or point DATABASE_URL at it; to start a new one, {_HOW_TO_MIGRATE}"
+        )
+    engine = make_engine(settings.database_url)
+    try:
+        wait_for_database(engine, settings.database_wait_seconds)
+        problem = migration_problem(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    if problem is not None:
+        engine.dispose()
+        raise Refused(f"the database {name} {problem}: {_HOW_TO_MIGRATE}")
+    if values:
+        crypto.configure(
+            crypto.cipher_from_settings(
+                settings.gatekeeper_encryption_keys,
+                settings.gatekeeper_encryption_key_file,
+                production=settings.is_production,
+                create=False,
+            )
+        )
+    return engine
+
+
 def _prepare_database() -> tuple[Any, Any]:
     """Wait for the database and migrate it (the prestart steps); returns (settings, engine)."""
     from app import crypto
@@ -80,6 +186,7 @@ def _prepare_database() -> tuple[Any, Any]:
     from app.settings import get_settings
 
     settings = get_settings()
+    _announce_database(settings)
     crypto.configure(settings.value_cipher())
     engine = make_engine(settings.database_url)
     wait_for_database(engine, settings.database_wait_seconds)
@@ -125,6 +232,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_level=settings.log_level.lower(),
             log_config=uvicorn_log_config(settings.log_level),
         )
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Create or upgrade the database to this version's schema: ``serve``'s steps, no serving.
+
+    Like ``serve`` it creates the key file of the values at rest when none is configured
+    (outside production) and encrypts values stored before encryption existed.
+    """
+    from app.db.migrate import current_revision
+
+    _, engine = _prepare_database()
+    _encrypt_legacy_values(engine)
+    revision = current_revision(engine)
+    engine.dispose()
+    print(f"gatekeeper: database at migration {revision} (the newest)", file=sys.stderr)
     return 0
 
 
@@ -180,7 +303,7 @@ def cmd_encryption_rotate(args: argparse.Namespace) -> int:
     from app.db.session import make_session_factory
     from app.services.encryption import rotate_rows
 
-    _, engine = _prepare_database()
+    engine = _open_database(values=True)
     with make_session_factory(engine)() as session, session.begin():
         count = rotate_rows(session)
     engine.dispose()
@@ -193,7 +316,7 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     from app.db.session import make_session_factory
     from app.services.auth import Role, create_key
 
-    _, engine = _prepare_database()
+    engine = _open_database(values=False)
     with make_session_factory(engine)() as session, session.begin():
         _, secret = create_key(session=session, role=Role(args.role), label=args.label)
     print(secret)
@@ -205,7 +328,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     from app.db.session import make_session_factory
     from app.services.auth import list_keys
 
-    _, engine = _prepare_database()
+    engine = _open_database(values=False)
     rows: list[dict[str, Any]] = []
     after = 0
     with make_session_factory(engine)() as session:
@@ -234,7 +357,7 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from app.services.auth import revoke_key
     from app.services.errors import LastAdminKey
 
-    _, engine = _prepare_database()
+    engine = _open_database(values=False)
     try:
         with make_session_factory(engine)() as session, session.begin():
             found = revoke_key(session=session, key_id=args.id)
@@ -250,15 +373,30 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Recompute every object's state from its history; non-zero exit on any mismatch."""
-    from app.db.session import make_session_factory
-    from app.services.verify import verify_all
+    import time
 
-    _, engine = _prepare_database()
-    report = verify_all(make_session_factory(engine))
+    from tqdm import tqdm
+
+    from app.db.session import make_session_factory
+    from app.services.verify import count_objects, verify_all
+
+    engine = _open_database(values=True)
+    sessions = make_session_factory(engine)
+    started = time.monotonic()
+    with tqdm(
+        total=count_objects(sessions),
+        unit=" objects",
+        desc="verify",
+        disable=args.quiet,
+        file=sys.stderr,
+    ) as bar:
+        report = verify_all(sessions, progress=bar.update)
+    engine.dispose()
     for line in report.problems:
         print(f"MISMATCH {line}")
     print(
-        f"verified {report.checked} object(s): "
+        f"verified {report.checked} object(s) and {report.surveys} survey(s) in "
+        f"{time.monotonic() - started:.1f} s: "
         + ("ok" if report.ok else f"{len(report.problems)} mismatch(es)")
     )
     return 0 if report.ok else 1
@@ -285,7 +423,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         print("--jobs must be 0 or more", file=sys.stderr)
         return 2
-    _, engine = _prepare_database()
+    engine = _open_database(values=True)
     source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
     total_bytes = None if args.file == "-" else os.fstat(source.fileno()).st_size
     created = existing = 0
@@ -317,7 +455,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                 created += result.body["created"]
                 existing += result.body["existing"]
                 bar.update(size)
-                bar.set_postfix(created=created, existing=existing)
+                # as text: tqdm shows numbers in short form (created=2e+4)
+                bar.set_postfix_str(f"created={created}, existing={existing}")
         except BadLine as exc:
             return _fail(str(exc))
     print(json.dumps({"created": created, "existing": existing}))
@@ -428,6 +567,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="uvicorn worker processes (default: WEB_WORKERS or 1)",
     )
     serve.set_defaults(func=cmd_serve)
+    migrate = sub.add_parser(
+        "migrate",
+        help="create or upgrade the database (what serve does first; the other commands "
+        "refuse a database it has not migrated)",
+    )
+    migrate.set_defaults(func=cmd_migrate)
     worker = sub.add_parser(
         "worker",
         help="run distributed workers (Celery; needs BROKER_URL) for bounds and survey chunks",
@@ -474,6 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     imports.set_defaults(func=cmd_import)
     verify = sub.add_parser("verify", help="recompute every object's state from its history")
+    verify.add_argument("--quiet", action="store_true", help="no progress bar")
     verify.set_defaults(func=cmd_verify)
     encryption = sub.add_parser("encryption", help="keys of the private values at rest")
     encryption_sub = encryption.add_subparsers(dest="encryption_command", required=True)
@@ -493,10 +639,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
-    except (SettingsError, EncryptionKeyError) as exc:
+        code = int(args.func(args))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+        return code
+    except (SettingsError, EncryptionKeyError, Refused) as exc:
         print(f"gatekeeper: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader is gone (`gatekeeper keys list --json | head`): stop without a traceback;
+        # standard output goes to /dev/null so that the exit's flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe stopped
 
 
 if __name__ == "__main__":  # pragma: no cover

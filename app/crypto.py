@@ -83,7 +83,7 @@ def load_key_file(path: Path, *, create: bool) -> bytes:
         if not create:
             raise EncryptionKeyError(
                 "no encryption key: set GATEKEEPER_ENCRYPTION_KEYS or provide the key file "
-                "GATEKEEPER_ENCRYPTION_KEY_FILE"
+                f"GATEKEEPER_ENCRYPTION_KEY_FILE (no file at {path.resolve()})"
             )
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -106,11 +106,17 @@ def load_key_file(path: Path, *, create: bool) -> bytes:
     raise EncryptionKeyError(f"the key file {path} is empty")
 
 
-def cipher_from_settings(keys: str | None, key_file: str, *, production: bool) -> ValueCipher:
-    """The cipher the settings describe (see the module docstring)."""
+def cipher_from_settings(
+    keys: str | None, key_file: str, *, production: bool, create: bool = True
+) -> ValueCipher:
+    """The cipher the settings describe (see the module docstring).
+
+    Without keys the key file is read; it is created when missing only with ``create`` outside
+    production (``gatekeeper serve`` and ``migrate`` create it, the other commands never do).
+    """
     if keys:
         return ValueCipher([k.strip().encode("ascii") for k in keys.split(",") if k.strip()])
-    return ValueCipher([load_key_file(Path(key_file), create=not production)])
+    return ValueCipher([load_key_file(Path(key_file), create=create and not production)])
 
 
 _active: ValueCipher | None = None

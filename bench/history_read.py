@@ -58,7 +58,8 @@ def main() -> None:
     print("|---|---|---|---|")
     try:
         for name, sql in ORDERS.items() if not args.lookups_only else ():
-            survey_chunks.clear_shared_caches()  # every order starts cold
+            with survey_chunks._SHARED_GUARD:  # every order starts cold
+                survey_chunks._SHARED.clear()
             with engine.connect() as conn:
                 ids = [str(i) for i in conn.execute(text(sql), {"n": args.objects}).scalars()]
                 started = time.perf_counter()

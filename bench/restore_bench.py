@@ -34,16 +34,15 @@ def old_restore(domain: object, logp: bytes) -> Accountant:
 
 
 def new_restore(domain: object, logp: bytes) -> Accountant:
-    """The current ``Accountant.restore``."""
-    return Accountant.restore(
-        domain=domain,  # type: ignore[arg-type]
-        budget=4.0,
-        filter=FilterKind.BAYESIAN,
-        logp=logp,
-        err=1e-12,
+    """The stored array handed to the constructor (the former ``Accountant.restore``)."""
+    return Accountant(
+        domain,  # type: ignore[arg-type]
+        4.0,
+        FilterKind.BAYESIAN,
         basic_total=Fraction(1),
         accepted=3,
         rejected=0,
+        initial_state=LikelihoodState.from_bytes(domain, logp, 1e-12),  # type: ignore[arg-type]
     )
 
 

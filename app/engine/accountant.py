@@ -102,7 +102,7 @@ class Accountant:
     trajectory: list[TrajectoryPoint] = field(default_factory=list)
     #: The last evaluation, reused when its query is recorded.
     _last: tuple[Mechanism, Decision] | None = field(default=None, repr=False)
-    #: A state to start from (:meth:`restore`); by default an empty history's.
+    #: A state to start from (a stored one); by default an empty history's.
     initial_state: InitVar[LikelihoodState | ContinuousState | None] = None
     #: δ_g of an ``approx_bayesian`` object, and F₀'s account of the history.
     delta: float | None = None
@@ -111,37 +111,6 @@ class Accountant:
     def __post_init__(self, initial_state: LikelihoodState | ContinuousState | None) -> None:
         self.state = (
             initial_state if initial_state is not None else empty_state(self.domain, self.bnb)
-        )
-
-    @classmethod
-    def restore(
-        cls,
-        *,
-        domain: Domain,
-        budget: float,
-        filter: FilterKind,
-        logp: bytes,
-        err: float,
-        basic_total: Fraction,
-        accepted: int,
-        rejected: int,
-        limits: EngineLimits = DEFAULT_LIMITS,
-    ) -> Accountant:
-        """Rebuild a finite-domain accountant from persisted state (no trajectory).
-
-        The stored array becomes the state directly: no empty state is allocated and scanned
-        first: at 10**6 points the old way took 2.50 ms, this one 0.65 ms, ``from_bytes`` alone
-        0.66 ms (``.venv/bin/python bench/restore_bench.py --repeats 40``, docs/benchmarks.md).
-        """
-        return cls(
-            domain,
-            budget,
-            filter,
-            limits,
-            basic_total=basic_total,
-            accepted=accepted,
-            rejected=rejected,
-            initial_state=LikelihoodState.from_bytes(domain, logp, err),
         )
 
     @property

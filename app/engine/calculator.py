@@ -22,13 +22,11 @@ history (:mod:`app.engine.approx`), its threshold and the phase the history is i
 from __future__ import annotations
 
 from dataclasses import replace
-from fractions import Fraction
 from typing import Any
 
 from app.engine.approx import NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.continuous.branch_and_bound import BnBSettings
-from app.engine.continuous.state import ContinuousState
-from app.engine.domain import Domain, parse_domain
+from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
 from app.engine.jsonfields import (
@@ -38,7 +36,6 @@ from app.engine.jsonfields import (
     as_positive_number,
     check_keys,
 )
-from app.engine.likelihood import LikelihoodState
 from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, EngineLimits
 from app.engine.mechanisms import parse_query
 from app.engine.numerics import DECISION_MARGIN
@@ -57,23 +54,6 @@ from app.engine.pipeline import (
 DEFAULT_TOLERANCE = BnBSettings.tolerance
 #: The optional top-level fields of a calculator request (``domain`` and ``history`` are required).
 OPTIONAL_FIELDS = ("budget", "delta", "candidate", "options")
-
-
-def replay_history(
-    domain: Domain,
-    raw_history: Any,
-    field: str = "history",
-    *,
-    limits: EngineLimits = DEFAULT_LIMITS,
-    bnb: BnBSettings | None = None,
-) -> tuple[LikelihoodState | ContinuousState, Fraction]:
-    """Validate a JSON history and fold it into a state (finite array or continuous terms).
-
-    Returns the state and the exact basic-composition total
-    (:func:`~app.engine.pipeline.parse_history` then :func:`~app.engine.pipeline.fold_history`).
-    """
-    entries = parse_history(domain, raw_history, field, limits=limits)
-    return fold_history(domain, entries, bnb=bnb, field=field)
 
 
 def _options(raw: Any) -> tuple[float, BnBSettings, bool]:

@@ -11,7 +11,7 @@ coordinates ``numpy.unravel_index(i, domain.shape)``. A domain with a ``real`` a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -191,10 +191,6 @@ class Domain:
         coords = np.unravel_index(index, self.shape)
         return {a.name: a.value_at(int(c)) for a, c in zip(self.attributes, coords, strict=True)}
 
-    def axis_view(self, axis: int) -> tuple[int, ...]:
-        """Broadcast shape that places a vector along ``axis`` of the domain grid."""
-        return tuple(n if i == axis else 1 for i, n in enumerate(self.shape))
-
     def to_json(self) -> dict[str, Any]:
         """The domain in the JSON contract's form."""
         return {"attributes": [a.to_json() for a in self.attributes]}
@@ -289,9 +285,3 @@ def parse_domain(
             "supported (the product of the attributes' numbers of values)",
         )
     return domain
-
-
-def finite_values(domain: Domain, axis: int) -> Sequence[str | int]:
-    """All values of finite attribute ``axis`` in order (for listing outputs)."""
-    attr = domain.attributes[axis]
-    return [attr.value_at(i) for i in range(attr.size)]

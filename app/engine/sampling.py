@@ -116,11 +116,6 @@ def bernoulli_and_index(p: Fraction, n: int) -> tuple[bool, int]:
     return u % p.denominator < p.numerator, u // p.denominator
 
 
-def uniform_index(n: int) -> int:
-    """Return an integer uniformly distributed on ``0..n-1``."""
-    return randbelow(n)
-
-
 def dyadic_weights(probabilities: Sequence[float]) -> list[int]:
     """Integer weights proportional to the exact values of non-negative floats.
 

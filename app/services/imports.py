@@ -131,6 +131,19 @@ class BadLine(Exception):
         )
 
 
+def _registrations(
+    numbered: Sequence[tuple[int, bytes]], items: list[Any], limits: EngineLimits
+) -> list[Registration]:
+    """``items`` (the first lines of ``numbered``, parsed) validated; :class:`BadLine` if not."""
+    try:
+        return parse_items(items, limits)
+    except InvalidInput as exc:
+        # objects[i].field (a batch is never empty nor above MAX_IMPORT: every error names an item)
+        index = int(exc.field.split("[", 1)[1].split("]", 1)[0])
+        rest = exc.field.split("]", 1)[1].lstrip(".")
+        raise BadLine(numbered[index][0], exc.errors[0].message, rest) from None
+
+
 def parse_lines(
     numbered: Sequence[tuple[int, bytes]], limits: EngineLimits, *, seal: bool = False
 ) -> list[Registration]:
@@ -151,14 +164,11 @@ def parse_lines(
             try:
                 items.append(json.loads(line))
             except ValueError:
+                # the first bad line is the one reported: an earlier line may be invalid
+                if items:
+                    _registrations(numbered, items, limits)
                 raise BadLine(number, "not valid JSON") from None
-    try:
-        registrations = parse_items(items, limits)
-    except InvalidInput as exc:
-        # objects[i].field (a batch is never empty nor above MAX_IMPORT: every error names an item)
-        index = int(exc.field.split("[", 1)[1].split("]", 1)[0])
-        rest = exc.field.split("]", 1)[1].lstrip(".")
-        raise BadLine(numbered[index][0], exc.errors[0].message, rest) from None
+    registrations = _registrations(numbered, items, limits)
     if not seal:
         return registrations
     cipher = crypto.active()

@@ -21,7 +21,7 @@ answers are in the decided chunks whose ``[first_id, last_id]`` covers its id
 Nothing is written to the object's row but its accounting columns, whose size a survey does not
 change — which keeps PostgreSQL's updates of it in place (HOT; docs/benchmarks.md).
 
->>> rows = cut_members(["b", "a", "c"], survey_id=7, size=2)
+>>> rows = list(pack_sorted(sorted(["b", "a", "c"]), survey_id=7, size=2))
 >>> [(r["chunk"], r["members"].split()) for r in rows]
 [(0, ['a', 'b']), (1, ['c'])]
 """
@@ -110,11 +110,6 @@ class Chunk:
         """``object_id``'s decision, when it is a member."""
         at = self.position(object_id)
         return None if at is None else self.decision(at)
-
-
-def cut_members(ids: Iterable[str], *, survey_id: int, size: int) -> list[dict[str, Any]]:
-    """``survey_chunks`` rows (pending) holding ``ids`` sorted, ``size`` members a chunk."""
-    return list(pack_sorted(sorted(ids), survey_id=survey_id, size=size))
 
 
 def pack_sorted(ids: Iterable[str], *, survey_id: int, size: int) -> Iterator[dict[str, Any]]:
@@ -260,12 +255,6 @@ class ChunkCache:
 _SHARED: dict[str, ChunkCache] = {}
 _SHARED_GUARD = threading.Lock()
 SHARED_CHUNKS = 32
-
-
-def clear_shared_caches() -> None:
-    """Forget every database's shared chunks (benchmarks start cold with it)."""
-    with _SHARED_GUARD:
-        _SHARED.clear()
 
 
 def shared_cache(conn: Connection) -> ChunkCache:

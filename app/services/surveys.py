@@ -474,9 +474,12 @@ def list_responses(
             if len(decisions) >= limit:
                 break
     outputs = _may_see_outputs(survey, caller_key_id, is_admin)
+    # a cancelled survey never decides its undecided members: they are not "pending" forever
+    cancelled = survey.status == SurveyStatus.CANCELLED.value
     items = []
     for d in decisions:
-        item: dict[str, Any] = {"object_id": d.object_id, "decision": d.status, "reason": d.reason}
+        status = "cancelled" if cancelled and d.status == "pending" else d.status
+        item: dict[str, Any] = {"object_id": d.object_id, "decision": status, "reason": d.reason}
         if outputs:
             item["output"] = json.loads(d.variant.output) if d.variant is not None else None
         items.append(item)

@@ -15,6 +15,7 @@ stored state does not follow from the stored history.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -44,6 +45,8 @@ class Report:
 
     checked: int = 0
     problems: list[str] = field(default_factory=list)
+    #: Surveys whose chunks were checked.
+    surveys: int = 0
 
     @property
     def ok(self) -> bool:
@@ -176,6 +179,7 @@ def verify_surveys(session: Session, report: Report) -> None:
             )
     for survey_id in totals.keys() - surveys.keys():
         report.problems.append(f"survey {survey_id}: chunks stored without the survey")
+    report.surveys = len(surveys)
 
 
 def _check_chunk(chunk: Chunk, row: Any, label: str, report: Report) -> None:
@@ -199,13 +203,26 @@ def _check_chunk(chunk: Chunk, row: Any, label: str, report: Report) -> None:
             report.problems.append(f"{label}, member {member}: pick {pick} / seq {seq} is invalid")
 
 
-def verify_all(session_factory: sessionmaker[Session]) -> Report:
-    """Check every object, the shared likelihood states and the surveys' members."""
+def count_objects(session_factory: sessionmaker[Session]) -> int:
+    """How many objects :func:`verify_all` will check (for a progress bar's total)."""
+    with session_factory() as session:
+        return int(session.scalar(select(func.count()).select_from(ProtectedObject)) or 0)
+
+
+def verify_all(
+    session_factory: sessionmaker[Session], progress: Callable[[int], object] | None = None
+) -> Report:
+    """Check every object, the shared likelihood states and the surveys' members.
+
+    ``progress(1)`` is called after each object (``gatekeeper verify``'s progress bar).
+    """
     report = Report()
     with session_factory() as session:
         chunks = ChunkCache()
         for row in session.scalars(select(ProtectedObject).order_by(ProtectedObject.id)):
             verify_object(session, row, report, chunks)
+            if progress is not None:
+                progress(1)
         verify_state_refs(session, report)
         verify_surveys(session, report)
     return report

@@ -4,14 +4,19 @@ The main README's walk-through (keys, register, dry-run, submit and its replay, 
 rejection, then the population survey: import, dry-run, create, follow, responses, cancel) is
 run through the sync client and through the async one; every paged list is iterated with pages
 small enough to need several; errors arrive as their typed exceptions. The quick start of
-clients/python/README.md (its first two ``python`` blocks, read from the file) runs as written.
+clients/python/README.md (its first two ``python`` blocks, read from the file) runs as written,
+and runs after the main README's walk-through and survey block (pasted into bash) on one server:
+its ids and labels used to be the walk-through's, so it failed there (issue 23, 7).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +43,9 @@ from ldp_gatekeeper_client import (
 )
 from ldp_gatekeeper_client.models import HistoryEntry, LossRequest
 
-from tests.client.conftest import ADMIN_KEY, QUICK, Server
+from tests.client.conftest import ADMIN_KEY, QUICK, Server, start_server
 from tests.service.conftest import ROOT, unique_id
+from tests.service.test_readme_walkthrough import walkthrough
 
 pytestmark = pytest.mark.slow
 
@@ -324,26 +330,12 @@ def blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", CLIENT_README.read_text(), re.S)
 
 
-def test_the_quick_start_runs_as_written(
-    server: Server,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def run_the_client_readme(
+    server: Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> dict[str, Any]:
+    """The client README's quick start and survey blocks, as written, against ``server``."""
     monkeypatch.setenv("GATEKEEPER_URL", server.url)
     monkeypatch.setenv("GATEKEEPER_BOOTSTRAP_ADMIN_KEY", ADMIN_KEY)
-    monkeypatch.chdir(tmp_path)
-    members = [
-        {
-            "id": f"flu-{i:02d}",
-            "domain": DOMAIN.model_dump(),
-            "value": {"age": 30 + i, "disease": ["none", "flu", "covid"][i % 3]},
-            "budget": {"epsilon": 2.0},
-            "labels": {"study": "flu-2026"},
-        }
-        for i in range(12)
-    ]
-    (tmp_path / "population.ndjson").write_text("".join(json.dumps(m) + "\n" for m in members))
     quick_start, survey = blocks()[:2]
     namespace: dict[str, Any] = {}
     exec(compile(quick_start, str(CLIENT_README), "exec"), namespace)  # noqa: S102 - our README
@@ -352,8 +344,93 @@ def test_the_quick_start_runs_as_written(
     assert namespace["result"].output in ("none", "flu", "covid")
     assert "refused; worst case after:" in out
     exec(compile(survey, str(CLIENT_README), "exec"), namespace)  # noqa: S102 - our README
-    assert namespace["imported"].created == 12
+    assert namespace["imported"].created == 60
     assert namespace["survey"].status == "done"
-    assert namespace["survey"].progress.accepted == 12
-    assert len(namespace["answers"]) == 12
-    assert len(namespace["odometers"]) == 12
+    assert namespace["survey"].progress.accepted == 60
+    assert len(namespace["answers"]) == 60
+    assert len(namespace["odometers"]) == 60
+    return namespace
+
+
+def test_the_quick_start_runs_as_written(
+    server: Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run_the_client_readme(server, monkeypatch, capsys)
+
+
+def main_readme_script(port: int) -> str:
+    """The main README's walk-through and survey block for bash, on a server already running.
+
+    Without the lines that start the server (the test's is started with the same admin key);
+    ``.venv/bin/gatekeeper`` is this interpreter's ``python -m app.cli``.
+    """
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Population surveys", 1)[1]
+    surveys = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert surveys is not None
+    starts = ("export GATEKEEPER_BOOTSTRAP_ADMIN_KEY=", "make run &", "until curl")
+    walk = "".join(
+        line for line in walkthrough().splitlines(keepends=True) if not line.startswith(starts)
+    )
+    script = walk + surveys.group(1)
+    return script.replace("localhost:8000", f"127.0.0.1:{port}").replace(
+        ".venv/bin/gatekeeper", f"{sys.executable} -m app.cli"
+    )
+
+
+def test_the_client_readme_runs_after_the_main_readme(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'readmes.db'}"
+    server = start_server(
+        tmp_path, database_url=database_url, redis_url=None, workers=1, BOUND_PROCESSES="0"
+    )
+    try:
+        monkeypatch.chdir(tmp_path)
+        # the main README's population: its survey block asks the study flu-2026
+        domain = DOMAIN.model_dump()
+        (tmp_path / "population.ndjson").write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "id": f"resident-{i:03d}",
+                        "domain": domain,
+                        "value": {"age": 20 + i, "disease": DISEASES[i % 3]},
+                        "budget": {"epsilon": 2.0},
+                        "labels": {"study": "flu-2026"},
+                    }
+                )
+                + "\n"
+                for i in range(30)
+            )
+        )
+        env = {
+            **os.environ,
+            "GATEKEEPER_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+            "DATABASE_URL": database_url,
+            "PYTHONPATH": str(ROOT),
+        }
+        shell = subprocess.run(  # noqa: S603 - the README's own text, on loopback
+            ["/bin/bash", "-euo", "pipefail", "-c", main_readme_script(server.port)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert shell.returncode == 0, (shell.stdout[-2000:], shell.stderr[-2000:])
+        assert '"id":"patient-17"' in shell.stdout.replace(" ", ""), shell.stdout[-2000:]
+        assert '"name":"flu"' in shell.stdout.replace(" ", "")
+        capsys.readouterr()
+        # then the client's README, on the same server: none of its ids or labels are taken
+        namespace = run_the_client_readme(server, monkeypatch, capsys)
+        assert {o.id for o in namespace["odometers"].itertuples()} == {
+            f"client-demo-{i:03d}" for i in range(60)
+        }
+    finally:
+        server.stop()

@@ -138,7 +138,8 @@ def test_table_sampler_and_one_value_read_the_same_polynomial() -> None:
     table = query.table()
     for x, y in itertools.product(range(-3, 4), range(5)):
         value = {"x": x, "y": y, "kind": "a"}
-        z = query.z_of(value)
+        coords = {a: float(value[domain.attributes[a].name]) for a in query.axes}
+        z = float(query.polynomial.evaluate(coords))
         assert z == x + 0.5 * x * x - x * y
         t, one_minus_t = query.response(np.array([z]))
         assert table[x + 3, y, 1] == pytest.approx(

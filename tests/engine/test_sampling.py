@@ -367,13 +367,13 @@ def test_categorical_rejects_a_zero_total() -> None:
         sampling.categorical([])
 
 
-def test_categorical_and_uniform_index_frequencies() -> None:
+def test_categorical_and_randbelow_frequencies() -> None:
     n = 100_000
     weights = [1, 0, 3, 6]
     counts = Counter(sampling.categorical(weights) for _ in range(n))
     assert counts[1] == 0
     _assert_fits([counts[0], counts[2], counts[3]], [1, 3, 6])
-    uniform = Counter(sampling.uniform_index(7) for _ in range(n))
+    uniform = Counter(sampling.randbelow(7) for _ in range(n))
     assert set(uniform) <= set(range(7))
     _assert_fits([uniform[i] for i in range(7)], [1] * 7)
 
@@ -467,7 +467,7 @@ def _random_usages(source: str) -> list[str]:
         ("__import__('numpy.random')", True),
         ('"""No ``random`` and no ``numpy.random``."""\nimport secrets', False),
         ("import numpy as np\nx = np.zeros(3)", False),
-        ("from app.engine.sampling import uniform_index", False),
+        ("from app.engine.sampling import randbelow", False),
     ],
 )
 def test_the_random_usage_scanner(source: str, bad: bool) -> None:

@@ -1,6 +1,6 @@
 """The ``gatekeeper`` command against real databases: ``keys create``, ``verify``, ``serve``.
 
-``keys create`` and ``verify`` migrate first, so they work on a fresh SQLite file; ``verify``
+``keys create`` and ``verify`` work on a SQLite file ``gatekeeper migrate`` created; ``verify``
 exits 0 on a consistent database and non-zero once a stored row is tampered with (rows are
 changed with SQLAlchemy directly and restored afterwards). ``serve`` migrates a fresh database
 before answering ``/readyz``, and production settings refuse unsafe defaults.
@@ -94,13 +94,15 @@ def test_keys_create_on_a_fresh_sqlite_file(tmp_path: Path) -> None:
     db = tmp_path / "sub" / "fresh.db"
     url = f"sqlite:///{db}"
     assert not db.exists()
+    migrated = run_cli("migrate", database_url=url)
+    assert migrated.returncode == 0, migrated.stderr
+    assert db.exists()
     done = run_cli("keys", "create", "--role", "analyst", database_url=url)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 1, done.stdout
     analyst = lines[0]
     assert analyst.startswith("gk_")
-    assert db.exists()  # it migrated the new file first
     assert analyst not in done.stderr
 
     admin_done = run_cli("keys", "create", "--role", "admin", "--label", "ops", database_url=url)
@@ -199,13 +201,23 @@ def test_verify_exits_0_on_a_consistent_database(
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("verified ")
     assert last.endswith(": ok")
-    assert int(last.split()[1]) >= 4
+    checked = int(last.split()[1])
+    assert checked >= 4
+    # it was silent for minutes on a large database: a progress bar (stderr) and a summary
+    assert f"{checked}/{checked}" in done.stderr
+    assert " survey(s) in " in last
+    quiet = run_cli("verify", "--quiet", database_url=database_url)
+    assert quiet.returncode == 0, quiet.stderr
+    assert f"{checked}/{checked}" not in quiet.stderr
 
 
-def test_verify_on_a_fresh_sqlite_file(tmp_path: Path) -> None:
-    done = run_cli("verify", database_url=f"sqlite:///{tmp_path / 'empty.db'}")
+def test_verify_on_a_freshly_migrated_sqlite_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    assert run_cli("migrate", database_url=url).returncode == 0
+    done = run_cli("verify", database_url=url)
     assert done.returncode == 0, (done.stdout, done.stderr)
-    assert "verified 0 object(s): ok" in done.stdout
+    assert "verified 0 object(s)" in done.stdout
+    assert done.stdout.strip().endswith(": ok")
 
 
 @contextmanager
@@ -437,7 +449,8 @@ def test_serve_migrates_a_fresh_database_first(tmp_path: Path) -> None:
         server.stop()
     done = run_cli("verify", database_url=url)
     assert done.returncode == 0, (done.stdout, done.stderr)
-    assert "verified 1 object(s): ok" in done.stdout
+    assert "verified 1 object(s)" in done.stdout
+    assert done.stdout.strip().endswith(": ok")
 
 
 @pytest.fixture

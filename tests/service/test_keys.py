@@ -149,7 +149,10 @@ def test_keys_list_and_revoke_on_the_command_line(
     assert listed.stdout.splitlines()[0].split()[:4] == ["ID", "ROLE", "CREATED", "REVOKED"]
     done = run_cli("keys", "revoke", str(viewer_id), database_url=database_url)
     assert done.returncode == 0, done.stderr
-    assert fresh.get("/v1/whoami", headers=auth(viewer)).status_code in (200, 401)
+    # `fresh` may trust the viewer key for AUTH_CACHE_SECONDS after its whoami above; an app
+    # without that cache must refuse the key revoked by another process at once
+    with TestClient(create_app(make_settings(database_url, auth_cache_seconds=0))) as uncached:
+        assert uncached.get("/v1/whoami", headers=auth(viewer)).status_code == 401
     as_json = run_cli("keys", "list", "--json", database_url=database_url)
     rows = {r["id"]: r for r in map(json.loads, as_json.stdout.splitlines())}
     assert rows[viewer_id]["revoked_at"] is not None

@@ -29,6 +29,16 @@ def walkthrough() -> str:
     return block.group(1)
 
 
+@pytest.mark.parametrize("readme", ["README.md", "docs/surveys.md", "docs/dashboard.md"])
+def test_every_curl_body_can_be_pasted(readme: str) -> None:
+    """A placeholder (``-d '…same body…'``) made the survey block fail when pasted."""
+    blocks = re.findall(r"```sh\n(.*?)```", (ROOT / readme).read_text(), re.S)
+    bodies = [body for block in blocks for body in re.findall(r"(?:-d|--data) '([^']*)'", block)]
+    for body in bodies:
+        json.loads(body)  # a whole JSON document, not an ellipsis
+    assert all("…" not in block for block in blocks)
+
+
 def json_documents(text: str) -> list[Any]:
     """The JSON documents printed one after another (curl -s adds no newline between them)."""
     decoder, documents, at = json.JSONDecoder(), [], 0

@@ -8,7 +8,7 @@ verify`` all see both, in sequence order; verify finds answers that were tampere
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +24,6 @@ from app.services.survey_chunks import (
     ChunkCache,
     Variant,
     chunks_covering,
-    cut_members,
     decided_columns,
     decode,
     load_chunks,
@@ -33,6 +32,12 @@ from app.services.survey_chunks import (
 from app.services.verify import verify_all
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 from tests.service.test_surveys import GRR, import_study, verify_clean, wait_done
+
+
+def cut_members(ids: Iterable[str], *, survey_id: int, size: int) -> list[dict[str, Any]]:
+    """``survey_chunks`` rows (pending) holding ``ids`` sorted, ``size`` members a chunk."""
+    return list(pack_sorted(sorted(ids), survey_id=survey_id, size=size))
+
 
 CHUNK = 4
 CONT_DOMAIN = {

@@ -432,7 +432,10 @@ def test_cancel_stops_before_undecided_members(
     final = client.get(f"/v1/surveys/{view['id']}", headers=analyst).json()
     assert final["progress"]["decided"] == 6
     responses = all_responses(client, auth(ADMIN_KEY), view["id"])
-    assert [r["decision"] for r in responses].count("pending") == 14
+    # the undecided members will never be asked: "cancelled", not "pending" forever
+    decisions = [r["decision"] for r in responses]
+    assert decisions.count("cancelled") == 14
+    assert "pending" not in decisions
     # an analyst who did not create it may not cancel it
     assert client.delete(f"/v1/surveys/{view['id']}", headers=analyst).status_code == 403
     verify_clean(database_url)
@@ -491,6 +494,14 @@ def test_gatekeeper_import_streams_a_file_and_resumes(tmp_path: Path, database_u
     failed = run_cli("import", str(garbage), database_url=database_url)
     assert failed.returncode == 2
     assert "line 1: not valid JSON" in failed.stderr
+    # the first bad line is reported, whichever way the lines after it are bad (the malformed
+    # line 4 used to be reported before the invalid line 2 of the same batch)
+    both = tmp_path / "both.ndjson"
+    both.write_text("\n".join([lines[1], json.dumps(broken), lines[2], "{not json"]) + "\n")
+    failed = run_cli("import", str(both), "--jobs", "0", database_url=database_url)
+    assert failed.returncode == 2
+    assert "line 2, field budget.epsilon" in failed.stderr
+    assert "line 4" not in failed.stderr
 
 
 @pytest.mark.parametrize("jobs", ["0", "2"])

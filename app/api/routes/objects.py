@@ -24,8 +24,6 @@ router = APIRouter(prefix="/v1/objects", tags=["objects"])
 
 #: The errors of every operation on one object.
 PROBLEMS = problems(*AUTHENTICATED, 404, s404="No such object")
-#: ... that also reads a JSON body.
-BODY_PROBLEMS = problems(*WITH_BODY, 404, s404="No such object")
 #: Any id: one that cannot have been registered (ID_PATTERN) is simply not found (404).
 ObjectId = Annotated[str, Path(description="The object's id")]
 

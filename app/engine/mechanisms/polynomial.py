@@ -136,11 +136,6 @@ class Polynomial:
             used.update((i, j))
         return tuple(sorted(used))
 
-    @property
-    def degree(self) -> int:
-        """2 with a quadratic monomial, else 1 (0 for a constant)."""
-        return 2 if self.quadratic else (1 if self.linear else 0)
-
     def names(self, domain: Domain) -> dict[str, float]:
         """Canonical ``weights``: ``x``, ``x^2``, ``x*y`` (attribute order) to weights."""
         out = {domain.attributes[a].name: w for a, w in self.linear}

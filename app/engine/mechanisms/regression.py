@@ -231,11 +231,6 @@ class ScalarResponse(TabulatedMechanism):
     def response(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
         """``(t, 1 - t)`` for query values ``z``, each computed without cancellation."""
 
-    def z_of(self, value: Mapping[str, Scalar]) -> float:
-        """``z`` for one value by :meth:`Polynomial.evaluate` (the table: :meth:`_z_bracket`)."""
-        coords = {a: float(value[self.domain.attributes[a].name]) for a in self.axes}
-        return float(self.polynomial.evaluate(coords))
-
     def log_table(self) -> FloatArray:
         """``[log Pr(low), log Pr(high)]`` over the grid of the read attributes.
 

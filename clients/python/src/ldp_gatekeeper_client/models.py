@@ -584,10 +584,14 @@ class SurveyPage(_Response):
 
 
 class SurveyResponse(_Response):
-    """One member's decision (``output``: for the survey's analyst and admins)."""
+    """One member's decision (``output``: for the survey's analyst and admins).
+
+    ``pending``: not decided yet; ``cancelled``: never to be decided, the survey was cancelled
+    first.
+    """
 
     object_id: str
-    decision: Literal["pending", "accepted", "refused"]
+    decision: Literal["pending", "accepted", "refused", "cancelled"]
     reason: str | None
     output: Any = None
 
