@@ -14,7 +14,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.api.ratelimit import TokenBuckets
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key
 
