@@ -90,11 +90,15 @@ def broker_unreachable(celery: Celery, wait_seconds: float) -> str | None:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
-def alive_nodes(celery: Celery, cfg: CelerySettings) -> int | None:
-    """How many nodes have a live heartbeat (None: the result Redis did not answer)."""
+def alive_nodes(celery: Celery, cfg: CelerySettings, queue: str = "*") -> int | None:
+    """How many nodes of ``queue`` (``bounds``, ``surveys``; any by default) are alive.
+
+    None when the result Redis did not answer.
+    """
     try:
         client = celery.backend.client
-        return sum(1 for _ in client.scan_iter(match=cfg.key("workers", "*"), count=1000))
+        pattern = cfg.key("workers", f"{queue}@*")
+        return sum(1 for _ in client.scan_iter(match=pattern, count=1000))
     except Exception as exc:
         log.warning("worker heartbeats unavailable (%s)", type(exc).__name__)
         return None

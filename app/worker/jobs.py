@@ -38,6 +38,12 @@ class SurveyJobs(Protocol):
     def close(self) -> None:
         """Stop taking work; a running chunk may finish or be rolled back."""
 
+    def waiting_for_workers(self) -> bool:
+        """Whether surveys wait for workers that are not there (no live ``surveys`` node).
+
+        False when this process runs surveys itself, and when it cannot tell.
+        """
+
 
 class InProcessJobs:
     """Surveys run by a thread of this process; a sweeper resumes orphaned ones.
@@ -76,6 +82,10 @@ class InProcessJobs:
 
     def cancelled(self, survey_id: int) -> None:
         """Nothing to drop: the running survey stops at its next chunk (it reads the status)."""
+
+    def waiting_for_workers(self) -> bool:
+        """Never: this process runs its surveys (and any other active one, by its sweeper)."""
+        return False
 
     def close(self) -> None:
         """Stop both threads (the running survey stops after its current chunk's thread dies)."""
