@@ -25,7 +25,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from app import bootstrap
 from app.settings import Settings
@@ -63,7 +65,10 @@ def _run_node(settings: Settings, queue: str, concurrency: int) -> None:
     from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
     app, cfg = bootstrap.worker_celery(settings)
-    worker_process_init.connect(lambda **_: single_threaded_blas(), weak=False)
+
+    def one_blas_thread(**_: object) -> None:
+        single_threaded_blas()
+
     name = getattr(cfg, f"{queue}_queue")
     ready = threading.Event()
     beat: list[Heartbeat] = []
@@ -76,8 +81,13 @@ def _run_node(settings: Settings, queue: str, concurrency: int) -> None:
         for heartbeat in beat:
             heartbeat.stop()
 
-    worker_ready.connect(announce, weak=False)
-    worker_shutdown.connect(withdraw, weak=False)
+    hooks: list[tuple[Any, Callable[..., None]]] = [
+        (worker_process_init, one_blas_thread),
+        (worker_ready, announce),
+        (worker_shutdown, withdraw),
+    ]
+    for signal_, hook in hooks:
+        signal_.connect(hook, weak=False)
     status = 0
     try:
         app.worker_main(
@@ -99,6 +109,9 @@ def _run_node(settings: Settings, queue: str, concurrency: int) -> None:
         )
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        for signal_, hook in hooks:
+            signal_.disconnect(hook)
     if not ready.is_set():
         print(f"gatekeeper worker: the {queue} node did not start", file=sys.stderr)
         status = status or START_FAILED
