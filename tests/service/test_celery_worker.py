@@ -237,6 +237,38 @@ def test_a_survey_waits_for_workers_visibly_then_a_root_worker_runs_it_on_postgr
             wait_nodes(redis_url, namespace, 2)
             done = wait_done(client, analyst, survey_id)
             listed_done = client.get("/v1/surveys", headers=analyst).json()["items"]
+            # a continuous dry-run: its search is a typed engine call sent as JSON to the worker
+            oid = "wc-" + secrets.token_hex(4)
+            domain = {
+                "attributes": [
+                    {"name": "x", "type": "real", "low": 0, "high": 1},
+                    {"name": "y", "type": "real", "low": -1, "high": 1},
+                ]
+            }
+            registered = client.post(
+                "/v1/objects",
+                headers=auth(ADMIN_KEY),
+                json={
+                    "id": oid,
+                    "domain": domain,
+                    "value": {"x": 0.4, "y": 0.1},
+                    "budget": {"epsilon": 3},
+                },
+            )
+            assert registered.status_code == 201, registered.text
+            query = {"mechanism": "linear", "weights": {"x": 1}, "range": [0, 1], "epsilon": 1}
+            submitted = client.post(
+                f"/v1/objects/{oid}/queries",
+                headers={**analyst, "Idempotency-Key": "w"},
+                json={"query": query},
+            )
+            assert submitted.status_code == 201, submitted.text
+            logistic = {"mechanism": "logistic", "weights": {"x": 2, "y": -1}, "epsilon": 1.5}
+            dry = client.post(
+                f"/v1/objects/{oid}/dry-run", headers=analyst, json={"query": logistic}
+            )
+            calls = tasks_run(redis_url, namespace, "gatekeeper.bounds.call")
+            metrics = client.get("/metrics").text
     finally:
         if worker is not None:
             worker.stop()
@@ -248,6 +280,10 @@ def test_a_survey_waits_for_workers_visibly_then_a_root_worker_runs_it_on_postgr
     assert done["progress"]["decided"] == 20
     assert done["waiting_for_workers"] is False
     assert [s["waiting_for_workers"] for s in listed_done if s["id"] == survey_id] == [False]
+    assert dry.status_code == 200, dry.text
+    assert dry.json()["per_output_complete"] is True
+    assert calls >= 1, "the dry-run's search ran on the worker"
+    assert 'gatekeeper_celery_task_wait_seconds_count{outcome="done",task="call"}' in metrics
     verify_clean(postgres_url)
 
 

@@ -83,8 +83,8 @@ def _snapshot(history: list[dict[str, Any]], *, delta: float | None = None) -> O
 
 
 def _through_json(data: Any) -> Any:
-    """What a broker delivers: JSON text parsed again (Python's JSON, as kombu's)."""
-    return json.loads(json.dumps(data))
+    """What a broker delivers: JSON text parsed again (strict: no NaN or Infinity)."""
+    return json.loads(json.dumps(data, allow_nan=False))
 
 
 @pytest.mark.parametrize("delta", [None, 1e-6])

@@ -287,8 +287,9 @@ class ContinuousState:
         """The history's terms and known bounds as plain data (no settings, no domain).
 
         What a distributed worker's task carries instead of the state itself: numbers only, so
-        a broker never delivers code. :meth:`from_json` rebuilds an equal state. Non-finite
-        floats (a linear query's unbounded reach) stay floats (Python's JSON writes them).
+        a broker never delivers code. :meth:`from_json` rebuilds an equal state. An unbounded
+        reach (every query without quadratic weights) is written ``null``, so the usual state
+        is strict JSON.
         """
         return {
             "terms": [
@@ -298,7 +299,10 @@ class ContinuousState:
                     "curve": asdict(t.curve),
                     "excess": t.excess,
                     "quadratic": [[list(pair), w] for pair, w in t.quadratic],
-                    "reach": list(t.reach),
+                    "reach": [
+                        t.reach[0] if np.isfinite(t.reach[0]) else None,
+                        t.reach[1] if np.isfinite(t.reach[1]) else None,
+                    ],
                 }
                 for t in self._terms
             ],
@@ -318,7 +322,10 @@ class ContinuousState:
                 ResponseCurve(**t["curve"]),
                 float(t["excess"]),
                 tuple(((int(i), int(j)), float(w)) for (i, j), w in t["quadratic"]),
-                (float(t["reach"][0]), float(t["reach"][1])),
+                (
+                    -np.inf if t["reach"][0] is None else float(t["reach"][0]),
+                    np.inf if t["reach"][1] is None else float(t["reach"][1]),
+                ),
             )
             for t in data["terms"]
         ]
