@@ -406,7 +406,10 @@ export function clearSurvey(id) {
 // One survey: its numbers, progress, refusals by reason and estimate.
 export function renderSurvey(survey) {
   $("survey-name").textContent = `${survey.name} #${survey.id}`;
-  $("survey-status").replaceChildren(badge(survey.status));
+  $("survey-status").replaceChildren(
+    badge(survey.status),
+    ...(survey.waiting_for_workers ? [" ", waitingBadge()] : []),
+  );
   const about = $("survey-about");
   about.replaceChildren(queryText(survey.query), " · cohort: ", cohortNode(survey.cohort));
   $("survey-error").hidden = !survey.error;
