@@ -201,6 +201,13 @@ def survey_handlers(settings: Settings) -> SurveyHandlers:
     return SurveyHandlers(plan=plan, run_range=run_range)
 
 
+def sending_celery(settings: Settings) -> Celery:
+    """A Celery app that only sends and reads (no survey handlers): checks and tools."""
+    from app.worker.celery_app import make_celery
+
+    return make_celery(celery_settings(settings))
+
+
 def worker_celery(settings: Settings) -> tuple[Celery, CelerySettings]:
     """The Celery app of a ``gatekeeper worker`` node, its survey tasks given their handlers."""
     from app.worker.celery_app import make_celery

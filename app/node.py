@@ -18,6 +18,7 @@ The wiring (the Celery app and the survey handlers its tasks run) comes from
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing
@@ -126,8 +127,13 @@ def run_worker(settings: Settings, *, concurrency: int, queues: tuple[str, ...])
     be reached within ``DATABASE_WAIT_SECONDS``.
     """
     bootstrap.prepare_worker(settings)
-    celery, _cfg = bootstrap.worker_celery(settings)
-    problem = broker_unreachable(celery, settings.database_wait_seconds)
+    probe = bootstrap.sending_celery(settings)
+    try:
+        problem = broker_unreachable(probe, settings.database_wait_seconds)
+    finally:  # no connection of the check is inherited by the nodes
+        with contextlib.suppress(Exception):
+            probe.backend.client.close()
+        probe.close()
     if problem is not None:
         print(f"gatekeeper worker: {problem}", file=sys.stderr)
         return START_FAILED

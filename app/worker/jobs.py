@@ -8,7 +8,8 @@ mid-chunk loses nothing but the samples of that chunk, unseen.
 
 The interface (:class:`SurveyJobs`) is what a distributed engine implements instead: ``start``
 enqueues a survey, ``cancelled`` drops its queued work, ``close`` stops taking work
-(:class:`app.worker.celery_jobs.CeleryJobs` with a broker). This module knows nothing of
+(:class:`app.worker.celery_jobs.CeleryJobs` with a broker), and ``waiting_for_workers`` says
+whether surveys wait for workers that are not there. This module knows nothing of
 surveys beyond the two callables it is given (the worker layer runs what the services hand it).
 """
 
