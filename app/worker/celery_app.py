@@ -206,6 +206,7 @@ def make_celery(cfg: CelerySettings, surveys: SurveyHandlers | None = None) -> C
 
     @app.task(  # type: ignore[untyped-decorator]
         name=CALCULATOR_TASK,
+        shared=False,  # this app's own (its handlers), never another app's of this process
         soft_time_limit=cfg.bound_soft_limit,
         time_limit=cfg.bound_hard_limit,
     )
@@ -216,6 +217,7 @@ def make_celery(cfg: CelerySettings, surveys: SurveyHandlers | None = None) -> C
 
     @app.task(  # type: ignore[untyped-decorator]
         name=CALL_TASK,
+        shared=False,  # this app's own (its handlers), never another app's of this process
         soft_time_limit=cfg.bound_soft_limit,
         time_limit=cfg.bound_hard_limit,
     )
@@ -226,6 +228,7 @@ def make_celery(cfg: CelerySettings, surveys: SurveyHandlers | None = None) -> C
 
     @app.task(  # type: ignore[untyped-decorator]
         name=PLAN_TASK,
+        shared=False,  # this app's own (its handlers), never another app's of this process
         soft_time_limit=cfg.survey_soft_limit,
         time_limit=cfg.survey_hard_limit,
     )
@@ -249,6 +252,7 @@ def make_celery(cfg: CelerySettings, surveys: SurveyHandlers | None = None) -> C
 
     @app.task(  # type: ignore[untyped-decorator]
         name=RANGE_TASK,
+        shared=False,  # this app's own (its handlers), never another app's of this process
         soft_time_limit=cfg.survey_soft_limit,
         time_limit=cfg.survey_hard_limit,
         ignore_result=True,

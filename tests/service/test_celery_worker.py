@@ -205,18 +205,21 @@ def test_without_a_broker_everything_runs_in_process(sqlite_url: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("broker", ["redis", "amqp"])
 def test_a_survey_waits_for_workers_visibly_then_a_root_worker_runs_it_on_postgres(
-    tmp_path: Path, postgres_url: str, redis_url: str
+    tmp_path: Path, postgres_url: str, redis_url: str, broker: str, request: pytest.FixtureRequest
 ) -> None:
     """A broker and no worker: the survey says waiting_for_workers (GET and list) instead of
     sitting queued with no sign why; a ``gatekeeper worker`` started as this user (root on
-    this machine, no C_FORCE_ROOT) then runs it to the end, and the flag clears."""
+    this machine, no C_FORCE_ROOT) then runs it to the end, and the flag clears. On Redis and
+    on RabbitMQ (results in Redis)."""
     namespace = "t" + secrets.token_hex(4)
-    env = survey_env(postgres_url, redis_url, redis_url, namespace)
+    broker_url = redis_url if broker == "redis" else request.getfixturevalue("amqp_url")
+    env = survey_env(postgres_url, broker_url, redis_url, namespace)
     settings = make_settings(
         postgres_url,
         redis_url,
-        broker_url=redis_url,
+        broker_url=broker_url,
         broker_namespace=namespace,
         survey_chunk_size=4,
     )
@@ -273,6 +276,8 @@ def test_a_survey_waits_for_workers_visibly_then_a_root_worker_runs_it_on_postgr
         if worker is not None:
             worker.stop()
         drop_namespace(redis_url, namespace)
+        if broker == "amqp":
+            drop_amqp_namespace(broker_url, namespace)
     assert waiting["status"] == "queued"
     assert waiting["waiting_for_workers"] is True
     assert [s["waiting_for_workers"] for s in listed if s["id"] == survey_id] == [True]

@@ -91,3 +91,22 @@ def test_a_heartbeat_deletes_its_key_when_stopped() -> None:
     assert client.keys == {"k": "{}"}
     beat.stop()
     assert client.keys == {}
+
+
+def test_a_workers_app_runs_its_own_handlers_whatever_app_was_made_first() -> None:
+    """Celery shares tasks between the apps of a process by default: the sender-only app the
+    command checks the broker with made every node's plan task fail "run only in gatekeeper
+    worker"."""
+    from app.worker.celery_app import PLAN_TASK, CelerySettings, SurveyHandlers, make_celery
+
+    cfg = CelerySettings(broker_url="redis://127.0.0.1:1/0", result_url="redis://127.0.0.1:1/0")
+    make_celery(cfg)  # no handlers: what a web process or the start-up check makes
+    planned: list[int] = []
+
+    def plan(survey_id: int) -> None:
+        planned.append(survey_id)
+
+    worker = make_celery(cfg, SurveyHandlers(plan=plan, run_range=lambda *_: "done"))
+    make_celery(cfg)  # and one made after it
+    assert worker.tasks[PLAN_TASK](7) == 0
+    assert planned == [7]
