@@ -223,7 +223,8 @@ class BoundWorker:
     ) -> Decision:
         """``evaluate(snapshot, mechanism, tight=True)`` in a worker process (blocking)."""
         if self._pool is None:
-            return evaluate(snapshot.with_bnb(self._bnb(snapshot)), mechanism, tight=True)
+            with _CALCULATOR_SECONDS.time():
+                return evaluate(snapshot.with_bnb(self._bnb(snapshot)), mechanism, tight=True)
         answer = self._engine_call(evaluate_request(snapshot, mechanism))
         return fallback() if answer is None else decision_from_json(answer["decision"])
 
@@ -232,7 +233,8 @@ class BoundWorker:
     ) -> LossBounds:
         """``realized_loss(snapshot)`` (searches a continuous history) in a worker process."""
         if self._pool is None:
-            return realized_loss(snapshot.with_bnb(self._bnb(snapshot)))
+            with _CALCULATOR_SECONDS.time():
+                return realized_loss(snapshot.with_bnb(self._bnb(snapshot)))
         answer = self._engine_call(realized_loss_request(snapshot))
         return fallback() if answer is None else bounds_from_json(answer["bounds"])
 
