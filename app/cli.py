@@ -180,18 +180,12 @@ def _open_database(*, values: bool) -> Any:
 
 def _prepare_database() -> tuple[Any, Any]:
     """Wait for the database and migrate it (the prestart steps); returns (settings, engine)."""
-    from app import crypto
-    from app.db.migrate import upgrade
-    from app.db.session import make_engine, wait_for_database
+    from app.bootstrap import prepare_database
     from app.settings import get_settings
 
     settings = get_settings()
     _announce_database(settings)
-    crypto.configure(settings.value_cipher())
-    engine = make_engine(settings.database_url)
-    wait_for_database(engine, settings.database_wait_seconds)
-    upgrade(settings.database_url)
-    return settings, engine
+    return prepare_database(settings)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -223,7 +217,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 f"gatekeeper: metrics of all workers are summed in {metrics_dir}", file=sys.stderr
             )
         uvicorn.run(
-            "app.api.main:app_factory",
+            "app.bootstrap:app_factory",
             factory=True,
             host=args.host or settings.host,
             port=args.port or settings.port,

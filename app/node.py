@@ -7,84 +7,38 @@ command supervises them: SIGTERM/SIGINT is passed on (Celery's warm shutdown: ru
 finish), and when one node exits the other is stopped and the command exits non-zero (the
 container or service manager restarts it). Nodes die with the command (``PR_SET_PDEATHSIG``).
 
-Wiring lives here, above the layers: the survey tasks (:mod:`app.worker.celery_app`) get
-their implementation from :mod:`app.services.survey_runs`; every worker process opens its own
-database connections (never shared across ``fork``).
+Start-up fails loudly: the command checks the database, the broker and the result Redis
+before it starts any node, and a node announces itself (its heartbeat, which ``/readyz`` and
+the surveys' ``waiting_for_workers`` read) only once Celery says it consumes its queue. A node
+whose Celery worker stops before that exits non-zero, whatever Celery returned.
+
+The wiring (the Celery app and the survey handlers its tasks run) comes from
+:mod:`app.bootstrap`, the composition root.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import multiprocessing
 import os
-import secrets
 import signal
 import sys
-from functools import cache
+import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
-from sqlalchemy import Engine
-
-from app import crypto
-from app.db.session import make_engine, wait_for_database
-from app.engine.limits import DEFAULT_LIMITS
-from app.services import survey_runs
+from app import bootstrap
 from app.settings import Settings
-from app.worker.celery_app import CelerySettings, SurveyHandlers, install_survey_handlers
-from app.worker.fleet import start_heartbeat
-from app.worker.pool import BoundWorker, WorkerSettings
+from app.worker.fleet import Heartbeat, broker_unreachable, start_heartbeat
 from app.worker.threads import single_threaded_blas
 
 log = logging.getLogger("gatekeeper.worker")
 
 QUEUES = ("bounds", "surveys")
 _PR_SET_PDEATHSIG = 1
-
-
-def celery_settings(settings: Settings) -> CelerySettings:
-    """The Celery configuration of ``settings`` (``BROKER_URL`` must be set)."""
-    if settings.broker_url is None or settings.result_url is None:
-        raise ValueError("BROKER_URL is not set")
-    return CelerySettings(
-        broker_url=settings.broker_url,
-        result_url=settings.result_url,
-        namespace=settings.broker_namespace,
-        time_limit=settings.bound_time_limit,
-        result_ttl=settings.broker_result_ttl,
-    )
-
-
-def survey_handlers(settings: Settings) -> SurveyHandlers:
-    """The survey tasks' implementation: plan and decide ranges on this process's engine."""
-    bound = BoundWorker(WorkerSettings(processes=0, time_limit=settings.bound_time_limit))
-
-    @cache
-    def engine(pid: int) -> Engine:  # one engine per process: connections never cross a fork
-        return make_engine(settings.database_url, pool_size=1, max_overflow=1)
-
-    def plan(survey_id: int) -> tuple[str, list[int]] | None:
-        owner = f"celery:{secrets.token_hex(8)}"
-        chunks = survey_runs.plan_survey(
-            engine=engine(os.getpid()),
-            survey_id=survey_id,
-            owner=owner,
-            lease_seconds=settings.survey_lease_seconds,
-        )
-        return None if not chunks else (owner, chunks)
-
-    def run_range(survey_id: int, owner: str, chunk: int) -> str:
-        return survey_runs.run_survey_range(
-            engine=engine(os.getpid()),
-            worker=bound,
-            survey_id=survey_id,
-            owner=owner,
-            chunk=chunk,
-            limits=DEFAULT_LIMITS,
-            lease_seconds=settings.survey_lease_seconds,
-        )
-
-    return SurveyHandlers(plan=plan, run_range=run_range)
 
 
 def _die_with_parent() -> None:
@@ -96,44 +50,93 @@ def _die_with_parent() -> None:
         pass
 
 
+#: Exit status of a node whose Celery worker stopped before it was ready, or of the command
+#: when the broker or the result Redis cannot be reached at start.
+START_FAILED = 3
+
+
 def _run_node(settings: Settings, queue: str, concurrency: int) -> None:
-    """A forked child: one Celery node consuming ``queue`` (never returns normally)."""
+    """A forked child: one Celery node consuming ``queue`` (never returns normally).
+
+    The heartbeat starts when Celery's ``worker_ready`` fires, and stops (its key deleted) at
+    ``worker_shutdown``; a worker that stops before it was ready exits with
+    :data:`START_FAILED` (Celery may return or exit 0 when it refuses to start).
+    """
     _die_with_parent()
-    from celery.signals import worker_process_init
+    from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
-    from app.worker.celery_app import make_celery
+    app, cfg = bootstrap.worker_celery(settings)
 
-    cfg = celery_settings(settings)
-    app = make_celery(cfg)
-    worker_process_init.connect(lambda **_: single_threaded_blas(), weak=False)
-    node = start_heartbeat(app.backend.client, cfg, queue=queue, concurrency=concurrency)
+    def one_blas_thread(**_: object) -> None:
+        single_threaded_blas()
+
     name = getattr(cfg, f"{queue}_queue")
-    app.worker_main(
-        [
-            "worker",
-            "--queues",
-            name,
-            "--concurrency",
-            str(concurrency),
-            "--pool",
-            "prefork",
-            "--hostname",
-            f"{cfg.namespace}-{node}",
-            "--loglevel",
-            settings.log_level.upper(),
-            "--without-gossip",
-            "--without-mingle",
-        ]
-    )
+    ready = threading.Event()
+    beat: list[Heartbeat] = []
+
+    def announce(**_: object) -> None:
+        ready.set()
+        beat.append(start_heartbeat(app.backend.client, cfg, queue=queue, concurrency=concurrency))
+
+    def withdraw(**_: object) -> None:
+        for heartbeat in beat:
+            heartbeat.stop()
+
+    hooks: list[tuple[Any, Callable[..., None]]] = [
+        (worker_process_init, one_blas_thread),
+        (worker_ready, announce),
+        (worker_shutdown, withdraw),
+    ]
+    for signal_, hook in hooks:
+        signal_.connect(hook, weak=False)
+    status = 0
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--queues",
+                name,
+                "--concurrency",
+                str(concurrency),
+                "--pool",
+                "prefork",
+                "--hostname",
+                f"{cfg.namespace}-{queue}@{os.uname().nodename}:{os.getpid()}",
+                "--loglevel",
+                settings.log_level.upper(),
+                "--without-gossip",
+                "--without-mingle",
+            ]
+        )
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        for signal_, hook in hooks:
+            signal_.disconnect(hook)
+    if not ready.is_set():
+        print(f"gatekeeper worker: the {queue} node did not start", file=sys.stderr)
+        status = status or START_FAILED
+    withdraw()
+    sys.exit(status)
 
 
 def run_worker(settings: Settings, *, concurrency: int, queues: tuple[str, ...]) -> int:
-    """Start one node per queue and supervise them; returns the exit status."""
-    crypto.configure(settings.value_cipher())
-    probe = make_engine(settings.database_url, pool_size=1, max_overflow=0)
-    wait_for_database(probe, settings.database_wait_seconds)
-    probe.dispose()
-    install_survey_handlers(survey_handlers(settings))
+    """Start one node per queue and supervise them; returns the exit status.
+
+    Non-zero before any node starts when the database, the broker or the result Redis cannot
+    be reached within ``DATABASE_WAIT_SECONDS``.
+    """
+    bootstrap.prepare_worker(settings)
+    probe = bootstrap.sending_celery(settings)
+    try:
+        problem = broker_unreachable(probe, settings.database_wait_seconds)
+    finally:  # no connection of the check is inherited by the nodes
+        with contextlib.suppress(Exception):
+            probe.backend.client.close()
+        probe.close()
+    if problem is not None:
+        print(f"gatekeeper worker: {problem}", file=sys.stderr)
+        return START_FAILED
     context = multiprocessing.get_context("fork")
     nodes = [
         context.Process(target=_run_node, args=(settings, q, concurrency), name=f"node-{q}")

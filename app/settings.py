@@ -16,9 +16,12 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.crypto import ValueCipher, cipher_from_settings
-from app.engine.continuous.branch_and_bound import BnBSettings
 
 DEFAULT_DATABASE_URL = "sqlite:///./data/gatekeeper.db"
+
+#: ``BOUND_TIME_LIMIT``'s default: the engine's own search time limit (``BnBSettings.time_limit``;
+#: settings sit below the engine, so tests/worker/test_layers.py checks that the two agree).
+DEFAULT_BOUND_TIME_LIMIT = 10.0
 
 
 class Environment(StrEnum):
@@ -51,7 +54,7 @@ class Settings(BaseSettings):
     #: (uvicorn's own default of 5 s restarted workers still importing on a busy machine).
     worker_healthcheck_seconds: int = Field(default=30, ge=1, le=3600)
     bound_processes: int = Field(default=1, ge=0, le=64)
-    bound_time_limit: float = Field(default=BnBSettings.time_limit, gt=0, le=600)
+    bound_time_limit: float = Field(default=DEFAULT_BOUND_TIME_LIMIT, gt=0, le=600)
     lock_timeout: float = Field(default=30.0, gt=0, le=3600)
     lock_wait: float = Field(default=30.0, gt=0, le=3600)
     submit_attempts: int = Field(default=50, ge=1, le=1000)

@@ -145,9 +145,7 @@ def worker(env: dict[str, str], queue: str, processes: int, log: Path) -> Iterat
     """A ``gatekeeper worker`` with one node (``queue``), waited for until it heartbeats."""
     import redis
 
-    full = {**os.environ, **env}
-    if os.geteuid() == 0:
-        full["C_FORCE_ROOT"] = "1"  # Celery refuses pickle as root; the image runs as a user
+    full = {**os.environ, **env}  # JSON tasks: the worker runs as root too
     with log.open("w") as out:
         proc = subprocess.Popen(  # noqa: S603 - our own CLI
             [sys.executable, "-m", "app.cli", "worker", "--queues", queue, "-c", str(processes)],
@@ -259,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    from app.node import celery_settings
+    from app.bootstrap import celery_settings
     from app.settings import Settings
     from app.worker.celery_app import make_celery
     from app.worker.pool import BoundWorker, WorkerSettings

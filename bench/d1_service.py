@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.migrate import upgrade
 from app.settings import Settings
 

@@ -594,6 +594,10 @@ class SurveyView(_Open):
     estimate: dict[str, Any] | None
     estimate_unavailable: str | SkipJsonSchema[None] = None
     outputs: dict[str, int] | SkipJsonSchema[None] = None
+    waiting_for_workers: bool = Field(
+        description="Members are left to decide, BROKER_URL is set and no `gatekeeper worker` "
+        "runs surveys (no live heartbeat of a surveys node): the survey waits until one starts"
+    )
 
 
 class SurveyPage(_Open):

@@ -12,9 +12,9 @@ and, next, each member of a population survey — goes through the functions of 
   computed for that output (no second search).
 
 Both are pure: the snapshot they are given is never changed, so one snapshot can be shared by
-many objects with the same history (a survey) and cached by object version (the service). A
-snapshot, a mechanism and a decision pickle, so the bound worker runs these same calls in its
-processes.
+many objects with the same history (a survey) and cached by object version (the service). The
+bound worker runs these same calls in its processes, on continuous snapshots sent as JSON
+(:meth:`~app.engine.continuous.state.ContinuousState.to_json`).
 
 >>> from app.engine.domain import parse_domain
 >>> from app.engine.mechanisms import parse_query

@@ -9,7 +9,6 @@ deadline.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 from app import metrics
@@ -22,7 +21,6 @@ from app.engine.pipeline import (
     basic_decision,
     evaluate,
     loss_without_search,
-    realized_loss,
     record,
 )
 from app.worker.pool import BoundWorker
@@ -48,12 +46,7 @@ def decide(
         quick = basic_decision(snapshot, mech)
         if quick.accepted:
             return quick
-    return worker.call(
-        functools.partial(evaluate, tight=True),
-        snapshot,
-        mech,
-        fallback=lambda: basic_decision(snapshot, mech),
-    )
+    return worker.evaluate(snapshot, mech, fallback=lambda: basic_decision(snapshot, mech))
 
 
 def recorded(
@@ -74,6 +67,6 @@ def recorded(
     after = record(snapshot, mech, output, decision)
     state = after.state
     if isinstance(state, ContinuousState) and not state.loss_known:
-        bounds = worker.call(realized_loss, after, fallback=lambda: loss_without_search(after))
+        bounds = worker.realized_loss(after, fallback=lambda: loss_without_search(after))
         after = replace(after, state=state.seeded(bounds))
     return after

@@ -409,6 +409,22 @@ def survey_view(row: Any, *, show_outputs: bool) -> dict[str, Any]:
     }
 
 
+def waits_on_workers(view: dict[str, Any]) -> bool:
+    """Whether the survey has members left to decide (queued or running, some pending)."""
+    progress = view["progress"]
+    return view["status"] in ("queued", "running") and progress["decided"] < progress["total"]
+
+
+def with_workers(view: dict[str, Any], *, no_workers: bool) -> dict[str, Any]:
+    """``view`` with ``waiting_for_workers``: members left to decide and no worker to run them.
+
+    ``no_workers`` is what the job runner says (``SurveyJobs.waiting_for_workers``): with
+    ``BROKER_URL`` set, no ``gatekeeper worker`` surveys node has a live heartbeat; always
+    False when the web process runs surveys itself.
+    """
+    return {**view, "waiting_for_workers": no_workers and waits_on_workers(view)}
+
+
 def _may_see_outputs(row: Any, caller_key_id: int | None, is_admin: bool) -> bool:
     return is_admin or (caller_key_id is not None and row.analyst_key_id == caller_key_id)
 

@@ -11,10 +11,12 @@ process dies (``task_reject_on_worker_lost``); a worker process reserves one tas
 pure functions of public data, and a survey chunk writes nothing unless the database's
 compare-and-set and the members' ``pending`` status allow it.
 
-Tasks and their results are pickled (typed engine calls: snapshots, mechanisms, decisions):
-the broker and the result Redis must be as trusted as the database (a party able to write to
-them can run code on the workers). This module knows nothing of surveys beyond the two
-callables the ``gatekeeper worker`` command installs (:func:`install_survey_handlers`).
+Tasks and their results are JSON, never pickle: ids, chunk numbers, calculator requests and
+typed engine calls as plain data (:mod:`app.worker.wire`), rebuilt in the worker. A party able
+to write to the broker can ask for computations but cannot run code on the workers, and
+Celery runs a JSON-only worker under any user, root included. This module knows nothing of
+surveys beyond the two callables it is given (:class:`SurveyHandlers`, built by
+:mod:`app.bootstrap` for ``gatekeeper worker``).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
 
 from app.engine.continuous.branch_and_bound import BnBSettings
-from app.engine.pipeline import ObjectSnapshot
-from app.worker.pool import _run, _run_call
+from app.worker.pool import run_calculator
+from app.worker.wire import run_call
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +114,9 @@ class CelerySettings:
         return ":".join(("gatekeeper", "celery", self.namespace, *parts))
 
 
-@dataclass
+@dataclass(frozen=True)
 class SurveyHandlers:
-    """What the survey tasks run (installed by ``gatekeeper worker``; services-layer code).
+    """What the survey tasks run (given to :func:`make_celery` by ``gatekeeper worker``).
 
     ``plan(survey_id)`` claims the survey and returns ``(owner, chunks)`` (the pending chunks'
     numbers), or None when there is nothing to dispatch (held elsewhere, finished, inactive);
@@ -123,21 +125,6 @@ class SurveyHandlers:
 
     plan: Callable[[int], tuple[str, list[int]] | None]
     run_range: Callable[[int, str, int], str]
-
-
-_handlers: SurveyHandlers | None = None
-
-
-def install_survey_handlers(handlers: SurveyHandlers) -> None:
-    """Give this process's survey tasks their implementation (before the worker starts)."""
-    global _handlers  # one process-wide hook, set once at start-up
-    _handlers = handlers
-
-
-def _survey_handlers() -> SurveyHandlers:
-    if _handlers is None:
-        raise RuntimeError("survey tasks run only in `gatekeeper worker`")
-    return _handlers
 
 
 def record_task(app: Celery, cfg: CelerySettings, name: str, seconds: float) -> None:
@@ -155,14 +142,25 @@ def record_task(app: Celery, cfg: CelerySettings, name: str, seconds: float) -> 
         log.warning("task statistics not recorded (%s)", type(exc).__name__)
 
 
-def make_celery(cfg: CelerySettings) -> Celery:
-    """The Celery app of ``cfg``: queues, reliability settings, and the four tasks."""
+def make_celery(cfg: CelerySettings, surveys: SurveyHandlers | None = None) -> Celery:
+    """The Celery app of ``cfg``: queues, reliability settings, and the four tasks.
+
+    ``surveys`` is what a worker's survey tasks run; a web process, which only sends tasks,
+    gives none (a survey task run there would fail).
+    """
+
+    def handlers() -> SurveyHandlers:
+        if surveys is None:
+            raise RuntimeError("survey tasks run only in `gatekeeper worker`")
+        return surveys
+
     app = Celery(cfg.namespace, broker=cfg.broker_url, backend=cfg.result_url)
     app.conf.update(
-        task_serializer="pickle",
-        result_serializer="pickle",
-        accept_content=["pickle"],
-        result_accept_content=["pickle"],
+        # plain data only: no message can make a worker run code (and root may run workers)
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -208,33 +206,35 @@ def make_celery(cfg: CelerySettings) -> Celery:
 
     @app.task(  # type: ignore[untyped-decorator]
         name=CALCULATOR_TASK,
+        shared=False,  # this app's own (its handlers), never another app's of this process
         soft_time_limit=cfg.bound_soft_limit,
         time_limit=cfg.bound_hard_limit,
     )
     def calculator(request: dict[str, Any], stop_at: float | None) -> dict[str, Any]:
         """The loss calculator's answer (searches end by the caller's deadline)."""
-        answer: dict[str, Any] = timed(CALCULATOR_TASK, lambda: _run(request, stop_at))
+        answer: dict[str, Any] = timed(CALCULATOR_TASK, lambda: run_calculator(request, stop_at))
         return answer
 
     @app.task(  # type: ignore[untyped-decorator]
         name=CALL_TASK,
+        shared=False,  # this app's own (its handlers), never another app's of this process
         soft_time_limit=cfg.bound_soft_limit,
         time_limit=cfg.bound_hard_limit,
     )
-    def call(
-        fn: Callable[..., Any], snapshot: ObjectSnapshot, args: tuple[Any, ...], bnb: BnBSettings
-    ) -> Any:
-        """A typed engine call (``evaluate``, ``realized_loss``) on a snapshot."""
-        return timed(CALL_TASK, lambda: _run_call(fn, snapshot, args, bnb))
+    def call(request: dict[str, Any]) -> dict[str, Any]:
+        """A typed engine call (``evaluate``, ``realized_loss``) as data (:mod:`.wire`)."""
+        answer: dict[str, Any] = timed(CALL_TASK, lambda: run_call(request))
+        return answer
 
     @app.task(  # type: ignore[untyped-decorator]
         name=PLAN_TASK,
+        shared=False,  # this app's own (its handlers), never another app's of this process
         soft_time_limit=cfg.survey_soft_limit,
         time_limit=cfg.survey_hard_limit,
     )
     def plan(survey_id: int) -> int:
         """Claim a survey and send one task per pending chunk of its members."""
-        planned = timed(PLAN_TASK, lambda: _survey_handlers().plan(survey_id))
+        planned = timed(PLAN_TASK, lambda: handlers().plan(survey_id))
         if planned is None:
             return 0
         owner, chunks = planned
@@ -252,6 +252,7 @@ def make_celery(cfg: CelerySettings) -> Celery:
 
     @app.task(  # type: ignore[untyped-decorator]
         name=RANGE_TASK,
+        shared=False,  # this app's own (its handlers), never another app's of this process
         soft_time_limit=cfg.survey_soft_limit,
         time_limit=cfg.survey_hard_limit,
         ignore_result=True,
@@ -259,9 +260,7 @@ def make_celery(cfg: CelerySettings) -> Celery:
     def run_range(survey_id: int, owner: str, chunk: int) -> str:
         """Decide one chunk of a survey (at most once per member: the database decides)."""
         try:
-            status: str = timed(
-                RANGE_TASK, lambda: _survey_handlers().run_range(survey_id, owner, chunk)
-            )
+            status: str = timed(RANGE_TASK, lambda: handlers().run_range(survey_id, owner, chunk))
         except SoftTimeLimitExceeded:  # rolled back; the lease expires and the survey re-plans
             log.warning("survey %d: a chunk exceeded its time limit", survey_id)
             return "timed-out"

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from celery import Celery
 
 from app.worker.celery_app import PLAN_TASK, CelerySettings, revoke_survey_tasks
+from app.worker.fleet import alive_nodes
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,10 @@ class CeleryJobs:
             log.info("survey %d: %d tasks revoked", survey_id, revoked)
         except Exception as exc:  # they roll back at their commit anyway
             log.warning("survey %d: tasks not revoked (%s)", survey_id, type(exc).__name__)
+
+    def waiting_for_workers(self) -> bool:
+        """True when no ``surveys`` node has a live heartbeat (the result Redis answering)."""
+        return alive_nodes(self.celery, self.cfg, "surveys") == 0
 
     def close(self) -> None:
         """Stop the sweeper."""

@@ -2,7 +2,9 @@
 
 Each ``gatekeeper worker`` node writes a heartbeat key to the result Redis every
 :data:`HEARTBEAT_SECONDS` that expires after :data:`HEARTBEAT_TTL`; a node is *alive* while its
-key exists. Cheap to read at every ``/readyz`` and ``/metrics`` (no broadcast to the workers).
+key exists. A node starts its heartbeat only once Celery consumes its queue, and deletes the key
+when it stops. Cheap to read at every ``/readyz``, ``/metrics`` and survey read (no broadcast
+to the workers).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,22 +40,68 @@ class FleetStatus:
     task_seconds: dict[str, float]
 
 
-def start_heartbeat(client: Any, cfg: CelerySettings, *, queue: str, concurrency: int) -> str:
-    """Announce this node (a daemon thread refreshes its key); returns the node's name."""
-    node = f"{queue}@{socket.gethostname()}:{os.getpid()}"
-    key = cfg.key("workers", node)
-    body = json.dumps({"queue": queue, "concurrency": concurrency})
+class Heartbeat:
+    """A node's heartbeat: a daemon thread refreshing its key until :meth:`stop`."""
 
-    def beat() -> None:
-        while True:
+    def __init__(self, client: Any, key: str, body: str) -> None:
+        self.client, self.key, self.body = client, key, body
+        self._stopped = threading.Event()
+        threading.Thread(target=self._beat, name="worker-heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self._stopped.is_set():
             try:
-                client.set(key, body, ex=HEARTBEAT_TTL)
+                self.client.set(self.key, self.body, ex=HEARTBEAT_TTL)
             except Exception as exc:  # Redis away: the node looks dead until it is back
                 log.warning("worker heartbeat not written (%s)", type(exc).__name__)
-            threading.Event().wait(HEARTBEAT_SECONDS)
+            self._stopped.wait(HEARTBEAT_SECONDS)
 
-    threading.Thread(target=beat, name="worker-heartbeat", daemon=True).start()
-    return node
+    def stop(self) -> None:
+        """Stop beating and delete the key: the node is no longer counted alive."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        try:
+            self.client.delete(self.key)
+        except Exception as exc:  # it expires by itself
+            log.warning("worker heartbeat not removed (%s)", type(exc).__name__)
+
+
+def start_heartbeat(client: Any, cfg: CelerySettings, *, queue: str, concurrency: int) -> Heartbeat:
+    """Announce this node as alive (call it once the node consumes its queue)."""
+    node = f"{queue}@{socket.gethostname()}:{os.getpid()}"
+    body = json.dumps({"queue": queue, "concurrency": concurrency})
+    return Heartbeat(client, cfg.key("workers", node), body)
+
+
+def broker_unreachable(celery: Celery, wait_seconds: float) -> str | None:
+    """None once the broker and the result Redis answer; else, after ``wait_seconds``, why not."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        try:
+            with celery.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1)
+            celery.backend.client.ping()
+            return None
+        except Exception as exc:
+            if time.monotonic() >= deadline:
+                kind = type(exc).__name__
+                return f"the broker or the result Redis is unreachable ({kind}: {exc})"
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def alive_nodes(celery: Celery, cfg: CelerySettings, queue: str = "*") -> int | None:
+    """How many nodes of ``queue`` (``bounds``, ``surveys``; any by default) are alive.
+
+    None when the result Redis did not answer.
+    """
+    try:
+        client = celery.backend.client
+        pattern = cfg.key("workers", f"{queue}@*")
+        return sum(1 for _ in client.scan_iter(match=pattern, count=1000))
+    except Exception as exc:
+        log.warning("worker heartbeats unavailable (%s)", type(exc).__name__)
+        return None
 
 
 def _text(value: Any) -> str:

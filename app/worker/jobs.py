@@ -8,7 +8,8 @@ mid-chunk loses nothing but the samples of that chunk, unseen.
 
 The interface (:class:`SurveyJobs`) is what a distributed engine implements instead: ``start``
 enqueues a survey, ``cancelled`` drops its queued work, ``close`` stops taking work
-(:class:`app.worker.celery_jobs.CeleryJobs` with a broker). This module knows nothing of
+(:class:`app.worker.celery_jobs.CeleryJobs` with a broker), and ``waiting_for_workers`` says
+whether surveys wait for workers that are not there. This module knows nothing of
 surveys beyond the two callables it is given (the worker layer runs what the services hand it).
 """
 
@@ -37,6 +38,12 @@ class SurveyJobs(Protocol):
 
     def close(self) -> None:
         """Stop taking work; a running chunk may finish or be rolled back."""
+
+    def waiting_for_workers(self) -> bool:
+        """Whether surveys wait for workers that are not there (no live ``surveys`` node).
+
+        False when this process runs surveys itself, and when it cannot tell.
+        """
 
 
 class InProcessJobs:
@@ -76,6 +83,10 @@ class InProcessJobs:
 
     def cancelled(self, survey_id: int) -> None:
         """Nothing to drop: the running survey stops at its next chunk (it reads the status)."""
+
+    def waiting_for_workers(self) -> bool:
+        """Never: this process runs its surveys (and any other active one, by its sweeper)."""
+        return False
 
     def close(self) -> None:
         """Stop both threads (the running survey stops after its current chunk's thread dies)."""

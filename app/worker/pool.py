@@ -28,21 +28,32 @@ from app.engine.calculator import compute_loss
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
-from app.engine.filters import FilterKind
+from app.engine.filters import Decision, FilterKind
 from app.engine.jsonfields import as_object, as_positive_number
-from app.engine.mechanisms import parse_query
+from app.engine.likelihood import LossBounds
+from app.engine.mechanisms import Mechanism, parse_query
 from app.engine.pipeline import (
     BasicState,
     ObjectSnapshot,
     candidate_bounds,
     decisions_by_filter,
+    evaluate,
     history_account,
     parse_history,
+    realized_loss,
 )
 from app.metrics import BOUND_CACHE, BOUND_FALLBACKS, BOUND_SECONDS
 from app.worker.cache import LRUCache, ResultCache
 from app.worker.keys import request_key
 from app.worker.threads import single_threaded_blas
+from app.worker.wire import (
+    bounds_from_json,
+    decision_from_json,
+    evaluate_request,
+    realized_loss_request,
+    run_call,
+    with_bnb,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +85,8 @@ class WorkerSettings:
     cache_entries: int = 4096
 
 
-def _with_time_limit(request: dict[str, Any], time_limit: float) -> dict[str, Any]:
+def with_time_limit(request: dict[str, Any], time_limit: float) -> dict[str, Any]:
+    """``request`` whose searches take at most ``time_limit`` unless its options say less."""
     raw = request.get("options", {})
     if not isinstance(raw, dict):
         return request  # the calculator rejects it, naming "options"
@@ -110,16 +122,9 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _run(request: dict[str, Any], stop_at: float | None = None) -> dict[str, Any]:
+def run_calculator(request: dict[str, Any], stop_at: float | None = None) -> dict[str, Any]:
     """Worker-process entry point: the calculator, every search ending by ``stop_at``."""
     return compute_loss(request, stop_at=stop_at)
-
-
-def _run_call(
-    fn: Callable[..., R], snapshot: ObjectSnapshot, args: tuple[Any, ...], bnb: BnBSettings
-) -> R:
-    """Worker-process entry point of a typed engine call on ``snapshot``'s searches' ``bnb``."""
-    return fn(snapshot.with_bnb(bnb), *args)
 
 
 def basic_fallback(request: dict[str, Any]) -> dict[str, Any]:
@@ -200,45 +205,62 @@ class BoundWorker:
         BOUND_CACHE.labels("hit" if cached is not None else "miss").inc()
         if cached is not None:
             return copy.deepcopy(cached)
-        job = _with_time_limit(request, self.settings.time_limit)
+        job = with_time_limit(request, self.settings.time_limit)
         answer: dict[str, Any] | None
         with _CALCULATOR_SECONDS.time():
             if self._pool is None:
-                answer = _run(job)
+                answer = run_calculator(job)
             else:
                 # the search ends when its caller stops waiting (a still-queued one is dropped)
-                answer = self._wait(self._pool.submit(_run, job, time.time() + self.deadline))
+                answer = self._wait(
+                    self._pool.submit(run_calculator, job, time.time() + self.deadline)
+                )
         if answer is None:
             return self._fallback(request)
         self.cache.set(key, answer)
         return copy.deepcopy(answer)
 
-    def call(
-        self,
-        fn: Callable[..., R],
-        snapshot: ObjectSnapshot,
-        *args: Any,
-        fallback: Callable[[], R],
-    ) -> R:
-        """``fn(snapshot, *args)`` — a typed engine call — in a worker process (blocking).
+    def evaluate(
+        self, snapshot: ObjectSnapshot, mechanism: Mechanism, *, fallback: Callable[[], Decision]
+    ) -> Decision:
+        """``evaluate(snapshot, mechanism, tight=True)`` in a worker process (blocking)."""
+        if self._pool is None:
+            with _CALCULATOR_SECONDS.time():
+                return evaluate(snapshot.with_bnb(self._bnb(snapshot)), mechanism, tight=True)
+        answer = self._engine_call(evaluate_request(snapshot, mechanism))
+        return fallback() if answer is None else decision_from_json(answer["decision"])
 
-        The snapshot, the arguments and the result are pickled; no JSON round trip and no
-        re-parsing. The searches run with this worker's time limit and end by its deadline;
-        past the deadline the caller gets ``fallback()`` (a sound answer from basic
-        composition), logged and counted like the calculator's fallback. Not cached: callers
+    def realized_loss(
+        self, snapshot: ObjectSnapshot, *, fallback: Callable[[], LossBounds]
+    ) -> LossBounds:
+        """``realized_loss(snapshot)`` (searches a continuous history) in a worker process."""
+        if self._pool is None:
+            with _CALCULATOR_SECONDS.time():
+                return realized_loss(snapshot.with_bnb(self._bnb(snapshot)))
+        answer = self._engine_call(realized_loss_request(snapshot))
+        return fallback() if answer is None else bounds_from_json(answer["bounds"])
+
+    def _bnb(self, snapshot: ObjectSnapshot) -> BnBSettings:
+        """The snapshot's search settings with this worker's time limit."""
+        return replace(snapshot.bnb, time_limit=self.settings.time_limit)
+
+    def _engine_call(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """A call request (:mod:`app.worker.wire`) answered by a pool process, or None.
+
+        None past the deadline (logged and counted; the caller answers with its ``fallback``).
+
+        The request and the answer are plain data, like a Celery task's. Not cached: callers
         cache snapshots by object version.
         """
-        bnb = replace(snapshot.bnb, time_limit=self.settings.time_limit)
-        result: R | None
+        assert self._pool is not None  # noqa: S101 - the callers compute in-thread otherwise
+        job = with_bnb(
+            request, time_limit=self.settings.time_limit, stop_at=time.time() + self.deadline
+        )
         with _CALCULATOR_SECONDS.time():
-            if self._pool is None:
-                return _run_call(fn, snapshot, args, bnb)
-            bnb = replace(bnb, stop_at=time.time() + self.deadline)
-            result = self._wait(self._pool.submit(_run_call, fn, snapshot, args, bnb))
-        if result is None:
+            answer = self._wait(self._pool.submit(run_call, job))
+        if answer is None:
             self._count_fallback()
-            return fallback()
-        return result
+        return answer
 
     def _wait(self, future: concurrent.futures.Future[R]) -> R | None:
         """The job's result, or None once the deadline passed (a still-queued job is dropped)."""
@@ -255,13 +277,13 @@ class BoundWorker:
         BOUND_CACHE.labels("hit" if cached is not None else "miss").inc()
         if cached is not None:
             return copy.deepcopy(cached)
-        job = _with_time_limit(request, self.settings.time_limit)
+        job = with_time_limit(request, self.settings.time_limit)
         answer: dict[str, Any] | None
         with _CALCULATOR_SECONDS.time():
             if self._pool is None:
-                answer = await asyncio.to_thread(_run, job)
+                answer = await asyncio.to_thread(run_calculator, job)
             else:
-                pending = self._pool.submit(_run, job, time.time() + self.deadline)
+                pending = self._pool.submit(run_calculator, job, time.time() + self.deadline)
                 try:
                     answer = await asyncio.wait_for(
                         asyncio.wrap_future(pending), timeout=self.deadline

@@ -2,8 +2,8 @@
 
 :class:`CeleryBoundWorker` is a :class:`~app.worker.pool.BoundWorker` whose computations run on
 ``gatekeeper worker`` processes, on any machine. A computation's task id is its canonical key
-(:func:`~app.worker.keys.request_key` for the calculator, :func:`~app.worker.keys.call_key` for
-typed calls), so:
+(:func:`~app.worker.keys.request_key` for the calculator, :func:`~app.worker.wire.call_key` for
+typed calls, whose requests and answers are plain JSON: :mod:`app.worker.wire`), so:
 
 - identical requests from any thread, web worker or replica share one computation: the first
   takes a short Redis claim on the key (``SET NX`` for the deadline) and sends the task; the
@@ -23,18 +23,27 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from celery import Celery, states
 
+from app.engine.filters import Decision
+from app.engine.likelihood import LossBounds
+from app.engine.mechanisms import Mechanism
 from app.engine.pipeline import ObjectSnapshot
 from app.metrics import BOUND_CACHE, CELERY_TASK_WAIT
 from app.worker.cache import ResultCache
 from app.worker.celery_app import BOUND_PRIORITY, CALCULATOR_TASK, CALL_TASK, CelerySettings
-from app.worker.keys import call_key, request_key
-from app.worker.pool import BoundWorker, WorkerSettings, _with_time_limit
-
-R = TypeVar("R")
+from app.worker.keys import request_key
+from app.worker.pool import BoundWorker, WorkerSettings, with_time_limit
+from app.worker.wire import (
+    bounds_from_json,
+    call_key,
+    decision_from_json,
+    evaluate_request,
+    realized_loss_request,
+    with_bnb,
+)
 
 #: Seconds between two reads of a pending result (doubling from the first up to the last).
 POLL_FIRST, POLL_MAX = 0.002, 0.05
@@ -62,7 +71,7 @@ class CeleryBoundWorker(BoundWorker):
         BOUND_CACHE.labels("hit" if cached is not None else "miss").inc()
         if cached is not None:
             return copy.deepcopy(cached)
-        job = _with_time_limit(request, self.settings.time_limit)
+        job = with_time_limit(request, self.settings.time_limit)
         answer: dict[str, Any] | None = self._flight(
             CALCULATOR_TASK, key, lambda stop_at: (job, stop_at)
         )
@@ -75,26 +84,33 @@ class CeleryBoundWorker(BoundWorker):
         """:meth:`compute` without blocking the event loop."""
         return await asyncio.to_thread(self.compute, request)
 
-    def call(
-        self,
-        fn: Callable[..., R],
-        snapshot: ObjectSnapshot,
-        *args: Any,
-        fallback: Callable[[], R],
-    ) -> R:
-        """``fn(snapshot, *args)`` on a Celery worker, shared by identical calls.
+    def evaluate(
+        self, snapshot: ObjectSnapshot, mechanism: Mechanism, *, fallback: Callable[[], Decision]
+    ) -> Decision:
+        """``evaluate(snapshot, mechanism, tight=True)`` on a Celery worker.
 
-        Past the deadline (or on any failure of the broker, Redis or the task): ``fallback()``.
+        Shared by identical calls; past the deadline (or on any failure of the broker, Redis or
+        the task): ``fallback()``.
         """
-        bnb = replace(snapshot.bnb, time_limit=self.settings.time_limit, stop_at=None)
-        key = call_key(fn, snapshot, args, bnb)
-        result: R | None = self._flight(
-            CALL_TASK, key, lambda stop_at: (fn, snapshot, args, replace(bnb, stop_at=stop_at))
+        answer = self._remote_call(evaluate_request(snapshot, mechanism))
+        return fallback() if answer is None else decision_from_json(answer["decision"])
+
+    def realized_loss(
+        self, snapshot: ObjectSnapshot, *, fallback: Callable[[], LossBounds]
+    ) -> LossBounds:
+        """``realized_loss(snapshot)`` on a Celery worker (as :meth:`evaluate`)."""
+        answer = self._remote_call(realized_loss_request(snapshot))
+        return fallback() if answer is None else bounds_from_json(answer["bounds"])
+
+    def _remote_call(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        job = with_bnb(request, time_limit=self.settings.time_limit, stop_at=None)
+        key = call_key(job)
+        answer: dict[str, Any] | None = self._flight(
+            CALL_TASK, key, lambda stop_at: (with_bnb(job, stop_at=stop_at),)
         )
-        if result is None:
+        if answer is None:
             self._count_fallback()
-            return fallback()
-        return result
+        return answer
 
     def task_id(self, name: str, key: str) -> str:
         """The task id of computation ``key`` of task ``name`` in this deployment."""

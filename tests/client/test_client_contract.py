@@ -21,7 +21,7 @@ import pytest
 from ldp_gatekeeper_client import AsyncClient, Client, models
 from pydantic import BaseModel
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.settings import Settings
 from tests.service.conftest import ROOT
 

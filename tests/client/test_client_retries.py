@@ -194,6 +194,7 @@ def test_imports_and_surveys_carry_one_key_across_retries() -> None:
         },
         "groups": 0,
         "estimate": None,
+        "waiting_for_workers": False,
     }
     recorder = Recorder(
         [

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.migrate import upgrade
 from app.settings import Settings
 

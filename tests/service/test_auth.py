@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.migrate import upgrade
 from app.db.session import make_engine
 from app.settings import Settings

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 
 PROBLEM = "application/problem+json"

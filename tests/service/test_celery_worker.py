@@ -28,7 +28,7 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.worker.jobs import InProcessJobs
 from tests.service.conftest import (
     ADMIN_KEY,
@@ -84,8 +84,8 @@ class Worker:
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         full = {**os.environ, **env}
-        if os.geteuid() == 0:  # this machine runs tests as root; Celery refuses pickle as root
-            full["C_FORCE_ROOT"] = "1"
+        # JSON tasks: the worker runs as whatever user runs the tests (root here), unforced
+        full.pop("C_FORCE_ROOT", None)
         self.process = subprocess.Popen(  # noqa: S603 - our own CLI
             [sys.executable, "-m", "app.cli", "worker", "--concurrency", str(concurrency)],
             cwd=ROOT,
@@ -201,6 +201,132 @@ def test_without_a_broker_everything_runs_in_process(sqlite_url: str) -> None:
         assert runtime.celery is None
         assert isinstance(runtime.surveys, InProcessJobs)
         assert client.get("/readyz").json() == {"status": "ok", "database": "ok"}
+        assert runtime.surveys.waiting_for_workers() is False  # this process runs surveys
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("broker", ["redis", "amqp"])
+def test_a_survey_waits_for_workers_visibly_then_a_root_worker_runs_it_on_postgres(
+    tmp_path: Path, postgres_url: str, redis_url: str, broker: str, request: pytest.FixtureRequest
+) -> None:
+    """A broker and no worker: the survey says waiting_for_workers (GET and list) instead of
+    sitting queued with no sign why; a ``gatekeeper worker`` started as this user (root on
+    this machine, no C_FORCE_ROOT) then runs it to the end, and the flag clears. On Redis and
+    on RabbitMQ (results in Redis)."""
+    namespace = "t" + secrets.token_hex(4)
+    broker_url = redis_url if broker == "redis" else request.getfixturevalue("amqp_url")
+    env = survey_env(postgres_url, broker_url, redis_url, namespace)
+    settings = make_settings(
+        postgres_url,
+        redis_url,
+        broker_url=broker_url,
+        broker_namespace=namespace,
+        survey_chunk_size=4,
+    )
+    worker = None
+    try:
+        with TestClient(create_app(settings)) as client:
+            analyst = auth(new_key(client, "analyst"))
+            study = "wait-" + namespace
+            import_study(client, study, 20)
+            body = {"name": "waits", "query": GRR, "cohort": {"labels": {"study": study}}}
+            created = client.post("/v1/surveys", headers=analyst, json=body)
+            assert created.status_code == 202, created.text
+            survey_id = created.json()["id"]
+            assert created.json()["waiting_for_workers"] is True
+            waiting = client.get(f"/v1/surveys/{survey_id}", headers=analyst).json()
+            listed = client.get("/v1/surveys", headers=analyst).json()["items"]
+            worker = Worker(env, tmp_path / "worker.log")
+            wait_nodes(redis_url, namespace, 2)
+            done = wait_done(client, analyst, survey_id)
+            listed_done = client.get("/v1/surveys", headers=analyst).json()["items"]
+            # a continuous dry-run: its search is a typed engine call sent as JSON to the worker
+            oid = "wc-" + secrets.token_hex(4)
+            domain = {
+                "attributes": [
+                    {"name": "x", "type": "real", "low": 0, "high": 1},
+                    {"name": "y", "type": "real", "low": -1, "high": 1},
+                ]
+            }
+            registered = client.post(
+                "/v1/objects",
+                headers=auth(ADMIN_KEY),
+                json={
+                    "id": oid,
+                    "domain": domain,
+                    "value": {"x": 0.4, "y": 0.1},
+                    "budget": {"epsilon": 3},
+                },
+            )
+            assert registered.status_code == 201, registered.text
+            query = {"mechanism": "linear", "weights": {"x": 1}, "range": [0, 1], "epsilon": 1}
+            submitted = client.post(
+                f"/v1/objects/{oid}/queries",
+                headers={**analyst, "Idempotency-Key": "w"},
+                json={"query": query},
+            )
+            assert submitted.status_code == 201, submitted.text
+            logistic = {"mechanism": "logistic", "weights": {"x": 2, "y": -1}, "epsilon": 1.5}
+            dry = client.post(
+                f"/v1/objects/{oid}/dry-run", headers=analyst, json={"query": logistic}
+            )
+            calls = tasks_run(redis_url, namespace, "gatekeeper.bounds.call")
+            metrics = client.get("/metrics").text
+    finally:
+        if worker is not None:
+            worker.stop()
+        drop_namespace(redis_url, namespace)
+        if broker == "amqp":
+            drop_amqp_namespace(broker_url, namespace)
+    assert waiting["status"] == "queued"
+    assert waiting["waiting_for_workers"] is True
+    assert [s["waiting_for_workers"] for s in listed if s["id"] == survey_id] == [True]
+    assert done["status"] == "done", done
+    assert done["progress"]["decided"] == 20
+    assert done["waiting_for_workers"] is False
+    assert [s["waiting_for_workers"] for s in listed_done if s["id"] == survey_id] == [False]
+    assert dry.status_code == 200, dry.text
+    assert dry.json()["per_output_complete"] is True
+    assert calls >= 1, "the dry-run's search ran on the worker"
+    assert 'gatekeeper_celery_task_wait_seconds_count{outcome="done",task="call"}' in metrics
+    verify_clean(postgres_url)
+
+
+def test_a_worker_that_cannot_start_exits_non_zero_before_any_heartbeat(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A broker that refuses connections: ``gatekeeper worker`` exits non-zero within its
+    wait, and never announces a node (``/readyz`` counts none)."""
+    namespace = "t" + secrets.token_hex(4)
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"sqlite:///{tmp_path}/w.db",
+        "REDIS_URL": redis_url,
+        "BROKER_URL": "amqp://guest:guest@127.0.0.1:1//",  # nothing listens on port 1
+        "BROKER_NAMESPACE": namespace,
+        "DATABASE_WAIT_SECONDS": "1",
+    }
+    env.pop("C_FORCE_ROOT", None)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "app.cli", "worker", "--concurrency", "1"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        client = redis.Redis.from_url(redis_url)
+        try:
+            beats = list(client.scan_iter(match=f"gatekeeper:celery:{namespace}:workers:*"))
+        finally:
+            client.close()
+    finally:
+        drop_namespace(redis_url, namespace)
+    assert done.returncode != 0, done.stderr
+    assert "unreachable" in done.stderr
+    assert beats == []
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 from sqlalchemy import Engine, delete, insert, inspect, select, update
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.cli import main as cli_main
 from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord
 from app.db.session import make_engine

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from tests.service.conftest import ADMIN_KEY, make_settings
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -947,6 +948,57 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
     assert read["again"] == everything
     assert read["urls"] == ["/v1/surveys?limit=2", f"/v1/surveys/{share}"]
     assert browser.problems() == []
+
+
+@pytest.mark.slow
+def test_a_survey_waiting_for_workers_says_so_in_the_list_and_on_its_page(
+    tmp_path: Path, redis_url: str, browser: Browser
+) -> None:
+    """BROKER_URL set and no ``gatekeeper worker``: the survey's ``waiting_for_workers`` shows
+    as a badge in the list and a sentence on its page, instead of a silent "queued"."""
+    import redis
+
+    namespace = "t" + secrets.token_hex(4)
+    url = f"sqlite:///{tmp_path / 'gatekeeper.db'}"
+    upgrade(url)
+    server = start_server(
+        tmp_path,
+        database_url=url,
+        redis_url=redis_url,
+        workers=1,
+        BOUND_PROCESSES="0",
+        BROKER_URL=redis_url,
+        BROKER_NAMESPACE=namespace,
+    )
+    try:
+        http = httpx.Client(base_url=server.url, timeout=30)
+        analyst = new_key(http, "analyst")
+        viewer = new_key(http, "viewer")
+        study = unique_id("wait")
+        import_labelled(http, study, 6)
+        survey_id = create_survey(http, analyst, "no workers", SURVEY_GRR, study)
+        survey = http.get(f"/v1/surveys/{survey_id}", headers=auth(viewer)).json()
+        assert (survey["status"], survey["waiting_for_workers"]) == ("queued", True)
+        browser.navigate(f"{server.url}/dashboard/?poll=1#/surveys")
+        sign_in(browser, viewer)
+        row = f"document.querySelector('#surveys tr[data-id=\"{survey_id}\"]')"
+        browser.wait_for(f"{row} && {row}.dataset.waitingForWorkers === 'true'")
+        badge = browser.evaluate(f"{row}.querySelector('.badge.waiting-for-workers').textContent")
+        assert badge == "waiting for workers"
+        browser.click(f"#surveys tr[data-id='{survey_id}'] a")
+        text = "document.getElementById('survey-progress-text')"
+        browser.wait_for(f"{text} && {text}.dataset.waitingForWorkers === 'true'")
+        assert "waiting for workers" in browser.evaluate(f"{text}.textContent")
+        assert browser.evaluate(
+            "document.querySelector('#survey-status .badge.waiting-for-workers') !== null"
+        )
+        assert browser.problems() == []
+    finally:
+        server.stop()
+        client = redis.Redis.from_url(redis_url)
+        for key in client.scan_iter(match=f"*{namespace}*"):
+            client.delete(key)
+        client.close()
 
 
 def test_a_running_survey_is_drawn_as_provisional(server: Server, browser: Browser) -> None:

@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Text, cast, select, update
 
 from app import crypto
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.migrate import upgrade
 from app.db.models import ProtectedObject
 from app.db.session import make_engine, make_session_factory

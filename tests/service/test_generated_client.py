@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.settings import Settings
 from tests.service.conftest import ADMIN_KEY, start_server, unique_id
 

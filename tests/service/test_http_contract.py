@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 from starlette.routing import Route
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, unique_id
 from tests.service.factories import integer_domain
 

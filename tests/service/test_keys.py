@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.session import make_engine
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key
 from tests.service.factories import run_cli

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.services.errors import Busy
 from app.services.locks import ObjectLocks
 from app.settings import Settings

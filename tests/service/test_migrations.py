@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import DateTime, bindparam, inspect, text
 
 from app import crypto
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.crypto import ValueCipher, new_key
 from app.db.migrate import alembic_config, upgrade
 from app.db.models import Base

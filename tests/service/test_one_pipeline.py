@@ -25,7 +25,7 @@ from fastapi.testclient import TestClient
 import app.engine.continuous.state as continuous_state
 import app.engine.pipeline as pipeline
 import app.services.snapshots as snapshots
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.migrate import upgrade
 from tests.service.conftest import auth, make_settings, new_key
 from tests.service.factories import register

@@ -14,8 +14,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.main import create_app
 from app.api.ratelimit import TokenBuckets
+from app.bootstrap import create_app
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key
 
 RATE, BURST = 2.0, 5

@@ -34,7 +34,7 @@ from schemathesis.engine import Status, events
 from schemathesis.engine import from_schema as engine_for
 from schemathesis.python import asgi
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.models import ApiKey
 from app.db.session import make_engine, make_session_factory
 from app.services.auth import generate_key, hash_key

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.services.auth import KeyCache, Role
 from tests.service import factories
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key

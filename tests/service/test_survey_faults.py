@@ -19,7 +19,7 @@ import httpx
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.session import make_engine
 from app.services.history import stored_entries
 from app.services.survey_chunks import CHUNKS, ChunkCache, decode

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select, update
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.models import Base, Survey, SurveyChunk
 from app.db.session import make_engine, make_session_factory
 from app.services import snapshots

@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from app.db.models import LikelihoodStateRecord
 from app.db.session import make_engine, make_session_factory
 from app.engine.limits import DEFAULT_LIMITS

@@ -24,7 +24,7 @@ import pytest
 from fastapi.testclient import TestClient
 from scipy.stats import ks_2samp
 
-from app.api.main import create_app
+from app.bootstrap import create_app
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 
 pytestmark = pytest.mark.slow

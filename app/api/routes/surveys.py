@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
 from app.api import examples, schemas
-from app.api.deps import AnalystDep, JsonBody, RuntimeDep, ViewerDep, in_thread
+from app.api.deps import AnalystDep, JsonBody, Runtime, RuntimeDep, ViewerDep, in_thread
 from app.api.openapi import AUTHENTICATED, WITH_BODY, body_doc, problems
 from app.services import surveys as survey_service
 from app.services.auth import Role
@@ -22,6 +22,14 @@ _COHORT_422 = (
     "Invalid input naming the field, or invalid-cohort: it matches no object, names unknown "
     "ids (listed in unknown_ids), or exceeds SURVEY_MAX_MEMBERS"
 )
+
+
+async def _with_workers(runtime: Runtime, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The views with ``waiting_for_workers`` (the job runner is asked only when one waits)."""
+    no_workers = False
+    if any(survey_service.waits_on_workers(v) for v in views):
+        no_workers = await in_thread(runtime, runtime.surveys.waiting_for_workers)
+    return [survey_service.with_workers(v, no_workers=no_workers) for v in views]
 
 
 def _fingerprint(body: Any) -> str:
@@ -71,7 +79,7 @@ async def create_survey(
         response.headers["Idempotent-Replayed"] = "true"
     response.headers["Location"] = f"/v1/surveys/{view['id']}"
     runtime.surveys.start(view["id"])
-    return view
+    return (await _with_workers(runtime, [view]))[0]
 
 
 @router.post(
@@ -104,7 +112,7 @@ async def list_surveys(
     ] = None,
 ) -> dict[str, Any]:
     """Surveys, newest first."""
-    return await in_thread(
+    page = await in_thread(
         runtime,
         survey_service.list_surveys,
         engine=runtime.engine,
@@ -113,6 +121,7 @@ async def list_surveys(
         caller_key_id=caller.key_id,
         is_admin=caller.role is Role.ADMIN,
     )
+    return {**page, "items": await _with_workers(runtime, page["items"])}
 
 
 _NOT_FOUND = problems(*AUTHENTICATED, 404, s404="No such survey")
@@ -120,8 +129,12 @@ _NOT_FOUND = problems(*AUTHENTICATED, 404, s404="No such survey")
 
 @router.get("/{survey_id:int}", responses=_NOT_FOUND)
 async def get_survey(runtime: RuntimeDep, caller: ViewerDep, survey_id: SurveyId) -> dict[str, Any]:
-    """Status, progress, refusals by reason and the estimate with its error."""
-    return await in_thread(
+    """Status, progress, refusals by reason and the estimate with its error.
+
+    ``waiting_for_workers``: true while members are left to decide and, with ``BROKER_URL``
+    set, no ``gatekeeper worker`` runs surveys (no live heartbeat of a surveys node).
+    """
+    view = await in_thread(
         runtime,
         survey_service.get_survey,
         engine=runtime.engine,
@@ -129,6 +142,7 @@ async def get_survey(runtime: RuntimeDep, caller: ViewerDep, survey_id: SurveyId
         caller_key_id=caller.key_id,
         is_admin=caller.role is Role.ADMIN,
     )
+    return (await _with_workers(runtime, [view]))[0]
 
 
 @router.get("/{survey_id:int}/responses", responses=_NOT_FOUND)
@@ -177,4 +191,4 @@ async def cancel_survey(
     )
     if view["status"] == "cancelled":
         await in_thread(runtime, runtime.surveys.cancelled, survey_id)
-    return view
+    return (await _with_workers(runtime, [view]))[0]

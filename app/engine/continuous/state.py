@@ -15,8 +15,9 @@ Only ``linear`` and ``logistic`` queries are supported on continuous domains so 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -281,6 +282,56 @@ class ContinuousState:
     def with_settings(self, settings: BnBSettings) -> ContinuousState:
         """The same history and cached bounds, searched with ``settings`` from now on."""
         return ContinuousState(self.domain, settings, self._terms, self._cached, self._decided)
+
+    def to_json(self) -> dict[str, Any]:
+        """The history's terms and known bounds as plain data (no settings, no domain).
+
+        What a distributed worker's task carries instead of the state itself: numbers only, so
+        a broker never delivers code. :meth:`from_json` rebuilds an equal state. An unbounded
+        reach (every query without quadratic weights) is written ``null``, so the usual state
+        is strict JSON.
+        """
+        return {
+            "terms": [
+                {
+                    "theta": [float(v) for v in t.theta],
+                    "c": t.c,
+                    "curve": asdict(t.curve),
+                    "excess": t.excess,
+                    "quadratic": [[list(pair), w] for pair, w in t.quadratic],
+                    "reach": [
+                        t.reach[0] if np.isfinite(t.reach[0]) else None,
+                        t.reach[1] if np.isfinite(t.reach[1]) else None,
+                    ],
+                }
+                for t in self._terms
+            ],
+            "cached": None if self._cached is None else asdict(self._cached),
+            "decided": None if self._decided is None else list(self._decided),
+        }
+
+    @classmethod
+    def from_json(
+        cls, domain: Domain, data: dict[str, Any], settings: BnBSettings | None = None
+    ) -> ContinuousState:
+        """The state :meth:`to_json` described, its searches run with ``settings``."""
+        terms = [
+            _Term(
+                np.array(t["theta"], dtype=np.float64),
+                float(t["c"]),
+                ResponseCurve(**t["curve"]),
+                float(t["excess"]),
+                tuple(((int(i), int(j)), float(w)) for (i, j), w in t["quadratic"]),
+                (
+                    -np.inf if t["reach"][0] is None else float(t["reach"][0]),
+                    np.inf if t["reach"][1] is None else float(t["reach"][1]),
+                ),
+            )
+            for t in data["terms"]
+        ]
+        cached = None if data["cached"] is None else ContinuousLoss(**data["cached"])
+        decided = None if data["decided"] is None else (data["decided"][0], data["decided"][1])
+        return cls(domain, settings or BnBSettings(), terms, cached, decided)
 
     @property
     def loss_known(self) -> bool:

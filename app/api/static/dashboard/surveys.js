@@ -70,6 +70,17 @@ function progressText(progress) {
   return `${progress.decided} / ${progress.total} (${percent(progress)}%)`;
 }
 
+// Members left to decide and no worker running surveys (BROKER_URL set, no live surveys node).
+const NO_WORKERS = "waiting for workers: no gatekeeper worker runs surveys";
+
+function waitingBadge() {
+  const span = document.createElement("span");
+  span.className = "badge waiting-for-workers";
+  span.textContent = "waiting for workers";
+  span.title = `${NO_WORKERS}; the survey continues when one starts`;
+  return span;
+}
+
 function badge(status) {
   const span = document.createElement("span");
   span.className = `badge status-${status}`;
@@ -171,6 +182,7 @@ export function renderSurveyList({ items, more }) {
     const tr = document.createElement("tr");
     tr.dataset.id = String(survey.id);
     tr.dataset.status = survey.status;
+    tr.dataset.waitingForWorkers = String(Boolean(survey.waiting_for_workers));
     const name = document.createElement("a");
     name.href = `#/surveys/${survey.id}`;
     name.textContent = survey.name;
@@ -182,7 +194,11 @@ export function renderSurveyList({ items, more }) {
     created.textContent = shortTime(survey.created_at);
     created.title = `created ${fmtTime(survey.created_at)}`;
     const nameCell = cell(null, { node: name });
-    nameCell.append(id, " ", badge(survey.status), created);
+    nameCell.append(id, " ", badge(survey.status));
+    if (survey.waiting_for_workers) {
+      nameCell.append(" ", waitingBadge());
+    }
+    nameCell.append(created);
     const progress = document.createElement("div");
     progress.className = "progress-cell";
     const text = document.createElement("span");
@@ -257,7 +273,10 @@ function renderProgress(survey) {
     cancelled: "cancelled: the members not decided were never asked",
     failed: "failed: the members decided keep their answers",
   }[survey.status];
-  text.textContent = `${progressText(p)} decided · ${state ?? survey.status}`;
+  text.textContent =
+    `${progressText(p)} decided · ${state ?? survey.status}` +
+    (survey.waiting_for_workers ? ` · ${NO_WORKERS}` : "");
+  text.dataset.waitingForWorkers = String(Boolean(survey.waiting_for_workers));
   box.replaceChildren(progressBar(p, `Progress of survey ${survey.name}`), text);
   const body = document.createElement("tbody");
   for (const [reason, words, meaning] of REASONS) {
@@ -387,7 +406,10 @@ export function clearSurvey(id) {
 // One survey: its numbers, progress, refusals by reason and estimate.
 export function renderSurvey(survey) {
   $("survey-name").textContent = `${survey.name} #${survey.id}`;
-  $("survey-status").replaceChildren(badge(survey.status));
+  $("survey-status").replaceChildren(
+    badge(survey.status),
+    ...(survey.waiting_for_workers ? [" ", waitingBadge()] : []),
+  );
   const about = $("survey-about");
   about.replaceChildren(queryText(survey.query), " · cohort: ", cohortNode(survey.cohort));
   $("survey-error").hidden = !survey.error;

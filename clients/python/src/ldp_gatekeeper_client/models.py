@@ -569,6 +569,9 @@ class SurveyView(_Replayable):
     estimate: dict[str, Any] | None
     estimate_unavailable: str | None = None
     outputs: dict[str, int] | None = None
+    #: Members are left to decide and no ``gatekeeper worker`` runs surveys (``BROKER_URL`` set,
+    #: no live surveys node): the survey waits until one starts.
+    waiting_for_workers: bool
 
     @property
     def finished(self) -> bool:

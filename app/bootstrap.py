@@ -1,0 +1,224 @@
+"""The one composition root: ``gatekeeper serve``, ``gatekeeper worker`` and the CLI build here.
+
+Everything below this module receives what it uses: the API gets a :class:`~app.api.deps.Runtime`
+(engine, sessions, bound worker, locks, survey jobs), the Celery app gets the survey handlers it
+runs (:class:`~app.worker.celery_app.SurveyHandlers`), and no layer imports a layer above it
+(import-linter's layers contract in ``pyproject.toml``: cli → node → bootstrap → api →
+services → worker → engine → db, settings and the other bottom modules).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from anyio import CapacityLimiter
+from sqlalchemy import Engine
+
+from app import crypto
+from app.api import main as api_main
+from app.api.deps import Runtime
+from app.db.migrate import upgrade
+from app.db.session import make_engine, make_session_factory, wait_for_database
+from app.engine.limits import DEFAULT_LIMITS
+from app.services import survey_runs
+from app.services.auth import KeyCache
+from app.services.locks import ObjectLocks
+from app.settings import Settings, get_settings
+from app.worker.cache import RedisCache
+from app.worker.celery_app import CelerySettings, SurveyHandlers
+from app.worker.jobs import InProcessJobs, SurveyJobs
+from app.worker.pool import BoundWorker, WorkerSettings
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from fastapi import FastAPI
+
+
+def prepare_database(settings: Settings | None = None) -> tuple[Settings, Engine]:
+    """Wait for the database and migrate it (the prestart steps); returns (settings, engine)."""
+    settings = settings or get_settings()
+    crypto.configure(settings.value_cipher())
+    engine = make_engine(settings.database_url)
+    wait_for_database(engine, settings.database_wait_seconds)
+    upgrade(settings.database_url)
+    return settings, engine
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The web application of ``settings``, each process building its runtime here."""
+    return api_main.create_app(settings or get_settings(), build_runtime)
+
+
+def app_factory() -> FastAPI:
+    """Factory for ``uvicorn --factory app.bootstrap:app_factory`` (``gatekeeper serve``)."""
+    return create_app()
+
+
+def celery_settings(settings: Settings) -> CelerySettings:
+    """The Celery configuration of ``settings`` (``BROKER_URL`` must be set)."""
+    if settings.broker_url is None or settings.result_url is None:
+        raise ValueError("BROKER_URL is not set")
+    return CelerySettings(
+        broker_url=settings.broker_url,
+        result_url=settings.result_url,
+        namespace=settings.broker_namespace,
+        time_limit=settings.bound_time_limit,
+        result_ttl=settings.broker_result_ttl,
+    )
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    """Engine, sessions, bound worker, locks, Redis client and survey jobs for one web process."""
+    crypto.configure(settings.value_cipher())
+    engine = make_engine(settings.database_url, settings.db_pool_size, settings.db_max_overflow)
+    redis_client = None
+    if settings.redis_url:
+        import redis
+
+        redis_client = redis.Redis.from_url(
+            # a hung Redis costs a request at most this long before it decides on the database
+            # alone (locks) or skips the cache: requests answer within ~2 s, never hang
+            settings.redis_url,
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
+        )
+    cache_ = RedisCache(redis_client) if redis_client is not None else None
+    bound_settings = WorkerSettings(
+        processes=settings.bound_processes, time_limit=settings.bound_time_limit
+    )
+    lock_client = redis_client if settings.redis_locks else None
+    if settings.broker_url is not None:  # the distributed worker module (gatekeeper worker)
+        return _with_celery(settings, engine, redis_client, cache_, bound_settings, lock_client)
+    worker = BoundWorker(bound_settings, cache_)
+    owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    jobs = InProcessJobs(
+        run=lambda survey_id: survey_runs.run_survey(
+            engine=engine,
+            worker=worker,
+            survey_id=survey_id,
+            owner=owner,
+            limits=DEFAULT_LIMITS,
+            lease_seconds=settings.survey_lease_seconds,
+            threads=settings.survey_threads,
+        ),
+        orphans=lambda: survey_runs.resumable_surveys(engine=engine),
+    )
+    return _runtime(settings, engine, redis_client, lock_client, worker=worker, surveys=jobs)
+
+
+def _runtime(
+    settings: Settings,
+    engine: Engine,
+    redis_client: Any,
+    lock_client: Any,
+    *,
+    worker: BoundWorker,
+    surveys: SurveyJobs,
+    celery: tuple[Any, Any] | None = None,
+) -> Runtime:
+    """The runtime around a bound worker and a survey job runner (in process or Celery)."""
+    return Runtime(
+        settings=settings,
+        engine=engine,
+        sessions=make_session_factory(engine),
+        worker=worker,
+        locks=ObjectLocks(lock_client, settings.lock_timeout, settings.lock_wait),
+        limits=DEFAULT_LIMITS,
+        redis=redis_client,
+        keys=KeyCache(settings.auth_cache_seconds),
+        threads=CapacityLimiter(settings.db_pool_size),
+        surveys=surveys,
+        celery=celery,
+    )
+
+
+def _with_celery(
+    settings: Settings,
+    engine: Engine,
+    redis_client: Any,
+    cache_: RedisCache | None,
+    bound_settings: WorkerSettings,
+    lock_client: Any,
+) -> Runtime:
+    """The runtime of a web process whose heavy work runs on ``gatekeeper worker`` nodes."""
+    from app.worker.celery_app import make_celery
+    from app.worker.celery_jobs import CeleryJobs
+    from app.worker.remote import CeleryBoundWorker
+
+    cfg = celery_settings(settings)
+    celery = make_celery(cfg)
+    worker = CeleryBoundWorker(bound_settings, cache_, celery=celery, cfg=cfg)
+    jobs = CeleryJobs(
+        celery=celery, cfg=cfg, orphans=lambda: survey_runs.resumable_surveys(engine=engine)
+    )
+    return _runtime(
+        settings,
+        engine,
+        redis_client,
+        lock_client,
+        worker=worker,
+        surveys=jobs,
+        celery=(celery, cfg),
+    )
+
+
+def survey_handlers(settings: Settings) -> SurveyHandlers:
+    """What a worker's survey tasks run: plan and decide chunks on this process's engine.
+
+    Every worker process opens its own database connections (never shared across ``fork``).
+    """
+    bound = BoundWorker(WorkerSettings(processes=0, time_limit=settings.bound_time_limit))
+
+    @cache
+    def engine(pid: int) -> Engine:  # one engine per process: connections never cross a fork
+        return make_engine(settings.database_url, pool_size=1, max_overflow=1)
+
+    def plan(survey_id: int) -> tuple[str, list[int]] | None:
+        owner = f"celery:{secrets.token_hex(8)}"
+        chunks = survey_runs.plan_survey(
+            engine=engine(os.getpid()),
+            survey_id=survey_id,
+            owner=owner,
+            lease_seconds=settings.survey_lease_seconds,
+        )
+        return None if not chunks else (owner, chunks)
+
+    def run_range(survey_id: int, owner: str, chunk: int) -> str:
+        return survey_runs.run_survey_range(
+            engine=engine(os.getpid()),
+            worker=bound,
+            survey_id=survey_id,
+            owner=owner,
+            chunk=chunk,
+            limits=DEFAULT_LIMITS,
+            lease_seconds=settings.survey_lease_seconds,
+        )
+
+    return SurveyHandlers(plan=plan, run_range=run_range)
+
+
+def sending_celery(settings: Settings) -> Celery:
+    """A Celery app that only sends and reads (no survey handlers): checks and tools."""
+    from app.worker.celery_app import make_celery
+
+    return make_celery(celery_settings(settings))
+
+
+def worker_celery(settings: Settings) -> tuple[Celery, CelerySettings]:
+    """The Celery app of a ``gatekeeper worker`` node, its survey tasks given their handlers."""
+    from app.worker.celery_app import make_celery
+
+    cfg = celery_settings(settings)
+    return make_celery(cfg, survey_handlers(settings)), cfg
+
+
+def prepare_worker(settings: Settings) -> None:
+    """A worker's start-up before its nodes fork: the values' cipher and a reachable database."""
+    crypto.configure(settings.value_cipher())
+    probe = make_engine(settings.database_url, pool_size=1, max_overflow=0)
+    wait_for_database(probe, settings.database_wait_seconds)
+    probe.dispose()
