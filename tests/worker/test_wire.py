@@ -78,7 +78,7 @@ def _snapshot(history: list[dict[str, Any]], *, delta: float | None = None) -> O
     entries = parse_history(domain, history)
     state, basic = fold_history(domain, entries, bnb=FAST)
     kind = FilterKind.BAYESIAN if delta is None else FilterKind.APPROX_BAYESIAN
-    account = history_account(entries, 3.0, delta)
+    account = history_account(entries, 3.0, delta, domain)
     return ObjectSnapshot(domain, 3.0, kind, basic, state, delta=delta, f0_account=account)
 
 
