@@ -6,7 +6,6 @@ DESIGN.md "Decimals as written": a ``bayesian`` object with budget 1.0 takes ``b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ EXACT = {"exact": True}
 
 
 @pytest.fixture
-def honesty(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+def honesty(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """The randomized-response draws, in order: True reports the truth (then always True)."""
     draws: list[bool] = []
 
@@ -36,7 +35,7 @@ def honesty(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
         return draws.pop(0) if draws else True
 
     monkeypatch.setattr(sampling.RealProbability, "draw", draw)
-    yield draws
+    return draws
 
 
 def _bounds(value: float) -> dict[str, Any]:
