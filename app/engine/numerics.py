@@ -22,6 +22,8 @@ a few ulp of the result, so "a few ulp of ``1 + |term|``" above holds at every Î
 Filter decisions then compare the certified upper bound against the budget minus
 :data:`DECISION_MARGIN`; the margin keeps a mathematical tie (``loss after == budget``) on the
 rejecting side, because in floating point it cannot be told apart from a value a hair above.
+Randomized-response histories are decided exactly instead (:mod:`app.engine.exact`), and their
+samplers' probabilities are bracketed by :func:`exp_bracket`.
 """
 
 from __future__ import annotations
