@@ -246,9 +246,8 @@ def test_rr_probabilities_are_e_eps_of_the_written_epsilon(written: str, others:
 def test_the_float_epsilon_would_be_another_distribution() -> None:
     """At ε = 0.1 the float's ``e^ε`` (ε = 0.1000000000000000055...) lies outside the bracket."""
     _lo, hi = sampling.rr_probability(Fraction("0.1"), 1).bracket(128)
-    f_lo, f_hi = _exp(str(Decimal("0.1")))  # the double's exact decimal expansion
+    f_lo, _f_hi = _exp(str(Decimal.from_float(0.1)))  # the double's exact decimal expansion
     assert Fraction(hi, 2**128) < f_lo / (1 + f_lo)
-    del f_hi
 
 
 def _mechanism(query: dict[str, Any], domain: dict[str, Any]) -> Any:
