@@ -101,8 +101,8 @@ class CandidateEvaluation:
     #: The exact worst case over all outputs when the history and the query are randomized
     #: response (:mod:`app.engine.exact`); compared exactly with the written budget.
     exact_worst: Fraction | None = None
-    #: Algorithm 3's charge computed exactly when the history's loss is exact: that loss plus
-    #: the query's exact ε (:attr:`~app.engine.mechanisms.Mechanism.epsilon_exact`).
+    #: Algorithm 3's charge computed exactly in the same case: the history's exact loss plus
+    #: the query's written ε (0 for a query constant on the domain).
     exact_charged: Fraction | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -144,14 +144,8 @@ def evaluate_candidate(
         for j, lo, up in zip(order.tolist(), lowers.tolist(), uppers.tolist(), strict=True)
     )
     worst = bounds_from(float(losses.max()), err, cap).upper
-    charged = state.exact.loss() + mechanism.epsilon_exact if state.exact is not None else None
     return CandidateEvaluation(
-        mechanism.epsilon,
-        mechanism.epsilon_exact,
-        per_output,
-        worst,
-        complete,
-        exact_charged=charged,
+        mechanism.epsilon, mechanism.epsilon_exact, per_output, worst, complete
     )
 
 
