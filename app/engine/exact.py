@@ -85,7 +85,7 @@ class ExactQuery:
     enumerate: bool = True
 
 
-def _scale(groups: list[Group]) -> tuple[int, list[int]]:
+def _in_units(groups: list[Group]) -> tuple[int, list[int]]:
     """``D`` (the lcm of the groups' denominators) and every group's ε in units of ``1/D``."""
     denominator = 1
     for g in groups:
@@ -128,7 +128,7 @@ class ExactLoss:
     # --- values ------------------------------------------------------------------------------
     def _scale(self, extra: Group | None = None) -> tuple[int, list[int]]:
         """``D`` and every group's ε in units of ``1/D`` (``extra`` counted too)."""
-        return _scale([*self.groups, *([extra] if extra is not None else [])])
+        return _in_units([*self.groups, *([extra] if extra is not None else [])])
 
     def values(self, axis: int, scaled: list[int]) -> IntArray:
         """``V_axis`` in units of ``1/D`` (``int64`` when it fits, else Python ints)."""
