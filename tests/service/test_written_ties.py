@@ -58,6 +58,7 @@ def test_a_bayesian_object_takes_binary_rr_of_0_1_until_its_loss_is_exactly_1(
         assert r.status_code == 201, (i, r.text)
     odometer = r.json()["odometer"]
     assert odometer["realized_loss"] == _bounds(0.9)
+    assert odometer["remaining"] == 0.1  # 1 − 9/10, not 1.0 − 0.9 = 0.09999999999999998
     assert odometer["basic_composition"] == pytest.approx(1.1)
     dry = client.post(f"/v1/objects/{oid}/dry-run", headers=auth(analyst), json={"query": RR})
     assert dry.status_code == 200, dry.text
@@ -82,6 +83,7 @@ def test_a_bayesian_object_takes_binary_rr_of_0_1_until_its_loss_is_exactly_1(
     # every bounds object the service shows says so
     odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
     assert odometer["realized_loss"] == _bounds(1.0)
+    assert odometer["remaining"] == 0.0
     assert odometer["accepted"] == 12
     view = client.get(f"/v1/objects/{oid}", headers=auth(analyst)).json()
     assert view["odometer"]["realized_loss"] == _bounds(1.0)
