@@ -20,6 +20,7 @@ import secrets
 import statistics
 import tempfile
 import time
+from fractions import Fraction
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -47,7 +48,13 @@ def main() -> None:
     """Print E(0) against the service's mean per (k, ε)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=100)
+    parser.add_argument(
+        "--pairs",
+        default=",".join(f"{k}:{eps}" for k, eps in PAIRS),
+        help="k:ε pairs; the budget is k·ε as written (0.3 for 3:0.1)",
+    )
     args = parser.parse_args()
+    pairs = [(int(k), float(eps)) for k, eps in (p.split(":") for p in args.pairs.split(","))]
     admin = secrets.token_urlsafe(32)
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'd1.db'}"
@@ -65,7 +72,8 @@ def main() -> None:
             print(f"# {args.objects} objects per row; load {os.getloadavg()}")
             print("| k | ε | budget | E(0) eq. 68 | service mean | stderr | z | s |")
             print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-            for k, eps in PAIRS:
+            for k, eps in pairs:
+                budget = float(k * Fraction(repr(eps)))  # k·ε as written
                 start, counts = time.perf_counter(), []
                 query = {
                     "mechanism": "binary_rr",
@@ -76,7 +84,7 @@ def main() -> None:
                     oid = f"d1-{k}-{eps}-{i}"
                     body = {"id": oid, "domain": BINARY, "value": {"b": 1}}
                     r = client.post(
-                        "/v1/objects", headers=head, json={**body, "budget": {"epsilon": k * eps}}
+                        "/v1/objects", headers=head, json={**body, "budget": {"epsilon": budget}}
                     )
                     _check(r.status_code == 201, r.text)
                     n = 0
@@ -93,7 +101,7 @@ def main() -> None:
                 stderr = statistics.stdev(counts) / math.sqrt(len(counts))
                 e0 = expected(k, eps)
                 print(
-                    f"| {k} | {eps} | {k * eps} | {e0:.2f} | {mean:.2f} | {stderr:.2f} "
+                    f"| {k} | {eps} | {budget} | {e0:.2f} | {mean:.2f} | {stderr:.2f} "
                     f"| {(mean - e0) / stderr:+.2f} | {time.perf_counter() - start:.1f} |"
                 )
 

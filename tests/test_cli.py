@@ -92,7 +92,7 @@ def check_answer_shape(answer: dict[str, Any], *, with_candidate: bool) -> None:
     if not with_candidate:
         assert "candidate" not in answer
     loss = answer["realized_loss"]
-    assert set(loss) == {"lower", "upper"}
+    assert set(loss) == {"lower", "upper", "exact"}
     for value in (loss["lower"], loss["upper"], answer["basic_composition"]):
         assert isinstance(value, float | int)
         assert not isinstance(value, bool)
@@ -115,7 +115,7 @@ def check_answer_shape(answer: dict[str, Any], *, with_candidate: bool) -> None:
     assert cand["per_output"]
     for entry in cand["per_output"]:
         assert {"output", "upper"} <= set(entry)
-        assert set(entry) <= {"output", "upper", "lower"}
+        assert set(entry) <= {"output", "upper", "lower", "exact"}
         assert math.isfinite(entry["upper"])
         if "lower" in entry:
             assert entry["lower"] <= entry["upper"]

@@ -293,11 +293,21 @@ class KeyRequest(_Strict):
 
 
 # --------------------------------------------------------------------------------- responses
+#: What ``exact`` says in a bounds object (DESIGN.md, "Decimals as written").
+EXACT_DESCRIPTION = (
+    "true: the loss is known exactly (randomized response, every epsilon and the budget as "
+    "written) and lower and upper are both its nearest double, so upper <= budget holds in "
+    "doubles exactly when it holds for the written numbers; false: certified bounds, rounded "
+    "outwards"
+)
+
+
 class LossBounds(_Open):
-    """Certified bounds of a realized loss: ``lower <= loss <= upper``."""
+    """Bounds of a realized loss: certified ``lower <= loss <= upper``, or the exact loss."""
 
     lower: float
     upper: float
+    exact: bool = Field(default=False, description=EXACT_DESCRIPTION)
 
 
 class Odometer(_Open):
@@ -346,6 +356,7 @@ class OutputLoss(_Open):
     output: Any
     lower: float
     upper: float
+    exact: bool = Field(default=False, description=EXACT_DESCRIPTION)
 
 
 class Decision(_Open):

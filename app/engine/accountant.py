@@ -20,6 +20,7 @@ from app.engine.filters import CandidateEvaluation, Decision, FilterKind
 from app.engine.likelihood import LikelihoodState, LossBounds
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits
 from app.engine.mechanisms import Mechanism, Output
+from app.engine.numerics import decimal_fraction
 from app.engine.pipeline import (
     BasicState,
     ObjectSnapshot,
@@ -62,8 +63,19 @@ class Odometer:
 
     @property
     def remaining(self) -> float:
-        """Budget left by the certified upper bound of the realized loss (never negative)."""
-        return max(0.0, self.budget - self.realized_loss.upper)
+        """Budget left by the upper bound of the realized loss (never negative).
+
+        For an exact loss it is the nearest double of the written budget minus the loss (0.1
+        for 1.0 − 0.9, where the doubles' difference is 0.09999999999999998), so it adds up
+        with the numbers written; it is 0 exactly at a tie. An exact loss read back from a
+        stored row is its ``upper``'s shortest decimal, which is the loss itself whenever that
+        has at most 15 significant digits (sums of short written ε's).
+        """
+        loss = self.realized_loss
+        if loss.exact:
+            value = loss.value if loss.value is not None else decimal_fraction(loss.upper)
+            return float(max(Fraction(0), decimal_fraction(self.budget) - value))
+        return max(0.0, self.budget - loss.upper)
 
     def to_json(self) -> dict[str, Any]:
         """The odometer object without ``updated_at`` (the service adds timestamps)."""

@@ -7,9 +7,12 @@ Request::
 
 Answer::
 
-    {"realized_loss": {"lower", "upper"}, "basic_composition": Σε, "status": "ok",
-     "candidate": {"per_output": [{"output", "lower", "upper"}], "worst_case_upper",
+    {"realized_loss": {"lower", "upper", "exact"}, "basic_composition": Σε, "status": "ok",
+     "candidate": {"per_output": [{"output", "lower", "upper", "exact"}], "worst_case_upper",
                    "accepted": {"bayesian", "simplified", "basic"}, ...}}
+
+``exact`` is true where the loss is computed exactly (randomized response, every ε as written):
+``lower`` and ``upper`` are then both the nearest double of the exact loss.
 
 ``candidate`` appears only when one was sent, and then ``budget`` is required.
 

@@ -13,26 +13,27 @@ that x's value equals the output (``grr``), that the predicate's truth equals th
 integer counts ``C`` per distinct ε (a *group*) and attribute ``a``. Since the domain is a
 Cartesian product the maximum and minimum separate by attribute, and the realized loss is
 ``Σ_a (max_v V_a[v] − min_v V_a[v])`` with ``V_a = Σ_g ε_g C_{g,a}``: exact rational arithmetic
-on the floats' exact values (``Fraction(float)``), a few integer vectors per object.
+on a few integer vectors per object.
 
-A declared ε is the float the JSON number parses to; its exact value is that float's (a dyadic
-rational), and the budget's likewise. All values are integers in units of ``2**-D`` (``D`` the
-largest denominator exponent of the groups), in ``int64`` when they certainly fit, else Python
-integers.
+Every ε is the decimal the client wrote (:func:`~app.engine.numerics.decimal_fraction`: ``0.1``
+is 1/10), and the budget too, so ten ``binary_rr`` of ε = 0.1 reach a loss of exactly 1. All
+values are integers in units of ``1/D``, ``D`` the least common multiple of the groups'
+denominators, in ``int64`` when they certainly fit, else Python integers.
 
-Samplers. The samplers draw with a rational ratio ``r = exp_lower(ε) <= e^ε`` (symmetric unary
-encoding: ``s² `` with ``s = exp_lower(ε/2)``), so the log-ratio actually sampled is
-``λ = log r ∈ [ε − τ, ε]`` with ``τ <= 2**-49`` (two ulp of ``e^ε`` plus one of ``e^{ε/2}``
-squared). When every query of a history (and candidate) shares one ``(ε, sampler)`` group the
-sampled loss is ``λ/ε`` times the declared one, so at most it; with several groups it can exceed
-the declared loss by at most ``Σ_i τ`` (each query's term moves by at most ``τ``), and
-:meth:`ExactLoss.slack` adds that much before any comparison.
+Samplers. This is the loss of the distributions actually sampled: each sampler draws its real
+probabilities exactly (:class:`~app.engine.sampling.RealProbability`, ``e^ε/(c + e^ε)`` for the
+written ε), so every output's log-likelihood ratio is exactly ``ε``, as here. Being *at most* ε
+would not be enough once two ε's mix: with ratios ``λ_g <= ε_g`` that fall short by different
+amounts a history's sampled loss can exceed the exact one (three outputs of ε = 0.5 on one value
+and two of 0.25 on the other: ``3λ₁ − 2λ₂ > 1`` when ``λ₂`` falls short by more than
+``1.5 (ε₁ − λ₁)``), and a tie would then be unsound. Drawn exactly, mixed ε's tie exactly too.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
@@ -42,24 +43,20 @@ import numpy as np
 import numpy.typing as npt
 
 IntArray = npt.NDArray[Any]
-#: The sampler family of a group: ``"r"`` samples with ``exp_lower(ε)``, ``"s"`` (symmetric
-#: unary encoding) with ``exp_lower(ε/2)**2``.
-Family = Literal["r", "s"]
-#: Bound on ``ε − λ`` for one query (see the module docstring).
-SAMPLER_SLACK = Fraction(1, 2**49)
-#: Distinct (ε, sampler) groups a history keeps its exact form for (``likelihood._exact_after``).
+#: Distinct ε's (groups) a history keeps its exact form for (``likelihood._exact_after``).
 MAX_GROUPS = 32
-#: Marks the exact part appended to a likelihood array's bytes.
-MAGIC = b"\x00EXACT1\x00"
+#: Marks the exact part appended to a likelihood array's bytes. Version 2: groups are written
+#: decimals drawn by exact samplers. A version 1 part (ε's as their floats' values, drawn with a
+#: ratio rounded below ``e^ε``) is not read: such a history is decided by the float rule.
+MAGIC = b"\x00EXACT2\x00"
 _SAFE = 1 << 62
 
 
 @dataclass(frozen=True)
 class Group:
-    """A distinct declared ε (its float's exact value) and its sampler family."""
+    """A distinct declared ε: the decimal the client wrote, as a rational."""
 
     epsilon: Fraction
-    family: Family
 
 
 @dataclass(frozen=True)
@@ -88,17 +85,14 @@ class ExactQuery:
     enumerate: bool = True
 
 
-def _scaled(epsilon: Fraction, denominator_bits: int) -> int:
-    """``ε · 2**D`` as an integer (ε is dyadic with denominator at most ``2**D``)."""
-    value = epsilon * (1 << denominator_bits)
-    if value.denominator != 1:  # pragma: no cover - every float is dyadic
-        raise ValueError("not a dyadic rational")
-    return value.numerator
-
-
-def _bits(epsilon: Fraction) -> int:
-    """``log2`` of the (power-of-two) denominator of a dyadic rational."""
-    return epsilon.denominator.bit_length() - 1
+def _in_units(groups: list[Group]) -> tuple[int, list[int]]:
+    """``D`` (the lcm of the groups' denominators) and every group's ε in units of ``1/D``."""
+    denominator = 1
+    for g in groups:
+        denominator = math.lcm(denominator, g.epsilon.denominator)
+    return denominator, [
+        g.epsilon.numerator * (denominator // g.epsilon.denominator) for g in groups
+    ]
 
 
 @dataclass(frozen=True)
@@ -106,13 +100,11 @@ class ExactLoss:
     """Integer counts per (attribute, group) of an RR-type history over a finite domain.
 
     ``counts[a]`` has shape ``(len(groups), shape[a])``; attributes no query touched are absent.
-    ``queries`` counts the history's queries (for :meth:`slack`).
     """
 
     shape: tuple[int, ...]
     groups: tuple[Group, ...] = ()
     counts: dict[int, IntArray] = field(default_factory=dict)
-    queries: int = 0
 
     # --- building ----------------------------------------------------------------------------
     def with_term(self, term: ExactTerm) -> ExactLoss:
@@ -131,17 +123,15 @@ class ExactLoss:
             row = row.copy()
         row[g] += np.asarray(term.coeff, dtype=np.int64)
         counts[term.axis] = row
-        return ExactLoss(self.shape, groups, counts, self.queries + 1)
+        return ExactLoss(self.shape, groups, counts)
 
     # --- values ------------------------------------------------------------------------------
     def _scale(self, extra: Group | None = None) -> tuple[int, list[int]]:
-        """``D`` and every group's ε in units of ``2**-D`` (``extra`` counted too)."""
-        groups = [*self.groups, *([extra] if extra is not None else [])]
-        bits = max((_bits(g.epsilon) for g in groups), default=0)
-        return bits, [_scaled(g.epsilon, bits) for g in groups]
+        """``D`` and every group's ε in units of ``1/D`` (``extra`` counted too)."""
+        return _in_units([*self.groups, *([extra] if extra is not None else [])])
 
-    def values(self, axis: int, bits: int, scaled: list[int]) -> IntArray:
-        """``V_axis`` in units of ``2**-bits`` (``int64`` when it fits, else Python ints)."""
+    def values(self, axis: int, scaled: list[int]) -> IntArray:
+        """``V_axis`` in units of ``1/D`` (``int64`` when it fits, else Python ints)."""
         arr = self.counts.get(axis)
         if arr is None:
             return np.zeros(self.shape[axis], dtype=np.int64)
@@ -152,50 +142,42 @@ class ExactLoss:
             return np.asarray(np.asarray(weights, dtype=np.int64) @ arr, dtype=np.int64)
         return np.asarray(np.asarray(weights, dtype=object) @ arr.astype(object), dtype=object)
 
-    def _ranges(self, bits: int, scaled: list[int], skip: int | None = None) -> int:
+    def _ranges(self, scaled: list[int], skip: int | None = None) -> int:
         """``Σ_a (max V_a − min V_a)`` over the touched attributes other than ``skip``."""
         total = 0
         for axis in self.counts:
             if axis != skip:
-                v = self.values(axis, bits, scaled)
+                v = self.values(axis, scaled)
                 total += int(v.max()) - int(v.min())
         return total
 
     @cached_property
     def _loss(self) -> Fraction:
-        bits, scaled = self._scale()
-        return Fraction(self._ranges(bits, scaled), 1 << bits)
+        denominator, scaled = self._scale()
+        return Fraction(self._ranges(scaled), denominator)
 
     def loss(self) -> Fraction:
-        """The exact realized loss of the declared mechanisms (computed once)."""
+        """The exact realized loss (computed once)."""
         return self._loss
-
-    def slack(self, extra: ExactQuery | None = None) -> Fraction:
-        """How far the sampled distributions' loss can exceed the declared one (0: one group)."""
-        groups = set(self.groups)
-        if extra is not None:
-            groups.add(extra.group)
-        if len(groups) <= 1:
-            return Fraction(0)
-        return SAMPLER_SLACK * (self.queries + (1 if extra is not None else 0))
 
     def candidate_losses(self, query: ExactQuery) -> list[Fraction]:
         """The exact loss after each output of ``query``, in the float path's output order."""
-        bits, scaled = self._scale(query.group)
-        step = scaled[len(self.groups)] if query.group not in self.groups else None
-        if step is None:
+        if query.group in self.groups:
+            denominator, scaled = self._scale()
             step = scaled[self.groups.index(query.group)]
-        base = self.values(query.axis, bits, scaled)
-        others = self._ranges(bits, scaled, skip=query.axis)
+        else:
+            denominator, scaled = self._scale(query.group)
+            step = scaled[-1]
+        base = self.values(query.axis, scaled)
+        others = self._ranges(scaled, skip=query.axis)
         units = [others + u for u in _axis_losses(base, step, query)]
-        return [Fraction(u, 1 << bits) for u in units]
+        return [Fraction(u, denominator) for u in units]
 
     # --- persistence -------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
         """A compact JSON encoding (appended to the likelihood array's bytes)."""
         doc = {
-            "g": [[g.epsilon.numerator, g.epsilon.denominator, g.family] for g in self.groups],
-            "n": self.queries,
+            "g": [[g.epsilon.numerator, g.epsilon.denominator] for g in self.groups],
             "c": {str(a): arr.tolist() for a, arr in sorted(self.counts.items())},
         }
         return json.dumps(doc, separators=(",", ":")).encode()
@@ -204,13 +186,13 @@ class ExactLoss:
     def from_bytes(cls, shape: tuple[int, ...], data: bytes) -> ExactLoss:
         """Rebuild from :meth:`to_bytes`."""
         doc = json.loads(data)
-        groups = tuple(Group(Fraction(n, d), fam) for n, d, fam in doc["g"])
+        groups = tuple(Group(Fraction(n, d)) for n, d in doc["g"])
         counts = {int(a): np.asarray(rows, dtype=np.int64) for a, rows in doc["c"].items()}
-        return cls(shape, groups, counts, int(doc["n"]))
+        return cls(shape, groups, counts)
 
     def same_as(self, other: ExactLoss | None) -> bool:
         """Equal counts and groups (``verify``)."""
-        if other is None or other.groups != self.groups or other.queries != self.queries:
+        if other is None or other.groups != self.groups:
             return False
         if set(other.counts) != set(self.counts):
             return False

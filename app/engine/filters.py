@@ -10,13 +10,14 @@ never from the object's value.
 
 Comparison rule. Float comparisons use certified upper bounds and the budget minus
 :data:`~app.engine.numerics.DECISION_MARGIN`, so rounding and ties reject. Randomized-response
-histories are the exception (:mod:`app.engine.exact`): their loss is computed exactly and
-compared exactly with the budget's float value, so a worst case equal to the budget is accepted,
-as Algorithm 2 (and Theorem D.1) say. Basic
-composition is summed in exact rationals (ε as written, ``0.1 -> 1/10``), so ten queries of
-``ε = 0.1`` fit a budget of exactly 1. Because ``loss ≤ Σ ε_i`` always holds (Lemma 6.1), the
-Bayesian and simplified filters also accept whenever basic composition does: they never accept
-fewer queries than basic composition.
+histories are the exception (:mod:`app.engine.exact`): their loss is a sum of written ε's,
+computed exactly and compared exactly with the budget as written, so a worst case equal to the
+budget is accepted, as Algorithm 2 (and Theorem D.1) say: ten ``binary_rr`` of ε = 0.1 fit a
+budget of 1.0 under every filter. Their bounds are reported as the nearest double of the exact
+loss, ``"exact": true``. Basic composition is summed in exact rationals (ε as written,
+``0.1 -> 1/10``), so ten queries of ``ε = 0.1`` fit a budget of exactly 1. Because
+``loss ≤ Σ ε_i`` always holds (Lemma 6.1), the Bayesian and simplified filters also accept
+whenever basic composition does: they never accept fewer queries than basic composition.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from app.engine.approx import BAYESIAN, OUTPUT_INDEPENDENT, OutputIndependentFil
 from app.engine.exact import ExactLoss, ExactQuery
 from app.engine.likelihood import LikelihoodState, LossBounds, bounds_from, exact_bounds
 from app.engine.mechanisms import CandidateLosses, Mechanism
-from app.engine.numerics import DECISION_MARGIN, decimal_fraction, exact_fraction, float_up
+from app.engine.numerics import DECISION_MARGIN, decimal_fraction, float_up
 
 if TYPE_CHECKING:
     from app.engine.continuous.state import ContinuousLoss
@@ -53,15 +54,29 @@ class FilterKind(StrEnum):
 
 @dataclass(frozen=True)
 class OutputLoss:
-    """Certified bounds on the realized loss after one output of a candidate query."""
+    """Bounds on the realized loss after one output of a candidate query.
+
+    Certified bounds, or (``exact``) both the nearest double of the exact loss, as
+    :class:`~app.engine.likelihood.LossBounds`.
+    """
 
     output: Any
     lower: float
     upper: float
 
+    @property
+    def exact(self) -> bool:
+        """Whether ``upper`` is the nearest double of the loss (the bounds coincide)."""
+        return self.lower == self.upper
+
     def to_json(self) -> dict[str, Any]:
-        """``{"output", "lower", "upper"}``."""
-        return {"output": self.output, "lower": self.lower, "upper": self.upper}
+        """``{"output", "lower", "upper", "exact"}``."""
+        return {
+            "output": self.output,
+            "lower": self.lower,
+            "upper": self.upper,
+            "exact": self.exact,
+        }
 
 
 @dataclass(frozen=True)
@@ -83,11 +98,11 @@ class CandidateEvaluation:
     complete: bool
     tight: bool = True
     searched: Mapping[int, ContinuousLoss] = field(default_factory=dict, compare=False, repr=False)
-    #: The exact worst case over all outputs (plus the samplers' slack) when the history and
-    #: the query are randomized response (:mod:`app.engine.exact`); compared exactly.
+    #: The exact worst case over all outputs when the history and the query are randomized
+    #: response (:mod:`app.engine.exact`); compared exactly with the written budget.
     exact_worst: Fraction | None = None
     #: Algorithm 3's charge computed exactly in the same case: the history's exact loss plus
-    #: the query's declared ε (plus the samplers' slack).
+    #: the query's written ε (0 for a query constant on the domain).
     exact_charged: Fraction | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -119,7 +134,7 @@ def evaluate_candidate(
         order = np.sort(np.argsort(losses)[-max_listed:])
     query = mechanism.exact_query() if state.exact is not None else None
     if state.exact is not None and query is not None:
-        return _exact_evaluation(state.exact, query, mechanism, candidate, order, cap, complete)
+        return _exact_evaluation(state.exact, query, mechanism, candidate, order, complete)
     # bounds_from for every listed output at once (the same float operations, vectorised)
     cap_up = float_up(cap)
     uppers = np.minimum(losses[order] + 2.0 * err, cap_up)
@@ -140,33 +155,29 @@ def _exact_evaluation(
     mechanism: Mechanism,
     candidate: CandidateLosses,
     order: npt.NDArray[np.intp],
-    cap: Fraction,
     complete: bool,
 ) -> CandidateEvaluation:
-    """Per-output bounds from the exact losses of a randomized-response history and query.
+    """Per-output losses of a randomized-response history and query, exactly.
 
     The same outputs as the float path are listed (its ``order``, chosen on float losses that
-    are within rounding of the exact ones); each bound is the exact loss widened by the
-    samplers' slack and rounded outwards, the worst case is exact.
+    are within rounding of the exact ones); each is reported as its exact loss's nearest
+    double (``exact``), and the worst case is compared exactly.
     """
     exact_losses = exact.candidate_losses(query)
-    slack = exact.slack(query)
     per_output = []
     for j in order.tolist():
-        bounds = exact_bounds(exact_losses[j], slack, cap)
+        bounds = exact_bounds(exact_losses[j])
         per_output.append(OutputLoss(candidate.output_of(int(j)), bounds.lower, bounds.upper))
-    worst = max(exact_losses) + slack
+    worst = max(exact_losses)
     return CandidateEvaluation(
         mechanism.epsilon,
         mechanism.epsilon_exact,
         tuple(per_output),
-        exact_bounds(worst, Fraction(0), cap).upper,
+        float(worst),
         complete,
         exact_worst=worst,
-        # the tight ε: the declared float's exact value, or 0 for a query constant on the domain
-        exact_charged=exact.loss()
-        + (query.group.epsilon if mechanism.epsilon_exact else 0)
-        + slack,
+        # the tight ε: the written ε, or 0 for a query constant on the domain
+        exact_charged=exact.loss() + mechanism.epsilon_exact,
     )
 
 
@@ -275,12 +286,13 @@ def decide(
             f"({float(basic_after):.6g}) would exceed the budget ({budget:g})"
         )
     elif kind is FilterKind.SIMPLIFIED:
-        charged = loss_now.upper + float(candidate.epsilon_exact)
-        accepted = charged <= limit
-        # exact (randomized response): a tie with the budget is accepted; both rules are sound
-        if not accepted and candidate.exact_charged is not None:
-            accepted = candidate.exact_charged <= exact_fraction(budget)
-            charged = float_up(candidate.exact_charged)
+        if candidate.exact_charged is not None:
+            # an exact history: compared exactly with the written budget, a tie is accepted
+            accepted = candidate.exact_charged <= budget_exact
+            charged = float(candidate.exact_charged)
+        else:
+            charged = loss_now.upper + float(candidate.epsilon_exact)
+            accepted = charged <= limit
         relation = "is within" if accepted else "would exceed"
         reason = (
             f"realized loss plus the query's epsilon ({charged:.6g}) {relation} "
@@ -288,10 +300,11 @@ def decide(
         )
     else:
         worst = candidate.worst_case_upper
-        accepted = worst <= limit
-        # exact (randomized response): a tie with the budget is accepted; both rules are sound
-        if not accepted and candidate.exact_worst is not None:
-            accepted = candidate.exact_worst <= exact_fraction(budget)
+        if candidate.exact_worst is not None:
+            # randomized response: compared exactly with the written budget, a tie is accepted
+            accepted = candidate.exact_worst <= budget_exact
+        else:
+            accepted = worst <= limit
         if accepted:
             reason = (
                 f"for every output the realized loss after the query stays within the "
@@ -349,9 +362,9 @@ def _decide_approx(
         candidate=candidate,
     )
     accepted, reason = bayes.accepted, bayes.reason
-    if loss_now.upper > budget and not (basic_total + candidate.epsilon_exact) <= decimal_fraction(
-        budget
-    ):
+    if not loss_now.within(budget) and not (
+        basic_total + candidate.epsilon_exact
+    ) <= decimal_fraction(budget):
         accepted = False
         reason = (
             f"the realized loss ({loss_now.upper:.6g}) already exceeds the budget ({budget:g}) "

@@ -13,7 +13,7 @@ constant changes no ratio ``P(x)/P(x')`` and so no loss or posterior.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -21,19 +21,44 @@ import numpy as np
 
 from app.engine.domain import Domain
 from app.engine.exact import MAGIC, MAX_GROUPS, ExactLoss, ExactTerm
-from app.engine.numerics import FloatArray, float_up, update_error
+from app.engine.numerics import FloatArray, decimal_fraction, float_up, update_error
 
 
 @dataclass(frozen=True)
 class LossBounds:
-    """Certified bounds ``lower <= realized loss <= upper`` (natural-log units)."""
+    """Bounds ``lower <= realized loss <= upper`` (natural-log units), or the loss itself.
+
+    Certified bounds are doubles on either side of the loss. Where the loss is computed exactly
+    (randomized response, :mod:`app.engine.exact`) ``value`` holds it and both bounds are its
+    nearest double. :attr:`exact` says the two coincide, and either way ``upper`` is then the
+    nearest double of the loss: bounds that pinch a loss between ``u`` and ``u`` leave no
+    other, and rounding to nearest is monotone, so ``upper <= budget`` in doubles holds exactly
+    when ``loss <= budget`` does for the written numbers.
+    """
 
     lower: float
     upper: float
+    #: The exact loss, when it is computed exactly (not part of equality).
+    value: Fraction | None = field(default=None, compare=False)
 
-    def to_json(self) -> dict[str, float]:
-        """``{"lower": ..., "upper": ...}`` as in the JSON contract."""
-        return {"lower": self.lower, "upper": self.upper}
+    @property
+    def exact(self) -> bool:
+        """Whether ``upper`` is the nearest double of the loss (the bounds coincide)."""
+        return self.lower == self.upper
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"lower": ..., "upper": ..., "exact": ...}`` as in the JSON contract."""
+        return {"lower": self.lower, "upper": self.upper, "exact": self.exact}
+
+    def within(self, budget: float) -> bool:
+        """Whether the loss is at most ``budget`` (as written, for an exact loss).
+
+        An exact loss is compared with :func:`~app.engine.numerics.decimal_fraction` of the
+        budget, other bounds by their upper bound.
+        """
+        if self.value is not None:
+            return self.value <= decimal_fraction(budget)
+        return self.upper <= budget
 
 
 def bounds_from(computed: float, err: float, cap: Fraction | None = None) -> LossBounds:
@@ -48,14 +73,10 @@ def bounds_from(computed: float, err: float, cap: Fraction | None = None) -> Los
     return LossBounds(min(max(0.0, computed - 2.0 * err), upper), upper)
 
 
-def exact_bounds(loss: Fraction, slack: Fraction, cap: Fraction | None = None) -> LossBounds:
-    """Bounds from an exact loss: ``[loss − slack, loss + slack]`` rounded outwards, capped."""
-    upper = float_up(loss + slack if slack else loss)
-    if cap is not None:
-        upper = min(upper, float_up(cap))
-    low = loss - slack if slack else loss
-    lower = -float_up(-low) if low > 0 else 0.0
-    return LossBounds(min(lower, upper), upper)
+def exact_bounds(loss: Fraction) -> LossBounds:
+    """An exact loss: both bounds its nearest double (``float`` of a ``Fraction`` rounds so)."""
+    nearest = float(loss)
+    return LossBounds(nearest, nearest, loss)
 
 
 def _exact_after(exact: ExactLoss | None, term: Term) -> ExactLoss | None:
@@ -143,11 +164,11 @@ class LikelihoodState:
         """Certified bounds on the realized loss of the history recorded so far.
 
         ``cap``, when given, is the exact basic-composition total of that history. A
-        randomized-response history's bounds are its exact loss rounded outwards (widened by
-        the samplers' :meth:`~app.engine.exact.ExactLoss.slack`).
+        randomized-response history's loss is exact (:func:`exact_bounds`; it never exceeds
+        the cap, Lemma 6.1).
         """
         if self.exact is not None:
-            return exact_bounds(self.exact.loss(), self.exact.slack(), cap)
+            return exact_bounds(self.exact.loss())
         return bounds_from(self.computed_loss, self.err, cap)
 
     def extremes_over(self, axes: tuple[int, ...]) -> tuple[FloatArray, FloatArray]:

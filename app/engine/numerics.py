@@ -22,6 +22,8 @@ a few ulp of the result, so "a few ulp of ``1 + |term|``" above holds at every �
 Filter decisions then compare the certified upper bound against the budget minus
 :data:`DECISION_MARGIN`; the margin keeps a mathematical tie (``loss after == budget``) on the
 rejecting side, because in floating point it cannot be told apart from a value a hair above.
+Randomized-response histories are decided exactly instead (:mod:`app.engine.exact`), and their
+samplers' probabilities are bracketed by :func:`exp_bracket`.
 """
 
 from __future__ import annotations
@@ -46,6 +48,19 @@ ULPS_SAMPLER = 8
 #: Absolute margin subtracted from the budget before comparing a certified upper bound with it.
 #: Ties (upper bound equal to the budget up to this margin) are rejected.
 DECISION_MARGIN = 1e-9
+
+
+def written_epsilon_error(magnitude: float) -> float:
+    r"""How far a randomized-response log-probability from the float ε can be from the sampled one.
+
+    The samplers draw with the ε the client wrote, ``ε_w`` (:func:`decimal_fraction`); the
+    float ε is its nearest double, so :math:`|ε_w - ε_f| \le 2^{-53} ε`. Every log-probability
+    of ``grr``, ``binary_rr`` and ``unary_encoding`` moves by at most :math:`|Δε|` (derivatives
+    in ``[-1, 1]``) and has a magnitude of at least ``ε - 1`` (``ε/2`` and half the move for
+    symmetric unary encoding), so the move is at most :math:`u (1 + |term|)`: the rounding error
+    a term of that magnitude adds to the float rule, beyond the computation's own.
+    """
+    return UNIT_ROUNDOFF * (1.0 + magnitude)
 
 
 def update_error(state_range: float, term_range: float) -> float:
@@ -266,10 +281,40 @@ def float_down(x: Fraction) -> float:
     return -float_up(-x)
 
 
-def exp_lower(x: float) -> Fraction:
-    """A rational ``r`` with ``0 < r <= e**x`` (the float exp rounded one ulp down).
+def exp_bracket(x: Fraction, bits: int) -> tuple[Fraction, Fraction]:
+    r"""Rationals ``lo <= e**x <= hi`` with ``hi - lo <= 2**-bits * e**x`` (``x >= 0``).
 
-    The randomised-response samplers use ``r`` in place of ``e**ε`` so that the privacy ratio of
-    the distribution they actually sample is exactly ``r``, never above ``e**ε``.
+    Integer arithmetic only, every rounding directed: ``x = y·2**s`` with ``y <= 1/2``; the
+    Taylor series of ``e**y`` in fixed point with ``P`` fraction bits, each term rounded down for
+    ``lo`` and up for ``hi`` (all terms are positive), the tail after the last term ``T_n``
+    bounded by ``T_n`` itself (``Σ_{j>n} y^j/j! <= T_n Σ_i 2^-i``); then ``s`` squarings,
+    rounded down and up. Each rounding costs one unit of ``2**-P`` and each squaring at most
+    doubles the relative width, so ``P = bits + s + 24`` leaves the width below ``2**-bits``
+    relative for any series shorter than 2**22 terms.
+
+    >>> lo, hi = exp_bracket(Fraction(1, 10), 64)
+    >>> lo <= Fraction("1.1051709180756476248117") <= hi and hi - lo < Fraction(1, 2**64)
+    True
     """
-    return exact_fraction(math.nextafter(math.exp(x), 0.0))
+    if x < 0:
+        raise ValueError("x must be non-negative")
+    s = 0
+    while x > Fraction(1 << s, 2):
+        s += 1
+    y = x / (1 << s)
+    prec = bits + s + 24
+    a, b = y.numerator, y.denominator
+    one = 1 << prec
+    lo = hi = lo_t = hi_t = one
+    k = 0
+    while hi_t > 1:
+        k += 1
+        lo_t = lo_t * a // (b * k)
+        hi_t = -((-hi_t * a) // (b * k))
+        lo += lo_t
+        hi += hi_t
+    hi += hi_t  # the tail
+    for _ in range(s):
+        lo = (lo * lo) >> prec
+        hi = -((-hi * hi) >> prec)
+    return Fraction(lo, one), Fraction(hi, one)

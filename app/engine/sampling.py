@@ -8,8 +8,9 @@ the rational one (no ``random() < p`` on floats).
 Where a mechanism's probabilities are floats (``linear``, ``logistic``, ``matrix``), each float is
 turned into its exact dyadic value and the draw is exact for those values; the difference to the
 real-valued probabilities (a few ulp) is charged to the rounding error of the likelihood state
-(:mod:`app.engine.numerics`). The randomised-response mechanisms instead build their
-probabilities from a rational ``r <= e**ε`` so that their sampled ratio never exceeds ``e**ε``.
+(:mod:`app.engine.numerics`). The randomised-response mechanisms instead sample their real
+probabilities exactly, irrational as they are (:class:`RealProbability`): ``e^ε/(c + e^ε)`` for
+the ε the client wrote, so the log-likelihood ratio actually sampled *is* the written ε.
 
 Timing: draws do the same work whatever the true value — they walk every threshold rather than
 stopping at the first match — so the time taken does not depend on the private value.
@@ -29,8 +30,10 @@ import os
 import secrets
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
+
+from app.engine.numerics import exp_bracket
 
 #: Bytes read from the operating system's generator at a time (512 words of 64 bits).
 BLOCK = 4096
@@ -98,24 +101,6 @@ def bernoulli(p: Fraction) -> bool:
     return randbelow(p.denominator) < p.numerator
 
 
-def bernoulli_and_index(p: Fraction, n: int) -> tuple[bool, int]:
-    """An independent Bernoulli(``p``) draw and uniform index on ``0..n-1``, from one draw.
-
-    ``u`` uniform on ``0..D·n-1`` (``D`` = p's denominator) makes ``(u mod D, u div D)`` uniform on
-    ``0..D-1 × 0..n-1``, so the two parts are independent and each exactly distributed; one call
-    to the operating system's generator instead of two.
-
-    >>> from fractions import Fraction
-    >>> keep, index = bernoulli_and_index(Fraction(1, 3), 4)
-    >>> isinstance(keep, bool) and 0 <= index < 4
-    True
-    """
-    if not 0 <= p.numerator <= p.denominator or n < 1:
-        raise ValueError("probability must lie in [0, 1] and n be positive")
-    u = randbelow(p.denominator * n)
-    return u % p.denominator < p.numerator, u // p.denominator
-
-
 def dyadic_weights(probabilities: Sequence[float]) -> list[int]:
     """Integer weights proportional to the exact values of non-negative floats.
 
@@ -144,3 +129,84 @@ def categorical(weights: Sequence[int]) -> int:
         cumulative += w
         index += u >= cumulative
     return index
+
+
+#: Bits of a :class:`RealProbability`'s first comparison (one 64-bit word).
+FIRST_BITS = 64
+#: A probability's bracket at ``bits``: integers ``lo <= p·2**bits <= hi``.
+Bracket = Callable[[int], tuple[int, int]]
+
+
+class RealProbability:
+    r"""A probability ``p`` (rational or not) known through certified brackets of any precision.
+
+    :meth:`draw` returns True with probability exactly ``p``: it reveals a uniform real ``U`` in
+    ``[0, 1)`` 64 bits at a time — after ``n`` bits ``U ∈ [u/2^n, (u+1)/2^n)`` — and compares it
+    with a bracket ``[lo, hi]/2^n`` of ``p``: ``U < p`` is certain when ``u + 1 <= lo``, and
+    ``U >= p`` when ``u >= hi``; otherwise both are refined by 64 bits. ``Pr(U < p) = p``, and
+    the loop ends with probability 1 (a step is undecided with probability about
+    ``(hi - lo + 1)/2^n``, here a few times ``2**-64``). The first bracket is computed once, so a
+    draw is one 64-bit word and two integer comparisons, the same work for any ``p``.
+    """
+
+    def __init__(self, bracket: Bracket) -> None:
+        self._bracket = bracket
+        self.first = bracket(FIRST_BITS)
+
+    @classmethod
+    def rational(cls, p: Fraction) -> RealProbability:
+        """An exact rational ``p`` in ``[0, 1]``."""
+        if not 0 <= p <= 1:
+            raise ValueError("probability must lie in [0, 1]")
+        return cls(lambda bits: (_floor(p, bits), _ceil(p, bits)))
+
+    def bracket(self, bits: int) -> tuple[int, int]:
+        """Integers ``lo <= p·2**bits <= hi``."""
+        return self.first if bits == FIRST_BITS else self._bracket(bits)
+
+    def draw(self) -> bool:
+        """True with probability exactly ``p``."""
+        lo, hi = self.first
+        bits = FIRST_BITS
+        u = randbelow(1 << FIRST_BITS)
+        while True:
+            if u + 1 <= lo:
+                return True
+            if u >= hi:
+                return False
+            bits += FIRST_BITS
+            u = (u << FIRST_BITS) | randbelow(1 << FIRST_BITS)
+            lo, hi = self._bracket(bits)
+
+
+def _floor(x: Fraction, bits: int) -> int:
+    return (x.numerator << bits) // x.denominator
+
+
+def _ceil(x: Fraction, bits: int) -> int:
+    return -((-x.numerator << bits) // x.denominator)
+
+
+def rr_probability(epsilon: Fraction, others: int) -> RealProbability:
+    """``e^ε / (others + e^ε)``: the "report the truth" probability of randomized response."""
+    if others < 0 or epsilon < 0:
+        raise ValueError("needs epsilon >= 0 and others >= 0")
+
+    def bracket(bits: int) -> tuple[int, int]:
+        # increasing in e^ε; a relative width 2**-(bits+4) of e^ε moves p by at most 2**-(bits+6)
+        lo, hi = exp_bracket(epsilon, bits + 4)
+        return _floor(lo / (others + lo), bits), _ceil(hi / (others + hi), bits)
+
+    return RealProbability(bracket)
+
+
+def rr_complement(epsilon: Fraction, others: int) -> RealProbability:
+    """``others / (others + e^ε)``: one minus :func:`rr_probability` (its complement event)."""
+    if others < 0 or epsilon < 0:
+        raise ValueError("needs epsilon >= 0 and others >= 0")
+
+    def bracket(bits: int) -> tuple[int, int]:
+        lo, hi = exp_bracket(epsilon, bits + 4)  # decreasing in e^ε
+        return _floor(others / (others + hi), bits), _ceil(others / (others + lo), bits)
+
+    return RealProbability(bracket)

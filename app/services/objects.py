@@ -411,7 +411,7 @@ def odometer_history(
         points = [
             {
                 "accepted": r.seq,
-                "realized_loss": {"lower": r.loss_lower, "upper": r.loss_upper},
+                "realized_loss": LossBounds(r.loss_lower, r.loss_upper).to_json(),
                 "basic_composition": r.basic_after,
                 "epsilon": r.epsilon,
                 "at": _iso(r.created_at),

@@ -41,6 +41,7 @@ from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord, R
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput, Unsupported
 from app.engine.filters import Decision
+from app.engine.likelihood import LossBounds
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, parse_query
 from app.engine.pipeline import (
@@ -553,7 +554,7 @@ def list_queries(
                 "query": json.loads(r.query),
                 "output": json.loads(r.output),
                 "epsilon": r.epsilon,
-                "realized_loss_after": {"lower": r.loss_lower, "upper": r.loss_upper},
+                "realized_loss_after": LossBounds(r.loss_lower, r.loss_upper).to_json(),
                 "basic_composition_after": r.basic_after,
                 "created_at": r.created_at.isoformat() if r.created_at else None,
             }

@@ -13,7 +13,7 @@ import pytest
 
 from app.engine.calculator import compute_loss
 from app.engine.domain import parse_domain
-from app.engine.exact import MAX_GROUPS, SAMPLER_SLACK
+from app.engine.exact import MAX_GROUPS
 from app.engine.filters import FilterKind
 from app.engine.likelihood import LikelihoodState
 from app.engine.mechanisms import Mechanism, parse_query
@@ -80,7 +80,7 @@ def test_calculator_accepts_the_exact_tie() -> None:
     answer = compute_loss(
         {"domain": BINARY, "history": history, "candidate": _rr(0.25), "budget": 1.0}
     )
-    assert answer["realized_loss"] == {"lower": 0.75, "upper": 0.75}
+    assert answer["realized_loss"] == {"lower": 0.75, "upper": 0.75, "exact": True}
     candidate = answer["candidate"]
     assert candidate["worst_case_upper"] == 1.0
     assert candidate["accepted"] == {"bayesian": True, "simplified": True, "basic": False}
@@ -157,19 +157,14 @@ def test_exact_losses_match_brute_force_and_floats(seed: int) -> None:
                 assert losses[j] == _brute_force(RICH, [*history, (candidate, j)])
 
 
-def test_slack_is_zero_for_one_epsilon_and_covers_samplers_for_several() -> None:
+def test_a_mixed_history_is_exact_too() -> None:
+    """0.5 and 0.25 together: the samplers draw ``e^ε`` exactly, so no slack widens the loss."""
     domain = parse_domain(BINARY)
-    one = parse_query(_rr(0.5), domain)
-    other = parse_query(_rr(0.25), domain)
     state = LikelihoodState(domain)
-    state.apply(one.term(1))
-    assert state.exact is not None
-    assert state.exact.slack(one.exact_query()) == 0
-    assert state.exact.slack(other.exact_query()) == 2 * SAMPLER_SLACK
-    # the slack widens the bounds of a mixed history
-    state.apply(other.term(1))
+    state.apply(parse_query(_rr(0.5), domain).term(1))
+    state.apply(parse_query(_rr(0.25), domain).term(1))
     bounds = state.loss()
-    assert bounds.lower < 0.75 < bounds.upper
+    assert (bounds.lower, bounds.upper, bounds.exact, bounds.value) == (0.75, 0.75, True, 0.75)
 
 
 def test_a_query_without_exact_form_ends_exactness() -> None:

@@ -14,6 +14,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Iterator
+from decimal import Decimal, localcontext
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,7 @@ from scipy import stats
 from app.engine import sampling
 from app.engine.domain import parse_domain
 from app.engine.mechanisms import parse_query
-from app.engine.mechanisms import randomized_response as rr_module
-from app.engine.mechanisms import unary_encoding as ue_module
-from app.engine.numerics import exact_fraction, exp_lower
+from app.engine.numerics import exact_fraction
 
 ENGINE = Path(__file__).resolve().parents[2] / "app" / "engine"
 
@@ -200,73 +199,145 @@ def test_matrix_fits_its_row(x: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _capture_bernoulli(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[Fraction]:
-    seen: list[Fraction] = []
-
-    def spy(p: Fraction) -> bool:
-        seen.append(p)
-        return sampling.bernoulli(p)
-
-    monkeypatch.setattr(module, "bernoulli", spy)
-    return seen
+#: Written ε's whose samplers are checked (1e-9 and 1e-300 are below the query floor but may be
+#: replayed in histories; the draw must still be exact).
+WRITTEN = ["0.1", "0.2", "0.05", "1e-9", "1e-6", "0.3", "0.7", "1.1", "7.25", "50", "99.99", "100"]
 
 
-@pytest.mark.parametrize("eps", [0.1, math.log(3), 2.0, 7.5])
-def test_binary_rr_samples_the_exact_ratio_r(monkeypatch: pytest.MonkeyPatch, eps: float) -> None:
-    seen = _capture_bernoulli(monkeypatch, rr_module)
-    mech = parse_query(
+def _exp(written: str, digits: int = 90) -> tuple[Fraction, Fraction]:
+    """An interval around ``e**written`` from the decimal module (correctly rounded exp)."""
+    with localcontext() as ctx:
+        ctx.prec = digits
+        value = Fraction(Decimal(written).exp())
+    pad = value / 10 ** (digits - 2)
+    return value - pad, value + pad
+
+
+def _assert_brackets(prob: sampling.RealProbability, lo: Fraction, hi: Fraction) -> None:
+    """Every bracket of ``prob`` contains ``[lo, hi]`` and is a few units wide."""
+    for bits in (64, 128, 256):
+        b_lo, b_hi = prob.bracket(bits)
+        assert Fraction(b_lo, 2**bits) <= lo, bits
+        assert hi <= Fraction(b_hi, 2**bits), bits
+        assert b_hi - b_lo <= 4, bits
+
+
+@pytest.mark.parametrize("written", WRITTEN)
+@pytest.mark.parametrize("others", [1, 4])
+def test_rr_probabilities_are_e_eps_of_the_written_epsilon(written: str, others: int) -> None:
+    """``e^ε/(c + e^ε)`` and its complement, bracketed around the decimal module's value.
+
+    The sampled ratio is then exactly ``e^ε`` for the written ε: not the float's ε (0.1 as a
+    double is 0.1000000000000000055...), and never rounded above it.
+    """
+    e_lo, e_hi = _exp(written)
+    _assert_brackets(
+        sampling.rr_probability(Fraction(written), others),
+        e_lo / (others + e_lo),
+        e_hi / (others + e_hi),
+    )
+    _assert_brackets(
+        sampling.rr_complement(Fraction(written), others),
+        others / (others + e_hi),
+        others / (others + e_lo),
+    )
+
+
+def test_the_float_epsilon_would_be_another_distribution() -> None:
+    """At ε = 0.1 the float's ``e^ε`` (ε = 0.1000000000000000055...) lies outside the bracket."""
+    _lo, hi = sampling.rr_probability(Fraction("0.1"), 1).bracket(128)
+    f_lo, _f_hi = _exp(str(Decimal.from_float(0.1)))  # the double's exact decimal expansion
+    assert Fraction(hi, 2**128) < f_lo / (1 + f_lo)
+
+
+def _mechanism(query: dict[str, Any], domain: dict[str, Any]) -> Any:
+    return parse_query(query, parse_domain(domain))
+
+
+@pytest.mark.parametrize("written", ["0.1", "0.2", "0.05", "0.3", "7.25", "50"])
+def test_each_sampler_draws_e_eps_for_the_written_epsilon(written: str) -> None:
+    """binary_rr, grr and both unary encodings hold brackets of their exact probabilities."""
+    eps = float(written)
+    e_lo, e_hi = _exp(written)
+    s_lo, s_hi = _exp(str(Decimal(written) / 2))
+    binary = _mechanism(
         {
             "mechanism": "binary_rr",
             "predicate": {"attribute": "x", "op": "==", "value": 1},
             "epsilon": eps,
         },
-        parse_domain(BINARY),
+        BINARY,
     )
-    mech.sample({"x": 1})
-    (p,) = seen
-    r = exp_lower(eps)
-    assert p / (1 - p) == r  # privacy ratio of the distribution actually sampled, exactly
-    assert r <= exact_fraction(math.exp(eps))
-    assert float(p) == pytest.approx(math.exp(eps) / (1 + math.exp(eps)), rel=1e-14)
+    _assert_brackets(binary._honest, e_lo / (1 + e_lo), e_hi / (1 + e_hi))
+    five = {"attributes": [{"name": "c", "type": "integer", "low": 0, "high": 4}]}
+    grr = _mechanism({"mechanism": "grr", "attribute": "c", "epsilon": eps}, five)
+    _assert_brackets(grr._keep, e_lo / (4 + e_lo), e_hi / (4 + e_hi))
+    three = {"attributes": [{"name": "v", "type": "integer", "low": 0, "high": 2}]}
+    oue = _mechanism({"mechanism": "unary_encoding", "attribute": "v", "epsilon": eps}, three)
+    p, q = oue._probabilities
+    _assert_brackets(p, Fraction(1, 2), Fraction(1, 2))
+    _assert_brackets(q, 1 / (1 + e_hi), 1 / (1 + e_lo))
+    sue = _mechanism(
+        {"mechanism": "unary_encoding", "attribute": "v", "epsilon": eps, "variant": "symmetric"},
+        three,
+    )
+    p, q = sue._probabilities
+    _assert_brackets(p, s_lo / (1 + s_lo), s_hi / (1 + s_hi))
+    _assert_brackets(q, 1 / (1 + s_hi), 1 / (1 + s_lo))
 
 
-@pytest.mark.parametrize("eps", [0.1, 1.1, 4.0])
-def test_grr_samples_the_exact_ratio_r(monkeypatch: pytest.MonkeyPatch, eps: float) -> None:
-    seen: list[tuple[Fraction, int]] = []
+def _feed(monkeypatch: pytest.MonkeyPatch, words: list[int]) -> list[int]:
+    """Make ``sampling.randbelow(2**64)`` return ``words`` in order (what is left is returned)."""
+    left = list(words)
 
-    def spy(p: Fraction, n: int) -> tuple[bool, int]:
-        seen.append((p, n))
-        return sampling.bernoulli_and_index(p, n)
+    def fake(n: int) -> int:
+        assert n == 2**64
+        return left.pop(0)
 
-    monkeypatch.setattr(rr_module, "bernoulli_and_index", spy)
-    domain = parse_domain({"attributes": [{"name": "c", "type": "integer", "low": 0, "high": 4}]})
-    mech = parse_query({"mechanism": "grr", "attribute": "c", "epsilon": eps}, domain)
-    mech.sample({"c": 2})
-    ((keep, others),) = seen
-    assert others == 4  # the other value is uniform over the k - 1 = 4 others
-    # Pr(same) / Pr(a given other) = keep / ((1 - keep) / (k - 1)) = r
-    assert keep / ((1 - keep) / 4) == exp_lower(eps)
-    assert exp_lower(eps) <= exact_fraction(math.exp(eps))
+    monkeypatch.setattr(sampling, "randbelow", fake)
+    return left
 
 
-@pytest.mark.parametrize("variant", ["optimized", "symmetric"])
-@pytest.mark.parametrize("eps", [0.2, 1.2, 5.0])
-def test_unary_encoding_samples_a_ratio_at_most_e_eps(
-    monkeypatch: pytest.MonkeyPatch, variant: str, eps: float
+@pytest.mark.parametrize("p", [Fraction(1, 3), Fraction(2, 3), Fraction(1, 2**70), Fraction(1, 2)])
+@pytest.mark.parametrize("tail", [0, 1, 2**63, 2**64 - 1])
+def test_real_probability_refines_an_undecided_first_word(
+    monkeypatch: pytest.MonkeyPatch, p: Fraction, tail: int
 ) -> None:
-    seen = _capture_bernoulli(monkeypatch, ue_module)
-    domain = parse_domain({"attributes": [{"name": "v", "type": "integer", "low": 0, "high": 2}]})
-    mech = parse_query(
-        {"mechanism": "unary_encoding", "attribute": "v", "epsilon": eps, "variant": variant},
-        domain,
-    )
-    mech.sample({"v": 1})
-    q, p, q2 = seen
-    assert q == q2
-    assert p * (1 - q) / (q * (1 - p)) <= exact_fraction(math.exp(eps))
-    p_ref, q_ref = _ue_probabilities(variant, eps)
-    assert float(p) == pytest.approx(p_ref, rel=1e-14)
-    assert float(q) == pytest.approx(q_ref, rel=1e-14)
+    """A first word inside the 64-bit bracket draws a second one and decides ``U < p`` exactly."""
+    prob = sampling.RealProbability.rational(p)
+    lo, hi = prob.first
+    for first in {lo, max(hi - 1, 0)}:
+        left = _feed(monkeypatch, [first, tail, 0, 0])
+        drawn = prob.draw()
+        used = 4 - len(left)
+        # U lies in [first·2^64 + tail, first·2^64 + tail + 1) / 2^128 (then the words left)
+        u = Fraction(first * 2**64 + tail, 2**128)
+        if u + Fraction(1, 2**128) <= p:
+            assert drawn
+            assert used <= 2
+        elif u >= p:
+            assert not drawn
+            assert used <= 2
+        else:  # p inside the 128-bit cell: a third word
+            assert used >= 3
+
+
+def test_real_probability_decides_on_one_word_almost_always(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    prob = sampling.rr_probability(Fraction(1, 10), 1)
+    lo, hi = prob.first
+    assert hi - lo <= 2
+    for word, expected in ((0, True), (lo - 1, True), (hi, False), (2**64 - 1, False)):
+        left = _feed(monkeypatch, [word])
+        assert prob.draw() is expected
+        assert left == []
+
+
+@pytest.mark.parametrize("p", [Fraction(-1), Fraction(3, 2)])
+def test_real_probability_refuses_values_outside_0_1(p: Fraction) -> None:
+    with pytest.raises(ValueError, match="probability"):
+        sampling.RealProbability.rational(p)
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,21 +364,6 @@ def _enumerate_randbelow(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
             yield state["n"]
 
     return sizes()
-
-
-@pytest.mark.parametrize("p", [Fraction(0), Fraction(1), Fraction(2, 7), Fraction(12, 13)])
-@pytest.mark.parametrize("n", [1, 2, 5])
-def test_bernoulli_and_index_is_exact_and_independent(
-    monkeypatch: pytest.MonkeyPatch, p: Fraction, n: int
-) -> None:
-    # over all D·n equally likely draws, each (outcome, index) pair comes up exactly
-    # D·Pr(outcome) times for every index: the joint law is Bernoulli(p) × uniform, exactly
-    sizes = _enumerate_randbelow(monkeypatch)
-    pairs = Counter(sampling.bernoulli_and_index(p, n) for _ in range(p.denominator * n))
-    assert next(sizes) == p.denominator * n
-    for index in range(n):
-        assert pairs[(True, index)] == p.numerator
-        assert pairs[(False, index)] == p.denominator - p.numerator
 
 
 @pytest.mark.parametrize(

@@ -1385,7 +1385,7 @@ def test_unsupported_is_not_an_invalid_input() -> None:
     assert "not supported" in err.message  # type: ignore[attr-defined]
     # an empty history on a continuous domain is fine: nothing learned, loss 0
     empty = compute_loss({"domain": copy.deepcopy(CONTINUOUS), "history": []})
-    assert empty["realized_loss"] == {"lower": 0.0, "upper": 0.0}
+    assert empty["realized_loss"] == {"lower": 0.0, "upper": 0.0, "exact": True}
 
 
 def test_history_length_limit() -> None:

@@ -134,7 +134,8 @@ def assert_problem(response: httpx.Response, status: int, type_: str | None = No
 
 
 def assert_bounds(bounds: dict[str, float], budget: float | None = None) -> None:
-    assert set(bounds) == {"lower", "upper"}, bounds
+    assert set(bounds) == {"lower", "upper", "exact"}, bounds
+    assert isinstance(bounds["exact"], bool), bounds
     assert 0.0 - TOL <= bounds["lower"] <= bounds["upper"] + TOL, bounds
     if budget is not None:
         assert bounds["upper"] <= budget, bounds
@@ -271,7 +272,7 @@ def test_walkthrough_finite_object(client: TestClient, analyst: str, rec: Record
     assert m["retired_at"] is None
     assert_odometer(m["odometer"], budget)
     assert m["odometer"]["accepted"] == 0
-    assert m["odometer"]["realized_loss"] == {"lower": 0.0, "upper": 0.0}
+    assert m["odometer"]["realized_loss"] == {"lower": 0.0, "upper": 0.0, "exact": True}
 
     # dry-runs of every finite mechanism: all accepted, nothing recorded
     for query, outputs in [
@@ -285,7 +286,7 @@ def test_walkthrough_finite_object(client: TestClient, analyst: str, rec: Record
         decision = d.json()
         assert_decision(decision, outputs)
         assert decision["decision"] == "accept", decision
-        assert decision["realized_loss"] == {"lower": 0.0, "upper": 0.0}
+        assert decision["realized_loss"] == {"lower": 0.0, "upper": 0.0, "exact": True}
     # a dry-run whose query alone is too much for the budget is a normal 200 "reject"
     too_much = {**GRR_X, "epsilon": 1.5}
     d = rec.post(f"/v1/objects/{oid}/dry-run", headers=auth(analyst), json={"query": too_much})

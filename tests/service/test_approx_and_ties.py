@@ -78,7 +78,7 @@ def test_ties_are_accepted_until_the_loss_is_exactly_the_budget(
     else:
         pytest.fail("no rejection in 400 queries")
     odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
-    assert odometer["realized_loss"] == {"lower": 1.0, "upper": 1.0}
+    assert odometer["realized_loss"] == {"lower": 1.0, "upper": 1.0, "exact": True}
     assert odometer["remaining"] == 0.0
     report = verify_all(make_session_factory(make_engine(database_url)))
     assert report.ok, report.problems

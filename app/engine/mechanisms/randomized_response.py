@@ -4,14 +4,15 @@
 ``e^ε / (k - 1 + e^ε)`` and each other value with ``1 / (k - 1 + e^ε)``. ``binary_rr`` outputs
 the predicate's truth (``1``/``0``) with probability ``e^ε / (1 + e^ε)``.
 
-Both samplers replace ``e^ε`` by a rational ``r <= e^ε`` (:func:`app.engine.numerics.exp_lower`)
-so the privacy ratio of the distribution actually sampled is exactly ``r``.
+Both samplers draw these probabilities exactly for the ε the client wrote
+(:func:`app.engine.sampling.rr_probability`: ``e^ε`` is irrational, the draw is still exact), so
+the privacy ratio of the distribution actually sampled is exactly ``e^ε`` — the ratio that the
+exact loss (:mod:`app.engine.exact`) charges.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
@@ -33,9 +34,9 @@ from app.engine.mechanisms.base import (
     output_index,
     rr_log_probs,
 )
-from app.engine.numerics import FloatArray, exp_lower, log1p_exp
+from app.engine.numerics import FloatArray, decimal_fraction, log1p_exp, written_epsilon_error
 from app.engine.predicates import Predicate, parse_predicate
-from app.engine.sampling import bernoulli, bernoulli_and_index
+from app.engine.sampling import RealProbability, randbelow, rr_probability
 
 
 class GeneralizedRR(Mechanism):
@@ -81,17 +82,18 @@ class GeneralizedRR(Mechanism):
         """``log_hit`` on points whose attribute equals the output, ``log_miss`` elsewhere."""
         values = np.full(self.k, self.log_miss)
         values[output_index(output)] = self.log_hit
-        return Term((self.axis,), values, exact=self.exact_term(output))
+        error = written_epsilon_error(max(abs(self.log_hit), abs(self.log_miss)))
+        return Term((self.axis,), values, error, exact=self.exact_term(output))
 
     def exact_term(self, output: Output) -> ExactTerm:
         """``ε`` on the output's value, 0 elsewhere (plus a constant, dropped)."""
         coeff = np.zeros(self.k, dtype=np.int64)
         coeff[output_index(output)] = 1
-        return ExactTerm(self.axis, Group(Fraction(self.eps), "r"), coeff)
+        return ExactTerm(self.axis, Group(decimal_fraction(self.eps)), coeff)
 
     def exact_query(self) -> ExactQuery:
         """Output ``v`` adds ε on value ``v``."""
-        return ExactQuery(self.axis, Group(Fraction(self.eps), "r"), "grr")
+        return ExactQuery(self.axis, Group(decimal_fraction(self.eps)), "grr")
 
     def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
         """Loss after each of the k outputs in O(|X| + k) using the top two per-value extremes.
@@ -103,22 +105,26 @@ class GeneralizedRR(Mechanism):
         maxima, minima = state.extremes_over((self.axis,))
         losses = _rr_losses(maxima, minima, self.log_hit, self.log_miss)
         magnitude = max(abs(self.log_hit), abs(self.log_miss))
-        return CandidateLosses(losses, self.output_json, magnitude)
+        error = written_epsilon_error(magnitude)
+        return CandidateLosses(losses, self.output_json, magnitude, error)
 
     def sample(self, value: Mapping[str, Scalar]) -> Output:
-        """Keep the true value with probability ``r / (k - 1 + r)``, else a uniform other value."""
+        """Keep the true value with probability ``e^ε / (k - 1 + e^ε)``, else a uniform other.
+
+        The other value is drawn every time (the same work whatever is kept).
+        """
         v = self.attribute.index_of(value[self.attribute.name], self.attribute.name)
         if self.k == 1:
             return 0
-        keep, other = bernoulli_and_index(self._keep, self.k - 1)
+        keep = self._keep.draw()
+        other = randbelow(self.k - 1)
         other += other >= v
         return v if keep else other
 
     @cached_property
-    def _keep(self) -> Fraction:
-        """``r / (k - 1 + r)`` with ``r = exp_lower(ε)``: computed once (a survey samples 10^6)."""
-        r = exp_lower(self.eps)
-        return r / (self.k - 1 + r)
+    def _keep(self) -> RealProbability:
+        """``e^ε / (k - 1 + e^ε)`` for the written ε: bracketed once (a survey samples 10^6)."""
+        return rr_probability(decimal_fraction(self.eps), self.k - 1)
 
 
 def _rr_losses(maxima: FloatArray, minima: FloatArray, hit: float, miss: float) -> FloatArray:
@@ -184,6 +190,11 @@ class BinaryRR(TabulatedMechanism):
         col0 = np.where(truth, log_false, log_true)
         return np.stack([col0, col1], axis=-1)
 
+    @property
+    def extra_error(self) -> float:
+        """The float ε's distance to the written one (:func:`written_epsilon_error`)."""
+        return written_epsilon_error(float(np.max(np.abs(self.table()))))
+
     @cached_property
     def _exact_table(self) -> npt.NDArray[np.int64]:
         """Columns 0 and 1: whether the output equals the predicate's truth, per value."""
@@ -195,23 +206,22 @@ class BinaryRR(TabulatedMechanism):
         if not self.predicate.attribute.is_finite:
             return None
         column = self._exact_table[:, output_index(output)]
-        return ExactTerm(self.predicate.axis, Group(Fraction(self.eps), "r"), column)
+        return ExactTerm(self.predicate.axis, Group(decimal_fraction(self.eps)), column)
 
     def exact_query(self) -> ExactQuery | None:
         """Outputs 0 and 1 as a two-column table."""
         if not self.predicate.attribute.is_finite:
             return None
-        group = Group(Fraction(self.eps), "r")
+        group = Group(decimal_fraction(self.eps))
         return ExactQuery(self.predicate.axis, group, "table", self._exact_table)
 
     def sample(self, value: Mapping[str, Scalar]) -> Output:
-        """Report the truth with probability ``r / (1 + r)``, its negation otherwise."""
+        """Report the truth with probability ``e^ε / (1 + e^ε)``, its negation otherwise."""
         truth = int(self.predicate.evaluate(value[self.predicate.attribute.name]))
-        honest = int(bernoulli(self._honest))
+        honest = int(self._honest.draw())
         return truth ^ (1 - honest)
 
     @cached_property
-    def _honest(self) -> Fraction:
-        """``r / (1 + r)`` with ``r = exp_lower(ε)``, computed once."""
-        r = exp_lower(self.eps)
-        return r / (1 + r)
+    def _honest(self) -> RealProbability:
+        """``e^ε / (1 + e^ε)`` for the written ε, bracketed once."""
+        return rr_probability(decimal_fraction(self.eps), 1)

@@ -34,8 +34,8 @@ from app.engine.mechanisms.base import (
     check_epsilon,
     output_bits,
 )
-from app.engine.numerics import exp_lower, log1p_exp
-from app.engine.sampling import bernoulli
+from app.engine.numerics import decimal_fraction, log1p_exp, written_epsilon_error
+from app.engine.sampling import RealProbability, rr_complement, rr_probability
 
 VARIANTS = ("optimized", "symmetric")
 
@@ -107,12 +107,13 @@ class UnaryEncoding(Mechanism):
     def term(self, output: Output) -> Term:
         """``A`` on values whose bit is set, ``B`` elsewhere (the common ``C(s)`` is dropped)."""
         values = np.where(np.asarray(output_bits(output), dtype=bool), self.log_a, self.log_b)
-        return Term((self.axis,), values.astype(np.float64), exact=self.exact_term(output))
+        error = written_epsilon_error(max(abs(self.log_a), abs(self.log_b)))
+        return Term((self.axis,), values.astype(np.float64), error, self.exact_term(output))
 
     @property
     def _group(self) -> Group:
-        """ε and the sampler: ``exp_lower(ε/2)²`` (symmetric) or ``exp_lower(ε)`` (optimized)."""
-        return Group(Fraction(self.eps), "s" if self.variant == "symmetric" else "r")
+        """The written ε (both variants sample ``A − B = ε`` exactly)."""
+        return Group(decimal_fraction(self.eps))
 
     def exact_term(self, output: Output) -> ExactTerm:
         """``ε`` on values whose bit is set (``A − B = ε`` in both variants; ``C(s)`` dropped)."""
@@ -146,7 +147,10 @@ class UnaryEncoding(Mechanism):
             losses = (maxima + shifts).max(axis=1) - (minima + shifts).min(axis=1)
             rows = [tuple(int(b) for b in row) for row in patterns]
             return CandidateLosses(
-                np.asarray(losses, dtype=np.float64), lambda j: list(rows[j]), magnitude
+                np.asarray(losses, dtype=np.float64),
+                lambda j: list(rows[j]),
+                magnitude,
+                written_epsilon_error(magnitude),
             )
         worst_bits = [0] * self.k
         within = float(np.max(maxima - minima))
@@ -163,22 +167,28 @@ class UnaryEncoding(Mechanism):
             worst_bits[v] = 1
         worst = max(across, within)
         bits = tuple(worst_bits)
-        return CandidateLosses(np.array([worst]), lambda _j: list(bits), magnitude, complete=False)
+        return CandidateLosses(
+            np.array([worst]),
+            lambda _j: list(bits),
+            magnitude,
+            written_epsilon_error(magnitude),
+            complete=False,
+        )
 
     @cached_property
-    def _probabilities(self) -> tuple[Fraction, Fraction]:
-        """Exact rational ``(p, q)`` whose privacy ratio ``p(1-q)/(q(1-p))`` is ``<= e^ε``.
+    def _probabilities(self) -> tuple[RealProbability, RealProbability]:
+        """``(p, q)`` for the written ε, drawn exactly: ``p(1-q)/(q(1-p)) = e^ε``.
 
-        Computed once per mechanism (a survey samples a million members with one).
+        ``optimized``: ``1/2`` and ``1/(e^ε + 1)``; ``symmetric``: ``e^{ε/2}/(e^{ε/2} + 1)`` and
+        ``1/(e^{ε/2} + 1)``. Bracketed once per mechanism (a survey samples a million members).
         """
+        eps = decimal_fraction(self.eps)
         if self.variant == "optimized":
-            r = exp_lower(self.eps)
-            return Fraction(1, 2), 1 / (r + 1)
-        s = exp_lower(self.eps / 2.0)
-        return s / (s + 1), 1 / (s + 1)
+            return RealProbability.rational(Fraction(1, 2)), rr_complement(eps, 1)
+        return rr_probability(eps / 2, 1), rr_complement(eps / 2, 1)
 
     def sample(self, value: Mapping[str, Scalar]) -> Output:
         """Draw all k bits; bit ``v`` with ``p``, the rest with ``q``."""
         v = self.attribute.index_of(value[self.attribute.name], self.attribute.name)
         p, q = self._probabilities
-        return tuple(int(bernoulli(p if j == v else q)) for j in range(self.k))
+        return tuple(int((p if j == v else q).draw()) for j in range(self.k))

@@ -262,10 +262,13 @@ class KeyRequest(_Request):
 
 # --------------------------------------------------------------------------------- responses
 class LossBounds(_Response):
-    """Certified bounds of a realized loss: ``lower <= loss <= upper``."""
+    """Bounds of a realized loss: certified ``lower <= loss <= upper``, or the exact loss."""
 
     lower: float
     upper: float
+    #: True: the loss is exact (randomized response, every ε and the budget as written) and
+    #: ``lower`` and ``upper`` are both its nearest double. False: certified bounds.
+    exact: bool = False
 
 
 class Odometer(_Response):
@@ -311,6 +314,8 @@ class OutputLoss(_Response):
     output: Any
     lower: float
     upper: float
+    #: As :attr:`LossBounds.exact`.
+    exact: bool = False
 
 
 class Decision(_Response):
