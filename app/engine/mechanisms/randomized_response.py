@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.engine import sampling
 from app.engine.domain import Domain, Scalar
 from app.engine.errors import InvalidInput
 from app.engine.exact import ExactQuery, ExactTerm, Group
@@ -36,7 +37,7 @@ from app.engine.mechanisms.base import (
 )
 from app.engine.numerics import FloatArray, decimal_fraction, log1p_exp, written_epsilon_error
 from app.engine.predicates import Predicate, parse_predicate
-from app.engine.sampling import RealProbability, randbelow, rr_probability
+from app.engine.sampling import RealProbability, rr_probability
 
 
 class GeneralizedRR(Mechanism):
@@ -117,7 +118,7 @@ class GeneralizedRR(Mechanism):
         if self.k == 1:
             return 0
         keep = self._keep.draw()
-        other = randbelow(self.k - 1)
+        other = sampling.randbelow(self.k - 1)
         other += other >= v
         return v if keep else other
 
