@@ -294,6 +294,8 @@ class _Search:
         #: terms with the same row ``(theta_i, c_i)`` (a repeated query) have the same value
         #: ``y_i`` at every x: a split of one is a split of all of them (see :func:`split_value`)
         self.same_value = _same_rows(terms)
+        #: certified extremes of every term over the box (see ``TermSet.term_extremes``)
+        self.caps = terms.term_extremes(box)
         self.best = -math.inf
         self.best_x = 0.5 * (box.lo + box.hi)
         self.nodes = 0
@@ -334,7 +336,7 @@ class _Search:
         """Relaxation with Kelley rounds; feeds incumbents."""
         extra: list[list[float]] = [[] for _ in range(self.terms.size)]
         tangents = self.settings.tangents
-        rel = relax(self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining())
+        rel = relax(self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining(), self.caps)
         self.nodes += 1
         for _ in range(self.settings.cut_rounds):
             if rel.x is None or rel.z is None or self.remaining() <= 0.0:
@@ -347,7 +349,9 @@ class _Search:
                 break
             for i in np.flatnonzero(worst):
                 extra[i].append(float(rel.z[i]))
-            tighter = relax(self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining())
+            tighter = relax(
+                self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining(), self.caps
+            )
             self.nodes += 1
             improved = rel.bound - tighter.bound
             rel = tighter if tighter.bound <= rel.bound else rel

@@ -175,11 +175,15 @@ def relax(
     extra: Sequence[Sequence[float]] | None = None,
     tangents: int = 3,
     time_limit: float | None = None,
+    caps: tuple[FloatArray, FloatArray] | None = None,
 ) -> Relaxation:
     """Solve the relaxation of ``max F`` over one node and certify its bound.
 
     ``time_limit`` (seconds) stops HiGHS early; the bound is then the interval bound (or the
-    weak-duality bound of whatever duals are available), still certified.
+    weak-duality bound of whatever duals are available), still certified. ``caps`` (per term,
+    certified ``min``/``max`` of ``h_i`` over a box holding the node's,
+    :meth:`~app.engine.continuous.problem.TermSet.term_extremes`) narrow the bounds of each
+    ``s_i``; a node where they leave no value is empty.
     """
     n, d = terms.size, x_lo.size
     start = time.perf_counter()
@@ -189,6 +193,10 @@ def relax(
     pad = 256 * UNIT_ROUNDOFF * (1.0 + np.abs(ends).max(axis=0))
     s_hi = ends.max(axis=0) + pad
     s_lo = ends.min(axis=0) - pad
+    if caps is not None:
+        s_lo, s_hi = np.maximum(s_lo, caps[0]), np.minimum(s_hi, caps[1])
+        if np.any(s_lo > s_hi):  # some h_i has no value both in [l_i, u_i] and over the box
+            return Relaxation(-np.inf, None, None, np.zeros(n), True)
     interval_bound = float(np.sum(s_hi)) + 2 * (n + 2) * UNIT_ROUNDOFF * float(np.sum(np.abs(s_hi)))
     if not np.isfinite(interval_bound):
         return Relaxation(np.inf, None, None, np.zeros(n), False)
