@@ -294,8 +294,6 @@ class _Search:
         #: terms with the same row ``(theta_i, c_i)`` (a repeated query) have the same value
         #: ``y_i`` at every x: a split of one is a split of all of them (see :func:`split_value`)
         self.same_value = _same_rows(terms)
-        #: certified extremes of every term over the box (see ``TermSet.term_extremes``)
-        self.caps = terms.term_extremes(box)
         self.best = -math.inf
         self.best_x = 0.5 * (box.lo + box.hi)
         self.nodes = 0
@@ -304,6 +302,8 @@ class _Search:
         self.deadline = time.perf_counter() + settings.time_limit
         if settings.stop_at is not None:
             self.deadline = min(self.deadline, time.perf_counter() + settings.stop_at - time.time())
+        #: certified extremes of every term over the box (see ``TermSet.term_extremes``)
+        self.caps = terms.term_extremes(box)
         # one evaluated point before anything can run out of time: a search stopped by its
         # limit before its first relaxation still has a finite lower bound (it had -inf)
         if terms.size:
@@ -362,29 +362,40 @@ class _Search:
         return rel
 
     def polish(self) -> None:
-        """L-BFGS-B on the relaxed (continuous) problem from the incumbent and the box centre."""
-        terms = self.terms
+        """L-BFGS-B on the relaxed (continuous) problem from the incumbent and the box centre.
 
-        def negative(x: FloatArray) -> tuple[float, FloatArray]:
+        In the box's unit coordinates ``x = m + r w``, ``w in [-1, 1]^d``: on a box 1e100 wide
+        the gradient in ``x`` (1e-100 per unit) is below any tolerance and the search stopped at
+        its start.
+        """
+        terms = self.terms
+        mid = 0.5 * (self.box.lo + self.box.hi)
+        half = 0.5 * (self.box.hi - self.box.lo)
+        if not np.all(np.isfinite(half)):  # a box wider than the largest float: the raw one
+            mid, half = np.zeros(self.box.dim), np.ones(self.box.dim)
+        half = np.where(half > 0.0, half, 1.0)
+
+        def negative(w: FloatArray) -> tuple[float, FloatArray]:
+            x = mid + half * w
             z = terms.values(x)
             value = float(terms.batch.values(z).sum())
             grad = terms.theta.T @ terms.batch.derivs(z)
             if terms.lifting is not None:
                 grad = terms.lifting.chain(x, grad)
-            return -value, -grad
+            return -value, -grad * half
 
         def out_of_time(intermediate_result: object) -> None:
             if self.remaining() <= 0.0:
                 raise StopIteration
 
-        bounds = list(zip(self.box.lo, self.box.hi, strict=True))
-        for start in (self.best_x.copy(), 0.5 * (self.box.lo + self.box.hi)):
+        bounds = list(zip((self.box.lo - mid) / half, (self.box.hi - mid) / half, strict=True))
+        for start in (self.best_x.copy(), mid.copy()):
             if self.remaining() <= 0.0:
                 break
             try:
                 res = minimize(
                     negative,
-                    start,
+                    np.clip((start - mid) / half, -1.0, 1.0),
                     jac=True,
                     method="L-BFGS-B",
                     bounds=bounds,
@@ -394,7 +405,7 @@ class _Search:
             except (ValueError, FloatingPointError):  # pragma: no cover - defensive
                 continue
             if np.all(np.isfinite(res.x)):
-                self.offer(np.asarray(res.x, dtype=np.float64))
+                self.offer(np.asarray(mid + half * res.x, dtype=np.float64))
 
     def concave(self, l: FloatArray, u: FloatArray) -> MaxResult | None:
         """Certified maximum of a concave ``F`` by local search plus the tangent-plane bound."""

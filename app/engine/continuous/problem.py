@@ -158,11 +158,11 @@ class TermSet:
         return np.asarray(total, dtype=np.float64), np.asarray(err, dtype=np.float64)
 
     def term_enclosures(self, points: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Per point and term, certified ``[lo, hi]`` holding ``h_i`` at the exact ``z_i``.
+        """Per term ``i``, certified ``[lo, hi]`` holding ``h_i`` at ``points[i]`` (affine ``z``).
 
         The per-term version of :meth:`evaluate_many`'s error bound (same charges, not summed).
         """
-        z, z_lo, z_err = self.split_values(points)
+        z, z_lo, z_err = split_dot(points, self.theta, self.c, paired=True)
         terms = self.batch.values(z, z_lo)
         err = 16.0 * UNIT_ROUNDOFF * np.abs(terms) + 8.0 * UNIT_ROUNDOFF
         err = err + np.where(self.batch.logistic, np.abs(z_lo), 0.0)
@@ -188,10 +188,8 @@ class TermSet:
         if self.lifting is None and self.size:
             low_vertex = np.where(self.theta > 0.0, box.lo, box.hi)
             high_vertex = np.where(self.theta > 0.0, box.hi, box.lo)
-            idx = np.arange(self.size)
             lo_a, hi_a = self.term_enclosures(low_vertex)
             lo_b, hi_b = self.term_enclosures(high_vertex)
-            lo_a, hi_a, lo_b, hi_b = lo_a[idx, idx], hi_a[idx, idx], lo_b[idx, idx], hi_b[idx, idx]
             return np.minimum(lo_a, lo_b), np.maximum(hi_a, hi_b)
         return None
 
@@ -314,9 +312,11 @@ class RankOneReduction:
 
 
 def split_dot(
-    points: FloatArray, theta: FloatArray, c: FloatArray
+    points: FloatArray, theta: FloatArray, c: FloatArray, *, paired: bool = False
 ) -> tuple[FloatArray, FloatArray, FloatArray]:
     """``z = points @ theta.T + c`` as ``hi + lo`` (double-double) and a bound on its error.
+
+    ``paired``: row ``i`` of ``points`` with row ``i`` of ``theta`` only (``z`` of shape ``(n,)``).
 
     :func:`~app.engine.numerics.exact_dot` without its final rounding: the exact value is
     ``s + Σ e_j`` (Dekker products, Knuth sums, every ``e_j`` a float), ``corr = fl(Σ e_j)``
@@ -324,13 +324,14 @@ def split_dot(
     every operation was exact; products that might underflow add ``2^-1070`` each.
     """
     p_count, d = points.shape
-    s = np.broadcast_to(np.asarray(c, dtype=np.float64), (p_count, theta.shape[0])).copy()
+    shape = (p_count,) if paired else (p_count, theta.shape[0])
+    s = np.broadcast_to(np.asarray(c, dtype=np.float64), shape).copy()
     corr = np.zeros_like(s)
     abs_err = np.zeros_like(s)
     tiny = 2.0**-960
     for k in range(d):
-        a = points[:, k : k + 1]
-        b = theta[:, k][None, :]
+        a = points[:, k] if paired else points[:, k : k + 1]
+        b = theta[:, k] if paired else theta[:, k][None, :]
         prod, prod_err = two_product(a, b)
         s, sum_err = two_sum(s, prod)
         corr += prod_err + sum_err
