@@ -99,12 +99,17 @@ class Relaxation:
     lift_gaps: FloatArray = field(default_factory=lambda: np.zeros(0))
 
 
+#: Relative width below which a query value's interval is not split (about 4096 ulps), and
+#: within which the LP's gaps are measured (:func:`relax`): rounding, not the envelopes, decides
+#: what happens at that scale.
+RESOLUTION = 2.0**-40
+
 #: Rows whose largest coefficient (after column scaling) exceeds this are left out of the LP:
 #: HiGHS calls a model with entries beyond 1e15 an error, and the relaxation then fell back to
 #: the interval bound (tangents of ``log t`` near ``t = 0`` at ε >= 50 have slopes past 1e20).
 #: Fewer over-estimating lines only loosen the relaxation; the caps of the ``s_i`` and the other
 #: lines still bound every term.
-MAX_COEFFICIENT = float("inf")
+MAX_COEFFICIENT = 1e15
 
 
 def column_scales(theta: FloatArray) -> FloatArray:
@@ -323,5 +328,12 @@ def relax(
         lift_gaps = violation * (np.abs(terms.theta[:, d:]).T @ slopes)
         return Relaxation(bound + const, x, z, gaps, True, np.asarray(lift_gaps, dtype=np.float64))
     z = terms.values(x)
-    gaps = np.maximum(s - terms.term_values(z), 0.0)
+    # the gap is measured against h's values within a relative RESOLUTION of z: where a term's
+    # slope is e^80 (a linear query's t near 0), rounding z alone shows tens of nats of "gap"
+    # that no split of the query value can remove (issue 22 item 3)
+    delta = RESOLUTION * np.maximum(np.abs(z), u - l)
+    near = np.maximum(
+        terms.term_values(np.clip(z - delta, l, u)), terms.term_values(np.clip(z + delta, l, u))
+    )
+    gaps = np.maximum(s - np.maximum(near, terms.term_values(z)), 0.0)
     return Relaxation(bound + const, x, z, gaps, True)
