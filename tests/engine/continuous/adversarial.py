@@ -93,13 +93,14 @@ def eps_case(seed: int, size: int) -> Case:
     return Case(f"eps-{seed}-n{size}", _instance(rng, lo, hi, weights, kinds, eps))
 
 
-def candidate_case(seed: int) -> Case:
-    """Shape (b): three queries at ε ≤ 3, then a ``linear`` candidate at ε = 40, output ``a``."""
+def candidate_case(seed: int, top: float = 3.0, truncate: bool = False) -> Case:
+    """Shape (b): three queries at ε in ``[0.5, top]``, then a ``linear`` candidate at ε = 40
+    (``truncate`` or plain), output ``a``."""
     rng = np.random.default_rng(2000 + seed)
     lo, hi = np.array([-1.0, -2.0]), np.array([2.0, 1.5])
     weights = np.round(rng.normal(size=(4, 2)), 4)
-    kinds = [LOGISTIC, TRUNCATED, PLAIN, PLAIN]
-    eps = np.array([*np.round(rng.uniform(0.5, 3.0, size=3), 2), 40.0])
+    kinds = [LOGISTIC, TRUNCATED, PLAIN, TRUNCATED if truncate else PLAIN]
+    eps = np.array([*np.round(rng.uniform(0.5, top, size=3), 2), 40.0])
     inst = _instance(rng, lo, hi, weights, kinds, eps)
     # the candidate's range: its low end ``a`` a little below the query's reach, as -9.27
     w, c = weights[3], inst.intercept[3]
@@ -107,39 +108,45 @@ def candidate_case(seed: int) -> Case:
     reach_hi = c + float(np.maximum(w * lo, w * hi).sum())
     inst.a[3] = round(reach_lo - 0.05 - 3.0 * rng.uniform(), 2)
     inst.b[3] = round(reach_hi + 0.05 + 3.0 * rng.uniform(), 2)
+    if truncate:  # the range cuts into the reach: the candidate's own loss is its ε
+        inst.a[3], inst.b[3] = round(reach_lo + 0.3, 2), round(reach_hi - 0.3, 2)
     inst.high[3] = False
     return Case(f"cand-{seed}", inst, candidate=True)
 
 
-def spread_case(seed: int, size: int) -> Case:
+def spread_case(seed: int, size: int, eps_range: tuple[float, float] = (5.0, 40.0)) -> Case:
     """Shape (c): weights ``(±1e-6, ±1e7)``-like on ``x in [0, 1e6]``, ``y in [0, 1e-7]``."""
     rng = np.random.default_rng(3000 + seed)
     lo, hi = np.array([0.0, 0.0]), np.array([1e6, 1e-7])
     scale = np.array([1e-6, 1e7])
     weights = np.round(rng.uniform(-3.0, 3.0, size=(size, 2)), 3) * scale
     kinds = [[PLAIN, TRUNCATED, LOGISTIC][int(k)] for k in rng.integers(3, size=size)]
-    eps = np.round(rng.uniform(5.0, 40.0, size=size), 2)
+    eps = np.round(rng.uniform(*eps_range, size=size), 2)
     return Case(f"spread-{seed}-n{size}", _instance(rng, lo, hi, weights, kinds, eps))
 
 
-def huge_case(seed: int, size: int) -> Case:
+def huge_case(seed: int, size: int, eps_range: tuple[float, float] = (0.5, 4.0)) -> Case:
     """Shape (d): ``[-1e100, 1e100]^2`` (or ``[0, 1e100]``-wide) with weights near 1e-100."""
     rng = np.random.default_rng(4000 + seed)
     lo = np.array([-1e100, 0.0]) if seed % 2 else np.array([-1e100, -1e100])
     hi = np.array([1e100, 1e100])
     weights = np.round(rng.normal(size=(size, 2)), 4) * 1e-100
     kinds = [[PLAIN, TRUNCATED, LOGISTIC][int(k)] for k in rng.integers(3, size=size)]
-    eps = np.round(rng.uniform(0.5, 4.0, size=size), 2)
+    eps = np.round(rng.uniform(*eps_range, size=size), 2)
     return Case(f"huge-{seed}-n{size}", _instance(rng, lo, hi, weights, kinds, eps))
 
 
 def all_cases() -> list[Case]:
     """The suite, in a fixed order (bench and tests)."""
+    pairs = ((0, 3), (1, 5), (2, 8), (3, 4), (4, 6), (5, 7), (6, 3), (7, 5), (8, 8), (9, 4))
     return [
-        *(eps_case(s, n) for s, n in ((0, 3), (1, 5), (2, 8), (3, 4), (4, 6))),
+        *(eps_case(s, n) for s, n in pairs),
         *(candidate_case(s) for s in range(3)),
+        *(candidate_case(s, top=40.0, truncate=bool(s % 2)) for s in range(3, 7)),
         *(spread_case(s, n) for s, n in ((0, 3), (1, 5), (2, 4))),
+        *(spread_case(s, n, (50.0, 80.0)) for s, n in ((3, 3), (4, 5), (5, 6))),
         *(huge_case(s, n) for s, n in ((0, 3), (1, 5), (2, 4))),
+        *(huge_case(s, n, (20.0, 60.0)) for s, n in ((3, 3), (4, 5), (5, 6))),
     ]
 
 
@@ -185,8 +192,8 @@ def _extremes_unit(inst: Instance, grid: int = 801) -> tuple[float, float]:
     def logp(u: np.ndarray) -> np.ndarray:
         return inst.logp(points(np.atleast_2d(u)))
 
-    axis = np.linspace(0.0, 1.0, grid)
-    mesh = np.stack([m.ravel() for m in np.meshgrid(axis, axis, indexing="ij")], axis=1)
+    ticks = np.linspace(0.0, 1.0, grid)
+    mesh = np.stack([m.ravel() for m in np.meshgrid(ticks, ticks, indexing="ij")], axis=1)
     values = logp(mesh)
     out = []
     for sign in (1.0, -1.0):
