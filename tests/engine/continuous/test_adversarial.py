@@ -3,8 +3,8 @@
 Every case of :mod:`tests.engine.continuous.adversarial` (ε >= 50 on 2-D boxes, a candidate at
 ε = 40, weights spanning 1e13, a 1e100-wide box) goes through the calculator with default
 options: the bounds bracket the engine-free reference and ``upper - lower <= 0.01`` with status
-``ok`` — or status ``limit`` with a ``reason``. Before the fixes 13 of these 29 cases ended at
-the time limit with gaps of 0.01 to 54 nats (docs/benchmarks.md). The component tests below pin
+``ok`` — or status ``limit`` with a ``reason``. Before the fixes 19 of these 29 cases ended at
+the time limit with gaps of 0.03 to 130 nats (docs/benchmarks.md). The component tests below pin
 each cause.
 """
 
