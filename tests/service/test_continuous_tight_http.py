@@ -23,7 +23,7 @@ CASES = {case.name: case for case in all_cases()}
 
 @cache
 def reference(name: str) -> float:
-    return reference_loss(CASES[name])
+    return reference_loss(CASES[name], grid=401)
 
 
 @pytest.fixture(scope="module")

@@ -144,8 +144,9 @@ class TermSet:
         abs_sum = np.abs(terms).sum(axis=1) + abs(self.constant)
         # (n + 16) u Σ|h_i| for the sum and each term; 8u per term for the relative error of t
         err = (n + 16) * UNIT_ROUNDOFF * abs_sum + 8.0 * n * UNIT_ROUNDOFF
-        # logistic terms read the high part of z only; their slope is below 1
-        err = err + np.where(self.batch.logistic, np.abs(z_lo), 0.0).sum(axis=-1)
+        # logistic terms read the high part of z only (so the moves below leave them in place):
+        # their slope is below 1, so they err by at most |z_lo| + δ_i
+        err = err + np.where(self.batch.logistic, np.abs(z_lo) + z_err, 0.0).sum(axis=-1)
         if np.any(z_err > 0.0):
             up = self.batch.values(z, np.nextafter(z_lo + z_err, np.inf))
             down = self.batch.values(z, np.nextafter(z_lo - z_err, -np.inf))
@@ -165,7 +166,7 @@ class TermSet:
         z, z_lo, z_err = split_dot(points, self.theta, self.c, paired=True)
         terms = self.batch.values(z, z_lo)
         err = 16.0 * UNIT_ROUNDOFF * np.abs(terms) + 8.0 * UNIT_ROUNDOFF
-        err = err + np.where(self.batch.logistic, np.abs(z_lo), 0.0)
+        err = err + np.where(self.batch.logistic, np.abs(z_lo) + z_err, 0.0)
         if np.any(z_err > 0.0):
             up = self.batch.values(z, np.nextafter(z_lo + z_err, np.inf))
             down = self.batch.values(z, np.nextafter(z_lo - z_err, -np.inf))

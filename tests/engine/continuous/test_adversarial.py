@@ -20,7 +20,7 @@ import pytest
 from app.engine.calculator import compute_loss
 from app.engine.continuous.branch_and_bound import BnBSettings, Status, maximize
 from app.engine.continuous.envelopes import concave_overestimator, convex_underestimator
-from app.engine.continuous.problem import Box, split_dot
+from app.engine.continuous.problem import Box, TermSet, split_dot
 from app.engine.continuous.univariate import ResponseCurve
 from tests.engine.continuous.adversarial import Case, all_cases, exact_logp, reference_loss
 
@@ -29,7 +29,7 @@ CASES = {case.name: case for case in all_cases()}
 
 @cache
 def reference(name: str) -> float:
-    return reference_loss(CASES[name])
+    return reference_loss(CASES[name], grid=401)
 
 
 def bounds(case: Case, **options: object) -> tuple[float, float, dict[str, object]]:
@@ -141,3 +141,15 @@ def test_tiny_query_value_intervals_are_not_split() -> None:
     result = maximize(terms, Box(inst.lo, inst.hi), BnBSettings(max_nodes=400, time_limit=20))
     assert result.status is Status.OPTIMAL, (result.lower, result.upper)
     assert result.upper - result.lower <= 1e-4
+
+
+def test_a_padded_evaluation_covers_logistic_terms() -> None:
+    """Logistic terms read only the high part of a double-double ``z``: the value of
+    ``evaluate_many`` with a pad (the one-dimensional search's) must still hold every value
+    within the pad."""
+    curve = ResponseCurve.logistic_output(2.0, high=True)
+    terms = TermSet(np.array([[1.0]]), np.array([0.0]), (curve,))
+    value, err = terms.evaluate_many(np.array([[0.3]]), np.array([0.1]))
+    for z in (0.2, 0.3, 0.4):
+        h = float(curve.value(np.array([z]))[0])
+        assert value[0] - err[0] <= h <= value[0] + err[0]
