@@ -69,8 +69,10 @@ from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
 #: Relative distance (to the box's width) within which an incumbent's coordinate is also tried
 #: on the nearest face (see ``_Search.offer``).
 SNAP = 1e-6
-#: Relative steps of the nudged incumbents (see ``_Search.offer``).
+#: Relative steps of the nudged incumbents (see ``_Search.offer``), tried when some term's ε is
+#: at least ``NUDGE_EPSILON`` (below it a term's slope, at most ``e^ε/(b - a)``, makes rounding moot).
 NUDGES = (1e-12, 1e-9, 1e-6)
+NUDGE_EPSILON = 20.0
 
 
 class Status(Enum):
@@ -321,6 +323,8 @@ class _Search:
         self.deadline = time.perf_counter() + settings.time_limit
         if settings.stop_at is not None:
             self.deadline = min(self.deadline, time.perf_counter() + settings.stop_at - time.time())
+        #: nudged incumbents only where some term is steep (their cost grows with d and n)
+        self._steep = bool(terms.size) and float(terms.batch.epsilon.max()) >= NUDGE_EPSILON
         #: directions of :meth:`offer`'s nudges: ± every axis and every sign pattern (at most 8)
         d = box.dim
         signs = np.array(list(itertools.product((-1.0, 1.0), repeat=min(d, 3))))
@@ -394,7 +398,7 @@ class _Search:
             if improved < 0.1 * self.settings.tolerance:
                 break
         if rel.x is not None:
-            self.offer(rel.x, nudge=True)
+            self.offer(rel.x, nudge=self._steep)
         return rel
 
     def polish(self) -> None:
