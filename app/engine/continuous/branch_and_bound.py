@@ -70,7 +70,8 @@ from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
 #: on the nearest face (see ``_Search.offer``).
 SNAP = 1e-6
 #: Relative steps of the nudged incumbents (see ``_Search.offer``), tried when some term's ε is
-#: at least ``NUDGE_EPSILON`` (below it a term's slope, at most ``e^ε/(b - a)``, makes rounding moot).
+#: at least ``NUDGE_EPSILON`` (below it a term's slope, at most ``e^ε/(b - a)``, keeps rounding
+#: moot).
 NUDGES = (1e-12, 1e-9, 1e-6)
 NUDGE_EPSILON = 20.0
 
