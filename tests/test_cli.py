@@ -87,7 +87,7 @@ def check_answer_shape(answer: dict[str, Any], *, with_candidate: bool) -> None:
     assert isinstance(answer, dict)
     required = {"realized_loss", "basic_composition"} | ({"candidate"} if with_candidate else set())
     assert required <= set(answer)
-    allowed = {"realized_loss", "basic_composition", "candidate", "status"}
+    allowed = {"realized_loss", "basic_composition", "candidate", "status", "reason"}
     assert set(answer) <= allowed, set(answer) - allowed
     if not with_candidate:
         assert "candidate" not in answer
@@ -100,6 +100,8 @@ def check_answer_shape(answer: dict[str, Any], *, with_candidate: bool) -> None:
     assert 0.0 <= loss["lower"] <= loss["upper"]
     if "status" in answer:
         assert answer["status"] in {"ok", "limit"}
+        # a limit says which (issue 22 item 3); "ok" has no reason
+        assert ("reason" in answer) == (answer["status"] == "limit"), answer
     if not with_candidate:
         return
     cand = answer["candidate"]

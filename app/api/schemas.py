@@ -487,6 +487,8 @@ class LossResult(_Open):
     realized_loss: LossBounds
     basic_composition: float
     status: Literal["ok", "limit"]
+    #: With ``status: limit`` only: which limit kept ``upper - lower`` above the tolerance.
+    reason: str | SkipJsonSchema[None] = None
     candidate: CandidateLoss | None = None
     approx: ApproxState | SkipJsonSchema[None] = None
 

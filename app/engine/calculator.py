@@ -8,6 +8,7 @@ Request::
 Answer::
 
     {"realized_loss": {"lower", "upper", "exact"}, "basic_composition": Σε, "status": "ok",
+     "reason": "...only with status limit...",
      "candidate": {"per_output": [{"output", "lower", "upper", "exact"}], "worst_case_upper",
                    "accepted": {"bayesian", "simplified", "basic"}, ...}}
 
@@ -29,6 +30,7 @@ from typing import Any
 
 from app.engine.approx import NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.continuous.branch_and_bound import BnBSettings
+from app.engine.continuous.state import ContinuousState
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
@@ -100,7 +102,8 @@ def compute_loss(
     stop at a cheap sound bound when it already decides the candidate under ``budget`` (the
     per-output bounds may then be loose; used by the service's filter decisions). ``status`` is
     ``"limit"`` when ``upper - lower`` exceeds the tolerance (a search hit a limit, or the
-    tolerance is below the rounding bound); the bounds are sound either way. ``stop_at``
+    tolerance is below the rounding bound), and then ``reason`` says which
+    (:func:`limit_reason`); the bounds are sound either way. ``stop_at``
     (wall-clock, ``time.time()``) ends every search then, whatever ``time_limit`` says
     (:attr:`BnBSettings.stop_at`).
 
@@ -168,4 +171,31 @@ def compute_loss(
             **evaluation.to_json(),
             "accepted": decisions_by_filter(snapshot, evaluation),
         }
+    if answer["status"] == "limit":
+        answer["reason"] = limit_reason(snapshot.state, settings)
     return answer
+
+
+#: What each way of stopping short means, for the answer's ``reason``.
+_REASONS = {
+    "time-limit": "a search reached options.time_limit ({time_limit:g} s per search)",
+    "node-limit": "a search reached options.max_nodes ({max_nodes} nodes)",
+    "precision-limit": "rounding-error bounds of float64 evaluations exceed the tolerance",
+}
+
+
+def limit_reason(state: object, settings: BnBSettings) -> str:
+    """Why ``upper - lower`` exceeds the tolerance (the answer's ``reason`` with ``"limit"``).
+
+    The searches of a continuous state record how they stopped short
+    (``ContinuousState.limits_hit``); anything else is the rounding bound of the exact
+    computations.
+    """
+    hit = sorted(state.limits_hit) if isinstance(state, ContinuousState) else []
+    names = hit or ["precision-limit"]
+    return "; ".join(
+        _REASONS.get(name, name).format(
+            time_limit=settings.time_limit, max_nodes=settings.max_nodes
+        )
+        for name in names
+    )

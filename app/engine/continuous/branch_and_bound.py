@@ -62,13 +62,18 @@ import numpy as np
 from scipy.optimize import minimize
 
 from app.engine.continuous.line import maximize_line
-from app.engine.continuous.lp_bound import Relaxation, relax
+from app.engine.continuous.lp_bound import RESOLUTION, Relaxation, relax
 from app.engine.continuous.problem import Box, TermSet, rank_one
 from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
 
 #: Relative distance (to the box's width) within which an incumbent's coordinate is also tried
 #: on the nearest face (see ``_Search.offer``).
 SNAP = 1e-6
+#: Relative steps of the nudged incumbents (see ``_Search.offer``), tried when some term's ε is
+#: at least ``NUDGE_EPSILON`` (below it a term's slope, at most ``e^ε/(b - a)``, keeps rounding
+#: moot).
+NUDGES = (1e-12, 1e-9, 1e-6)
+NUDGE_EPSILON = 20.0
 
 
 class Status(Enum):
@@ -188,7 +193,9 @@ def choose_branch(node: _Node, terms: TermSet, integer: np.ndarray) -> tuple[str
 
     Returns ``("x", k, v)`` to split integer coordinate ``k`` into ``<= floor(v)`` and
     ``>= ceil(v)``, ``("c", k, v)`` to split coordinate ``k`` at ``v`` (quadratic query values,
-    see the module docstring), or ``("z", i, v)`` to split query value ``i`` at ``v``. A
+    see the module docstring, or when no query value's interval can be split any more),
+    ``("z", i, v)`` to split query value ``i`` at ``v``, or ``("none", -1, 0)`` when nothing can
+    be split (the node's bound then stands). A
     fractional integer coordinate is split first; otherwise the term the LP overestimates most,
     at the LP's value (kept away from the interval's ends so both children shrink).
     """
@@ -203,12 +210,29 @@ def choose_branch(node: _Node, terms: TermSet, integer: np.ndarray) -> tuple[str
         if coordinate is not None:
             return coordinate
     widths = node.u - node.l
-    if rel.z is not None and rel.gaps.size and float(rel.gaps.max()) > 0.0:
-        i = int(np.argmax(rel.gaps))
+    mid = 0.5 * (node.l + node.u)
+    # a query value whose interval is a few thousand ulps wide is not split: its children would
+    # be the node itself or nearly so, while the LP's z a few ulps off shows a gap of tens of
+    # nats where a term's slope is e^60 (issue 22 item 3: the search split such nodes until the
+    # node limit instead of the term whose envelope was loose)
+    splittable = (node.l < mid) & (mid < node.u) & (widths > RESOLUTION * np.abs(mid))
+    gaps = np.where(splittable, rel.gaps, 0.0) if rel.gaps.size == widths.size else rel.gaps
+    if rel.z is not None and gaps.size and float(gaps.max()) > 0.0:
+        i = int(np.argmax(gaps))
         lo, hi = node.l[i] + 0.1 * widths[i], node.u[i] - 0.1 * widths[i]
-        return "z", i, float(np.clip(rel.z[i], lo, hi))
-    i = int(np.argmax(widths / np.maximum(np.abs(node.l) + np.abs(node.u), 1.0)))
-    return "z", i, float(0.5 * (node.l[i] + node.u[i]))
+        v = float(np.clip(rel.z[i], lo, hi))
+        return "z", i, v if node.l[i] < v < node.u[i] else float(mid[i])
+    if splittable.any():
+        spread = np.where(splittable, widths / np.maximum(np.abs(node.l) + np.abs(node.u), 1.0), -1)
+        i = int(np.argmax(spread))
+        return "z", i, float(mid[i])
+    # no query value can be split: the widest coordinate, if any can (else the node is final)
+    x_mid = 0.5 * (node.x_lo + node.x_hi)
+    inside = (node.x_lo < x_mid) & (x_mid < node.x_hi) & ~integer
+    if inside.any():
+        k = int(np.argmax(np.where(inside, node.x_hi - node.x_lo, -1.0)))
+        return "c", k, float(x_mid[k])
+    return "none", -1, 0.0
 
 
 #: A coordinate split is preferred unless the monomials' error at the LP optimum is below this
@@ -254,8 +278,6 @@ def _narrowed(
     terms: TermSet, x_lo: FloatArray, x_hi: FloatArray, l: FloatArray, u: FloatArray
 ) -> tuple[FloatArray, FloatArray]:
     """A child's query-value box intersected with the range of each ``z_i`` over its box."""
-    if terms.lifting is None:
-        return l, u
     r_lo, r_hi = terms.value_ranges(Box(x_lo, x_hi))
     return np.maximum(l, r_lo), np.minimum(u, r_hi)
 
@@ -302,6 +324,16 @@ class _Search:
         self.deadline = time.perf_counter() + settings.time_limit
         if settings.stop_at is not None:
             self.deadline = min(self.deadline, time.perf_counter() + settings.stop_at - time.time())
+        #: nudged incumbents only where some term is steep (their cost grows with d and n)
+        self._steep = bool(terms.size) and float(terms.batch.epsilon.max()) >= NUDGE_EPSILON
+        #: directions of :meth:`offer`'s nudges: ± every axis and every sign pattern (at most 8)
+        d = box.dim
+        signs = np.array(list(itertools.product((-1.0, 1.0), repeat=min(d, 3))))
+        diagonal = np.zeros((signs.shape[0], d))
+        diagonal[:, : signs.shape[1]] = signs
+        self._directions = np.concatenate([np.eye(d), -np.eye(d), diagonal]) if d else diagonal
+        #: certified extremes of every term over the box (see ``TermSet.term_extremes``)
+        self.caps = terms.term_extremes(box)
         # one evaluated point before anything can run out of time: a search stopped by its
         # limit before its first relaxation still has a finite lower bound (it had -inf)
         if terms.size:
@@ -311,13 +343,18 @@ class _Search:
         """Seconds left before the time limit (negative once it has passed)."""
         return self.deadline - time.perf_counter()
 
-    def offer(self, x: FloatArray) -> None:
+    def offer(self, x: FloatArray, *, nudge: bool = False) -> None:
         """Consider a point as incumbent (rounded to integers and clipped to the box).
 
         Coordinates within :data:`SNAP` of the box's width from a face are also tried on the
         face: local searches stop a hair inside the box (L-BFGS-B: 7e-9), where at large ε
         ``F`` can be tens of nats below its value on the face, and on a face with
         representable coordinates ``z`` is often exact, so its error bound is zero.
+
+        ``nudge`` also tries the point moved by :data:`NUDGES` of the box's width along
+        :attr:`_directions`: an LP optimum sits on the kinks of steep terms, where ``F`` at the
+        rounded point is tens of nats below its value a hair inside the flat side (issue 22
+        item 3: two truncated terms at ε ≈ 80 whose flat sides meet in a wedge).
         """
         point = np.where(self.integer, np.round(x), x)
         point = np.clip(point, self.box.lo, self.box.hi)
@@ -325,6 +362,12 @@ class _Search:
         snapped = np.where(point - self.box.lo <= reach, self.box.lo, point)
         snapped = np.where(self.box.hi - snapped <= reach, self.box.hi, snapped)
         candidates = np.stack([point, snapped]) if np.any(snapped != point) else point[None, :]
+        if nudge:
+            width = self.box.hi - self.box.lo
+            moved = [point + step * width * self._directions for step in NUDGES]
+            moved_points = np.clip(np.concatenate(moved), self.box.lo, self.box.hi)
+            moved_points = np.where(self.integer, point, moved_points)
+            candidates = np.concatenate([candidates, moved_points])
         values, errs = self.terms.evaluate_many(candidates)
         k = int(np.argmax(values - errs))
         if values[k] - errs[k] > self.best:
@@ -334,7 +377,7 @@ class _Search:
         """Relaxation with Kelley rounds; feeds incumbents."""
         extra: list[list[float]] = [[] for _ in range(self.terms.size)]
         tangents = self.settings.tangents
-        rel = relax(self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining())
+        rel = relax(self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining(), self.caps)
         self.nodes += 1
         for _ in range(self.settings.cut_rounds):
             if rel.x is None or rel.z is None or self.remaining() <= 0.0:
@@ -347,40 +390,53 @@ class _Search:
                 break
             for i in np.flatnonzero(worst):
                 extra[i].append(float(rel.z[i]))
-            tighter = relax(self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining())
+            tighter = relax(
+                self.terms, x_lo, x_hi, l, u, extra, tangents, self.remaining(), self.caps
+            )
             self.nodes += 1
             improved = rel.bound - tighter.bound
             rel = tighter if tighter.bound <= rel.bound else rel
             if improved < 0.1 * self.settings.tolerance:
                 break
         if rel.x is not None:
-            self.offer(rel.x)
+            self.offer(rel.x, nudge=self._steep)
         return rel
 
     def polish(self) -> None:
-        """L-BFGS-B on the relaxed (continuous) problem from the incumbent and the box centre."""
-        terms = self.terms
+        """L-BFGS-B on the relaxed (continuous) problem from the incumbent and the box centre.
 
-        def negative(x: FloatArray) -> tuple[float, FloatArray]:
+        In the box's unit coordinates ``x = m + r w``, ``w in [-1, 1]^d``: on a box 1e100 wide
+        the gradient in ``x`` (1e-100 per unit) is below any tolerance and the search stopped at
+        its start.
+        """
+        terms = self.terms
+        mid = 0.5 * (self.box.lo + self.box.hi)
+        half = 0.5 * (self.box.hi - self.box.lo)
+        if not np.all(np.isfinite(half)):  # a box wider than the largest float: the raw one
+            mid, half = np.zeros(self.box.dim), np.ones(self.box.dim)
+        half = np.where(half > 0.0, half, 1.0)
+
+        def negative(w: FloatArray) -> tuple[float, FloatArray]:
+            x = mid + half * w
             z = terms.values(x)
             value = float(terms.batch.values(z).sum())
             grad = terms.theta.T @ terms.batch.derivs(z)
             if terms.lifting is not None:
                 grad = terms.lifting.chain(x, grad)
-            return -value, -grad
+            return -value, -grad * half
 
         def out_of_time(intermediate_result: object) -> None:
             if self.remaining() <= 0.0:
                 raise StopIteration
 
-        bounds = list(zip(self.box.lo, self.box.hi, strict=True))
-        for start in (self.best_x.copy(), 0.5 * (self.box.lo + self.box.hi)):
+        bounds = list(zip((self.box.lo - mid) / half, (self.box.hi - mid) / half, strict=True))
+        for start in (self.best_x.copy(), mid.copy()):
             if self.remaining() <= 0.0:
                 break
             try:
                 res = minimize(
                     negative,
-                    start,
+                    np.clip((start - mid) / half, -1.0, 1.0),
                     jac=True,
                     method="L-BFGS-B",
                     bounds=bounds,
@@ -390,7 +446,7 @@ class _Search:
             except (ValueError, FloatingPointError):  # pragma: no cover - defensive
                 continue
             if np.all(np.isfinite(res.x)):
-                self.offer(np.asarray(res.x, dtype=np.float64))
+                self.offer(np.asarray(mid + half * res.x, dtype=np.float64))
 
     def concave(self, l: FloatArray, u: FloatArray) -> MaxResult | None:
         """Certified maximum of a concave ``F`` by local search plus the tangent-plane bound."""
@@ -503,6 +559,9 @@ def _maximize(terms: TermSet, box: Box, settings: BnBSettings) -> MaxResult:
             search.pruned = max(search.pruned, node.relaxation.bound)
             continue
         what, k, v = choose_branch(node, terms, search.integer)
+        if what == "none":  # nothing left to split: the node's bound stands
+            search.pruned = max(search.pruned, node.relaxation.bound)
+            continue
         children = []
         if what in ("x", "c"):
             left_hi, right_lo = node.x_hi.copy(), node.x_lo.copy()

@@ -137,6 +137,27 @@ def _passes_under(h: ResponseCurve, p: float, u: float) -> bool:
     return float(s[0] * u + b[0]) <= float(h.value(np.array([u]))[0])
 
 
+def _flat_side(h: ResponseCurve) -> str:
+    """Which side of the kink a truncated ``linear`` CV curve is flat on (``""``: neither).
+
+    The high output (``z* = a``) is flat left of ``a`` (its convex side), the negated low output
+    (``z* = b``) right of ``b`` (its concave side). Both are increasing.
+    """
+    if h.logistic or not h.truncate or h.shape is not Shape.CV:
+        return ""
+    return "left" if h.inflection == h.a else "right"
+
+
+def _with_chord(
+    h: ResponseCurve, lines: tuple[FloatArray, FloatArray], p: float, q: float
+) -> tuple[FloatArray, FloatArray]:
+    """``lines`` plus the chord of ``h`` between ``p`` and ``q`` when its slope is ``>= 0``."""
+    slope, intercept = _secant(h, p, q)
+    if not (np.isfinite(slope[0]) and slope[0] >= 0.0 and np.isfinite(intercept[0])):
+        return lines
+    return np.concatenate([lines[0], slope]), np.concatenate([lines[1], intercept])
+
+
 def _over_cv(h: ResponseCurve, l: float, u: float, extra: Sequence[float], count: int) -> Lines:
     z_star = h.inflection
     if u - l <= 0.0:
@@ -150,6 +171,11 @@ def _over_cv(h: ResponseCurve, l: float, u: float, extra: Sequence[float], count
     else:
         p0 = _bisect(h, z_star, u, l, want_left=False)
         slopes, intercepts = _tangents(h, _spread(p0, u, extra, count))
+    if l < z_star < u and _flat_side(h) == "right":
+        # a kink: the tangents of the flat side are flat; the chord from l to the kink is above h
+        # on the convex side and, increasing, above the flat side (issue 22 item 3: without it
+        # the envelope of a low output at ε = 54 was its maximum, 54 nats, everywhere)
+        slopes, intercepts = _with_chord(h, (slopes, intercepts), l, z_star)
     return Lines(slopes, intercepts + _slack(h, l, u, slopes))
 
 
@@ -166,6 +192,10 @@ def _under_cv(h: ResponseCurve, l: float, u: float, extra: Sequence[float], coun
     else:
         p1 = _bisect(h, l, z_star, u, want_left=True)
         slopes, intercepts = _tangents(h, _spread(l, p1, extra, count))
+    if l < z_star < u and _flat_side(h) == "left":
+        # the mirror image: the chord from the kink to u is below h on the concave side and,
+        # increasing, below the flat side
+        slopes, intercepts = _with_chord(h, (slopes, intercepts), z_star, u)
     return Lines(slopes, intercepts - _slack(h, l, u, slopes))
 
 

@@ -57,6 +57,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import linprog
@@ -96,6 +97,61 @@ class Relaxation:
     gaps: FloatArray
     solved: bool
     lift_gaps: FloatArray = field(default_factory=lambda: np.zeros(0))
+
+
+#: Relative width below which a query value's interval is not split (about 4096 ulps), and
+#: within which the LP's gaps are measured (:func:`relax`): rounding, not the envelopes, decides
+#: what happens at that scale.
+RESOLUTION = 2.0**-40
+
+#: Rows whose largest coefficient (after column scaling) exceeds this are left out of the LP:
+#: HiGHS calls a model with entries beyond 1e15 an error, and the relaxation then fell back to
+#: the interval bound (tangents of ``log t`` near ``t = 0`` at ε >= 50 have slopes past 1e20).
+#: Fewer over-estimating lines only loosen the relaxation; the caps of the ``s_i`` and the other
+#: lines still bound every term.
+MAX_COEFFICIENT = 1e15
+
+
+def column_scales(theta: FloatArray) -> FloatArray:
+    """A power of two near ``1 / max_i |θ_ik|`` per column whose weights are all tiny or huge.
+
+    HiGHS sees ``x_k = D_k w_k``: on a box 1e100 wide with weights near 1e-100 the products
+    ``θ_k D_k`` are of order 1, where HiGHS would drop the raw ``θ_k`` as below its small
+    matrix value (1e-9). Multiplying by a power of two is exact, and the duals of the rows do not
+    change, so the certificate is computed on the unscaled LP. Columns with weights within
+    ``[1e-6, 1e6]`` are left alone (scaling them made HiGHS's points coarser, and the search
+    slower, on weights spanning 1e13).
+    """
+    top = np.max(np.abs(theta), axis=0, initial=0.0) if theta.size else np.zeros(theta.shape[1])
+    odd = (top > 0.0) & np.isfinite(top) & ((top < 1e-6) | (top > 1e6))
+    exponents = np.where(odd, -np.round(np.log2(np.where(odd, top, 1.0))), 0.0)
+    return np.asarray(np.ldexp(1.0, np.clip(exponents, -1000, 1000).astype(np.int64)))
+
+
+def _scaled_linprog(
+    cost: FloatArray,
+    A: FloatArray,
+    b: FloatArray,
+    lo: FloatArray,
+    hi: FloatArray,
+    options: dict[str, float] | None = None,
+    scaled: FloatArray | None = None,
+) -> tuple[Any, FloatArray | None]:
+    """HiGHS on the LP with columns scaled by ``scaled`` (see :func:`column_scales`).
+
+    Returns HiGHS's result and its ``x`` unscaled.
+    """
+    scale = np.ones(lo.size) if scaled is None else scaled
+    res = linprog(
+        cost * scale,
+        A_ub=A * scale,
+        b_ub=b,
+        bounds=np.column_stack([lo / scale, hi / scale]),
+        method="highs",
+        options=options or {},
+    )
+    x = None if res.x is None else np.asarray(res.x, dtype=np.float64) * scale
+    return res, x
 
 
 def _certify(
@@ -143,7 +199,8 @@ def certified_empty(
     bounds = np.column_stack(
         [np.concatenate([x_lo, np.zeros(2 * n)]), np.concatenate([x_hi, np.full(2 * n, np.inf)])]
     )
-    res = linprog(cost, A_ub=A, b_ub=b, bounds=bounds, method="highs")
+    scale = np.concatenate([column_scales(theta), np.ones(2 * n)])
+    res, _ = _scaled_linprog(cost, A, b, bounds[:, 0], bounds[:, 1], None, scale)
     if res.status != 0 or res.ineqlin is None:
         return False
     y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
@@ -175,11 +232,15 @@ def relax(
     extra: Sequence[Sequence[float]] | None = None,
     tangents: int = 3,
     time_limit: float | None = None,
+    caps: tuple[FloatArray, FloatArray] | None = None,
 ) -> Relaxation:
     """Solve the relaxation of ``max F`` over one node and certify its bound.
 
     ``time_limit`` (seconds) stops HiGHS early; the bound is then the interval bound (or the
-    weak-duality bound of whatever duals are available), still certified.
+    weak-duality bound of whatever duals are available), still certified. ``caps`` (per term,
+    certified ``min``/``max`` of ``h_i`` over a box holding the node's,
+    :meth:`~app.engine.continuous.problem.TermSet.term_extremes`) narrow the bounds of each
+    ``s_i``; a node where they leave no value is empty.
     """
     n, d = terms.size, x_lo.size
     start = time.perf_counter()
@@ -189,6 +250,10 @@ def relax(
     pad = 256 * UNIT_ROUNDOFF * (1.0 + np.abs(ends).max(axis=0))
     s_hi = ends.max(axis=0) + pad
     s_lo = ends.min(axis=0) - pad
+    if caps is not None:
+        s_lo, s_hi = np.maximum(s_lo, caps[0]), np.minimum(s_hi, caps[1])
+        if np.any(s_lo > s_hi):  # some h_i has no value both in [l_i, u_i] and over the box
+            return Relaxation(-np.inf, None, None, np.zeros(n), True)
     interval_bound = float(np.sum(s_hi)) + 2 * (n + 2) * UNIT_ROUNDOFF * float(np.sum(np.abs(s_hi)))
     if not np.isfinite(interval_bound):
         return Relaxation(np.inf, None, None, np.zeros(n), False)
@@ -229,28 +294,27 @@ def relax(
     cost = np.concatenate([np.zeros(dim), np.ones(n)])
     v_lo = np.concatenate([v_lo_x, s_lo])
     v_hi = np.concatenate([v_hi_x, s_hi])
+    # rows HiGHS cannot take (see MAX_COEFFICIENT) are left out of the solve and the certificate
+    scale = np.concatenate([column_scales(terms.theta), np.ones(n)])
+    sane = np.max(np.abs(A) * scale, axis=1, initial=0.0) <= MAX_COEFFICIENT
+    A, b = A[sane], b[sane]
     left = None if time_limit is None else time_limit - (time.perf_counter() - start)
     options = {} if left is None else {"time_limit": max(left, 1e-3)}
-    res = linprog(
-        -cost,
-        A_ub=A,
-        b_ub=b,
-        bounds=np.column_stack([v_lo, v_hi]),
-        method="highs",
-        options=options,
-    )
-    if res.status == 2 and certified_empty(terms, x_lo, x_hi, l, u):
+    res, solution = _scaled_linprog(-cost, A, b, v_lo, v_hi, options, scale)
+    status = res.status
+    if status == 2 and certified_empty(terms, x_lo, x_hi, l, u):
         return Relaxation(-np.inf, None, None, np.zeros(n), True)
-    if res.status != 0 or res.x is None:
+    if status != 0 or solution is None:
         y = np.zeros(A.shape[0])
         bound = min(interval_bound, _certify(A, b, cost, v_lo, v_hi, y))
         return Relaxation(bound + const, None, None, np.zeros(n), False)
-    y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
+    marginals = res.ineqlin.marginals
+    y = np.maximum(-np.asarray(marginals, dtype=np.float64), 0.0)
     bound = min(interval_bound, _certify(A, b, cost, v_lo, v_hi, y))
-    x = np.clip(np.asarray(res.x[:d], dtype=np.float64), x_lo, x_hi)
-    s = np.asarray(res.x[dim:], dtype=np.float64)
+    x = np.clip(solution[:d], x_lo, x_hi)
+    s = solution[dim:]
     if terms.lifting is not None:
-        v = np.clip(np.asarray(res.x[:dim], dtype=np.float64), v_lo_x, v_hi_x)
+        v = np.clip(solution[:dim], v_lo_x, v_hi_x)
         z = np.clip(np.asarray(terms.theta @ v + terms.c, dtype=np.float64), l, u)
         gaps = np.maximum(s - terms.term_values(z), 0.0)
         # how much each term moves between the LP's z and the true z at x, per unit of z (the
@@ -264,5 +328,12 @@ def relax(
         lift_gaps = violation * (np.abs(terms.theta[:, d:]).T @ slopes)
         return Relaxation(bound + const, x, z, gaps, True, np.asarray(lift_gaps, dtype=np.float64))
     z = terms.values(x)
-    gaps = np.maximum(s - terms.term_values(z), 0.0)
+    # the gap is measured against h's values within a relative RESOLUTION of z: where a term's
+    # slope is e^80 (a linear query's t near 0), rounding z alone shows tens of nats of "gap"
+    # that no split of the query value can remove (issue 22 item 3)
+    delta = RESOLUTION * np.maximum(np.abs(z), u - l)
+    near = np.maximum(
+        terms.term_values(np.clip(z - delta, l, u)), terms.term_values(np.clip(z + delta, l, u))
+    )
+    gaps = np.maximum(s - np.maximum(near, terms.term_values(z)), 0.0)
     return Relaxation(bound + const, x, z, gaps, True)

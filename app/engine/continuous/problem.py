@@ -124,26 +124,32 @@ class TermSet:
         The error covers the sum (``n`` roundings of partial sums) and the error of each term
         (a few ulp of ``|h_i|``: :func:`~app.engine.numerics.response_log_prob` does not cancel),
         both charged as ``(n + 16) u Σ|h_i|``, and the error of ``z = θ·x + c`` itself.
-        ``z`` comes from :func:`~app.engine.numerics.exact_dot` (lifted:
-        :func:`~app.engine.numerics.exact_lifted_dot`, each monomial split error-free) with a
-        bound ``δ_i`` on its error that is zero when the float operations were exact (a vertex of
-        a box with representable ends usually is); where it is not, ``h_i`` is monotone, so its
-        value at the exact ``z`` lies between its values at ``z ± δ_i`` (rounded outward), and
+        ``z`` comes from :func:`split_dot` as an unrounded double-double ``hi + lo`` (lifted:
+        :func:`~app.engine.numerics.exact_lifted_dot`, each monomial split error-free, ``lo = 0``)
+        with a bound ``δ_i`` on its error that is zero when the float operations were exact (a
+        vertex of a box with representable ends usually is) and otherwise of order ``u^2|z|``
+        (issue 22 item 3: rounding ``z`` to one float cost up to 28 nats at ε = 65 where a
+        ``linear`` term's ``z`` sits on ``a``); where it is not zero, ``h_i`` is monotone, so its
+        value at the exact ``z`` lies between its values at ``lo ± δ_i`` (rounded outward), and
         the larger distance to them is charged — not ``|h_i'(z)| δ_i``, which near a slope of
         ``e^80`` certifies nothing (issue 15 item 5). ``z_pad`` (per term) widens each ``δ_i``:
         the value then bounds ``h_i`` over ``[z_i - pad_i, z_i + pad_i]`` from both sides.
         """
-        z, z_err = self.exact_values(points)
+        z, z_lo, z_err = self.split_values(points)
         if z_pad is not None:
             z_err = z_err + z_pad
-        terms = self.batch.values(z)
+        terms = self.batch.values(z, z_lo)
         n = self.size
         total = terms.sum(axis=1) + self.constant
         abs_sum = np.abs(terms).sum(axis=1) + abs(self.constant)
-        err = (n + 16) * UNIT_ROUNDOFF * abs_sum
+        # (n + 16) u Σ|h_i| for the sum and each term; 8u per term for the relative error of t
+        err = (n + 16) * UNIT_ROUNDOFF * abs_sum + 8.0 * n * UNIT_ROUNDOFF
+        # logistic terms read the high part of z only (so the moves below leave them in place):
+        # their slope is below 1, so they err by at most |z_lo| + δ_i
+        err = err + np.where(self.batch.logistic, np.abs(z_lo) + z_err, 0.0).sum(axis=-1)
         if np.any(z_err > 0.0):
-            up = self.batch.values(np.nextafter(z + z_err, np.inf))
-            down = self.batch.values(np.nextafter(z - z_err, -np.inf))
+            up = self.batch.values(z, np.nextafter(z_lo + z_err, np.inf))
+            down = self.batch.values(z, np.nextafter(z_lo - z_err, -np.inf))
             moved = np.where(z_err > 0.0, np.maximum(np.abs(up - terms), np.abs(terms - down)), 0.0)
             ends = np.where(z_err > 0.0, np.abs(up) + np.abs(down), 0.0)
             err = err + (1.0 + 4.0 * UNIT_ROUNDOFF) * moved.sum(axis=1)
@@ -151,6 +157,54 @@ class TermSet:
         # a bound that is not a number (a bracket end outside a continuation's domain) is none
         err = np.where(np.isnan(err), np.inf, err)
         return np.asarray(total, dtype=np.float64), np.asarray(err, dtype=np.float64)
+
+    def term_enclosures(self, points: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Per term ``i``, certified ``[lo, hi]`` holding ``h_i`` at ``points[i]`` (affine ``z``).
+
+        The per-term version of :meth:`evaluate_many`'s error bound (same charges, not summed).
+        """
+        z, z_lo, z_err = split_dot(points, self.theta, self.c, paired=True)
+        terms = self.batch.values(z, z_lo)
+        err = 16.0 * UNIT_ROUNDOFF * np.abs(terms) + 8.0 * UNIT_ROUNDOFF
+        err = err + np.where(self.batch.logistic, np.abs(z_lo) + z_err, 0.0)
+        if np.any(z_err > 0.0):
+            up = self.batch.values(z, np.nextafter(z_lo + z_err, np.inf))
+            down = self.batch.values(z, np.nextafter(z_lo - z_err, -np.inf))
+            moved = np.where(z_err > 0.0, np.maximum(np.abs(up - terms), np.abs(terms - down)), 0.0)
+            ends = np.where(z_err > 0.0, np.abs(up) + np.abs(down), 0.0)
+            err = err + (1.0 + 4.0 * UNIT_ROUNDOFF) * moved + 16.0 * UNIT_ROUNDOFF * ends
+        err = np.where(np.isnan(err), np.inf, err) * (1.0 + 4.0 * UNIT_ROUNDOFF)
+        return np.asarray(terms - err, dtype=np.float64), np.asarray(terms + err, dtype=np.float64)
+
+    def term_extremes(self, box: Box) -> tuple[FloatArray, FloatArray] | None:
+        """Certified ``min`` and ``max`` of each term ``h_i(θ_i·x + c_i)`` over ``box``.
+
+        Each ``h_i`` is monotone and (affine ``z``) ``θ_i·x`` is extreme at the box's vertex
+        ``lo``/``hi`` chosen by the signs of ``θ_i``, where ``z_i`` is evaluated as a
+        double-double (:meth:`term_enclosures`). Unlike an interval of floats for ``z_i``, whose
+        one-ulp pad reaches past a ``linear`` query's ``a`` when its range is exactly the query's
+        reach, this resolves ``t`` near 0, where ``log t`` has a slope of ``e^ε`` (issue 22 item
+        3). ``None`` with quadratic query values (``z`` is not affine in ``x``).
+        """
+        if self.lifting is None and self.size:
+            low_vertex = np.where(self.theta > 0.0, box.lo, box.hi)
+            high_vertex = np.where(self.theta > 0.0, box.hi, box.lo)
+            lo_a, hi_a = self.term_enclosures(low_vertex)
+            lo_b, hi_b = self.term_enclosures(high_vertex)
+            return np.minimum(lo_a, lo_b), np.maximum(hi_a, hi_b)
+        return None
+
+    def split_values(self, points: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """``z`` at each row of ``points`` as a double-double ``hi + lo`` and a bound on its error.
+
+        Affine query values: :func:`split_dot`, whose error is of order ``u^2 |z|`` — ``z - a``
+        of a ``linear`` term keeps its relative precision even where ``z`` rounds to ``a``.
+        Lifted: :meth:`exact_values` with a zero low part.
+        """
+        if self.lifting is None:
+            return split_dot(points, self.theta, self.c)
+        z, err = self.exact_values(points)
+        return z, np.zeros_like(z), err
 
     def exact_values(self, points: FloatArray) -> tuple[FloatArray, FloatArray]:
         """``z`` at each row of ``points`` and a bound on its error (0 where it is exact)."""
@@ -256,6 +310,49 @@ class RankOneReduction:
             x[k] = x[k] + step if v[k] > 0 else x[k] - step
             remaining -= step * abs(v[k])
         return np.clip(x, box.lo, box.hi)
+
+
+def split_dot(
+    points: FloatArray, theta: FloatArray, c: FloatArray, *, paired: bool = False
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """``z = points @ theta.T + c`` as ``hi + lo`` (double-double) and a bound on its error.
+
+    ``paired``: row ``i`` of ``points`` with row ``i`` of ``theta`` only (``z`` of shape ``(n,)``).
+
+    :func:`~app.engine.numerics.exact_dot` without its final rounding: the exact value is
+    ``s + Σ e_j`` (Dekker products, Knuth sums, every ``e_j`` a float), ``corr = fl(Σ e_j)``
+    errs by at most ``γ Σ|e_j|`` and ``hi + lo = s + corr`` exactly (Knuth). The bound is 0 when
+    every operation was exact; products that might underflow add ``2^-1070`` each.
+    """
+    p_count, d = points.shape
+    shape = (p_count,) if paired else (p_count, theta.shape[0])
+    s = np.broadcast_to(np.asarray(c, dtype=np.float64), shape).copy()
+    corr = np.zeros_like(s)
+    abs_err = np.zeros_like(s)
+    tiny = 2.0**-960
+    for k in range(d):
+        a = points[:, k] if paired else points[:, k : k + 1]
+        b = theta[:, k] if paired else theta[:, k][None, :]
+        prod, prod_err = two_product(a, b)
+        s, sum_err = two_sum(s, prod)
+        corr += prod_err + sum_err
+        underflow = (np.abs(prod) < tiny) & (a != 0.0) & (b != 0.0)
+        abs_err += np.abs(prod_err) + np.abs(sum_err) + np.where(underflow, 2.0**-1070, 0.0)
+    hi, lo = two_sum(s, corr)
+    bound = abs_err * (4.0 * (2 * d + 2) * UNIT_ROUNDOFF) * (1.0 + 4.0 * UNIT_ROUNDOFF)
+    bound = np.where(abs_err > 0.0, bound + 2.0**-1074, 0.0)
+    return (
+        np.asarray(hi, dtype=np.float64),
+        np.asarray(lo, dtype=np.float64),
+        np.asarray(bound, dtype=np.float64),
+    )
+
+
+def two_sum(a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Knuth's ``s = fl(a + b)`` and the exact ``e = a + b - s``."""
+    total = a + b
+    back = total - a
+    return total, (a - (total - back)) + (b - back)
 
 
 def _exact_multiples(theta: FloatArray, v: FloatArray, lam: FloatArray) -> bool:

@@ -43,6 +43,8 @@ class ContinuousLoss:
     limit: bool
     nodes: int
     seconds: float
+    #: Why a search stopped short of its tolerance (``Status`` values, e.g. ``"time-limit"``).
+    reasons: frozenset[str] = frozenset()
 
     def bounds(self, cap: Fraction | None = None) -> LossBounds:
         """As :class:`LossBounds`, the upper bound capped by exact basic composition."""
@@ -149,6 +151,9 @@ class ContinuousState:
     _cached: ContinuousLoss | None = None
     #: Certified bounds known for the current history without a search (see :meth:`record`).
     _decided: tuple[float, float] | None = None
+    #: Why any search of this state (or of the states derived from it) stopped short of its
+    #: tolerance: the ``Status`` values of those searches (the calculator's ``reason``).
+    limits_hit: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.box, self.axes = box_of(self.domain)
@@ -186,6 +191,7 @@ class ContinuousState:
         tolerance = self.settings.tolerance / (2.0 * len(groups))
         settings = replace(self.settings, tolerance=tolerance)
         upper, nodes, seconds, limit = 0.0, 0, 0.0, False
+        reasons: set[str] = set()
         points: list[FloatArray] = []
         for index in groups:
             part = terms.subset(index) if len(groups) > 1 else terms
@@ -195,14 +201,21 @@ class ContinuousState:
             nodes += top.nodes + bottom.nodes
             seconds += top.seconds + bottom.seconds
             limit = limit or top.status.hit_limit or bottom.status.hit_limit
+            reasons |= {r.status.value for r in (top, bottom) if r.status.hit_limit}
             points += [top.x, bottom.x]
         if len(groups) == 1:
             lower = top.lower + bottom.lower
         else:  # certified lower bound: the whole F at the groups' extreme points
             values, errs = terms.evaluate_many(np.array(points))
             lower = float(np.max(values - errs) - np.min(values + errs))
+        self.limits_hit |= reasons
         return ContinuousLoss(
-            max(0.0, lower - 2.0 * excess), upper + 2.0 * excess, limit, nodes, seconds
+            max(0.0, lower - 2.0 * excess),
+            upper + 2.0 * excess,
+            limit,
+            nodes,
+            seconds,
+            frozenset(reasons),
         )
 
     def loss_detail(self) -> ContinuousLoss:
@@ -265,7 +278,9 @@ class ContinuousState:
         ``decided`` as in :meth:`record`. Without ``known``, the new state's loss is searched
         for on first use.
         """
-        after = ContinuousState(self.domain, self.settings, list(self._terms))
+        after = ContinuousState(
+            self.domain, self.settings, list(self._terms), limits_hit=self.limits_hit
+        )
         after.record(mechanism, output, field_path, known=known, decided=decided)
         return after
 
@@ -275,13 +290,17 @@ class ContinuousState:
         The service stores every object's certified bounds; a decision starts from them
         instead of searching the whole history again.
         """
-        seeded = ContinuousState(self.domain, self.settings, self._terms)
+        seeded = ContinuousState(
+            self.domain, self.settings, self._terms, limits_hit=self.limits_hit
+        )
         seeded._cached = ContinuousLoss(known.lower, known.upper, False, 0, 0.0)
         return seeded
 
     def with_settings(self, settings: BnBSettings) -> ContinuousState:
         """The same history and cached bounds, searched with ``settings`` from now on."""
-        return ContinuousState(self.domain, settings, self._terms, self._cached, self._decided)
+        return ContinuousState(
+            self.domain, settings, self._terms, self._cached, self._decided, self.limits_hit
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The history's terms and known bounds as plain data (no settings, no domain).

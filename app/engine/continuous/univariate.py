@@ -162,6 +162,7 @@ class CurveBatch:
     big_e: FloatArray
     epsilon: FloatArray
     a: FloatArray
+    b: FloatArray
     width: FloatArray
     truncate: BoolArray
     sign: FloatArray
@@ -179,6 +180,7 @@ class CurveBatch:
             big_e=arr([h.expm1_eps for h in curves]),
             epsilon=arr([h.epsilon for h in curves]),
             a=arr([h.a for h in curves]),
+            b=arr([h.b for h in curves]),
             width=arr([h.b - h.a for h in curves]),
             truncate=np.array([h.truncate for h in curves], dtype=bool),
             sign=arr([h.sign for h in curves]),
@@ -189,15 +191,28 @@ class CurveBatch:
         own, _other, dt = self._responses(z)
         return own, dt
 
-    def _responses(self, z: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """``(t_own, 1 - t_own, dt_own/dz)``, ``1 - t_own`` formed without cancellation."""
+    def _responses(
+        self, z: FloatArray, z_lo: FloatArray | None = None
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """``(t_own, 1 - t_own, dt_own/dz)``, ``1 - t_own`` formed without cancellation.
+
+        ``z_lo`` (optional) is the low part of a double-double query value ``z + z_lo``: a
+        ``linear`` term's ``t`` is then ``((z - a) + z_lo)/(b - a)``, whose numerator is exact up
+        to one rounding (Sterbenz: ``z - a`` is exact near ``a``), so ``t`` keeps its relative
+        precision where ``z`` rounds to ``a`` — where ``log t`` has a slope of ``e^ε``. Logistic
+        terms read ``z`` only (their slope is below 1: the caller charges ``|z_lo|``).
+        """
         with np.errstate(over="ignore"):
             sig = np.asarray(expit(z), dtype=np.float64)
             sig_neg = np.asarray(expit(-z), dtype=np.float64)
-        y = np.where(self.truncate, np.clip(z, self.a, self.a + self.width), z)
-        t_lin = (y - self.a) / self.width
-        t_lin_low = (self.a + self.width - y) / self.width
-        inside = (z >= self.a) & (z <= self.a + self.width)
+        lo = 0.0 if z_lo is None else z_lo
+        from_a = (z - self.a) + lo
+        from_b = (self.b - z) - lo
+        clipped_a = np.clip(from_a, 0.0, self.width)
+        clipped_b = np.clip(from_b, 0.0, self.width)
+        t_lin = np.where(self.truncate, clipped_a, from_a) / self.width
+        t_lin_low = np.where(self.truncate, clipped_b, from_b) / self.width
+        inside = (z >= self.a) & (z <= self.b)
         dt_lin = np.where(inside | ~self.truncate, 1.0 / self.width, 0.0)
         t_high = np.where(self.logistic, sig, t_lin)
         t_low = np.where(self.logistic, sig_neg, t_lin_low)
@@ -206,9 +221,12 @@ class CurveBatch:
         other = np.where(self.high, t_low, t_high)
         return own, other, np.where(self.high, dt, -dt)
 
-    def values(self, z: FloatArray) -> FloatArray:
-        """``h_i(z[..., i])`` for every curve (cancellation-free, see ``response_log_prob``)."""
-        own, other, _ = self._responses(z)
+    def values(self, z: FloatArray, z_lo: FloatArray | None = None) -> FloatArray:
+        """``h_i(z[..., i])`` for every curve (cancellation-free, see ``response_log_prob``).
+
+        ``z_lo``: low parts of double-double query values (see :meth:`_responses`).
+        """
+        own, other, _ = self._responses(z, z_lo)
         return np.asarray(self.sign * response_log_prob(own, other, self.epsilon), dtype=np.float64)
 
     def derivs(self, z: FloatArray) -> FloatArray:

@@ -456,6 +456,8 @@ class LossResult(_Response):
     realized_loss: LossBounds
     basic_composition: float
     status: Literal["ok", "limit"]
+    #: With ``status: limit`` only: which limit kept ``upper - lower`` above the tolerance.
+    reason: str | None = None
     candidate: CandidateLoss | None = None
     approx: ApproxState | None = None
 
