@@ -184,3 +184,20 @@ def test_celery_accepts_and_sends_json_only() -> None:
 def test_the_settings_default_time_limit_is_the_engines() -> None:
     """Settings sit below the engine (no import of it): their default must still agree."""
     assert BnBSettings.time_limit == DEFAULT_BOUND_TIME_LIMIT
+
+
+def test_a_searched_state_that_hit_a_limit_travels_as_strict_json() -> None:
+    """Bounds known with the reasons a search stopped (a frozenset) and the limits hit go as
+    lists, and come back equal: a state searched under a node limit is what a worker gets."""
+    domain = parse_domain(DOMAIN)
+    entries = parse_history(domain, HISTORY)
+    tiny = BnBSettings(tolerance=1e-12, time_limit=5.0, max_nodes=2)
+    state, basic = fold_history(domain, entries, bnb=tiny)
+    snapshot = ObjectSnapshot(domain, 3.0, FilterKind.BAYESIAN, basic, state)
+    before = realized_loss(snapshot)  # searches, so the state caches bounds and their reasons
+    data = _through_json(wire.snapshot_json(snapshot))
+    rebuilt = wire.snapshot_from_json(data, tiny)
+    assert data["state"]["cached"]["reasons"], data["state"]["cached"]
+    assert data["state"]["limits_hit"]
+    assert realized_loss(rebuilt) == before
+    assert wire.snapshot_json(rebuilt) == wire.snapshot_json(snapshot)

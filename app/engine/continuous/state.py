@@ -52,6 +52,11 @@ class ContinuousLoss:
         return LossBounds(min(self.lower, upper), upper)
 
 
+def _loss_json(loss: ContinuousLoss) -> dict[str, Any]:
+    """``loss`` as plain data (its ``reasons`` as a sorted list)."""
+    return {**asdict(loss), "reasons": sorted(loss.reasons)}
+
+
 @dataclass(frozen=True)
 class _Term:
     theta: FloatArray
@@ -325,8 +330,9 @@ class ContinuousState:
                 }
                 for t in self._terms
             ],
-            "cached": None if self._cached is None else asdict(self._cached),
+            "cached": None if self._cached is None else _loss_json(self._cached),
             "decided": None if self._decided is None else list(self._decided),
+            "limits_hit": sorted(self.limits_hit),
         }
 
     @classmethod
@@ -348,9 +354,14 @@ class ContinuousState:
             )
             for t in data["terms"]
         ]
-        cached = None if data["cached"] is None else ContinuousLoss(**data["cached"])
+        cached = None
+        if data["cached"] is not None:
+            cached = ContinuousLoss(
+                **{**data["cached"], "reasons": frozenset(data["cached"].get("reasons", ()))}
+            )
         decided = None if data["decided"] is None else (data["decided"][0], data["decided"][1])
-        return cls(domain, settings or BnBSettings(), terms, cached, decided)
+        hit = set(data.get("limits_hit", ()))
+        return cls(domain, settings or BnBSettings(), terms, cached, decided, hit)
 
     @property
     def loss_known(self) -> bool:
