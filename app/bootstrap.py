@@ -15,27 +15,26 @@ import socket
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from anyio import CapacityLimiter
 from sqlalchemy import Engine
 
 from app import crypto
-from app.api import main as api_main
-from app.api.deps import Runtime
 from app.db.migrate import upgrade
 from app.db.session import make_engine, make_session_factory, wait_for_database
 from app.engine.limits import DEFAULT_LIMITS
-from app.services import survey_runs
-from app.services.auth import KeyCache
-from app.services.locks import ObjectLocks
 from app.settings import Settings, get_settings
-from app.worker.cache import RedisCache
-from app.worker.celery_app import CelerySettings, SurveyHandlers
-from app.worker.jobs import InProcessJobs, SurveyJobs
-from app.worker.pool import BoundWorker, WorkerSettings
 
+# The web stack, the services and the workers are imported where they are built, not here:
+# importing them loads app.metrics, whose multiprocess files must not be created by the
+# `gatekeeper serve` parent before it has set up PROMETHEUS_MULTIPROC_DIR (it migrates first).
 if TYPE_CHECKING:
     from celery import Celery
     from fastapi import FastAPI
+
+    from app.api.deps import Runtime
+    from app.worker.cache import RedisCache
+    from app.worker.celery_app import CelerySettings, SurveyHandlers
+    from app.worker.jobs import SurveyJobs
+    from app.worker.pool import BoundWorker, WorkerSettings
 
 
 def prepare_database(settings: Settings | None = None) -> tuple[Settings, Engine]:
@@ -50,6 +49,8 @@ def prepare_database(settings: Settings | None = None) -> tuple[Settings, Engine
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The web application of ``settings``, each process building its runtime here."""
+    from app.api import main as api_main
+
     return api_main.create_app(settings or get_settings(), build_runtime)
 
 
@@ -60,6 +61,8 @@ def app_factory() -> FastAPI:
 
 def celery_settings(settings: Settings) -> CelerySettings:
     """The Celery configuration of ``settings`` (``BROKER_URL`` must be set)."""
+    from app.worker.celery_app import CelerySettings
+
     if settings.broker_url is None or settings.result_url is None:
         raise ValueError("BROKER_URL is not set")
     return CelerySettings(
@@ -73,6 +76,11 @@ def celery_settings(settings: Settings) -> CelerySettings:
 
 def build_runtime(settings: Settings) -> Runtime:
     """Engine, sessions, bound worker, locks, Redis client and survey jobs for one web process."""
+    from app.services import survey_runs
+    from app.worker.cache import RedisCache
+    from app.worker.jobs import InProcessJobs
+    from app.worker.pool import BoundWorker, WorkerSettings
+
     crypto.configure(settings.value_cipher())
     engine = make_engine(settings.database_url, settings.db_pool_size, settings.db_max_overflow)
     redis_client = None
@@ -121,6 +129,12 @@ def _runtime(
     celery: tuple[Any, Any] | None = None,
 ) -> Runtime:
     """The runtime around a bound worker and a survey job runner (in process or Celery)."""
+    from anyio import CapacityLimiter
+
+    from app.api.deps import Runtime
+    from app.services.auth import KeyCache
+    from app.services.locks import ObjectLocks
+
     return Runtime(
         settings=settings,
         engine=engine,
@@ -145,6 +159,7 @@ def _with_celery(
     lock_client: Any,
 ) -> Runtime:
     """The runtime of a web process whose heavy work runs on ``gatekeeper worker`` nodes."""
+    from app.services import survey_runs
     from app.worker.celery_app import make_celery
     from app.worker.celery_jobs import CeleryJobs
     from app.worker.remote import CeleryBoundWorker
@@ -171,6 +186,10 @@ def survey_handlers(settings: Settings) -> SurveyHandlers:
 
     Every worker process opens its own database connections (never shared across ``fork``).
     """
+    from app.services import survey_runs
+    from app.worker.celery_app import SurveyHandlers
+    from app.worker.pool import BoundWorker, WorkerSettings
+
     bound = BoundWorker(WorkerSettings(processes=0, time_limit=settings.bound_time_limit))
 
     @cache

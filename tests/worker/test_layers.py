@@ -71,3 +71,13 @@ def test_import_linter_keeps_every_contract() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 broken" in done.stdout
+
+
+def test_importing_the_composition_root_loads_no_metrics() -> None:
+    """`gatekeeper serve` imports bootstrap to migrate before it sets up the metrics directory:
+    importing app.metrics then would create multiprocess files in a directory not yet made."""
+    code = "import sys, app.bootstrap; print('app.metrics' in sys.modules)"
+    out = subprocess.run(  # noqa: S603 - our interpreter, our code
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"
