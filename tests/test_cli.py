@@ -83,7 +83,7 @@ CANDIDATE = {
 
 
 def check_answer_shape(answer: dict[str, Any], *, with_candidate: bool) -> None:
-    """The calculator answer of DESIGN.md (extra keys allowed)."""
+    """The calculator answer of contract.md (extra keys allowed)."""
     assert isinstance(answer, dict)
     required = {"realized_loss", "basic_composition"} | ({"candidate"} if with_candidate else set())
     assert required <= set(answer)
@@ -245,7 +245,7 @@ def test_loss_bounds_meet_the_tolerance(tmp_path: Path, tolerance: float) -> Non
 
 
 def test_loss_unreachable_tolerance_is_reported_as_a_limit(tmp_path: Path) -> None:
-    """DESIGN.md: upper - lower <= tolerance unless a limit was hit, which the answer says."""
+    """contract.md: upper - lower <= tolerance unless a limit was hit, which the answer says."""
     history = [
         {"query": {"mechanism": "grr", "attribute": "level", "epsilon": 7.3}, "output": i % 5}
         for i in range(200)

@@ -1,1 +1,1 @@
-"""The HTTP API: thin FastAPI routers over :mod:`app.services` (DESIGN.md, REST API v1)."""
+"""The HTTP API: thin FastAPI routers over :mod:`app.services` (contract.md, REST API v1)."""

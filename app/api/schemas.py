@@ -1,4 +1,4 @@
-"""Named schemas of the JSON contract for the OpenAPI document (DESIGN.md, "JSON contract").
+"""Named schemas of the JSON contract for the OpenAPI document (contract.md, "JSON contract").
 
 The routes validate with the engine's own code (:mod:`app.engine.jsonfields`), which names the
 field of every error; these Pydantic models *describe* the same shapes so that client generators
@@ -293,7 +293,7 @@ class KeyRequest(_Strict):
 
 
 # --------------------------------------------------------------------------------- responses
-#: What ``exact`` says in a bounds object (DESIGN.md, "Decimals as written").
+#: What ``exact`` says in a bounds object (contract.md, "Decimals as written").
 EXACT_DESCRIPTION = (
     "true: the loss is known exactly (randomized response, every epsilon and the budget as "
     "written) and lower and upper are both its nearest double, so upper <= budget holds in "

@@ -50,7 +50,7 @@ class TrajectoryPoint:
 
 @dataclass(frozen=True)
 class Odometer:
-    """A snapshot of an object's privacy odometer (DESIGN.md, odometer object)."""
+    """A snapshot of an object's privacy odometer (contract.md, odometer object)."""
 
     budget: float
     realized_loss: LossBounds

@@ -1,4 +1,4 @@
-"""The stateless loss calculator of DESIGN.md (``POST /v1/loss`` and ``gatekeeper loss``).
+"""The stateless loss calculator of contract.md (``POST /v1/loss`` and ``gatekeeper loss``).
 
 Request::
 

@@ -1,4 +1,4 @@
-"""Domains: the set of values a protected object could take (DESIGN.md, "Domain").
+"""Domains: the set of values a protected object could take (contract.md, "Domain").
 
 A domain is an ordered list of attributes, each ``integer`` (inclusive ``low..high``),
 ``categorical`` (a list of distinct values) or ``real`` (a closed interval). A domain without a

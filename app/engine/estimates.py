@@ -129,7 +129,7 @@ def _invert(count: int, n: int, gap: float, q: float, low: float, width: float) 
 
 
 def estimate(mechanism: Mechanism, n: int, counts: Mapping[str, int]) -> Estimate:
-    """The population estimate of DESIGN.md's table from ``n`` accepted outputs.
+    """The population estimate of contract.md's table from ``n`` accepted outputs.
 
     ``counts`` are the tally (:func:`tally_keys`). Every estimate carries ``n``, ``stderr``
     and ``ci95``; ``matrix`` has none (no generic estimator), nor has an empty survey.

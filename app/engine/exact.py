@@ -1,4 +1,4 @@
-r"""Exact realized loss of randomized-response histories (exact ties, DESIGN.md).
+r"""Exact realized loss of randomized-response histories (exact ties, contract.md).
 
 For ``grr``, ``binary_rr`` and ``unary_encoding`` (both variants) the log-likelihood of an output
 is ``ε · a(x) + c(y)`` with ``a(x)`` an integer that depends on one attribute only: the indicator

@@ -233,7 +233,7 @@ class Decision:
         return self.candidate.worst_case_upper
 
     def to_json(self) -> dict[str, Any]:
-        """The dry-run body of DESIGN.md (``decision``, ``reason``, ``realized_loss`` ...)."""
+        """The dry-run body of contract.md (``decision``, ``reason``, ``realized_loss`` ...)."""
         return {
             "decision": "accept" if self.accepted else "reject",
             "reason": self.reason,

@@ -107,7 +107,7 @@ def domain_points(domain_text: str) -> int | None:
 
 
 def odometer_view(row: OdometerColumns) -> dict[str, Any]:
-    """The odometer object of DESIGN.md: the engine's :class:`Odometer` and a timestamp."""
+    """The odometer object of contract.md: the engine's :class:`Odometer` and a timestamp."""
     delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
     phase = None
     if delta is not None:

@@ -383,7 +383,7 @@ def _estimate_of(row: Any, show_outputs: bool) -> tuple[dict[str, Any] | None, d
 
 
 def survey_view(row: Any, *, show_outputs: bool) -> dict[str, Any]:
-    """A survey resource (DESIGN.md "Population surveys")."""
+    """A survey resource (contract.md "Population surveys")."""
     refused = {reason.value: 0 for reason in Refusal}
     refused.update(json.loads(row.refused))
     value, extra = _estimate_of(row, show_outputs)

@@ -1,7 +1,7 @@
 """Survey estimators (app.engine.estimates): formulas by hand, and 95% intervals that cover.
 
 The coverage tests simulate populations with a known truth — members' values drawn i.i.d. from
-a known distribution — and the mechanisms' reports from DESIGN.md's probabilities (written out
+a known distribution — and the mechanisms' reports from contract.md's probabilities (written out
 here, not taken from the module under test), then check that the 95% interval covers the truth
 in 95% of repetitions within binomial error (3 standard errors of a proportion over ``R``
 repetitions), and that the estimates average to the truth (unbiasedness, 4 standard errors).
@@ -156,7 +156,7 @@ def unbiased(values: list[float], truth: float, spread: float) -> None:
 
 
 def binary_report(rng: np.random.Generator, t: np.ndarray, eps: float) -> int:
-    """Σ of reports that say 1 when each member's probability is q + (p − q)·t (DESIGN.md)."""
+    """Σ of reports that say 1 when each member's probability is q + (p − q)·t (contract.md)."""
     p, q = math.exp(eps) / (1 + math.exp(eps)), 1 / (1 + math.exp(eps))
     return int((rng.random(t.size) < q + (p - q) * t).sum())
 

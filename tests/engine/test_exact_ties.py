@@ -1,4 +1,4 @@
-"""Exact ties of randomized-response histories (DESIGN.md "(ε, δ) filter and exact ties")."""
+"""Exact ties of randomized-response histories (contract.md "(ε, δ) filter and exact ties")."""
 
 from __future__ import annotations
 

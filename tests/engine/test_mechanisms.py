@@ -1,6 +1,6 @@
-"""Each mechanism against an independent brute-force reading of DESIGN.md's table.
+"""Each mechanism against an independent brute-force reading of contract.md's table.
 
-For small domains every ``Pr(y | x)`` is recomputed here from the formulas in DESIGN.md with plain
+For small domains every ``Pr(y | x)`` is recomputed here from the formulas in contract.md with plain
 ``math`` (no engine code), over every point and every output, and compared with the engine's
 terms, tight ε, and realized loss after each output.
 """
@@ -34,7 +34,7 @@ def _points(domain: Domain) -> list[dict[str, Any]]:
 
 
 def _brute(query: dict[str, Any], x: dict[str, Any]) -> dict[Any, float]:
-    """``{output: Pr(output | x)}`` straight from DESIGN.md's table."""
+    """``{output: Pr(output | x)}`` straight from contract.md's table."""
     kind = query["mechanism"]
     eps = query.get("epsilon", 0.0)
     if kind == "grr":

@@ -1,7 +1,7 @@
 """Quadratic weights (``x^2``, ``x*y``) of ``linear`` and ``logistic``: parsing, ranges, finite
 domains against brute force, sampling, and integer coordinates of a continuous domain.
 
-The brute force evaluates DESIGN.md's formulas at every point of the grid with no engine code.
+The brute force evaluates contract.md's formulas at every point of the grid with no engine code.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def monomial(key: str, point: dict[str, float]) -> float:
 
 
 def log_prob(query: dict[str, Any], output: Any, point: dict[str, float]) -> float:
-    """DESIGN.md: ``Pr(high) = t (e^ε - 1)/(e^ε + 1) + 1/(e^ε + 1)``."""
+    """contract.md: ``Pr(high) = t (e^ε - 1)/(e^ε + 1) + 1/(e^ε + 1)``."""
     z = query.get("intercept", 0.0) + sum(
         w * monomial(k, point) for k, w in query["weights"].items()
     )

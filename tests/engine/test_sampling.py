@@ -1,4 +1,4 @@
-"""The samplers: output frequencies against DESIGN.md's formulas, exact helpers, no weak RNG.
+"""The samplers: output frequencies against contract.md's formulas, exact helpers, no weak RNG.
 
 Statistical checks use 4.5σ bounds for single frequencies and chi-square goodness-of-fit tests
 for whole distributions: at p > 0.001 for grr with k = 5 (the threshold the issue names) and at
@@ -52,7 +52,7 @@ def _assert_fits(observed: list[int], probabilities: list[float], p_min: float =
 
 
 # --------------------------------------------------------------------------------------------
-# Mechanism samplers against DESIGN.md's table
+# Mechanism samplers against contract.md's table
 # --------------------------------------------------------------------------------------------
 
 BINARY = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 1}]}

@@ -8,7 +8,7 @@
 * Theorem D.1: the expected number of binary RRs a Bayesian filter accepts (Monte Carlo).
 
 Every property is checked twice where that is possible: against the engine's own likelihood
-array, and against an independent brute-force reading of DESIGN.md's formulas written here with
+array, and against an independent brute-force reading of contract.md's formulas written here with
 plain ``math`` over every point of the domain, so that a wrong term in the engine cannot hide
 behind a loss that is merely consistent with that wrong term.
 """
@@ -50,7 +50,7 @@ def _binary_rr(eps: float, attribute: str = "x", op: str = "==", value: Any = 1)
 
 
 # --------------------------------------------------------------------------------------------
-# Independent reference: Pr(y | x) straight from DESIGN.md's table, point by point.
+# Independent reference: Pr(y | x) straight from contract.md's table, point by point.
 # --------------------------------------------------------------------------------------------
 
 
@@ -65,7 +65,7 @@ def _shape(domain: dict[str, Any]) -> tuple[int, ...]:
 
 
 def _points(domain: dict[str, Any]) -> list[dict[str, Any]]:
-    """All points, C order (last attribute fastest), as DESIGN.md specifies."""
+    """All points, C order (last attribute fastest), as contract.md specifies."""
     attrs = domain["attributes"]
     names = [a["name"] for a in attrs]
     return [
@@ -118,7 +118,7 @@ def _ref_outputs(query: dict[str, Any], domain: dict[str, Any]) -> list[Any]:
 def _ref_prob(
     query: dict[str, Any], domain: dict[str, Any], i: int, x: dict[str, Any], y: Any
 ) -> float:
-    """``Pr(M(x) = y)`` for point number ``i`` (value ``x``) from DESIGN.md's formulas."""
+    """``Pr(M(x) = y)`` for point number ``i`` (value ``x``) from contract.md's formulas."""
     kind = query["mechanism"]
     e = math.exp(query.get("epsilon", 0.0))
     if kind == "grr":

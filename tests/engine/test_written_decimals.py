@@ -1,4 +1,4 @@
-"""Exact ties in the decimals as written (DESIGN.md, "(ε, δ) filter and exact ties").
+"""Exact ties in the decimals as written (contract.md, "(ε, δ) filter and exact ties").
 
 Every ε and budget is the decimal the client wrote; randomized-response losses are sums of
 written ε's compared exactly with the written budget, single or mixed ε alike, and reported as

@@ -1,4 +1,4 @@
-"""A full walk-through of the REST API v1 (DESIGN.md) on SQLite and PostgreSQL.
+"""A full walk-through of the REST API v1 (contract.md) on SQLite and PostgreSQL.
 
 One finite and one continuous object go through register, metadata, dry-run, submit with an
 Idempotency-Key (and its replays), submits until the Bayesian filter rejects, history, odometers,
@@ -751,7 +751,7 @@ def test_readyz_checks_redis_when_configured(database_url: str, redis_url: str) 
         assert without.get("/healthz").status_code == 200
 
 
-#: Every endpoint of DESIGN.md "REST API (v1)": (method, path).
+#: Every endpoint of contract.md "REST API (v1)": (method, path).
 DESIGN_ENDPOINTS = [
     ("post", "/v1/objects"),
     ("get", "/v1/objects/{object_id}"),

@@ -1,6 +1,6 @@
 """Authentication and roles: every endpoint × {admin, analyst, viewer, missing, invalid, revoked}.
 
-Roles (DESIGN.md "REST API (v1)"): admin may do everything; analyst may read an object, dry-run,
+Roles (contract.md "REST API (v1)"): admin may do everything; analyst may read an object, dry-run,
 submit, read its *own* queries, read odometers and use the calculator; viewer may read odometers
 only; the keys API is admin-only; health and metrics need no key. Without a valid key the answer
 is 401 problem+json with ``WWW-Authenticate: Bearer``; a role that may not is 403.

@@ -5,7 +5,7 @@ OpenAPI documents — must have a row here saying who may call it; a route added
 (or a row left for a removed route) fails :func:`test_every_route_has_a_row`. Then every row is
 called with each credential: admin, analyst, viewer, no key, an invalid key and a revoked key.
 
-Documented answers (DESIGN.md "REST API (v1)", issue #4, the routers' docstrings):
+Documented answers (contract.md "REST API (v1)", issue #4, the routers' docstrings):
 
 * no key, an invalid key or a revoked key: 401 problem+json with ``WWW-Authenticate: Bearer``
   on every route that needs a key;

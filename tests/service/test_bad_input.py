@@ -1029,7 +1029,7 @@ def test_bad_queries(
 def test_linear_query_leaving_its_range(
     api: TestClient, analyst: str, objects: dict[str, str], action: str
 ) -> None:
-    """DESIGN.md: rejected with 422 and the min/max the query reaches over the domain."""
+    """contract.md: rejected with 422 and the min/max the query reaches over the domain."""
     query = with_(LINEAR, weights={"r": 3.0}, intercept=0.25)
     r = api.post(
         f"/v1/objects/{objects['cont']}/{action}", headers=auth(analyst), json={"query": query}

@@ -1,6 +1,6 @@
-"""The HTTP contract of every route, as DESIGN.md and the OpenAPI document state it.
+"""The HTTP contract of every route, as contract.md and the OpenAPI document state it.
 
-DESIGN.md: "Errors are application/problem+json; validation errors name the field and never
+contract.md: "Errors are application/problem+json; validation errors name the field and never
 echo the value". This module proves it for the HTTP layer itself, over every route the app
 serves: unknown paths are 404, wrong methods 405 with an ``Allow`` header naming exactly the
 methods served at that path, bodies over ``MAX_BODY_BYTES`` 413 (declared or chunked), malformed

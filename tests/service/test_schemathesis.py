@@ -64,7 +64,7 @@ FEW_CASES = {
     "DELETE /v1/surveys/{survey_id}",
 }
 #: Reads that stay 200 after a successful DELETE of the same path, by contract: ``DELETE`` on a
-#: survey cancels it (DESIGN.md "Population surveys": members not yet decided are not queried,
+#: survey cancels it (contract.md "Population surveys": members not yet decided are not queried,
 #: accepted ones stay), and the cancelled survey, its estimate and responses remain readable.
 #: schemathesis's ``use_after_free`` check assumes DELETE removes; it is off for these only.
 KEPT_AFTER_DELETE = ("GET /v1/surveys/{survey_id}", "GET /v1/surveys/{survey_id}/responses")

@@ -1,6 +1,6 @@
 """Exact ties in the decimals as written, through the service (SQLite and PostgreSQL).
 
-DESIGN.md "Decimals as written": a ``bayesian`` object with budget 1.0 takes ``binary_rr`` of
+contract.md "Decimals as written": a ``bayesian`` object with budget 1.0 takes ``binary_rr`` of
 ε = 0.1 until its loss is exactly 1.0; every bounds object says ``"exact": true``.
 """
 

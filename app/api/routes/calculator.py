@@ -25,5 +25,5 @@ router = APIRouter()
     openapi_extra=body_doc(schemas.LossRequest, examples.LOSS),
 )
 async def loss(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, Any]:
-    """The stateless loss calculator (DESIGN.md): realized loss of a history and a candidate."""
+    """The stateless loss calculator (contract.md): realized loss of a history and a candidate."""
     return await calculator.compute_loss(worker=runtime.worker, request=body)

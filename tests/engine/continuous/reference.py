@@ -1,6 +1,6 @@
 """An independent reference for the continuous-domain tests.
 
-``log P(x) = Σ_i log Pr(M_i(x) = y_i)`` written directly from the formulas of DESIGN.md (paper
+``log P(x) = Σ_i log Pr(M_i(x) = y_i)`` written directly from the formulas of contract.md (paper
 eqs. 37, 40, 45) — no engine code — plus an independent search for its extremes over a box
 (a dense grid, random points and multistart L-BFGS-B) and helpers that turn an instance into the
 engine's inputs (JSON request, :class:`TermSet`/:class:`Box`).
@@ -59,7 +59,7 @@ class Instance:
     def names(self) -> list[str]:
         return [f"x{k}" for k in range(self.dim)]
 
-    # --- the reference likelihood (DESIGN.md formulas) ----------------------------------------
+    # --- the reference likelihood (contract.md formulas) ----------------------------------------
     def _probs(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``Pr(high | z)``, ``Pr(low | z)`` and ``d Pr(high)/dz`` for every term (``(..., n)``).
 

@@ -8,7 +8,7 @@ an independent search of the accepted history's ``log P`` confirms the loss. Wit
 tight ε the Bayesian filter accepts every query basic composition accepts, and then more.
 
 ``submit`` samples with the CSPRNG; to keep the streams (and their run time) reproducible each
-mechanism's ``sample`` is replaced by a seeded draw from the same distribution (DESIGN.md's
+mechanism's ``sample`` is replaced by a seeded draw from the same distribution (contract.md's
 ``Pr(output | x)``, evaluated by the reference). ``submit`` still decides first and samples only
 when it accepts, which the replacement checks.
 """

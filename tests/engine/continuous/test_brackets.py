@@ -4,7 +4,7 @@ Each instance is a random box (``d <= 4``) with up to 8 mixed plain-linear, trun
 logistic queries, random outputs and ε in ``[0.05, 2]``. The engine is driven through
 ``compute_loss`` (the JSON contract); a spy on ``maximize`` exposes the two searches
 (``max log P`` and ``max -log P``) it runs. The reference is :mod:`.reference`: ``log P``
-written from DESIGN.md's formulas, maximised and minimised by a dense grid plus multistart
+written from contract.md's formulas, maximised and minimised by a dense grid plus multistart
 L-BFGS-B.
 """
 
@@ -42,7 +42,7 @@ def check_brackets(
     assert len(spy.calls) == 2, "one search for max log P and one for max -log P"
     (terms, box, top), (_neg_terms, _, bottom) = spy.calls
 
-    # the engine's objective is the DESIGN.md log P (independently written)
+    # the engine's objective is the contract.md log P (independently written)
     probe = np.concatenate([inst.grid(3), rng.uniform(inst.lo, inst.hi, size=(32, inst.dim))])
     engine_values, _ = terms.evaluate_many(probe)
     np.testing.assert_allclose(engine_values, inst.logp(probe), rtol=0, atol=1e-10)

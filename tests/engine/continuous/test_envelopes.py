@@ -5,7 +5,7 @@ intervals, the minimum of :func:`concave_overestimator`'s lines is ``>= h`` and 
 :func:`convex_underestimator`'s lines is ``<= h`` on a dense grid of ``[l, u]`` (plus the
 interval's ends, the inflection point and the kinks). ``h`` is checked both as the engine
 evaluates it (exactly: the lines carry their own rounding slack) and as written independently
-from DESIGN.md's formulas (up to a few ulp). A sanity bound keeps the lines from being vacuous: a
+from contract.md's formulas (up to a few ulp). A sanity bound keeps the lines from being vacuous: a
 monotone ``h``'s concave envelope never exceeds ``max(h(l), h(u))``.
 """
 

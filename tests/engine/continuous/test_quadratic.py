@@ -1,6 +1,6 @@
 """Quadratic query values (``x^2``, ``x*y`` weights) on continuous domains.
 
-The reference here is written from DESIGN.md's formulas with no engine code: ``z`` is the
+The reference here is written from contract.md's formulas with no engine code: ``z`` is the
 polynomial of the weights, ``Pr(high) = t (e^ε - 1)/(e^ε + 1) + 1/(e^ε + 1)``. Its extremes over
 a 2-D box come from a dense grid refined by L-BFGS-B around the best grid points; they are values
 at points of the box, so ``found_max <= max log P`` and ``found_min >= min log P``: a certified
