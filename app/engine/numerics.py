@@ -149,23 +149,45 @@ def exact_dot(
     too: ``3 × 0.1 - 0.3`` is ``2.8e-17`` exactly and ``5.6e-17`` in floats, and at ε = 100 a
     ``linear`` query's log-probability there is ``log t`` — 0.69 nats apart.
     """
+    z, lo, bound = split_dot(points, theta, c)
+    # |z - exact| <= |lo| + bound, the sum rounded up (zero when every operation was exact)
+    return z, (np.abs(lo) + bound) * (1.0 + 4.0 * UNIT_ROUNDOFF)
+
+
+def split_dot(
+    points: FloatArray, theta: FloatArray, c: FloatArray, *, paired: bool = False
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """``z = points @ theta.T + c`` as ``hi + lo`` (double-double) and a bound on its error.
+
+    ``paired``: row ``i`` of ``points`` with row ``i`` of ``theta`` only (``z`` of shape ``(n,)``).
+
+    :func:`exact_dot` without its final rounding: the exact value is
+    ``s + Σ e_j`` (Dekker products, Knuth sums, every ``e_j`` a float), ``corr = fl(Σ e_j)``
+    errs by at most ``γ Σ|e_j|`` and ``hi + lo = s + corr`` exactly (Knuth). The bound is 0 when
+    every operation was exact; products that might underflow add ``2^-1070`` each.
+    """
     p_count, d = points.shape
-    s = np.broadcast_to(np.asarray(c, dtype=np.float64), (p_count, theta.shape[0])).copy()
+    shape = (p_count,) if paired else (p_count, theta.shape[0])
+    s = np.broadcast_to(np.asarray(c, dtype=np.float64), shape).copy()
     corr = np.zeros_like(s)
     abs_err = np.zeros_like(s)
     tiny = 2.0**-960
     for k in range(d):
-        a = points[:, k : k + 1]
-        b = theta[:, k][None, :]
+        a = points[:, k] if paired else points[:, k : k + 1]
+        b = theta[:, k] if paired else theta[:, k][None, :]
         prod, prod_err = two_product(a, b)
         s, sum_err = _two_sum(s, prod)
         corr += prod_err + sum_err
         underflow = (np.abs(prod) < tiny) & (a != 0.0) & (b != 0.0)
         abs_err += np.abs(prod_err) + np.abs(sum_err) + np.where(underflow, 2.0**-1070, 0.0)
-    z, last = _two_sum(s, corr)
-    bound = np.abs(last) + abs_err * (4.0 * (2 * d + 2) * UNIT_ROUNDOFF)
-    bound = np.where(abs_err > 0.0, bound * (1.0 + 4.0 * UNIT_ROUNDOFF), 0.0)
-    return np.asarray(z, dtype=np.float64), np.asarray(bound, dtype=np.float64)
+    hi, lo = _two_sum(s, corr)
+    bound = abs_err * (4.0 * (2 * d + 2) * UNIT_ROUNDOFF) * (1.0 + 4.0 * UNIT_ROUNDOFF)
+    bound = np.where(abs_err > 0.0, bound + 2.0**-1074, 0.0)
+    return (
+        np.asarray(hi, dtype=np.float64),
+        np.asarray(lo, dtype=np.float64),
+        np.asarray(bound, dtype=np.float64),
+    )
 
 
 def exact_lifted_dot(

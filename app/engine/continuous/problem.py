@@ -24,6 +24,7 @@ from app.engine.numerics import (
     FloatArray,
     exact_dot,
     exact_lifted_dot,
+    split_dot,
     two_product,
 )
 
@@ -310,49 +311,6 @@ class RankOneReduction:
             x[k] = x[k] + step if v[k] > 0 else x[k] - step
             remaining -= step * abs(v[k])
         return np.clip(x, box.lo, box.hi)
-
-
-def split_dot(
-    points: FloatArray, theta: FloatArray, c: FloatArray, *, paired: bool = False
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """``z = points @ theta.T + c`` as ``hi + lo`` (double-double) and a bound on its error.
-
-    ``paired``: row ``i`` of ``points`` with row ``i`` of ``theta`` only (``z`` of shape ``(n,)``).
-
-    :func:`~app.engine.numerics.exact_dot` without its final rounding: the exact value is
-    ``s + Σ e_j`` (Dekker products, Knuth sums, every ``e_j`` a float), ``corr = fl(Σ e_j)``
-    errs by at most ``γ Σ|e_j|`` and ``hi + lo = s + corr`` exactly (Knuth). The bound is 0 when
-    every operation was exact; products that might underflow add ``2^-1070`` each.
-    """
-    p_count, d = points.shape
-    shape = (p_count,) if paired else (p_count, theta.shape[0])
-    s = np.broadcast_to(np.asarray(c, dtype=np.float64), shape).copy()
-    corr = np.zeros_like(s)
-    abs_err = np.zeros_like(s)
-    tiny = 2.0**-960
-    for k in range(d):
-        a = points[:, k] if paired else points[:, k : k + 1]
-        b = theta[:, k] if paired else theta[:, k][None, :]
-        prod, prod_err = two_product(a, b)
-        s, sum_err = two_sum(s, prod)
-        corr += prod_err + sum_err
-        underflow = (np.abs(prod) < tiny) & (a != 0.0) & (b != 0.0)
-        abs_err += np.abs(prod_err) + np.abs(sum_err) + np.where(underflow, 2.0**-1070, 0.0)
-    hi, lo = two_sum(s, corr)
-    bound = abs_err * (4.0 * (2 * d + 2) * UNIT_ROUNDOFF) * (1.0 + 4.0 * UNIT_ROUNDOFF)
-    bound = np.where(abs_err > 0.0, bound + 2.0**-1074, 0.0)
-    return (
-        np.asarray(hi, dtype=np.float64),
-        np.asarray(lo, dtype=np.float64),
-        np.asarray(bound, dtype=np.float64),
-    )
-
-
-def two_sum(a: FloatArray, b: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Knuth's ``s = fl(a + b)`` and the exact ``e = a + b - s``."""
-    total = a + b
-    back = total - a
-    return total, (a - (total - back)) + (b - back)
 
 
 def _exact_multiples(theta: FloatArray, v: FloatArray, lam: FloatArray) -> bool:

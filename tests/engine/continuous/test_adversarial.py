@@ -20,8 +20,9 @@ import pytest
 from app.engine.calculator import compute_loss
 from app.engine.continuous.branch_and_bound import BnBSettings, Status, maximize
 from app.engine.continuous.envelopes import concave_overestimator, convex_underestimator
-from app.engine.continuous.problem import Box, TermSet, split_dot
+from app.engine.continuous.problem import Box, TermSet
 from app.engine.continuous.univariate import ResponseCurve
+from app.engine.numerics import split_dot
 from tests.engine.continuous.adversarial import Case, all_cases, exact_logp, reference_loss
 
 CASES = {case.name: case for case in all_cases()}
