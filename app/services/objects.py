@@ -22,13 +22,14 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db.models import AuditEvent, LikelihoodStateRecord, ProtectedObject, Survey
 from app.engine.accountant import Odometer
-from app.engine.approx import NEEDS_FINITE_DOMAIN, OutputIndependentFilter, parse_delta_value
+from app.engine.approx import NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
 from app.engine.jsonfields import as_object, as_positive_number, check_keys, path
 from app.engine.likelihood import LossBounds
 from app.engine.limits import MAX_BUDGET, EngineLimits
+from app.engine.pipeline import f0_filter
 from app.services import audit
 from app.services.domains import domain_hash, store_domains
 from app.services.history import object_history
@@ -100,10 +101,9 @@ _STORED_DOMAINS = EngineLimits(
 
 
 @lru_cache(maxsize=1024)
-def domain_points(domain_text: str) -> int | None:
-    """The number of points of a stored domain (None: continuous), parsed once per text."""
-    domain = parse_domain(json.loads(domain_text), limits=_STORED_DOMAINS)
-    return domain.size if domain.is_finite else None
+def _stored_domain(domain_text: str) -> Domain:
+    """A stored domain, parsed once per text."""
+    return parse_domain(json.loads(domain_text), limits=_STORED_DOMAINS)
 
 
 def odometer_view(row: OdometerColumns) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def odometer_view(row: OdometerColumns) -> dict[str, Any]:
     delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
     phase = None
     if delta is not None:
-        f0 = OutputIndependentFilter.for_points(row.budget, delta, domain_points(row.domain))
+        f0 = f0_filter(row.budget, delta, _stored_domain(row.domain))
         phase = f0.phase(Fraction(row.f0_account))
     odometer = Odometer(
         row.budget,
