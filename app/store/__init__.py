@@ -1,0 +1,38 @@
+"""Persistence: every SQL statement, dialect branch and row shape, behind typed functions.
+
+``app/services`` orchestrates (load → decide → persist) and never writes SQL: it opens a
+transaction with :func:`transaction` (or reads with :func:`reading`) and calls the repository
+functions of this package with the connection it got. The conventions every module here follows:
+
+- **One persistence style**: SQLAlchemy Core on a :data:`Tx` (a ``Connection``); no ORM sessions.
+  Statements that run on the hot path are built once at import time (bound parameters), not per
+  call, so the compiled cache keeps them.
+- **Typed**: functions are keyword-only after the connection and return frozen dataclasses (the
+  row shapes, defined beside the statements that read them), plain values or ``None`` — never a
+  ``Row`` or a mapping the caller must know the columns of.
+- **Dialects here only**: a ``postgresql`` / ``sqlite`` branch lives in this package, never in a
+  service.
+- **Errors**: a unique constraint surfaces as :class:`Conflict`, a busy or failed database as
+  :class:`Unavailable` (both the SQLAlchemy classes, re-exported so services need not import
+  SQLAlchemy); the compare-and-set reports a lost race by its return value.
+"""
+
+from app.store.base import (
+    Conflict,
+    Database,
+    Tx,
+    Unavailable,
+    is_postgres,
+    reading,
+    transaction,
+)
+
+__all__ = [
+    "Conflict",
+    "Database",
+    "Tx",
+    "Unavailable",
+    "is_postgres",
+    "reading",
+    "transaction",
+]
