@@ -196,20 +196,13 @@ def basic_evaluation(
     return CandidateEvaluation(
         mech.epsilon,
         mech.epsilon_exact,
-        tuple(OutputLoss(_output_json(mech, j), 0.0, after) for j in range(listed)),
+        tuple(
+            OutputLoss(mech.output_json(mech.listed_output(j)), 0.0, after) for j in range(listed)
+        ),
         after,
         listed == mech.output_count and mech.output_count <= max_listed,
         tight=False,
     )
-
-
-def _output_json(mech: Mechanism, j: int) -> Any:
-    """The JSON form of the ``j``-th output: an index, or ``j``'s bits for bit-vector outputs."""
-    try:
-        return mech.output_json(j)
-    except TypeError:  # unary encoding: 2**k bit vectors, listed in binary counting order
-        k = mech.output_count.bit_length() - 1
-        return mech.output_json(tuple((j >> (k - 1 - i)) & 1 for i in range(k)))
 
 
 @dataclass(frozen=True)

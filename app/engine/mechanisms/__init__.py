@@ -11,6 +11,7 @@ from app.engine.jsonfields import as_object, path
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits
 from app.engine.mechanisms.base import CandidateLosses, Mechanism, Output
 from app.engine.mechanisms.matrix import MatrixMechanism
+from app.engine.mechanisms.oracles import HadamardResponse, OptimizedLocalHashing
 from app.engine.mechanisms.randomized_response import BinaryRR, GeneralizedRR
 from app.engine.mechanisms.regression import LinearQuery, LogisticQuery
 from app.engine.mechanisms.unary_encoding import UnaryEncoding
@@ -25,6 +26,8 @@ MECHANISMS: dict[str, MechanismFactory] = {
     MatrixMechanism.kind: MatrixMechanism,
     LinearQuery.kind: LinearQuery,
     LogisticQuery.kind: LogisticQuery,
+    OptimizedLocalHashing.kind: OptimizedLocalHashing,
+    HadamardResponse.kind: HadamardResponse,
 }
 
 __all__ = ["MECHANISMS", "CandidateLosses", "Mechanism", "Output", "parse_query"]

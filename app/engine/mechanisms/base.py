@@ -124,6 +124,14 @@ class Mechanism(abc.ABC):
     def output_json(self, output: Output) -> Any:
         """The JSON form of an internal output."""
 
+    def listed_output(self, j: int) -> Output:
+        """The ``j``-th output in listing order: the index itself by default.
+
+        A decision that lists outputs without ranking them (basic composition) lists the first
+        few in this order.
+        """
+        return j
+
     # --- likelihood (finite domains) ---------------------------------------------------------
     @abc.abstractmethod
     def term(self, output: Output) -> Term:
@@ -190,6 +198,60 @@ class TabulatedMechanism(Mechanism):
         return CandidateLosses(
             losses, self.output_json, float(np.max(np.abs(table))), self.extra_error
         )
+
+
+@dataclass(frozen=True)
+class SubsetWorst:
+    """The worst output of a two-level mechanism and a pair of values that attains it.
+
+    ``inside`` must gain ``step`` and ``outside`` must not (``None``: every output is worst).
+    """
+
+    loss: float
+    inside: int | None
+    outside: int | None
+
+
+def subset_worst(maxima: FloatArray, minima: FloatArray, step: float) -> SubsetWorst:
+    r"""Worst loss over every output that adds ``step`` on a subset ``S`` of a k-valued attribute.
+
+    A *two-level* output (``unary_encoding``'s bit vectors, ``olh``'s buckets, ``hadamard``'s
+    columns) has log-likelihood ``C + step·[v ∈ S]`` on value ``v``. With per-value extremes
+    :math:`M_v, m_v` of the history's log-likelihood, the loss after ``S`` is
+    :math:`\max(\max_S M + s, \max_{S^c} M) - \min(\min_S m + s, \min_{S^c} m)`, and over all
+    ``S``
+
+    .. math::
+
+        \max\Bigl(\max_{v \ne w} (M_v - m_w) + s,\; \max_v (M_v - m_v)\Bigr),
+
+    attained by *every* ``S`` with ``v ∈ S`` and ``w ∉ S`` for the maximising pair (first case;
+    the rest of ``S`` changes neither extreme: ``v`` holds the largest ``M`` and ``w`` the
+    smallest ``m`` among the values that can matter) or by every ``S`` (second case: the loss
+    never falls below the history's). So a mechanism whose outputs separate every ordered pair
+    of values reaches this bound with any output that separates the pair returned here.
+
+    >>> import numpy as np
+    >>> found = subset_worst(np.array([0.0, 2.0, 1.0]), np.array([0.0, 2.0, -1.0]), 0.5)
+    >>> found.loss, found.inside, found.outside
+    (3.5, 1, 2)
+    """
+    k = maxima.shape[0]
+    within = float(np.max(maxima - minima))
+    if k < 2:
+        return SubsetWorst(within, None, None)
+    top = np.argsort(maxima)[-2:][::-1]
+    bottom = np.argsort(minima)[:2]
+    if top[0] != bottom[0]:
+        v, w = int(top[0]), int(bottom[0])
+    elif maxima[top[0]] - minima[bottom[1]] >= maxima[top[1]] - minima[bottom[0]]:
+        v, w = int(top[0]), int(bottom[1])
+    else:
+        v, w = int(top[1]), int(bottom[0])
+    across = float(maxima[v] - minima[w]) + step
+    if across >= within:
+        return SubsetWorst(across, v, w)
+    return SubsetWorst(within, None, None)
 
 
 def check_epsilon(raw: Any, field: str, limits: EngineLimits) -> float:

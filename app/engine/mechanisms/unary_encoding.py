@@ -33,6 +33,7 @@ from app.engine.mechanisms.base import (
     Output,
     check_epsilon,
     output_bits,
+    subset_worst,
 )
 from app.engine.numerics import decimal_fraction, log1p_exp, written_epsilon_error
 from app.engine.sampling import RealProbability, rr_complement, rr_probability
@@ -104,6 +105,10 @@ class UnaryEncoding(Mechanism):
         """The bit list."""
         return list(output_bits(output))
 
+    def listed_output(self, j: int) -> Output:
+        """``j``'s k bits, most significant first (binary counting order)."""
+        return tuple((j >> (self.k - 1 - i)) & 1 for i in range(self.k))
+
     def term(self, output: Output) -> Term:
         """``A`` on values whose bit is set, ``B`` elsewhere (the common ``C(s)`` is dropped)."""
         values = np.where(np.asarray(output_bits(output), dtype=bool), self.log_a, self.log_b)
@@ -126,18 +131,12 @@ class UnaryEncoding(Mechanism):
         )
 
     def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
-        r"""Worst-case loss over all ``2^k`` outputs in O(|X| + k).
+        r"""Worst-case loss over all ``2^k`` outputs in O(|X| + k) (:func:`subset_worst`).
 
-        With per-value extremes :math:`M_v, m_v` the loss after ``s`` is
-        :math:`\max_v(M_v + c_v) - \min_w(m_w + c_w)`, :math:`c_v \in \{A, B\}`. Maximising over
-        ``s`` pair by pair gives
-
-        .. math::
-
-            \max\Bigl(\max_{v \ne w} (M_v - m_w) + (A - B),\; \max_v (M_v - m_v)\Bigr)
-
-        attained by ``s_v = 1, s_w = 0`` (first case) or by any ``s`` (second case). When
-        ``2^k`` is at most the listing limit every output is enumerated instead.
+        With per-value extremes the loss after ``s`` is :math:`\max_v(M_v + c_v) -
+        \min_w(m_w + c_w)`, :math:`c_v \in \{A, B\}`, ``A − B = ε``: a two-level output whose
+        worst case is attained by ``s_v = 1`` and every other bit 0. When ``2^k`` is at most the
+        listing limit every output is enumerated instead.
         """
         maxima, minima = state.extremes_over((self.axis,))
         magnitude = max(abs(self.log_a), abs(self.log_b))
@@ -152,20 +151,11 @@ class UnaryEncoding(Mechanism):
                 magnitude,
                 written_epsilon_error(magnitude),
             )
+        found = subset_worst(maxima, minima, self.log_a - self.log_b)
         worst_bits = [0] * self.k
-        within = float(np.max(maxima - minima))
-        top = np.argsort(maxima)[-2:][::-1]
-        bottom = np.argsort(minima)[:2]
-        if top[0] != bottom[0]:
-            v, w = int(top[0]), int(bottom[0])
-        elif maxima[top[0]] - minima[bottom[1]] >= maxima[top[1]] - minima[bottom[0]]:
-            v, w = int(top[0]), int(bottom[1])
-        else:
-            v, w = int(top[1]), int(bottom[0])
-        across = float(maxima[v] - minima[w]) + (self.log_a - self.log_b)
-        if across >= within:
-            worst_bits[v] = 1
-        worst = max(across, within)
+        if found.inside is not None:
+            worst_bits[found.inside] = 1
+        worst = found.loss
         bits = tuple(worst_bits)
         return CandidateLosses(
             np.array([worst]),
