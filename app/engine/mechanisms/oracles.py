@@ -99,6 +99,21 @@ def splitmix64(state: int) -> tuple[int, int]:
     return out[0], out[1]
 
 
+def splitmix64_array(seeds: U64) -> tuple[U64, U64]:
+    """:func:`splitmix64` of every seed (uint64 arithmetic wraps modulo 2^64, as the recipe)."""
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    out = []
+    state = np.asarray(seeds, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for _ in range(2):
+            state = state + golden
+            z = state
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            out.append(z ^ (z >> np.uint64(31)))
+    return out[0], out[1]
+
+
 def hash_coefficients(seed: int) -> tuple[int, int]:
     """``(a, b)`` of ``h_seed``: ``a ∈ [1, p−1]``, ``b ∈ [0, p−1]``."""
     first, second = splitmix64(seed)
