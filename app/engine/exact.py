@@ -240,11 +240,14 @@ def _axis_losses(base: IntArray, step: int, query: ExactQuery) -> list[int]:
         patterns = np.array(list(itertools.product((0, 1), repeat=k)), dtype=np.int64)
         moved = base[None, :] + step_arr * patterns.astype(base.dtype)
         return [int(v) for v in (moved.max(axis=1) - moved.min(axis=1)).tolist()]
-    values = [int(v) for v in base.tolist()]
-    within = max(values) - min(values)
     if k == 1:
-        return [within]
-    top_i = sorted(range(k), key=lambda i: values[i], reverse=True)[:2]
-    low_i = sorted(range(k), key=lambda i: values[i])[:2]
-    across = max(values[v] - values[w] for v in top_i for w in low_i if v != w)
+        return [0]
+    if base.dtype == object:  # Python integers: numpy's sort
+        order = np.argsort(base, kind="stable")
+        low_i, top_i = order[:2].tolist(), order[-2:].tolist()
+    else:  # the two smallest and two largest in O(k)
+        low_i = np.argpartition(base, 1)[:2].tolist()
+        top_i = np.argpartition(base, k - 2)[-2:].tolist()
+    within = max(int(base[i]) for i in top_i) - min(int(base[i]) for i in low_i)
+    across = max(int(base[v]) - int(base[w]) for v in top_i for w in low_i if v != w)
     return [max(within, across + step)]

@@ -240,18 +240,27 @@ def subset_worst(maxima: FloatArray, minima: FloatArray, step: float) -> SubsetW
     within = float(np.max(maxima - minima))
     if k < 2:
         return SubsetWorst(within, None, None)
-    top = np.argsort(maxima)[-2:][::-1]
-    bottom = np.argsort(minima)[:2]
+    top = _two(maxima, largest=True)
+    bottom = _two(minima, largest=False)
     if top[0] != bottom[0]:
-        v, w = int(top[0]), int(bottom[0])
+        v, w = top[0], bottom[0]
     elif maxima[top[0]] - minima[bottom[1]] >= maxima[top[1]] - minima[bottom[0]]:
-        v, w = int(top[0]), int(bottom[1])
+        v, w = top[0], bottom[1]
     else:
-        v, w = int(top[1]), int(bottom[0])
+        v, w = top[1], bottom[0]
     across = float(maxima[v] - minima[w]) + step
     if across >= within:
         return SubsetWorst(across, v, w)
     return SubsetWorst(within, None, None)
+
+
+def _two(values: FloatArray, *, largest: bool) -> tuple[int, int]:
+    """Indexes of the two largest (or smallest) of ``values`` (``len >= 2``), best first: O(k)."""
+    k = values.shape[0]
+    pair = np.argpartition(values, k - 2)[-2:] if largest else np.argpartition(values, 1)[:2]
+    a, b = int(pair[0]), int(pair[1])
+    first_wins = values[a] >= values[b] if largest else values[a] <= values[b]
+    return (a, b) if first_wins else (b, a)
 
 
 def check_epsilon(raw: Any, field: str, limits: EngineLimits) -> float:
