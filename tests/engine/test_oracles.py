@@ -285,3 +285,22 @@ def test_the_hadamard_sampler_draws_columns_with_the_declared_probabilities() ->
     expected = {c: (math.e if c in plus else 1.0) / (4 * (1 + math.e)) for c in range(8)}
     chi2 = sum((counts[c] - n * expected[c]) ** 2 / (n * expected[c]) for c in range(8))
     assert chi2 < 24.3  # 7 degrees of freedom, p = 0.001
+
+
+def test_the_docs_vector_table_and_worked_example_hold() -> None:
+    """docs/oracles.md's table, row by row, and its worked example (seed 12345, g = 4)."""
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "oracles.md").read_text()
+    rows = [
+        [int(cell) for cell in line.strip("|").split("|")]
+        for line in text.splitlines()
+        if line.startswith("| ") and line.strip("| ").replace("|", "").replace(" ", "").isdigit()
+    ]
+    assert len(rows) == 7
+    for seed, index, g, bucket in rows:
+        assert _h(seed, index, g) == bucket
+        assert olh_hash_value(seed, index, g) == bucket
+    assert [olh_hash_value(12345, i, 4) for i in range(4)] == [2, 1, 0, 3]
+    assert hash_coefficients(12345) == (149043579997720995, 1472357008447633646)
+    assert [1 if bin(3 & c).count("1") % 2 == 0 else -1 for c in range(4)] == [1, -1, -1, 1]
