@@ -22,9 +22,9 @@ Certification (independent of the solver's tolerances). Write the LP as
     c^\top v = y^\top A v + r^\top v \le y^\top b + \sum_k \max(r_k v^{lo}_k, r_k v^{hi}_k),
 
 weak duality with explicit bounds (Neumaier & Shcherbina, 2004). We take ``y`` from HiGHS's
-duals, clip it to be non-negative, and evaluate the right-hand side in float64 plus a bound on
-its rounding error (:math:`γ_m \sum |\cdot|` terms). If HiGHS fails, ``y = 0`` gives the interval
-bound :math:`\sum_i s_i^{hi}`, which is always valid.
+duals (:mod:`.highs`), clip it to be non-negative, and evaluate the right-hand side in float64
+plus a bound on its rounding error (:math:`γ_m \sum |\cdot|` terms). If HiGHS fails, ``y = 0``
+gives the interval bound :math:`\sum_i s_i^{hi}`, which is always valid.
 
 Empty nodes. HiGHS's "infeasible" verdict is not taken on trust: with very steep envelope lines
 (slopes near :math:`e^{40}` at large ε) it has called non-empty nodes infeasible, and dropping
@@ -57,11 +57,10 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-from scipy.optimize import linprog
 
+from app.engine.continuous import highs
 from app.engine.continuous.envelopes import Lines, cached_concave_overestimator
 from app.engine.continuous.problem import TermSet
 from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
@@ -134,23 +133,16 @@ def _scaled_linprog(
     b: FloatArray,
     lo: FloatArray,
     hi: FloatArray,
-    options: dict[str, float] | None = None,
+    time_limit: float | None = None,
     scaled: FloatArray | None = None,
-) -> tuple[Any, FloatArray | None]:
+) -> tuple[highs.LpResult, FloatArray | None]:
     """HiGHS on the LP with columns scaled by ``scaled`` (see :func:`column_scales`).
 
-    Returns HiGHS's result and its ``x`` unscaled.
+    Returns the solver's result and its ``x`` unscaled.
     """
     scale = np.ones(lo.size) if scaled is None else scaled
-    res = linprog(
-        cost * scale,
-        A_ub=A * scale,
-        b_ub=b,
-        bounds=np.column_stack([lo / scale, hi / scale]),
-        method="highs",
-        options=options or {},
-    )
-    x = None if res.x is None else np.asarray(res.x, dtype=np.float64) * scale
+    res = highs.solve(cost * scale, A * scale, b, lo / scale, hi / scale, time_limit)
+    x = None if res.x is None else res.x * scale
     return res, x
 
 
@@ -201,9 +193,9 @@ def certified_empty(
     )
     scale = np.concatenate([column_scales(theta), np.ones(2 * n)])
     res, _ = _scaled_linprog(cost, A, b, bounds[:, 0], bounds[:, 1], None, scale)
-    if res.status != 0 or res.ineqlin is None:
+    if res.status != highs.OPTIMAL or res.row_duals is None:
         return False
-    y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
+    y = np.maximum(-res.row_duals, 0.0)
     y_up, y_down, y_env = y[:n], y[n : 2 * n], y[2 * n :]
     w = y_up - y_down
     r = theta.T @ w + env_a.T @ y_env
@@ -299,17 +291,17 @@ def relax(
     sane = np.max(np.abs(A) * scale, axis=1, initial=0.0) <= MAX_COEFFICIENT
     A, b = A[sane], b[sane]
     left = None if time_limit is None else time_limit - (time.perf_counter() - start)
-    options = {} if left is None else {"time_limit": max(left, 1e-3)}
-    res, solution = _scaled_linprog(-cost, A, b, v_lo, v_hi, options, scale)
+    res, solution = _scaled_linprog(
+        -cost, A, b, v_lo, v_hi, None if left is None else max(left, 1e-3), scale
+    )
     status = res.status
-    if status == 2 and certified_empty(terms, x_lo, x_hi, l, u):
+    if status == highs.INFEASIBLE and certified_empty(terms, x_lo, x_hi, l, u):
         return Relaxation(-np.inf, None, None, np.zeros(n), True)
-    if status != 0 or solution is None:
+    if status != highs.OPTIMAL or solution is None or res.row_duals is None:
         y = np.zeros(A.shape[0])
         bound = min(interval_bound, _certify(A, b, cost, v_lo, v_hi, y))
         return Relaxation(bound + const, None, None, np.zeros(n), False)
-    marginals = res.ineqlin.marginals
-    y = np.maximum(-np.asarray(marginals, dtype=np.float64), 0.0)
+    y = np.maximum(-res.row_duals, 0.0)
     bound = min(interval_bound, _certify(A, b, cost, v_lo, v_hi, y))
     x = np.clip(solution[:d], x_lo, x_hi)
     s = solution[dim:]

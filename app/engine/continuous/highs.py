@@ -1,0 +1,146 @@
+"""One LP entry point for the branch-and-bound: HiGHS through ``highspy``, or through SciPy.
+
+``solve(cost, A, b, lo, hi)`` minimises ``cost·v`` subject to ``A v <= b`` and ``lo <= v <= hi``
+and returns the status, ``v`` and the row duals (SciPy's ``ineqlin.marginals`` convention:
+``<= 0`` on active rows of a minimisation). The bound of a node never trusts these numbers: the
+caller certifies it by weak duality from the duals (:mod:`.lp_bound`), so the solver is a
+performance choice only.
+
+Why ``highspy`` directly. ``scipy.optimize.linprog(method="highs")`` builds a new HiGHS object,
+checks every option through Python and converts the answer into an ``OptimizeResult`` on each
+call: on the paper's appendix F table (≈ 150 small LPs per row) that wrapper cost more than the
+solves themselves (docs/benchmarks.md, ``bench/appendix_f.py`` prints both side by side). Here one
+``Highs`` object per thread is kept, its options set once, and each LP is passed as arrays.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+import highspy
+import numpy as np
+from scipy.optimize import linprog
+
+from app.engine.numerics import FloatArray
+
+#: Status codes (SciPy's): 0 optimal, 2 infeasible, 1 a limit was reached, 4 anything else.
+OPTIMAL, LIMIT, INFEASIBLE, OTHER = 0, 1, 2, 4
+Solver = Literal["highspy", "scipy"]
+#: Which solver :func:`solve` uses (the benchmark switches it to compare both in one run).
+SOLVER: Solver = "highspy"
+
+
+@dataclass(frozen=True)
+class LpResult:
+    """Outcome of one LP: ``status`` (see :data:`OPTIMAL`), ``x`` and ``row_duals``.
+
+    ``x`` and ``row_duals`` are None unless the status is optimal.
+    """
+
+    status: int
+    x: FloatArray | None
+    row_duals: FloatArray | None
+
+
+class _Local(threading.local):
+    highs: highspy._core._Highs | None = None
+
+
+_local = _Local()
+
+
+def _highs() -> highspy._core._Highs:
+    """The calling thread's solver, built once.
+
+    The core class, not ``highspy.Highs``: the wrapper prints a banner on stdout when
+    constructed, which would corrupt ``gatekeeper loss``'s JSON output (and it adds callback
+    plumbing we do not use).
+    """
+    if _local.highs is None:
+        h = highspy._core._Highs()
+        h.setOptionValue("output_flag", False)
+        h.setOptionValue("log_to_console", False)
+        _local.highs = h
+    return _local.highs
+
+
+_STATUS = {
+    highspy.HighsModelStatus.kOptimal: OPTIMAL,
+    highspy.HighsModelStatus.kInfeasible: INFEASIBLE,
+    highspy.HighsModelStatus.kTimeLimit: LIMIT,
+    highspy.HighsModelStatus.kIterationLimit: LIMIT,
+}
+
+
+def solve(
+    cost: FloatArray,
+    A: FloatArray,
+    b: FloatArray,
+    lo: FloatArray,
+    hi: FloatArray,
+    time_limit: float | None = None,
+) -> LpResult:
+    """``min cost·v  s.t.  A v <= b,  lo <= v <= hi`` with :data:`SOLVER`."""
+    if SOLVER == "scipy":
+        return _scipy(cost, A, b, lo, hi, time_limit)
+    h = _highs()
+    h.clearModel()
+    h.setOptionValue("time_limit", float(time_limit) if time_limit is not None else np.inf)
+    rows, cols = A.shape
+    columnwise = np.asarray(A.T)
+    nonzero = columnwise != 0.0
+    starts = np.concatenate([[0], np.cumsum(nonzero.sum(axis=1))]).astype(np.int32)
+    index = np.nonzero(nonzero)[1].astype(np.int32)
+    values = columnwise[nonzero].astype(np.float64)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = cols, rows
+    lp.col_cost_ = np.asarray(cost, dtype=np.float64)
+    lp.col_lower_ = np.asarray(lo, dtype=np.float64)
+    lp.col_upper_ = np.asarray(hi, dtype=np.float64)
+    lp.row_lower_ = np.full(rows, -np.inf)
+    lp.row_upper_ = np.asarray(b, dtype=np.float64)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = starts
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = values
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = cols, rows
+    if h.passModel(lp) == highspy.HighsStatus.kError:
+        return LpResult(OTHER, None, None)
+    if h.run() == highspy.HighsStatus.kError:
+        return LpResult(OTHER, None, None)
+    status = _STATUS.get(h.getModelStatus(), OTHER)
+    if status != OPTIMAL:
+        return LpResult(status, None, None)
+    solution = h.getSolution()
+    return LpResult(
+        OPTIMAL,
+        np.asarray(solution.col_value, dtype=np.float64),
+        np.asarray(solution.row_dual, dtype=np.float64),
+    )
+
+
+def _scipy(
+    cost: FloatArray,
+    A: FloatArray,
+    b: FloatArray,
+    lo: FloatArray,
+    hi: FloatArray,
+    time_limit: float | None,
+) -> LpResult:
+    res = linprog(
+        cost,
+        A_ub=A,
+        b_ub=b,
+        bounds=np.column_stack([lo, hi]),
+        method="highs",
+        options={} if time_limit is None else {"time_limit": time_limit},
+    )
+    if res.status != OPTIMAL or res.x is None or res.ineqlin is None:
+        return LpResult(res.status if res.status in (LIMIT, INFEASIBLE) else OTHER, None, None)
+    return LpResult(
+        OPTIMAL,
+        np.asarray(res.x, dtype=np.float64),
+        np.asarray(res.ineqlin.marginals, dtype=np.float64),
+    )
