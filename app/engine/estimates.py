@@ -217,8 +217,9 @@ def tally_outputs(mechanism: Mechanism, outputs: Sequence[Output]) -> Counter[st
             {json.dumps(attribute.value_at(i)): int(c) for i, c in enumerate(support) if c}
         )
     tally: Counter[str] = Counter()
-    for output in outputs:
-        tally.update(tally_keys(mechanism, output))
+    for output, count in Counter(outputs).items():  # each distinct output's keys once
+        for key in tally_keys(mechanism, output):
+            tally[key] += count
     return tally
 
 
