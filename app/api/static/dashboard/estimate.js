@@ -1,6 +1,7 @@
 // A survey's estimate with its error (docs/surveys.md "Estimates"), drawn as inline SVG:
-// a histogram of shares with 95% interval whiskers (grr, unary_encoding), or one point with its
-// interval on a number line (a proportion or a mean); and the exact numbers in a table.
+// a histogram of shares with 95% interval whiskers (grr, unary_encoding, olh, hadamard; the
+// largest TOP_VALUES shares when there are more values), or one point with its interval on a
+// number line (a proportion or a mean); and the exact numbers of every value in a table and a CSV.
 
 import { element } from "./chart.js";
 import { num } from "./format.js";
@@ -38,11 +39,24 @@ function interval(ci) {
   return `[${num(ci[0])}, ${num(ci[1])}]`;
 }
 
+// Values a histogram draws: beyond this many (olh and hadamard over thousands of values), the
+// largest shares, in decreasing order; the table below the chart keeps every value.
+export const TOP_VALUES = 40;
+
+// The keys a histogram draws: all of them in the estimate's order, or the TOP_VALUES largest.
+export function drawnKeys(estimate) {
+  const keys = Object.keys(estimate.values);
+  if (keys.length <= TOP_VALUES) {
+    return keys;
+  }
+  return keys.sort((a, b) => estimate.values[b] - estimate.values[a]).slice(0, TOP_VALUES);
+}
+
 // The histogram: a bar per value (its share, from 0) and a whisker for its 95% interval.
 export function renderHistogram(svg, estimate) {
   svg.replaceChildren();
   svg.setAttribute("viewBox", `0 0 ${WIDTH} ${HEIGHT}`);
-  const keys = Object.keys(estimate.values);
+  const keys = drawnKeys(estimate);
   const numbers = keys.flatMap((k) => [estimate.values[k], ...estimate.ci95[k]]);
   const yTicks = rangeTicks(...span(numbers, [0, 0.1]), 5);
   const yLow = yTicks[0];
@@ -170,6 +184,25 @@ export function histogramRows(estimate) {
     );
     return tr;
   });
+}
+
+// One CSV field: quoted when it holds a comma, a quote or a line break (RFC 4180).
+function csvField(text) {
+  return /[",\r\n]/.test(text) ? `"${text.replaceAll('"', '""')}"` : text;
+}
+
+// The estimate as CSV text: every value of a histogram, or the one number; full precision.
+export function estimateCsv(estimate) {
+  const lines = ["value,estimate,stderr,ci95_low,ci95_high"];
+  if (estimate.kind === "histogram") {
+    for (const key of Object.keys(estimate.values)) {
+      const [low, high] = estimate.ci95[key];
+      lines.push([csvField(key), estimate.values[key], estimate.stderr[key], low, high].join(","));
+    }
+  } else {
+    lines.push([estimate.kind, estimate.value, estimate.stderr, ...estimate.ci95].join(","));
+  }
+  return `${lines.join("\r\n")}\r\n`;
 }
 
 // A proportion's or mean's numbers, one row: estimate, standard error, 95% interval.

@@ -4,7 +4,14 @@
 
 import { getJson } from "./api.js";
 import { element as svgElement } from "./chart.js";
-import { histogramRows, renderHistogram, renderInterval, scalarRow } from "./estimate.js";
+import {
+  TOP_VALUES,
+  estimateCsv,
+  histogramRows,
+  renderHistogram,
+  renderInterval,
+  scalarRow,
+} from "./estimate.js";
 import { describeQuery, fmtTime, num } from "./format.js";
 import { labelChip, listHash } from "./labels.js";
 
@@ -300,6 +307,9 @@ function noEstimateMessage(survey) {
   return `No estimate for this survey: ${reason}.`;
 }
 
+// Whose shares sum to 1 only on average (each value's share is estimated on its own).
+const SHARE_NAMES = { unary_encoding: "Unary-encoding", olh: "Local-hashing", hadamard: "Hadamard-response" };
+
 function estimateNotes(survey) {
   const notes = [];
   const p = survey.progress;
@@ -316,7 +326,9 @@ function estimateNotes(survey) {
   if (kind === "histogram") {
     notes.push(
       "Each share is unbiased and not clipped to [0, 1], so by chance it can be below 0 or above 1. " +
-        (survey.query.mechanism === "grr" ? "The shares sum to 1. " : "Unary-encoding shares sum to 1 only on average. ") +
+        (survey.query.mechanism === "grr"
+          ? "The shares sum to 1. "
+          : `${SHARE_NAMES[survey.query.mechanism] || "These"} shares sum to 1 only on average. `) +
         "Each interval is a 95% Wilson interval for that value alone (not simultaneous).",
     );
   } else if (kind) {
@@ -357,6 +369,13 @@ function renderEstimate(survey) {
   const table = $("estimate-table");
   $("estimate-notes").textContent = estimateNotes(survey);
   renderOutputs(survey);
+  const csv = $("estimate-csv");
+  if (csv.href) {
+    URL.revokeObjectURL(csv.href);
+    csv.removeAttribute("href");
+  }
+  csv.hidden = !estimate;
+  $("estimate-top").hidden = true;
   if (!estimate) {
     $("estimate-title").textContent = "Estimate";
     message.textContent = noEstimateMessage(survey);
@@ -376,6 +395,11 @@ function renderEstimate(survey) {
     head.cells[0].textContent = "value";
     head.cells[1].textContent = "share";
     body.append(...histogramRows(estimate));
+    const count = Object.keys(estimate.values).length;
+    if (count > TOP_VALUES) {
+      $("estimate-top").textContent = `the ${TOP_VALUES} largest of ${count} values (all in the table)`;
+      $("estimate-top").hidden = false;
+    }
   } else {
     renderInterval(svg, estimate, baseRange(survey));
     svg.setAttribute("aria-label", `Estimated ${estimate.kind} with its 95% interval, n = ${estimate.n}`);
@@ -384,6 +408,8 @@ function renderEstimate(survey) {
     body.append(scalarRow(estimate));
   }
   table.tBodies[0].replaceWith(body);
+  csv.href = URL.createObjectURL(new Blob([estimateCsv(estimate)], { type: "text/csv" }));
+  csv.download = `survey-${survey.id}-estimate.csv`;
   $("estimate-n").textContent = String(estimate.n);
   $("estimate-n").dataset.value = String(estimate.n);
   figure.hidden = false;
