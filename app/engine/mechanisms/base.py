@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from app.engine.domain import Domain, Scalar
+from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
 from app.engine.exact import ExactQuery, ExactTerm
 from app.engine.likelihood import LikelihoodState, Term, losses_from_table
@@ -261,6 +261,23 @@ def _two(values: FloatArray, *, largest: bool) -> tuple[int, int]:
     a, b = int(pair[0]), int(pair[1])
     first_wins = values[a] >= values[b] if largest else values[a] <= values[b]
     return (a, b) if first_wins else (b, a)
+
+
+def finite_attribute(raw: Mapping[str, Any], domain: Domain, field: str) -> tuple[int, Attribute]:
+    """The axis and attribute a query's ``attribute`` names: a finite one (integer/categorical).
+
+    Raises :class:`InvalidInput` naming ``{field}.attribute`` otherwise.
+    """
+    from app.engine.jsonfields import path
+
+    attr_field = path(field, "attribute")
+    if not isinstance(raw["attribute"], str):
+        raise InvalidInput(attr_field, "must be a string")
+    axis = domain.axis(raw["attribute"], attr_field)
+    attribute = domain.attributes[axis]
+    if not attribute.is_finite:
+        raise InvalidInput(attr_field, "must name an integer or categorical attribute")
+    return axis, attribute
 
 
 def check_epsilon(raw: Any, field: str, limits: EngineLimits) -> float:

@@ -65,6 +65,7 @@ from app.engine.mechanisms.base import (
     Mechanism,
     Output,
     check_epsilon,
+    finite_attribute,
     output_index,
     rr_log_probs,
     subset_worst,
@@ -223,12 +224,7 @@ class _TwoLevel(Mechanism):
         self, raw: Mapping[str, Any], domain: Domain, field: str, limits: EngineLimits
     ) -> str:
         attr_field = path(field, "attribute")
-        if not isinstance(raw["attribute"], str):
-            raise InvalidInput(attr_field, "must be a string")
-        self.axis = domain.axis(raw["attribute"], attr_field)
-        self.attribute = domain.attributes[self.axis]
-        if not self.attribute.is_finite:
-            raise InvalidInput(attr_field, "must name an integer or categorical attribute")
+        self.axis, self.attribute = finite_attribute(raw, domain, field)
         self.k = self.attribute.size
         self.eps = check_epsilon(raw["epsilon"], path(field, "epsilon"), limits)
         self.max_listed = limits.max_listed_outputs

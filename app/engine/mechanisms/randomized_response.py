@@ -32,6 +32,7 @@ from app.engine.mechanisms.base import (
     Output,
     TabulatedMechanism,
     check_epsilon,
+    finite_attribute,
     output_index,
     rr_log_probs,
 )
@@ -49,13 +50,7 @@ class GeneralizedRR(Mechanism):
         self, raw: Mapping[str, Any], domain: Domain, field: str, limits: EngineLimits
     ) -> None:
         check_keys(raw, field, required=("mechanism", "attribute", "epsilon"))
-        attr_field = path(field, "attribute")
-        if not isinstance(raw["attribute"], str):
-            raise InvalidInput(attr_field, "must be a string")
-        self.axis = domain.axis(raw["attribute"], attr_field)
-        self.attribute = domain.attributes[self.axis]
-        if not self.attribute.is_finite:
-            raise InvalidInput(attr_field, "must name an integer or categorical attribute")
+        self.axis, self.attribute = finite_attribute(raw, domain, field)
         eps = check_epsilon(raw["epsilon"], path(field, "epsilon"), limits)
         self.k = self.attribute.size
         self.eps = eps

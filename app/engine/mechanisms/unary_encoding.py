@@ -32,6 +32,7 @@ from app.engine.mechanisms.base import (
     Mechanism,
     Output,
     check_epsilon,
+    finite_attribute,
     output_bits,
     subset_worst,
 )
@@ -53,12 +54,7 @@ class UnaryEncoding(Mechanism):
             raw, field, required=("mechanism", "attribute", "epsilon"), optional=("variant",)
         )
         attr_field = path(field, "attribute")
-        if not isinstance(raw["attribute"], str):
-            raise InvalidInput(attr_field, "must be a string")
-        self.axis = domain.axis(raw["attribute"], attr_field)
-        self.attribute = domain.attributes[self.axis]
-        if not self.attribute.is_finite:
-            raise InvalidInput(attr_field, "must name an integer or categorical attribute")
+        self.axis, self.attribute = finite_attribute(raw, domain, field)
         self.k = self.attribute.size
         if self.k > limits.max_outputs:
             raise InvalidInput(attr_field, f"has more than {limits.max_outputs} values to encode")
