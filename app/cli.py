@@ -365,20 +365,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from app.db.session import make_session_factory
     from app.services.verify import count_objects, verify_all
 
     engine = _open_database(values=True)
-    sessions = make_session_factory(engine)
     started = time.monotonic()
     with tqdm(
-        total=count_objects(sessions),
+        total=count_objects(engine),
         unit=" objects",
         desc="verify",
         disable=args.quiet,
         file=sys.stderr,
     ) as bar:
-        report = verify_all(sessions, progress=bar.update)
+        report = verify_all(engine, progress=bar.update)
     engine.dispose()
     for line in report.problems:
         print(f"MISMATCH {line}")
