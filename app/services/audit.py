@@ -71,14 +71,14 @@ def _view(event: Event) -> dict[str, Any]:
 
 def list_events(
     *,
-    db: Database,
+    engine: Database,
     object_id: str | None = None,
     kind: AuditKind | None = None,
     after: int = 0,
     limit: int = 100,
 ) -> dict[str, Any]:
     """Events with ``id > after`` in order, filtered; ``next_after`` pages on (None at the end)."""
-    with reading(db) as conn:
+    with reading(engine) as conn:
         rows = store.page(
             conn,
             after=after,

@@ -37,7 +37,7 @@ async def audit_log(
     return await in_thread(
         runtime,
         audit.list_events,
-        db=runtime.engine,
+        engine=runtime.engine,
         object_id=object_id,
         kind=kind,
         after=after,
