@@ -307,31 +307,27 @@ def cmd_encryption_rotate(args: argparse.Namespace) -> int:
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
     """Create an API key and print it once."""
-    from app.db.session import make_session_factory
     from app.services.auth import Role, create_key
 
     engine = _open_database(values=False)
-    with make_session_factory(engine)() as session, session.begin():
-        _, secret = create_key(session=session, role=Role(args.role), label=args.label)
+    _, secret = create_key(engine=engine, role=Role(args.role), label=args.label)
     print(secret)
     return 0
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
     """Print every API key: id, role, label, created, revoked (never a secret)."""
-    from app.db.session import make_session_factory
     from app.services.auth import list_keys
 
     engine = _open_database(values=False)
     rows: list[dict[str, Any]] = []
     after = 0
-    with make_session_factory(engine)() as session:
-        while True:
-            page = list_keys(session=session, limit=1000, after=after)
-            rows.extend(page["items"])
-            if page["next_after"] is None:
-                break
-            after = page["next_after"]
+    while True:
+        page = list_keys(engine=engine, limit=1000, after=after)
+        rows.extend(page["items"])
+        if page["next_after"] is None:
+            break
+        after = page["next_after"]
     if args.json:
         for row in rows:
             print(json.dumps(row))
@@ -347,14 +343,12 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     """Revoke a key by id; refuses the last active admin key (exit 1)."""
-    from app.db.session import make_session_factory
     from app.services.auth import revoke_key
     from app.services.errors import LastAdminKey
 
     engine = _open_database(values=False)
     try:
-        with make_session_factory(engine)() as session, session.begin():
-            found = revoke_key(session=session, key_id=args.id)
+        found = revoke_key(engine=engine, key_id=args.id)
     except LastAdminKey as exc:
         print(f"refused: {exc.detail}", file=sys.stderr)
         return 1
@@ -371,20 +365,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from app.db.session import make_session_factory
     from app.services.verify import count_objects, verify_all
 
     engine = _open_database(values=True)
-    sessions = make_session_factory(engine)
     started = time.monotonic()
     with tqdm(
-        total=count_objects(sessions),
+        total=count_objects(engine),
         unit=" objects",
         desc="verify",
         disable=args.quiet,
         file=sys.stderr,
     ) as bar:
-        report = verify_all(sessions, progress=bar.update)
+        report = verify_all(engine, progress=bar.update)
     engine.dispose()
     for line in report.problems:
         print(f"MISMATCH {line}")

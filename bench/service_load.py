@@ -262,7 +262,7 @@ def fresh_database(*, keep: bool = False, migrate: bool = True) -> Iterator[tupl
     import psycopg
 
     from app.db.migrate import upgrade
-    from app.db.session import make_engine, make_session_factory
+    from app.db.session import make_engine
     from app.services.auth import ensure_bootstrap_admin
 
     admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
@@ -277,8 +277,7 @@ def fresh_database(*, keep: bool = False, migrate: bool = True) -> Iterator[tupl
         upgrade(url)
         # stored before the workers start: several workers creating it at once can collide
         engine = make_engine(url)
-        with make_session_factory(engine)() as session, session.begin():
-            ensure_bootstrap_admin(session=session, secret=ADMIN_KEY)
+        ensure_bootstrap_admin(engine=engine, secret=ADMIN_KEY)
         engine.dispose()
         yield url, name
     finally:

@@ -11,7 +11,6 @@ import anyio.to_thread
 from anyio import CapacityLimiter
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.engine.errors import InvalidInput
@@ -21,6 +20,7 @@ from app.services.auth import KeyCache, Role, authenticate, hash_key
 from app.services.errors import BadJson, Forbidden, PayloadTooLarge, Unauthorized
 from app.services.locks import ObjectLocks
 from app.settings import Settings
+from app.store import Database
 from app.worker.jobs import SurveyJobs
 from app.worker.pool import BoundWorker
 
@@ -35,7 +35,7 @@ class Runtime:
     """Everything the routers need, built once per process by :func:`app.api.main.create_app`."""
 
     settings: Settings
-    engine: Engine
+    engine: Database
     sessions: sessionmaker[Session]
     worker: BoundWorker
     locks: ObjectLocks
@@ -90,9 +90,8 @@ RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
 def _lookup(runtime: Runtime, secret: str) -> Caller | None:
-    with runtime.sessions() as session:
-        row = authenticate(session=session, secret=secret)
-        return None if row is None else Caller(row.id, Role(row.role))
+    row = authenticate(engine=runtime.engine, secret=secret)
+    return None if row is None else Caller(row.id, Role(row.role))
 
 
 #: Declares the bearer scheme in the OpenAPI document; a missing or non-bearer header gives

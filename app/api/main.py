@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from sqlalchemy.exc import IntegrityError
 
 from app import metrics, multiproc
 from app.api import openapi, problems
@@ -27,6 +26,7 @@ from app.api.routes import (
 )
 from app.services.auth import ensure_bootstrap_admin
 from app.settings import Settings
+from app.store import Conflict
 from app.worker.threads import single_threaded_blas
 
 log = logging.getLogger("gatekeeper")
@@ -47,12 +47,11 @@ def create_app(settings: Settings, build_runtime: Callable[[Settings], Runtime])
         metrics.WEB_WORKERS.set(1)
         if settings.gatekeeper_bootstrap_admin_key:
             try:
-                with runtime.sessions() as session, session.begin():
-                    if ensure_bootstrap_admin(
-                        session=session, secret=settings.gatekeeper_bootstrap_admin_key
-                    ):
-                        log.info("bootstrap admin key registered")
-            except IntegrityError:  # another uvicorn worker registered it at the same moment
+                if ensure_bootstrap_admin(
+                    engine=runtime.engine, secret=settings.gatekeeper_bootstrap_admin_key
+                ):
+                    log.info("bootstrap admin key registered")
+            except Conflict:  # another uvicorn worker registered it at the same moment
                 log.info("bootstrap admin key registered by another worker")
         yield
         runtime.surveys.close()

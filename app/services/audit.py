@@ -16,10 +16,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, insert, select
-from sqlalchemy.orm import Session, sessionmaker
-
-from app.db.models import AuditEvent
+from app.store import Database, reading
+from app.store import audit as store
+from app.store.audit import Event, Target
 
 #: Most events one page answers.
 MAX_PAGE = 1000
@@ -40,11 +39,8 @@ class AuditKind(StrEnum):
     SURVEY_CANCELLED = "survey.cancelled"
 
 
-_INSERT = insert(AuditEvent)
-
-
 def record(
-    target: Session | Connection,
+    target: Target,
     *,
     kind: AuditKind,
     actor_key_id: int | None,
@@ -52,19 +48,17 @@ def record(
     detail: dict[str, Any],
 ) -> None:
     """Add an event in ``target``'s transaction."""
-    target.execute(
-        _INSERT,
-        {
-            "at": datetime.now(UTC),
-            "kind": kind.value,
-            "actor_key_id": actor_key_id,
-            "object_id": object_id,
-            "detail": json.dumps(detail, sort_keys=True),
-        },
+    store.add(
+        target,
+        at=datetime.now(UTC),
+        kind=kind.value,
+        actor_key_id=actor_key_id,
+        object_id=object_id,
+        detail=json.dumps(detail, sort_keys=True),
     )
 
 
-def _view(event: AuditEvent) -> dict[str, Any]:
+def _view(event: Event) -> dict[str, Any]:
     return {
         "id": event.id,
         "at": event.at.isoformat(),
@@ -77,21 +71,21 @@ def _view(event: AuditEvent) -> dict[str, Any]:
 
 def list_events(
     *,
-    session_factory: sessionmaker[Session],
+    engine: Database,
     object_id: str | None = None,
     kind: AuditKind | None = None,
     after: int = 0,
     limit: int = 100,
 ) -> dict[str, Any]:
     """Events with ``id > after`` in order, filtered; ``next_after`` pages on (None at the end)."""
-    query = select(AuditEvent).where(AuditEvent.id > after)
-    if object_id is not None:
-        query = query.where(AuditEvent.object_id == object_id)
-    if kind is not None:
-        query = query.where(AuditEvent.kind == kind.value)
-    query = query.order_by(AuditEvent.id).limit(limit + 1)
-    with session_factory() as session:
-        rows = list(session.scalars(query))
+    with reading(engine) as conn:
+        rows = store.page(
+            conn,
+            after=after,
+            object_id=object_id,
+            kind=None if kind is None else kind.value,
+            limit=limit + 1,
+        )
     more = len(rows) > limit
     events = [_view(e) for e in rows[:limit]]
     return {"events": events, "next_after": events[-1]["id"] if more else None}

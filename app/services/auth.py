@@ -16,12 +16,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.orm import Session
-
-from app.db.models import ApiKey
 from app.services import audit
 from app.services.errors import LastAdminKey
+from app.store import Database, Tx, reading, transaction
+from app.store import keys as store
+from app.store.keys import KeyRow
 
 log = logging.getLogger(__name__)
 
@@ -46,106 +45,92 @@ def generate_key() -> str:
 
 def create_key(
     *,
-    session: Session,
+    engine: Database,
     role: Role,
     label: str | None = None,
-    secret: str | None = None,
     actor_key_id: int | None = None,
-) -> tuple[ApiKey, str]:
-    """Store a new key (or the given ``secret``) and return its row and secret."""
-    secret = secret or generate_key()
-    row = ApiKey(key_hash=hash_key(secret), prefix=secret[:10], role=role.value, label=label)
-    session.add(row)
-    session.flush()
+) -> tuple[int, str]:
+    """Store a new random key and return its id and secret."""
+    with transaction(engine) as conn:
+        return _create(conn, role, label, generate_key(), actor_key_id)
+
+
+def _create(
+    conn: Tx, role: Role, label: str | None, secret: str, actor_key_id: int | None
+) -> tuple[int, str]:
+    """Store the key ``secret`` with its audit event in ``conn``'s transaction."""
+    key_id = store.insert_key(
+        conn, key_hash=hash_key(secret), prefix=secret[:10], role=role.value, label=label
+    )
     audit.record(
-        session,
+        conn,
         kind=audit.AuditKind.KEY_CREATED,
         actor_key_id=actor_key_id,
         object_id=None,
-        detail={"key_id": row.id, "role": role.value, "label": label},
+        detail={"key_id": key_id, "role": role.value, "label": label},
     )
-    return row, secret
+    return key_id, secret
 
 
-def authenticate(*, session: Session, secret: str) -> ApiKey | None:
-    """The active key row for ``secret``, or None."""
-    row = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(secret)))
+def authenticate(*, engine: Database, secret: str) -> KeyRow | None:
+    """The active key for ``secret``, or None (one statement: it runs on every uncached call)."""
+    with reading(engine) as conn:
+        row = store.by_hash(conn, key_hash=hash_key(secret))
     if row is None or row.revoked_at is not None:
         return None
     return row
 
 
-def ensure_bootstrap_admin(*, session: Session, secret: str) -> bool:
+def ensure_bootstrap_admin(*, engine: Database, secret: str) -> bool:
     """Make sure an admin key with ``secret`` exists; True if it was created now.
 
     A bootstrap key that was revoked (or repurposed) is left as it is: restarting the service
-    must not undo a revocation.
+    must not undo a revocation. Raises :class:`app.store.Conflict` when another process stored
+    it at the same moment.
     """
-    existing = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(secret)))
-    if existing is not None:
-        if existing.revoked_at is not None:
-            log.warning("the bootstrap admin key was revoked; it stays revoked")
-        elif existing.role != Role.ADMIN.value:
-            log.warning("the bootstrap admin key exists with another role; left unchanged")
-        return False
-    create_key(session=session, role=Role.ADMIN, label="bootstrap", secret=secret)
-    return True
+    with transaction(engine) as conn:
+        existing = store.by_hash(conn, key_hash=hash_key(secret))
+        if existing is None:
+            _create(conn, Role.ADMIN, "bootstrap", secret, None)
+            return True
+    if existing.revoked_at is not None:
+        log.warning("the bootstrap admin key was revoked; it stays revoked")
+    elif existing.role != Role.ADMIN.value:
+        log.warning("the bootstrap admin key exists with another role; left unchanged")
+    return False
 
 
-_ACTIVE_ADMINS = (ApiKey.role == "admin") & ApiKey.revoked_at.is_(None)
-
-
-def revoke_key(*, session: Session, key_id: int, actor_key_id: int | None = None) -> bool:
+def revoke_key(*, engine: Database, key_id: int, actor_key_id: int | None = None) -> bool:
     """Revoke a key; False if it does not exist (revoking a revoked key changes nothing).
 
     Raises :class:`~app.services.errors.LastAdminKey` when the key is the last active admin
     key: revoking it answered 200 and then 401 to everyone, recoverable only from a shell.
-    Race-free: the revocation is one conditional ``UPDATE`` (SQLite runs it under its write
-    lock), and on PostgreSQL the active admin rows are locked first, so two revocations of the
-    last two admin keys cannot both see "another admin remains".
+    Race-free (:func:`app.store.keys.revoke`).
     """
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(select(ApiKey.id).where(_ACTIVE_ADMINS).with_for_update())
-    others = (
-        select(func.count())
-        .select_from(ApiKey)
-        .where(_ACTIVE_ADMINS, ApiKey.id != key_id)
-        .scalar_subquery()
-    )
-    now = datetime.now(UTC)
-    revoked = session.execute(
-        update(ApiKey)
-        .where(
-            ApiKey.id == key_id,
-            ApiKey.revoked_at.is_(None),
-            (ApiKey.role != "admin") | (others > 0),
-        )
-        .values(revoked_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    row = session.get(ApiKey, key_id, populate_existing=True)
-    if row is None:
-        return False
-    if revoked.rowcount == 1:  # type: ignore[attr-defined]
-        audit.record(
-            session,
-            kind=audit.AuditKind.KEY_REVOKED,
-            actor_key_id=actor_key_id,
-            object_id=None,
-            detail={"key_id": key_id, "role": row.role},
-        )
-    elif row.revoked_at is None:
+    with transaction(engine) as conn:
+        revoked = store.revoke(conn, key_id=key_id, at=datetime.now(UTC))
+        row = store.by_id(conn, key_id=key_id)
+        if row is None:
+            return False
+        if revoked:
+            audit.record(
+                conn,
+                kind=audit.AuditKind.KEY_REVOKED,
+                actor_key_id=actor_key_id,
+                object_id=None,
+                detail={"key_id": key_id, "role": row.role},
+            )
+    if not revoked and row.revoked_at is None:
         raise LastAdminKey(
             "this is the last active admin key: create another admin key before revoking it"
         )
     return True
 
 
-def list_keys(*, session: Session, limit: int, after: int) -> dict[str, Any]:
+def list_keys(*, engine: Database, limit: int, after: int) -> dict[str, Any]:
     """API keys in id order (id, role, label, created, revoked — never a secret or hash)."""
-    rows = session.scalars(
-        select(ApiKey).where(ApiKey.id > after).order_by(ApiKey.id).limit(limit)
-    ).all()
+    with reading(engine) as conn:
+        rows = store.page(conn, after=after, limit=limit)
     items = [
         {
             "id": row.id,

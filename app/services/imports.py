@@ -18,11 +18,10 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import orjson
-from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Table
 
 from app import crypto
-from app.db.models import IdempotentRequest, ProtectedObject
+from app.db.models import ProtectedObject
 from app.engine.errors import InvalidInput
 from app.engine.limits import EngineLimits
 from app.services import audit, bulk
@@ -34,27 +33,16 @@ from app.services.objects import (
     new_object_columns,
     parse_registration,
 )
+from app.store import Conflict, Database, Tx, is_postgres, transaction
+from app.store import imports as store
+from app.store.imports import Registered
 
 log = logging.getLogger(__name__)
 
 #: Objects one request may register.
 MAX_IMPORT = 10_000
-#: Ids looked up per statement (a parameter list well within every database's limits).
-_LOOKUP_CHUNK = 1000
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
-_REQUESTS = cast(Table, IdempotentRequest.__table__)
-_REGISTERED = select(
-    _OBJECTS.c.id,
-    _OBJECTS.c.domain_hash,
-    _OBJECTS.c.value,
-    _OBJECTS.c.budget,
-    _OBJECTS.c.budget_delta,
-    _OBJECTS.c.filter,
-    _OBJECTS.c.labels,
-)
-_EXISTING = _REGISTERED.where(_OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
-_EXISTING_ANY = _REGISTERED.where(_OBJECTS.c.id == func.any(bindparam("ids")))
 #: PostgreSQL types of a new object's columns (one statement per request: app.services.bulk).
 _OBJECT_TYPES = {
     "id": "text",
@@ -77,11 +65,6 @@ _OBJECT_TYPES = {
     "created_at": "timestamptz",
     "updated_at": "timestamptz",
 }
-_STORED = select(_REQUESTS.c.owner_key_id, _REQUESTS.c.fingerprint, _REQUESTS.c.response).where(
-    _REQUESTS.c.scope == "imports",
-    _REQUESTS.c.owner_key_id == bindparam("owner"),
-    _REQUESTS.c.idempotency_key == bindparam("key"),
-)
 
 
 @dataclass(frozen=True)
@@ -175,7 +158,7 @@ def parse_lines(
     return [replace(r, sealed=cipher.encrypt(r.value_text)) for r in registrations]
 
 
-def _same(registration: Registration, row: Any) -> bool:
+def _same(registration: Registration, row: Registered) -> bool:
     """Whether a stored object is exactly what ``registration`` would register."""
     return (
         row.domain_hash == registration.domain_hash
@@ -187,30 +170,24 @@ def _same(registration: Registration, row: Any) -> bool:
     )
 
 
-def _existing(conn: Connection, registrations: list[Registration]) -> set[str]:
+def _existing(conn: Tx, registrations: list[Registration]) -> set[str]:
     """The ids already registered identically; 409 :class:`AlreadyExists` for a different one."""
     wanted = {r.id: (i, r) for i, r in enumerate(registrations)}
-    ids = list(wanted)
     found: set[str] = set()
-    # PostgreSQL: one array parameter (an expanded IN list of 1,000 placeholders costs more to
-    # render and parse than the lookup itself)
-    statement = _EXISTING_ANY if conn.dialect.name == "postgresql" else _EXISTING
-    chunk = len(ids) if conn.dialect.name == "postgresql" else _LOOKUP_CHUNK
-    for start in range(0, len(ids), chunk):
-        for row in conn.execute(statement, {"ids": ids[start : start + chunk]}):
-            index, registration = wanted[row.id]
-            if not _same(registration, row):
-                raise AlreadyExists(
-                    f"objects[{index}]: an object with id {row.id!r} already exists with a "
-                    "different registration"
-                )
-            found.add(row.id)
+    for row in store.registered(conn, ids=list(wanted)):
+        index, registration = wanted[row.id]
+        if not _same(registration, row):
+            raise AlreadyExists(
+                f"objects[{index}]: an object with id {row.id!r} already exists with a "
+                "different registration"
+            )
+        found.add(row.id)
     return found
 
 
 def import_objects(
     *,
-    engine: Engine,
+    engine: Database,
     registrations: list[Registration],
     fingerprint: str,
     idempotency_key: str | None,
@@ -226,21 +203,21 @@ def import_objects(
     for _ in range(attempts):
         try:
             return _import_once(engine, registrations, fingerprint, idempotency_key, actor_key_id)
-        except IntegrityError:  # a concurrent request registered one of the ids (or the key)
+        except Conflict:  # a concurrent request registered one of the ids (or the key)
             log.info("import retried after a concurrent registration")
     raise Busy("concurrent imports of the same objects; retry later", retry_after=1)
 
 
 def _import_once(
-    engine: Engine,
+    engine: Database,
     registrations: list[Registration],
     fingerprint: str,
     key: str | None,
     actor_key_id: int | None,
 ) -> ImportResult:
-    with engine.begin() as conn:
+    with transaction(engine) as conn:
         if key is not None:
-            stored = conn.execute(_STORED, {"owner": actor_key_id, "key": key}).one_or_none()
+            stored = store.stored_answer(conn, owner_key_id=actor_key_id, key=key)
             if stored is not None:
                 if stored.fingerprint != fingerprint:
                     raise IdempotencyMismatch(
@@ -255,7 +232,7 @@ def _import_once(
         constants = new_object_columns(now)
         # encrypted by the worker that parsed them (PostgreSQL: the bulk statement bypasses the
         # column type; SQLite's executemany goes through it, which encrypts the plaintext)
-        if conn.dialect.name == "postgresql" and all(r.sealed is not None for r in new):
+        if is_postgres(conn) and all(r.sealed is not None for r in new):
             for row, r in zip(rows, new, strict=True):
                 row["value"] = r.sealed
             bulk.insert_rows(conn, _OBJECTS, rows, _OBJECT_TYPES, constants=constants)
@@ -272,15 +249,12 @@ def _import_once(
             detail={**body, "first_id": registrations[0].id, "last_id": registrations[-1].id},
         )
         if key is not None:
-            conn.execute(
-                insert(_REQUESTS),
-                {
-                    "scope": "imports",
-                    "owner_key_id": actor_key_id,
-                    "idempotency_key": key,
-                    "fingerprint": fingerprint,
-                    "response": json.dumps(body),
-                    "created_at": now,
-                },
+            store.store_answer(
+                conn,
+                owner_key_id=actor_key_id,
+                key=key,
+                fingerprint=fingerprint,
+                response=json.dumps(body),
+                at=now,
             )
     return ImportResult(body, False)

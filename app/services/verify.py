@@ -18,13 +18,9 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker
 
-from app.db.models import LikelihoodStateRecord, ProtectedObject, Survey, SurveyChunk
 from app.engine.calculator import DEFAULT_TOLERANCE
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
@@ -32,6 +28,9 @@ from app.engine.pipeline import fold_history, history_account, history_entry
 from app.services.history import stored_entries
 from app.services.snapshots import next_history_hash, state_key
 from app.services.survey_chunks import REASONS, Chunk, ChunkCache, decode
+from app.store import Database, Tx, reading
+from app.store import verify as store
+from app.store.verify import ChunkRow, StoredObject
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
 TOLERANCE = 1e-9
@@ -55,7 +54,7 @@ class Report:
 
 
 def verify_object(
-    session: Session, row: ProtectedObject, report: Report, chunks: ChunkCache | None = None
+    conn: Tx, row: StoredObject, report: Report, chunks: ChunkCache | None = None
 ) -> None:
     """Replay one object's history and record any mismatch in ``report``.
 
@@ -63,7 +62,7 @@ def verify_object(
     the engine's own replay (:func:`app.engine.pipeline.fold_history`, the one every decision
     uses); a continuous history's loss is searched afresh.
     """
-    records = stored_entries(session.connection(), row.id, chunks=chunks)
+    records = stored_entries(conn, row.id, chunks=chunks)
     seqs = [r.seq for r in records]
     if seqs != list(range(1, len(records) + 1)):
         report.problems.append(f"{row.id}: sequence numbers are not 1..{len(records)}")
@@ -94,7 +93,7 @@ def verify_object(
         if row.state_hash != expected_key:
             report.problems.append(f"{row.id}: likelihood state key differs from the history's")
         if row.state_hash is not None or records:
-            found = session.get(LikelihoodStateRecord, row.state_hash) if row.state_hash else None
+            found = store.likelihood_state(conn, key=row.state_hash) if row.state_hash else None
             data = found.state if found else b""
             stored = np.frombuffer(data[: 8 * state.logp.size], dtype="<f8")
             if stored.size != state.logp.size or not np.allclose(
@@ -123,18 +122,10 @@ def verify_object(
         report.problems.append(f"{row.id}: stored loss exceeds basic composition")
 
 
-def verify_state_refs(session: Session, report: Report) -> None:
+def verify_state_refs(conn: Tx, report: Report) -> None:
     """Every stored likelihood state is counted by exactly the objects that name it."""
-    using = dict(
-        session.execute(
-            select(ProtectedObject.state_hash, func.count())
-            .where(ProtectedObject.state_hash.is_not(None))
-            .group_by(ProtectedObject.state_hash)
-        ).all()
-    )
-    stored = dict(
-        session.execute(select(LikelihoodStateRecord.hash, LikelihoodStateRecord.refs)).all()
-    )
+    using = store.state_users(conn)
+    stored = store.state_refs(conn)
     for key, count in using.items():
         if key not in stored:
             report.problems.append(f"likelihood state {key}: named by {count} objects, not stored")
@@ -147,15 +138,12 @@ def verify_state_refs(session: Session, report: Report) -> None:
             report.problems.append(f"likelihood state {key}: stored ({refs} users) but unused")
 
 
-def verify_surveys(session: Session, report: Report) -> None:
+def verify_surveys(conn: Tx, report: Report) -> None:
     """Chunks well formed and in order; each survey's counters equal what its chunks hold."""
-    surveys = {row.id: row for row in session.execute(select(Survey.__table__))}
+    surveys = store.survey_counters(conn)
     previous: Chunk | None = None
     totals: dict[int, list[int]] = {}  # survey -> [members, decided, accepted]
-    rows = session.execute(
-        select(SurveyChunk.__table__).order_by(SurveyChunk.survey_id, SurveyChunk.chunk)
-    )
-    for row in rows:
+    for row in store.chunks(conn):
         chunk = decode(row)
         label = f"survey {chunk.survey_id}, chunk {chunk.chunk}"
         _check_chunk(chunk, row, label, report)
@@ -182,7 +170,7 @@ def verify_surveys(session: Session, report: Report) -> None:
     report.surveys = len(surveys)
 
 
-def _check_chunk(chunk: Chunk, row: Any, label: str, report: Report) -> None:
+def _check_chunk(chunk: Chunk, row: ChunkRow, label: str, report: Report) -> None:
     """One chunk's own consistency: members, range, and (decided) picks and sequence numbers."""
     members = chunk.members
     if members != sorted(set(members)) or row.size != len(members):
@@ -203,26 +191,24 @@ def _check_chunk(chunk: Chunk, row: Any, label: str, report: Report) -> None:
             report.problems.append(f"{label}, member {member}: pick {pick} / seq {seq} is invalid")
 
 
-def count_objects(session_factory: sessionmaker[Session]) -> int:
+def count_objects(engine: Database) -> int:
     """How many objects :func:`verify_all` will check (for a progress bar's total)."""
-    with session_factory() as session:
-        return int(session.scalar(select(func.count()).select_from(ProtectedObject)) or 0)
+    with reading(engine) as conn:
+        return store.object_count(conn)
 
 
-def verify_all(
-    session_factory: sessionmaker[Session], progress: Callable[[int], object] | None = None
-) -> Report:
+def verify_all(engine: Database, progress: Callable[[int], object] | None = None) -> Report:
     """Check every object, the shared likelihood states and the surveys' members.
 
     ``progress(1)`` is called after each object (``gatekeeper verify``'s progress bar).
     """
     report = Report()
-    with session_factory() as session:
+    with reading(engine) as conn:
         chunks = ChunkCache()
-        for row in session.scalars(select(ProtectedObject).order_by(ProtectedObject.id)):
-            verify_object(session, row, report, chunks)
+        for row in store.objects(conn):
+            verify_object(conn, row, report, chunks)
             if progress is not None:
                 progress(1)
-        verify_state_refs(session, report)
-        verify_surveys(session, report)
+        verify_state_refs(conn, report)
+        verify_surveys(conn, report)
     return report

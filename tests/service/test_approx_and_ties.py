@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_engine
 from app.engine.approx import OutputIndependentFilter
 from app.services.verify import verify_all
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
@@ -80,7 +80,7 @@ def test_ties_are_accepted_until_the_loss_is_exactly_the_budget(
     odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(analyst)).json()
     assert odometer["realized_loss"] == {"lower": 1.0, "upper": 1.0, "exact": True}
     assert odometer["remaining"] == 0.0
-    report = verify_all(make_session_factory(make_engine(database_url)))
+    report = verify_all(make_engine(database_url))
     assert report.ok, report.problems
 
 
@@ -147,7 +147,7 @@ def test_approx_bayesian_object_moves_from_f0_to_the_bayesian_phase(
         assert r.json()["odometer"]["delta"] == 0.1
     listed = client.get("/v1/odometers", headers=auth(analyst)).json()["items"]
     assert any(item["id"] == oid and "phase" in item for item in listed)
-    report = verify_all(make_session_factory(make_engine(database_url)))
+    report = verify_all(make_engine(database_url))
     assert report.ok, report.problems
 
 
@@ -191,7 +191,7 @@ def test_import_and_survey_of_approx_objects(client: TestClient, database_url: s
         assert odometer["accepted"] == 2
         assert odometer["delta"] == 0.1
         assert odometer["phase"] == "output-independent"
-    report = verify_all(make_session_factory(make_engine(database_url)))
+    report = verify_all(make_engine(database_url))
     assert report.ok, report.problems
 
 
@@ -240,7 +240,7 @@ def test_bit_splits_on_2048_points_stay_within_the_budget(
         assert odometer["realized_loss"]["upper"] <= 1.0, (j, odometer)
     assert phases == ["output-independent"] * 6 + ["bayesian"] * 5
     assert odometer["realized_loss"] == {"lower": 1.0, "upper": 1.0, "exact": True}
-    report = verify_all(make_session_factory(make_engine(database_url)))
+    report = verify_all(make_engine(database_url))
     assert report.ok, report.problems
 
 

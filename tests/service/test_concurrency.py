@@ -39,7 +39,7 @@ import httpx
 import pytest
 
 from app.db.migrate import upgrade
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_engine
 from app.engine.accountant import Accountant
 from app.engine.domain import parse_domain
 from app.engine.filters import FilterKind
@@ -80,8 +80,7 @@ def _provision_admin(database_url: str) -> None:
     """Store the bootstrap admin key before the workers start (see the module docstring)."""
     engine = make_engine(database_url)
     try:
-        with make_session_factory(engine)() as session, session.begin():
-            ensure_bootstrap_admin(session=session, secret=ADMIN_KEY)
+        ensure_bootstrap_admin(engine=engine, secret=ADMIN_KEY)
     finally:
         engine.dispose()
 

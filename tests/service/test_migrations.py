@@ -26,7 +26,7 @@ from app.bootstrap import create_app
 from app.crypto import ValueCipher, new_key
 from app.db.migrate import alembic_config, upgrade
 from app.db.models import Base
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_engine
 from app.engine import pipeline
 from app.engine.approx import OutputIndependentFilter
 from app.engine.domain import parse_domain
@@ -105,7 +105,7 @@ def test_0005_moves_states_and_hashes_histories(tmp_path: Path) -> None:
                         },
                     )
         upgrade(url)
-        report = verify_all(make_session_factory(engine))
+        report = verify_all(engine)
         assert report.ok, report.problems
         with engine.connect() as conn:
             refs = dict(conn.execute(text("SELECT hash, refs FROM likelihood_states")).all())
@@ -673,5 +673,5 @@ def test_0008_recomputes_f0_accounts_and_moves_objects_past_the_new_count(
         r = client.post("/v1/objects/binary/queries", headers=auth(analyst), json={"query": rr_b})
         assert r.status_code == 201, r.text
         assert r.json()["odometer"]["phase"] == "output-independent"
-    report = verify_all(make_session_factory(make_engine(url)))
+    report = verify_all(make_engine(url))
     assert report.ok, report.problems

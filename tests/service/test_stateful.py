@@ -45,9 +45,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from app.db.models import ProtectedObject
 from app.engine.numerics import decimal_fraction, float_up
 from app.services.verify import Report, verify_object
+from app.store import reading
+from app.store.verify import objects
 from tests.service.conftest import ADMIN_KEY, auth, new_key, unique_id
 
 DOMAINS: list[dict[str, Any]] = [
@@ -305,10 +306,9 @@ def make_machine(client: TestClient, analyst: str) -> type[RuleBasedStateMachine
                 assert odo["accepted"] == obj.accepted == len(queries), (odo, obj)
                 assert [q["seq"] for q in queries] == list(range(1, obj.accepted + 1))
                 report = Report()
-                with runtime.sessions() as session:
-                    row = session.get(ProtectedObject, obj.oid)
-                    assert row is not None
-                    verify_object(session, row, report)
+                with reading(runtime.engine) as conn:
+                    row = next(r for r in objects(conn) if r.id == obj.oid)
+                    verify_object(conn, row, report)
                 assert report.ok, report.problems
 
     return SubmitProtocol

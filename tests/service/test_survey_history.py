@@ -18,7 +18,7 @@ from sqlalchemy import Engine, select, update
 
 from app.bootstrap import create_app
 from app.db.models import Base, Survey, SurveyChunk
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_engine
 from app.services import snapshots
 from app.services.survey_chunks import (
     ChunkCache,
@@ -178,7 +178,7 @@ def _tampered(
     try:
         with engine.begin() as conn:
             change(conn)
-        return verify_all(make_session_factory(engine)).problems
+        return verify_all(engine).problems
     finally:
         with engine.begin() as conn:
             restore(conn)

@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from app.bootstrap import create_app
 from app.db.models import LikelihoodStateRecord
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_engine
 from app.engine.limits import DEFAULT_LIMITS
 from app.services import survey_runs
 from app.services import surveys as survey_service
@@ -112,7 +112,7 @@ def all_responses(client: TestClient, headers: dict[str, str], survey_id: int) -
 def verify_clean(database_url: str) -> None:
     engine = make_engine(database_url)
     try:
-        report = verify_all(make_session_factory(engine))
+        report = verify_all(engine)
     finally:
         engine.dispose()
     assert report.ok, report.problems

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_engine
 from app.engine import sampling
 from app.services.verify import verify_all
 from tests.service.conftest import auth, new_key
@@ -108,7 +108,7 @@ def test_a_bayesian_object_takes_binary_rr_of_0_1_until_its_loss_is_exactly_1(
     listed = client.get("/v1/odometers", headers=auth(analyst), params={"limit": 500}).json()
     (item,) = [o for o in listed["items"] if o["id"] == oid]
     assert item["realized_loss"] == _bounds(1.0)
-    report = verify_all(make_session_factory(make_engine(database_url)))
+    report = verify_all(make_engine(database_url))
     assert report.ok, report.problems
 
 

@@ -37,7 +37,7 @@ async def audit_log(
     return await in_thread(
         runtime,
         audit.list_events,
-        session_factory=runtime.sessions,
+        engine=runtime.engine,
         object_id=object_id,
         kind=kind,
         after=after,

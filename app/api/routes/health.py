@@ -7,7 +7,6 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import text
 
 from app.api import scrape
 from app.api.deps import RuntimeDep, in_thread
@@ -15,6 +14,8 @@ from app.api.openapi import (
     problems,
 )
 from app.api.problems import problem
+from app.store import reading
+from app.store.health import ping
 from app.worker.fleet import fleet_status
 
 router = APIRouter()
@@ -65,8 +66,8 @@ async def readyz(runtime: RuntimeDep) -> Response:
     def check() -> dict[str, str]:
         checks = {}
         try:
-            with runtime.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
+            with reading(runtime.engine) as conn:
+                ping(conn)
             checks["database"] = "ok"
         except Exception:
             checks["database"] = "unavailable"

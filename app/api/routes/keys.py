@@ -41,14 +41,16 @@ async def new_key(
         raise InvalidInput("role", "must be one of admin, analyst, viewer")
     label = as_string(obj["label"], "label", max_len=200) if "label" in obj else None
 
-    def create() -> dict[str, Any]:
-        with runtime.sessions() as session, session.begin():
-            row, secret = create_key(
-                session=session, role=Role(obj["role"]), label=label, actor_key_id=caller.key_id
-            )
-            return {"id": row.id, "role": row.role, "label": row.label, "key": secret}
-
-    return await in_thread(runtime, create)
+    role = Role(obj["role"])
+    key_id, secret = await in_thread(
+        runtime,
+        create_key,
+        engine=runtime.engine,
+        role=role,
+        label=label,
+        actor_key_id=caller.key_id,
+    )
+    return {"id": key_id, "role": role.value, "label": label, "key": secret}
 
 
 @router.get("/v1/keys", tags=["keys"], responses=problems(*AUTHENTICATED))
@@ -61,12 +63,7 @@ async def list_api_keys(
     ] = 0,
 ) -> dict[str, Any]:
     """API keys (admin): id, role, label, created and revoked times — never a secret."""
-
-    def read() -> dict[str, Any]:
-        with runtime.sessions() as session:
-            return list_keys(session=session, limit=limit, after=after)
-
-    return await in_thread(runtime, read)
+    return await in_thread(runtime, list_keys, engine=runtime.engine, limit=limit, after=after)
 
 
 @router.delete(
@@ -80,12 +77,10 @@ async def drop_key(
     runtime: RuntimeDep, caller: AdminDep, key_id: Annotated[int, Path(ge=1, le=2_147_483_647)]
 ) -> dict[str, Any]:
     """Revoke an API key (admin)."""
-
-    def revoke() -> bool:
-        with runtime.sessions() as session, session.begin():
-            return revoke_key(session=session, key_id=key_id, actor_key_id=caller.key_id)
-
-    if not await in_thread(runtime, revoke):
+    revoked = await in_thread(
+        runtime, revoke_key, engine=runtime.engine, key_id=key_id, actor_key_id=caller.key_id
+    )
+    if not revoked:
         raise NotFound("no key with that id")
     runtime.keys.forget(key_id)  # other processes: within AUTH_CACHE_SECONDS (KeyCache)
     return {"id": key_id, "revoked": True}

@@ -1,0 +1,103 @@
+"""What a bulk import reads and writes besides the objects: registered ids, stored answers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import cast
+
+from sqlalchemy import Table, bindparam, func, insert, select
+
+from app.db.models import IdempotentRequest, ProtectedObject
+from app.store.base import Tx, is_postgres
+
+#: Ids looked up per statement on SQLite (a parameter list well within its limits).
+_LOOKUP_CHUNK = 1000
+#: The scope of an import's stored answers among the idempotent requests.
+_SCOPE = "imports"
+
+_OBJECTS = cast(Table, ProtectedObject.__table__)
+_REQUESTS = cast(Table, IdempotentRequest.__table__)
+
+
+@dataclass(frozen=True)
+class Registered:
+    """What an object was registered with (compared with a repeated registration)."""
+
+    id: str
+    domain_hash: str
+    #: The private value's JSON text (decrypted).
+    value: str
+    budget: float
+    budget_delta: float | None
+    filter: str
+    labels: dict[str, str] | None
+
+
+@dataclass(frozen=True)
+class StoredAnswer:
+    """An earlier import's answer (JSON text) and the fingerprint of its request body."""
+
+    fingerprint: str
+    response: str
+
+
+_REGISTERED = select(
+    _OBJECTS.c.id,
+    _OBJECTS.c.domain_hash,
+    _OBJECTS.c.value,
+    _OBJECTS.c.budget,
+    _OBJECTS.c.budget_delta,
+    _OBJECTS.c.filter,
+    _OBJECTS.c.labels,
+)
+_EXISTING = _REGISTERED.where(_OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
+_EXISTING_ANY = _REGISTERED.where(_OBJECTS.c.id == func.any(bindparam("ids")))
+_STORED = select(_REQUESTS.c.fingerprint, _REQUESTS.c.response).where(
+    _REQUESTS.c.scope == _SCOPE,
+    _REQUESTS.c.owner_key_id == bindparam("owner"),
+    _REQUESTS.c.idempotency_key == bindparam("key"),
+)
+_STORE = insert(_REQUESTS)
+
+
+def registered(conn: Tx, *, ids: Sequence[str]) -> Iterator[Registered]:
+    """The objects among ``ids`` that are registered (in no particular order)."""
+    # PostgreSQL: one array parameter (an expanded IN list of 1,000 placeholders costs more to
+    # render and parse than the lookup itself)
+    postgres = is_postgres(conn)
+    statement = _EXISTING_ANY if postgres else _EXISTING
+    chunk = max(len(ids), 1) if postgres else _LOOKUP_CHUNK
+    for start in range(0, len(ids), chunk):
+        for row in conn.execute(statement, {"ids": list(ids[start : start + chunk])}):
+            yield Registered(*row)
+
+
+def stored_answer(conn: Tx, *, owner_key_id: int | None, key: str) -> StoredAnswer | None:
+    """The answer stored for ``key`` of this key's imports, or None."""
+    row = conn.execute(_STORED, {"owner": owner_key_id, "key": key}).one_or_none()
+    return None if row is None else StoredAnswer(*row)
+
+
+def store_answer(
+    conn: Tx,
+    *,
+    owner_key_id: int | None,
+    key: str,
+    fingerprint: str,
+    response: str,
+    at: datetime,
+) -> None:
+    """Store an import's answer for ``key`` (a concurrent same key raises ``Conflict``)."""
+    conn.execute(
+        _STORE,
+        {
+            "scope": _SCOPE,
+            "owner_key_id": owner_key_id,
+            "idempotency_key": key,
+            "fingerprint": fingerprint,
+            "response": response,
+            "created_at": at,
+        },
+    )
