@@ -273,11 +273,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _encrypt_legacy_values(engine: Any) -> None:
     """Encrypt private values stored in plaintext before encryption at rest existed."""
-    from app.db.session import make_session_factory
     from app.services.encryption import encrypt_plaintext_rows
+    from app.store import transaction
 
-    with make_session_factory(engine)() as session, session.begin():
-        changed = encrypt_plaintext_rows(session)
+    with transaction(engine) as conn:
+        changed = encrypt_plaintext_rows(conn)
     if changed:
         print(
             f"gatekeeper: encrypted {changed} private value(s) stored in plaintext", file=sys.stderr
@@ -294,12 +294,12 @@ def cmd_encryption_new_key(args: argparse.Namespace) -> int:
 
 def cmd_encryption_rotate(args: argparse.Namespace) -> int:
     """Re-encrypt every private value with the first key of GATEKEEPER_ENCRYPTION_KEYS."""
-    from app.db.session import make_session_factory
     from app.services.encryption import rotate_rows
+    from app.store import transaction
 
     engine = _open_database(values=True)
-    with make_session_factory(engine)() as session, session.begin():
-        count = rotate_rows(session)
+    with transaction(engine) as conn:
+        count = rotate_rows(conn)
     engine.dispose()
     print(f"re-encrypted {count} private value(s) with the first key")
     return 0

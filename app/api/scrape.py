@@ -12,11 +12,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
-from sqlalchemy.orm import Session, sessionmaker
 
 from app import multiproc
 from app.metrics import NEAR_EXHAUSTION_FRACTION
 from app.services.objects import object_counts
+from app.store import Database
 from app.worker.fleet import fleet_status
 
 log = logging.getLogger(__name__)
@@ -30,15 +30,13 @@ class ObjectCounts(Collector):
     the process metrics are still served.
     """
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self.sessions = sessions
+    def __init__(self, engine: Database) -> None:
+        self.engine = engine
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The object gauges, or nothing if the database is unavailable."""
         try:
-            counts = object_counts(
-                session_factory=self.sessions, near_fraction=NEAR_EXHAUSTION_FRACTION
-            )
+            counts = object_counts(engine=self.engine, near_fraction=NEAR_EXHAUSTION_FRACTION)
         except (OperationalError, SATimeoutError) as exc:
             log.warning("object gauges skipped: database unavailable (%s)", type(exc).__name__)
             return
@@ -113,7 +111,7 @@ class WorkerFleet(Collector):
         yield seconds
 
 
-def render(sessions: sessionmaker[Session], celery: tuple[Any, Any] | None = None) -> bytes:
+def render(engine: Database, celery: tuple[Any, Any] | None = None) -> bytes:
     """Prometheus text exposition of the service's metrics (blocking: files and database)."""
     path = multiproc.directory()
     if path is None:
@@ -124,7 +122,7 @@ def render(sessions: sessionmaker[Session], celery: tuple[Any, Any] | None = Non
         MultiProcessCollector(aggregated, path)  # type: ignore[no-untyped-call]
         process = generate_latest(aggregated)
     scraped = CollectorRegistry()
-    scraped.register(ObjectCounts(sessions))
+    scraped.register(ObjectCounts(engine))
     if celery is not None:
         scraped.register(WorkerFleet(*celery))
     return process + generate_latest(scraped)

@@ -66,7 +66,7 @@ class ApiKey(Base):
 
 
 class DomainRecord(Base):
-    """A domain's canonical JSON text, content-addressed (``app.services.domains.domain_hash``).
+    """A domain's canonical JSON text, content-addressed (``app.store.domains.domain_hash``).
 
     Rows are never updated or deleted: a hash always names the same text, in every database.
     """

@@ -24,8 +24,7 @@ from app import crypto
 from app.db.models import ProtectedObject
 from app.engine.errors import InvalidInput
 from app.engine.limits import EngineLimits
-from app.services import audit, bulk
-from app.services.domains import store_domains
+from app.services import audit
 from app.services.errors import AlreadyExists, Busy, IdempotencyMismatch
 from app.services.objects import (
     DomainCache,
@@ -33,8 +32,9 @@ from app.services.objects import (
     new_object_columns,
     parse_registration,
 )
-from app.store import Conflict, Database, Tx, is_postgres, transaction
+from app.store import Conflict, Database, Tx, bulk, is_postgres, transaction
 from app.store import imports as store
+from app.store.domains import store_domains
 from app.store.imports import Registered
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 MAX_IMPORT = 10_000
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
-#: PostgreSQL types of a new object's columns (one statement per request: app.services.bulk).
+#: PostgreSQL types of a new object's columns (one statement per request: app.store.bulk).
 _OBJECT_TYPES = {
     "id": "text",
     "domain_hash": "text",

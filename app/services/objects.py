@@ -8,19 +8,13 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from decimal import Decimal
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, Numeric, case, cast, func, literal, select
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
-
-from app.db.models import AuditEvent, LikelihoodStateRecord, ProtectedObject, Survey
 from app.engine.accountant import Odometer
 from app.engine.approx import NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.domain import Domain, parse_domain
@@ -31,8 +25,15 @@ from app.engine.likelihood import LossBounds
 from app.engine.limits import MAX_BUDGET, EngineLimits
 from app.engine.pipeline import f0_filter
 from app.services import audit
-from app.services.domains import domain_hash, store_domains
+from app.services.errors import AlreadyExists, NotFound
 from app.services.history import object_history
+from app.store import Conflict, Database, Tx, reading, transaction
+from app.store import history as history_store
+from app.store import objects as store
+from app.store.counts import count_objects, surveys_by_status
+from app.store.domains import domain_hash, store_domains
+from app.store.objects import ObjectRecord
+from app.store.states import count_states
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
@@ -46,7 +47,7 @@ def _iso(moment: datetime | None) -> str | None:
 
 
 class OdometerColumns(Protocol):
-    """The columns an odometer is made of (an ORM row or a submit's Core row)."""
+    """The columns an odometer is made of (an :class:`ObjectRecord` or a submit's row)."""
 
     @property
     def budget(self) -> float:
@@ -130,7 +131,7 @@ def budget_view(epsilon: float, delta: float | None) -> dict[str, float]:
     return {"epsilon": epsilon} if delta is None else {"epsilon": epsilon, "delta": delta}
 
 
-def object_view(row: ProtectedObject) -> dict[str, Any]:
+def object_view(row: ObjectRecord) -> dict[str, Any]:
     """Metadata of an object — never its value."""
     return {
         "id": row.id,
@@ -183,7 +184,7 @@ class Registration:
 
     id: str
     domain_text: str
-    #: :func:`app.services.domains.domain_hash` of ``domain_text`` (the stored column).
+    #: :func:`app.store.domains.domain_hash` of ``domain_text`` (the stored column).
     domain_hash: str
     value_text: str
     budget: float
@@ -317,7 +318,7 @@ def _parse_domain_cached(
 
 def register_object(
     *,
-    session_factory: sessionmaker[Session],
+    engine: Database,
     body: Any,
     limits: EngineLimits,
     actor_key_id: int | None = None,
@@ -326,16 +327,14 @@ def register_object(
 
     Raises ``InvalidInput`` naming the field, or :class:`~app.services.errors.AlreadyExists`.
     """
-    from app.services.errors import AlreadyExists
-
     registration = parse_registration(body, "", limits)
-    row = ProtectedObject(**registration.row(), **new_object_columns(datetime.now(UTC)))
+    columns = {**registration.row(), **new_object_columns(datetime.now(UTC))}
     try:
-        with session_factory() as session, session.begin():
-            store_domains(session, [registration.domain_text])
-            session.add(row)
+        with transaction(engine) as conn:
+            store_domains(conn, [registration.domain_text])
+            row = store.insert_object(conn, columns=columns, domain=registration.domain_text)
             audit.record(
-                session,
+                conn,
                 kind=audit.AuditKind.OBJECT_REGISTERED,
                 actor_key_id=actor_key_id,
                 object_id=registration.id,
@@ -352,62 +351,59 @@ def register_object(
                     ],
                 },
             )
-            session.flush()
-            view = object_view(row)  # in the session: ``domain`` is read through its hash
-    except IntegrityError:
+    except Conflict:
         raise AlreadyExists(f"an object with id {registration.id!r} already exists") from None
-    return view
+    return object_view(row)
 
 
-def load_object(session: Session, object_id: str) -> ProtectedObject:
-    """The object row, or :class:`~app.services.errors.NotFound`."""
-    from app.services.errors import NotFound
-
+def load_object(conn: Tx, object_id: str) -> ObjectRecord:
+    """The object's public columns, or :class:`~app.services.errors.NotFound`."""
     # an id that could never have been registered (e.g. a NUL byte, which PostgreSQL rejects)
-    row = session.get(ProtectedObject, object_id) if ID_PATTERN.fullmatch(object_id) else None
+    row = store.get_object(conn, object_id=object_id) if ID_PATTERN.fullmatch(object_id) else None
     if row is None:
         raise NotFound("no object with that id")
     return row
 
 
-def get_object(*, session_factory: sessionmaker[Session], object_id: str) -> dict[str, Any]:
+def get_object(*, engine: Database, object_id: str) -> dict[str, Any]:
     """An object's view."""
-    with session_factory() as session:
-        return object_view(load_object(session, object_id))
+    with reading(engine) as conn:
+        return object_view(load_object(conn, object_id))
 
 
 def retire_object(
-    *, session_factory: sessionmaker[Session], object_id: str, actor_key_id: int | None = None
+    *, engine: Database, object_id: str, actor_key_id: int | None = None
 ) -> dict[str, Any]:
     """Retire an object: it answers no more queries; its history is kept."""
-    with session_factory() as session, session.begin():
-        row = load_object(session, object_id)
+    with transaction(engine) as conn:
+        row = load_object(conn, object_id)
         if row.retired_at is None:
-            row.retired_at = datetime.now(UTC)
-            row.version += 1
-            audit.record(
-                session,
-                kind=audit.AuditKind.OBJECT_RETIRED,
-                actor_key_id=actor_key_id,
-                object_id=object_id,
-                detail={"accepted": row.accepted, "rejected": row.rejected},
-            )
+            now = datetime.now(UTC)
+            if store.retire(conn, object_id=object_id, at=now):
+                row = replace(row, retired_at=now, version=row.version + 1)
+                audit.record(
+                    conn,
+                    kind=audit.AuditKind.OBJECT_RETIRED,
+                    actor_key_id=actor_key_id,
+                    object_id=object_id,
+                    detail={"accepted": row.accepted, "rejected": row.rejected},
+                )
+            else:  # another request retired it since it was read: show it as that one left it
+                row = load_object(conn, object_id)
         return object_view(row)
 
 
-def get_odometer(*, session_factory: sessionmaker[Session], object_id: str) -> dict[str, Any]:
+def get_odometer(*, engine: Database, object_id: str) -> dict[str, Any]:
     """An object's odometer."""
-    with session_factory() as session:
-        return odometer_view(load_object(session, object_id))
+    with reading(engine) as conn:
+        return odometer_view(load_object(conn, object_id))
 
 
-def odometer_history(
-    *, session_factory: sessionmaker[Session], object_id: str, limit: int, after: int
-) -> dict[str, Any]:
+def odometer_history(*, engine: Database, object_id: str, limit: int, after: int) -> dict[str, Any]:
     """Realized-loss bounds and basic composition after each accepted query (for charts)."""
-    with session_factory() as session:
-        row = load_object(session, object_id)
-        records = object_history(session.connection(), object_id, after=after, limit=limit)
+    with reading(engine) as conn:
+        row = load_object(conn, object_id)
+        records = object_history(conn, object_id, after=after, limit=limit)
         points = [
             {
                 "accepted": r.seq,
@@ -423,7 +419,7 @@ def odometer_history(
             "object_id": object_id,
             "budget": row.budget,
             "points": points,
-            "rejections": _rejections(session, object_id, after=after, before=next_after),
+            "rejections": _rejections(conn, object_id, after=after, before=next_after),
             "next_after": next_after,
         }
 
@@ -433,7 +429,7 @@ MAX_REJECTIONS_LISTED = 1000
 
 
 def _rejections(
-    session: Session, object_id: str, *, after: int, before: int | None
+    conn: Tx, object_id: str, *, after: int, before: int | None
 ) -> list[dict[str, Any]]:
     """Rejected submits that happened after accepted query ``after`` (and before ``before``).
 
@@ -441,20 +437,15 @@ def _rejections(
     the audit event (which records it since issue #11), or for older events by comparing times
     with the accepted queries'. Only the first :data:`MAX_REJECTIONS_LISTED` are listed.
     """
-    events = session.scalars(
-        select(AuditEvent)
-        .where(AuditEvent.object_id == object_id, AuditEvent.kind == "decision.rejected")
-        .order_by(AuditEvent.id)
-    )
     times: list[datetime] | None = None
     found: list[dict[str, Any]] = []
-    for event in events:
-        accepted = json.loads(event.detail).get("accepted")
-        if not isinstance(accepted, int):
+    for event in history_store.rejections(conn, object_id=object_id):
+        accepted = event.accepted
+        if accepted is None:
             if times is None:  # events written before the count was recorded
                 times = [
                     r.created_at
-                    for r in object_history(session.connection(), object_id)
+                    for r in object_history(conn, object_id)
                     if r.created_at is not None
                 ]
             accepted = bisect.bisect_right(times, event.at)
@@ -467,7 +458,7 @@ def _rejections(
 
 def list_odometers(
     *,
-    session_factory: sessionmaker[Session],
+    engine: Database,
     limit: int,
     offset: int,
     remaining_lt: float | None,
@@ -476,22 +467,16 @@ def list_odometers(
     labels: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """A page of odometers across objects, filtered by remaining budget and labels."""
-    remaining = ProtectedObject.budget - ProtectedObject.loss_upper
-    query = select(ProtectedObject)
-    count = select(func.count()).select_from(ProtectedObject)
-    conditions = []
-    if remaining_lt is not None:
-        conditions.append(remaining < remaining_lt)
-    if remaining_gt is not None:
-        conditions.append(remaining > remaining_gt)
-    if not include_retired:
-        conditions.append(ProtectedObject.retired_at.is_(None))
-    conditions.extend(label_conditions(labels or []))
-    for condition in conditions:
-        query, count = query.where(condition), count.where(condition)
-    with session_factory() as session:
-        total = session.scalar(count) or 0
-        rows = session.scalars(query.order_by(ProtectedObject.id).limit(limit).offset(offset)).all()
+    with reading(engine) as conn:
+        total, rows = store.page_objects(
+            conn,
+            limit=limit,
+            offset=offset,
+            remaining_lt=remaining_lt,
+            remaining_gt=remaining_gt,
+            include_retired=include_retired,
+            labels=labels or [],
+        )
         items = [
             {
                 "id": r.id,
@@ -503,14 +488,6 @@ def list_odometers(
             for r in rows
         ]
     return {"items": items, "total": total, "limit": limit, "offset": offset}
-
-
-def label_conditions(
-    labels: Mapping[str, str] | Iterable[tuple[str, str]],
-) -> list[ColumnElement[bool]]:
-    """SQL conditions: the object carries every ``name: value`` given (all must hold)."""
-    pairs = labels.items() if isinstance(labels, Mapping) else labels
-    return [ProtectedObject.labels[name].as_string() == value for name, value in pairs]
 
 
 def parse_label_filters(raw: list[str], field: str = "label") -> list[tuple[str, str]]:
@@ -527,38 +504,22 @@ def parse_label_filters(raw: list[str], field: str = "label") -> list[tuple[str,
     return found
 
 
-def object_counts(
-    *, session_factory: sessionmaker[Session], near_fraction: float
-) -> dict[str, Any]:
+def object_counts(*, engine: Database, near_fraction: float) -> dict[str, Any]:
     """Objects by status, and active ones whose remaining budget is below ``near_fraction``.
 
     One aggregate query (a scan of the objects table), run at each ``/metrics`` scrape.
     Remaining is ``budget - loss_upper``, as in the odometer.
     """
-    active = ProtectedObject.retired_at.is_(None)
-    # In NUMERIC, not double precision: PostgreSQL raises "value out of range: underflow" when a
-    # float product rounds to zero (0.1 * a budget of 5e-324, stored before budgets had a
-    # floor), and one such row made every scrape a 500. NUMERIC arithmetic is exact here.
-    budget = cast(ProtectedObject.budget, Numeric)
-    remaining = budget - cast(ProtectedObject.loss_upper, Numeric)
-    near = active & (remaining < literal(Decimal(repr(near_fraction)), Numeric) * budget)
-    statement = select(
-        func.count(),
-        func.coalesce(func.sum(case((active, 1), else_=0)), 0),
-        func.coalesce(func.sum(case((near, 1), else_=0)), 0),
-    ).select_from(ProtectedObject)
-    with session_factory() as session:
-        total, active_count, near_count = session.execute(statement).one()
-        states = session.scalar(select(func.count()).select_from(LikelihoodStateRecord)) or 0
-        by_status = dict(
-            session.execute(select(Survey.status, func.count()).group_by(Survey.status)).all()
-        )
+    with reading(engine) as conn:
+        objects = count_objects(conn, near_fraction=near_fraction)
+        states = count_states(conn)
+        by_status = surveys_by_status(conn)
     surveys = dict.fromkeys(("queued", "running", "done", "cancelled", "failed"), 0)
-    surveys.update({str(k): int(v) for k, v in by_status.items()})
+    surveys.update(by_status)
     return {
-        "active": int(active_count),
-        "retired": int(total) - int(active_count),
-        "near_exhaustion": int(near_count),
-        "states": int(states),
+        "active": objects.active,
+        "retired": objects.total - objects.active,
+        "near_exhaustion": objects.near_exhaustion,
+        "states": states,
         "surveys": surveys,
     }

@@ -18,7 +18,8 @@ If another writer won (the update hits no row, or a unique constraint fires — 
 idempotency key, when the key was used before), the transaction rolls back — the unused sample is
 discarded unseen — and the submit starts again at step 2, now looking the key up *first*, so a
 retry of the same key finds the stored response. A fresh key, the common case, thus costs no
-lookup: one ``SELECT``, one ``INSERT`` and one ``UPDATE`` (SQLAlchemy Core, no ORM unit of work).
+lookup: one ``SELECT``, one ``INSERT`` and one ``UPDATE`` (the statements are
+:mod:`app.store.objects`' and :mod:`app.store.queries`', built once).
 """
 
 from __future__ import annotations
@@ -27,17 +28,12 @@ import functools
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from fractions import Fraction
-from typing import Any, cast
-
-from sqlalchemy import Connection, Engine, Table, bindparam, func, insert, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from typing import Any
 
 from app import metrics
-from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord, RejectionRecord
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput, Unsupported
 from app.engine.filters import Decision
@@ -49,7 +45,6 @@ from app.engine.pipeline import (
 )
 from app.services import audit
 from app.services.decisions import decide, recorded
-from app.services.domains import DOMAIN_TEXT
 from app.services.errors import (
     BudgetExhausted,
     Busy,
@@ -62,6 +57,11 @@ from app.services.history import object_history
 from app.services.locks import ObjectLocks
 from app.services.objects import ID_PATTERN, load_object, odometer_view
 from app.services.snapshots import advance, move_state_refs, remember, snapshot_of
+from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
+from app.store import objects as object_store
+from app.store import queries as query_store
+from app.store.objects import ObjectState
+from app.store.queries import StoredAnswer
 from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)
@@ -93,79 +93,6 @@ class _Accepted:
 
 
 @dataclass(frozen=True)
-class _Row:
-    """The columns of an object that a submit reads (one Core ``SELECT``)."""
-
-    id: str
-    domain: str
-    value: str
-    budget: float
-    filter: str
-    finite: bool
-    state_hash: str | None
-    history_hash: str | None
-    state: bytes | None
-    state_err: float
-    loss_lower: float
-    loss_upper: float
-    basic_total: str
-    accepted: int
-    rejected: int
-    version: int
-    updated_at: datetime | None
-    retired_at: datetime | None
-    budget_delta: float | None
-    f0_account: str
-
-
-_OBJECTS = cast(Table, ProtectedObject.__table__)
-_QUERIES = cast(Table, QueryRecord.__table__)
-_REJECTIONS = cast(Table, RejectionRecord.__table__)
-_STATES = cast(Table, LikelihoodStateRecord.__table__)
-#: The object's row and its stored likelihood array (finite domains), in one statement.
-_LOAD = (
-    select(
-        *(
-            DOMAIN_TEXT if f.name == "domain" else _OBJECTS.c[f.name]
-            for f in fields(_Row)
-            if f.name not in {"state", "state_err"}
-        ),
-        _STATES.c.state,
-        func.coalesce(_STATES.c.err, 0.0).label("state_err"),
-    )
-    .select_from(_OBJECTS.outerjoin(_STATES, _STATES.c.hash == _OBJECTS.c.state_hash))
-    .where(_OBJECTS.c.id == bindparam("object_id"))
-)
-# Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
-# cache on every call, which the profile showed (docs/benchmarks.md). The SET columns of these
-# two come from the keys of the parameters passed at execution.
-_INSERT_QUERY = insert(_QUERIES)
-_COMPARE_AND_SET = update(_OBJECTS).where(
-    _OBJECTS.c.id == bindparam("where_id"), _OBJECTS.c.version == bindparam("where_version")
-)
-_COUNT_REJECTION = (
-    update(_OBJECTS)
-    .where(_OBJECTS.c.id == bindparam("where_id"))
-    .values(rejected=_OBJECTS.c.rejected + 1)
-)
-_REPLAY = select(
-    _QUERIES.c.id, _QUERIES.c.analyst_key_id, _QUERIES.c.fingerprint, _QUERIES.c.response
-).where(
-    _QUERIES.c.object_id == bindparam("object_id"),
-    _QUERIES.c.idempotency_key == bindparam("key"),
-)
-
-
-_REPLAY_REJECTION = select(
-    _REJECTIONS.c.analyst_key_id, _REJECTIONS.c.fingerprint, _REJECTIONS.c.response
-).where(
-    _REJECTIONS.c.object_id == bindparam("object_id"),
-    _REJECTIONS.c.idempotency_key == bindparam("key"),
-)
-_INSERT_REJECTION = insert(_REJECTIONS)
-
-
-@dataclass(frozen=True)
 class _StoredRejection:
     """The stored 409 answer of a rejected submit that carried the same Idempotency-Key."""
 
@@ -181,14 +108,14 @@ def _domain_of(text: str, limits: EngineLimits) -> Domain:
 
 def dry_run(
     *,
-    engine: Engine,
+    engine: Database,
     worker: BoundWorker,
     object_id: str,
     query: Any,
     limits: EngineLimits,
 ) -> dict[str, Any]:
     """Would the object's filter accept ``query`` now? Changes nothing."""
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         row = _load_active(conn, object_id)
         domain = _domain_of(row.domain, limits)
         mech = parse_query(query, domain, "query", limits=limits)
@@ -200,7 +127,7 @@ class _LostRace(Exception):
     """Another writer advanced the object first."""
 
 
-def _check_owner(record: Any, print_: str, owner: int | None) -> None:
+def _check_owner(record: StoredAnswer, print_: str, owner: int | None) -> None:
     """A stored answer is replayed only to the client that stored it, for the same body."""
     if record.analyst_key_id != owner:
         # another client's key: never replay its output to us
@@ -210,12 +137,12 @@ def _check_owner(record: Any, print_: str, owner: int | None) -> None:
 
 
 def _replay_rejection(
-    conn: Connection, object_id: str, key: str | None, print_: str, owner: int | None
+    conn: Tx, object_id: str, key: str | None, print_: str, owner: int | None
 ) -> _StoredRejection | None:
     """The stored rejection for ``key``, if a rejected submit stored one."""
     if key is None:
         return None
-    record = conn.execute(_REPLAY_REJECTION, {"object_id": object_id, "key": key}).one_or_none()
+    record = query_store.find_rejection(conn, object_id=object_id, key=key)
     if record is None:
         return None
     _check_owner(record, print_, owner)
@@ -224,28 +151,27 @@ def _replay_rejection(
 
 
 def _replay(
-    conn: Connection, object_id: str, key: str | None, print_: str, owner: int | None
+    conn: Tx, object_id: str, key: str | None, print_: str, owner: int | None
 ) -> SubmitOutcome | _StoredRejection | None:
     """The stored answer for ``key``: an accepted submit's body or a rejection's problem."""
     if key is None:
         return None
-    record = conn.execute(_REPLAY, {"object_id": object_id, "key": key}).one_or_none()
+    record = query_store.find_accepted(conn, object_id=object_id, key=key)
     if record is None:
         return _replay_rejection(conn, object_id, key, print_, owner)
     _check_owner(record, print_, owner)
     # the stored response lacks the query id, which the INSERT that stored it produced
-    return SubmitOutcome({"query_id": record.id, **json.loads(record.response)}, True)
+    return SubmitOutcome({"query_id": record.query_id, **json.loads(record.response)}, True)
 
 
-def _load_active(conn: Connection, object_id: str) -> _Row:
-    found = (
-        conn.execute(_LOAD, {"object_id": object_id}).one_or_none()
+def _load_active(conn: Tx, object_id: str) -> ObjectState:
+    row = (
+        object_store.load_state(conn, object_id=object_id)
         if ID_PATTERN.fullmatch(object_id)
         else None
     )
-    if found is None:
+    if row is None:
         raise NotFound("no object with that id")
-    row = _Row(**found._mapping)
     if row.retired_at is not None:
         raise Retired("the object is retired and answers no queries")
     return row
@@ -253,7 +179,7 @@ def _load_active(conn: Connection, object_id: str) -> _Row:
 
 def submit(
     *,
-    engine: Engine,
+    engine: Database,
     worker: BoundWorker,
     locks: ObjectLocks,
     object_id: str,
@@ -288,10 +214,10 @@ def submit(
                     print_,
                     replay_first,
                 )
-            except (_LostRace, IntegrityError):
+            except (_LostRace, Conflict):
                 replay_first = True
                 continue
-            except OperationalError as exc:  # serialization failures, deadlocks, busy SQLite
+            except Unavailable as exc:  # serialization failures, deadlocks, busy SQLite
                 log.warning("submit retried after a database conflict: %s", type(exc).__name__)
                 replay_first = True
                 continue
@@ -319,7 +245,7 @@ def _rejection_extra(decision: Decision) -> dict[str, Any]:
 
 
 def _attempt(
-    engine: Engine,
+    engine: Database,
     worker: BoundWorker,
     object_id: str,
     query: Any,
@@ -335,7 +261,7 @@ def _attempt(
     not be an accepted submit: a retry of a stored submit gets the stored answer, whatever
     changed since (the object retired, the budget spent by later queries).
     """
-    with engine.begin() as conn:
+    with transaction(engine) as conn:
 
         def stored_answer() -> SubmitOutcome | _StoredRejection | None:
             if replay_first:  # already looked up at the start of this transaction
@@ -377,8 +303,8 @@ def _attempt(
 
 
 def _record_rejection(
-    conn: Connection,
-    row: _Row,
+    conn: Tx,
+    row: ObjectState,
     mech: Mechanism,
     decision: Decision,
     analyst_key_id: int | None,
@@ -392,20 +318,16 @@ def _record_rejection(
     so a rejection is counted once whatever the retries.
     """
     if key is not None:
-        conn.execute(
-            _INSERT_REJECTION,
-            {
-                "object_id": row.id,
-                "idempotency_key": key,
-                "analyst_key_id": analyst_key_id,
-                "fingerprint": print_,
-                "response": json.dumps(
-                    {"detail": decision.reason, "extra": _rejection_extra(decision)}
-                ),
-                "created_at": datetime.now(UTC),
-            },
+        query_store.insert_rejection(
+            conn,
+            object_id=row.id,
+            idempotency_key=key,
+            analyst_key_id=analyst_key_id,
+            fingerprint=print_,
+            response=json.dumps({"detail": decision.reason, "extra": _rejection_extra(decision)}),
+            created_at=datetime.now(UTC),
         )
-    conn.execute(_COUNT_REJECTION, {"where_id": row.id})
+    object_store.count_rejection(conn, object_id=row.id)
     audit.record(
         conn,
         kind=audit.AuditKind.DECISION_REJECTED,
@@ -424,8 +346,8 @@ def _record_rejection(
 
 
 def _record_acceptance(
-    conn: Connection,
-    row: _Row,
+    conn: Tx,
+    row: ObjectState,
     snapshot: ObjectSnapshot,
     decision: Decision,
     mech: Mechanism,
@@ -473,44 +395,38 @@ def _record_acceptance(
         "epsilon": mech.epsilon,
         "odometer": odometer,
     }
-    inserted = conn.execute(
-        _INSERT_QUERY,
-        {
-            "object_id": row.id,
-            "seq": seq,
-            "query": query_text,
-            "output": output_text,
-            "epsilon": mech.epsilon,
-            "epsilon_exact": str(mech.epsilon_exact),
-            "loss_lower": columns["loss_lower"],
-            "loss_upper": columns["loss_upper"],
-            "basic_after": float(Fraction(columns["basic_total"])),
-            "analyst_key_id": analyst_key_id,
-            "idempotency_key": key,
-            "fingerprint": print_,
-            "response": json.dumps(stored),
-            "created_at": now,
-        },
+    query_id = query_store.insert_query(
+        conn,
+        object_id=row.id,
+        seq=seq,
+        query=query_text,
+        output=output_text,
+        epsilon=mech.epsilon,
+        epsilon_exact=str(mech.epsilon_exact),
+        loss_lower=columns["loss_lower"],
+        loss_upper=columns["loss_upper"],
+        basic_after=float(Fraction(columns["basic_total"])),
+        analyst_key_id=analyst_key_id,
+        idempotency_key=key,
+        fingerprint=print_,
+        response=json.dumps(stored),
+        created_at=now,
     )
-    result = conn.execute(
-        _COMPARE_AND_SET,
-        {
-            "where_id": row.id,
-            "where_version": row.version,
-            "version": row.version + 1,
-            "accepted": seq,
-            "updated_at": now,
-            **columns,
-        },
-    )
-    if result.rowcount != 1:
+    if not object_store.compare_and_set(
+        conn,
+        object_id=row.id,
+        version=row.version,
+        accepted=seq,
+        updated_at=now,
+        columns=columns,
+    ):
         raise _LostRace
     move_state_refs(
         conn,
         gained={change.stored.key: (change.stored, 1)} if change.stored else {},
         lost={row.state_hash: 1} if row.state_hash else {},
     )
-    body = {"query_id": inserted.inserted_primary_key[0], **stored}  # type: ignore[index]
+    body = {"query_id": query_id, **stored}
     audit.record(
         conn,
         kind=audit.AuditKind.DECISION_ACCEPTED,
@@ -530,17 +446,17 @@ def _record_acceptance(
 
 def list_queries(
     *,
-    session_factory: sessionmaker[Session],
+    engine: Database,
     object_id: str,
     analyst_key_id: int | None,
     limit: int,
     after: int,
 ) -> dict[str, Any]:
     """Accepted queries of an object (an analyst sees only its own)."""
-    with session_factory() as session:
-        load_object(session, object_id)
+    with reading(engine) as conn:
+        load_object(conn, object_id)
         records = object_history(
-            session.connection(),
+            conn,
             object_id,
             after=after,
             limit=limit,

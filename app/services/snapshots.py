@@ -20,10 +20,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
-from sqlalchemy import Connection, Engine, Table, bindparam, delete, select, text, update
-from sqlalchemy.dialects import postgresql, sqlite
-
-from app.db.models import LikelihoodStateRecord
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
 from app.engine.filters import FilterKind
@@ -37,12 +33,12 @@ from app.engine.pipeline import (
     history_entry,
 )
 from app.services.history import object_history
+from app.store import Database, Tx
+from app.store.states import add_refs, drop_unused, insert_state
 
 #: Continuous history terms kept in the cache, all objects together (a term is a few hundred
 #: bytes: the default holds about 100 MB).
 CACHED_TERMS = 250_000
-
-_STATES: Table = LikelihoodStateRecord.__table__  # type: ignore[assignment]
 
 
 class SnapshotRow(Protocol):
@@ -132,15 +128,13 @@ class HistoryCache:
 HISTORIES = HistoryCache()
 
 
-def stored_history(conn: Connection, object_id: str, domain: Domain) -> list[HistoryEntry]:
+def stored_history(conn: Tx, object_id: str, domain: Domain) -> list[HistoryEntry]:
     """The object's accepted queries and outputs (submits and survey answers), parsed, in order."""
     items = object_history(conn, object_id)
     return [history_entry(domain, json.loads(r.query), json.loads(r.output)) for r in items]
 
 
-def snapshot_of(
-    conn: Connection, row: SnapshotRow, domain: Domain, limits: EngineLimits
-) -> ObjectSnapshot:
+def snapshot_of(conn: Tx, row: SnapshotRow, domain: Domain, limits: EngineLimits) -> ObjectSnapshot:
     """The object's public state as the engine decides on it. Never reads the value."""
     state: LikelihoodState | ContinuousState
     if domain.is_finite:
@@ -169,12 +163,12 @@ def snapshot_of(
     )
 
 
-def database_of(engine: Engine) -> str:
+def database_of(engine: Database) -> str:
     """The cache's name for a database: its URL without the password."""
     return engine.url.render_as_string(hide_password=True)
 
 
-def remember(engine: Engine, object_id: str, version: int, snapshot: ObjectSnapshot) -> None:
+def remember(engine: Database, object_id: str, version: int, snapshot: ObjectSnapshot) -> None:
     """Keep a committed continuous snapshot's history for the object's next decision."""
     if isinstance(snapshot.state, ContinuousState) and snapshot.state.loss_known:
         HISTORIES.put(database_of(engine), object_id, version, snapshot.state)
@@ -248,48 +242,12 @@ def advance(
     return Advance(columns, stored)
 
 
-def _insert_state(conn: Connection) -> Any:
-    """``INSERT INTO likelihood_states ... ON CONFLICT (hash) DO UPDATE refs = refs + n``."""
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(_STATES)
-    return statement.on_conflict_do_update(
-        index_elements=[_STATES.c.hash], set_={"refs": _STATES.c.refs + statement.excluded.refs}
-    )
-
-
-_ADD_REFS = (
-    update(_STATES)
-    .where(_STATES.c.hash == bindparam("key"))
-    .values(refs=_STATES.c.refs + bindparam("count"))
-)
-_ADD_REFS_MANY = text(
-    "UPDATE likelihood_states AS t SET refs = t.refs + v.n FROM unnest(CAST(:keys AS text[]), "
-    "CAST(:counts AS int[])) AS v(hash, n) WHERE t.hash = v.hash"
-)
-_DROP_UNUSED = delete(_STATES).where(
-    _STATES.c.hash.in_(bindparam("keys", expanding=True)), _STATES.c.refs <= 0
-)
-
-
 class StateGone(Exception):
     """A state this run stored was deleted meanwhile (its users all moved on): retry."""
 
 
-def _add_refs(conn: Connection, changes: list[tuple[str, int]]) -> int:
-    """Add ``count`` to the references of each stored state; returns how many rows it hit."""
-    if not changes:
-        return 0
-    if conn.dialect.name == "postgresql":
-        keys, counts = zip(*changes, strict=True)
-        return int(
-            conn.execute(_ADD_REFS_MANY, {"keys": list(keys), "counts": list(counts)}).rowcount
-        )
-    rows = [{"key": key, "count": count} for key, count in changes]
-    return int(conn.execute(_ADD_REFS, rows).rowcount)
-
-
 def move_state_refs(
-    conn: Connection,
+    conn: Tx,
     *,
     gained: Mapping[str, tuple[StoredState, int]],
     lost: Mapping[str, int],
@@ -310,31 +268,10 @@ def move_state_refs(
     new = sorted(key for key, count in net.items() if count > 0 and key not in stored)
     for key in new:
         state = gained[key][0]
-        conn.execute(
-            _insert_state(conn),
-            {"hash": key, "state": state.state, "err": state.err, "refs": net[key]},
-        )
+        insert_state(conn, key=key, state=state.state, err=state.err, refs=net[key])
     known = sorted((key, count) for key, count in net.items() if key in stored and count > 0)
-    if _add_refs(conn, known) != len(known):
+    if add_refs(conn, known) != len(known):
         raise StateGone
     dropped = sorted((key, count) for key, count in net.items() if count < 0)
-    _add_refs(conn, dropped)
-    keys = [key for key, _ in dropped]
-    for start in range(0, len(keys), 500):
-        conn.execute(_DROP_UNUSED, {"keys": keys[start : start + 500]})
-
-
-_LOAD_STATES = select(_STATES.c.hash, _STATES.c.state, _STATES.c.err).where(
-    _STATES.c.hash.in_(bindparam("keys", expanding=True))
-)
-
-
-def load_states(conn: Connection, keys: set[str]) -> dict[str, tuple[bytes, float]]:
-    """The stored arrays (and rounding errors) of the given state keys."""
-    found: dict[str, tuple[bytes, float]] = {}
-    ordered = sorted(keys)
-    for start in range(0, len(ordered), 500):
-        rows = conn.execute(_LOAD_STATES, {"keys": ordered[start : start + 500]})
-        for key, state, err in rows:
-            found[key] = (bytes(state), float(err))
-    return found
+    add_refs(conn, dropped)
+    drop_unused(conn, [key for key, _ in dropped])

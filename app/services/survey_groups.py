@@ -24,9 +24,10 @@ from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, parse_query
 from app.engine.pipeline import ObjectSnapshot
 from app.services.decisions import decide
-from app.services.domains import DOMAIN_TEXT
 from app.services.errors import NotFound
-from app.services.snapshots import load_states, snapshot_of
+from app.services.snapshots import snapshot_of
+from app.store.domains import DOMAIN_TEXT
+from app.store.states import load_states
 from app.worker.pool import BoundWorker
 
 OBJECTS = cast(Table, ProtectedObject.__table__)

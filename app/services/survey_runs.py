@@ -13,7 +13,7 @@ chunk:
 3. decrypts and samples each accepted member (the only read of a value); the next snapshot is
    computed once per (group, output), also remembered, so a million members with ten histories
    compute twenty states, and store each once (:mod:`app.services.snapshots`);
-4. writes in a handful of statements (:mod:`app.services.bulk`): a compare-and-set on every
+4. writes in a handful of statements (:mod:`app.store.bulk`): a compare-and-set on every
    accepted object's version, the members' decisions and answers packed in the chunk's row
    (only from pending: a member is decided at most once; the answers are in the objects'
    histories from then on, :mod:`app.services.history`), refusals counted on their objects,
@@ -50,14 +50,13 @@ from app import crypto, metrics
 from app.engine.estimates import tally_keys
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Output
-from app.services import audit, bulk
+from app.services import audit
 from app.services.decisions import recorded
 from app.services.snapshots import (
     Advance,
     StateGone,
     StoredState,
     advance,
-    load_states,
     move_state_refs,
 )
 from app.services.survey_chunks import (
@@ -81,6 +80,8 @@ from app.services.survey_groups import (
     load_survey,
     survey_totals,
 )
+from app.store import bulk
+from app.store.states import load_states
 from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)

@@ -39,9 +39,8 @@ from app.engine.jsonfields import as_list, as_object, check_keys
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
 from app.services import audit
-from app.services.domains import DOMAIN_TEXT
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, ServiceError
-from app.services.objects import ID_PATTERN, label_conditions, parse_labels
+from app.services.objects import ID_PATTERN, parse_labels
 from app.services.survey_chunks import CHUNKS, MemberDecision, load_chunks, pack_sorted
 from app.services.survey_groups import (
     ACTIVE,
@@ -57,6 +56,8 @@ from app.services.survey_groups import (
     load_survey,
     survey_totals,
 )
+from app.store.domains import DOMAIN_TEXT
+from app.store.objects import label_conditions
 from app.worker.pool import BoundWorker
 
 #: Ids looked up per statement when checking an ids cohort.

@@ -28,8 +28,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from app.services.domains import domain_hash
 from app.services.snapshots import next_history_hash, state_key
+from app.store.domains import domain_hash
 
 revision = "0005"
 down_revision = "0004"

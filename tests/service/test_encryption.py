@@ -168,10 +168,10 @@ def test_plaintext_rows_from_before_encryption_are_encrypted(sqlite_url: str) ->
                 .values({table.c.value: cast('{"x": 77}', Text)})
             )
         assert stored_text(sqlite_url, object_id) == '{"x": 77}'
-        with make_session_factory(engine)() as session, session.begin():
-            assert encrypt_plaintext_rows(session) >= 1
-        with make_session_factory(engine)() as session, session.begin():
-            assert encrypt_plaintext_rows(session) == 0  # idempotent
+        with engine.begin() as conn:
+            assert encrypt_plaintext_rows(conn) >= 1
+        with engine.begin() as conn:
+            assert encrypt_plaintext_rows(conn) == 0  # idempotent
     finally:
         engine.dispose()
     raw = stored_text(sqlite_url, object_id)

@@ -32,9 +32,9 @@ from app.engine.approx import OutputIndependentFilter
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_entry
-from app.services.domains import domain_hash
 from app.services.history import object_history
 from app.services.verify import verify_all
+from app.store.domains import domain_hash
 from tests.service.conftest import ADMIN_KEY, auth, make_settings
 from tests.service.conftest import new_key as new_api_key
 

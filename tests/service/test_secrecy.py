@@ -350,9 +350,9 @@ def test_an_unhandled_error_is_diagnosable_and_still_secret(
 
     from app.services import objects as object_service
 
-    def failing_register(*, session_factory: Any, **_: Any) -> dict[str, Any]:
-        with session_factory() as session, session.begin():
-            session.execute(
+    def failing_register(*, engine: Any, **_: Any) -> dict[str, Any]:
+        with engine.begin() as conn:
+            conn.execute(
                 text("INSERT INTO audit_events (at, kind, detail) VALUES (NULL, :kind, :detail)"),
                 {"kind": str(INT), "detail": json.dumps({"value": REAL})},
             )

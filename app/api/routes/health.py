@@ -110,5 +110,5 @@ async def readyz(runtime: RuntimeDep) -> Response:
 )
 async def metrics(runtime: RuntimeDep) -> Response:
     """Prometheus metrics, summed over the web workers, and object counts (docs/dashboard.md)."""
-    body = await in_thread(runtime, scrape.render, runtime.sessions, runtime.celery)
+    body = await in_thread(runtime, scrape.render, runtime.engine, runtime.celery)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -49,7 +49,7 @@ async def register(
     return await in_thread(
         runtime,
         object_service.register_object,
-        session_factory=runtime.sessions,
+        engine=runtime.engine,
         body=body,
         limits=runtime.limits,
         actor_key_id=caller.key_id,
@@ -62,7 +62,7 @@ async def get_object(
 ) -> dict[str, Any]:
     """Metadata of an object: domain, budget, filter, odometer — never the value."""
     return await in_thread(
-        runtime, object_service.get_object, session_factory=runtime.sessions, object_id=object_id
+        runtime, object_service.get_object, engine=runtime.engine, object_id=object_id
     )
 
 
@@ -72,7 +72,7 @@ async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> 
     return await in_thread(
         runtime,
         object_service.retire_object,
-        session_factory=runtime.sessions,
+        engine=runtime.engine,
         object_id=object_id,
         actor_key_id=caller.key_id,
     )
@@ -175,7 +175,7 @@ async def history(
     return await in_thread(
         runtime,
         query_service.list_queries,
-        session_factory=runtime.sessions,
+        engine=runtime.engine,
         object_id=object_id,
         analyst_key_id=own,
         limit=limit,
@@ -187,7 +187,7 @@ async def history(
 async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: ObjectId) -> dict[str, Any]:
     """Realized loss (certified bounds), remaining budget, basic composition, counts."""
     return await in_thread(
-        runtime, object_service.get_odometer, session_factory=runtime.sessions, object_id=object_id
+        runtime, object_service.get_odometer, engine=runtime.engine, object_id=object_id
     )
 
 
@@ -203,7 +203,7 @@ async def odometer_history(
     return await in_thread(
         runtime,
         object_service.odometer_history,
-        session_factory=runtime.sessions,
+        engine=runtime.engine,
         object_id=object_id,
         limit=limit,
         after=after,

@@ -46,7 +46,7 @@ async def odometers(
     return await in_thread(
         runtime,
         object_service.list_odometers,
-        session_factory=runtime.sessions,
+        engine=runtime.engine,
         limit=limit,
         offset=offset,
         remaining_lt=remaining_lt,

@@ -15,13 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Table, bindparam, func, text, update
+from sqlalchemy import Table, bindparam, func, text, update
 
 from app.crypto import active
-
-
-def _postgres(conn: Connection) -> bool:
-    return conn.dialect.name == "postgresql"
+from app.store.base import Tx, is_postgres
 
 
 def _recordset(rows: Sequence[Mapping[str, Any]], types: Mapping[str, str]) -> str:
@@ -42,7 +39,7 @@ def _rows_json(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[s
 
 
 def insert_rows(
-    conn: Connection,
+    conn: Tx,
     table: Table,
     rows: Sequence[Mapping[str, Any]],
     types: Mapping[str, str],
@@ -62,7 +59,7 @@ def insert_rows(
     if not rows:
         return
     constants = constants or {}
-    if not _postgres(conn):
+    if not is_postgres(conn):
         conn.execute(table.insert(), [{**row, **constants} for row in rows])
         return
     if encrypted:
@@ -84,7 +81,7 @@ def insert_rows(
 
 
 def update_rows(
-    conn: Connection,
+    conn: Tx,
     table: Table,
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -101,7 +98,7 @@ def update_rows(
     """
     if not rows:
         return 0
-    if not _postgres(conn):
+    if not is_postgres(conn):
         statement = update(table).where(
             *(table.c[column] == bindparam(key) for key, column in where.items())
         )
@@ -122,12 +119,12 @@ def update_rows(
     return int(conn.execute(many, _rows_json(rows, keys)).rowcount)
 
 
-def increment(conn: Connection, table: Table, column: str, ids: Sequence[str]) -> None:
+def increment(conn: Tx, table: Table, column: str, ids: Sequence[str]) -> None:
     """``column = column + 1`` on the rows whose ``id`` is in ``ids``."""
     if not ids:
         return
     target = table.c[column]
-    if _postgres(conn):
+    if is_postgres(conn):
         conn.execute(
             update(table)
             .where(table.c.id == func.any(bindparam("ids")))

@@ -7,7 +7,8 @@ the canonical text the service itself writes (``json.dumps(domain.to_json())``),
 share one row and a hash names the same text in every database.
 
 Reads go through :data:`DOMAIN_TEXT` (a scalar subquery labelled ``domain``), so a row read
-with it has ``row.domain`` as before.
+with it has ``row.domain`` as before; writers store a text with :func:`store_domains` before
+the rows naming it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import hashlib
 from collections.abc import Iterable
 from typing import cast
 
-from sqlalchemy import Connection, Table
+from sqlalchemy import Table
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
 
 from app.db.models import DomainRecord, ProtectedObject, domain_text_of
+from app.store.base import Tx, is_postgres
 
 _DOMAINS = cast(Table, DomainRecord.__table__)
 _OBJECTS = cast(Table, ProtectedObject.__table__)
@@ -40,11 +41,16 @@ def domain_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def store_domains(conn: Connection | Session, texts: Iterable[str]) -> None:
+#: ``INSERT ... ON CONFLICT (hash) DO NOTHING``, per dialect (built once).
+_STORE = {
+    postgres: insert(_DOMAINS).on_conflict_do_nothing(index_elements=["hash"])
+    for postgres, insert in ((True, pg_insert), (False, sqlite_insert))
+}
+
+
+def store_domains(conn: Tx, texts: Iterable[str]) -> None:
     """Insert the domains not stored yet (concurrent writers of the same text both succeed)."""
     rows = [{"hash": domain_hash(t), "text": t} for t in sorted(set(texts))]
     if not rows:
         return
-    dialect = conn.get_bind().dialect.name if isinstance(conn, Session) else conn.dialect.name
-    dialect_insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    conn.execute(dialect_insert(_DOMAINS).on_conflict_do_nothing(index_elements=["hash"]), rows)
+    conn.execute(_STORE[is_postgres(conn)], rows)

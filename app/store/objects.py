@@ -1,0 +1,258 @@
+"""Protected objects (table ``objects``): their rows, the submit's compare-and-set, cohorts.
+
+Two row shapes: :class:`ObjectState`, what a decision reads (with the value and the stored
+likelihood array, for a submit or a dry-run), and :class:`ObjectRecord`, the public metadata
+(never the value: reading it would decrypt it for nothing). The statements a submit runs are
+built once at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import ColumnElement, Table, Text, bindparam, func, select, update
+from sqlalchemy import cast as sql_cast
+
+from app.db.models import ProtectedObject
+from app.store.base import Tx
+from app.store.domains import DOMAIN_TEXT
+from app.store.states import STATES
+
+OBJECTS = cast(Table, ProtectedObject.__table__)
+
+
+@dataclass(frozen=True)
+class ObjectState:
+    """The columns of an object that a decision reads, and its stored likelihood array."""
+
+    id: str
+    domain: str
+    #: The private value's JSON (decrypted): read by a submit only after its decision.
+    value: str
+    budget: float
+    filter: str
+    finite: bool
+    state_hash: str | None
+    history_hash: str | None
+    #: The likelihood array ``state_hash`` names (None: no accepted query, or continuous).
+    state: bytes | None
+    state_err: float
+    loss_lower: float
+    loss_upper: float
+    basic_total: str
+    accepted: int
+    rejected: int
+    version: int
+    updated_at: datetime | None
+    retired_at: datetime | None
+    budget_delta: float | None
+    f0_account: str
+
+
+#: The object's row and its stored likelihood array (finite domains), in one statement.
+_LOAD_STATE = (
+    select(
+        *(
+            DOMAIN_TEXT if f.name == "domain" else OBJECTS.c[f.name]
+            for f in fields(ObjectState)
+            if f.name not in {"state", "state_err"}
+        ),
+        STATES.c.state,
+        func.coalesce(STATES.c.err, 0.0).label("state_err"),
+    )
+    .select_from(OBJECTS.outerjoin(STATES, STATES.c.hash == OBJECTS.c.state_hash))
+    .where(OBJECTS.c.id == bindparam("object_id"))
+)
+# Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
+# cache on every call, which the profile showed (docs/benchmarks.md). The SET columns of the
+# compare-and-set come from the keys of the parameters passed at execution.
+_COMPARE_AND_SET = update(OBJECTS).where(
+    OBJECTS.c.id == bindparam("where_id"), OBJECTS.c.version == bindparam("where_version")
+)
+_COUNT_REJECTION = (
+    update(OBJECTS)
+    .where(OBJECTS.c.id == bindparam("where_id"))
+    .values(rejected=OBJECTS.c.rejected + 1)
+)
+_ACCEPTED = select(OBJECTS.c.accepted).where(OBJECTS.c.id == bindparam("object_id"))
+
+
+def load_state(conn: Tx, *, object_id: str) -> ObjectState | None:
+    """The object as a decision reads it (one ``SELECT``), or None if there is none."""
+    found = conn.execute(_LOAD_STATE, {"object_id": object_id}).one_or_none()
+    return None if found is None else ObjectState(**found._mapping)
+
+
+def compare_and_set(
+    conn: Tx,
+    *,
+    object_id: str,
+    version: int,
+    accepted: int,
+    updated_at: datetime,
+    columns: Mapping[str, Any],
+) -> bool:
+    """Advance the object past one accepted query if it is still at ``version``.
+
+    ``columns`` are its new accounting columns
+    (:attr:`app.services.snapshots.Advance.columns`); the version becomes ``version + 1``.
+    False when another writer advanced it first (no row hit).
+    """
+    result = conn.execute(
+        _COMPARE_AND_SET,
+        {
+            "where_id": object_id,
+            "where_version": version,
+            "version": version + 1,
+            "accepted": accepted,
+            "updated_at": updated_at,
+            **columns,
+        },
+    )
+    return bool(result.rowcount == 1)
+
+
+def count_rejection(conn: Tx, *, object_id: str) -> None:
+    """Count one more rejected submit on the object."""
+    conn.execute(_COUNT_REJECTION, {"where_id": object_id})
+
+
+def accepted_count(conn: Tx, *, object_id: str) -> int:
+    """How many queries the object has accepted (0 for no object)."""
+    return int(conn.execute(_ACCEPTED, {"object_id": object_id}).scalar() or 0)
+
+
+@dataclass(frozen=True)
+class ObjectRecord:
+    """An object's public columns (everything but its value)."""
+
+    id: str
+    domain: str
+    budget: float
+    budget_delta: float | None
+    filter: str
+    finite: bool
+    labels: dict[str, str] | None
+    loss_lower: float
+    loss_upper: float
+    basic_total: str
+    f0_account: str
+    accepted: int
+    rejected: int
+    version: int
+    created_at: datetime | None
+    updated_at: datetime | None
+    retired_at: datetime | None
+
+
+_RECORD_COLUMNS = [
+    DOMAIN_TEXT if f.name == "domain" else OBJECTS.c[f.name] for f in fields(ObjectRecord)
+]
+#: The columns of a record that are the row's own (``domain`` is read through its hash).
+_RECORD_FIELDS = [f.name for f in fields(ObjectRecord) if f.name != "domain"]
+_GET = select(*_RECORD_COLUMNS).where(OBJECTS.c.id == bindparam("object_id"))
+_RETIRE = (
+    update(OBJECTS)
+    .where(OBJECTS.c.id == bindparam("object_id"), OBJECTS.c.retired_at.is_(None))
+    .values(
+        retired_at=bindparam("at", type_=OBJECTS.c.retired_at.type), version=OBJECTS.c.version + 1
+    )
+)
+
+
+def get_object(conn: Tx, *, object_id: str) -> ObjectRecord | None:
+    """The object's public columns, or None if there is none."""
+    found = conn.execute(_GET, {"object_id": object_id}).one_or_none()
+    return None if found is None else ObjectRecord(**found._mapping)
+
+
+def insert_object(conn: Tx, *, columns: Mapping[str, Any], domain: str) -> ObjectRecord:
+    """Insert a new object's row (its value in plaintext: the column type encrypts it).
+
+    Its domain (the text ``columns["domain_hash"]`` names) must be stored first
+    (:func:`app.store.domains.store_domains`); :class:`~app.store.Conflict` if the id is taken.
+    Returns the row as written (no statement reads it back; a column left out is NULL).
+    """
+    conn.execute(OBJECTS.insert(), dict(columns))
+    written: dict[str, Any] = {k: columns.get(k) for k in _RECORD_FIELDS}
+    return ObjectRecord(domain=domain, **written)
+
+
+def retire(conn: Tx, *, object_id: str, at: datetime) -> bool:
+    """Mark an active object retired at ``at`` (a new version); False if it already was."""
+    return bool(conn.execute(_RETIRE, {"object_id": object_id, "at": at}).rowcount == 1)
+
+
+def label_conditions(
+    labels: Mapping[str, str] | Iterable[tuple[str, str]],
+) -> list[ColumnElement[bool]]:
+    """SQL conditions: the object carries every ``name: value`` given (all must hold)."""
+    pairs = labels.items() if isinstance(labels, Mapping) else labels
+    return [OBJECTS.c.labels[name].as_string() == value for name, value in pairs]
+
+
+def page_objects(
+    conn: Tx,
+    *,
+    limit: int,
+    offset: int,
+    remaining_lt: float | None,
+    remaining_gt: float | None,
+    include_retired: bool,
+    labels: Iterable[tuple[str, str]],
+) -> tuple[int, list[ObjectRecord]]:
+    """How many objects match, and one page of them by id.
+
+    Matching: remaining budget (``budget - loss_upper``, as in the odometer) below
+    ``remaining_lt`` and above ``remaining_gt``, active unless ``include_retired``, carrying
+    every label.
+    """
+    remaining = OBJECTS.c.budget - OBJECTS.c.loss_upper
+    conditions = []
+    if remaining_lt is not None:
+        conditions.append(remaining < remaining_lt)
+    if remaining_gt is not None:
+        conditions.append(remaining > remaining_gt)
+    if not include_retired:
+        conditions.append(OBJECTS.c.retired_at.is_(None))
+    conditions.extend(label_conditions(labels))
+    count = select(func.count()).select_from(OBJECTS).where(*conditions)
+    page = (
+        select(*_RECORD_COLUMNS)
+        .where(*conditions)
+        .order_by(OBJECTS.c.id)
+        .limit(limit)
+        .offset(offset)
+    )
+    total = int(conn.execute(count).scalar() or 0)
+    return total, [ObjectRecord(**r._mapping) for r in conn.execute(page)]
+
+
+@dataclass(frozen=True)
+class StoredValue:
+    """An object's private value as stored: ciphertext, or plaintext JSON from before 0.2."""
+
+    object_id: str
+    stored: str
+
+
+#: CAST to plain text reads the stored string as is (no decryption).
+_STORED_VALUES = select(OBJECTS.c.id, sql_cast(OBJECTS.c.value, Text))
+_WRITE_VALUE = (
+    update(OBJECTS)
+    .where(OBJECTS.c.id == bindparam("object_id"))
+    .values(value=bindparam("plaintext", type_=OBJECTS.c.value.type))
+)
+
+
+def stored_values(conn: Tx) -> list[StoredValue]:
+    """Every object's value as stored (for the encryption jobs of the CLI)."""
+    return [StoredValue(object_id, str(text)) for object_id, text in conn.execute(_STORED_VALUES)]
+
+
+def write_value(conn: Tx, *, object_id: str, value: str) -> None:
+    """Store ``value`` (plaintext JSON) as the object's value, encrypted by the column type."""
+    conn.execute(_WRITE_VALUE, {"object_id": object_id, "plaintext": value})
