@@ -15,13 +15,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import orjson
-from sqlalchemy import Table
 
 from app import crypto
-from app.db.models import ProtectedObject
 from app.engine.errors import InvalidInput
 from app.engine.limits import EngineLimits
 from app.services import audit
@@ -32,7 +30,7 @@ from app.services.objects import (
     new_object_columns,
     parse_registration,
 )
-from app.store import Conflict, Database, Tx, bulk, is_postgres, transaction
+from app.store import Conflict, Database, Tx, transaction
 from app.store import imports as store
 from app.store.domains import store_domains
 from app.store.imports import Registered
@@ -41,30 +39,6 @@ log = logging.getLogger(__name__)
 
 #: Objects one request may register.
 MAX_IMPORT = 10_000
-
-_OBJECTS = cast(Table, ProtectedObject.__table__)
-#: PostgreSQL types of a new object's columns (one statement per request: app.store.bulk).
-_OBJECT_TYPES = {
-    "id": "text",
-    "domain_hash": "text",
-    "value": "text",
-    "budget": "float8",
-    "budget_delta": "float8",
-    "filter": "text",
-    "finite": "boolean",
-    "labels": "json",
-    "state_hash": "text",
-    "history_hash": "text",
-    "loss_lower": "float8",
-    "loss_upper": "float8",
-    "basic_total": "text",
-    "f0_account": "text",
-    "accepted": "int",
-    "rejected": "int",
-    "version": "int",
-    "created_at": "timestamptz",
-    "updated_at": "timestamptz",
-}
 
 
 @dataclass(frozen=True)
@@ -228,19 +202,14 @@ def _import_once(
         now = datetime.now(UTC)
         new = [r for r in registrations if r.id not in existing]
         store_domains(conn, {r.domain_text for r in new})
-        rows = [r.row() for r in new]
-        constants = new_object_columns(now)
-        # encrypted by the worker that parsed them (PostgreSQL: the bulk statement bypasses the
-        # column type; SQLite's executemany goes through it, which encrypts the plaintext)
-        if is_postgres(conn) and all(r.sealed is not None for r in new):
-            for row, r in zip(rows, new, strict=True):
-                row["value"] = r.sealed
-            bulk.insert_rows(conn, _OBJECTS, rows, _OBJECT_TYPES, constants=constants)
-        else:
-            bulk.insert_rows(
-                conn, _OBJECTS, rows, _OBJECT_TYPES, constants=constants, encrypted=("value",)
-            )
-        body = {"created": len(rows), "existing": len(existing)}
+        sealed = [r.sealed for r in new if r.sealed is not None]
+        store.insert_objects(
+            conn,
+            rows=[r.row() for r in new],
+            sealed=sealed if len(sealed) == len(new) else None,
+            constants=new_object_columns(now),
+        )
+        body = {"created": len(new), "existing": len(existing)}
         audit.record(
             conn,
             kind=audit.AuditKind.OBJECTS_IMPORTED,

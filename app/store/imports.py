@@ -1,15 +1,16 @@
-"""What a bulk import reads and writes besides the objects: registered ids, stored answers."""
+"""What a bulk import reads and writes: registered ids, the new objects, stored answers."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, func, insert, select
 
 from app.db.models import IdempotentRequest, ProtectedObject
+from app.store import bulk
 from app.store.base import Tx, is_postgres
 
 #: Ids looked up per statement on SQLite (a parameter list well within its limits).
@@ -19,6 +20,28 @@ _SCOPE = "imports"
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _REQUESTS = cast(Table, IdempotentRequest.__table__)
+#: PostgreSQL types of a new object's columns (one statement per request: app.store.bulk).
+_OBJECT_TYPES = {
+    "id": "text",
+    "domain_hash": "text",
+    "value": "text",
+    "budget": "float8",
+    "budget_delta": "float8",
+    "filter": "text",
+    "finite": "boolean",
+    "labels": "json",
+    "state_hash": "text",
+    "history_hash": "text",
+    "loss_lower": "float8",
+    "loss_upper": "float8",
+    "basic_total": "text",
+    "f0_account": "text",
+    "accepted": "int",
+    "rejected": "int",
+    "version": "int",
+    "created_at": "timestamptz",
+    "updated_at": "timestamptz",
+}
 
 
 @dataclass(frozen=True)
@@ -72,6 +95,30 @@ def registered(conn: Tx, *, ids: Sequence[str]) -> Iterator[Registered]:
     for start in range(0, len(ids), chunk):
         for row in conn.execute(statement, {"ids": list(ids[start : start + chunk])}):
             yield Registered(*row)
+
+
+def insert_objects(
+    conn: Tx,
+    *,
+    rows: Sequence[Mapping[str, Any]],
+    sealed: Sequence[str] | None,
+    constants: Mapping[str, Any],
+) -> None:
+    """Insert new objects in one statement (``rows``: their own columns, value in plaintext).
+
+    ``constants`` are the columns every new object starts with. ``sealed``: the values already
+    encrypted, in ``rows``' order, by the workers that parsed them (``gatekeeper import``).
+    PostgreSQL's bulk statement bypasses the column type, so it takes them as they are (or
+    encrypts the plaintext here); SQLite's ``executemany`` goes through the column type, which
+    encrypts the plaintext.
+    """
+    if is_postgres(conn) and sealed is not None:
+        rows = [{**row, "value": value} for row, value in zip(rows, sealed, strict=True)]
+        bulk.insert_rows(conn, _OBJECTS, rows, _OBJECT_TYPES, constants=constants)
+    else:
+        bulk.insert_rows(
+            conn, _OBJECTS, rows, _OBJECT_TYPES, constants=constants, encrypted=("value",)
+        )
 
 
 def stored_answer(conn: Tx, *, owner_key_id: int | None, key: str) -> StoredAnswer | None:
