@@ -1,7 +1,7 @@
 """An object's accepted history: its single-submit rows and its survey answers, in order.
 
 Single submits are rows of ``queries``; survey answers are packed in their survey's chunks
-(:mod:`app.services.survey_chunks`), found through the decided chunks whose id range covers the
+(:mod:`app.store.chunks`), found through the decided chunks whose id range covers the
 object. Every reader of a history — continuous snapshots, ``gatekeeper verify``,
 ``GET /v1/objects/{id}/queries`` and the odometer history — goes through :func:`object_history`,
 so both kinds are always seen together, ordered by their sequence numbers.
@@ -22,7 +22,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table, func, select
 
 from app.db.models import ProtectedObject, QueryRecord, Survey
-from app.services.survey_chunks import ChunkCache, chunks_covering, shared_cache
+from app.store.chunks import ChunkCache, chunks_covering, shared_cache
 
 _QUERIES = cast(Table, QueryRecord.__table__)
 _OBJECTS = cast(Table, ProtectedObject.__table__)

@@ -25,7 +25,7 @@ from app import crypto
 from app.db.models import IdempotentRequest, ProtectedObject
 from app.engine.errors import InvalidInput
 from app.engine.limits import EngineLimits
-from app.services import audit, bulk
+from app.services import audit
 from app.services.domains import store_domains
 from app.services.errors import AlreadyExists, Busy, IdempotencyMismatch
 from app.services.objects import (
@@ -34,6 +34,7 @@ from app.services.objects import (
     new_object_columns,
     parse_registration,
 )
+from app.store import bulk
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ _REGISTERED = select(
 )
 _EXISTING = _REGISTERED.where(_OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
 _EXISTING_ANY = _REGISTERED.where(_OBJECTS.c.id == func.any(bindparam("ids")))
-#: PostgreSQL types of a new object's columns (one statement per request: app.services.bulk).
+#: PostgreSQL types of a new object's columns (one statement per request: app.store.bulk).
 _OBJECT_TYPES = {
     "id": "text",
     "domain_hash": "text",

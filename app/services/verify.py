@@ -31,7 +31,7 @@ from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_account, history_entry
 from app.services.history import stored_entries
 from app.services.snapshots import next_history_hash, state_key
-from app.services.survey_chunks import REASONS, Chunk, ChunkCache, decode
+from app.store.chunks import REASONS, Chunk, ChunkCache, decode
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
 TOLERANCE = 1e-9
