@@ -69,7 +69,7 @@ from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import chunks as chunk_store
 from app.store import surveys as survey_store
 from app.store.chunks import REFUSAL_CODES, Variant
-from app.store.surveys import ACTIVE, GroupKey, MemberRow
+from app.store.surveys import ACTIVE, Advanced, GroupKey, MemberRow
 from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class _Chunk:
     picks: dict[str, int] = field(default_factory=dict)
     seqs: dict[str, int] = field(default_factory=dict)
     variants: list[Variant] = field(default_factory=list)
-    advances: list[dict[str, Any]] = field(default_factory=list)
+    advances: list[Advanced] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     gained: dict[str, tuple[StoredState, int]] = field(default_factory=dict)
     lost: Counter[str] = field(default_factory=Counter)
@@ -291,16 +291,7 @@ def _decide_rows(
                 seq = row.accepted + 1
                 work.picks[row.id] = pick
                 work.seqs[row.id] = seq
-                work.advances.append(
-                    {
-                        "where_id": row.id,
-                        "where_version": row.version,
-                        "version": row.version + 1,
-                        "accepted": seq,
-                        "updated_at": work.now,
-                        **columns,
-                    }
-                )
+                work.advances.append(Advanced(row.id, row.version, seq, columns))
     return work
 
 
@@ -315,7 +306,8 @@ def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
 def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
     """Store a chunk's decisions; :class:`_LostRace` if an object or the chunk moved meanwhile."""
     if work.advances:
-        if survey_store.advance_members(conn, work.advances) != len(work.advances):
+        updated = survey_store.advance_members(conn, work.advances, updated_at=work.now)
+        if updated != len(work.advances):
             raise _LostRace
         move_state_refs(conn, gained=work.gained, lost=work.lost, stored=cache.stored)
     survey_store.count_refusals(conn, work.refusals)

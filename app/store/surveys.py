@@ -477,13 +477,33 @@ _ADVANCE_TYPES = {
 }
 
 
-def advance_members(conn: Tx, rows: Sequence[Mapping[str, Any]]) -> int:
-    """Compare-and-set accepted members' rows; returns how many matched their version.
+class Advanced(NamedTuple):
+    """An accepted member's compare-and-set: the version read, the new accounting columns."""
 
-    Each row holds ``where_id`` and ``where_version`` (the version read) and the new columns
-    (the keys of ``_ADVANCE_TYPES``); fewer updated than given means another writer moved an
-    object meanwhile and the caller must roll back.
+    id: str
+    version: int
+    #: Accepted queries after this one (its sequence number).
+    accepted: int
+    #: The new ``objects`` accounting columns (``app.services.snapshots.Advance.columns``).
+    columns: Mapping[str, Any]
+
+
+def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: datetime) -> int:
+    """Compare-and-set the members' rows; returns how many still had the version read.
+
+    Fewer than given means another writer moved an object meanwhile: the caller rolls back.
     """
+    rows = [
+        {
+            "where_id": m.id,
+            "where_version": m.version,
+            "version": m.version + 1,
+            "accepted": m.accepted,
+            "updated_at": updated_at,
+            **m.columns,
+        }
+        for m in members
+    ]
     return bulk.update_rows(
         conn,
         _OBJECTS,
