@@ -1,7 +1,7 @@
 """The one composition root: ``gatekeeper serve``, ``gatekeeper worker`` and the CLI build here.
 
 Everything below this module receives what it uses: the API gets a :class:`~app.api.deps.Runtime`
-(engine, sessions, bound worker, locks, survey jobs), the Celery app gets the survey handlers it
+(engine, bound worker, locks, survey jobs), the Celery app gets the survey handlers it
 runs (:class:`~app.worker.celery_app.SurveyHandlers`), and no layer imports a layer above it
 (import-linter's layers contract in ``pyproject.toml``: cli → node → bootstrap → api →
 services → worker → engine → db, settings and the other bottom modules).
@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from app import crypto
 from app.db.migrate import upgrade
-from app.db.session import make_engine, make_session_factory, wait_for_database
+from app.db.session import make_engine, wait_for_database
 from app.engine.limits import DEFAULT_LIMITS
 from app.settings import Settings, get_settings
 
@@ -75,7 +75,7 @@ def celery_settings(settings: Settings) -> CelerySettings:
 
 
 def build_runtime(settings: Settings) -> Runtime:
-    """Engine, sessions, bound worker, locks, Redis client and survey jobs for one web process."""
+    """Engine, bound worker, locks, Redis client and survey jobs for one web process."""
     from app.services import survey_runs
     from app.worker.cache import RedisCache
     from app.worker.jobs import InProcessJobs
@@ -138,7 +138,6 @@ def _runtime(
     return Runtime(
         settings=settings,
         engine=engine,
-        sessions=make_session_factory(engine),
         worker=worker,
         locks=ObjectLocks(lock_client, settings.lock_timeout, settings.lock_wait),
         limits=DEFAULT_LIMITS,

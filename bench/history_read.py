@@ -11,7 +11,7 @@ ids (a sample of table blocks: a dashboard paging through a list, ``gatekeeper v
 objects in random order (every chunk read cold), each with a fresh process chunk cache, and
 prints the milliseconds per read. Then, side by side on the same random objects, two ways of
 finding the chunks that cover an object: one probe per survey of ``ix_survey_chunks_first_id``
-(:func:`app.services.survey_chunks.chunks_covering` on PostgreSQL) and a scan of every decided
+(:func:`app.store.chunks.chunks_covering` on PostgreSQL) and a scan of every decided
 chunk's range (what it does on SQLite); both must find the same chunks. ``--lookups-only``
 times just these (on a database given more chunk rows, to see how the two grow).
 """
@@ -25,9 +25,9 @@ import time
 from sqlalchemy import text
 
 from app.db.session import make_engine
-from app.services import survey_chunks
 from app.services.history import object_history
-from app.services.survey_chunks import chunks_covering
+from app.store import chunks as survey_chunks
+from app.store.chunks import chunks_covering
 
 #: The alternative: every decided chunk's range compared with the id.
 SCAN = text(

@@ -11,7 +11,6 @@ import anyio.to_thread
 from anyio import CapacityLimiter
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import NotText, RepeatedKey, loads_strict
@@ -36,7 +35,6 @@ class Runtime:
 
     settings: Settings
     engine: Database
-    sessions: sessionmaker[Session]
     worker: BoundWorker
     locks: ObjectLocks
     limits: EngineLimits

@@ -269,7 +269,7 @@ class SurveyChunk(Base):
 
     Members are packed: a chunk of 5,000 members is one row whose texts PostgreSQL compresses,
     about 10 bytes a member instead of the ~380 a member row plus a history row took. The
-    format is :mod:`app.services.survey_chunks`'s: ``members`` in sorted order joined by
+    format is :mod:`app.store.chunks`'s: ``members`` in sorted order joined by
     newlines; once decided, ``picks`` (per member: an index into ``variants`` when accepted, a
     negative refusal code otherwise), ``seqs`` (per member: the answer's sequence number in its
     object's history, 0 when refused) and ``variants`` (the distinct history entries the

@@ -1,4 +1,4 @@
-"""Engines and sessions for SQLite (embedded default) and PostgreSQL."""
+"""Engines for SQLite (embedded default) and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -48,11 +47,6 @@ def make_engine(url: str, pool_size: int = 5, max_overflow: int = 5) -> Engine:
         # an error's text never quotes a statement's parameters (values, outputs, keys)
         hide_parameters=True,
     )
-
-
-def make_session_factory(engine: Engine) -> sessionmaker[Session]:
-    """Sessions that keep loaded attributes after commit."""
-    return sessionmaker(engine, expire_on_commit=False)
 
 
 def wait_for_database(engine: Engine, seconds: float) -> None:

@@ -1,7 +1,7 @@
 """An object's accepted history: its single-submit rows and its survey answers, in order.
 
 Single submits are rows of ``queries``; survey answers are packed in their survey's chunks
-(:mod:`app.services.survey_chunks`), found through the decided chunks whose id range covers the
+(:mod:`app.store.chunks`), found through the decided chunks whose id range covers the
 object. Every reader of a history — continuous snapshots, ``gatekeeper verify``,
 ``GET /v1/objects/{id}/queries`` and the odometer history — goes through :func:`object_history`,
 so both kinds are always seen together, ordered by their sequence numbers.
@@ -15,9 +15,9 @@ a larger number. The history is the entries numbered ``<= n`` — read in any or
 
 from __future__ import annotations
 
-from app.services.survey_chunks import ChunkCache, chunks_covering, shared_cache
 from app.store import Tx
 from app.store import history as store
+from app.store.chunks import ChunkCache, chunks_covering, shared_cache
 from app.store.history import HistoryItem
 from app.store.objects import accepted_count
 

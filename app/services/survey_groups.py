@@ -1,4 +1,4 @@
-"""What every survey operation shares: statuses, the survey row, and decision groups.
+"""What every survey operation shares: refusals, the survey row, and decision groups.
 
 A **decision group** is the set of members whose public state is identical — domain, budget,
 filter, exact ``Σ ε``, history hash (and the stored loss bounds, which a continuous snapshot is
@@ -12,11 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Table, select
-
-from app.db.models import ProtectedObject, Survey
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput, Unsupported
 from app.engine.filters import Decision
@@ -26,12 +23,10 @@ from app.engine.pipeline import ObjectSnapshot
 from app.services.decisions import decide
 from app.services.errors import NotFound
 from app.services.snapshots import snapshot_of
-from app.store.domains import DOMAIN_TEXT
+from app.store import Tx
 from app.store.states import load_states
+from app.store.surveys import GroupKey, SurveyRow, get_survey
 from app.worker.pool import BoundWorker
-
-OBJECTS = cast(Table, ProtectedObject.__table__)
-SURVEYS = cast(Table, Survey.__table__)
 
 
 class Refusal(StrEnum):
@@ -42,32 +37,19 @@ class Refusal(StrEnum):
     RETIRED = "retired"
 
 
-class SurveyStatus(StrEnum):
-    """A survey's lifecycle."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-
-
-ACTIVE = (SurveyStatus.QUEUED.value, SurveyStatus.RUNNING.value)
-
-
 class StateMissing(LookupError):
     """A group's stored state was deleted after its members were read: read them again."""
 
 
-def load_survey(conn: Connection, survey_id: int) -> Any:
+def load_survey(conn: Tx, survey_id: int) -> SurveyRow:
     """The survey's row, or :class:`NotFound`."""
-    row = conn.execute(select(SURVEYS).where(SURVEYS.c.id == survey_id)).one_or_none()
+    row = get_survey(conn, survey_id)
     if row is None:
         raise NotFound("no survey with that id")
     return row
 
 
-def survey_totals(row: Any) -> dict[str, Any]:
+def survey_totals(row: SurveyRow) -> dict[str, Any]:
     """A survey's counts, as its audit events record them."""
     return {
         "survey_id": row.id,
@@ -77,24 +59,6 @@ def survey_totals(row: Any) -> dict[str, Any]:
         "refused": json.loads(row.refused),
         "groups": row.groups,
     }
-
-
-class GroupKey(NamedTuple):
-    """The public state members of one decision group share."""
-
-    domain: str
-    budget: float
-    filter: str
-    basic_total: str
-    history_hash: str | None
-    state_hash: str | None
-    loss_lower: float
-    loss_upper: float
-    budget_delta: float | None
-    f0_account: str
-
-
-KEY_COLUMNS = [DOMAIN_TEXT if n == "domain" else OBJECTS.c[n] for n in GroupKey._fields]
 
 
 class GroupAccepted(NamedTuple):
@@ -152,7 +116,7 @@ class _SnapshotRow(NamedTuple):
 
 
 def decide_group(
-    conn: Connection,
+    conn: Tx,
     key: GroupKey,
     representative: tuple[str, int],
     parsed: ParsedQuery,

@@ -1,6 +1,6 @@
 """Running a survey: its members decided chunk by chunk, each chunk one transaction.
 
-A survey's members are cut into chunks at creation (:mod:`app.services.survey_chunks`). A
+A survey's members are cut into chunks at creation (:mod:`app.store.chunks`). A
 chunk:
 
 1. takes its ``survey_chunks`` row if still pending, and its members' object rows — both locked
@@ -42,10 +42,6 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Text, bindparam, func, or_, select, update
-from sqlalchemy import cast as sql_cast
-from sqlalchemy.exc import IntegrityError, OperationalError
-
 from app import crypto, metrics
 from app.engine.estimates import tally_keys
 from app.engine.limits import EngineLimits
@@ -59,29 +55,21 @@ from app.services.snapshots import (
     advance,
     move_state_refs,
 )
-from app.services.survey_chunks import (
-    CHUNKS,
-    REFUSAL_CODES,
-    Variant,
-    decided_columns,
-)
 from app.services.survey_groups import (
-    ACTIVE,
-    KEY_COLUMNS,
-    OBJECTS,
-    SURVEYS,
     GroupAccepted,
-    GroupKey,
     ParsedQuery,
     Refusal,
     StateMissing,
-    SurveyStatus,
     decide_group,
     load_survey,
     survey_totals,
 )
-from app.store import bulk
+from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
+from app.store import chunks as chunk_store
+from app.store import surveys as survey_store
+from app.store.chunks import REFUSAL_CODES, Variant
 from app.store.states import load_states
+from app.store.surveys import ACTIVE, Advanced, GroupKey, MemberRow
 from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)
@@ -145,42 +133,6 @@ class RunCache:
             self.parsed.states.clear()
 
 
-#: Where the group key's columns start in a :data:`_MEMBER_ROWS` row (they end it).
-_KEY_START = 5
-_MEMBER_ROWS = (
-    select(
-        OBJECTS.c.id,
-        OBJECTS.c.version,
-        OBJECTS.c.accepted,
-        OBJECTS.c.retired_at,
-        sql_cast(OBJECTS.c.value, Text).label("sealed"),
-        *KEY_COLUMNS,
-    )
-    .where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
-    .order_by(OBJECTS.c.id)
-)
-#: Member objects read (and locked) per statement.
-_READ_BATCH = 5000
-_PENDING_CHUNK = select(CHUNKS.c.members).where(
-    CHUNKS.c.survey_id == bindparam("survey_id"),
-    CHUNKS.c.chunk == bindparam("chunk"),
-    CHUNKS.c.decided_at.is_(None),
-)
-_ADVANCE_TYPES = {
-    "where_id": "text",
-    "where_version": "int",
-    "version": "int",
-    "accepted": "int",
-    "updated_at": "timestamptz",
-    "state_hash": "text",
-    "history_hash": "text",
-    "loss_lower": "float8",
-    "loss_upper": "float8",
-    "basic_total": "text",
-    "f0_account": "text",
-}
-
-
 @dataclass
 class _Chunk:
     """What a chunk will write."""
@@ -191,7 +143,7 @@ class _Chunk:
     picks: dict[str, int] = field(default_factory=dict)
     seqs: dict[str, int] = field(default_factory=dict)
     variants: list[Variant] = field(default_factory=list)
-    advances: list[dict[str, Any]] = field(default_factory=list)
+    advances: list[Advanced] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     gained: dict[str, tuple[StoredState, int]] = field(default_factory=dict)
     lost: Counter[str] = field(default_factory=Counter)
@@ -209,7 +161,7 @@ def new_run_cache(query: dict[str, Any], limits: EngineLimits) -> RunCache:
 
 def run_chunk(
     *,
-    engine: Engine,
+    engine: Database,
     worker: BoundWorker,
     survey_id: int,
     chunk: int,
@@ -225,21 +177,18 @@ def run_chunk(
     """
     new_groups: set[GroupKey] = set()
     try:
-        with engine.begin() as conn:
+        with transaction(engine) as conn:
             survey = load_survey(conn, survey_id)
             if survey.status not in ACTIVE:
                 raise _Stopped
             if cache is None:
                 cache = new_run_cache(json.loads(survey.query), limits)
-            locks = _locks_rows(conn)
-            pending = _PENDING_CHUNK.with_for_update() if locks else _PENDING_CHUNK
-            members = conn.execute(pending, {"survey_id": survey_id, "chunk": chunk}).scalar()
-            if members is None:
+            ids = chunk_store.take_pending(conn, survey_id=survey_id, chunk=chunk)
+            if ids is None:
                 return ChunkOutcome(chunk, 0, 0, 0)
-            ids = members.split("\n")
-            rows = _member_rows(conn, ids, locks)
+            rows = survey_store.member_rows(conn, ids)
             work = _decide_rows(
-                conn, rows, cache, worker, survey, _Chunk(survey_id, chunk, datetime.now(UTC))
+                conn, rows, cache, worker, _Chunk(survey_id, chunk, datetime.now(UTC))
             )
             new_groups = cache.claim_groups(work.keys)
             work.groups = len(new_groups)
@@ -259,24 +208,8 @@ def run_chunk(
     return ChunkOutcome(chunk, len(rows), accepted, work.groups)
 
 
-def _member_rows(conn: Connection, ids: list[str], locks: bool) -> list[Any]:
-    """The members' object rows (locked on PostgreSQL); every member must have one."""
-    statement = _MEMBER_ROWS.with_for_update(of=OBJECTS) if locks else _MEMBER_ROWS
-    rows: list[Any] = []
-    for start in range(0, len(ids), _READ_BATCH):
-        rows.extend(conn.execute(statement, {"ids": ids[start : start + _READ_BATCH]}))
-    if len(rows) != len(ids):
-        missing = sorted(set(ids) - {row.id for row in rows})[:5]
-        raise LookupError(f"survey members without an object row: {missing}")
-    return rows
-
-
-def _locks_rows(conn: Connection) -> bool:
-    return conn.dialect.name == "postgresql"
-
-
 def _group_decision(
-    conn: Connection, key: GroupKey, first: Any, cache: RunCache, worker: BoundWorker
+    conn: Tx, key: GroupKey, first: MemberRow, cache: RunCache, worker: BoundWorker
 ) -> GroupAccepted | Refusal:
     found = cache.decisions.get(key)
     if found is None:
@@ -304,20 +237,15 @@ def _advance_of(
 
 
 def _decide_rows(
-    conn: Connection,
-    rows: Sequence[Any],
-    cache: RunCache,
-    worker: BoundWorker,
-    survey: Any,
-    work: _Chunk,
+    conn: Tx, rows: Sequence[MemberRow], cache: RunCache, worker: BoundWorker, work: _Chunk
 ) -> _Chunk:
     """Group the chunk's members, decide each group once, sample each accepted member."""
-    by_group: dict[GroupKey, list[Any]] = defaultdict(list)
+    by_group: dict[GroupKey, list[MemberRow]] = defaultdict(list)
     for row in rows:
-        if row.retired_at is not None:
+        if row.retired:
             _refuse(work, row, Refusal.RETIRED)
         else:
-            by_group[GroupKey._make(row[_KEY_START:])].append(row)
+            by_group[row.key].append(row)
     states = cache.parsed.states
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
@@ -330,7 +258,7 @@ def _decide_rows(
                 _refuse(work, row, group)
             continue
         mech = group.mech
-        by_output: dict[Output, list[Any]] = defaultdict(list)
+        by_output: dict[Output, list[MemberRow]] = defaultdict(list)
         for row in members:
             by_output[mech.sample(json.loads(cipher.decrypt(row.sealed)))].append(row)
         work.domains.add(key.domain)
@@ -363,20 +291,11 @@ def _decide_rows(
                 seq = row.accepted + 1
                 work.picks[row.id] = pick
                 work.seqs[row.id] = seq
-                work.advances.append(
-                    {
-                        "where_id": row.id,
-                        "where_version": row.version,
-                        "version": row.version + 1,
-                        "accepted": seq,
-                        "updated_at": work.now,
-                        **columns,
-                    }
-                )
+                work.advances.append(Advanced(row.id, row.version, seq, columns))
     return work
 
 
-def _refuse(work: _Chunk, row: Any, reason: Refusal) -> None:
+def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
     work.refused[reason.value] += 1
     work.picks[row.id] = REFUSAL_CODES[reason.value]
     work.seqs[row.id] = 0
@@ -384,121 +303,75 @@ def _refuse(work: _Chunk, row: Any, reason: Refusal) -> None:
         work.refusals.append(row.id)
 
 
-def _write(conn: Connection, ids: list[str], work: _Chunk, cache: RunCache) -> None:
+def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
     """Store a chunk's decisions; :class:`_LostRace` if an object or the chunk moved meanwhile."""
     if work.advances:
-        updated = bulk.update_rows(
-            conn,
-            OBJECTS,
-            work.advances,
-            where={"where_id": "id", "where_version": "version"},
-            values=_ADVANCE_TYPES,
-        )
+        updated = survey_store.advance_members(conn, work.advances, updated_at=work.now)
         if updated != len(work.advances):
             raise _LostRace
         move_state_refs(conn, gained=work.gained, lost=work.lost, stored=cache.stored)
-    bulk.increment(conn, OBJECTS, "rejected", work.refusals)
-    decided = conn.execute(
-        update(CHUNKS)
-        .where(
-            CHUNKS.c.survey_id == work.survey_id,
-            CHUNKS.c.chunk == work.chunk,
-            CHUNKS.c.decided_at.is_(None),
-        )
-        .values(
-            decided_at=work.now,
-            **decided_columns(
-                [work.picks[i] for i in ids], [work.seqs[i] for i in ids], work.variants
-            ),
-        )
-    )
-    if decided.rowcount != 1:
+    survey_store.count_refusals(conn, work.refusals)
+    if not chunk_store.mark_decided(
+        conn,
+        survey_id=work.survey_id,
+        chunk=work.chunk,
+        decided_at=work.now,
+        picks=[work.picks[i] for i in ids],
+        seqs=[work.seqs[i] for i in ids],
+        variants=work.variants,
+    ):
         raise _LostRace
     # the survey's row last: it serialises chunks of one survey for the shortest time
-    survey = conn.execute(
-        select(SURVEYS.c.status, SURVEYS.c.refused, SURVEYS.c.tally, SURVEYS.c.domain)
-        .where(SURVEYS.c.id == work.survey_id)
-        .with_for_update()
-    ).one()
+    survey = survey_store.lock_counters(conn, survey_id=work.survey_id)
     if survey.status not in ACTIVE:
         raise _Stopped  # cancelled while deciding: roll back, the members stay unqueried
-    refused = Counter(json.loads(survey.refused))
+    refused = Counter(survey.refused)
     refused.update(work.refused)
-    tally = Counter(json.loads(survey.tally))
+    tally = Counter(survey.tally)
     tally.update(work.tally)
     domain = survey.domain
     for text in work.domains:
         domain = text if domain is None or domain == text else ""
-    conn.execute(
-        update(SURVEYS)
-        .where(SURVEYS.c.id == work.survey_id)
-        .values(
-            decided=SURVEYS.c.decided + len(ids),
-            accepted=SURVEYS.c.accepted + len(work.advances),
-            groups=SURVEYS.c.groups + work.groups,
-            refused=json.dumps(dict(refused)),
-            tally=json.dumps(dict(tally)),
-            domain=domain,
-        )
+    survey_store.add_counts(
+        conn,
+        survey_id=work.survey_id,
+        decided=len(ids),
+        accepted=len(work.advances),
+        groups=work.groups,
+        refused=refused,
+        tally=tally,
+        domain=domain,
     )
 
 
 # ------------------------------------------------------------------------------ the run
-def claim(*, engine: Engine, survey_id: int, owner: str, lease_seconds: float) -> bool:
+def claim(*, engine: Database, survey_id: int, owner: str, lease_seconds: float) -> bool:
     """Take (or renew) the lease on an active survey; False if another process holds it."""
     now = datetime.now(UTC)
-    with engine.begin() as conn:
-        result = conn.execute(
-            update(SURVEYS)
-            .where(
-                SURVEYS.c.id == survey_id,
-                SURVEYS.c.status.in_(ACTIVE),
-                or_(
-                    SURVEYS.c.lease_owner.is_(None),
-                    SURVEYS.c.lease_owner == owner,
-                    SURVEYS.c.lease_until < now,
-                ),
-            )
-            .values(
-                status=SurveyStatus.RUNNING.value,
-                lease_owner=owner,
-                lease_until=now + timedelta(seconds=lease_seconds),
-                started_at=func.coalesce(SURVEYS.c.started_at, now),
-            )
+    with transaction(engine) as conn:
+        return survey_store.claim(
+            conn,
+            survey_id=survey_id,
+            owner=owner,
+            now=now,
+            lease_until=now + timedelta(seconds=lease_seconds),
         )
-    return result.rowcount == 1
 
 
-def resumable_surveys(*, engine: Engine) -> list[int]:
+def resumable_surveys(*, engine: Database) -> list[int]:
     """Active surveys nobody holds (queued, or whose lease expired), oldest first."""
-    now = datetime.now(UTC)
-    with engine.connect() as conn:
-        return list(
-            conn.execute(
-                select(SURVEYS.c.id)
-                .where(
-                    SURVEYS.c.status.in_(ACTIVE),
-                    or_(SURVEYS.c.lease_owner.is_(None), SURVEYS.c.lease_until < now),
-                )
-                .order_by(SURVEYS.c.id)
-            ).scalars()
-        )
+    with reading(engine) as conn:
+        return survey_store.unclaimed(conn, now=datetime.now(UTC))
 
 
-def pending_chunks(*, engine: Engine, survey_id: int) -> list[int]:
+def pending_chunks(*, engine: Database, survey_id: int) -> list[int]:
     """The numbers of the survey's chunks not decided yet, in order.
 
     Each is an independent unit of work — for this process's threads, or a distributed
     worker's tasks.
     """
-    with engine.connect() as conn:
-        return list(
-            conn.execute(
-                select(CHUNKS.c.chunk)
-                .where(CHUNKS.c.survey_id == survey_id, CHUNKS.c.decided_at.is_(None))
-                .order_by(CHUNKS.c.chunk)
-            ).scalars()
-        )
+    with reading(engine) as conn:
+        return chunk_store.pending_chunks(conn, survey_id=survey_id)
 
 
 class _Run:
@@ -507,7 +380,7 @@ class _Run:
     def __init__(
         self,
         *,
-        engine: Engine,
+        engine: Database,
         worker: BoundWorker,
         survey_id: int,
         owner: str,
@@ -545,7 +418,7 @@ class _Run:
             except _Stopped:
                 self._end("stopped")
                 return
-            except (_LostRace, StateGone, StateMissing, IntegrityError, OperationalError) as exc:
+            except (_LostRace, StateGone, StateMissing, Conflict, Unavailable) as exc:
                 failures += 1
                 if failures >= self.attempts:
                     self._end(f"gave up after {self.attempts} conflicts: {exc!r}"[:500])
@@ -568,7 +441,7 @@ class _Run:
 
 def run_survey(
     *,
-    engine: Engine,
+    engine: Database,
     worker: BoundWorker,
     survey_id: int,
     owner: str,
@@ -589,7 +462,7 @@ def run_survey(
         return "not-claimed" if status in ACTIVE else status
     log.info("survey %d: started by %s", survey_id, owner)
     started = time.monotonic()
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         cache = new_run_cache(json.loads(load_survey(conn, survey_id).query), limits)
     run = _Run(
         engine=engine,
@@ -625,7 +498,7 @@ INTERRUPTIONS = frozenset({"SoftTimeLimitExceeded"})
 
 
 def plan_survey(
-    *, engine: Engine, survey_id: int, owner: str, lease_seconds: float
+    *, engine: Database, survey_id: int, owner: str, lease_seconds: float
 ) -> list[int] | None:
     """Claim a survey for a distributed run and list its pending chunks.
 
@@ -650,7 +523,7 @@ def plan_survey(
 
 def run_survey_range(
     *,
-    engine: Engine,
+    engine: Database,
     worker: BoundWorker,
     survey_id: int,
     owner: str,
@@ -666,7 +539,7 @@ def run_survey_range(
     Returns the survey's status (``"not-claimed"`` when another run took the lease over).
     """
     started = time.monotonic()
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         survey = load_survey(conn, survey_id)
     if survey.status not in ACTIVE:
         return str(survey.status)
@@ -689,42 +562,29 @@ def run_survey_range(
         return "interrupted"  # rolled back; the lease expires and the survey is re-planned
     if run.outcome is not None:
         return _fail(engine, survey_id, run.outcome)
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         survey = load_survey(conn, survey_id)
     if survey.status in ACTIVE and survey.decided >= survey.total:
         return _finish(engine, survey_id, started)
     return str(survey.status)
 
 
-def _status(engine: Engine, survey_id: int) -> str:
-    with engine.connect() as conn:
+def _status(engine: Database, survey_id: int) -> str:
+    with reading(engine) as conn:
         return str(load_survey(conn, survey_id).status)
 
 
-def _fail(engine: Engine, survey_id: int, error: str) -> str:
-    with engine.begin() as conn:
-        conn.execute(
-            update(SURVEYS)
-            .where(SURVEYS.c.id == survey_id, SURVEYS.c.status.in_(ACTIVE))
-            .values(
-                status=SurveyStatus.FAILED.value,
-                error=error,
-                finished_at=datetime.now(UTC),
-                lease_owner=None,
-            )
-        )
+def _fail(engine: Database, survey_id: int, error: str) -> str:
+    with transaction(engine) as conn:
+        survey_store.fail(conn, survey_id=survey_id, error=error, finished_at=datetime.now(UTC))
     return _status(engine, survey_id)
 
 
-def _finish(engine: Engine, survey_id: int, started: float) -> str:
-    with engine.begin() as conn:
-        result = conn.execute(
-            update(SURVEYS)
-            .where(SURVEYS.c.id == survey_id, SURVEYS.c.status.in_(ACTIVE))
-            .values(status=SurveyStatus.DONE.value, finished_at=datetime.now(UTC), lease_owner=None)
-        )
+def _finish(engine: Database, survey_id: int, started: float) -> str:
+    with transaction(engine) as conn:
+        finished = survey_store.finish(conn, survey_id=survey_id, finished_at=datetime.now(UTC))
         row = load_survey(conn, survey_id)
-        if result.rowcount == 1:
+        if finished:
             audit.record(
                 conn,
                 kind=audit.AuditKind.SURVEY_FINISHED,

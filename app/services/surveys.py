@@ -2,7 +2,7 @@
 
 Creation (``POST /v1/surveys``) validates the request, fixes the membership (the ids a labels
 cohort selects, or an ids cohort's — which must name registered objects — sorted and cut into
-chunks: :mod:`app.services.survey_chunks`) and stores the survey ``queued``;
+chunks: :mod:`app.store.chunks`) and stores the survey ``queued``;
 :mod:`app.services.survey_runs` then decides its members off the request path. A dry-run
 groups the cohort by public state in SQL and decides each group once, as the run will, spending
 nothing.
@@ -13,24 +13,10 @@ from __future__ import annotations
 import bisect
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-from sqlalchemy import (
-    ColumnElement,
-    Connection,
-    Engine,
-    Select,
-    and_,
-    bindparam,
-    func,
-    insert,
-    select,
-    update,
-)
-from sqlalchemy.exc import IntegrityError
 
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput, Unsupported
@@ -41,27 +27,20 @@ from app.engine.mechanisms import parse_query
 from app.services import audit
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, ServiceError
 from app.services.objects import ID_PATTERN, parse_labels
-from app.services.survey_chunks import CHUNKS, MemberDecision, load_chunks, pack_sorted
 from app.services.survey_groups import (
-    ACTIVE,
-    KEY_COLUMNS,
-    OBJECTS,
-    SURVEYS,
-    GroupKey,
     ParsedQuery,
     Refusal,
     StateMissing,
-    SurveyStatus,
     decide_group,
     load_survey,
     survey_totals,
 )
-from app.store.domains import DOMAIN_TEXT
-from app.store.objects import label_conditions
+from app.store import Conflict, Database, Tx, reading, transaction
+from app.store import chunks as chunk_store
+from app.store import surveys as survey_store
+from app.store.chunks import MemberDecision
+from app.store.surveys import ACTIVE, GroupKey, SurveyRow, SurveyStatus
 from app.worker.pool import BoundWorker
-
-#: Ids looked up per statement when checking an ids cohort.
-_ID_CHUNK = 1000
 
 
 class InvalidCohort(ServiceError):
@@ -132,24 +111,9 @@ def parse_request(body: Any, *, max_members: int) -> SurveyRequest:
     return SurveyRequest(name, dict(query), None, ids)
 
 
-def _labels_cohort(labels: dict[str, str]) -> Select[tuple[str]]:
-    return select(OBJECTS.c.id).where(and_(*label_conditions(labels)))
-
-
-def _unknown_ids(conn: Connection, ids: Sequence[str]) -> list[str]:
-    """The ids of ``ids`` that name no registered object, in the request's order."""
-    known: set[str] = set()
-    statement = select(OBJECTS.c.id).where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
-    for start in range(0, len(ids), _ID_CHUNK):
-        known.update(
-            conn.execute(statement, {"ids": list(ids[start : start + _ID_CHUNK])}).scalars()
-        )
-    return [i for i in ids if i not in known]
-
-
-def _refuse_unknown(conn: Connection, request: SurveyRequest) -> None:
+def _refuse_unknown(conn: Tx, request: SurveyRequest) -> None:
     assert request.ids is not None  # noqa: S101 - an ids cohort
-    unknown = _unknown_ids(conn, request.ids)
+    unknown = survey_store.unknown_ids(conn, request.ids)
     if unknown:
         shown = ", ".join(repr(i) for i in unknown[:20])
         more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
@@ -197,7 +161,7 @@ def _refuse_query_fitting_no_member(
 # ------------------------------------------------------------------------------ creation
 def create_survey(
     *,
-    engine: Engine,
+    engine: Database,
     request: SurveyRequest,
     fingerprint: str,
     idempotency_key: str | None,
@@ -221,7 +185,7 @@ def create_survey(
                 idempotency_key,
                 _Cohort(analyst_key_id, max_members, limits, chunk_size),
             )
-        except IntegrityError:  # a concurrent request with the same key stored it first
+        except Conflict:  # a concurrent request with the same key stored it first
             continue
     raise ServiceError("could not store the survey")  # pragma: no cover - three lost races
 
@@ -236,74 +200,32 @@ class _Cohort:
     chunk_size: int
 
 
-def _member_ids(conn: Connection, request: SurveyRequest) -> Iterator[str]:
-    """The cohort's ids in increasing bytewise order, streamed.
-
-    The objects its labels select (``COLLATE "C"`` on PostgreSQL, SQLite's default order), or
-    the ids it names, sorted.
-    """
-    if request.labels is None:
-        assert request.ids is not None  # noqa: S101 - an ids cohort
-        yield from sorted(request.ids)
-        return
-    order: ColumnElement[str] = OBJECTS.c.id
-    if conn.dialect.name == "postgresql":
-        order = order.collate("C")
-    statement = _labels_cohort(request.labels).order_by(order).execution_options(yield_per=10_000)
-    for object_id in conn.execute(statement).scalars():
-        yield str(object_id)
-
-
-def _store_members(
-    conn: Connection, request: SurveyRequest, survey_id: int, cohort: _Cohort
-) -> int:
-    """Store the cohort's members in chunks, streaming; returns how many (stops past the max)."""
-    count = 0
-    batch: list[dict[str, Any]] = []
-    rows = pack_sorted(_member_ids(conn, request), survey_id=survey_id, size=cohort.chunk_size)
-    for row in rows:
-        count += int(row["size"])
-        if count > cohort.max_members:
-            return count  # refused: the transaction rolls back
-        batch.append(row)
-        if len(batch) == 20:
-            conn.execute(insert(CHUNKS), batch)
-            batch = []
-    if batch:
-        conn.execute(insert(CHUNKS), batch)
-    return count
-
-
-def _cohort_domains(conn: Connection, request: SurveyRequest) -> set[str]:
-    """The distinct domain texts of the cohort's objects."""
-    statement = select(DOMAIN_TEXT).distinct()
+def _member_ids(conn: Tx, request: SurveyRequest) -> Iterator[str]:
+    """The cohort's ids in increasing bytewise order, streamed (an ids cohort's, sorted)."""
     if request.labels is not None:
-        return set(conn.execute(statement.where(and_(*label_conditions(request.labels)))).scalars())
+        return survey_store.labelled_ids(conn, request.labels)
     assert request.ids is not None  # noqa: S101 - an ids cohort
-    within: ColumnElement[bool] = OBJECTS.c.id.in_(bindparam("ids", expanding=True))
-    found: set[str] = set()
-    for start in range(0, len(request.ids), _ID_CHUNK):
-        part = request.ids[start : start + _ID_CHUNK]
-        found.update(conn.execute(statement.where(within), {"ids": part}).scalars())
-    return found
+    return iter(sorted(request.ids))
+
+
+def _cohort_domains(conn: Tx, request: SurveyRequest) -> set[str]:
+    """The distinct domain texts of the cohort's objects."""
+    return survey_store.cohort_domains(conn, labels=request.labels, ids=request.ids or ())
 
 
 def _create_once(
-    engine: Engine,
+    engine: Database,
     request: SurveyRequest,
     fingerprint: str,
     key: str | None,
     cohort: _Cohort,
 ) -> tuple[dict[str, Any], bool]:
     analyst_key_id, max_members, limits = cohort.analyst_key_id, cohort.max_members, cohort.limits
-    with engine.begin() as conn:
+    with transaction(engine) as conn:
         if key is not None:
-            found = conn.execute(
-                select(SURVEYS).where(
-                    SURVEYS.c.analyst_key_id == analyst_key_id,
-                    SURVEYS.c.idempotency_key == key,
-                )
-            ).one_or_none()
+            found = survey_store.find_by_key(
+                conn, analyst_key_id=analyst_key_id, idempotency_key=key
+            )
             if found is not None:
                 if found.fingerprint != fingerprint:
                     raise IdempotencyMismatch(
@@ -312,30 +234,26 @@ def _create_once(
                 return survey_view(found, show_outputs=True), True
         if request.ids is not None:
             _refuse_unknown(conn, request)
-        now = datetime.now(UTC)
-        survey_id = conn.execute(
-            insert(SURVEYS).returning(SURVEYS.c.id),
-            {
-                "name": request.name,
-                "query": request.query_text,
-                "cohort": json.dumps(request.cohort),
-                "analyst_key_id": analyst_key_id,
-                "idempotency_key": key,
-                "fingerprint": fingerprint,
-                "status": SurveyStatus.QUEUED.value,
-                "total": 0,
-                "decided": 0,
-                "accepted": 0,
-                "refused": "{}",
-                "tally": "{}",
-                "groups": 0,
-                "created_at": now,
-            },
-        ).scalar_one()
-        count = _store_members(conn, request, survey_id, cohort)
+        survey_id = survey_store.insert_survey(
+            conn,
+            name=request.name,
+            query=request.query_text,
+            cohort=json.dumps(request.cohort),
+            analyst_key_id=analyst_key_id,
+            idempotency_key=key,
+            fingerprint=fingerprint,
+            created_at=datetime.now(UTC),
+        )
+        count = chunk_store.store_members(
+            conn,
+            survey_id=survey_id,
+            ids=_member_ids(conn, request),
+            size=cohort.chunk_size,
+            max_members=max_members,
+        )
         _refuse_empty_or_large(count, max_members)
         _refuse_query_fitting_no_member(_cohort_domains(conn, request), request.query, limits)
-        conn.execute(update(SURVEYS).where(SURVEYS.c.id == survey_id).values(total=count))
+        survey_store.set_total(conn, survey_id=survey_id, total=count)
         audit.record(
             conn,
             kind=audit.AuditKind.SURVEY_CREATED,
@@ -350,7 +268,7 @@ def _create_once(
                 "cohort": "labels" if request.labels is not None else "ids",
             },
         )
-        row = conn.execute(select(SURVEYS).where(SURVEYS.c.id == survey_id)).one()
+        row = load_survey(conn, survey_id)
     return survey_view(row, show_outputs=True), False
 
 
@@ -426,33 +344,30 @@ def with_workers(view: dict[str, Any], *, no_workers: bool) -> dict[str, Any]:
     return {**view, "waiting_for_workers": no_workers and waits_on_workers(view)}
 
 
-def _may_see_outputs(row: Any, caller_key_id: int | None, is_admin: bool) -> bool:
+def _may_see_outputs(row: SurveyRow, caller_key_id: int | None, is_admin: bool) -> bool:
     return is_admin or (caller_key_id is not None and row.analyst_key_id == caller_key_id)
 
 
 def get_survey(
-    *, engine: Engine, survey_id: int, caller_key_id: int | None, is_admin: bool
+    *, engine: Database, survey_id: int, caller_key_id: int | None, is_admin: bool
 ) -> dict[str, Any]:
     """A survey's status, progress and estimate (the output histogram to its analyst/admins)."""
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         row = load_survey(conn, survey_id)
     return survey_view(row, show_outputs=_may_see_outputs(row, caller_key_id, is_admin))
 
 
 def list_surveys(
     *,
-    engine: Engine,
+    engine: Database,
     limit: int,
     before: int | None,
     caller_key_id: int | None,
     is_admin: bool,
 ) -> dict[str, Any]:
     """Surveys, newest first; ``before`` is the previous page's ``next_before``."""
-    statement = select(SURVEYS).order_by(SURVEYS.c.id.desc()).limit(limit)
-    if before is not None:
-        statement = statement.where(SURVEYS.c.id < before)
-    with engine.connect() as conn:
-        rows = conn.execute(statement).all()
+    with reading(engine) as conn:
+        rows = survey_store.list_page(conn, limit=limit, before=before)
     items = [
         survey_view(r, show_outputs=_may_see_outputs(r, caller_key_id, is_admin)) for r in rows
     ]
@@ -461,7 +376,7 @@ def list_surveys(
 
 def list_responses(
     *,
-    engine: Engine,
+    engine: Database,
     survey_id: int,
     limit: int,
     after: str | None,
@@ -473,18 +388,14 @@ def list_responses(
     ``after`` is the previous page's last object id: the page starts in the first chunk whose
     last member comes after it.
     """
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         survey = load_survey(conn, survey_id)
-        ends = conn.execute(
-            select(CHUNKS.c.chunk, CHUNKS.c.last_id)
-            .where(CHUNKS.c.survey_id == survey_id)
-            .order_by(CHUNKS.c.chunk)
-        ).all()
+        ends = chunk_store.chunk_ends(conn, survey_id=survey_id)
         # chunks hold consecutive runs of the sorted ids: the first ending past ``after``
         numbers = [number for number, last in ends if after is None or last > after]
         decisions: list[MemberDecision] = []
         for number in numbers:
-            chunk = load_chunks(conn, [(survey_id, number)])[(survey_id, number)]
+            chunk = chunk_store.load_chunks(conn, [(survey_id, number)])[(survey_id, number)]
             start = 0 if after is None else bisect.bisect_right(chunk.members, after)
             stop = min(len(chunk.members), start + limit - len(decisions))
             decisions.extend(chunk.decision(at) for at in range(start, stop))
@@ -505,20 +416,15 @@ def list_responses(
 
 
 def cancel_survey(
-    *, engine: Engine, survey_id: int, caller_key_id: int | None, is_admin: bool
+    *, engine: Database, survey_id: int, caller_key_id: int | None, is_admin: bool
 ) -> dict[str, Any]:
     """Cancel a queued or running survey: undecided members are not queried (403 for others)."""
-    with engine.begin() as conn:
+    with transaction(engine) as conn:
         row = load_survey(conn, survey_id)
         if not _may_see_outputs(row, caller_key_id, is_admin):
             raise Forbidden("only the survey's analyst or an admin may cancel it")
         if row.status in ACTIVE:
-            now = datetime.now(UTC)
-            conn.execute(
-                update(SURVEYS)
-                .where(SURVEYS.c.id == survey_id, SURVEYS.c.status.in_(ACTIVE))
-                .values(status=SurveyStatus.CANCELLED.value, finished_at=now, lease_owner=None)
-            )
+            survey_store.cancel(conn, survey_id=survey_id, finished_at=datetime.now(UTC))
             audit.record(
                 conn,
                 kind=audit.AuditKind.SURVEY_CANCELLED,
@@ -531,36 +437,9 @@ def cancel_survey(
 
 
 # ------------------------------------------------------------------------------ dry-run
-def _cohort_groups(
-    conn: Connection, request: SurveyRequest
-) -> Iterator[tuple[GroupKey, bool, int, str]]:
-    """``(key, retired, members, representative id)`` per group of the cohort (SQL GROUP BY)."""
-    retired = OBJECTS.c.retired_at.is_not(None).label("retired")
-    columns = [*KEY_COLUMNS, retired, func.count().label("n"), func.min(OBJECTS.c.id)]
-    grouped = select(*columns).group_by(*KEY_COLUMNS, retired)
-    if request.labels is not None:
-        yield from _rows_as_groups(
-            conn.execute(grouped.where(and_(*label_conditions(request.labels))))
-        )
-        return
-    assert request.ids is not None  # noqa: S101 - an ids cohort
-    statement = grouped.where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
-    for start in range(0, len(request.ids), _ID_CHUNK):
-        chunk = request.ids[start : start + _ID_CHUNK]
-        yield from _rows_as_groups(conn.execute(statement, {"ids": chunk}))
-
-
-def _rows_as_groups(rows: Iterable[Any]) -> Iterator[tuple[GroupKey, bool, int, str]]:
-    for row in rows:
-        values = tuple(row)
-        size = len(GroupKey._fields)
-        key = GroupKey(*values[:size])
-        yield key, bool(values[size]), int(values[size + 1]), str(values[size + 2])
-
-
 def dry_run_survey(
     *,
-    engine: Engine,
+    engine: Database,
     worker: BoundWorker,
     request: SurveyRequest,
     limits: EngineLimits,
@@ -580,7 +459,7 @@ def dry_run_survey(
 
 
 def _dry_run_once(
-    engine: Engine,
+    engine: Database,
     worker: BoundWorker,
     request: SurveyRequest,
     limits: EngineLimits,
@@ -590,11 +469,12 @@ def _dry_run_once(
     members = accepted = 0
     refused: Counter[str] = Counter()
     groups: set[GroupKey] = set()
-    with engine.connect() as conn:
+    with reading(engine) as conn:
         if request.ids is not None:
             _refuse_unknown(conn, request)
         collected: dict[tuple[GroupKey, bool], tuple[int, str]] = {}
-        for key, retired, count, first in _cohort_groups(conn, request):
+        groups_read = survey_store.cohort_groups(conn, labels=request.labels, ids=request.ids or ())
+        for key, retired, count, first in groups_read:
             previous = collected.get((key, retired))
             if previous is not None:
                 count, first = previous[0] + count, min(previous[1], first)
@@ -602,7 +482,7 @@ def _dry_run_once(
         members = sum(count for count, _ in collected.values())
         _refuse_empty_or_large(members, max_members)
         _refuse_query_fitting_no_member({key.domain for key, _ in collected}, request.query, limits)
-        versions = _versions(conn, [first for _, first in collected.values()])
+        versions = survey_store.versions(conn, [first for _, first in collected.values()])
         for (key, retired), (count, first) in collected.items():
             if retired:
                 refused[Refusal.RETIRED.value] += count
@@ -619,16 +499,3 @@ def _dry_run_once(
         "would_refuse": {reason.value: refused.get(reason.value, 0) for reason in Refusal},
         "groups": len(groups),
     }
-
-
-def _versions(conn: Connection, ids: list[str]) -> dict[str, int]:
-    statement = select(OBJECTS.c.id, OBJECTS.c.version).where(
-        OBJECTS.c.id.in_(bindparam("ids", expanding=True))
-    )
-    found: dict[str, int] = {}
-    for start in range(0, len(ids), _ID_CHUNK):
-        found.update(
-            (str(i), int(v))
-            for i, v in conn.execute(statement, {"ids": ids[start : start + _ID_CHUNK]})
-        )
-    return found

@@ -27,9 +27,9 @@ from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_account, history_entry
 from app.services.history import stored_entries
 from app.services.snapshots import next_history_hash, state_key
-from app.services.survey_chunks import REASONS, Chunk, ChunkCache, decode
 from app.store import Database, Tx, reading
 from app.store import verify as store
+from app.store.chunks import REASONS, Chunk, ChunkCache, decode
 from app.store.verify import ChunkRow, StoredObject
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.

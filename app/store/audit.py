@@ -7,16 +7,14 @@ from datetime import datetime
 from typing import TypeAlias, cast
 
 from sqlalchemy import Table, insert, select
-from sqlalchemy.orm import Session
 
 from app.db.models import AuditEvent
 from app.store.base import Tx
 
 _EVENTS = cast(Table, AuditEvent.__table__)
 
-#: What an event is written with. The ORM ``Session`` is accepted only while some services still
-#: open one (their events must join their transaction); it goes once they are on Core.
-Target: TypeAlias = Tx | Session
+#: What an event is written with: the caller's connection (the event joins its transaction).
+Target: TypeAlias = Tx
 
 
 @dataclass(frozen=True)

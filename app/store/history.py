@@ -1,6 +1,6 @@
 """An object's stored history: its single submits (table ``queries``) and rejected submits.
 
-Survey answers live in their chunks (:mod:`app.services.survey_chunks`);
+Survey answers live in their chunks (:mod:`app.store.chunks`);
 :func:`app.services.history.object_history` merges both kinds, and its consistency argument
 (entries numbered ``<= accepted``) is why the readers here take an ``upto``.
 """

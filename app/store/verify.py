@@ -66,7 +66,7 @@ class SurveyCounters:
 
 @dataclass(frozen=True)
 class ChunkRow:
-    """A ``survey_chunks`` row as stored (``app.services.survey_chunks.decode`` reads it)."""
+    """A ``survey_chunks`` row as stored (``app.store.chunks.decode`` reads it)."""
 
     survey_id: int
     chunk: int

@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Text, cast, select, update
+from sqlalchemy.orm import Session
 
 from app import crypto
 from app.bootstrap import create_app
 from app.db.migrate import upgrade
 from app.db.models import ProtectedObject
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_engine
 from app.services.encryption import encrypt_plaintext_rows
 from app.settings import Environment, Settings
 from tests.conftest import TEST_ENCRYPTION_KEY
@@ -51,7 +52,7 @@ def stored_text(database_url: str, object_id: str) -> str:
     """``objects.value`` as stored (no decryption)."""
     engine = make_engine(database_url)
     try:
-        with make_session_factory(engine)() as session:
+        with Session(engine, expire_on_commit=False) as session:
             query = select(cast(ProtectedObject.value, Text)).where(ProtectedObject.id == object_id)
             return str(session.execute(query).scalar_one())
     finally:
@@ -159,7 +160,7 @@ def test_plaintext_rows_from_before_encryption_are_encrypted(sqlite_url: str) ->
     engine = make_engine(sqlite_url)
     table = ProtectedObject.__table__
     try:
-        with make_session_factory(engine)() as session, session.begin():
+        with Session(engine, expire_on_commit=False) as session, session.begin():
             # write the row as version 0.1.0 did: plain JSON (Core on the bare table column
             # would encrypt, so write through a plain-text cast of the statement's value)
             session.execute(

@@ -33,10 +33,11 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.engine import Status, events
 from schemathesis.engine import from_schema as engine_for
 from schemathesis.python import asgi
+from sqlalchemy.orm import Session
 
 from app.bootstrap import create_app
 from app.db.models import ApiKey
-from app.db.session import make_engine, make_session_factory
+from app.db.session import make_engine
 from app.services.auth import generate_key, hash_key
 from tests.service.conftest import make_settings
 
@@ -133,7 +134,7 @@ def _run_key(database_url: str) -> str:
     engine = make_engine(database_url, 1, 0)
     secret = generate_key()
     try:
-        with make_session_factory(engine)() as session, session.begin():
+        with Session(engine, expire_on_commit=False) as session, session.begin():
             session.add(
                 ApiKey(
                     id=RUN_KEY_ID,

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from app.bootstrap import create_app
 from app.db.session import make_engine
 from app.services.history import stored_entries
-from app.services.survey_chunks import CHUNKS, ChunkCache, decode
+from app.store.chunks import CHUNKS, ChunkCache, decode
 from tests.service.conftest import auth, make_settings, new_key, start_server, unique_id
 from tests.service.test_surveys import GRR, import_study, verify_clean, wait_done
 

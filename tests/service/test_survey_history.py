@@ -20,7 +20,8 @@ from app.bootstrap import create_app
 from app.db.models import Base, Survey, SurveyChunk
 from app.db.session import make_engine
 from app.services import snapshots
-from app.services.survey_chunks import (
+from app.services.verify import verify_all
+from app.store.chunks import (
     ChunkCache,
     Variant,
     chunks_covering,
@@ -29,7 +30,6 @@ from app.services.survey_chunks import (
     load_chunks,
     pack_sorted,
 )
-from app.services.verify import verify_all
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 from tests.service.test_surveys import GRR, import_study, verify_clean, wait_done
 

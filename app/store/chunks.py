@@ -4,7 +4,7 @@ A survey's membership is fixed at creation and cut into chunks of ``SURVEY_CHUNK
 in sorted id order; a chunk is decided in one transaction (:mod:`app.services.survey_runs`) and
 then holds every member's decision. One row per chunk instead of a member row and a history row
 per member: a million answers take ~10 MB instead of ~380 MB (PostgreSQL compresses the texts;
-measured in docs/benchmarks.md).
+measured in docs/benchmarks.md). This module is the table's format and every statement on it.
 
 The format (all JSON, compact separators):
 
@@ -36,9 +36,10 @@ from datetime import datetime
 from typing import Any, cast
 
 import orjson
-from sqlalchemy import Connection, String, Table, bindparam, select, true, tuple_
+from sqlalchemy import String, Table, bindparam, insert, select, true, tuple_, update
 
 from app.db.models import Survey, SurveyChunk
+from app.store.base import Tx, is_postgres
 
 CHUNKS = cast(Table, SurveyChunk.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
@@ -166,7 +167,7 @@ def decode(row: Any) -> Chunk:
     )
 
 
-def chunks_covering(conn: Connection, object_id: str) -> list[tuple[int, int]]:
+def chunks_covering(conn: Tx, object_id: str) -> list[tuple[int, int]]:
     """``(survey_id, chunk)`` of the decided chunks whose id range covers ``object_id``.
 
     A survey's chunks hold disjoint runs of its sorted ids, so per survey only the last chunk
@@ -178,7 +179,7 @@ def chunks_covering(conn: Connection, object_id: str) -> list[tuple[int, int]]:
     columns on PostgreSQL, SQLite's default). A covering chunk may still not hold the id (a
     cohort need not be every object): :meth:`Chunk.answer` says.
     """
-    statement = _PROBE if conn.dialect.name == "postgresql" else _SCAN
+    statement = _PROBE if is_postgres(conn) else _SCAN
     return [(int(s), int(c)) for s, c in conn.execute(statement, {"x": object_id})]
 
 
@@ -202,7 +203,7 @@ _PROBE = (
 )
 
 
-def load_chunks(conn: Connection, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Chunk]:
+def load_chunks(conn: Tx, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Chunk]:
     """The chunks named by ``(survey_id, chunk)`` pairs, decoded."""
     found: dict[tuple[int, int], Chunk] = {}
     wanted = sorted(set(keys))
@@ -228,7 +229,7 @@ class ChunkCache:
         self._chunks: dict[tuple[int, int], Chunk] = {}
         self._guard = threading.Lock()
 
-    def get_many(self, conn: Connection, keys: Sequence[tuple[int, int]]) -> list[Chunk]:
+    def get_many(self, conn: Tx, keys: Sequence[tuple[int, int]]) -> list[Chunk]:
         """The chunks of ``keys`` (loading the ones not held)."""
         with self._guard:
             held = {k: self._chunks[k] for k in keys if k in self._chunks}
@@ -257,7 +258,7 @@ _SHARED_GUARD = threading.Lock()
 SHARED_CHUNKS = 32
 
 
-def shared_cache(conn: Connection) -> ChunkCache:
+def shared_cache(conn: Tx) -> ChunkCache:
     """The process's chunk cache for ``conn``'s database."""
     name = conn.engine.url.render_as_string(hide_password=True)
     with _SHARED_GUARD:
@@ -265,3 +266,113 @@ def shared_cache(conn: Connection) -> ChunkCache:
         if found is None:
             found = _SHARED[name] = ChunkCache(SHARED_CHUNKS)
         return found
+
+
+# ------------------------------------------------------------------------------ a survey's chunks
+#: Pending chunk rows inserted per statement while a survey's membership is stored.
+_INSERT_BATCH = 20
+
+
+def store_members(
+    conn: Tx, *, survey_id: int, ids: Iterable[str], size: int, max_members: int
+) -> int:
+    """Store the members (``ids`` in increasing order, streamed) as pending chunks of ``size``.
+
+    Returns how many there are, counting stopping past ``max_members``: the caller refuses the
+    cohort then and its transaction rolls back, so a huge cohort is never stored whole.
+    """
+    count = 0
+    batch: list[dict[str, Any]] = []
+    for row in pack_sorted(ids, survey_id=survey_id, size=size):
+        count += int(row["size"])
+        if count > max_members:
+            return count
+        batch.append(row)
+        if len(batch) == _INSERT_BATCH:
+            conn.execute(insert(CHUNKS), batch)
+            batch = []
+    if batch:
+        conn.execute(insert(CHUNKS), batch)
+    return count
+
+
+_ENDS = (
+    select(CHUNKS.c.chunk, CHUNKS.c.last_id)
+    .where(CHUNKS.c.survey_id == bindparam("survey_id"))
+    .order_by(CHUNKS.c.chunk)
+)
+
+
+def chunk_ends(conn: Tx, *, survey_id: int) -> list[tuple[int, str]]:
+    """``(chunk, last member id)`` of every chunk of the survey, in order."""
+    return [(int(n), str(last)) for n, last in conn.execute(_ENDS, {"survey_id": survey_id})]
+
+
+_PENDING = (
+    select(CHUNKS.c.chunk)
+    .where(CHUNKS.c.survey_id == bindparam("survey_id"), CHUNKS.c.decided_at.is_(None))
+    .order_by(CHUNKS.c.chunk)
+)
+
+
+def pending_chunks(conn: Tx, *, survey_id: int) -> list[int]:
+    """The numbers of the survey's chunks not decided yet, in order."""
+    return [int(n) for n in conn.execute(_PENDING, {"survey_id": survey_id}).scalars()]
+
+
+_PENDING_MEMBERS = select(CHUNKS.c.members).where(
+    CHUNKS.c.survey_id == bindparam("survey_id"),
+    CHUNKS.c.chunk == bindparam("chunk"),
+    CHUNKS.c.decided_at.is_(None),
+)
+_PENDING_MEMBERS_LOCKED = _PENDING_MEMBERS.with_for_update()
+
+
+def take_pending(conn: Tx, *, survey_id: int, chunk: int) -> list[str] | None:
+    """The chunk's member ids if it is still pending (None: decided already).
+
+    Locked ``FOR UPDATE`` on PostgreSQL: a second worker on the same chunk waits, then finds it
+    decided (SQLite has one writer at a time anyway).
+    """
+    statement = _PENDING_MEMBERS_LOCKED if is_postgres(conn) else _PENDING_MEMBERS
+    members = conn.execute(statement, {"survey_id": survey_id, "chunk": chunk}).scalar()
+    return None if members is None else str(members).split("\n")
+
+
+_DECIDE = (
+    update(CHUNKS)
+    .where(
+        CHUNKS.c.survey_id == bindparam("where_survey"),
+        CHUNKS.c.chunk == bindparam("where_chunk"),
+        CHUNKS.c.decided_at.is_(None),
+    )
+    .values(
+        decided_at=bindparam("decided_at"),
+        picks=bindparam("picks"),
+        seqs=bindparam("seqs"),
+        variants=bindparam("variants"),
+    )
+)
+
+
+def mark_decided(
+    conn: Tx,
+    *,
+    survey_id: int,
+    chunk: int,
+    decided_at: datetime,
+    picks: list[int],
+    seqs: list[int],
+    variants: list[Variant],
+) -> bool:
+    """Store the chunk's decisions, only from pending (a member is decided at most once).
+
+    False when the chunk was not pending any more: the caller rolls its transaction back.
+    """
+    parameters = {
+        "where_survey": survey_id,
+        "where_chunk": chunk,
+        "decided_at": decided_at,
+        **decided_columns(picks, seqs, variants),
+    }
+    return conn.execute(_DECIDE, parameters).rowcount == 1

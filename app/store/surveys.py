@@ -1,0 +1,519 @@
+"""Surveys: the ``surveys`` rows (lifecycle, lease, counters) and what a survey reads of objects.
+
+Rows come back as :class:`SurveyRow`; a cohort is read as ids (bytewise order, the order the
+chunks rely on: :mod:`app.store.chunks`), distinct domains, or decision groups counted by the
+database (:class:`CohortGroup`); a chunk's members as :class:`MemberRow` (locked on
+PostgreSQL, so a concurrent single submit waits and then loses its compare-and-set). The
+statements a run issues per chunk are built here once, at import.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, NamedTuple, cast
+
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
+
+from app.db.models import ProtectedObject, Survey
+from app.store import bulk
+from app.store.base import Tx, is_postgres
+from app.store.domains import DOMAIN_TEXT
+from app.store.objects import label_conditions
+
+_OBJECTS = cast(Table, ProtectedObject.__table__)
+_SURVEYS = cast(Table, Survey.__table__)
+#: ``objects``' domain text (the same expression as ``app.services.domains.DOMAIN_TEXT``).
+#: Ids looked up per statement when reading an ids cohort.
+_ID_CHUNK = 1000
+
+
+class SurveyStatus(StrEnum):
+    """A survey's lifecycle."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+#: The statuses of a survey with members still to decide (a run may hold it).
+ACTIVE = (SurveyStatus.QUEUED.value, SurveyStatus.RUNNING.value)
+
+
+# ------------------------------------------------------------------------------ survey rows
+@dataclass(frozen=True)
+class SurveyRow:
+    """A ``surveys`` row. ``query``, ``cohort``, ``refused`` and ``tally`` are the stored JSON."""
+
+    id: int
+    name: str
+    query: str
+    cohort: str
+    analyst_key_id: int | None
+    idempotency_key: str | None
+    fingerprint: str
+    status: str
+    total: int
+    decided: int
+    accepted: int
+    refused: str
+    tally: str
+    groups: int
+    #: The accepted members' one domain text; ``""`` when they have several, None before any.
+    domain: str | None
+    error: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    lease_owner: str | None
+    lease_until: datetime | None
+
+
+def _survey(row: Any) -> SurveyRow:
+    return SurveyRow(**row._mapping)
+
+
+_BY_ID = select(_SURVEYS).where(_SURVEYS.c.id == bindparam("survey_id"))
+
+
+def get_survey(conn: Tx, survey_id: int) -> SurveyRow | None:
+    """The survey's row, or None."""
+    row = conn.execute(_BY_ID, {"survey_id": survey_id}).one_or_none()
+    return None if row is None else _survey(row)
+
+
+def find_by_key(conn: Tx, *, analyst_key_id: int | None, idempotency_key: str) -> SurveyRow | None:
+    """The survey this analyst created with this Idempotency-Key, if any."""
+    row = conn.execute(
+        select(_SURVEYS).where(
+            _SURVEYS.c.analyst_key_id == analyst_key_id,
+            _SURVEYS.c.idempotency_key == idempotency_key,
+        )
+    ).one_or_none()
+    return None if row is None else _survey(row)
+
+
+def insert_survey(
+    conn: Tx,
+    *,
+    name: str,
+    query: str,
+    cohort: str,
+    analyst_key_id: int | None,
+    idempotency_key: str | None,
+    fingerprint: str,
+    created_at: datetime,
+) -> int:
+    """Store a ``queued`` survey with no members yet (:func:`set_total` counts them); its id.
+
+    Raises ``Conflict`` when the analyst's Idempotency-Key was stored meanwhile.
+    """
+    return int(
+        conn.execute(
+            insert(_SURVEYS).returning(_SURVEYS.c.id),
+            {
+                "name": name,
+                "query": query,
+                "cohort": cohort,
+                "analyst_key_id": analyst_key_id,
+                "idempotency_key": idempotency_key,
+                "fingerprint": fingerprint,
+                "status": SurveyStatus.QUEUED.value,
+                "total": 0,
+                "decided": 0,
+                "accepted": 0,
+                "refused": "{}",
+                "tally": "{}",
+                "groups": 0,
+                "created_at": created_at,
+            },
+        ).scalar_one()
+    )
+
+
+def set_total(conn: Tx, *, survey_id: int, total: int) -> None:
+    """Record how many members the survey has."""
+    conn.execute(update(_SURVEYS).where(_SURVEYS.c.id == survey_id).values(total=total))
+
+
+def list_page(conn: Tx, *, limit: int, before: int | None) -> list[SurveyRow]:
+    """Up to ``limit`` surveys with ids below ``before`` (all when None), newest first."""
+    statement = select(_SURVEYS).order_by(_SURVEYS.c.id.desc()).limit(limit)
+    if before is not None:
+        statement = statement.where(_SURVEYS.c.id < before)
+    return [_survey(r) for r in conn.execute(statement)]
+
+
+def _end(conn: Tx, survey_id: int, **values: Any) -> bool:
+    """Move an active survey to a final status, releasing its lease; whether it was active."""
+    result = conn.execute(
+        update(_SURVEYS)
+        .where(_SURVEYS.c.id == survey_id, _SURVEYS.c.status.in_(ACTIVE))
+        .values(lease_owner=None, **values)
+    )
+    return bool(result.rowcount == 1)
+
+
+def cancel(conn: Tx, *, survey_id: int, finished_at: datetime) -> bool:
+    """Cancel the survey if still active (its undecided members are never queried)."""
+    return _end(conn, survey_id, status=SurveyStatus.CANCELLED.value, finished_at=finished_at)
+
+
+def fail(conn: Tx, *, survey_id: int, error: str, finished_at: datetime) -> bool:
+    """Mark the survey failed with ``error`` if still active."""
+    return _end(
+        conn, survey_id, status=SurveyStatus.FAILED.value, error=error, finished_at=finished_at
+    )
+
+
+def finish(conn: Tx, *, survey_id: int, finished_at: datetime) -> bool:
+    """Mark the survey done if still active; whether this call did (one caller audits it)."""
+    return _end(conn, survey_id, status=SurveyStatus.DONE.value, finished_at=finished_at)
+
+
+def claim(conn: Tx, *, survey_id: int, owner: str, now: datetime, lease_until: datetime) -> bool:
+    """Take (or renew) the lease on an active survey, marking it running; False if held.
+
+    A compare-and-set: the lease is free, ``owner``'s already, or expired before ``now``.
+    """
+    result = conn.execute(
+        update(_SURVEYS)
+        .where(
+            _SURVEYS.c.id == survey_id,
+            _SURVEYS.c.status.in_(ACTIVE),
+            or_(
+                _SURVEYS.c.lease_owner.is_(None),
+                _SURVEYS.c.lease_owner == owner,
+                _SURVEYS.c.lease_until < now,
+            ),
+        )
+        .values(
+            status=SurveyStatus.RUNNING.value,
+            lease_owner=owner,
+            lease_until=lease_until,
+            started_at=func.coalesce(_SURVEYS.c.started_at, now),
+        )
+    )
+    return bool(result.rowcount == 1)
+
+
+def unclaimed(conn: Tx, *, now: datetime) -> list[int]:
+    """Active surveys nobody holds (queued, or whose lease expired before ``now``), oldest first."""
+    statement = (
+        select(_SURVEYS.c.id)
+        .where(
+            _SURVEYS.c.status.in_(ACTIVE),
+            or_(_SURVEYS.c.lease_owner.is_(None), _SURVEYS.c.lease_until < now),
+        )
+        .order_by(_SURVEYS.c.id)
+    )
+    return [int(i) for i in conn.execute(statement).scalars()]
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The columns a chunk adds to, read locked (:func:`lock_counters`)."""
+
+    status: str
+    refused: dict[str, int]
+    tally: dict[str, int]
+    domain: str | None
+
+
+_COUNTERS = (
+    select(_SURVEYS.c.status, _SURVEYS.c.refused, _SURVEYS.c.tally, _SURVEYS.c.domain)
+    .where(_SURVEYS.c.id == bindparam("survey_id"))
+    .with_for_update()
+)
+
+
+def lock_counters(conn: Tx, *, survey_id: int) -> Counters:
+    """The survey's status and counters, its row locked until the transaction ends.
+
+    A chunk takes this lock last: it serialises the chunks of one survey for the shortest time.
+    """
+    row = conn.execute(_COUNTERS, {"survey_id": survey_id}).one()
+    return Counters(row.status, json.loads(row.refused), json.loads(row.tally), row.domain)
+
+
+_ADD_COUNTS = (
+    update(_SURVEYS)
+    .where(_SURVEYS.c.id == bindparam("where_id"))
+    .values(
+        decided=_SURVEYS.c.decided + bindparam("add_decided"),
+        accepted=_SURVEYS.c.accepted + bindparam("add_accepted"),
+        groups=_SURVEYS.c.groups + bindparam("add_groups"),
+        refused=bindparam("refused"),
+        tally=bindparam("tally"),
+        domain=bindparam("domain"),
+    )
+)
+
+
+def add_counts(
+    conn: Tx,
+    *,
+    survey_id: int,
+    decided: int,
+    accepted: int,
+    groups: int,
+    refused: Mapping[str, int],
+    tally: Mapping[str, int],
+    domain: str | None,
+) -> None:
+    """Add a chunk's counts; ``refused``, ``tally`` and ``domain`` are the new totals."""
+    conn.execute(
+        _ADD_COUNTS,
+        {
+            "where_id": survey_id,
+            "add_decided": decided,
+            "add_accepted": accepted,
+            "add_groups": groups,
+            "refused": json.dumps(dict(refused)),
+            "tally": json.dumps(dict(tally)),
+            "domain": domain,
+        },
+    )
+
+
+# ------------------------------------------------------------------------------ cohorts
+class GroupKey(NamedTuple):
+    """The public state members of one decision group share (``objects`` columns)."""
+
+    domain: str
+    budget: float
+    filter: str
+    basic_total: str
+    history_hash: str | None
+    state_hash: str | None
+    loss_lower: float
+    loss_upper: float
+    budget_delta: float | None
+    f0_account: str
+
+
+_KEY_COLUMNS = [DOMAIN_TEXT if n == "domain" else _OBJECTS.c[n] for n in GroupKey._fields]
+_KEY_SIZE = len(GroupKey._fields)
+
+
+def _labelled(labels: Mapping[str, str]) -> ColumnElement[bool]:
+    """The object carries every ``name: value`` given (:func:`label_conditions`, all of them)."""
+    return and_(*label_conditions(labels))
+
+
+def _in_ids() -> ColumnElement[bool]:
+    return _OBJECTS.c.id.in_(bindparam("ids", expanding=True))
+
+
+def _by_id_chunks(
+    conn: Tx, statement: Select[Any], ids: Sequence[str], size: int = _ID_CHUNK
+) -> Iterator[Any]:
+    """The rows of ``statement`` (filtered by the ``ids`` parameter), ``size`` ids at a time."""
+    for start in range(0, len(ids), size):
+        yield from conn.execute(statement, {"ids": list(ids[start : start + size])})
+
+
+_KNOWN = select(_OBJECTS.c.id).where(_in_ids())
+
+
+def unknown_ids(conn: Tx, ids: Sequence[str]) -> list[str]:
+    """The ids of ``ids`` that name no registered object, in their order."""
+    known = {row.id for row in _by_id_chunks(conn, _KNOWN, ids)}
+    return [i for i in ids if i not in known]
+
+
+def labelled_ids(conn: Tx, labels: Mapping[str, str]) -> Iterator[str]:
+    """The ids of the objects carrying ``labels``, in increasing bytewise order, streamed.
+
+    ``COLLATE "C"`` on PostgreSQL; SQLite's default order is bytewise already.
+    """
+    order: ColumnElement[str] = _OBJECTS.c.id
+    if is_postgres(conn):
+        order = order.collate("C")
+    statement = (
+        select(_OBJECTS.c.id)
+        .where(_labelled(labels))
+        .order_by(order)
+        .execution_options(yield_per=10_000)
+    )
+    for object_id in conn.execute(statement).scalars():
+        yield str(object_id)
+
+
+def cohort_domains(
+    conn: Tx, *, labels: Mapping[str, str] | None = None, ids: Sequence[str] = ()
+) -> set[str]:
+    """The distinct domain texts of the objects carrying ``labels`` (when given) or of ``ids``."""
+    statement = select(DOMAIN_TEXT).distinct()
+    if labels is not None:
+        return set(conn.execute(statement.where(_labelled(labels))).scalars())
+    return {row[0] for row in _by_id_chunks(conn, statement.where(_in_ids()), ids)}
+
+
+class CohortGroup(NamedTuple):
+    """Cohort members sharing public state and retirement, counted by the database."""
+
+    key: GroupKey
+    retired: bool
+    members: int
+    #: The least id among them (a representative).
+    first: str
+
+
+_RETIRED = _OBJECTS.c.retired_at.is_not(None).label("retired")
+_GROUPED = select(
+    *_KEY_COLUMNS, _RETIRED, func.count().label("n"), func.min(_OBJECTS.c.id)
+).group_by(*_KEY_COLUMNS, _RETIRED)
+
+
+def cohort_groups(
+    conn: Tx, *, labels: Mapping[str, str] | None = None, ids: Sequence[str] = ()
+) -> Iterator[CohortGroup]:
+    """The groups of the objects carrying ``labels`` (when given) or of ``ids`` (SQL GROUP BY).
+
+    An ids cohort is read ``1000`` ids a statement: a group may come once per statement.
+    """
+    if labels is not None:
+        rows: Iterator[Any] = iter(conn.execute(_GROUPED.where(_labelled(labels))))
+    else:
+        rows = _by_id_chunks(conn, _GROUPED.where(_in_ids()), ids)
+    for row in rows:
+        values = tuple(row)
+        yield CohortGroup(
+            GroupKey(*values[:_KEY_SIZE]),
+            bool(values[_KEY_SIZE]),
+            int(values[_KEY_SIZE + 1]),
+            str(values[_KEY_SIZE + 2]),
+        )
+
+
+_VERSIONS = select(_OBJECTS.c.id, _OBJECTS.c.version).where(_in_ids())
+
+
+def versions(conn: Tx, ids: Sequence[str]) -> dict[str, int]:
+    """The current row version of each object of ``ids``."""
+    return {str(i): int(v) for i, v in _by_id_chunks(conn, _VERSIONS, ids)}
+
+
+# ------------------------------------------------------------------------------ a chunk's members
+class MemberRow(NamedTuple):
+    """A member's object row as a run decides it (a named tuple: a chunk builds thousands)."""
+
+    id: str
+    version: int
+    #: Accepted queries so far (the next answer's sequence number is this plus one).
+    accepted: int
+    retired: bool
+    #: The encrypted value, as stored.
+    sealed: str
+    key: GroupKey
+
+
+_MEMBERS = (
+    select(
+        _OBJECTS.c.id,
+        _OBJECTS.c.version,
+        _OBJECTS.c.accepted,
+        _OBJECTS.c.retired_at,
+        sql_cast(_OBJECTS.c.value, Text).label("sealed"),
+        *_KEY_COLUMNS,
+    )
+    .where(_in_ids())
+    .order_by(_OBJECTS.c.id)
+)
+_MEMBERS_LOCKED = _MEMBERS.with_for_update(of=_OBJECTS)
+#: Where the group key's columns start in a :data:`_MEMBERS` row (they end it).
+_KEY_START = 5
+#: Member objects read (and locked) per statement.
+_READ_BATCH = 5000
+
+
+def member_rows(conn: Tx, ids: Sequence[str]) -> list[MemberRow]:
+    """The members' object rows, locked ``FOR UPDATE`` on PostgreSQL; every id must have one.
+
+    Raises LookupError naming members without an object row.
+    """
+    statement = _MEMBERS_LOCKED if is_postgres(conn) else _MEMBERS
+    rows = [
+        MemberRow(r[0], r[1], r[2], r[3] is not None, r[4], GroupKey._make(r[_KEY_START:]))
+        for r in _by_id_chunks(conn, statement, ids, _READ_BATCH)
+    ]
+    if len(rows) != len(ids):
+        missing = sorted(set(ids) - {row.id for row in rows})[:5]
+        raise LookupError(f"survey members without an object row: {missing}")
+    return rows
+
+
+#: PostgreSQL types of an accepted member's new ``objects`` columns (the compare-and-set).
+_ADVANCE_TYPES = {
+    "where_id": "text",
+    "where_version": "int",
+    "version": "int",
+    "accepted": "int",
+    "updated_at": "timestamptz",
+    "state_hash": "text",
+    "history_hash": "text",
+    "loss_lower": "float8",
+    "loss_upper": "float8",
+    "basic_total": "text",
+    "f0_account": "text",
+}
+
+
+class Advanced(NamedTuple):
+    """An accepted member's compare-and-set: the version read, the new accounting columns."""
+
+    id: str
+    version: int
+    #: Accepted queries after this one (its sequence number).
+    accepted: int
+    #: The new ``objects`` accounting columns (``app.services.snapshots.Advance.columns``).
+    columns: Mapping[str, Any]
+
+
+def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: datetime) -> int:
+    """Compare-and-set the members' rows; returns how many still had the version read.
+
+    Fewer than given means another writer moved an object meanwhile: the caller rolls back.
+    """
+    rows = [
+        {
+            "where_id": m.id,
+            "where_version": m.version,
+            "version": m.version + 1,
+            "accepted": m.accepted,
+            "updated_at": updated_at,
+            **m.columns,
+        }
+        for m in members
+    ]
+    return bulk.update_rows(
+        conn,
+        _OBJECTS,
+        rows,
+        where={"where_id": "id", "where_version": "version"},
+        values=_ADVANCE_TYPES,
+    )
+
+
+def count_refusals(conn: Tx, ids: Sequence[str]) -> None:
+    """Count one more refused query on each object of ``ids``."""
+    bulk.increment(conn, _OBJECTS, "rejected", ids)
