@@ -11,16 +11,15 @@ from sqlalchemy import text
 
 from app.api import scrape
 from app.api.deps import RuntimeDep, in_thread
-from app.api.openapi import (
-    problems,
-)
+from app.api.openapi import answers, problems
 from app.api.problems import problem
+from app.services import schemas
 from app.worker.fleet import fleet_status
 
 router = APIRouter()
 
 
-@router.get("/healthz", tags=["health"])
+@router.get("/healthz", tags=["health"], **answers(schemas.Health))
 async def healthz() -> dict[str, str]:
     """The process is up."""
     return {"status": "ok"}
@@ -29,29 +28,8 @@ async def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     tags=["health"],
-    responses={
-        200: {
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["status", "database"],
-                        "properties": {
-                            "status": {"const": "ok"},
-                            "database": {"const": "ok"},
-                            "redis": {"const": "ok"},
-                            "broker": {"const": "ok"},
-                            "workers": {
-                                "type": "integer",
-                                "description": "live `gatekeeper worker` nodes (BROKER_URL set)",
-                            },
-                        },
-                    }
-                }
-            }
-        },
-        **problems(503, s503="not-ready: the database or Redis is unavailable (checks)"),
-    },
+    **answers(schemas.Ready),
+    responses=problems(503, s503="not-ready: the database or Redis is unavailable (checks)"),
 )
 async def readyz(runtime: RuntimeDep) -> Response:
     """The database (and Redis, and the broker, when configured) answer.

@@ -6,16 +6,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, status
 
-from app.api import examples, schemas
+from app.api import examples
 from app.api.deps import AdminDep, JsonBody, RuntimeDep, ViewerDep, in_thread
 from app.api.openapi import (
     AUTHENTICATED,
     WITH_BODY,
+    answers,
     body_doc,
     problems,
 )
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_object, as_string, check_keys
+from app.services import schemas
 from app.services.auth import Role, create_key, list_keys, revoke_key
 from app.services.errors import NotFound
 
@@ -26,6 +28,7 @@ router = APIRouter()
     "/v1/keys",
     tags=["keys"],
     status_code=status.HTTP_201_CREATED,
+    **answers(schemas.CreatedKey),
     responses=problems(*WITH_BODY),
     openapi_extra=body_doc(schemas.KeyRequest, examples.KEY),
 )
@@ -51,7 +54,9 @@ async def new_key(
     return await in_thread(runtime, create)
 
 
-@router.get("/v1/keys", tags=["keys"], responses=problems(*AUTHENTICATED))
+@router.get(
+    "/v1/keys", tags=["keys"], **answers(schemas.KeyPage), responses=problems(*AUTHENTICATED)
+)
 async def list_api_keys(
     runtime: RuntimeDep,
     _: AdminDep,
@@ -72,6 +77,7 @@ async def list_api_keys(
 @router.delete(
     "/v1/keys/{key_id}",
     tags=["keys"],
+    **answers(schemas.RevokedKey),
     responses=problems(
         *AUTHENTICATED, 404, 409, s404="No such key", s409="The last active admin key"
     ),
@@ -91,7 +97,9 @@ async def drop_key(
     return {"id": key_id, "revoked": True}
 
 
-@router.get("/v1/whoami", tags=["keys"], responses=problems(*AUTHENTICATED))
+@router.get(
+    "/v1/whoami", tags=["keys"], **answers(schemas.WhoAmI), responses=problems(*AUTHENTICATED)
+)
 async def whoami(caller: ViewerDep) -> dict[str, Any]:
     """The calling key's id and role (never its secret); 401 for a missing or bad key."""
     return {"key_id": caller.key_id, "role": caller.role.value}

@@ -534,11 +534,14 @@ class Health(_Response):
 
 
 class Ready(_Response):
-    """Ready to serve: the database (and Redis, when configured) answered."""
+    """Ready to serve: the database (and Redis and the broker, when configured) answered."""
 
     status: Literal["ok"]
     database: Literal["ok"]
     redis: Literal["ok"] | None = None
+    broker: Literal["ok"] | None = None
+    #: Live ``gatekeeper worker`` nodes (with ``BROKER_URL``).
+    workers: int | None = None
 
 
 class SurveyRefusals(_Response):
