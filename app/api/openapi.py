@@ -22,6 +22,13 @@ from pydantic.json_schema import models_json_schema
 from app.api.problems import PROBLEM
 from app.services import schemas
 
+#: One entry of a problem's ``errors``: the field and what is wrong, never the value.
+FIELD_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "FieldError",
+    "required": ["field", "message"],
+    "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+}
 #: RFC 9457 problem details, as every error of the app is rendered (app/api/problems.py).
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -35,11 +42,7 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "errors": {
             "type": "array",
             "description": "Validation errors: the field and what is wrong, never the value",
-            "items": {
-                "type": "object",
-                "required": ["field", "message"],
-                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
-            },
+            "items": {"$ref": "#/components/schemas/FieldError"},
         },
     },
     "additionalProperties": True,
@@ -203,6 +206,7 @@ def install(app: FastAPI) -> None:
             named = components.setdefault("schemas", {})
             named.update(named_schemas())
             named["Problem"] = PROBLEM_SCHEMA
+            named["FieldError"] = FIELD_ERROR_SCHEMA
             _link_responses(document)
             _drop_null_defaults(document)
             app.openapi_schema = document

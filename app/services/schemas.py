@@ -623,6 +623,30 @@ class SurveyProgress(_Open):
     refused: SurveyRefusals
 
 
+class ScalarEstimate(_Open):
+    """A proportion (``binary_rr``) or a mean (``linear``, ``logistic``) over ``n`` members."""
+
+    kind: Literal["proportion", "mean"]
+    value: float
+    n: int
+    stderr: float
+    ci95: Annotated[list[float], Field(min_length=2, max_length=2)]
+
+
+class HistogramEstimate(_Open):
+    """The share of each value (``grr``, ``unary_encoding``), with its error, per value."""
+
+    kind: Literal["histogram"]
+    values: dict[str, float]
+    n: int
+    stderr: dict[str, float]
+    ci95: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]]
+
+
+#: A survey's estimate (contract.md, "Estimates"), by ``kind``.
+Estimate = Annotated[ScalarEstimate | HistogramEstimate, Field(discriminator="kind")]
+
+
 class SurveyView(_Open):
     """A survey: status, progress and the estimate over its accepted members."""
 
@@ -636,7 +660,7 @@ class SurveyView(_Open):
     finished_at: Timestamp | None
     progress: SurveyProgress
     groups: int
-    estimate: dict[str, Any] | None
+    estimate: Estimate | None
     estimate_unavailable: str | SkipJsonSchema[None] = None
     outputs: dict[str, int] | SkipJsonSchema[None] = None
     waiting_for_workers: bool = Field(
