@@ -27,8 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from app.engine.approx import MIN_DELTA
+from app.engine.calculator import MAX_GROUPING, MAX_NODES, MAX_TIME_LIMIT
+from app.engine.jsonfields import MAX_NAME
 from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, MIN_EPSILON
-from app.services.objects import ID_PATTERN
+from app.services.imports import MAX_IMPORT
+from app.services.objects import ID_PATTERN, LABEL_NAME, LABEL_VALUE, MAX_LABELS
 
 #: Free text the server stores: anything but NUL, which no PostgreSQL text column holds.
 NO_NUL_PATTERN = r"^[^\x00]*$"
@@ -40,9 +43,12 @@ Epsilon = Annotated[float, Field(ge=MIN_EPSILON, le=DEFAULT_LIMITS.max_epsilon)]
 Budget = Annotated[float, Field(ge=MIN_EPSILON, le=MAX_BUDGET)]
 #: δ_g: ``MIN_DELTA <= δ_g < 1`` (the largest float below 1 as the inclusive bound).
 MAX_DELTA = 1.0 - 2.0**-53
-Name = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL_PATTERN)]
-LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-LabelValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,256}$")]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=NO_NUL_PATTERN)]
+LabelName = Annotated[str, Field(pattern=f"^{LABEL_NAME.pattern}$")]
+LabelValue = Annotated[str, Field(pattern=f"^{LABEL_VALUE.pattern}$")]
+#: The longest survey name and API key label (the services check these very constants).
+MAX_SURVEY_NAME = 200
+MAX_KEY_LABEL = 200
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 Scalar = str | int | float
 
@@ -239,7 +245,7 @@ class RegisterRequest(_Strict):
     labels: (
         Annotated[
             dict[LabelName, LabelValue],
-            Field(max_length=20, description="Public metadata (never a private value)"),
+            Field(max_length=MAX_LABELS, description="Public metadata (never a private value)"),
         ]
         | SkipJsonSchema[None]
     ) = None
@@ -248,7 +254,7 @@ class RegisterRequest(_Strict):
 class ImportRequest(_Strict):
     """``POST /v1/imports``: up to 10,000 registrations, stored all or nothing."""
 
-    objects: Annotated[list[RegisterRequest], Field(min_length=1, max_length=10_000)]
+    objects: Annotated[list[RegisterRequest], Field(min_length=1, max_length=MAX_IMPORT)]
 
 
 class ImportResult(_Open):
@@ -261,7 +267,7 @@ class ImportResult(_Open):
 class LabelsCohort(_Strict):
     """Every object carrying all these labels (membership fixed at creation)."""
 
-    labels: Annotated[dict[LabelName, LabelValue], Field(min_length=1, max_length=20)]
+    labels: Annotated[dict[LabelName, LabelValue], Field(min_length=1, max_length=MAX_LABELS)]
 
 
 class IdsCohort(_Strict):
@@ -273,7 +279,7 @@ class IdsCohort(_Strict):
 class SurveyRequest(_Strict):
     """``POST /v1/surveys`` (and its dry-run): one query to every member of a cohort."""
 
-    name: Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)]
+    name: Annotated[str, Field(min_length=1, max_length=MAX_SURVEY_NAME, pattern=NO_NUL_PATTERN)]
     query: Query
     cohort: LabelsCohort | IdsCohort
 
@@ -295,9 +301,9 @@ class LossOptions(_Strict):
     """Calculator options."""
 
     tolerance: Annotated[float, Field(gt=0)] = 1e-4
-    time_limit: Annotated[float, Field(gt=0, le=600)] | SkipJsonSchema[None] = None
-    max_nodes: Annotated[int, Field(ge=1, le=10_000_000)] | SkipJsonSchema[None] = None
-    grouping: Annotated[int, Field(ge=1, le=10_000)] | SkipJsonSchema[None] = None
+    time_limit: Annotated[float, Field(gt=0, le=MAX_TIME_LIMIT)] | SkipJsonSchema[None] = None
+    max_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] | SkipJsonSchema[None] = None
+    grouping: Annotated[int, Field(ge=1, le=MAX_GROUPING)] | SkipJsonSchema[None] = None
     fast: bool = False
 
 
@@ -327,7 +333,7 @@ class KeyRequest(_Strict):
 
     role: Literal["admin", "analyst", "viewer"]
     label: (
-        Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)]
+        Annotated[str, Field(min_length=1, max_length=MAX_KEY_LABEL, pattern=NO_NUL_PATTERN)]
         | SkipJsonSchema[None]
     ) = None
 

@@ -42,7 +42,9 @@ async def new_key(
     check_keys(obj, "", required=("role",), optional=("label",))
     if not isinstance(obj["role"], str) or obj["role"] not in {r.value for r in Role}:
         raise InvalidInput("role", "must be one of admin, analyst, viewer")
-    label = as_string(obj["label"], "label", max_len=200) if "label" in obj else None
+    label = (
+        as_string(obj["label"], "label", max_len=schemas.MAX_KEY_LABEL) if "label" in obj else None
+    )
 
     def create() -> dict[str, Any]:
         with runtime.sessions() as session, session.begin():
