@@ -20,9 +20,9 @@ router = APIRouter()
 
 
 @router.get("/healthz", tags=["health"], **answers(schemas.Health))
-async def healthz() -> dict[str, str]:
+async def healthz() -> schemas.Health:
     """The process is up."""
-    return {"status": "ok"}
+    return schemas.Health(status="ok")
 
 
 @router.get(

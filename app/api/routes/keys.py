@@ -36,7 +36,7 @@ async def new_key(
     runtime: RuntimeDep,
     caller: AdminDep,
     body: JsonBody,
-) -> dict[str, Any]:
+) -> schemas.CreatedKey:
     """Create an API key (admin); the secret is shown once."""
     obj = as_object(body, "")
     check_keys(obj, "", required=("role",), optional=("label",))
@@ -46,12 +46,14 @@ async def new_key(
         as_string(obj["label"], "label", max_len=schemas.MAX_KEY_LABEL) if "label" in obj else None
     )
 
-    def create() -> dict[str, Any]:
+    role = Role(obj["role"])
+
+    def create() -> schemas.CreatedKey:
         with runtime.sessions() as session, session.begin():
             row, secret = create_key(
-                session=session, role=Role(obj["role"]), label=label, actor_key_id=caller.key_id
+                session=session, role=role, label=label, actor_key_id=caller.key_id
             )
-            return {"id": row.id, "role": row.role, "label": row.label, "key": secret}
+            return schemas.CreatedKey(id=row.id, role=role.value, label=row.label, key=secret)
 
     return await in_thread(runtime, create)
 
@@ -86,7 +88,7 @@ async def list_api_keys(
 )
 async def drop_key(
     runtime: RuntimeDep, caller: AdminDep, key_id: Annotated[int, Path(ge=1, le=2_147_483_647)]
-) -> dict[str, Any]:
+) -> schemas.RevokedKey:
     """Revoke an API key (admin)."""
 
     def revoke() -> bool:
@@ -96,12 +98,12 @@ async def drop_key(
     if not await in_thread(runtime, revoke):
         raise NotFound("no key with that id")
     runtime.keys.forget(key_id)  # other processes: within AUTH_CACHE_SECONDS (KeyCache)
-    return {"id": key_id, "revoked": True}
+    return schemas.RevokedKey(id=key_id, revoked=True)
 
 
 @router.get(
     "/v1/whoami", tags=["keys"], **answers(schemas.WhoAmI), responses=problems(*AUTHENTICATED)
 )
-async def whoami(caller: ViewerDep) -> dict[str, Any]:
+async def whoami(caller: ViewerDep) -> schemas.WhoAmI:
     """The calling key's id and role (never its secret); 401 for a missing or bad key."""
-    return {"key_id": caller.key_id, "role": caller.role.value}
+    return schemas.WhoAmI(key_id=caller.key_id, role=caller.role.value)
