@@ -1,7 +1,9 @@
-"""What the OpenAPI document promises: problem+json errors, bearer auth and request bodies.
+"""What the OpenAPI document promises: typed answers, problem+json errors, bearer auth, bodies.
 
-Every error the app can answer is documented per operation with the one ``Problem`` schema of
-:mod:`app.api.problems`, so a client generated from the document (and schemathesis,
+Every success answer is the ``response_model`` of its route (:func:`answers`), a model of
+:mod:`app.services.schemas`: FastAPI validates the answer against it and names it in the
+document. Every error the app can answer is documented per operation with the one ``Problem``
+schema of :mod:`app.api.problems`, so a client generated from the document (and schemathesis,
 tests/service/test_schemathesis.py) knows each status code and its body. Request bodies get
 JSON Schemas that say what the routes check structurally; what JSON Schema cannot say (an
 attribute named by a query must exist in the object's domain, a value must lie in its domain, a
@@ -17,9 +19,16 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from app.api import schemas
 from app.api.problems import PROBLEM
+from app.services import schemas
 
+#: One entry of a problem's ``errors``: the field and what is wrong, never the value.
+FIELD_ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "title": "FieldError",
+    "required": ["field", "message"],
+    "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
+}
 #: RFC 9457 problem details, as every error of the app is rendered (app/api/problems.py).
 PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -33,11 +42,7 @@ PROBLEM_SCHEMA: dict[str, Any] = {
         "errors": {
             "type": "array",
             "description": "Validation errors: the field and what is wrong, never the value",
-            "items": {
-                "type": "object",
-                "required": ["field", "message"],
-                "properties": {"field": {"type": "string"}, "message": {"type": "string"}},
-            },
+            "items": {"$ref": "#/components/schemas/FieldError"},
         },
     },
     "additionalProperties": True,
@@ -87,6 +92,15 @@ AUTHENTICATED = (401, 403, 422, 429, 503)
 WITH_BODY = (*AUTHENTICATED, 400, 413)
 
 
+def answers(model: type[BaseModel]) -> dict[str, Any]:
+    """A route's decorator arguments for a success answer of type ``model``.
+
+    ``response_model_exclude_unset``: a field the service left out (``delta`` of an object that
+    is not ``approx_bayesian``, the optional ``exact``) stays absent on the wire, never ``null``.
+    """
+    return {"response_model": model, "response_model_exclude_unset": True}
+
+
 def body_doc(model: type[BaseModel], examples: dict[str, Any]) -> dict[str, Any]:
     """``openapi_extra`` documenting a required JSON request body: its named schema, examples."""
     return {
@@ -102,23 +116,17 @@ def _ref(name: str) -> dict[str, str]:
 
 
 def named_schemas() -> dict[str, Any]:
-    """The JSON Schemas of :mod:`app.api.schemas`, as OpenAPI components (``$ref``-linked)."""
-    models = {*schemas.RESPONSES.values(), *schemas.REQUESTS.values()}
+    """The JSON Schemas of the request bodies, as OpenAPI components (``$ref``-linked).
+
+    The routes read their bodies as JSON (:data:`app.api.deps.JsonBody`) and validate them with
+    the engine's checks, so FastAPI does not see these models: :func:`body_doc` refers to them.
+    """
+    models = set(schemas.REQUESTS.values())
     _, document = models_json_schema(
         [(model, "validation") for model in sorted(models, key=lambda m: m.__name__)],
         ref_template="#/components/schemas/{model}",
     )
     return dict(document.get("$defs", {}))
-
-
-def _name_responses(document: dict[str, Any]) -> None:
-    """Give each 2xx JSON response its named schema (FastAPI wrote ``additionalProperties``)."""
-    for (method, route), model in schemas.RESPONSES.items():
-        operation = document["paths"][route][method]
-        for code, response in operation["responses"].items():
-            content = response.get("content", {})
-            if code.startswith("2") and "application/json" in content:
-                content["application/json"]["schema"] = _ref(model.__name__)
 
 
 #: OpenAPI links: which operations take an id that a response gives (stateful fuzzers and client
@@ -198,7 +206,7 @@ def install(app: FastAPI) -> None:
             named = components.setdefault("schemas", {})
             named.update(named_schemas())
             named["Problem"] = PROBLEM_SCHEMA
-            _name_responses(document)
+            named["FieldError"] = FIELD_ERROR_SCHEMA
             _link_responses(document)
             _drop_null_defaults(document)
             app.openapi_schema = document

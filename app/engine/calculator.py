@@ -57,6 +57,11 @@ from app.engine.pipeline import (
 #: The default ``options.tolerance``: the branch-and-bound's own default, one number for the
 #: service, the calculator and the benchmarks.
 DEFAULT_TOLERANCE = BnBSettings.tolerance
+#: The largest ``options.time_limit`` (seconds), ``max_nodes`` and ``grouping`` a request may ask
+#: (app/services/schemas.py's ``LossOptions`` documents these, not copies).
+MAX_TIME_LIMIT = 600
+MAX_NODES = 10_000_000
+MAX_GROUPING = 10_000
 #: The optional top-level fields of a calculator request (``domain`` and ``history`` are required).
 OPTIONAL_FIELDS = ("budget", "delta", "candidate", "options")
 
@@ -76,17 +81,19 @@ def _options(raw: Any) -> tuple[float, BnBSettings, bool]:
     if "time_limit" in options:
         settings = replace(
             settings,
-            time_limit=as_positive_number(options["time_limit"], "options.time_limit", maximum=600),
+            time_limit=as_positive_number(
+                options["time_limit"], "options.time_limit", maximum=MAX_TIME_LIMIT
+            ),
         )
     if "max_nodes" in options:
         nodes = as_integer(options["max_nodes"], "options.max_nodes")
-        if not 1 <= nodes <= 10_000_000:
-            raise InvalidInput("options.max_nodes", "must be between 1 and 10000000")
+        if not 1 <= nodes <= MAX_NODES:
+            raise InvalidInput("options.max_nodes", f"must be between 1 and {MAX_NODES}")
         settings = replace(settings, max_nodes=nodes)
     if "grouping" in options:
         size = as_integer(options["grouping"], "options.grouping")
-        if not 1 <= size <= 10_000:
-            raise InvalidInput("options.grouping", "must be between 1 and 10000")
+        if not 1 <= size <= MAX_GROUPING:
+            raise InvalidInput("options.grouping", f"must be between 1 and {MAX_GROUPING}")
         settings = replace(settings, grouping=size)
     fast = as_bool(options.get("fast", False), "options.fast")
     return tolerance, settings, fast

@@ -101,7 +101,11 @@ def as_positive_number(
     return value
 
 
-def as_string(raw: Any, field: str, *, max_len: int = 256) -> str:
+#: The longest name (of an attribute, a predicate's attribute) a request may give.
+MAX_NAME = 256
+
+
+def as_string(raw: Any, field: str, *, max_len: int = MAX_NAME) -> str:
     """Return a non-empty string of at most ``max_len`` characters."""
     if not isinstance(raw, str):
         raise InvalidInput(field, "must be a string")

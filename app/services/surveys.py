@@ -27,6 +27,7 @@ from app.engine.mechanisms import parse_query
 from app.services import audit
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, ServiceError
 from app.services.objects import ID_PATTERN, parse_labels
+from app.services.schemas import MAX_SURVEY_NAME
 from app.services.survey_groups import (
     ParsedQuery,
     Refusal,
@@ -75,8 +76,8 @@ def parse_request(body: Any, *, max_members: int) -> SurveyRequest:
     obj = as_object(body, "")
     check_keys(obj, "", required=("name", "query", "cohort"))
     name = obj["name"]
-    if not isinstance(name, str) or not 1 <= len(name) <= 200 or "\x00" in name:
-        raise InvalidInput("name", "must be a string of 1-200 characters")
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_SURVEY_NAME or "\x00" in name:
+        raise InvalidInput("name", f"must be a string of 1-{MAX_SURVEY_NAME} characters")
     query = as_object(obj["query"], "query")
     if not isinstance(query.get("mechanism"), str):
         raise InvalidInput("query.mechanism", "is required (a mechanism name)")

@@ -1,10 +1,10 @@
 """The client follows the API: its models, operations and version match the app's OpenAPI document.
 
 The models of ``clients/python`` are written by hand (its README says why); these tests are
-what keeps them from drifting: a schema, a property, a required field, a request enum or an
-operation added to the app fails here until the client has it, and the client's version must
-be the document's ``info.version``. The package must also build into a wheel that ships its
-type information.
+what keeps them from drifting: a schema, a property, a required field, a field's type or
+constraint, a request enum or an operation added to the app fails here until the client has
+it, and the client's version must be the document's ``info.version``. The package must also
+build into a wheel that ships its type information.
 """
 
 from __future__ import annotations
@@ -94,6 +94,95 @@ def test_every_schema_of_the_document_has_a_model_with_its_properties(
         else:
             assert model.model_config.get("extra") == "allow", name
             assert required == theirs, name
+
+
+#: JSON Schema keywords that limit a value (compared as the fields' constraints).
+LIMITS = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "format",
+)
+NULL = ("null",)
+
+
+def shape(schema: Any, limits: set[tuple[str, str, Any]], at: str = "") -> Any:
+    """A field's type, comparable across the two documents; its constraints go to ``limits``.
+
+    ``$ref`` names a component (the server's ``#/components/schemas/X`` and the client's
+    ``#/$defs/X`` alike); a union is the set of its branches; a fixed-length tuple is an array
+    of its one item type with equal ``minItems`` and ``maxItems``.
+    """
+    if not isinstance(schema, dict):
+        return ("?", repr(schema))
+    if "prefixItems" in schema:
+        items = schema["prefixItems"]
+        assert all(item == items[0] for item in items), at
+        count = len(items)
+        schema = {"type": "array", "items": items[0], "minItems": count, "maxItems": count}
+    limits.update((at, key, schema[key]) for key in LIMITS if key in schema)
+    if "$ref" in schema:
+        return ("ref", schema["$ref"].rsplit("/", 1)[-1])
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            branches = frozenset(shape(b, limits, at) for b in schema[key])
+            return next(iter(branches)) if len(branches) == 1 else ("union", branches)
+    if "const" in schema:
+        return ("enum", frozenset([schema["const"]]))
+    if "enum" in schema:
+        return ("enum", frozenset(schema["enum"]))
+    kind = schema.get("type")
+    if kind == "array":
+        return ("array", shape(schema.get("items", {}), limits, f"{at}[]"))
+    if kind == "object" and "patternProperties" in schema:
+        ((pattern, value),) = schema["patternProperties"].items()
+        limits.add((f"{at}{{}}", "key pattern", pattern))
+        return ("map", shape(value, limits, f"{at}{{}}"))
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return ("map", shape(schema["additionalProperties"], limits, f"{at}{{}}"))
+    return ("any",) if kind is None else (kind,)
+
+
+def field_shape(schema: Any, *, optional: bool) -> tuple[Any, set[tuple[str, str, Any]]]:
+    """:func:`shape` of a property; an optional one may be ``None`` in the client (absent)."""
+    limits: set[tuple[str, str, Any]] = set()
+    found = shape(schema, limits)
+    if optional and found[0] == "union" and NULL in found[1]:
+        rest = found[1] - {NULL}
+        found = next(iter(rest)) if len(rest) == 1 else ("union", rest)
+    return found, limits
+
+
+def test_every_field_has_the_documents_type_and_limits(document: dict[str, Any]) -> None:
+    """Field by field: the client's type is the document's, and so are its constraints.
+
+    A response model states the document's constraints exactly. A request model leaves ranges
+    and patterns to the server (which answers 422 naming the field, never refusing in the
+    client what the server would take): the client may state none beyond the document's.
+    """
+    differences = []
+    for name, schema in schemas(document).items():
+        if "properties" not in schema:
+            continue
+        ours = getattr(models, name).model_json_schema(by_alias=True)["properties"]
+        request = schema.get("additionalProperties") is False
+        for field, prop in schema["properties"].items():
+            optional = field not in schema.get("required", [])
+            theirs, their_limits = field_shape(prop, optional=optional)
+            mine, my_limits = field_shape(ours[field], optional=optional)
+            if mine != theirs:
+                differences.append(f"{name}.{field}: {mine} is not {theirs}")
+            if my_limits != their_limits and not (request and my_limits <= their_limits):
+                differences.append(f"{name}.{field}: limits {my_limits} are not {their_limits}")
+    assert differences == []
 
 
 def enum_of(schema: dict[str, Any]) -> set[Any] | None:

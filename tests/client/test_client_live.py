@@ -229,7 +229,7 @@ def test_the_survey_walkthrough(
         assert final.status == "done"
         assert (final.progress.decided, final.progress.accepted) == (25, 25)
         assert final.estimate is not None
-        assert final.estimate["kind"] == "histogram"
+        assert final.estimate.kind == "histogram"
         assert f"survey {run.id}" in capsys.readouterr().err  # the progress bar
 
         responses = list(run.responses(page_size=7))

@@ -14,7 +14,7 @@ from functools import cache
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api import schemas
+from app.services import schemas
 from tests.engine.continuous.adversarial import all_cases, reference_loss
 from tests.service.conftest import auth, new_key
 

@@ -6,19 +6,24 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from app.api import schemas
 from app.api.deps import AdminDep, RuntimeDep, in_thread
 from app.api.openapi import (
     AUTHENTICATED,
+    answers,
     problems,
 )
-from app.services import audit
+from app.services import audit, schemas
 from app.services.audit import MAX_PAGE, AuditKind
 
 router = APIRouter()
 
 
-@router.get("/v1/audit", tags=["audit"], responses=problems(*AUTHENTICATED))
+@router.get(
+    "/v1/audit",
+    tags=["audit"],
+    **answers(schemas.AuditPage),
+    responses=problems(*AUTHENTICATED),
+)
 async def audit_log(
     runtime: RuntimeDep,
     _: AdminDep,

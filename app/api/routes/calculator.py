@@ -6,14 +6,15 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from app.api import examples, schemas
+from app.api import examples
 from app.api.deps import AnalystDep, JsonBody, RuntimeDep
 from app.api.openapi import (
     WITH_BODY,
+    answers,
     body_doc,
     problems,
 )
-from app.services import calculator
+from app.services import calculator, schemas
 
 router = APIRouter()
 
@@ -21,6 +22,7 @@ router = APIRouter()
 @router.post(
     "/v1/loss",
     tags=["calculator"],
+    **answers(schemas.LossResult),
     responses=problems(*WITH_BODY),
     openapi_extra=body_doc(schemas.LossRequest, examples.LOSS),
 )

@@ -10,10 +10,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.api import scrape
 from app.api.deps import RuntimeDep, in_thread
-from app.api.openapi import (
-    problems,
-)
+from app.api.openapi import answers, problems
 from app.api.problems import problem
+from app.services import schemas
 from app.store import reading
 from app.store.health import ping
 from app.worker.fleet import fleet_status
@@ -21,38 +20,17 @@ from app.worker.fleet import fleet_status
 router = APIRouter()
 
 
-@router.get("/healthz", tags=["health"])
-async def healthz() -> dict[str, str]:
+@router.get("/healthz", tags=["health"], **answers(schemas.Health))
+async def healthz() -> schemas.Health:
     """The process is up."""
-    return {"status": "ok"}
+    return schemas.Health(status="ok")
 
 
 @router.get(
     "/readyz",
     tags=["health"],
-    responses={
-        200: {
-            "content": {
-                "application/json": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["status", "database"],
-                        "properties": {
-                            "status": {"const": "ok"},
-                            "database": {"const": "ok"},
-                            "redis": {"const": "ok"},
-                            "broker": {"const": "ok"},
-                            "workers": {
-                                "type": "integer",
-                                "description": "live `gatekeeper worker` nodes (BROKER_URL set)",
-                            },
-                        },
-                    }
-                }
-            }
-        },
-        **problems(503, s503="not-ready: the database or Redis is unavailable (checks)"),
-    },
+    **answers(schemas.Ready),
+    responses=problems(503, s503="not-ready: the database or Redis is unavailable (checks)"),
 )
 async def readyz(runtime: RuntimeDep) -> Response:
     """The database (and Redis, and the broker, when configured) answer.

@@ -7,12 +7,13 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request, Response, status
 
-from app.api import examples, schemas
+from app.api import examples
 from app.api.deps import AdminDep, RawBody, RuntimeDep, in_thread, parse_json
-from app.api.openapi import WITH_BODY, body_doc, problems
+from app.api.openapi import WITH_BODY, answers, body_doc, problems
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_list, as_object, check_keys
 from app.services import imports as import_service
+from app.services import schemas
 from app.services.errors import BadHeader, BadJson
 
 router = APIRouter(tags=["objects"])
@@ -50,6 +51,7 @@ def parse_import_body(raw: bytes, content_type: str) -> list[Any]:
 @router.post(
     "/v1/imports",
     status_code=status.HTTP_200_OK,
+    **answers(schemas.ImportResult),
     # NDJSON bodies are accepted too (Content-Type: application/x-ndjson, one registration a
     # line) but not declared as a content type: a JSON Schema cannot say "each line is JSON"
     openapi_extra=body_doc(schemas.ImportRequest, examples.IMPORT),

@@ -6,16 +6,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, status
 
-from app.api import examples, schemas
+from app.api import examples
 from app.api.deps import AdminDep, JsonBody, RuntimeDep, ViewerDep, in_thread
 from app.api.openapi import (
     AUTHENTICATED,
     WITH_BODY,
+    answers,
     body_doc,
     problems,
 )
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_object, as_string, check_keys
+from app.services import schemas
 from app.services.auth import Role, create_key, list_keys, revoke_key
 from app.services.errors import NotFound
 
@@ -26,6 +28,7 @@ router = APIRouter()
     "/v1/keys",
     tags=["keys"],
     status_code=status.HTTP_201_CREATED,
+    **answers(schemas.CreatedKey),
     responses=problems(*WITH_BODY),
     openapi_extra=body_doc(schemas.KeyRequest, examples.KEY),
 )
@@ -33,13 +36,15 @@ async def new_key(
     runtime: RuntimeDep,
     caller: AdminDep,
     body: JsonBody,
-) -> dict[str, Any]:
+) -> schemas.CreatedKey:
     """Create an API key (admin); the secret is shown once."""
     obj = as_object(body, "")
     check_keys(obj, "", required=("role",), optional=("label",))
     if not isinstance(obj["role"], str) or obj["role"] not in {r.value for r in Role}:
         raise InvalidInput("role", "must be one of admin, analyst, viewer")
-    label = as_string(obj["label"], "label", max_len=200) if "label" in obj else None
+    label = (
+        as_string(obj["label"], "label", max_len=schemas.MAX_KEY_LABEL) if "label" in obj else None
+    )
 
     role = Role(obj["role"])
     key_id, secret = await in_thread(
@@ -50,10 +55,12 @@ async def new_key(
         label=label,
         actor_key_id=caller.key_id,
     )
-    return {"id": key_id, "role": role.value, "label": label, "key": secret}
+    return schemas.CreatedKey(id=key_id, role=role.value, label=label, key=secret)
 
 
-@router.get("/v1/keys", tags=["keys"], responses=problems(*AUTHENTICATED))
+@router.get(
+    "/v1/keys", tags=["keys"], **answers(schemas.KeyPage), responses=problems(*AUTHENTICATED)
+)
 async def list_api_keys(
     runtime: RuntimeDep,
     _: AdminDep,
@@ -69,13 +76,14 @@ async def list_api_keys(
 @router.delete(
     "/v1/keys/{key_id}",
     tags=["keys"],
+    **answers(schemas.RevokedKey),
     responses=problems(
         *AUTHENTICATED, 404, 409, s404="No such key", s409="The last active admin key"
     ),
 )
 async def drop_key(
     runtime: RuntimeDep, caller: AdminDep, key_id: Annotated[int, Path(ge=1, le=2_147_483_647)]
-) -> dict[str, Any]:
+) -> schemas.RevokedKey:
     """Revoke an API key (admin)."""
     revoked = await in_thread(
         runtime, revoke_key, engine=runtime.engine, key_id=key_id, actor_key_id=caller.key_id
@@ -83,10 +91,12 @@ async def drop_key(
     if not revoked:
         raise NotFound("no key with that id")
     runtime.keys.forget(key_id)  # other processes: within AUTH_CACHE_SECONDS (KeyCache)
-    return {"id": key_id, "revoked": True}
+    return schemas.RevokedKey(id=key_id, revoked=True)
 
 
-@router.get("/v1/whoami", tags=["keys"], responses=problems(*AUTHENTICATED))
-async def whoami(caller: ViewerDep) -> dict[str, Any]:
+@router.get(
+    "/v1/whoami", tags=["keys"], **answers(schemas.WhoAmI), responses=problems(*AUTHENTICATED)
+)
+async def whoami(caller: ViewerDep) -> schemas.WhoAmI:
     """The calling key's id and role (never its secret); 401 for a missing or bad key."""
-    return {"key_id": caller.key_id, "role": caller.role.value}
+    return schemas.WhoAmI(key_id=caller.key_id, role=caller.role.value)

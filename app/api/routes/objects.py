@@ -6,17 +6,19 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
-from app.api import examples, schemas
+from app.api import examples
 from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, in_thread
 from app.api.openapi import (
     AUTHENTICATED,
     WITH_BODY,
+    answers,
     body_doc,
     problems,
 )
 from app.engine.jsonfields import as_object, check_keys
 from app.services import objects as object_service
 from app.services import queries as query_service
+from app.services import schemas
 from app.services.auth import Role
 from app.services.errors import BadHeader
 
@@ -37,6 +39,7 @@ def _query_of(body: Any) -> Any:
 @router.post(
     "",
     status_code=status.HTTP_201_CREATED,
+    **answers(schemas.ObjectView),
     openapi_extra=body_doc(schemas.RegisterRequest, examples.REGISTER),
     responses=problems(*WITH_BODY, 409, s409="already-exists: an object with this id exists"),
 )
@@ -56,7 +59,7 @@ async def register(
     )
 
 
-@router.get("/{object_id}", responses=PROBLEMS)
+@router.get("/{object_id}", **answers(schemas.ObjectView), responses=PROBLEMS)
 async def get_object(
     runtime: RuntimeDep, caller: AnalystDep, object_id: ObjectId
 ) -> dict[str, Any]:
@@ -66,7 +69,7 @@ async def get_object(
     )
 
 
-@router.delete("/{object_id}", responses=PROBLEMS)
+@router.delete("/{object_id}", **answers(schemas.ObjectView), responses=PROBLEMS)
 async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> dict[str, Any]:
     """Retire an object (admin): it answers no more queries; its history is kept."""
     return await in_thread(
@@ -80,6 +83,7 @@ async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> 
 
 @router.post(
     "/{object_id}/dry-run",
+    **answers(schemas.Decision),
     responses=problems(*WITH_BODY, 404, 409, s404="No such object", s409="object-retired"),
     openapi_extra=body_doc(schemas.QueryRequest, examples.QUERY),
 )
@@ -105,6 +109,7 @@ async def dry_run(
 @router.post(
     "/{object_id}/queries",
     status_code=status.HTTP_201_CREATED,
+    **answers(schemas.SubmitResult),
     openapi_extra=body_doc(schemas.QueryRequest, examples.QUERY),
     responses=problems(
         *WITH_BODY,
@@ -160,7 +165,7 @@ async def submit(
     return outcome.body
 
 
-@router.get("/{object_id}/queries", responses=PROBLEMS)
+@router.get("/{object_id}/queries", **answers(schemas.HistoryPage), responses=PROBLEMS)
 async def history(
     runtime: RuntimeDep,
     caller: AnalystDep,
@@ -183,7 +188,7 @@ async def history(
     )
 
 
-@router.get("/{object_id}/odometer", responses=PROBLEMS)
+@router.get("/{object_id}/odometer", **answers(schemas.Odometer), responses=PROBLEMS)
 async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: ObjectId) -> dict[str, Any]:
     """Realized loss (certified bounds), remaining budget, basic composition, counts."""
     return await in_thread(
@@ -191,7 +196,7 @@ async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: ObjectId) -> di
     )
 
 
-@router.get("/{object_id}/odometer/history", responses=PROBLEMS)
+@router.get("/{object_id}/odometer/history", **answers(schemas.OdometerHistory), responses=PROBLEMS)
 async def odometer_history(
     runtime: RuntimeDep,
     _: ViewerDep,

@@ -10,10 +10,12 @@ from fastapi import APIRouter, Query
 from app.api.deps import RuntimeDep, ViewerDep, in_thread
 from app.api.openapi import (
     AUTHENTICATED,
+    answers,
     problems,
 )
 from app.engine.errors import InvalidInput
 from app.services import objects as object_service
+from app.services import schemas
 
 router = APIRouter()
 
@@ -21,7 +23,12 @@ router = APIRouter()
 LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}:[^\x00-\x1f\x7f]{1,256}$"
 
 
-@router.get("/v1/odometers", tags=["odometers"], responses=problems(*AUTHENTICATED))
+@router.get(
+    "/v1/odometers",
+    tags=["odometers"],
+    **answers(schemas.OdometerPage),
+    responses=problems(*AUTHENTICATED),
+)
 async def odometers(
     runtime: RuntimeDep,
     _: ViewerDep,

@@ -8,9 +8,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
-from app.api import examples, schemas
+from app.api import examples
 from app.api.deps import AnalystDep, JsonBody, Runtime, RuntimeDep, ViewerDep, in_thread
-from app.api.openapi import AUTHENTICATED, WITH_BODY, body_doc, problems
+from app.api.openapi import AUTHENTICATED, WITH_BODY, answers, body_doc, problems
+from app.services import schemas
 from app.services import surveys as survey_service
 from app.services.auth import Role
 from app.services.errors import BadHeader
@@ -40,6 +41,7 @@ def _fingerprint(body: Any) -> str:
 @router.post(
     "",
     status_code=status.HTTP_202_ACCEPTED,
+    **answers(schemas.SurveyView),
     openapi_extra=body_doc(schemas.SurveyRequest, examples.SURVEY),
     responses=problems(*WITH_BODY, s422=_COHORT_422),
 )
@@ -84,6 +86,7 @@ async def create_survey(
 
 @router.post(
     "/dry-run",
+    **answers(schemas.SurveyDryRun),
     openapi_extra=body_doc(schemas.SurveyRequest, examples.SURVEY),
     responses=problems(*WITH_BODY, s422=_COHORT_422),
 )
@@ -102,7 +105,7 @@ async def survey_dry_run(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> 
     )
 
 
-@router.get("", responses=problems(*AUTHENTICATED))
+@router.get("", **answers(schemas.SurveyPage), responses=problems(*AUTHENTICATED))
 async def list_surveys(
     runtime: RuntimeDep,
     caller: ViewerDep,
@@ -127,7 +130,7 @@ async def list_surveys(
 _NOT_FOUND = problems(*AUTHENTICATED, 404, s404="No such survey")
 
 
-@router.get("/{survey_id:int}", responses=_NOT_FOUND)
+@router.get("/{survey_id:int}", **answers(schemas.SurveyView), responses=_NOT_FOUND)
 async def get_survey(runtime: RuntimeDep, caller: ViewerDep, survey_id: SurveyId) -> dict[str, Any]:
     """Status, progress, refusals by reason and the estimate with its error.
 
@@ -145,7 +148,9 @@ async def get_survey(runtime: RuntimeDep, caller: ViewerDep, survey_id: SurveyId
     return (await _with_workers(runtime, [view]))[0]
 
 
-@router.get("/{survey_id:int}/responses", responses=_NOT_FOUND)
+@router.get(
+    "/{survey_id:int}/responses", **answers(schemas.SurveyResponsePage), responses=_NOT_FOUND
+)
 async def survey_responses(
     runtime: RuntimeDep,
     caller: ViewerDep,
@@ -175,6 +180,7 @@ async def survey_responses(
 
 @router.delete(
     "/{survey_id:int}",
+    **answers(schemas.SurveyView),
     responses=problems(*AUTHENTICATED, 404, s404="No such survey"),
 )
 async def cancel_survey(

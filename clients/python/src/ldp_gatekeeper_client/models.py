@@ -1,12 +1,14 @@
 """Typed models of every request and response of the gatekeeper's API (v1).
 
 Each class bears the name of a schema of the service's OpenAPI document (``/openapi.json``,
-``components.schemas``) and has its properties; ``tests/client/test_models_follow_the_api.py``
-holds the two to the same names, properties, required fields and request enums.
+``components.schemas``) and has its properties; ``tests/client/test_client_contract.py`` holds
+the two to the same names, properties, required fields, request enums and, field by field, the
+same types; a response's constraints are the document's.
 
 *Requests* refuse unknown fields (as the server does); their discriminator fields have defaults
-(``GrrQuery(attribute="disease", epsilon=0.5)``). Numeric ranges are left to the server, which
-answers ``422`` naming the field (:class:`~ldp_gatekeeper_client.errors.ValidationFailed`).
+(``GrrQuery(attribute="disease", epsilon=0.5)``). Numeric ranges and patterns are left to the
+server (the test checks the client states none the server does not), which answers ``422``
+naming the field (:class:`~ldp_gatekeeper_client.errors.ValidationFailed`).
 *Responses* keep fields added by later versions of the server (``extra="allow"``) and parse
 timestamps into timezone-aware :class:`~datetime.datetime`.
 """
@@ -164,8 +166,35 @@ class LogisticQuery(_Request):
     epsilon: float
 
 
+class OlhQuery(_Request):
+    """Optimized local hashing of a finite attribute; outputs ``{"seed", "bucket"}``.
+
+    ``ldp_gatekeeper_client.oracles`` decodes the outputs.
+    """
+
+    mechanism: Literal["olh"] = "olh"
+    attribute: str
+    epsilon: float
+    g: int | None = None
+
+
+class HadamardQuery(_Request):
+    """Hadamard response on a finite attribute; outputs a column number."""
+
+    mechanism: Literal["hadamard"] = "hadamard"
+    attribute: str
+    epsilon: float
+
+
 Query = Annotated[
-    GrrQuery | BinaryRrQuery | UnaryEncodingQuery | MatrixQuery | LinearQuery | LogisticQuery,
+    GrrQuery
+    | BinaryRrQuery
+    | UnaryEncodingQuery
+    | MatrixQuery
+    | LinearQuery
+    | LogisticQuery
+    | OlhQuery
+    | HadamardQuery,
     Field(discriminator="mechanism"),
 ]
 
@@ -299,7 +328,7 @@ class ObjectView(_Response):
     id: str
     domain: dict[str, Any]
     budget: ObjectBudget
-    filter: str
+    filter: Filter
     finite: bool
     labels: dict[str, str]
     status: Literal["active", "retired"]
@@ -534,11 +563,14 @@ class Health(_Response):
 
 
 class Ready(_Response):
-    """Ready to serve: the database (and Redis, when configured) answered."""
+    """Ready to serve: the database (and Redis and the broker, when configured) answered."""
 
     status: Literal["ok"]
     database: Literal["ok"]
     redis: Literal["ok"] | None = None
+    broker: Literal["ok"] | None = None
+    #: Live ``gatekeeper worker`` nodes (with ``BROKER_URL``).
+    workers: int | None = None
 
 
 class SurveyRefusals(_Response):
@@ -560,6 +592,31 @@ class SurveyProgress(_Response):
     refused: SurveyRefusals
 
 
+class ScalarEstimate(_Response):
+    """A proportion (``binary_rr``) or a mean (``linear``, ``logistic``) over ``n`` members."""
+
+    kind: Literal["proportion", "mean"]
+    value: float
+    n: int
+    stderr: float
+    #: The 95% interval ``[low, high]``.
+    ci95: Annotated[list[float], Field(min_length=2, max_length=2)]
+
+
+class HistogramEstimate(_Response):
+    """The share of each value (``grr``, ``unary_encoding``), with its error, per value."""
+
+    kind: Literal["histogram"]
+    values: dict[str, float]
+    n: int
+    stderr: dict[str, float]
+    ci95: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]]
+
+
+#: A survey's estimate, by ``kind`` (``None`` with ``estimate_unavailable`` saying why).
+Estimate = Annotated[ScalarEstimate | HistogramEstimate, Field(discriminator="kind")]
+
+
 class SurveyView(_Replayable):
     """A survey: status, progress and the estimate over its accepted members."""
 
@@ -573,7 +630,7 @@ class SurveyView(_Replayable):
     finished_at: datetime | None
     progress: SurveyProgress
     groups: int
-    estimate: dict[str, Any] | None
+    estimate: Estimate | None
     estimate_unavailable: str | None = None
     outputs: dict[str, int] | None = None
     #: Members are left to decide and no ``gatekeeper worker`` runs surveys (``BROKER_URL`` set,
@@ -634,6 +691,6 @@ class Problem(_Response):
 
     type: str
     title: str
-    status: int
+    status: Annotated[int, Field(ge=400, le=599)]
     detail: str
     errors: list[FieldError] | None = None

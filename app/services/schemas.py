@@ -1,29 +1,37 @@
-"""Named schemas of the JSON contract for the OpenAPI document (contract.md, "JSON contract").
+"""The JSON contract's types (contract.md, "JSON contract"): one Pydantic model per shape.
 
-The routes validate with the engine's own code (:mod:`app.engine.jsonfields`), which names the
-field of every error; these Pydantic models *describe* the same shapes so that client generators
-(openapi-python-client) get typed models instead of dicts, and schemathesis can check every
-response against its schema. They never change what the service answers:
-:func:`app.api.openapi.install` puts their JSON Schemas into the document, and
-``tests/service/test_schemathesis.py`` and ``test_openapi_contract.py`` hold the two to the same
-shapes.
+They live in the services layer, not in ``app.api``, so that the use cases can build and return
+them and the routes declare them as ``response_model`` (docs/architecture.md, "The contract's
+types"): each field is written once, here. FastAPI validates every answer against its route's
+model and writes the OpenAPI document from the same classes (:mod:`app.api.openapi` adds only
+the problem+json errors, links and request bodies); client generators (openapi-python-client)
+get typed models, and schemathesis checks every response against its schema.
+
+Routes answer with ``response_model_exclude_unset``: a field the service did not set (``delta``
+of an object that is not ``approx_bayesian``, ``exact`` of bounds that are not exact) stays
+absent from the wire as before, never ``null``.
 
 Request schemas are as strict as the server's structural checks (a union discriminated by
-``mechanism`` with each mechanism's required fields; ``low``/``high`` required for ``real``).
-What JSON Schema cannot say — an attribute named by a query exists in the object's domain, a
-value lies in its domain, a declared ε is at least the mechanism's tight ε — is answered 422.
+``mechanism`` with each mechanism's required fields; ``low``/``high`` required for ``real``);
+the routes still validate with the engine's own code (:mod:`app.engine.jsonfields`), which names
+the field of every error. What JSON Schema cannot say — an attribute named by a query exists in
+the object's domain, a value lies in its domain, a declared ε is at least the mechanism's tight
+ε — is answered 422.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
 from app.engine.approx import MIN_DELTA
+from app.engine.calculator import MAX_GROUPING, MAX_NODES, MAX_TIME_LIMIT
+from app.engine.jsonfields import MAX_NAME
 from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, MIN_EPSILON
-from app.services.objects import ID_PATTERN
+from app.services.imports import MAX_IMPORT
+from app.services.objects import ID_PATTERN, LABEL_NAME, LABEL_VALUE, MAX_LABELS
 
 #: Free text the server stores: anything but NUL, which no PostgreSQL text column holds.
 NO_NUL_PATTERN = r"^[^\x00]*$"
@@ -35,9 +43,12 @@ Epsilon = Annotated[float, Field(ge=MIN_EPSILON, le=DEFAULT_LIMITS.max_epsilon)]
 Budget = Annotated[float, Field(ge=MIN_EPSILON, le=MAX_BUDGET)]
 #: δ_g: ``MIN_DELTA <= δ_g < 1`` (the largest float below 1 as the inclusive bound).
 MAX_DELTA = 1.0 - 2.0**-53
-Name = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL_PATTERN)]
-LabelName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-LabelValue = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{1,256}$")]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=NO_NUL_PATTERN)]
+LabelName = Annotated[str, Field(pattern=f"^{LABEL_NAME.pattern}$")]
+LabelValue = Annotated[str, Field(pattern=f"^{LABEL_VALUE.pattern}$")]
+#: The longest survey name and API key label (the services check these very constants).
+MAX_SURVEY_NAME = 200
+MAX_KEY_LABEL = 200
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 Scalar = str | int | float
 
@@ -56,6 +67,41 @@ class _Open(BaseModel):
     """A response object: clients should ignore fields added by later versions."""
 
     model_config = ConfigDict(extra="allow")
+
+
+ItemT = TypeVar("ItemT")
+CursorT = TypeVar("CursorT")
+
+
+class Page(_Open, Generic[ItemT]):
+    """A page of a list: its ``items``; subclasses add how to get the next page.
+
+    Every paged list of the API is one of its named subclasses (the OpenAPI document and a
+    generated client see ``HistoryPage``, ``KeyPage``...). A list whose wire names differ (the
+    audit log's ``events``, the surveys' ``next_before``) renames the fields with
+    :func:`_wire_names`, never by declaring them again.
+    """
+
+    items: list[ItemT]
+
+
+class CursorPage(Page[ItemT], Generic[ItemT, CursorT]):
+    """A page that ends where the next begins: ``next_after`` is the next page's cursor."""
+
+    next_after: Annotated[CursorT | None, Field(description="The next page's cursor (null: last)")]
+
+
+class OffsetPage(Page[ItemT], Generic[ItemT]):
+    """A page at ``offset`` of ``total`` items, ``limit`` at most."""
+
+    total: int
+    limit: int
+    offset: int
+
+
+def _wire_names(**names: str) -> ConfigDict:
+    """The config of a page whose fields travel under other names (``items="events"``)."""
+    return ConfigDict(alias_generator=lambda field: names.get(field, field), populate_by_name=True)
 
 
 # --------------------------------------------------------------------------------- domain
@@ -159,8 +205,35 @@ class LogisticQuery(_Strict):
     epsilon: Epsilon
 
 
+class OlhQuery(_Strict):
+    """Optimized local hashing of a finite attribute; outputs a seed and a bucket.
+
+    The hash and the estimators are in docs/oracles.md.
+    """
+
+    mechanism: Literal["olh"]
+    attribute: Name
+    epsilon: Epsilon
+    g: Annotated[int, Field(ge=2)] | SkipJsonSchema[None] = None
+
+
+class HadamardQuery(_Strict):
+    """Hadamard response on a finite attribute (at most 2^20 values); outputs a column."""
+
+    mechanism: Literal["hadamard"]
+    attribute: Name
+    epsilon: Epsilon
+
+
 Query = Annotated[
-    GrrQuery | BinaryRrQuery | UnaryEncodingQuery | MatrixQuery | LinearQuery | LogisticQuery,
+    GrrQuery
+    | BinaryRrQuery
+    | UnaryEncodingQuery
+    | MatrixQuery
+    | LinearQuery
+    | LogisticQuery
+    | OlhQuery
+    | HadamardQuery,
     Field(discriminator="mechanism"),
 ]
 
@@ -199,7 +272,7 @@ class RegisterRequest(_Strict):
     labels: (
         Annotated[
             dict[LabelName, LabelValue],
-            Field(max_length=20, description="Public metadata (never a private value)"),
+            Field(max_length=MAX_LABELS, description="Public metadata (never a private value)"),
         ]
         | SkipJsonSchema[None]
     ) = None
@@ -208,7 +281,7 @@ class RegisterRequest(_Strict):
 class ImportRequest(_Strict):
     """``POST /v1/imports``: up to 10,000 registrations, stored all or nothing."""
 
-    objects: Annotated[list[RegisterRequest], Field(min_length=1, max_length=10_000)]
+    objects: Annotated[list[RegisterRequest], Field(min_length=1, max_length=MAX_IMPORT)]
 
 
 class ImportResult(_Open):
@@ -221,7 +294,7 @@ class ImportResult(_Open):
 class LabelsCohort(_Strict):
     """Every object carrying all these labels (membership fixed at creation)."""
 
-    labels: Annotated[dict[LabelName, LabelValue], Field(min_length=1, max_length=20)]
+    labels: Annotated[dict[LabelName, LabelValue], Field(min_length=1, max_length=MAX_LABELS)]
 
 
 class IdsCohort(_Strict):
@@ -233,7 +306,7 @@ class IdsCohort(_Strict):
 class SurveyRequest(_Strict):
     """``POST /v1/surveys`` (and its dry-run): one query to every member of a cohort."""
 
-    name: Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)]
+    name: Annotated[str, Field(min_length=1, max_length=MAX_SURVEY_NAME, pattern=NO_NUL_PATTERN)]
     query: Query
     cohort: LabelsCohort | IdsCohort
 
@@ -255,9 +328,9 @@ class LossOptions(_Strict):
     """Calculator options."""
 
     tolerance: Annotated[float, Field(gt=0)] = 1e-4
-    time_limit: Annotated[float, Field(gt=0, le=600)] | SkipJsonSchema[None] = None
-    max_nodes: Annotated[int, Field(ge=1, le=10_000_000)] | SkipJsonSchema[None] = None
-    grouping: Annotated[int, Field(ge=1, le=10_000)] | SkipJsonSchema[None] = None
+    time_limit: Annotated[float, Field(gt=0, le=MAX_TIME_LIMIT)] | SkipJsonSchema[None] = None
+    max_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] | SkipJsonSchema[None] = None
+    grouping: Annotated[int, Field(ge=1, le=MAX_GROUPING)] | SkipJsonSchema[None] = None
     fast: bool = False
 
 
@@ -287,7 +360,7 @@ class KeyRequest(_Strict):
 
     role: Literal["admin", "analyst", "viewer"]
     label: (
-        Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL_PATTERN)]
+        Annotated[str, Field(min_length=1, max_length=MAX_KEY_LABEL, pattern=NO_NUL_PATTERN)]
         | SkipJsonSchema[None]
     ) = None
 
@@ -410,11 +483,8 @@ class HistoryItem(_Open):
     created_at: Timestamp | None
 
 
-class HistoryPage(_Open):
+class HistoryPage(CursorPage[HistoryItem, int]):
     """A page of history; ``next_after`` is the ``after`` of the next page (null: last)."""
-
-    items: list[HistoryItem]
-    next_after: int | None
 
 
 class OdometerPoint(_Open):
@@ -453,13 +523,8 @@ class OdometerSummary(Odometer):
     status: Literal["active", "retired"]
 
 
-class OdometerPage(_Open):
+class OdometerPage(OffsetPage[OdometerSummary]):
     """A page of odometers."""
-
-    items: list[OdometerSummary]
-    total: int
-    limit: int
-    offset: int
 
 
 class CandidateAcceptance(_Open):
@@ -521,11 +586,8 @@ class KeyInfo(_Open):
     revoked_at: Timestamp | None
 
 
-class KeyPage(_Open):
+class KeyPage(CursorPage[KeyInfo, int]):
     """A page of API keys."""
-
-    items: list[KeyInfo]
-    next_after: int | None
 
 
 class RevokedKey(_Open):
@@ -546,11 +608,10 @@ class AuditEvent(_Open):
     detail: dict[str, Any]
 
 
-class AuditPage(_Open):
-    """A page of the audit log."""
+class AuditPage(CursorPage[AuditEvent, int]):
+    """A page of the audit log: its items are ``events`` on the wire."""
 
-    events: list[AuditEvent]
-    next_after: int | None
+    model_config = _wire_names(items="events")
 
 
 class WhoAmI(_Open):
@@ -567,11 +628,15 @@ class Health(_Open):
 
 
 class Ready(_Open):
-    """Ready to serve: the database (and Redis, when configured) answered."""
+    """Ready to serve: the database (and Redis and the broker, when configured) answered."""
 
     status: Literal["ok"]
     database: Literal["ok"]
     redis: Literal["ok"] | None = None
+    broker: Literal["ok"] | SkipJsonSchema[None] = None
+    workers: int | SkipJsonSchema[None] = Field(
+        default=None, description="live `gatekeeper worker` nodes (BROKER_URL set)"
+    )
 
 
 class SurveyRefusals(_Open):
@@ -591,6 +656,33 @@ class SurveyProgress(_Open):
     refused: SurveyRefusals
 
 
+class ScalarEstimate(_Open):
+    """A proportion (``binary_rr``) or a mean (``linear``, ``logistic``) over ``n`` members."""
+
+    kind: Literal["proportion", "mean"]
+    value: float
+    n: int
+    stderr: float
+    ci95: Annotated[list[float], Field(min_length=2, max_length=2)]
+
+
+class HistogramEstimate(_Open):
+    """The share of each value, with its error, per value.
+
+    ``grr``, ``unary_encoding``, ``olh`` and ``hadamard`` estimate a histogram.
+    """
+
+    kind: Literal["histogram"]
+    values: dict[str, float]
+    n: int
+    stderr: dict[str, float]
+    ci95: dict[str, Annotated[list[float], Field(min_length=2, max_length=2)]]
+
+
+#: A survey's estimate (contract.md, "Estimates"), by ``kind``.
+Estimate = Annotated[ScalarEstimate | HistogramEstimate, Field(discriminator="kind")]
+
+
 class SurveyView(_Open):
     """A survey: status, progress and the estimate over its accepted members."""
 
@@ -604,7 +696,7 @@ class SurveyView(_Open):
     finished_at: Timestamp | None
     progress: SurveyProgress
     groups: int
-    estimate: dict[str, Any] | None
+    estimate: Estimate | None
     estimate_unavailable: str | SkipJsonSchema[None] = None
     outputs: dict[str, int] | SkipJsonSchema[None] = None
     waiting_for_workers: bool = Field(
@@ -613,11 +705,10 @@ class SurveyView(_Open):
     )
 
 
-class SurveyPage(_Open):
-    """Surveys, newest first."""
+class SurveyPage(CursorPage[SurveyView, int]):
+    """Surveys, newest first: the cursor is ``next_before`` on the wire (ids decrease)."""
 
-    items: list[SurveyView]
-    next_before: int | None
+    model_config = _wire_names(next_after="next_before")
 
 
 class SurveyResponse(_Open):
@@ -633,11 +724,8 @@ class SurveyResponse(_Open):
     output: Any = None
 
 
-class SurveyResponsePage(_Open):
+class SurveyResponsePage(CursorPage[SurveyResponse, str]):
     """A page of members' decisions in object-id order."""
-
-    items: list[SurveyResponse]
-    next_after: str | None
 
 
 class SurveyDryRun(_Open):
@@ -648,34 +736,6 @@ class SurveyDryRun(_Open):
     would_refuse: SurveyRefusals
     groups: int
 
-
-#: The named schema of each 2xx response: (method, path template) -> model.
-RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
-    ("post", "/v1/objects"): ObjectView,
-    ("get", "/v1/objects/{object_id}"): ObjectView,
-    ("delete", "/v1/objects/{object_id}"): ObjectView,
-    ("post", "/v1/objects/{object_id}/dry-run"): Decision,
-    ("post", "/v1/objects/{object_id}/queries"): SubmitResult,
-    ("get", "/v1/objects/{object_id}/queries"): HistoryPage,
-    ("get", "/v1/objects/{object_id}/odometer"): Odometer,
-    ("get", "/v1/objects/{object_id}/odometer/history"): OdometerHistory,
-    ("get", "/v1/odometers"): OdometerPage,
-    ("post", "/v1/imports"): ImportResult,
-    ("post", "/v1/surveys"): SurveyView,
-    ("post", "/v1/surveys/dry-run"): SurveyDryRun,
-    ("get", "/v1/surveys"): SurveyPage,
-    ("get", "/v1/surveys/{survey_id}"): SurveyView,
-    ("delete", "/v1/surveys/{survey_id}"): SurveyView,
-    ("get", "/v1/surveys/{survey_id}/responses"): SurveyResponsePage,
-    ("post", "/v1/loss"): LossResult,
-    ("post", "/v1/keys"): CreatedKey,
-    ("get", "/v1/keys"): KeyPage,
-    ("delete", "/v1/keys/{key_id}"): RevokedKey,
-    ("get", "/v1/audit"): AuditPage,
-    ("get", "/v1/whoami"): WhoAmI,
-    ("get", "/healthz"): Health,
-    ("get", "/readyz"): Ready,
-}
 
 #: The named schema of each JSON request body: (method, path template) -> model.
 REQUESTS: dict[tuple[str, str], type[BaseModel]] = {
