@@ -43,7 +43,7 @@ from fractions import Fraction
 from typing import Any
 
 from app import crypto, metrics
-from app.engine.estimates import tally_keys
+from app.engine.estimates import tally_outputs
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Output
 from app.services import audit
@@ -263,6 +263,10 @@ def _decide_rows(
             by_output[mech.sample(json.loads(cipher.decrypt(row.sealed)))].append(row)
         work.domains.add(key.domain)
         query_text = json.dumps(mech.to_json())
+        # the group's tally in one batch (olh and hadamard decode all their reports at once)
+        work.tally.update(
+            tally_outputs(mech, [o for o, answered in by_output.items() for _ in answered])
+        )
         for output, answered in by_output.items():
             change = _advance_of(key, group, output, cache, worker)
             columns = change.columns
@@ -273,8 +277,6 @@ def _decide_rows(
                 )
             if key.state_hash is not None:
                 work.lost[key.state_hash] += len(answered)
-            for tally_key in tally_keys(mech, output):
-                work.tally[tally_key] += len(answered)
             pick = len(work.variants)
             work.variants.append(
                 Variant(

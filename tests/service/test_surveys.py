@@ -552,3 +552,40 @@ def test_metrics_count_members_groups_and_states(
     )
     assert sample(after, "gatekeeper_likelihood_states ") >= 3  # one per output at least
     assert sample(after, 'gatekeeper_surveys{status="done"}') >= 1
+
+
+@pytest.mark.parametrize("mechanism", ["olh", "hadamard"])
+def test_a_frequency_oracle_survey_estimates_what_the_client_decodes(
+    client: TestClient, analyst: dict[str, str], database_url: str, mechanism: str
+) -> None:
+    """``olh``/``hadamard`` surveys: every member answers once with its own output, the tally
+    is the per-value support counts, and the estimate equals what the client library decodes
+    from the responses; ``gatekeeper verify`` replays the histories."""
+    from ldp_gatekeeper_client.oracles import estimate_frequencies, support_counts
+
+    study = unique_id("fo")
+    ids = import_study(client, study, 30)
+    query = {"mechanism": mechanism, "attribute": "flu", "epsilon": 1.0}
+    body = {"name": "oracle", "query": query, "cohort": {"labels": {"study": study}}}
+    r = client.post("/v1/surveys", headers=analyst, json=body)
+    assert r.status_code == 202, r.text
+    survey = wait_done(client, analyst, r.json()["id"])
+    assert survey["status"] == "done"
+    assert survey["progress"]["accepted"] == 30
+    estimate = survey["estimate"]
+    assert estimate["kind"] == "histogram"
+    assert estimate["n"] == 30
+    assert set(estimate["values"]) == {"no", "yes", "unsure"}
+    responses = all_responses(client, analyst, survey["id"])
+    assert [item["object_id"] for item in responses] == ids
+    canonical = survey["query"]
+    counts = support_counts(canonical, [item["output"] for item in responses], 3)
+    # the raw tally is the support count per value, as the client decodes it
+    assert survey["outputs"] == {
+        json.dumps(v): c for v, c in zip(["no", "yes", "unsure"], counts, strict=True)
+    }
+    decoded = estimate_frequencies(canonical, counts, 30)
+    for value, found in zip(["no", "yes", "unsure"], decoded, strict=True):
+        assert estimate["values"][value] == pytest.approx(found.value, abs=1e-12)
+        assert estimate["stderr"][value] == pytest.approx(found.stderr, abs=1e-12)
+    verify_clean(database_url)

@@ -75,22 +75,30 @@ def hadamard_sign(row: int, column: int) -> int:
 def support_counts(mechanism: Mapping[str, Any], outputs: Iterable[Any], k: int) -> list[int]:
     """Per value index, how many of ``outputs`` it supports.
 
-    ``mechanism`` is the survey's canonical query (``{"mechanism": "olh", "g": ...}`` or
-    ``{"mechanism": "hadamard"}``); ``olh`` outputs are ``{"seed", "bucket"}`` objects,
-    ``hadamard`` outputs column numbers.
+    ``mechanism`` is the query as sent (``{"mechanism": "olh", "epsilon": ...}``, with or without
+    ``g``: the server's default when absent) or ``{"mechanism": "hadamard", ...}``; ``olh``
+    outputs are ``{"seed", "bucket"}`` objects, ``hadamard`` outputs column numbers.
     """
     counts = [0] * k
     kind = mechanism["mechanism"]
+    g = _g(mechanism, k)
     for output in outputs:
         for v in range(k):
             if kind == "olh":
-                hit = olh_hash(output["seed"], v, int(mechanism["g"])) == int(output["bucket"])
+                hit = olh_hash(output["seed"], v, g) == int(output["bucket"])
             elif kind == "hadamard":
                 hit = hadamard_sign(v + 1, int(output)) == 1
             else:
                 raise ValueError(f"not a frequency oracle: {kind}")
             counts[v] += hit
     return counts
+
+
+def _g(mechanism: Mapping[str, Any], k: int) -> int:
+    """An ``olh`` query's ``g``: as sent, or the server's default for ``k`` values."""
+    if mechanism.get("g") is not None:
+        return int(mechanism["g"])
+    return default_g(float(mechanism["epsilon"]), k)
 
 
 @dataclass(frozen=True)
@@ -107,13 +115,15 @@ def estimate_frequencies(
 ) -> list[Frequency]:
     """Unbiased per-value frequencies from support counts, as the server's survey ``estimate``.
 
+    ``counts`` has one entry per value of the attribute, in its order (``k = len(counts)``).
+
     ``(c_v/n − q)/(p − q)`` with ``p = E/(E+g−1), q = 1/g`` (olh) or ``p = E/(1+E), q = 1/2``
     (hadamard), ``E = e^ε``; never clipped.
     """
     eps = float(mechanism["epsilon"])
     tail = math.exp(-eps)
     if mechanism["mechanism"] == "olh":
-        g = int(mechanism["g"])
+        g = _g(mechanism, len(counts))
         gap, q = -math.expm1(-eps) * (g - 1) / (g * (1.0 + (g - 1) * tail)), 1.0 / g
     else:
         gap, q = -math.expm1(-eps) / (1.0 + tail) / 2.0, 0.5
