@@ -38,7 +38,8 @@ typecheck: $(STAMP)
 # one BLAS thread per test process: -n 2 already uses both cores, and BLAS threads on top
 # slow the suite down and inflate the CPU-time checks of the search's time limits.
 # worksteal: a process that is done takes queued tests from the other one, which may be held
-# for minutes by one long test (tests/conftest.py starts the slow tests first)
+# for minutes by one long test (tests/conftest.py puts half of the slow tests first in each
+# process's share)
 unit: $(STAMP)
 	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist worksteal
 

@@ -21,12 +21,20 @@ crypto.configure(crypto.cipher_from_settings(TEST_ENCRYPTION_KEY, "", production
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest tests first, so the two test processes finish together.
+    """Long tests first in *both* halves, so the two test processes finish together.
 
     The suite is mostly fast tables plus a few tests of minutes (SIGKILL scenarios, schemathesis,
-    the browser, statistical checks), all marked ``slow``. In collection order the run used to
-    end with one long test alone on one core; started first, the long ones overlap and the fast
-    ones fill in around them (pytest-xdist hands out tests in this order). Stable: within each
-    group the collection order stays.
+    the browser, statistical checks), all marked ``slow``. pytest-xdist's ``worksteal`` gives
+    each of the two processes a contiguous half of this list (the first ``N // 2`` items, then
+    the rest) and an idle process steals from the *end* of the other's queue. Sorting the slow
+    tests to the front put them all in the first half: one process ran every long test while
+    the other finished the fast ones and then stole the service tests queued last. So the slow
+    tests are dealt alternately to the two halves, each half starting with its share and filled
+    with fast tests. Stable: within each group the collection order stays. Without xdist the
+    order is simply slow, fast, slow, fast.
     """
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    fast = [item for item in items if item.get_closest_marker("slow") is None]
+    first, second = slow[0::2], slow[1::2]
+    split = max(0, len(items) // 2 - len(first))
+    items[:] = first + fast[:split] + second + fast[split:]
