@@ -18,7 +18,11 @@ Prints three tables:
    ``f = 0``, ``q(1−q)/(p−q)²`` (the figures the issue quotes: 338.9, 3.68, 4.68 at k = 1,000);
 3. **engine** — dry-run + submit (:class:`app.engine.accountant.Accountant`, the pipeline the
    service runs) of an ``olh`` query on an object whose history holds ``--history`` earlier
-   ``olh`` reports over ``--engine-k`` values: median and p90 over ``--repeat`` submits.
+   ``olh`` reports over ``--engine-k`` values: median and p90 over ``--repeat`` submits;
+4. **survey** (``--survey N``, PostgreSQL reachable) — ``gatekeeper serve`` on a fresh database,
+   ``N`` objects over one attribute of ``--k`` values imported through ``POST /v1/imports``, then
+   a ``grr`` and an ``olh`` survey (ε = 1) over all of them, each timed from ``POST
+   /v1/surveys`` to ``done``, with the likelihood states stored and the database's size after it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import math
 import os
 import resource
 import secrets
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -133,6 +138,60 @@ def engine(k: int, history: int, repeat: int, eps: float) -> None:
     print(f"| {repeat} | {np.median(ms):.2f} | {np.percentile(ms, 90):.2f} |")
 
 
+def survey(n: int, k: int) -> None:
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+    import psycopg
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.service_load import ADMIN_KEY, Server, fresh_database
+
+    domain = {"attributes": [{"name": "v", "type": "integer", "low": 0, "high": k - 1}]}
+    rng = np.random.default_rng(int.from_bytes(secrets.token_bytes(8), "big"))
+    weights = 1.0 / np.arange(1, k + 1) ** 1.1
+    values = rng.choice(k, size=n, p=weights / weights.sum())
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    print(f"\n## survey: {n:,} objects over k = {k:,} values, PostgreSQL, one web worker")
+    print("| survey | seconds | members/s | likelihood states | database MiB |")
+    print("|---|---:|---:|---:|---:|")
+    with fresh_database() as (url, name), tempfile.TemporaryDirectory() as tmp:
+        server = Server(url, workers=1, bound=0, log_path=Path(tmp) / "serve.log")
+        try:
+            with httpx.Client(base_url=server.url, headers=headers, timeout=600) as client:
+                for start in range(0, n, 10_000):
+                    batch = [
+                        {"id": f"o{i:07d}", "domain": domain, "value": {"v": int(values[i])},
+                         "budget": {"epsilon": 4}, "labels": {"study": "oracles"}}
+                        for i in range(start, min(n, start + 10_000))
+                    ]  # fmt: skip
+                    client.post("/v1/imports", json={"objects": batch}).raise_for_status()
+                for mechanism in ("grr", "olh"):
+                    body = {
+                        "name": mechanism,
+                        "query": {"mechanism": mechanism, "attribute": "v", "epsilon": 1.0},
+                        "cohort": {"labels": {"study": "oracles"}},
+                    }
+                    began = time.perf_counter()
+                    created = client.post("/v1/surveys", json=body)
+                    created.raise_for_status()
+                    while True:
+                        found = client.get(f"/v1/surveys/{created.json()['id']}").json()
+                        if found["status"] not in ("queued", "running"):
+                            break
+                        time.sleep(0.5)
+                    took = time.perf_counter() - began
+                    with psycopg.connect(url.replace("+psycopg", "")) as conn:
+                        states = conn.execute("SELECT count(*) FROM likelihood_states").fetchone()
+                        size = conn.execute(f"SELECT pg_database_size('{name}')").fetchone()
+                    print(f"| {mechanism} ({found['status']}) | {took:.1f} | {n / took:,.0f} | "
+                          f"{states[0] if states else '?'} | "
+                          f"{(size[0] if size else 0) / 2**20:.0f} |")  # fmt: skip
+        finally:
+            server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--n", type=int, default=1_000_000)
@@ -142,6 +201,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--skip", default="", help="comma list of decode,accuracy,engine")
+    parser.add_argument("--survey", type=int, default=0, help="objects of the service survey")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -151,6 +211,8 @@ def main() -> None:
         accuracy(args.n, args.k, args.epsilon)
     if "engine" not in skip:
         engine(args.engine_k, args.history, args.repeat, args.epsilon)
+    if args.survey:
+        survey(args.survey, args.k)
 
 
 if __name__ == "__main__":
