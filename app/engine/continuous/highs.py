@@ -87,7 +87,11 @@ def solve(
         return _scipy(cost, A, b, lo, hi, time_limit)
     h = _highs()
     h.clearModel()
-    h.setOptionValue("time_limit", float(time_limit) if time_limit is not None else np.inf)
+    # HiGHS compares its *total* run time, accumulated over every run of this object, with
+    # time_limit: a kept solver would stop at once after a while (measured: every LP of a thread
+    # that had solved for longer than the limit returned "time limit" without a pivot)
+    limit = np.inf if time_limit is None else h.getRunTime() + float(time_limit)
+    h.setOptionValue("time_limit", limit)
     rows, cols = A.shape
     columnwise = np.asarray(A.T)
     nonzero = columnwise != 0.0
