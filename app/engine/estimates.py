@@ -63,7 +63,7 @@ from app.engine.mechanisms.oracles import (
     HASH_PRIME,
     HadamardResponse,
     OptimizedLocalHashing,
-    splitmix64_array,
+    hash_coefficients_array,
 )
 from app.engine.mechanisms.randomized_response import BinaryRR, GeneralizedRR
 from app.engine.mechanisms.regression import LinearQuery, LogisticQuery
@@ -153,9 +153,7 @@ def _olh_block(
     inverse = np.uint64(pow(odd, -1, 1 << 64))
     limit = np.uint64(((1 << 64) - 1) // g)
     right, left = np.uint64(s), np.uint64((64 - s) % 64)
-    first, second = splitmix64_array(seeds)
-    a = first % np.uint64(HASH_PRIME - 1) + np.uint64(1)
-    x = second % prime  # a·0 + b
+    a, x = hash_coefficients_array(seeds)  # x = a·0 + b
     shift = np.uint64(g) - buckets
     y, spare = np.empty_like(x), np.empty_like(x)
     hit = np.empty(x.shape, dtype=bool)
@@ -197,27 +195,35 @@ def hadamard_support_counts(
     return np.asarray((n + transformed[1 : k + 1]) // 2, dtype=np.int64)
 
 
-def tally_outputs(mechanism: Mechanism, outputs: Sequence[Output]) -> Counter[str]:
+def tally_outputs(
+    mechanism: Mechanism, outputs: Sequence[Output], counts: Sequence[int] | None = None
+) -> Counter[str]:
     """The counters a batch of accepted outputs increments (:func:`tally_keys` of each).
 
-    ``olh`` and ``hadamard`` are decoded for the whole batch at once: per value, the number of
-    reports it supports, named by the value's JSON text (a survey keeps ``k`` counts).
+    ``counts`` (optional): how many members gave each output (a survey's decision group has them
+    already: ``outputs`` are then distinct). ``olh`` and ``hadamard`` are decoded for the whole
+    batch at once: per value, the number of reports it supports, named by the value's JSON text
+    (a survey keeps ``k`` counts).
     """
+    weights = [1] * len(outputs) if counts is None else list(counts)
     if isinstance(mechanism, (OptimizedLocalHashing, HadamardResponse)) and outputs:
         if isinstance(mechanism, OptimizedLocalHashing):
-            pairs = np.array(outputs, dtype=np.uint64).reshape(-1, 2)
+            pairs = np.repeat(np.array(outputs, dtype=np.uint64).reshape(-1, 2), weights, axis=0)
             support = olh_support_counts(
                 pairs[:, 0], pairs[:, 1].astype(np.int64), mechanism.k, mechanism.g
             )
         else:
-            cols = np.array(outputs, dtype=np.int64)
+            cols = np.repeat(np.array(outputs, dtype=np.int64), weights)
             support = hadamard_support_counts(cols, mechanism.k, mechanism.output_count)
         attribute = mechanism.attribute
         return Counter(
             {json.dumps(attribute.value_at(i)): int(c) for i, c in enumerate(support) if c}
         )
+    distinct: Counter[Output] = Counter()
+    for output, weight in zip(outputs, weights, strict=True):
+        distinct[output] += weight
     tally: Counter[str] = Counter()
-    for output, count in Counter(outputs).items():  # each distinct output's keys once
+    for output, count in distinct.items():  # each distinct output's keys once
         for key in tally_keys(mechanism, output):
             tally[key] += count
     return tally

@@ -265,7 +265,7 @@ def _decide_rows(
         query_text = json.dumps(mech.to_json())
         # the group's tally in one batch (olh and hadamard decode all their reports at once)
         work.tally.update(
-            tally_outputs(mech, [o for o, answered in by_output.items() for _ in answered])
+            tally_outputs(mech, list(by_output), [len(answered) for answered in by_output.values()])
         )
         for output, answered in by_output.items():
             change = _advance_of(key, group, output, cache, worker)

@@ -100,8 +100,11 @@ def splitmix64(state: int) -> tuple[int, int]:
     return out[0], out[1]
 
 
-def splitmix64_array(seeds: U64) -> tuple[U64, U64]:
-    """:func:`splitmix64` of every seed (uint64 arithmetic wraps modulo 2^64, as the recipe)."""
+def hash_coefficients_array(seeds: U64) -> tuple[U64, U64]:
+    """:func:`hash_coefficients` of every seed, vectorised.
+
+    uint64 arithmetic wraps modulo 2^64, as :func:`splitmix64` does.
+    """
     golden = np.uint64(0x9E3779B97F4A7C15)
     out = []
     state = np.asarray(seeds, dtype=np.uint64)
@@ -112,7 +115,7 @@ def splitmix64_array(seeds: U64) -> tuple[U64, U64]:
             z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
             z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
             out.append(z ^ (z >> np.uint64(31)))
-    return out[0], out[1]
+    return out[0] % np.uint64(HASH_PRIME - 1) + np.uint64(1), out[1] % np.uint64(HASH_PRIME)
 
 
 def hash_coefficients(seed: int) -> tuple[int, int]:
@@ -244,11 +247,12 @@ class _TwoLevel(Mechanism):
         return Group(decimal_fraction(self.eps))
 
     def term(self, output: Output) -> Term:
-        """The higher level on ``S_output``, the lower elsewhere."""
+        """The higher level on ``S_output``, the lower elsewhere (one hash of the k values)."""
         hit, miss = self._levels
-        values = np.where(self.hits(output) == 1, hit, miss).astype(np.float64)
+        hits = self.hits(output)
+        values = np.where(hits == 1, hit, miss).astype(np.float64)
         error = written_epsilon_error(max(abs(hit), abs(miss)))
-        return Term((self.axis,), values, error, exact=self.exact_term(output))
+        return Term((self.axis,), values, error, exact=ExactTerm(self.axis, self._group, hits))
 
     def exact_term(self, output: Output) -> ExactTerm:
         """``ε`` on ``S_output`` (the ratio of the two levels is exactly ``e^ε``)."""
