@@ -418,9 +418,9 @@ class _Search:
 
         def negative(w: FloatArray) -> tuple[float, FloatArray]:
             x = mid + half * w
-            z = terms.values(x)
-            value = float(terms.batch.values(z).sum())
-            grad = terms.theta.T @ terms.batch.derivs(z)
+            values, slopes = terms.batch.values_and_derivs(terms.values(x))
+            value = float(values.sum())
+            grad = terms.theta.T @ slopes
             if terms.lifting is not None:
                 grad = terms.lifting.chain(x, grad)
             return -value, -grad * half

@@ -324,8 +324,8 @@ def relax(
     # slope is e^80 (a linear query's t near 0), rounding z alone shows tens of nats of "gap"
     # that no split of the query value can remove (issue 22 item 3)
     delta = RESOLUTION * np.maximum(np.abs(z), u - l)
-    near = np.maximum(
-        terms.term_values(np.clip(z - delta, l, u)), terms.term_values(np.clip(z + delta, l, u))
+    below, above, at = terms.term_values(
+        np.stack([np.clip(z - delta, l, u), np.clip(z + delta, l, u), z])
     )
-    gaps = np.maximum(s - np.maximum(near, terms.term_values(z)), 0.0)
+    gaps = np.maximum(s - np.maximum(np.maximum(below, above), at), 0.0)
     return Relaxation(bound + const, x, z, gaps, True)
