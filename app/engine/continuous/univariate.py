@@ -140,14 +140,23 @@ class ResponseCurve:
 
     def value(self, z: FloatArray) -> FloatArray:
         """``sign * log Pr(output | z)``."""
-        t, one_minus_t, _ = self._response(np.asarray(z, dtype=np.float64))
+        return self._value(*self._response(np.asarray(z, dtype=np.float64)))
+
+    def deriv(self, z: FloatArray) -> FloatArray:
+        """``d/dz`` of :meth:`value` (one-sided from inside ``[a, b]`` at kinks)."""
+        return self._deriv(*self._response(np.asarray(z, dtype=np.float64)))
+
+    def value_and_deriv(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """:meth:`value` and :meth:`deriv` at once (one pass over the response)."""
+        response = self._response(np.asarray(z, dtype=np.float64))
+        return self._value(*response), self._deriv(*response)
+
+    def _value(self, t: FloatArray, one_minus_t: FloatArray, _dt: FloatArray) -> FloatArray:
         own, other = (t, one_minus_t) if self.high else (one_minus_t, t)
         core = response_log_prob(own, other, self.epsilon)
         return np.asarray(self.sign * core, dtype=np.float64)
 
-    def deriv(self, z: FloatArray) -> FloatArray:
-        """``d/dz`` of :meth:`value` (one-sided from inside ``[a, b]`` at kinks)."""
-        t, one_minus_t, dt = self._response(np.asarray(z, dtype=np.float64))
+    def _deriv(self, t: FloatArray, one_minus_t: FloatArray, dt: FloatArray) -> FloatArray:
         big_e = self.expm1_eps
         if self.high:
             core = big_e * dt / (1.0 + t * big_e)
