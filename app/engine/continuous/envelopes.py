@@ -64,8 +64,14 @@ class Lines:
         return np.asarray(np.outer(z, self.slopes) + self.intercepts, dtype=np.float64)
 
 
+@lru_cache(maxsize=1 << 16)
+def _end_magnitude(h: ResponseCurve, l: float, u: float) -> float:
+    """``max(|h(l)|, |h(u)|)``, memoised: every Kelley round's tangents on ``[l, u]`` read it."""
+    return float(np.max(np.abs(h.value(np.array([l, u])))))
+
+
 def _slack(h: ResponseCurve, l: float, u: float, slopes: FloatArray) -> FloatArray:
-    hmax = float(np.max(np.abs(h.value(np.array([l, u])))))
+    hmax = _end_magnitude(h, l, u)
     return np.asarray(
         256.0 * UNIT_ROUNDOFF * (1.0 + hmax + np.abs(slopes) * (abs(l) + abs(u) + 1.0)),
         dtype=np.float64,
