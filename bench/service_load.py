@@ -6,6 +6,7 @@ How to run (from the project root, PostgreSQL and Redis reachable)::
     .venv/bin/python bench/service_load.py --clients 50 --duration 20 --workers 4 --json out.json
     .venv/bin/python bench/service_load.py --requests 3000        # a fixed number per run
     .venv/bin/python bench/service_load.py --rate 300             # open loop at 300 submits/s
+    .venv/bin/python bench/service_load.py --scenarios linear --budget 2   # near the budget
 
 What it does
 ------------
@@ -22,6 +23,9 @@ What it does
    so no single hot row: each client submits to its own object; ``--objects K`` with K < clients
    makes clients share objects round-robin) with budget ε_g = 10000 (the maximum), far above what
    a run can spend, so every submit is accepted (non-201 answers are counted as errors).
+   ``--budget B`` registers them with ε_g = B instead: objects reach their budget during the
+   run, and the filter's rejections (409) count as answers, not errors — the near-budget regime,
+   where every decision of a continuous object runs its searches.
 4. Load: ``--clients`` closed-loop clients, each on its own keep-alive HTTP/1.1 connection,
    send ``POST /v1/objects/{id}/queries`` with a fresh ``Idempotency-Key`` one after the other,
    after ``--warmup`` untimed submits each; the timed phase ends after ``--duration`` seconds or
@@ -42,7 +46,12 @@ over the timed phase and per timed submit, the CPU time used by the server's pro
 the PostgreSQL backends of the benchmark database (sampled every 0.25 s) and by this client,
 and the machine's busy share (all processes, including anything else running). At the end
 ``gatekeeper verify`` replays every object's history against its stored state (``--no-verify``
-skips it); the exit status is 1 if any submit failed or verify did not pass.
+skips it); the exit status is 1 if any submit failed or verify did not pass. Then, on the same
+PostgreSQL (``--pgbench SECONDS``, 10 by default, 0 to skip), ``pgbench`` runs the submit-shaped
+transaction of ``bench/survey_load.py`` (lock an object's row, insert a history row, bump its
+version) with 8 clients, and its transactions per second and the CPU per transaction of
+``pgbench`` and of the PostgreSQL backends are printed beside the service's CPU per submit: the
+database's own ceiling for this shape of work, measured in the same run.
 
 Targets: >= 300 finite-domain (``grr``) submits/s with p99 < 100 ms, and the Bayesian filter
 within 1.5x of basic (throughput and latency). Note that in a closed loop the mean latency is
@@ -59,6 +68,7 @@ import json
 import os
 import platform
 import random
+import resource
 import secrets
 import signal
 import socket
@@ -429,10 +439,13 @@ class Run:
     machine_busy: float = 0.0
     histories: list[int] = field(default_factory=list)
     warmup_errors: int = 0
+    #: Statuses that answer a submit (``--budget``: the filter's 409 too).
+    answers: tuple[int, ...] = (201,)
 
     @property
     def ok(self) -> int:
-        return self.statuses.get(201, 0)
+        """Submits answered (accepted, and with ``--budget`` rejected by the filter)."""
+        return sum(self.statuses.get(status, 0) for status in self.answers)
 
     @property
     def throughput(self) -> float:
@@ -492,8 +505,34 @@ class Meter:
         self.run.machine_busy = (busy1 - self.busy0) / max(1, total1 - self.total0)
 
 
+def pgbench_side(url: str, name: str, seconds: int) -> tuple[float, float, float]:
+    """``pgbench``'s submit-shaped transaction on the benchmark database (``bench/survey_load.py``).
+
+    Returns transactions per second and the CPU milliseconds per transaction of ``pgbench``
+    itself (this process's children) and of the database's backends, measured like a run's.
+    """
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from bench.survey_load import pgbench_run, pgbench_tables
+
+    pgbench_tables(url)  # before the meters: filling the table is not a transaction
+    backends = BackendSampler(name)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    tps, count = pgbench_run(url, seconds=seconds)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    postgres = backends.stop()
+    client = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    n = max(1, count)
+    return tps, 1000 * client / n, 1000 * postgres / n
+
+
 def register_objects(
-    server: Server, scenario: str, filter_: str, count: int, rng: random.Random
+    server: Server,
+    scenario: str,
+    filter_: str,
+    count: int,
+    rng: random.Random,
+    budget: float = BUDGET,
 ) -> tuple[list[str], str]:
     _, domain, make_value, _ = SCENARIOS[scenario]
     ids = []
@@ -505,7 +544,7 @@ def register_objects(
                 "id": oid,
                 "domain": domain,
                 "value": make_value(rng),
-                "budget": {"epsilon": BUDGET},
+                "budget": {"epsilon": budget},
                 "filter": filter_,
             }
             r = client.post("/v1/objects", json=body, headers=headers)
@@ -542,7 +581,7 @@ async def drive(
     def record(status: int, payload: bytes, latency: float) -> None:
         run.statuses[status] = run.statuses.get(status, 0) + 1
         run.latencies.append(latency)
-        if status != 201 and len(run.errors) < 20:
+        if status not in run.answers and len(run.errors) < 20:
             run.errors.append(f"{status} {payload[:300]!r}")
 
     # warm-up: every connection opened, every object touched, untimed
@@ -553,7 +592,7 @@ async def drive(
             except Exception as e:  # counted below, like a failed timed request
                 await conns[i].close()
                 status, payload = 0, repr(e).encode()
-            if status != 201:
+            if status not in run.answers:
                 run.warmup_errors += 1
                 if len(run.errors) < 20:
                     run.errors.append(f"warm-up {status} {payload[:300]!r}")
@@ -631,7 +670,9 @@ def run_one(
 ) -> Run:
     objects = args.objects or args.clients
     run = Run(scenario, filter_, objects, args.clients, "open" if args.rate else "closed")
-    ids, analyst = register_objects(server, scenario, filter_, objects, rng)
+    ids, analyst = register_objects(server, scenario, filter_, objects, rng, args.budget)
+    if args.budget != BUDGET:
+        run.answers = (201, 409)
     queries = SCENARIOS[scenario][3](rng)
     meter = Meter(server, db_name, run)
     asyncio.run(drive(server, run, ids, analyst, queries, args, meter))
@@ -666,8 +707,8 @@ def machine_info() -> dict[str, Any]:
 def table(runs: list[Run]) -> str:
     head = (
         f"{'scenario':<8} {'filter':<9} {'mode':<6} {'obj':>4} {'cli':>4} {'requests':>8} "
-        f"{'201':>6} {'other':>5} {'submit/s':>9} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} "
-        f"{'max ms':>7}  {'cpu ms/submit srv pg cli':>24} {'busy':>5} {'per obj':>8}"
+        f"{'201':>6} {'409':>5} {'other':>5} {'answer/s':>9} {'p50 ms':>7} {'p90 ms':>7} "
+        f"{'p99 ms':>7} {'max ms':>7}  {'cpu ms/submit srv pg cli':>24} {'busy':>5} {'per obj':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in runs:
@@ -679,7 +720,8 @@ def table(runs: list[Run]) -> str:
         hist = f"{r.histories[0]}-{r.histories[-1]}" if r.histories else "-"
         lines.append(
             f"{r.scenario:<8} {r.filter:<9} {r.mode:<6} {r.objects:>4} {r.clients:>4} "
-            f"{len(r.latencies):>8} {r.ok:>6} {len(r.latencies) - r.ok:>5} "
+            f"{len(r.latencies):>8} {r.statuses.get(201, 0):>6} {r.statuses.get(409, 0):>5} "
+            f"{len(r.latencies) - r.ok:>5} "
             f"{r.throughput:>9.1f} {r.pct(50):>7.1f} {r.pct(90):>7.1f} {r.pct(99):>7.1f} "
             f"{r.pct(100):>7.1f}  {cpu:>24} {100 * r.machine_busy:>4.0f}% {hist:>8}"
         )
@@ -765,6 +807,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="extra environment of the server, e.g. REDIS_LOCKS=false (repeatable)",
     )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=BUDGET,
+        help=f"objects' ε_g ({BUDGET:g}); below it, 409 rejections count as answers",
+    )
+    parser.add_argument(
+        "--pgbench", type=int, default=10, metavar="SECONDS", help="pgbench run (10; 0: skip)"
+    )
     parser.add_argument("--no-verify", action="store_true", help="skip `gatekeeper verify`")
     parser.add_argument("--seed", type=int, default=20240601)
     parser.add_argument("--json", metavar="PATH", help="write summaries and latencies as JSON")
@@ -790,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"service load: {args.clients} clients ({load}), {length} per run, "
         f"{args.workers} uvicorn workers, BOUND_PROCESSES={args.bound_processes}, "
-        f"objects per run {args.objects or args.clients}, budget {BUDGET:g}, warm-up "
+        f"objects per run {args.objects or args.clients}, budget {args.budget:g}, warm-up "
         f"{args.warmup} per client"
     )
     print(
@@ -802,6 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server log: {log_dir / 'server.log'}", flush=True)
     runs: list[Run] = []
     verify_rc = None
+    pgbench: tuple[float, float, float] | None = None
     with fresh_database() as (url, name):
         extra = dict(item.split("=", 1) for item in args.server_env)
         server = Server(url, args.workers, args.bound_processes, log_dir / "server.log", extra)
@@ -813,7 +865,8 @@ def main(argv: list[str] | None = None) -> int:
                         run = run_one(server, name, scenario, filter_, args, rng)
                         runs.append(run)
                         print(
-                            f"  {scenario}/{filter_}: {run.ok} accepted in {run.wall:.1f} s, "
+                            f"  {scenario}/{filter_}: {run.ok} answered "
+                            f"({run.statuses.get(201, 0)} accepted) in {run.wall:.1f} s, "
                             f"{run.throughput:.1f}/s, p99 {run.pct(99):.1f} ms",
                             flush=True,
                         )
@@ -832,6 +885,8 @@ def main(argv: list[str] | None = None) -> int:
             verify_rc = done.returncode
             tail = done.stdout.strip().splitlines()[-1:] or ["(no output)"]
             print(f"gatekeeper verify: exit {verify_rc}, {tail[0]}")
+        if args.pgbench:
+            pgbench = pgbench_side(url, name, args.pgbench)
     print()
     print(table(runs))
     print()
@@ -843,6 +898,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     for line in verdicts(runs, args.rate):
         print(line)
+    if pgbench is not None:
+        tps, client_ms, postgres_ms = pgbench
+        print(
+            f"pgbench, same PostgreSQL, submit-shaped transaction (8 clients, {args.pgbench} s): "
+            f"{tps:,.0f} tx/s, cpu ms/tx pgbench {client_ms:.3f} pg {postgres_ms:.3f} — beside "
+            "the service's cpu ms/submit (srv pg cli) above"
+        )
     info["loadavg_end"] = os.getloadavg()
     print(f"loadavg at the end: {' '.join(f'{x:.2f}' for x in info['loadavg_end'])}")
     if args.json:
@@ -855,6 +917,9 @@ def main(argv: list[str] | None = None) -> int:
             ],
             "verdicts": verdicts(runs, args.rate),
             "verify_exit": verify_rc,
+            "pgbench": None
+            if pgbench is None
+            else dict(zip(("tps", "cpu_ms_pgbench", "cpu_ms_postgres"), pgbench, strict=True)),
         }
         Path(args.json).write_text(json.dumps(dump, indent=1))
     for r in runs:

@@ -183,6 +183,13 @@ COMMIT;
 
 
 def pgbench(database_url: str, rows: int = 100_000, seconds: int = 10) -> float:
+    """Transactions per second of :data:`PGBENCH_SCRIPT` (tables created first)."""
+    pgbench_tables(database_url, rows)
+    return pgbench_run(database_url, rows, seconds)[0]
+
+
+def pgbench_tables(database_url: str, rows: int = 100_000) -> None:
+    """The tables :data:`PGBENCH_SCRIPT` works on, ``rows`` objects."""
     import psycopg
 
     with psycopg.connect(database_url, autocommit=True) as conn:
@@ -194,6 +201,10 @@ def pgbench(database_url: str, rows: int = 100_000, seconds: int = 10) -> float:
         conn.execute(
             "INSERT INTO pgb_objects SELECT g, 0 FROM generate_series(1, %s) g", (int(rows),)
         )
+
+
+def pgbench_run(database_url: str, rows: int = 100_000, seconds: int = 10) -> tuple[float, int]:
+    """``pgbench`` with 8 clients for ``seconds``: transactions per second and their count."""
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as script:
         script.write(PGBENCH_SCRIPT.format(rows=rows))
     done = subprocess.run(  # noqa: S603 - pgbench from PATH, as the docs say
@@ -215,10 +226,15 @@ def pgbench(database_url: str, rows: int = 100_000, seconds: int = 10) -> float:
         check=True,
     )
     os.unlink(script.name)
+    tps, count = None, None
     for line in done.stdout.splitlines():
         if line.startswith("tps ="):
-            return float(line.split()[2])
-    raise RuntimeError(done.stdout)
+            tps = float(line.split()[2])
+        if line.startswith("number of transactions actually processed:"):
+            count = int(line.split(":")[1].split()[0])
+    if tps is None or count is None:
+        raise RuntimeError(done.stdout)
+    return tps, count
 
 
 def single_submits() -> float | None:

@@ -96,9 +96,24 @@ def response_log_prob(
     relative error of a few ulp (for ``own``, ``other`` in ``[0, 1]``), so the result errs by a
     few ulp of ``1 + |result|`` whatever ε — no two large numbers cancel.
     """
+    k, q = response_coefficients(epsilon)
+    return response_log_prob_with(own, other, k, q)
+
+
+def response_coefficients(epsilon: float | FloatArray) -> tuple[FloatArray, FloatArray]:
+    """``(k, q) = (tanh(ε/2), 1/(e^ε + 1))``, the coefficients of :func:`response_log_prob`."""
     eps = np.asarray(epsilon, dtype=np.float64)
-    k = np.tanh(0.5 * eps)
-    q = 1.0 / (1.0 + np.exp(eps))
+    return np.tanh(0.5 * eps), 1.0 / (1.0 + np.exp(eps))
+
+
+def response_log_prob_with(
+    own: FloatArray, other: FloatArray, k: FloatArray, q: FloatArray
+) -> FloatArray:
+    """:func:`response_log_prob` with its coefficients (:func:`response_coefficients`) given.
+
+    Callers that evaluate the same curves many times (the continuous search) compute ``k`` and
+    ``q`` once.
+    """
     p_own = own * k + q
     p_other = other * k + q
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -171,15 +186,18 @@ def split_dot(
     s = np.broadcast_to(np.asarray(c, dtype=np.float64), shape).copy()
     corr = np.zeros_like(s)
     abs_err = np.zeros_like(s)
-    tiny = 2.0**-960
+    # every product at once, coordinate first (the sums below must run in order, the products
+    # need not): the same floats as one two_product per coordinate, in a few numpy calls
+    a = points.T if paired else points.T[:, :, None]
+    b = theta.T if paired else theta.T[:, None, :]
+    prods, prod_errs = two_product(a, b)
+    underflow = (np.abs(prods) < 2.0**-960) & (a != 0.0) & (b != 0.0)
+    pads = np.where(underflow, 2.0**-1070, 0.0)
+    abs_prod_errs = np.abs(prod_errs)
     for k in range(d):
-        a = points[:, k] if paired else points[:, k : k + 1]
-        b = theta[:, k] if paired else theta[:, k][None, :]
-        prod, prod_err = two_product(a, b)
-        s, sum_err = _two_sum(s, prod)
-        corr += prod_err + sum_err
-        underflow = (np.abs(prod) < tiny) & (a != 0.0) & (b != 0.0)
-        abs_err += np.abs(prod_err) + np.abs(sum_err) + np.where(underflow, 2.0**-1070, 0.0)
+        s, sum_err = _two_sum(s, prods[k])
+        corr += prod_errs[k] + sum_err
+        abs_err += abs_prod_errs[k] + np.abs(sum_err) + pads[k]
     hi, lo = _two_sum(s, corr)
     bound = abs_err * (4.0 * (2 * d + 2) * UNIT_ROUNDOFF) * (1.0 + 4.0 * UNIT_ROUNDOFF)
     bound = np.where(abs_err > 0.0, bound + 2.0**-1074, 0.0)

@@ -64,8 +64,14 @@ class Lines:
         return np.asarray(np.outer(z, self.slopes) + self.intercepts, dtype=np.float64)
 
 
+@lru_cache(maxsize=1 << 16)
+def _end_magnitude(h: ResponseCurve, l: float, u: float) -> float:
+    """``max(|h(l)|, |h(u)|)``, memoised: every Kelley round's tangents on ``[l, u]`` read it."""
+    return float(np.max(np.abs(h.value(np.array([l, u])))))
+
+
 def _slack(h: ResponseCurve, l: float, u: float, slopes: FloatArray) -> FloatArray:
-    hmax = float(np.max(np.abs(h.value(np.array([l, u])))))
+    hmax = _end_magnitude(h, l, u)
     return np.asarray(
         256.0 * UNIT_ROUNDOFF * (1.0 + hmax + np.abs(slopes) * (abs(l) + abs(u) + 1.0)),
         dtype=np.float64,
@@ -73,8 +79,8 @@ def _slack(h: ResponseCurve, l: float, u: float, slopes: FloatArray) -> FloatArr
 
 
 def _tangents(h: ResponseCurve, points: FloatArray) -> tuple[FloatArray, FloatArray]:
-    slopes = h.deriv(points)
-    return slopes, h.value(points) - slopes * points
+    values, slopes = h.value_and_deriv(points)
+    return slopes, values - slopes * points
 
 
 def _secant(h: ResponseCurve, l: float, u: float) -> tuple[FloatArray, FloatArray]:
@@ -127,14 +133,24 @@ def _bisect(h: ResponseCurve, lo: float, hi: float, anchor: float, want_left: bo
     return good
 
 
+def _tangent_at(h: ResponseCurve, p: float, anchor: float) -> tuple[float, float]:
+    """The tangent of ``h`` at ``p`` evaluated at ``anchor``, and ``h(anchor)``.
+
+    One evaluation at both points (the same floats as :func:`_tangents` and ``h.value``).
+    """
+    values, slopes = h.value_and_deriv(np.array([p, anchor]))
+    line = slopes[0] * anchor + (values[0] - slopes[0] * p)
+    return float(line), float(values[1])
+
+
 def _passes_over(h: ResponseCurve, p: float, l: float) -> bool:
-    s, b = _tangents(h, np.array([p]))
-    return float(s[0] * l + b[0]) >= float(h.value(np.array([l]))[0])
+    line, value = _tangent_at(h, p, l)
+    return line >= value
 
 
 def _passes_under(h: ResponseCurve, p: float, u: float) -> bool:
-    s, b = _tangents(h, np.array([p]))
-    return float(s[0] * u + b[0]) <= float(h.value(np.array([u]))[0])
+    line, value = _tangent_at(h, p, u)
+    return line <= value
 
 
 def _flat_side(h: ResponseCurve) -> str:
@@ -158,19 +174,37 @@ def _with_chord(
     return np.concatenate([lines[0], slope]), np.concatenate([lines[1], intercept])
 
 
+@lru_cache(maxsize=1 << 16)
+def _over_cv_reach(h: ResponseCurve, l: float, u: float) -> tuple[float, float] | None:
+    """Where :func:`_over_cv` places its tangent points; ``None`` when it uses one line."""
+    z_star = h.inflection
+    if u - l <= 0.0 or u <= z_star or (l < z_star and not _passes_over(h, u, l)):
+        return None
+    if l >= z_star:
+        return l, u
+    return _bisect(h, z_star, u, l, want_left=False), u
+
+
+@lru_cache(maxsize=1 << 16)
+def _under_cv_reach(h: ResponseCurve, l: float, u: float) -> tuple[float, float] | None:
+    """Where :func:`_under_cv` places its tangent points; ``None`` when it uses one line."""
+    z_star = h.inflection
+    if u - l <= 0.0 or l >= z_star or (u > z_star and not _passes_under(h, l, u)):
+        return None
+    if u <= z_star:
+        return l, u
+    return l, _bisect(h, l, z_star, u, want_left=True)
+
+
 def _over_cv(h: ResponseCurve, l: float, u: float, extra: Sequence[float], count: int) -> Lines:
     z_star = h.inflection
+    reach = _over_cv_reach(h, l, u)
     if u - l <= 0.0:
         slopes, intercepts = np.zeros(1), h.value(np.array([l]))
-    elif u <= z_star:
-        slopes, intercepts = _secant(h, l, u)
-    elif l >= z_star:
-        slopes, intercepts = _tangents(h, _spread(l, u, extra, count))
-    elif not _passes_over(h, u, l):
+    elif reach is None:
         slopes, intercepts = _secant(h, l, u)
     else:
-        p0 = _bisect(h, z_star, u, l, want_left=False)
-        slopes, intercepts = _tangents(h, _spread(p0, u, extra, count))
+        slopes, intercepts = _tangents(h, _spread(*reach, extra, count))
     if l < z_star < u and _flat_side(h) == "right":
         # a kink: the tangents of the flat side are flat; the chord from l to the kink is above h
         # on the convex side and, increasing, above the flat side (issue 22 item 3: without it
@@ -181,22 +215,39 @@ def _over_cv(h: ResponseCurve, l: float, u: float, extra: Sequence[float], count
 
 def _under_cv(h: ResponseCurve, l: float, u: float, extra: Sequence[float], count: int) -> Lines:
     z_star = h.inflection
+    reach = _under_cv_reach(h, l, u)
     if u - l <= 0.0:
         slopes, intercepts = np.zeros(1), h.value(np.array([l]))
-    elif l >= z_star:
-        slopes, intercepts = _secant(h, l, u)
-    elif u <= z_star:
-        slopes, intercepts = _tangents(h, _spread(l, u, extra, count))
-    elif not _passes_under(h, l, u):
+    elif reach is None:
         slopes, intercepts = _secant(h, l, u)
     else:
-        p1 = _bisect(h, l, z_star, u, want_left=True)
-        slopes, intercepts = _tangents(h, _spread(l, p1, extra, count))
+        slopes, intercepts = _tangents(h, _spread(*reach, extra, count))
     if l < z_star < u and _flat_side(h) == "left":
         # the mirror image: the chord from the kink to u is below h on the concave side and,
         # increasing, below the flat side
         slopes, intercepts = _with_chord(h, (slopes, intercepts), z_star, u)
     return Lines(slopes, intercepts - _slack(h, l, u, slopes))
+
+
+def added_tangents(h: ResponseCurve, l: float, u: float, points: FloatArray) -> Lines | None:
+    """The lines ``concave_overestimator(h, l, u, extra=points)`` has for its ``points``.
+
+    Tangents at the points moved into the range where a tangent is valid, with the same slack
+    (the Kelley rounds of the branch-and-bound add these to a node's LP instead of building its
+    envelopes again); ``None`` where the overestimator is a single line and ignores ``extra``.
+    """
+    if h.shape is Shape.CV:
+        reach = _over_cv_reach(h, l, u)
+        if reach is None:
+            return None
+        slopes, intercepts = _tangents(h, np.clip(points, *reach))
+        return Lines(slopes, intercepts + _slack(h, l, u, slopes))
+    g = h.negated()
+    reach = _under_cv_reach(g, l, u)
+    if reach is None:
+        return None
+    slopes, intercepts = _tangents(g, np.clip(points, *reach))
+    return Lines(slopes, intercepts - _slack(g, l, u, slopes)).negated()
 
 
 def concave_overestimator(

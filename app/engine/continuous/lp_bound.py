@@ -56,12 +56,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from app.engine.continuous import highs
-from app.engine.continuous.envelopes import Lines, cached_concave_overestimator
+from app.engine.continuous.envelopes import (
+    Lines,
+    added_tangents,
+    cached_concave_overestimator,
+)
 from app.engine.continuous.problem import TermSet
 from app.engine.numerics import UNIT_ROUNDOFF, FloatArray
 
@@ -96,6 +100,31 @@ class Relaxation:
     gaps: FloatArray
     solved: bool
     lift_gaps: FloatArray = field(default_factory=lambda: np.zeros(0))
+    #: The LP behind the bound, for :func:`tighten` (``None``: the bound needed no LP).
+    lp: NodeLp | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class NodeLp:
+    """One node's LP as solved: ``max cost·v`` s.t. ``A v <= b``, ``v_lo <= v <= v_hi``.
+
+    ``A`` holds only the rows given to HiGHS (see :data:`MAX_COEFFICIENT`); ``scale`` the
+    column scales (:func:`column_scales`); ``model`` the HiGHS model left by the solve
+    (:func:`~app.engine.continuous.highs.add_rows`).
+    """
+
+    A: FloatArray
+    b: FloatArray
+    cost: FloatArray
+    v_lo: FloatArray
+    v_hi: FloatArray
+    scale: FloatArray
+    interval_bound: float
+    model: int
+    x_lo: FloatArray
+    x_hi: FloatArray
+    l: FloatArray
+    u: FloatArray
 
 
 #: Relative width below which a query value's interval is not split (about 4096 ulps), and
@@ -234,7 +263,7 @@ def relax(
     :meth:`~app.engine.continuous.problem.TermSet.term_extremes`) narrow the bounds of each
     ``s_i``; a node where they leave no value is empty.
     """
-    n, d = terms.size, x_lo.size
+    n = terms.size
     start = time.perf_counter()
     v_lo_x, v_hi_x = terms.lifted_bounds(x_lo, x_hi)
     dim = v_lo_x.size  # columns of θ: d, plus one per monomial when lifted
@@ -294,6 +323,68 @@ def relax(
     res, solution = _scaled_linprog(
         -cost, A, b, v_lo, v_hi, None if left is None else max(left, 1e-3), scale
     )
+    node = NodeLp(A, b, cost, v_lo, v_hi, scale, interval_bound, res.model, x_lo, x_hi, l, u)
+    return _outcome(terms, node, res, solution)
+
+
+def tighten(
+    terms: TermSet, rel: Relaxation, points: dict[int, float], time_limit: float | None = None
+) -> Relaxation | None:
+    """A Kelley round: ``rel``'s LP plus tangents of terms ``i`` at ``points[i]``, solved.
+
+    The same bound as :func:`relax` with each point added to ``extra[i]`` (the tangents are
+    :func:`~app.engine.continuous.envelopes.added_tangents`, the lines the overestimator adds
+    for those points), but the node's LP is extended rather than built again: HiGHS gets the
+    new rows only, when it still holds the node's model, and restarts from its optimum. The
+    bound is certified over all the rows, as :func:`relax`'s. ``None`` when ``rel`` has no LP
+    (the caller then keeps ``rel``); ``rel`` itself when no point adds a usable row.
+    """
+    node = rel.lp
+    if node is None:
+        return None
+    n, dim = terms.size, node.v_lo.size - terms.size
+    slopes: list[FloatArray] = []
+    intercepts: list[FloatArray] = []
+    owners: list[int] = []
+    for i, p in points.items():
+        lines = added_tangents(terms.curves[i], float(node.l[i]), float(node.u[i]), np.array([p]))
+        if lines is not None:
+            slopes.append(lines.slopes)
+            intercepts.append(lines.intercepts)
+            owners += [i] * lines.slopes.size
+    if not owners:
+        return rel
+    owner = np.array(owners)
+    alpha, beta = np.concatenate(slopes), np.concatenate(intercepts)
+    A = np.zeros((owner.size, dim + n))
+    A[:, :dim] = -alpha[:, None] * terms.theta[owner]
+    A[np.arange(owner.size), dim + owner] = 1.0
+    b = alpha * terms.c[owner] + beta
+    # the filters of relax: finite rows HiGHS can take
+    keep = np.isfinite(b) & np.all(np.isfinite(A), axis=1)
+    keep &= np.max(np.abs(A) * node.scale, axis=1, initial=0.0) <= MAX_COEFFICIENT
+    if not keep.any():
+        return rel
+    A, b = A[keep], b[keep]
+    limit = None if time_limit is None else max(time_limit, 1e-3)
+    res = highs.add_rows(node.model, A * node.scale, b, limit)
+    A, b = np.vstack([node.A, A]), np.concatenate([node.b, b])
+    if res is None:  # HiGHS holds another model: solve the whole LP
+        res, solution = _scaled_linprog(-node.cost, A, b, node.v_lo, node.v_hi, limit, node.scale)
+    else:
+        solution = None if res.x is None else res.x * node.scale
+    return _outcome(terms, replace(node, A=A, b=b, model=res.model), res, solution)
+
+
+def _outcome(
+    terms: TermSet, node: NodeLp, res: highs.LpResult, solution: FloatArray | None
+) -> Relaxation:
+    """The certified :class:`Relaxation` of a solved node LP."""
+    n, d = terms.size, node.x_lo.size
+    dim = node.v_lo.size - n
+    A, b, cost, v_lo, v_hi = node.A, node.b, node.cost, node.v_lo, node.v_hi
+    x_lo, x_hi, l, u = node.x_lo, node.x_hi, node.l, node.u
+    interval_bound, const = node.interval_bound, terms.constant
     status = res.status
     if status == highs.INFEASIBLE and certified_empty(terms, x_lo, x_hi, l, u):
         return Relaxation(-np.inf, None, None, np.zeros(n), True)
@@ -306,6 +397,7 @@ def relax(
     x = np.clip(solution[:d], x_lo, x_hi)
     s = solution[dim:]
     if terms.lifting is not None:
+        v_lo_x, v_hi_x = v_lo[:dim], v_hi[:dim]
         v = np.clip(solution[:dim], v_lo_x, v_hi_x)
         z = np.clip(np.asarray(terms.theta @ v + terms.c, dtype=np.float64), l, u)
         gaps = np.maximum(s - terms.term_values(z), 0.0)
@@ -318,14 +410,15 @@ def relax(
         slopes = np.maximum(slopes, np.abs(terms.batch.derivs(z)))
         violation = np.abs(v[d:] - terms.lifting.lift(x)[d:])
         lift_gaps = violation * (np.abs(terms.theta[:, d:]).T @ slopes)
-        return Relaxation(bound + const, x, z, gaps, True, np.asarray(lift_gaps, dtype=np.float64))
+        lifted = np.asarray(lift_gaps, dtype=np.float64)
+        return Relaxation(bound + const, x, z, gaps, True, lifted, node)
     z = terms.values(x)
     # the gap is measured against h's values within a relative RESOLUTION of z: where a term's
     # slope is e^80 (a linear query's t near 0), rounding z alone shows tens of nats of "gap"
     # that no split of the query value can remove (issue 22 item 3)
     delta = RESOLUTION * np.maximum(np.abs(z), u - l)
-    near = np.maximum(
-        terms.term_values(np.clip(z - delta, l, u)), terms.term_values(np.clip(z + delta, l, u))
+    below, above, at = terms.term_values(
+        np.stack([np.clip(z - delta, l, u), np.clip(z + delta, l, u), z])
     )
-    gaps = np.maximum(s - np.maximum(near, terms.term_values(z)), 0.0)
-    return Relaxation(bound + const, x, z, gaps, True)
+    gaps = np.maximum(s - np.maximum(np.maximum(below, above), at), 0.0)
+    return Relaxation(bound + const, x, z, gaps, True, lp=node)

@@ -40,9 +40,16 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import expit
 
-from app.engine.numerics import FloatArray, response_log_prob
+from app.engine.numerics import (
+    FloatArray,
+    response_coefficients,
+    response_log_prob,
+    response_log_prob_with,
+)
 
 BoolArray = npt.NDArray[np.bool_]
+#: ``(t_own, 1 - t_own, dt_own/dz)`` of a batch of curves.
+Responses = tuple[FloatArray, FloatArray, FloatArray]
 
 
 class Shape(Enum):
@@ -133,14 +140,23 @@ class ResponseCurve:
 
     def value(self, z: FloatArray) -> FloatArray:
         """``sign * log Pr(output | z)``."""
-        t, one_minus_t, _ = self._response(np.asarray(z, dtype=np.float64))
+        return self._value(*self._response(np.asarray(z, dtype=np.float64)))
+
+    def deriv(self, z: FloatArray) -> FloatArray:
+        """``d/dz`` of :meth:`value` (one-sided from inside ``[a, b]`` at kinks)."""
+        return self._deriv(*self._response(np.asarray(z, dtype=np.float64)))
+
+    def value_and_deriv(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """:meth:`value` and :meth:`deriv` at once (one pass over the response)."""
+        response = self._response(np.asarray(z, dtype=np.float64))
+        return self._value(*response), self._deriv(*response)
+
+    def _value(self, t: FloatArray, one_minus_t: FloatArray, _dt: FloatArray) -> FloatArray:
         own, other = (t, one_minus_t) if self.high else (one_minus_t, t)
         core = response_log_prob(own, other, self.epsilon)
         return np.asarray(self.sign * core, dtype=np.float64)
 
-    def deriv(self, z: FloatArray) -> FloatArray:
-        """``d/dz`` of :meth:`value` (one-sided from inside ``[a, b]`` at kinks)."""
-        t, one_minus_t, dt = self._response(np.asarray(z, dtype=np.float64))
+    def _deriv(self, t: FloatArray, one_minus_t: FloatArray, dt: FloatArray) -> FloatArray:
         big_e = self.expm1_eps
         if self.high:
             core = big_e * dt / (1.0 + t * big_e)
@@ -154,7 +170,12 @@ class CurveBatch:
     """Many :class:`ResponseCurve` evaluated together: ``z[..., i]`` goes to curve ``i``.
 
     The same formulas as :meth:`ResponseCurve.value`/:meth:`ResponseCurve.deriv`, vectorised
-    over curves so that evaluating ``F`` at many points costs a few numpy passes.
+    over curves so that evaluating ``F`` at many points costs a few numpy passes. The search
+    evaluates a handful of curves at a few points at a time, where each numpy call costs more
+    than its arithmetic: :meth:`of` therefore folds each curve's output into signed parameters
+    (the high output reads ``z - a``, the low one ``-(z - b)``) and records which kinds are
+    present, so that a batch of logistic curves never computes the ``linear`` response and the
+    other way round (the results are the same floats either way).
     """
 
     logistic: BoolArray
@@ -166,6 +187,23 @@ class CurveBatch:
     width: FloatArray
     truncate: BoolArray
     sign: FloatArray
+    #: ``+1`` for a high output, ``-1`` for a low one (``other_side``: the opposite).
+    side: FloatArray
+    #: Where each curve's own response is 0 (``a`` for the high output, ``b`` for the low one)
+    #: and the other output's.
+    own_zero: FloatArray
+    other_zero: FloatArray
+    other_side: FloatArray
+    #: ``±1/(b - a)``: ``dt_own/dz`` of a ``linear`` curve inside ``[a, b]``.
+    slope: FloatArray
+    #: ``response_log_prob``'s coefficients ``tanh(ε/2)`` and ``1/(e^ε + 1)``.
+    k: FloatArray
+    q: FloatArray
+    any_logistic: bool
+    any_linear: bool
+    #: Whether every ``linear`` curve is truncated (clipped), and whether some is.
+    all_truncated: bool
+    any_truncated: bool
 
     @classmethod
     def of(cls, curves: tuple[ResponseCurve, ...]) -> CurveBatch:
@@ -174,26 +212,79 @@ class CurveBatch:
         def arr(values: list[float]) -> FloatArray:
             return np.asarray(values, dtype=np.float64)
 
+        logistic = np.array([h.logistic for h in curves], dtype=bool)
+        high = np.array([h.high for h in curves], dtype=bool)
+        a, b = arr([h.a for h in curves]), arr([h.b for h in curves])
+        width = arr([h.b - h.a for h in curves])
+        truncate = np.array([h.truncate for h in curves], dtype=bool)
+        epsilon = arr([h.epsilon for h in curves])
+        k, q = response_coefficients(epsilon)
+        linear_truncate = truncate[~logistic]
         return cls(
-            logistic=np.array([h.logistic for h in curves], dtype=bool),
-            high=np.array([h.high for h in curves], dtype=bool),
+            logistic=logistic,
+            high=high,
             big_e=arr([h.expm1_eps for h in curves]),
-            epsilon=arr([h.epsilon for h in curves]),
-            a=arr([h.a for h in curves]),
-            b=arr([h.b for h in curves]),
-            width=arr([h.b - h.a for h in curves]),
-            truncate=np.array([h.truncate for h in curves], dtype=bool),
+            epsilon=epsilon,
+            a=a,
+            b=b,
+            width=width,
+            truncate=truncate,
             sign=arr([h.sign for h in curves]),
+            side=np.where(high, 1.0, -1.0),
+            other_side=np.where(high, -1.0, 1.0),
+            own_zero=np.where(high, a, b),
+            other_zero=np.where(high, b, a),
+            slope=np.where(high, 1.0 / width, -1.0 / width),
+            k=np.asarray(k, dtype=np.float64),
+            q=np.asarray(q, dtype=np.float64),
+            any_logistic=bool(logistic.any()),
+            any_linear=bool((~logistic).any()),
+            all_truncated=bool(linear_truncate.all()),
+            any_truncated=bool(linear_truncate.any()),
         )
 
-    def _response(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """``(t_own, dt_own/dz)``: the response of each curve's own output and its derivative."""
-        own, _other, dt = self._responses(z)
-        return own, dt
+    def _linear(self, z: FloatArray, z_lo: FloatArray | None, slopes: bool) -> Responses:
+        """``(t_own, 1 - t_own, dt_own/dz)`` of the ``linear`` curves (see :meth:`_responses`).
+
+        ``(z - a) + lo`` for the high output and ``-((z - b) + lo)``, the same float as
+        ``(b - z) - lo`` (rounding to nearest is symmetric), for the low one. Without
+        ``slopes`` the third array is ``z`` itself (not computed).
+        """
+        own = z - self.own_zero
+        other = z - self.other_zero
+        if z_lo is not None:
+            own = own + z_lo
+            other = other + z_lo
+        own = own * self.side
+        other = other * self.other_side
+        if self.any_truncated:
+            own_clipped = np.minimum(np.maximum(own, 0.0), self.width)
+            other_clipped = np.minimum(np.maximum(other, 0.0), self.width)
+            if self.all_truncated:
+                own, other = own_clipped, other_clipped
+            else:
+                own = np.where(self.truncate, own_clipped, own)
+                other = np.where(self.truncate, other_clipped, other)
+        dt = z
+        if slopes and self.any_truncated:
+            inside = (z >= self.a) & (z <= self.b)
+            flat = inside if self.all_truncated else inside | ~self.truncate
+            dt = np.where(flat, self.slope, 0.0)
+        elif slopes:
+            dt = np.broadcast_to(self.slope, z.shape)
+        return own / self.width, other / self.width, dt
+
+    def _logistic(self, z: FloatArray, slopes: bool) -> Responses:
+        """``(σ(±z), σ(∓z), ±σ(z)σ(-z))`` of the logistic curves, ``+`` for the high output."""
+        signed = z * self.side
+        with np.errstate(over="ignore"):
+            own = np.asarray(expit(signed), dtype=np.float64)
+            other = np.asarray(expit(-signed), dtype=np.float64)
+        return own, other, own * other * self.side if slopes else z
 
     def _responses(
-        self, z: FloatArray, z_lo: FloatArray | None = None
-    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        self, z: FloatArray, z_lo: FloatArray | None = None, slopes: bool = True
+    ) -> Responses:
         """``(t_own, 1 - t_own, dt_own/dz)``, ``1 - t_own`` formed without cancellation.
 
         ``z_lo`` (optional) is the low part of a double-double query value ``z + z_lo``: a
@@ -201,35 +292,43 @@ class CurveBatch:
         to one rounding (Sterbenz: ``z - a`` is exact near ``a``), so ``t`` keeps its relative
         precision where ``z`` rounds to ``a`` — where ``log t`` has a slope of ``e^ε``. Logistic
         terms read ``z`` only (their slope is below 1: the caller charges ``|z_lo|``).
+        Without ``slopes`` the third array is not computed (it is ``z`` or a mix with it).
         """
-        with np.errstate(over="ignore"):
-            sig = np.asarray(expit(z), dtype=np.float64)
-            sig_neg = np.asarray(expit(-z), dtype=np.float64)
-        lo = 0.0 if z_lo is None else z_lo
-        from_a = (z - self.a) + lo
-        from_b = (self.b - z) - lo
-        clipped_a = np.clip(from_a, 0.0, self.width)
-        clipped_b = np.clip(from_b, 0.0, self.width)
-        t_lin = np.where(self.truncate, clipped_a, from_a) / self.width
-        t_lin_low = np.where(self.truncate, clipped_b, from_b) / self.width
-        inside = (z >= self.a) & (z <= self.b)
-        dt_lin = np.where(inside | ~self.truncate, 1.0 / self.width, 0.0)
-        t_high = np.where(self.logistic, sig, t_lin)
-        t_low = np.where(self.logistic, sig_neg, t_lin_low)
-        dt = np.where(self.logistic, sig * sig_neg, dt_lin)
-        own = np.where(self.high, t_high, t_low)
-        other = np.where(self.high, t_low, t_high)
-        return own, other, np.where(self.high, dt, -dt)
+        z = np.asarray(z, dtype=np.float64)
+        if not self.any_linear:
+            return self._logistic(z, slopes)
+        if not self.any_logistic:
+            return self._linear(z, z_lo, slopes)
+        lin_own, lin_other, lin_dt = self._linear(z, z_lo, slopes)
+        log_own, log_other, log_dt = self._logistic(z, slopes)
+        return (
+            np.where(self.logistic, log_own, lin_own),
+            np.where(self.logistic, log_other, lin_other),
+            np.where(self.logistic, log_dt, lin_dt) if slopes else z,
+        )
+
+    def _log_prob(self, own: FloatArray, other: FloatArray) -> FloatArray:
+        return np.asarray(
+            self.sign * response_log_prob_with(own, other, self.k, self.q), dtype=np.float64
+        )
+
+    def _slope(self, own: FloatArray, dt: FloatArray) -> FloatArray:
+        return np.asarray(self.sign * self.big_e * dt / (1.0 + own * self.big_e), dtype=np.float64)
 
     def values(self, z: FloatArray, z_lo: FloatArray | None = None) -> FloatArray:
         """``h_i(z[..., i])`` for every curve (cancellation-free, see ``response_log_prob``).
 
         ``z_lo``: low parts of double-double query values (see :meth:`_responses`).
         """
-        own, other, _ = self._responses(z, z_lo)
-        return np.asarray(self.sign * response_log_prob(own, other, self.epsilon), dtype=np.float64)
+        own, other, _ = self._responses(z, z_lo, slopes=False)
+        return self._log_prob(own, other)
 
     def derivs(self, z: FloatArray) -> FloatArray:
         """``h_i'(z[..., i])`` for every curve."""
-        own, dt = self._response(z)
-        return np.asarray(self.sign * self.big_e * dt / (1.0 + own * self.big_e), dtype=np.float64)
+        own, _, dt = self._responses(z)
+        return self._slope(own, dt)
+
+    def values_and_derivs(self, z: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """:meth:`values` and :meth:`derivs` at once (one pass over the responses)."""
+        own, other, dt = self._responses(z)
+        return self._log_prob(own, other), self._slope(own, dt)

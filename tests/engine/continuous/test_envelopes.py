@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from app.engine.continuous.envelopes import (
     Lines,
+    added_tangents,
     concave_overestimator,
     convex_underestimator,
 )
@@ -149,6 +150,31 @@ def test_estimators_across_the_inflection_point(
     curve, zl, zu = case
     check_over(curve, zl, zu, extra, count)
     check_under(curve, zl, zu, extra, count)
+
+
+@settings(max_examples=300, deadline=None)
+@given(curves_and_intervals(straddle=True), extras, counts)
+def test_added_tangents_are_the_lines_of_the_extra_points(
+    case: tuple[ResponseCurve, float, float], extra: list[float], count: int
+) -> None:
+    """A Kelley round's rows: the lines the overestimator has for its extra points, no more.
+
+    The overestimator with ``extra`` is the one without plus :func:`added_tangents` (as sets of
+    lines, the same floats), so a node LP extended by them is the LP :func:`relax` builds with
+    those points; and each added line is above ``h`` on the interval by itself.
+    """
+    curve, zl, zu = case
+    base = concave_overestimator(curve, zl, zu, (), count)
+    full = concave_overestimator(curve, zl, zu, extra, count)
+    added = added_tangents(curve, zl, zu, np.array(extra, dtype=np.float64))
+    pairs = set(zip(base.slopes.tolist(), base.intercepts.tolist(), strict=True))
+    if added is None:  # a single line (a point or the secant): extra points change nothing
+        assert set(zip(full.slopes.tolist(), full.intercepts.tolist(), strict=True)) == pairs
+        return
+    pairs |= set(zip(added.slopes.tolist(), added.intercepts.tolist(), strict=True))
+    assert set(zip(full.slopes.tolist(), full.intercepts.tolist(), strict=True)) == pairs
+    z = dense(curve, zl, zu)
+    assert np.all(added.evaluate(z) >= curve.value(z)[:, None])
 
 
 def test_reference_agrees_with_the_engine_curves() -> None:

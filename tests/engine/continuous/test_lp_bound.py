@@ -14,7 +14,7 @@ import pytest
 from scipy.optimize import linprog
 
 from app.engine.continuous.envelopes import concave_overestimator
-from app.engine.continuous.lp_bound import _certify, certified_empty, relax
+from app.engine.continuous.lp_bound import _certify, certified_empty, relax, tighten
 from app.engine.continuous.problem import Box, TermSet
 from tests.engine.continuous.reference import Instance, random_instance
 
@@ -154,6 +154,21 @@ def test_relaxation_bounds_the_node_and_matches_linprog(seed: int) -> None:
             status_cut, optimum_cut = solve(*rebuild_lp(terms, x_lo, x_hi, zl, zu, extra))
             assert status_cut == 0
             assert cut.bound >= optimum_cut - 1e-9 * scale
+            # the same cuts added to the node's LP kept in HiGHS (warm start), and with HiGHS
+            # holding another model by then (the whole LP solved again): the same LP
+            points = {i: float(v) for i, v in enumerate(rel.z)}
+            rel_again = relax(terms, x_lo, x_hi, zl, zu)
+            for kept in (True, False):
+                start = rel_again if kept else rel
+                tight = tighten(terms, start, points)
+                assert tight is not None
+                assert tight.bound >= best - 1e-9
+                assert tight.bound >= optimum_cut - 1e-9 * scale, (tight.bound, optimum_cut)
+                assert tight.bound <= optimum_cut + 1e-6 * scale, (tight.bound, optimum_cut)
+                solved = tight is not start  # (start itself: no point added a row)
+                if solved and tight.lp is not None and start.lp is not None:
+                    # rows added to the kept model, or a new model for the whole LP
+                    assert (tight.lp.model == start.lp.model) == kept
     assert checked >= 3
 
 
