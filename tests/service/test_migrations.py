@@ -32,6 +32,7 @@ from app.engine.approx import OutputIndependentFilter
 from app.engine.domain import parse_domain
 from app.engine.likelihood import LikelihoodState
 from app.engine.pipeline import fold_history, history_entry
+from app.services import objects as object_service
 from app.services.history import object_history
 from app.services.verify import verify_all
 from app.store.domains import domain_hash
@@ -607,7 +608,11 @@ def test_0008_recomputes_f0_accounts_and_moves_objects_past_the_new_count(
                 assert r.status_code == 201, r.text
 
     with monkeypatch.context() as patch:
-        patch.setattr(pipeline, "f0_filter", lambda eps, delta, domain: pairwise(eps, delta, 1))
+        # the old rule everywhere F₀ is built: the pipeline and the odometer's phase (which
+        # binds the name at import: patched here, not captured, however the tests are ordered)
+        old_rule = lambda eps, delta, domain: pairwise(eps, delta, 1)  # noqa: E731
+        patch.setattr(pipeline, "f0_filter", old_rule)
+        patch.setattr(object_service, "f0_filter", old_rule)
         with TestClient(create_app(make_settings(url))) as client:
             objects(
                 client,
