@@ -151,6 +151,7 @@ ROWS: dict[tuple[str, str], Row] = {
     # its analyst may cancel a survey too (tests/service/test_surveys.py); another may not
     ("DELETE", "/v1/surveys/{survey_id}"): Row(ADMINS, 200, _survey()),
     ("GET", "/v1/audit"): Row(ADMINS, 200, _fixed("/v1/audit")),
+    ("GET", "/v1/audit/export"): Row(ADMINS, 200, _fixed("/v1/audit/export")),
     ("POST", "/v1/loss"): Row(ANALYSTS, 200, _fixed("/v1/loss", json=LOSS_BODY)),
     ("POST", "/v1/keys"): Row(ADMINS, 201, _fixed("/v1/keys", json={"role": VIEWER})),
     ("GET", "/v1/keys"): Row(ADMINS, 200, _fixed("/v1/keys")),
