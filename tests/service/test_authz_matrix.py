@@ -142,6 +142,7 @@ ROWS: dict[tuple[str, str], Row] = {
         ALL_ROLES, 200, _object("/odometer/history")
     ),
     ("GET", "/v1/odometers"): Row(ALL_ROLES, 200, _fixed("/v1/odometers")),
+    ("GET", "/v1/odometers/totals"): Row(ALL_ROLES, 200, _fixed("/v1/odometers/totals")),
     ("POST", "/v1/imports"): Row(ADMINS, 200, _import),
     ("POST", "/v1/surveys"): Row(ANALYSTS, 202, _new_survey),
     ("POST", "/v1/surveys/dry-run"): Row(ANALYSTS, 200, _survey_dry_run),
