@@ -499,14 +499,21 @@ def list_odometers(
 
 
 def odometer_totals(
-    *, engine: Database, labels: list[tuple[str, str]] | None = None, id_prefix: str | None = None
+    *,
+    engine: Database,
+    labels: list[tuple[str, str]] | None = None,
+    id_prefix: str | None = None,
+    include_retired: bool = False,
 ) -> dict[str, Any]:
     """Counts of the objects carrying ``labels`` (and ``id_prefix``) by status.
 
     The statuses are the ones ``GET /v1/odometers?status=`` lists and the Prometheus gauges
-    count (one definition each, :mod:`app.store.objects`).
+    count (one definition each, :mod:`app.store.objects`); ``objects`` and ``rejected`` cover
+    the objects the list shows (retired ones with ``include_retired``).
     """
-    where = store.ObjectFilter(labels=tuple(labels or ()), id_prefix=id_prefix)
+    where = store.ObjectFilter(
+        labels=tuple(labels or ()), id_prefix=id_prefix, include_retired=include_retired
+    )
     with reading(engine) as conn:
         found = store.totals(conn, where)
     return {

@@ -535,12 +535,15 @@ class OdometerTotals(_Open):
     ``near_exhaustion`` — active, remaining below 0.1 of the budget (the exhausted included).
     """
 
-    objects: Annotated[int, Field(description="All matching objects, retired ones included")]
+    objects: Annotated[
+        int,
+        Field(description="The objects listed: active ones, and retired ones if included"),
+    ]
     active: int
     retired: int
     exhausted: int
     near_exhaustion: int
-    rejected: Annotated[int, Field(description="Rejected submits, summed over the objects")]
+    rejected: Annotated[int, Field(description="Rejected submits, summed over `objects`")]
 
 
 class CandidateAcceptance(_Open):

@@ -323,12 +323,14 @@ def page_objects(
 class ObjectTotals:
     """Counts over the objects a filter covers, by the one definition of each status."""
 
+    #: The objects the filter lists without a status: active ones (and retired ones with
+    #: ``include_retired``) — the ``total`` of its list.
     objects: int
     active: int
     retired: int
     exhausted: int
     near_exhaustion: int
-    #: Rejected submits, summed over the objects.
+    #: Rejected submits, summed over ``objects``.
     rejected: int
 
 
@@ -337,22 +339,29 @@ def _counted(condition: ColumnElement[bool]) -> ColumnElement[int]:
 
 
 def totals(conn: Tx, where: ObjectFilter | None = None) -> ObjectTotals:
-    """One aggregate statement (a scan of the matching rows); ``where``'s status is ignored."""
-    conditions = [] if where is None else where.conditions(conn, statuses=False)
+    """One aggregate statement (a scan of the matching rows); ``where``'s status is ignored.
+
+    ``active``, ``retired``, ``exhausted`` and ``near_exhaustion`` count every matching object;
+    ``objects`` and ``rejected`` only those the list shows (retired ones with
+    ``include_retired``).
+    """
+    where = where or ObjectFilter()
+    listed = OBJECTS.c.id.is_not(None) if where.include_retired else ACTIVE
     statement = select(
-        func.count(),
+        _counted(listed),
         _counted(ACTIVE),
+        _counted(RETIRED),
         _counted(EXHAUSTED),
         _counted(NEAR_EXHAUSTION),
-        func.coalesce(func.sum(OBJECTS.c.rejected), 0),
-    ).where(*conditions)
-    if not conditions:
-        statement = statement.select_from(OBJECTS)
-    total, active, exhausted, near, rejected = conn.execute(statement).one()
+        func.coalesce(func.sum(case((listed, OBJECTS.c.rejected), else_=0)), 0),
+    ).select_from(OBJECTS)
+    objects, active, retired, exhausted, near, rejected = conn.execute(
+        statement.where(*where.conditions(conn, statuses=False))
+    ).one()
     return ObjectTotals(
-        objects=int(total),
+        objects=int(objects),
         active=int(active),
-        retired=int(total) - int(active),
+        retired=int(retired),
         exhausted=int(exhausted),
         near_exhaustion=int(near),
         rejected=int(rejected),

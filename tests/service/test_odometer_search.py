@@ -159,17 +159,27 @@ def test_totals_are_the_lists_and_the_gauges(
     r = client.get("/v1/odometers/totals", params={"label": label}, headers=viewer)
     assert r.status_code == 200, r.text
     assert r.json() == {
-        "objects": COUNT,
+        "objects": COUNT - len(RETIRED),
         "active": COUNT - len(RETIRED),
         "retired": len(RETIRED),
         "exhausted": len(EXHAUSTED),
         "near_exhaustion": len(EXHAUSTED | NEAR),
         "rejected": len(EXHAUSTED),
     }
+    with_retired = client.get(
+        "/v1/odometers/totals", params={"label": label, "include_retired": "true"}, headers=viewer
+    ).json()
+    assert with_retired == {**r.json(), "objects": COUNT}  # retired ones had no refusal
     every = listed(client, viewer, include_retired="true", limit=1000)
-    everything = client.get("/v1/odometers/totals", headers=viewer).json()
+    everything = client.get(
+        "/v1/odometers/totals", params={"include_retired": "true"}, headers=viewer
+    ).json()
     active = [i for i in every if i["status"] == "active"]
     assert everything["objects"] == len(every)
+    only_active = client.get("/v1/odometers/totals", headers=viewer).json()
+    assert only_active["objects"] == len(active)
+    assert only_active["objects"] == client.get("/v1/odometers", headers=viewer).json()["total"]
+    assert only_active["rejected"] == sum(i["rejected"] for i in active)
     assert everything["active"] == len(active)
     assert everything["exhausted"] == sum(i["remaining"] < 1e-6 for i in active)
     assert everything["near_exhaustion"] == sum(i["remaining"] < 0.1 * i["budget"] for i in active)
@@ -182,7 +192,7 @@ def test_totals_are_the_lists_and_the_gauges(
     prefixed = client.get(
         "/v1/odometers/totals", params={"id_prefix": f"{population['prefix']}-14"}, headers=viewer
     ).json()
-    assert prefixed["objects"] == 10
+    assert prefixed["objects"] == 9
     assert prefixed["retired"] == 1
     assert prefixed["exhausted"] == 1
 

@@ -117,10 +117,15 @@ async def odometer_totals(
     _: ViewerDep,
     label: LabelsQuery = [],  # noqa: B006 - FastAPI copies the default
     id_prefix: PrefixQuery = None,
+    include_retired: Annotated[
+        bool, Query(description="objects and rejected cover retired objects too")
+    ] = False,
 ) -> dict[str, Any]:
     """How many objects carry the labels (and id prefix), by status; rejected submits summed.
 
-    Unfiltered, the counts are the Prometheus gauges' (one definition of each status).
+    ``objects`` is the ``total`` of ``GET /v1/odometers`` with the same parameters; the counts
+    by status are every matching object's, and unfiltered they are the Prometheus gauges' (one
+    definition of each status).
     """
     return await in_thread(
         runtime,
@@ -128,4 +133,5 @@ async def odometer_totals(
         engine=runtime.engine,
         labels=object_service.parse_label_filters(label),
         id_prefix=id_prefix,
+        include_retired=include_retired,
     )
