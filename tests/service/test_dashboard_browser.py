@@ -241,7 +241,10 @@ def test_dashboard_end_to_end(
     assert visible_ids(browser) == [spent]
     # text is the start of an id, searched by the service (issue 25: not the loaded rows)
     browser.type_into("#filter", fresh[:-4])
-    browser.wait_for("document.querySelectorAll('#objects tbody tr').length === 1")
+    browser.wait_for(
+        "document.querySelectorAll('#objects tbody tr').length === 1 && "
+        f"!!document.querySelector('#objects tr[data-id={json.dumps(fresh)}]')"
+    )
     assert visible_ids(browser) == [fresh]
     browser.type_into("#filter", "remaining <")
     message = browser.wait_for(

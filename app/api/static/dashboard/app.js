@@ -32,6 +32,7 @@ const state = {
   rows: [],
   total: 0,
   totals: null,
+  loaded: false,
   // keyset paging: the id the shown page starts after (null: the first page), and the ones
   // of the pages before it (for "Previous")
   after: null,
@@ -240,34 +241,43 @@ function impossiblePrefix() {
 }
 
 async function loadList(poller) {
-  let rows = [];
-  let total = 0;
-  let totals = { objects: 0, active: 0, retired: 0, exhausted: 0, near_exhaustion: 0, rejected: 0 };
-  if (!impossiblePrefix()) {
-    const params = listParams();
-    const status = $("status-filter").value ? `&status=${$("status-filter").value}` : "";
-    const after = state.after === null ? "" : `&after=${encodeURIComponent(state.after)}`;
-    const [page, counted] = await Promise.all([
-      getJson(`v1/odometers?limit=${PAGE}${after}${status}${params}`, state.key),
-      getJson(`v1/odometers/totals?${params.slice(1)}`, state.key),
-    ]);
-    rows = page.items.map(rowOf);
-    total = page.total;
-    totals = counted;
+  if (impossiblePrefix()) {
+    state.rows = [];
+    state.total = 0;
+    state.totals = { objects: 0, active: 0, retired: 0, exhausted: 0, near_exhaustion: 0, rejected: 0 };
+    state.loaded = true;
+    renderList();
+    return;
   }
+  const params = listParams();
+  const status = $("status-filter").value ? `&status=${$("status-filter").value}` : "";
+  const after = state.after === null ? "" : `&after=${encodeURIComponent(state.after)}`;
+  // both asked at once; the rows are shown as soon as they come (the totals scan every
+  // matching object, which takes longer with many), the summary when its counts come
+  const pending = getJson(`v1/odometers/totals?${params.slice(1)}`, state.key);
+  pending.catch(() => {}); // a failure is reported below, where it is awaited
+  const page = await getJson(`v1/odometers?limit=${PAGE}${after}${status}${params}`, state.key);
   if (poller.stopped) {
     return; // replaced (another filter, include retired, another page): not this list any more
   }
-  state.rows = rows;
-  state.total = total;
-  state.totals = totals;
+  state.rows = page.items.map(rowOf);
+  state.total = page.total;
+  state.loaded = true;
   renderList();
+  const totals = await pending;
+  if (poller.stopped) {
+    return;
+  }
+  state.totals = totals;
+  renderSummary();
 }
 
 // Back to the first page and ask again (a filter, the status or "include retired" changed).
 function reloadList() {
   state.after = null;
   state.before = [];
+  state.totals = null; // counted again for the new filters
+  state.loaded = false;
   if (state.key !== null) {
     startPolling(loadList);
   }
@@ -342,8 +352,7 @@ function renderList() {
   }
   $("objects").tBodies[0].replaceWith(body);
   const filtered = state.filter.kind !== "all" || state.labels.length > 0 || $("status-filter").value;
-  const loaded = state.totals !== null;
-  $("no-match").hidden = !(loaded && shown.length === 0 && (state.rows.length > 0 || filtered));
+  $("no-match").hidden = !(state.loaded && shown.length === 0 && (state.rows.length > 0 || filtered));
   renderSummary();
   renderPager();
   const labelled = state.labels.length ? ` with ${state.labels.length > 1 ? "these labels" : "this label"}` : "";
@@ -811,6 +820,7 @@ function route() {
       state.rows = [];
       state.total = 0;
       state.totals = null;
+      state.loaded = false;
       state.after = null;
       state.before = [];
       renderList();
