@@ -359,6 +359,25 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit_export(args: argparse.Namespace) -> int:
+    """Write the audit log as NDJSON to standard output, oldest first (resumable with --after)."""
+    from app.services.audit import export_lines, parse_since
+
+    try:
+        since = None if args.since is None else parse_since(args.since)
+    except InvalidInput as exc:
+        print(f"gatekeeper audit export: --{exc.field}: {exc.message}", file=sys.stderr)
+        return 2
+    engine = _open_database(values=False)
+    try:
+        out = sys.stdout.buffer
+        for line in export_lines(engine=engine, after=args.after or 0, since=since):
+            out.write(line)
+    finally:
+        engine.dispose()
+    return 0
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     """Recompute every object's state from its history; non-zero exit on any mismatch."""
     import time
@@ -527,6 +546,14 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _event_id(text: str) -> int:
+    """An audit event id: an integer ≥ 0."""
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``gatekeeper`` command."""
     parser = argparse.ArgumentParser(
@@ -588,6 +615,19 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = keys_sub.add_parser("revoke", help="revoke a key (never the last active admin key)")
     revoke.add_argument("id", type=int, help="the key's id (see keys list)")
     revoke.set_defaults(func=cmd_keys_revoke)
+    audit = sub.add_parser("audit", help="the audit log")
+    audit_sub = audit.add_subparsers(dest="audit_command", required=True)
+    export = audit_sub.add_parser(
+        "export",
+        help="write the audit log as NDJSON to standard output, oldest first "
+        "(resume with --after the last line's id)",
+    )
+    start = export.add_mutually_exclusive_group()
+    start.add_argument("--after", type=_event_id, default=None, help="start after this event id")
+    start.add_argument(
+        "--since", default=None, help="start at this RFC 3339 time, e.g. 2026-11-25T00:00:00Z"
+    )
+    export.set_defaults(func=cmd_audit_export)
     imports = sub.add_parser(
         "import", help="register the objects of an NDJSON file (resumable: re-run it)"
     )

@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 class ObjectCounts(Collector):
     """Gauges read from the database when scraped (the database is the one source of truth).
 
-    ``gatekeeper_objects{status}`` and ``gatekeeper_objects_near_exhaustion``. When the database
+    ``gatekeeper_objects{status}``, ``gatekeeper_objects_near_exhaustion`` and
+    ``gatekeeper_objects_exhausted`` (the statuses of ``GET /v1/odometers``). When the database
     does not answer, the families are left out of the scrape (and a warning is logged) so that
     the process metrics are still served.
     """
@@ -36,7 +37,7 @@ class ObjectCounts(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """The object gauges, or nothing if the database is unavailable."""
         try:
-            counts = object_counts(engine=self.engine, near_fraction=NEAR_EXHAUSTION_FRACTION)
+            counts = object_counts(engine=self.engine)
         except (OperationalError, SATimeoutError) as exc:
             log.warning("object gauges skipped: database unavailable (%s)", type(exc).__name__)
             return
@@ -51,6 +52,12 @@ class ObjectCounts(Collector):
             "Active objects whose remaining budget (budget - realized loss upper bound) is below "
             f"{NEAR_EXHAUSTION_FRACTION:g} of their budget",
             value=counts["near_exhaustion"],
+        )
+        yield GaugeMetricFamily(
+            "gatekeeper_objects_exhausted",
+            "Active objects whose remaining budget is below the smallest epsilon a query may "
+            "declare (no query fits)",
+            value=counts["exhausted"],
         )
         yield GaugeMetricFamily(
             "gatekeeper_likelihood_states",

@@ -456,6 +456,16 @@ def _rejections(
     return found
 
 
+def _summary(r: ObjectRecord) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "filter": r.filter,
+        "labels": r.labels or {},
+        "status": "retired" if r.retired_at else "active",
+        **odometer_view(r),
+    }
+
+
 def list_odometers(
     *,
     engine: Database,
@@ -465,29 +475,55 @@ def list_odometers(
     remaining_gt: float | None,
     include_retired: bool,
     labels: list[tuple[str, str]] | None = None,
+    id_prefix: str | None = None,
+    status: str | None = None,
+    after: str | None = None,
 ) -> dict[str, Any]:
-    """A page of odometers across objects, filtered by remaining budget and labels."""
+    """A page of odometers across objects, filtered.
+
+    By id prefix, status, remaining budget and labels, in id order from after the id ``after``
+    (keyset) then ``offset``.
+    """
+    where = store.ObjectFilter(
+        labels=tuple(labels or ()),
+        id_prefix=id_prefix,
+        status=status,
+        include_retired=include_retired,
+        remaining_lt=remaining_lt,
+        remaining_gt=remaining_gt,
+    )
     with reading(engine) as conn:
-        total, rows = store.page_objects(
-            conn,
-            limit=limit,
-            offset=offset,
-            remaining_lt=remaining_lt,
-            remaining_gt=remaining_gt,
-            include_retired=include_retired,
-            labels=labels or [],
-        )
-        items = [
-            {
-                "id": r.id,
-                "filter": r.filter,
-                "labels": r.labels or {},
-                "status": "retired" if r.retired_at else "active",
-                **odometer_view(r),
-            }
-            for r in rows
-        ]
+        total, rows = store.page_objects(conn, where=where, limit=limit, offset=offset, after=after)
+        items = [_summary(r) for r in rows]
     return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+
+def odometer_totals(
+    *,
+    engine: Database,
+    labels: list[tuple[str, str]] | None = None,
+    id_prefix: str | None = None,
+    include_retired: bool = False,
+) -> dict[str, Any]:
+    """Counts of the objects carrying ``labels`` (and ``id_prefix``) by status.
+
+    The statuses are the ones ``GET /v1/odometers?status=`` lists and the Prometheus gauges
+    count (one definition each, :mod:`app.store.objects`); ``objects`` and ``rejected`` cover
+    the objects the list shows (retired ones with ``include_retired``).
+    """
+    where = store.ObjectFilter(
+        labels=tuple(labels or ()), id_prefix=id_prefix, include_retired=include_retired
+    )
+    with reading(engine) as conn:
+        found = store.totals(conn, where)
+    return {
+        "objects": found.objects,
+        "active": found.active,
+        "retired": found.retired,
+        "exhausted": found.exhausted,
+        "near_exhaustion": found.near_exhaustion,
+        "rejected": found.rejected,
+    }
 
 
 def parse_label_filters(raw: list[str], field: str = "label") -> list[tuple[str, str]]:
@@ -504,21 +540,21 @@ def parse_label_filters(raw: list[str], field: str = "label") -> list[tuple[str,
     return found
 
 
-def object_counts(*, engine: Database, near_fraction: float) -> dict[str, Any]:
-    """Objects by status, and active ones whose remaining budget is below ``near_fraction``.
+def object_counts(*, engine: Database) -> dict[str, Any]:
+    """Objects by status (the statuses of the odometers list), stored states, surveys.
 
     One aggregate query (a scan of the objects table), run at each ``/metrics`` scrape.
-    Remaining is ``budget - loss_upper``, as in the odometer.
     """
     with reading(engine) as conn:
-        objects = count_objects(conn, near_fraction=near_fraction)
+        objects = count_objects(conn)
         states = count_states(conn)
         by_status = surveys_by_status(conn)
     surveys = dict.fromkeys(("queued", "running", "done", "cancelled", "failed"), 0)
     surveys.update(by_status)
     return {
         "active": objects.active,
-        "retired": objects.total - objects.active,
+        "retired": objects.retired,
+        "exhausted": objects.exhausted,
         "near_exhaustion": objects.near_exhaustion,
         "states": states,
         "surveys": surveys,

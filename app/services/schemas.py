@@ -527,6 +527,25 @@ class OdometerPage(OffsetPage[OdometerSummary]):
     """A page of odometers."""
 
 
+class OdometerTotals(_Open):
+    """Counts of the objects a filter covers, by status (``GET /v1/odometers/totals``).
+
+    The statuses are the ones ``GET /v1/odometers?status=`` lists and the Prometheus gauges
+    count: ``exhausted`` — active, remaining below the smallest ε a query may declare;
+    ``near_exhaustion`` — active, remaining below 0.1 of the budget (the exhausted included).
+    """
+
+    objects: Annotated[
+        int,
+        Field(description="The objects listed: active ones, and retired ones if included"),
+    ]
+    active: int
+    retired: int
+    exhausted: int
+    near_exhaustion: int
+    rejected: Annotated[int, Field(description="Rejected submits, summed over `objects`")]
+
+
 class CandidateAcceptance(_Open):
     """Whether each filter would accept the candidate."""
 

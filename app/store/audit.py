@@ -64,13 +64,25 @@ def add(
 
 
 def page(
-    conn: Tx, *, after: int, object_id: str | None, kind: str | None, limit: int
+    conn: Tx,
+    *,
+    after: int,
+    object_id: str | None,
+    kind: str | None,
+    limit: int,
+    since: datetime | None = None,
 ) -> list[Event]:
-    """At most ``limit`` events with ``id > after`` in id order, of ``object_id`` and ``kind``."""
+    """At most ``limit`` events with ``id > after`` in id order, of ``object_id`` and ``kind``.
+
+    With ``since``, only events written at or after it. A keyset page: the primary key's index
+    finds the first row, so each page costs its own rows whatever the log's length.
+    """
     query = select(*_COLUMNS).where(_EVENTS.c.id > after)
     if object_id is not None:
         query = query.where(_EVENTS.c.object_id == object_id)
     if kind is not None:
         query = query.where(_EVENTS.c.kind == kind)
+    if since is not None:
+        query = query.where(_EVENTS.c.at >= since)
     query = query.order_by(_EVENTS.c.id).limit(limit)
     return [Event(*row) for row in conn.execute(query)]

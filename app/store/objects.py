@@ -11,13 +11,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Table, Text, bindparam, func, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Numeric,
+    Table,
+    Text,
+    bindparam,
+    case,
+    func,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy import cast as sql_cast
 
 from app.db.models import ProtectedObject
-from app.store.base import Tx
+from app.engine.limits import MIN_EPSILON
+from app.metrics import NEAR_EXHAUSTION_FRACTION
+from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
 from app.store.states import STATES
 
@@ -194,41 +208,164 @@ def label_conditions(
     return [OBJECTS.c.labels[name].as_string() == value for name, value in pairs]
 
 
+# --- Which objects: one definition of each status, shared by the odometers list, its totals
+# (the dashboard) and the Prometheus gauges (app.store.counts), as small SQL conditions that a
+# caller combines (a project's scope is one more condition).
+
+ACTIVE: ColumnElement[bool] = OBJECTS.c.retired_at.is_(None)
+RETIRED: ColumnElement[bool] = OBJECTS.c.retired_at.is_not(None)
+# In NUMERIC, not double precision: PostgreSQL raises "value out of range: underflow" when a
+# float product rounds to zero (0.1 * a budget of 5e-324, stored before budgets had a
+# floor), and one such row made every scrape a 500. NUMERIC arithmetic is exact here.
+_BUDGET = sql_cast(OBJECTS.c.budget, Numeric)
+#: The remaining budget as the odometer computes it (``budget - loss_upper``; the odometer
+#: shows it floored at 0, which changes no comparison with a positive bound).
+_REMAINING = _BUDGET - sql_cast(OBJECTS.c.loss_upper, Numeric)
+
+
+def _exact(number: float) -> ColumnElement[Decimal]:
+    return literal(Decimal(repr(number)), Numeric)
+
+
+#: Exhausted: active, and less than the smallest ε a query may declare is left (MIN_EPSILON):
+#: no query fits any more.
+EXHAUSTED: ColumnElement[bool] = ACTIVE & (_exact(MIN_EPSILON) > _REMAINING)
+#: Near exhaustion (the ``gatekeeper_objects_near_exhaustion`` gauge): active, and the remaining
+#: budget is below NEAR_EXHAUSTION_FRACTION of the budget — the exhausted ones included.
+NEAR_EXHAUSTION: ColumnElement[bool] = ACTIVE & (
+    _exact(NEAR_EXHAUSTION_FRACTION) * _BUDGET > _REMAINING
+)
+#: The statuses a list may ask for, each one condition.
+STATUSES: dict[str, ColumnElement[bool]] = {
+    "active": ACTIVE,
+    "exhausted": EXHAUSTED,
+    "near_exhaustion": NEAR_EXHAUSTION,
+    "retired": RETIRED,
+}
+
+
+def id_prefix_condition(conn: Tx, prefix: str) -> ColumnElement[bool]:
+    r"""The object's id starts with ``prefix`` (case-sensitive), as an indexed search.
+
+    SQLite compares text bytewise, so the prefix is the range ``[prefix, successor)`` of the
+    primary key's index. On PostgreSQL, whose collation need not be bytewise, it is ``LIKE
+    'prefix%'`` (the prefix's ``%``, ``_`` and ``\`` escaped), which the
+    ``varchar_pattern_ops`` index of migration 0011 answers whatever the collation.
+    """
+    if is_postgres(conn):
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return OBJECTS.c.id.like(escaped + "%", escape="\\")
+    successor = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return (OBJECTS.c.id >= prefix) & (OBJECTS.c.id < successor)
+
+
+@dataclass(frozen=True)
+class ObjectFilter:
+    """Which objects a list or its totals cover; every part given must hold.
+
+    ``status`` is one of :data:`STATUSES` (``retired`` lists retired objects only); without
+    it, active objects, and retired ones too with ``include_retired``. Remaining bounds compare
+    ``budget - loss_upper`` in floating point (the odometer's ``remaining_lt``/``_gt``).
+    """
+
+    labels: tuple[tuple[str, str], ...] = ()
+    id_prefix: str | None = None
+    status: str | None = None
+    include_retired: bool = False
+    remaining_lt: float | None = None
+    remaining_gt: float | None = None
+
+    def conditions(self, conn: Tx, *, statuses: bool = True) -> list[ColumnElement[bool]]:
+        """The SQL conditions (``statuses=False``: all but the status, for totals by status)."""
+        found = label_conditions(self.labels)
+        if self.id_prefix:
+            found.append(id_prefix_condition(conn, self.id_prefix))
+        remaining = OBJECTS.c.budget - OBJECTS.c.loss_upper
+        if self.remaining_lt is not None:
+            found.append(remaining < self.remaining_lt)
+        if self.remaining_gt is not None:
+            found.append(remaining > self.remaining_gt)
+        if statuses:
+            if self.status is not None:
+                found.append(STATUSES[self.status])
+            elif not self.include_retired:
+                found.append(ACTIVE)
+        return found
+
+
 def page_objects(
     conn: Tx,
     *,
+    where: ObjectFilter,
     limit: int,
-    offset: int,
-    remaining_lt: float | None,
-    remaining_gt: float | None,
-    include_retired: bool,
-    labels: Iterable[tuple[str, str]],
-) -> tuple[int, list[ObjectRecord]]:
-    """How many objects match, and one page of them by id.
+    offset: int = 0,
+    after: str | None = None,
+    count: bool = True,
+) -> tuple[int | None, list[ObjectRecord]]:
+    """How many objects match (None unless ``count``), and one page of them in id order.
 
-    Matching: remaining budget (``budget - loss_upper``, as in the odometer) below
-    ``remaining_lt`` and above ``remaining_gt``, active unless ``include_retired``, carrying
-    every label.
+    The page starts after the id ``after`` (a keyset page: the primary key's index finds its
+    first row, however deep) and then skips ``offset`` rows.
     """
-    remaining = OBJECTS.c.budget - OBJECTS.c.loss_upper
-    conditions = []
-    if remaining_lt is not None:
-        conditions.append(remaining < remaining_lt)
-    if remaining_gt is not None:
-        conditions.append(remaining > remaining_gt)
-    if not include_retired:
-        conditions.append(OBJECTS.c.retired_at.is_(None))
-    conditions.extend(label_conditions(labels))
-    count = select(func.count()).select_from(OBJECTS).where(*conditions)
-    page = (
-        select(*_RECORD_COLUMNS)
-        .where(*conditions)
-        .order_by(OBJECTS.c.id)
-        .limit(limit)
-        .offset(offset)
-    )
-    total = int(conn.execute(count).scalar() or 0)
+    conditions = where.conditions(conn)
+    page = select(*_RECORD_COLUMNS).where(*conditions)
+    if after is not None:
+        page = page.where(OBJECTS.c.id > after)
+    page = page.order_by(OBJECTS.c.id).limit(limit).offset(offset)
+    total = None
+    if count:
+        counted = select(func.count()).select_from(OBJECTS).where(*conditions)
+        total = int(conn.execute(counted).scalar() or 0)
     return total, [ObjectRecord(**r._mapping) for r in conn.execute(page)]
+
+
+@dataclass(frozen=True)
+class ObjectTotals:
+    """Counts over the objects a filter covers, by the one definition of each status."""
+
+    #: The objects the filter lists without a status: active ones (and retired ones with
+    #: ``include_retired``) — the ``total`` of its list.
+    objects: int
+    active: int
+    retired: int
+    exhausted: int
+    near_exhaustion: int
+    #: Rejected submits, summed over ``objects``.
+    rejected: int
+
+
+def _counted(condition: ColumnElement[bool]) -> ColumnElement[int]:
+    return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+
+
+def totals(conn: Tx, where: ObjectFilter | None = None) -> ObjectTotals:
+    """One aggregate statement (a scan of the matching rows); ``where``'s status is ignored.
+
+    ``active``, ``retired``, ``exhausted`` and ``near_exhaustion`` count every matching object;
+    ``objects`` and ``rejected`` only those the list shows (retired ones with
+    ``include_retired``).
+    """
+    where = where or ObjectFilter()
+    listed = OBJECTS.c.id.is_not(None) if where.include_retired else ACTIVE
+    statement = select(
+        _counted(listed),
+        _counted(ACTIVE),
+        _counted(RETIRED),
+        _counted(EXHAUSTED),
+        _counted(NEAR_EXHAUSTION),
+        func.coalesce(func.sum(case((listed, OBJECTS.c.rejected), else_=0)), 0),
+    ).select_from(OBJECTS)
+    objects, active, retired, exhausted, near, rejected = conn.execute(
+        statement.where(*where.conditions(conn, statuses=False))
+    ).one()
+    return ObjectTotals(
+        objects=int(objects),
+        active=int(active),
+        retired=int(retired),
+        exhausted=int(exhausted),
+        near_exhaustion=int(near),
+        rejected=int(rejected),
+    )
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,7 @@ ROWS: dict[tuple[str, str], Row] = {
         ALL_ROLES, 200, _object("/odometer/history")
     ),
     ("GET", "/v1/odometers"): Row(ALL_ROLES, 200, _fixed("/v1/odometers")),
+    ("GET", "/v1/odometers/totals"): Row(ALL_ROLES, 200, _fixed("/v1/odometers/totals")),
     ("POST", "/v1/imports"): Row(ADMINS, 200, _import),
     ("POST", "/v1/surveys"): Row(ANALYSTS, 202, _new_survey),
     ("POST", "/v1/surveys/dry-run"): Row(ANALYSTS, 200, _survey_dry_run),
@@ -151,6 +152,7 @@ ROWS: dict[tuple[str, str], Row] = {
     # its analyst may cancel a survey too (tests/service/test_surveys.py); another may not
     ("DELETE", "/v1/surveys/{survey_id}"): Row(ADMINS, 200, _survey()),
     ("GET", "/v1/audit"): Row(ADMINS, 200, _fixed("/v1/audit")),
+    ("GET", "/v1/audit/export"): Row(ADMINS, 200, _fixed("/v1/audit/export")),
     ("POST", "/v1/loss"): Row(ANALYSTS, 200, _fixed("/v1/loss", json=LOSS_BODY)),
     ("POST", "/v1/keys"): Row(ADMINS, 201, _fixed("/v1/keys", json={"role": VIEWER})),
     ("GET", "/v1/keys"): Row(ADMINS, 200, _fixed("/v1/keys")),

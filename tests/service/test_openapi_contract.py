@@ -235,6 +235,7 @@ def test_real_answers_match_their_response_schemas(
         ("get", "/v1/objects/{object_id}/odometer", analyst, None),
         ("get", "/v1/objects/{object_id}/odometer/history", analyst, None),
         ("get", "/v1/odometers", analyst, None),
+        ("get", "/v1/odometers/totals", analyst, None),
         (
             "post",
             "/v1/loss",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
 
 from app.api.deps import AdminDep, RuntimeDep, in_thread
 from app.api.openapi import (
@@ -16,6 +17,8 @@ from app.services import audit, schemas
 from app.services.audit import MAX_PAGE, AuditKind
 
 router = APIRouter()
+
+NDJSON = "application/x-ndjson"
 
 
 @router.get(
@@ -48,3 +51,44 @@ async def audit_log(
         after=after,
         limit=limit,
     )
+
+
+@router.get(
+    "/v1/audit/export",
+    tags=["audit"],
+    response_class=StreamingResponse,
+    responses={
+        # the media type is said in words: openapi-python-client refuses a response whose only
+        # content type is application/x-ndjson (the generated client test wants no warning)
+        200: {
+            "description": "`application/x-ndjson`: the audit log from the start given to its "
+            "end, one `AuditEvent` (as in `GET /v1/audit`) a line, oldest first",
+        },
+        **problems(*AUTHENTICATED),
+    },
+)
+async def audit_export(
+    runtime: RuntimeDep,
+    _: AdminDep,
+    after: Annotated[
+        int | None,
+        Query(ge=0, le=2_147_483_647, description="Start after this event id (a resumption)"),
+    ] = None,
+    since: Annotated[
+        str | None,
+        Query(
+            max_length=64,
+            description="Start at this RFC 3339 time (with an offset); not with after",
+        ),
+    ] = None,
+) -> StreamingResponse:
+    """The audit log as NDJSON (admin), for outside ledgers.
+
+    Oldest first, from ``after`` (an event id) or ``since`` (a time), to the end; streamed in
+    keyset pages. Each line is an event as in ``GET /v1/audit``: pass the last line's ``id`` as
+    ``after`` to resume an interrupted export.
+    """
+    start, at = audit.export_start(after=after, since=since)
+    # a sync iterator: Starlette reads it in its thread pool, one page per statement
+    lines = audit.export_lines(engine=runtime.engine, after=start, since=at)
+    return StreamingResponse(lines, media_type=NDJSON)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -21,6 +22,31 @@ router = APIRouter()
 
 #: ``name:value`` of a label filter (the server's rule: app.services.objects.parse_label_filters).
 LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}:[^\x00-\x1f\x7f]{1,256}$"
+#: The start of an object id: the characters an id may hold (app.services.objects.ID_PATTERN).
+ID_PREFIX = r"^[A-Za-z0-9._:@-]{1,128}$"
+
+
+class Status(StrEnum):
+    """The statuses a list may ask for (one definition each, shared with the metrics)."""
+
+    ACTIVE = "active"
+    EXHAUSTED = "exhausted"
+    NEAR_EXHAUSTION = "near_exhaustion"
+    RETIRED = "retired"
+
+
+LabelsQuery = Annotated[
+    list[str],
+    Query(
+        max_length=20,
+        description="Only objects with this label, as name:value (repeat: all must match)",
+        json_schema_extra={"items": {"type": "string", "pattern": LABEL_FILTER}},
+    ),
+]
+PrefixQuery = Annotated[
+    str | None,
+    Query(pattern=ID_PREFIX, description="Only objects whose id starts with this (exact case)"),
+]
 
 
 @router.get(
@@ -37,16 +63,30 @@ async def odometers(
     remaining_lt: Annotated[float | None, Query(description="Only remaining < this")] = None,
     remaining_gt: Annotated[float | None, Query(description="Only remaining > this")] = None,
     include_retired: bool = False,
-    label: Annotated[
-        list[str],
+    label: LabelsQuery = [],  # noqa: B006 - FastAPI copies the default
+    id_prefix: PrefixQuery = None,
+    status: Annotated[
+        Status | None,
         Query(
-            max_length=20,
-            description="Only objects with this label, as name:value (repeat: all must match)",
-            json_schema_extra={"items": {"type": "string", "pattern": LABEL_FILTER}},
+            description="Only objects with this status: active, exhausted (active, remaining "
+            "below the smallest query epsilon), near_exhaustion (active, remaining below 0.1 of "
+            "the budget, the exhausted included; the gatekeeper_objects_near_exhaustion gauge) "
+            "or retired. Without it: active ones (and retired ones with include_retired)"
         ),
-    ] = [],  # noqa: B006 - FastAPI copies the default
+    ] = None,
+    after: Annotated[
+        str | None,
+        Query(
+            pattern=schemas.OBJECT_ID_PATTERN,
+            description="Start after this id (keyset paging: pass the last item's id)",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
-    """A page of odometers across objects, filtered by remaining budget and labels."""
+    """A page of odometers across objects in id order, filtered.
+
+    By id prefix, status, remaining budget and labels; ``after`` (the last id seen) pages
+    through any number of objects.
+    """
     for name, bound in (("remaining_lt", remaining_lt), ("remaining_gt", remaining_gt)):
         if bound is not None and not math.isfinite(bound):
             raise InvalidInput(name, "must be a finite number")
@@ -60,4 +100,38 @@ async def odometers(
         remaining_gt=remaining_gt,
         include_retired=include_retired,
         labels=object_service.parse_label_filters(label),
+        id_prefix=id_prefix,
+        status=None if status is None else status.value,
+        after=after,
+    )
+
+
+@router.get(
+    "/v1/odometers/totals",
+    tags=["odometers"],
+    **answers(schemas.OdometerTotals),
+    responses=problems(*AUTHENTICATED),
+)
+async def odometer_totals(
+    runtime: RuntimeDep,
+    _: ViewerDep,
+    label: LabelsQuery = [],  # noqa: B006 - FastAPI copies the default
+    id_prefix: PrefixQuery = None,
+    include_retired: Annotated[
+        bool, Query(description="objects and rejected cover retired objects too")
+    ] = False,
+) -> dict[str, Any]:
+    """How many objects carry the labels (and id prefix), by status; rejected submits summed.
+
+    ``objects`` is the ``total`` of ``GET /v1/odometers`` with the same parameters; the counts
+    by status are every matching object's, and unfiltered they are the Prometheus gauges' (one
+    definition of each status).
+    """
+    return await in_thread(
+        runtime,
+        object_service.odometer_totals,
+        engine=runtime.engine,
+        labels=object_service.parse_label_filters(label),
+        id_prefix=id_prefix,
+        include_retired=include_retired,
     )

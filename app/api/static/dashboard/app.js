@@ -12,8 +12,11 @@ import { renderReading } from "./reading.js";
 import { clearSurvey, isActive, refreshSurveys, renderSurvey, renderSurveyList } from "./surveys.js";
 
 const STORAGE_KEY = "gatekeeper.apiKey";
-const PAGE = 1000;
-const MAX_OBJECTS = 20000;
+// Rows per page of the list: the service searches, filters, counts and pages (by keyset), so
+// the page never holds more than this many objects, however many there are.
+const PAGE = 250;
+// An id prefix the service can be asked for (the characters of an id: app/services/objects.py).
+const ID_PREFIX = /^[A-Za-z0-9._:@-]{1,128}$/;
 const $ = (id) => document.getElementById(id);
 
 function pollSeconds() {
@@ -28,6 +31,12 @@ const state = {
   poller: null,
   rows: [],
   total: 0,
+  totals: null,
+  loaded: false,
+  // keyset paging: the id the shown page starts after (null: the first page), and the ones
+  // of the pages before it (for "Previous")
+  after: null,
+  before: [],
   sortKey: "id",
   sortDir: 1,
   filter: parseFilter(""),
@@ -212,27 +221,80 @@ function rowOf(item) {
   };
 }
 
-async function loadList(poller) {
-  const retired = $("include-retired").checked ? "&include_retired=true" : "";
-  const labels = labelQuery(state.labels);
-  const rows = [];
-  let offset = 0;
-  let total = 0;
-  do {
-    const page = await getJson(`v1/odometers?limit=${PAGE}&offset=${offset}${retired}${labels}`, state.key);
-    rows.push(...page.items.map(rowOf));
-    total = page.total;
-    offset += page.items.length;
-    if (page.items.length === 0) {
-      break;
-    }
-  } while (offset < total && offset < MAX_OBJECTS);
-  if (poller.stopped) {
-    return; // replaced (another label filter, include retired): not this list any more
+// What the service is asked for: the label filters, the id prefix typed in the filter box, the
+// status and "include retired". The same for the page and for its totals.
+function listParams() {
+  const params = [labelQuery(state.labels)];
+  if (state.filter.kind === "text") {
+    params.push(`&id_prefix=${encodeURIComponent(state.filter.prefix)}`);
   }
-  state.rows = rows;
-  state.total = total;
+  if ($("include-retired").checked) {
+    params.push("&include_retired=true");
+  }
+  return params.join("");
+}
+
+// A typed id that no id can start with (a space, a character ids never hold): nothing matches,
+// so the service is not asked.
+function impossiblePrefix() {
+  return state.filter.kind === "text" && !ID_PREFIX.test(state.filter.prefix);
+}
+
+async function loadList(poller) {
+  if (impossiblePrefix()) {
+    state.rows = [];
+    state.total = 0;
+    state.totals = { objects: 0, active: 0, retired: 0, exhausted: 0, near_exhaustion: 0, rejected: 0 };
+    state.loaded = true;
+    renderList();
+    return;
+  }
+  const params = listParams();
+  const status = $("status-filter").value ? `&status=${$("status-filter").value}` : "";
+  const after = state.after === null ? "" : `&after=${encodeURIComponent(state.after)}`;
+  // both asked at once; the rows are shown as soon as they come (the totals scan every
+  // matching object, which takes longer with many), the summary when its counts come
+  const pending = getJson(`v1/odometers/totals?${params.slice(1)}`, state.key);
+  pending.catch(() => {}); // a failure is reported below, where it is awaited
+  const page = await getJson(`v1/odometers?limit=${PAGE}${after}${status}${params}`, state.key);
+  if (poller.stopped) {
+    return; // replaced (another filter, include retired, another page): not this list any more
+  }
+  state.rows = page.items.map(rowOf);
+  state.total = page.total;
+  state.loaded = true;
   renderList();
+  const totals = await pending;
+  if (poller.stopped) {
+    return;
+  }
+  state.totals = totals;
+  renderSummary();
+}
+
+// Back to the first page and ask again (a filter, the status or "include retired" changed).
+function reloadList() {
+  state.after = null;
+  state.before = [];
+  state.totals = null; // counted again for the new filters
+  state.loaded = false;
+  if (state.key !== null) {
+    startPolling(loadList);
+  }
+}
+
+function nextPage() {
+  if (state.rows.length === 0) {
+    return;
+  }
+  state.before.push(state.after);
+  state.after = state.rows[state.rows.length - 1].id;
+  startPolling(loadList);
+}
+
+function previousPage() {
+  state.after = state.before.length ? state.before.pop() : null;
+  startPolling(loadList);
 }
 
 function compare(a, b) {
@@ -289,35 +351,47 @@ function renderList() {
     body.append(tr);
   }
   $("objects").tBodies[0].replaceWith(body);
-  $("no-match").hidden = !(shown.length === 0 && state.rows.length > 0);
+  const filtered = state.filter.kind !== "all" || state.labels.length > 0 || $("status-filter").value;
+  $("no-match").hidden = !(state.loaded && shown.length === 0 && (state.rows.length > 0 || filtered));
   renderSummary();
-  const more = state.total > state.rows.length ? ` (first ${state.rows.length} loaded)` : "";
+  renderPager();
   const labelled = state.labels.length ? ` with ${state.labels.length > 1 ? "these labels" : "this label"}` : "";
-  $("count").textContent = `${shown.length} of ${state.total} objects${labelled}${more}`;
+  $("count").textContent = `${shown.length} of ${state.total} objects${labelled}${pageNote()}`;
   for (const th of $("objects").tHead.rows[0].cells) {
     const sorted = th.dataset.key === state.sortKey;
     th.setAttribute("aria-sort", sorted ? (state.sortDir > 0 ? "ascending" : "descending") : "none");
   }
 }
 
-// Below this nothing fits: the smallest ε a query may declare (docs/engine.md).
-const MIN_EPSILON = 1e-6;
-
-function exhausted(row) {
-  return row.status !== "retired" && row.remaining < MIN_EPSILON;
+// Which rows of how many this page shows ("rows 1001–2000"), when there is more than one page.
+function pageNote() {
+  if (state.after === null && state.rows.length >= state.total) {
+    return "";
+  }
+  const first = state.before.length * PAGE + 1;
+  const expression = state.filter.kind === "expression" ? "; the expression filters this page" : "";
+  return ` (rows ${first}–${first + state.rows.length - 1}${expression})`;
 }
 
-function nearExhaustion(row) {
-  return row.status !== "retired" && !exhausted(row) && row.remaining < 0.1 * row.budget;
+function renderPager() {
+  $("pager").hidden = state.after === null && state.rows.length < PAGE;
+  $("page-previous").disabled = state.after === null;
+  $("page-next").disabled = state.rows.length < PAGE;
 }
 
-// The summary strip: over every loaded object (active ones for exhausted / near exhaustion).
+// The summary strip: the service's counts (GET /v1/odometers/totals) over every object the
+// labels and id prefix select — not the loaded rows — with the definitions of the metrics.
 function renderSummary() {
-  const rows = state.rows;
-  $("sum-objects").textContent = num(state.total);
-  $("sum-exhausted").textContent = num(rows.filter(exhausted).length);
-  $("sum-near").textContent = num(rows.filter(nearExhaustion).length);
-  $("sum-rejected").textContent = num(rows.reduce((sum, row) => sum + row.rejected, 0));
+  const totals = state.totals;
+  for (const [id, key] of [
+    ["sum-objects", "objects"],
+    ["sum-exhausted", "exhausted"],
+    ["sum-near", "near_exhaustion"],
+    ["sum-rejected", "rejected"],
+  ]) {
+    $(id).textContent = totals === null ? "–" : num(totals[key]);
+    $(id).dataset.value = totals === null ? "" : String(totals[key]);
+  }
 }
 
 // --- label filters (in the address: #/?label=name%3Avalue) --------------------------------------
@@ -745,6 +819,10 @@ function route() {
       state.labels = labels;
       state.rows = [];
       state.total = 0;
+      state.totals = null;
+      state.loaded = false;
+      state.after = null;
+      state.before = [];
       renderList();
     }
     renderLabelFilters();
@@ -762,15 +840,23 @@ function main() {
     runWhatIf();
   });
   $("label-form").addEventListener("submit", onLabelSubmit);
+  let typing = null;
   $("filter").addEventListener("input", () => {
+    const before = state.filter;
     state.filter = parseFilter($("filter").value);
-    renderList();
-  });
-  $("include-retired").addEventListener("change", () => {
-    if (state.key !== null) {
-      startPolling(loadList);
+    const prefix = (f) => (f.kind === "text" ? f.prefix : null);
+    if (prefix(before) === prefix(state.filter)) {
+      renderList(); // an expression: it filters the rows of this page
+      return;
     }
+    // an id prefix is searched by the service: once typing pauses
+    clearTimeout(typing);
+    typing = setTimeout(reloadList, 200);
   });
+  $("include-retired").addEventListener("change", reloadList);
+  $("status-filter").addEventListener("change", reloadList);
+  $("page-next").addEventListener("click", nextPage);
+  $("page-previous").addEventListener("click", previousPage);
   window.addEventListener("hashchange", route);
   const saved = sessionStorage.getItem(STORAGE_KEY);
   if (saved) {

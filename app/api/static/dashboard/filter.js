@@ -1,4 +1,4 @@
-// The list's filter: "field op number [and field op number ...]", or a piece of an object id.
+// The list's filter: "field op number [and field op number ...]", or the start of an object id.
 
 // Filterable numbers of a row (see rowOf in app.js), with the names a user may type.
 export const FIELDS = {
@@ -80,8 +80,8 @@ export function parseFilter(text) {
     return { kind: "all", test: () => true };
   }
   if (!/[<>=]/.test(trimmed)) {
-    const needle = trimmed.toLowerCase();
-    return { kind: "text", test: (row) => row.id.toLowerCase().includes(needle) };
+    // the start of an id, exact case: the service searches it (GET /v1/odometers?id_prefix=)
+    return { kind: "text", prefix: trimmed, test: (row) => row.id.startsWith(trimmed) };
   }
   let conditions;
   try {
