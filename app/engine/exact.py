@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
@@ -173,6 +174,53 @@ class ExactLoss:
         units = [others + u for u in _axis_losses(base, step, query)]
         return [Fraction(u, denominator) for u in units]
 
+    def subset_losses(
+        self, axis: int, group: Group, count: int, hits: SubsetHits, probe: int = 64
+    ) -> list[Fraction] | None:
+        """The exact loss after each of ``count`` two-level outputs, without building their states.
+
+        Output ``i`` adds ``ε`` (``group``) on its subset ``S_i`` of the values of ``axis``;
+        ``hits(rows, values)`` is the ``(len(rows), len(values))`` 0/1 matrix
+        ``[values[j] ∈ S_rows[i]]``. The loss after ``S`` is the other attributes' ranges plus
+        ``max(max_S V + step, max_{S^c} V) − min(min_S V + step, min_{S^c} V)`` (``V`` the
+        axis's values, ``step`` ε in the same units). Over the values sorted by ``V``
+        (decreasing for the maxima, increasing for the minima) the first member of ``S`` and
+        the first non-member give those four extremes, so only the first ``probe`` values of
+        each order are looked up; an output whose probe holds no member (or no non-member)
+        while values remain is looked up over all of them. Equal to
+        ``with_term(...).loss()`` of each output (tested). None when the history's exact form
+        would be dropped (:data:`MAX_GROUPS`) or its values leave ``int64``.
+        """
+        if group in self.groups:
+            denominator, scaled = self._scale()
+            step = scaled[self.groups.index(group)]
+        elif len(self.groups) >= MAX_GROUPS:
+            return None
+        else:
+            denominator, scaled = self._scale(group)
+            step = scaled[-1]
+        base = self.values(axis, scaled)
+        if base.dtype == object or int(np.abs(base).max(initial=0)) + step >= _SAFE:
+            return None
+        others = self._ranges(scaled, skip=axis)
+        k = base.shape[0]
+        down = np.argsort(-base, kind="stable")
+        up = np.argsort(base, kind="stable")
+        rows = np.arange(count)
+        top, _ = _first_extremes(base, step, hits, rows, down[:probe], k <= probe, np.maximum)
+        bottom, _ = _first_extremes(base, step, hits, rows, up[:probe], k <= probe, np.minimum)
+        top_left = np.flatnonzero(top == _UNKNOWN)
+        if top_left.size:
+            top[top_left] = _first_extremes(base, step, hits, top_left, down, True, np.maximum)[0]
+        bottom_left = np.flatnonzero(bottom == _UNKNOWN)
+        if bottom_left.size:
+            bottom[bottom_left] = _first_extremes(
+                base, step, hits, bottom_left, up, True, np.minimum
+            )[0]
+        spans, where = np.unique(top - bottom, return_inverse=True)
+        losses = [Fraction(others + int(span), denominator) for span in spans.tolist()]
+        return [losses[i] for i in where.ravel().tolist()]
+
     # --- persistence -------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
         """A compact JSON encoding (appended to the likelihood array's bytes)."""
@@ -197,6 +245,39 @@ class ExactLoss:
         if set(other.counts) != set(self.counts):
             return False
         return all(np.array_equal(other.counts[a], arr) for a, arr in self.counts.items())
+
+
+#: ``hits(rows, values)``: the 0/1 matrix ``[values[j] ∈ S_rows[i]]`` of several outputs' subsets.
+SubsetHits = Callable[[IntArray, IntArray], IntArray]
+#: Marks an extreme a probe did not settle (every settled one is below ``2^62`` in magnitude).
+_UNKNOWN = np.iinfo(np.int64).min
+
+
+def _first_extremes(
+    base: IntArray,
+    step: int,
+    hits: SubsetHits,
+    rows: IntArray,
+    order: IntArray,
+    complete: bool,
+    pick: Any,
+) -> tuple[IntArray, IntArray]:
+    """``pick(extreme over S + step, extreme over S^c)`` per row, from ``order``'s first hits.
+
+    ``order`` sorts the values so that the first member of a subset holds its extreme (and
+    likewise the first non-member). A row whose ``order`` has no member or no non-member is
+    settled only when ``complete`` (``order`` holds every value: that side is empty); else it
+    is :data:`_UNKNOWN`. Also returns which rows were settled.
+    """
+    inside = np.asarray(hits(rows, order), dtype=bool)
+    has_in, has_out = inside.any(axis=1), (~inside).any(axis=1)
+    ordered = base[order]
+    at_in = ordered[inside.argmax(axis=1)] + step
+    at_out = ordered[(~inside).argmax(axis=1)]
+    # an empty side never wins: the other side's value stands in for it
+    found = pick(np.where(has_in, at_in, at_out), np.where(has_out, at_out, at_in))
+    settled = np.asarray((has_in & has_out) | complete, dtype=bool)
+    return np.where(settled, found, _UNKNOWN).astype(np.int64), settled
 
 
 def _pad(arr: IntArray, rows: int) -> IntArray:

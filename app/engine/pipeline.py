@@ -53,7 +53,7 @@ from app.engine.filters import (
     evaluate_candidate,
 )
 from app.engine.jsonfields import as_list, as_object, check_keys, path
-from app.engine.likelihood import LikelihoodState, LossBounds
+from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits, for_history
 from app.engine.mechanisms import Mechanism, Output, parse_query
 from app.engine.mechanisms.base import output_index
@@ -320,10 +320,8 @@ def record(
     looser than what accepted the query). Without a search result the new loss is searched for
     when first read (:meth:`ObjectSnapshot.loss`).
     """
-    basic = snapshot.basic_total + mechanism.epsilon_exact
-    if (f0 := snapshot.f0) is not None:
-        account = snapshot.f0_account + f0.charge(mechanism.epsilon_exact)
-        snapshot = replace(snapshot, f0_account=account)
+    basic, account = accounts_after(snapshot, mechanism)
+    snapshot = replace(snapshot, f0_account=account)
     state = snapshot.state
     if isinstance(state, LikelihoodState):
         return replace(snapshot, basic_total=basic, state=state.applied(mechanism.term(output)))
@@ -339,6 +337,38 @@ def record(
                 decided = (entry.lower, entry.upper)
     after = state.extended(mechanism, output, known=known, decided=decided)
     return replace(snapshot, basic_total=basic, state=after)
+
+
+def accounts_after(snapshot: ObjectSnapshot, mechanism: Mechanism) -> tuple[Fraction, Fraction]:
+    """The exact ``Σ ε_i`` and F₀'s account after one more accepted ``mechanism`` (any output)."""
+    basic = snapshot.basic_total + mechanism.epsilon_exact
+    account = snapshot.f0_account
+    if (f0 := snapshot.f0) is not None:
+        account += f0.charge(mechanism.epsilon_exact)
+    return basic, account
+
+
+def losses_after(
+    snapshot: ObjectSnapshot,
+    mechanism: Mechanism,
+    outputs: Sequence[Output],
+    decision: Decision | None,
+) -> list[LossBounds]:
+    """The realized loss after each of ``outputs`` of an accepted ``mechanism`` (finite domains).
+
+    ``record(snapshot, mechanism, y, decision).loss()`` for every ``y``, without keeping the
+    states: a survey's ``olh`` answers each make a history of their own, whose array nobody
+    shares (:attr:`~app.engine.mechanisms.base.Mechanism.distinct_outputs`). On an exact
+    (randomized-response) history the mechanism's vectorised shortcut gives every exact loss
+    at once (:meth:`~app.engine.mechanisms.base.Mechanism.exact_losses_after`); otherwise each
+    output is recorded in turn.
+    """
+    state = snapshot.state
+    if isinstance(state, LikelihoodState) and state.exact is not None and outputs:
+        exact = mechanism.exact_losses_after(state.exact, outputs)
+        if exact is not None:
+            return [exact_bounds(loss) for loss in exact]
+    return [record(snapshot, mechanism, output, decision).loss() for output in outputs]
 
 
 def realized_loss(snapshot: ObjectSnapshot) -> LossBounds:

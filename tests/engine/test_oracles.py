@@ -17,9 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.engine import pipeline
 from app.engine.calculator import compute_loss
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
+from app.engine.filters import FilterKind
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
 from app.engine.mechanisms.oracles import (
@@ -304,3 +306,78 @@ def test_the_docs_vector_table_and_worked_example_hold() -> None:
     assert [olh_hash_value(12345, i, 4) for i in range(4)] == [2, 1, 0, 3]
     assert hash_coefficients(12345) == (149043579997720995, 1472357008447633646)
     assert [1 if bin(3 & c).count("1") % 2 == 0 else -1 for c in range(4)] == [1, -1, -1, 1]
+
+
+@pytest.mark.parametrize(("k", "g", "probe"), [(6, 3, 64), (200, 4, 8), (300, 250, 64), (40, 2, 1)])
+def test_every_report_s_loss_at_once_equals_the_brute_force(k: int, g: int, probe: int) -> None:
+    """``exact_losses_after`` (a survey's olh answers, no state built) against a brute force.
+
+    Histories mix olh reports of several ε's and grr on another attribute; probes of 1–8
+    values leave some reports unsettled (no member, or no non-member, among the probed values)
+    so they are looked up over every value; g = 250 of 300 values makes most of them so.
+    """
+    rng = random.Random(k * 1000 + g)
+    raw_domain = _domain(k)
+    domain = parse_domain(raw_domain)
+    query: dict[str, Any] = {"mechanism": "olh", "attribute": "v", "epsilon": 0.5, "g": g}
+    mech = parse_query(query, domain)
+    assert isinstance(mech, OptimizedLocalHashing)
+    grr = parse_query({"mechanism": "grr", "attribute": "c", "epsilon": 0.3}, domain)
+    state = pipeline.ObjectSnapshot.empty(domain, budget=100, filter=FilterKind.BAYESIAN)
+    entries: list[tuple[Any, Any, Fraction]] = []
+    for step in range(5):
+        outputs = [mech.sample({"v": rng.randrange(k)}) for _ in range(40)]
+        outputs += [(rng.randrange(1 << 64), rng.randrange(g)) for _ in range(20)]
+        assert state.state.exact is not None  # type: ignore[union-attr]
+        exact = state.state.exact  # type: ignore[union-attr]
+        hits = _olh_hits(mech, outputs)
+        found = exact.subset_losses(mech.axis, mech._group, len(outputs), hits, probe=probe)
+        if probe == 64:  # the default probe, as a survey runs it
+            assert found == mech.exact_losses_after(exact, outputs)
+        expected = [
+            _brute_loss([*entries, ("v", _supports(mech, o), Fraction(1, 2))], (k, 3))
+            if k <= 40
+            else pipeline.record(state, mech, o, None).state.exact.loss()  # type: ignore[union-attr]
+            for o in outputs
+        ]
+        assert found == expected, step
+        # and as a survey records them: the same bounds as recording each output
+        bounds = pipeline.losses_after(state, mech, outputs, None)
+        assert bounds == [pipeline.record(state, mech, o, None).loss() for o in outputs]
+        if step % 2:
+            out = rng.randrange(3)
+            state = pipeline.record(state, grr, out, None)
+            entries.append(("c", out, Fraction(3, 10)))
+        else:
+            state = pipeline.record(state, mech, outputs[0], None)
+            entries.append(("v", _supports(mech, outputs[0]), Fraction(1, 2)))
+
+
+def _olh_hits(mech: OptimizedLocalHashing, outputs: list[Any]) -> Any:
+    """The reference ``hits`` of ``subset_losses``: Python integers, value by value."""
+
+    def hits(rows: Any, values: Any) -> Any:
+        return np.array(
+            [[_h(outputs[r][0], int(v), mech.g) == outputs[r][1] for v in values] for r in rows]
+        )
+
+    return hits
+
+
+def test_losses_after_records_each_output_when_the_history_is_not_exact() -> None:
+    """A ``matrix`` query has no exact form: the loss of each report comes from its own record."""
+    raw_domain = _domain(5)
+    domain = parse_domain(raw_domain)
+    matrix = parse_query(
+        {"mechanism": "matrix", "outputs": [0, 1],
+         "probabilities": [[0.7, 0.3]] * 7 + [[0.4, 0.6]] * 8},
+        domain,
+    )  # fmt: skip
+    mech = parse_query({"mechanism": "olh", "attribute": "v", "epsilon": 1.0}, domain)
+    state = pipeline.ObjectSnapshot.empty(domain, budget=100, filter=FilterKind.BAYESIAN)
+    state = pipeline.record(state, matrix, 1, None)
+    assert state.state.exact is None  # type: ignore[union-attr]
+    outputs = [mech.sample({"v": v % 5}) for v in range(30)]
+    found = pipeline.losses_after(state, mech, outputs, None)
+    assert found == [pipeline.record(state, mech, o, None).loss() for o in outputs]
+    assert len(set(found)) > 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -22,7 +22,7 @@ import numpy as np
 
 from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
-from app.engine.exact import ExactQuery, ExactTerm
+from app.engine.exact import ExactLoss, ExactQuery, ExactTerm
 from app.engine.likelihood import LikelihoodState, Term, losses_from_table
 from app.engine.limits import EXACT_EPSILON_BITS, EngineLimits
 from app.engine.numerics import (
@@ -75,6 +75,9 @@ class Mechanism(abc.ABC):
     """A parsed, validated LDP query bound to a domain."""
 
     kind: ClassVar[str]
+    #: Whether two answers practically never coincide (``olh``: a fresh 64-bit seed in each).
+    #: A survey then stores no likelihood array per answer (``objects.state_pending``).
+    distinct_outputs: ClassVar[bool] = False
 
     def __init__(
         self, domain: Domain, declared_epsilon: float | None, tight_epsilon: float, field: str
@@ -149,6 +152,17 @@ class Mechanism(abc.ABC):
         """How each output moves an exact history (randomized response only; else None).
 
         Its outputs are in the order of :meth:`candidate_losses`.
+        """
+        return None
+
+    def exact_losses_after(
+        self, exact: ExactLoss, outputs: Sequence[Output]
+    ) -> list[Fraction] | None:
+        """The exact loss of ``exact``'s history after each of ``outputs``, all at once.
+
+        ``exact.with_term(self.exact_term(y)).loss()`` for every ``y``, computed without
+        building each state; None when the mechanism has no such shortcut (the caller records
+        each output instead) or the history's exact form would not survive the output.
         """
         return None
 
