@@ -349,26 +349,40 @@ def accounts_after(snapshot: ObjectSnapshot, mechanism: Mechanism) -> tuple[Frac
 
 
 def losses_after(
-    snapshot: ObjectSnapshot,
     mechanism: Mechanism,
+    snapshots: Sequence[ObjectSnapshot],
     outputs: Sequence[Output],
-    decision: Decision | None,
+    owners: Sequence[int],
+    decisions: Sequence[Decision | None],
 ) -> list[LossBounds]:
-    """The realized loss after each of ``outputs`` of an accepted ``mechanism`` (finite domains).
+    """The realized loss after each output of an accepted ``mechanism`` (finite domains).
 
-    ``record(snapshot, mechanism, y, decision).loss()`` for every ``y``, without keeping the
-    states: a survey's ``olh`` answers each make a history of their own, whose array nobody
-    shares (:attr:`~app.engine.mechanisms.base.Mechanism.distinct_outputs`). On an exact
-    (randomized-response) history the mechanism's vectorised shortcut gives every exact loss
-    at once (:meth:`~app.engine.mechanisms.base.Mechanism.exact_losses_after`); otherwise each
-    output is recorded in turn.
+    Output ``i`` is recorded on ``snapshots[owners[i]]`` (accepted by ``decisions[owners[i]]``):
+    ``record(snapshot, mechanism, y, decision).loss()`` for every one, without keeping the
+    states — a survey's ``olh`` answers each make a history of their own, whose array nobody
+    shares (:attr:`~app.engine.mechanisms.base.Mechanism.distinct_outputs`). On exact
+    (randomized-response) histories the mechanism's vectorised shortcut gives every exact loss
+    at once (:meth:`~app.engine.mechanisms.base.Mechanism.exact_losses_after`); the outputs
+    of other histories are recorded one by one.
     """
-    state = snapshot.state
-    if isinstance(state, LikelihoodState) and state.exact is not None and outputs:
-        exact = mechanism.exact_losses_after(state.exact, outputs)
-        if exact is not None:
-            return [exact_bounds(loss) for loss in exact]
-    return [record(snapshot, mechanism, output, decision).loss() for output in outputs]
+    found: list[LossBounds | None] = [None] * len(outputs)
+    exact = [s.state.exact if isinstance(s.state, LikelihoodState) else None for s in snapshots]
+    fast = [i for i, owner in enumerate(owners) if exact[owner] is not None]
+    if fast:
+        histories = [e for e in exact if e is not None]
+        renumber = {o: n for n, o in enumerate(o for o, e in enumerate(exact) if e is not None)}
+        losses = mechanism.exact_losses_after(
+            histories, [outputs[i] for i in fast], [renumber[owners[i]] for i in fast]
+        )
+        if losses is not None:
+            for i, loss in zip(fast, losses, strict=True):
+                found[i] = exact_bounds(loss)
+    return [
+        bounds
+        if bounds is not None
+        else record(snapshots[owners[i]], mechanism, outputs[i], decisions[owners[i]]).loss()
+        for i, bounds in enumerate(found)
+    ]
 
 
 def realized_loss(snapshot: ObjectSnapshot) -> LossBounds:

@@ -255,6 +255,7 @@ def _decide_rows(
     work.keys = set(by_group)
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
+    pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
     for key, members in by_group.items():
         group = _group_decision(conn, key, members[0], cache, worker)
         if isinstance(group, Refusal):
@@ -271,7 +272,7 @@ def _decide_rows(
         outputs.extend(by_output)
         counts.extend(len(answered) for answered in by_output.values())
         if _pending(key, group):
-            _record_pending(key, group, by_output, query_text, work)
+            pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
         for output, answered in by_output.items():
             change = _advance_of(key, group, output, cache, worker)
@@ -284,6 +285,8 @@ def _decide_rows(
             if key.state_hash is not None:
                 work.lost[key.state_hash] += len(answered)
             _answer(work, mech, query_text, json.dumps(mech.output_json(output)), columns, answered)
+    for groups in pending.values():
+        _record_pending(groups, work)
     # the chunk's tally in one batch per domain: olh and hadamard decode all its reports at
     # once (a decode costs k passes whatever the number of reports: not once per group)
     for mech, outputs, counts in reports.values():
@@ -303,36 +306,43 @@ def _pending(key: GroupKey, group: GroupAccepted) -> bool:
 
 
 def _record_pending(
-    key: GroupKey,
-    group: GroupAccepted,
-    by_output: dict[Output, list[MemberRow]],
-    query_text: str,
-    work: _Chunk,
+    groups: list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]], work: _Chunk
 ) -> None:
-    """Accept a group's members without storing an array per answer.
+    """Accept the members of a chunk's pending groups (one domain) without storing arrays.
 
-    Each member keeps naming the group's stored array (no reference moves, no state row
-    written) and counts one more pending entry; its loss after the answer comes from
-    :func:`~app.engine.pipeline.losses_after` — for ``olh`` on an exact history, every
-    member's exact loss in one vectorised pass.
+    Each member keeps naming its group's stored array (no reference moves, no state row
+    written) and counts one more pending entry; the losses after the answers come from
+    :func:`~app.engine.pipeline.losses_after` — for ``olh`` on exact histories, every member of
+    every group in one vectorised pass.
     """
-    mech, snapshot, decision = group
-    outputs = list(by_output)
-    basic, account = accounts_after(snapshot, mech)
-    losses = losses_after(snapshot, mech, outputs, decision)
-    for output, loss in zip(outputs, losses, strict=True):
-        output_text = json.dumps(mech.output_json(output))
-        columns = pending_columns(
-            state_hash=key.state_hash,
-            pending=key.state_pending,
-            history_hash=key.history_hash,
-            query_text=query_text,
-            output_text=output_text,
-            loss=loss,
-            basic_total=basic,
-            f0_account=account,
+    mech = groups[0][1].mech
+    outputs = [output for _, _, by_output in groups for output in by_output]
+    owners = [n for n, (_, _, by_output) in enumerate(groups) for _ in by_output]
+    losses = iter(
+        losses_after(
+            mech,
+            [group.snapshot for _, group, _ in groups],
+            outputs,
+            owners,
+            [group.decision for _, group, _ in groups],
         )
-        _answer(work, mech, query_text, output_text, columns, by_output[output])
+    )
+    query_text = json.dumps(mech.to_json())
+    for key, group, by_output in groups:
+        basic, account = accounts_after(group.snapshot, mech)
+        for output, answered in by_output.items():
+            output_text = json.dumps(mech.output_json(output))
+            columns = pending_columns(
+                state_hash=key.state_hash,
+                pending=key.state_pending,
+                history_hash=key.history_hash,
+                query_text=query_text,
+                output_text=output_text,
+                loss=next(losses),
+                basic_total=basic,
+                f0_account=account,
+            )
+            _answer(work, mech, query_text, output_text, columns, answered)
 
 
 def _answer(

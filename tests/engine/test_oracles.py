@@ -21,6 +21,7 @@ from app.engine import pipeline
 from app.engine.calculator import compute_loss
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
+from app.engine.exact import subset_losses
 from app.engine.filters import FilterKind
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
@@ -310,47 +311,52 @@ def test_the_docs_vector_table_and_worked_example_hold() -> None:
 
 @pytest.mark.parametrize(("k", "g", "probe"), [(6, 3, 64), (200, 4, 8), (300, 250, 64), (40, 2, 1)])
 def test_every_report_s_loss_at_once_equals_the_brute_force(k: int, g: int, probe: int) -> None:
-    """``exact_losses_after`` (a survey's olh answers, no state built) against a brute force.
+    """``subset_losses`` (a survey's olh answers, no state built) against a brute force.
 
-    Histories mix olh reports of several ε's and grr on another attribute; probes of 1–8
-    values leave some reports unsettled (no member, or no non-member, among the probed values)
-    so they are looked up over every value; g = 250 of 300 values makes most of them so.
+    Reports on several histories at once (olh reports of two ε's and grr on another
+    attribute); probes of 1–8 values leave some reports unsettled (no member, or no
+    non-member, among the probed values) so they are looked up over every value; g = 250 of
+    300 values makes most of them so.
     """
     rng = random.Random(k * 1000 + g)
-    raw_domain = _domain(k)
-    domain = parse_domain(raw_domain)
+    domain = parse_domain(_domain(k))
     query: dict[str, Any] = {"mechanism": "olh", "attribute": "v", "epsilon": 0.5, "g": g}
     mech = parse_query(query, domain)
     assert isinstance(mech, OptimizedLocalHashing)
     grr = parse_query({"mechanism": "grr", "attribute": "c", "epsilon": 0.3}, domain)
-    state = pipeline.ObjectSnapshot.empty(domain, budget=100, filter=FilterKind.BAYESIAN)
-    entries: list[tuple[Any, Any, Fraction]] = []
-    for step in range(5):
-        outputs = [mech.sample({"v": rng.randrange(k)}) for _ in range(40)]
-        outputs += [(rng.randrange(1 << 64), rng.randrange(g)) for _ in range(20)]
-        assert state.state.exact is not None  # type: ignore[union-attr]
-        exact = state.state.exact  # type: ignore[union-attr]
-        hits = _olh_hits(mech, outputs)
-        found = exact.subset_losses(mech.axis, mech._group, len(outputs), hits, probe=probe)
-        if probe == 64:  # the default probe, as a survey runs it
-            assert found == mech.exact_losses_after(exact, outputs)
-        expected = [
-            _brute_loss([*entries, ("v", _supports(mech, o), Fraction(1, 2))], (k, 3))
-            if k <= 40
-            else pipeline.record(state, mech, o, None).state.exact.loss()  # type: ignore[union-attr]
-            for o in outputs
-        ]
-        assert found == expected, step
-        # and as a survey records them: the same bounds as recording each output
-        bounds = pipeline.losses_after(state, mech, outputs, None)
-        assert bounds == [pipeline.record(state, mech, o, None).loss() for o in outputs]
+    empty = pipeline.ObjectSnapshot.empty(domain, budget=100, filter=FilterKind.BAYESIAN)
+    snapshots, histories = [empty], [[]]
+    for step in range(5):  # histories of 0..5 entries
+        last = snapshots[-1]
+        entries = list(histories[-1])
         if step % 2:
             out = rng.randrange(3)
-            state = pipeline.record(state, grr, out, None)
+            snapshots.append(pipeline.record(last, grr, out, None))
             entries.append(("c", out, Fraction(3, 10)))
         else:
-            state = pipeline.record(state, mech, outputs[0], None)
-            entries.append(("v", _supports(mech, outputs[0]), Fraction(1, 2)))
+            output = mech.sample({"v": rng.randrange(k)})
+            snapshots.append(pipeline.record(last, mech, output, None))
+            entries.append(("v", _supports(mech, output), Fraction(1, 2)))
+        histories.append(entries)
+    outputs = [mech.sample({"v": rng.randrange(k)}) for _ in range(60)]
+    outputs += [(rng.randrange(1 << 64), rng.randrange(g)) for _ in range(30)]
+    owners = [rng.randrange(len(snapshots)) for _ in outputs]
+    exacts = [s.state.exact for s in snapshots]  # type: ignore[union-attr]
+    profiles = [e.subset_profile(mech.axis, mech._group) for e in exacts]  # type: ignore[union-attr]
+    found = subset_losses(profiles, np.array(owners), _olh_hits(mech, outputs), probe=probe)  # type: ignore[arg-type]
+    expected = [
+        _brute_loss([*histories[o], ("v", _supports(mech, y), Fraction(1, 2))], (k, 3))
+        if k <= 40
+        else pipeline.record(snapshots[o], mech, y, None).state.exact.loss()  # type: ignore[union-attr]
+        for y, o in zip(outputs, owners, strict=True)
+    ]
+    assert found == expected
+    # as a survey records them: the same bounds as recording each output
+    bounds = pipeline.losses_after(mech, snapshots, outputs, owners, [None] * len(snapshots))
+    assert bounds == [
+        pipeline.record(snapshots[o], mech, y, None).loss()
+        for y, o in zip(outputs, owners, strict=True)
+    ]
 
 
 def _olh_hits(mech: OptimizedLocalHashing, outputs: list[Any]) -> Any:
@@ -358,7 +364,10 @@ def _olh_hits(mech: OptimizedLocalHashing, outputs: list[Any]) -> Any:
 
     def hits(rows: Any, values: Any) -> Any:
         return np.array(
-            [[_h(outputs[r][0], int(v), mech.g) == outputs[r][1] for v in values] for r in rows]
+            [
+                [_h(outputs[r][0], int(v), mech.g) == outputs[r][1] for v in row]
+                for r, row in zip(rows, values, strict=True)
+            ]
         )
 
     return hits
@@ -366,18 +375,22 @@ def _olh_hits(mech: OptimizedLocalHashing, outputs: list[Any]) -> Any:
 
 def test_losses_after_records_each_output_when_the_history_is_not_exact() -> None:
     """A ``matrix`` query has no exact form: the loss of each report comes from its own record."""
-    raw_domain = _domain(5)
-    domain = parse_domain(raw_domain)
+    domain = parse_domain(_domain(5))
     matrix = parse_query(
         {"mechanism": "matrix", "outputs": [0, 1],
          "probabilities": [[0.7, 0.3]] * 7 + [[0.4, 0.6]] * 8},
         domain,
     )  # fmt: skip
     mech = parse_query({"mechanism": "olh", "attribute": "v", "epsilon": 1.0}, domain)
-    state = pipeline.ObjectSnapshot.empty(domain, budget=100, filter=FilterKind.BAYESIAN)
-    state = pipeline.record(state, matrix, 1, None)
-    assert state.state.exact is None  # type: ignore[union-attr]
+    empty = pipeline.ObjectSnapshot.empty(domain, budget=100, filter=FilterKind.BAYESIAN)
+    inexact = pipeline.record(empty, matrix, 1, None)
+    assert inexact.state.exact is None  # type: ignore[union-attr]
+    snapshots = [inexact, empty]
     outputs = [mech.sample({"v": v % 5}) for v in range(30)]
-    found = pipeline.losses_after(state, mech, outputs, None)
-    assert found == [pipeline.record(state, mech, o, None).loss() for o in outputs]
-    assert len(set(found)) > 1
+    owners = [v % 2 for v in range(30)]
+    found = pipeline.losses_after(mech, snapshots, outputs, owners, [None, None])
+    assert found == [
+        pipeline.record(snapshots[o], mech, y, None).loss()
+        for y, o in zip(outputs, owners, strict=True)
+    ]
+    assert len(set(found[::2])) > 1

@@ -156,13 +156,13 @@ class Mechanism(abc.ABC):
         return None
 
     def exact_losses_after(
-        self, exact: ExactLoss, outputs: Sequence[Output]
+        self, histories: Sequence[ExactLoss], outputs: Sequence[Output], owners: Sequence[int]
     ) -> list[Fraction] | None:
-        """The exact loss of ``exact``'s history after each of ``outputs``, all at once.
+        """The exact loss after each output, output ``i`` recorded on ``histories[owners[i]]``.
 
-        ``exact.with_term(self.exact_term(y)).loss()`` for every ``y``, computed without
-        building each state; None when the mechanism has no such shortcut (the caller records
-        each output instead) or the history's exact form would not survive the output.
+        ``histories[o].with_term(self.exact_term(y)).loss()`` for every output, computed
+        without building the states; None when the mechanism has no such shortcut (the caller
+        records each output instead) or a history's exact form would not survive the output.
         """
         return None
 

@@ -57,7 +57,7 @@ import numpy.typing as npt
 from app.engine import sampling
 from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
-from app.engine.exact import ExactLoss, ExactQuery, ExactTerm, Group
+from app.engine.exact import ExactLoss, ExactQuery, ExactTerm, Group, subset_losses
 from app.engine.jsonfields import as_integer, as_object, check_keys, path
 from app.engine.likelihood import LikelihoodState, Term
 from app.engine.limits import EngineLimits
@@ -358,24 +358,30 @@ class OptimizedLocalHashing(_TwoLevel):
         return hit
 
     def exact_losses_after(
-        self, exact: ExactLoss, outputs: Sequence[Output]
+        self, histories: Sequence[ExactLoss], outputs: Sequence[Output], owners: Sequence[int]
     ) -> list[Fraction] | None:
-        """Every report's exact loss at once (:meth:`ExactLoss.subset_losses`).
+        """Every report's exact loss at once (:func:`~app.engine.exact.subset_losses`).
 
         All seeds' hash coefficients in one vectorised pass; each report's subset is looked up
-        only at the few values that decide the extremes.
+        only at the few values that decide the extremes of its history.
         """
+        profiles = []
+        for history in histories:
+            profile = history.subset_profile(self.axis, self._group)
+            if profile is None:
+                return None
+            profiles.append(profile)
         pairs = [_pair(output) for output in outputs]
         seeds = np.array([seed for seed, _ in pairs], dtype=np.uint64)
         buckets = np.array([bucket for _, bucket in pairs], dtype=np.uint64)
         a, b = hash_coefficients_array(seeds)
 
         def hits(rows: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> Any:
-            indexes = np.asarray(values, dtype=np.uint64)[None, :]
+            indexes = np.asarray(values, dtype=np.uint64)
             hashed = olh_hash(a[rows, None], b[rows, None], indexes, self.g)
             return hashed == buckets[rows, None]
 
-        return exact.subset_losses(self.axis, self._group, len(pairs), hits)
+        return subset_losses(profiles, np.asarray(owners, dtype=np.int64), hits)
 
     def witness(self, inside: int | None, outside: int | None) -> Output:
         """The first seed separating the pair, and ``inside``'s bucket under it."""
