@@ -301,13 +301,14 @@ def subset_losses(
             )[0]
         extremes.append(found)
     spans = extremes[0] - extremes[1]
-    cache: dict[tuple[int, int], Fraction] = {}
+    others = np.array([p.others for p in profiles], dtype=object)[owners]
+    denominators = np.array([p.denominator for p in profiles], dtype=object)[owners]
+    cache: dict[tuple[int, int], Fraction] = {}  # few distinct losses: build each once
     losses = []
-    for owner, span in zip(owners.tolist(), spans.tolist(), strict=True):
-        loss = cache.get((owner, span))
+    for units, denominator in zip((others + spans).tolist(), denominators.tolist(), strict=True):
+        loss = cache.get((units, denominator))
         if loss is None:
-            profile = profiles[owner]
-            loss = cache[(owner, span)] = Fraction(profile.others + span, profile.denominator)
+            loss = cache[(units, denominator)] = Fraction(units, denominator)
         losses.append(loss)
     return losses
 
