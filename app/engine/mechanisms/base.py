@@ -135,6 +135,18 @@ class Mechanism(abc.ABC):
         """
         return j
 
+    def listed_outputs(self, count: int) -> tuple[Any, ...]:
+        """The JSON of the first ``count`` outputs in listing order, built once per query.
+
+        Every decision by basic composition lists them (a survey decides one group per public
+        state: a thousand groups listed 256 ``olh`` outputs each). Read only.
+        """
+        found = self.__dict__.get("_listed")
+        if found is None or found[0] != count:
+            found = (count, tuple(self.output_json(self.listed_output(j)) for j in range(count)))
+            self.__dict__["_listed"] = found
+        return found[1]
+
     # --- likelihood (finite domains) ---------------------------------------------------------
     @abc.abstractmethod
     def term(self, output: Output) -> Term:
