@@ -678,7 +678,7 @@ def test_0008_recomputes_f0_accounts_and_moves_objects_past_the_new_count(
     assert report.ok, report.problems
 
 
-def test_0009_downgrade_stores_the_arrays_of_pending_survey_answers(empty_url: str) -> None:
+def test_0012_downgrade_stores_the_arrays_of_pending_survey_answers(empty_url: str) -> None:
     """Members an ``olh`` survey left pending get their whole history's array on downgrade.
 
     Each array is folded from the history by the engine's replay and the reference moves to

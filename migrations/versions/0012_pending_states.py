@@ -10,7 +10,7 @@ Every object existing before has its whole history in its state: the column star
 The downgrade stores the full array of every object with pending entries (folded from its
 history by the engine's own replay) and moves its reference from the old array to it.
 
-Revision ID: 0009
+Revision ID: 0012
 Revises: 0008
 Create Date: 2026-11-25
 """
@@ -28,7 +28,7 @@ from app.engine.pipeline import fold_history, history_entry
 from app.services.history import object_history
 from app.services.snapshots import state_key
 
-revision = "0009"
+revision = "0012"
 down_revision = "0008"
 branch_labels = None
 depends_on = None
