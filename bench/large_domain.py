@@ -21,8 +21,9 @@ Prints three tables:
    ``olh`` reports over ``--engine-k`` values: median and p90 over ``--repeat`` submits;
 4. **survey** (``--survey N``, PostgreSQL reachable) — ``gatekeeper serve`` on a fresh database,
    ``N`` objects over one attribute of ``--k`` values imported through ``POST /v1/imports``, then
-   a ``grr`` and an ``olh`` survey (ε = 1) over all of them, each timed from ``POST
-   /v1/surveys`` to ``done``, with the likelihood states stored and the database's size after it.
+   the surveys of ``--mechanisms`` (ε = 1 each; default a ``grr`` then an ``olh``) over all of
+   them in turn, each timed from ``POST /v1/surveys`` to ``done``, with the likelihood states
+   stored and the database's size after it.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def engine(k: int, history: int, repeat: int, eps: float) -> None:
     print(f"| {repeat} | {np.median(ms):.2f} | {np.percentile(ms, 90):.2f} |")
 
 
-def survey(n: int, k: int) -> None:
+def survey(n: int, k: int, mechanisms: list[str]) -> None:
     import tempfile
     from pathlib import Path
 
@@ -167,7 +168,7 @@ def survey(n: int, k: int) -> None:
                         for i in range(start, min(n, start + 10_000))
                     ]  # fmt: skip
                     client.post("/v1/imports", json={"objects": batch}).raise_for_status()
-                for mechanism in ("grr", "olh"):
+                for mechanism in mechanisms:
                     body = {
                         "name": mechanism,
                         "query": {"mechanism": mechanism, "attribute": "v", "epsilon": 1.0},
@@ -202,6 +203,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=100)
     parser.add_argument("--skip", default="", help="comma list of decode,accuracy,engine")
     parser.add_argument("--survey", type=int, default=0, help="objects of the service survey")
+    parser.add_argument("--mechanisms", default="grr,olh", help="the surveys, in order")
     args = parser.parse_args()
     skip = set(args.skip.split(","))
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -212,7 +214,7 @@ def main() -> None:
     if "engine" not in skip:
         engine(args.engine_k, args.history, args.repeat, args.epsilon)
     if args.survey:
-        survey(args.survey, args.k)
+        survey(args.survey, args.k, args.mechanisms.split(","))
 
 
 if __name__ == "__main__":

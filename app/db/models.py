@@ -114,6 +114,13 @@ class ProtectedObject(Base):
     #: Finite domains: the key of the likelihood array in ``likelihood_states`` (None: no
     #: accepted query yet, ``log P = 0``).
     state_hash: Mapped[str | None] = mapped_column(String(32))
+    #: Finite domains: how many of the last accepted queries the array ``state_hash`` names does
+    #: not hold yet (0: it holds the whole history). Survey answers whose state would be the
+    #: member's alone (an ``olh`` seed) are not stored as arrays: the state is the stored one
+    #: plus these last history entries, folded when the object is next decided.
+    state_pending: Mapped[int] = mapped_column(
+        Integer, default=0, server_default="0", nullable=False
+    )
     #: Hash chain of the accepted history (``app.services.snapshots.next_history_hash``): equal
     #: for equal histories, which is how a survey groups continuous objects.
     history_hash: Mapped[str | None] = mapped_column(String(32))

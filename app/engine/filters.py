@@ -196,9 +196,7 @@ def basic_evaluation(
     return CandidateEvaluation(
         mech.epsilon,
         mech.epsilon_exact,
-        tuple(
-            OutputLoss(mech.output_json(mech.listed_output(j)), 0.0, after) for j in range(listed)
-        ),
+        tuple(OutputLoss(output, 0.0, after) for output in mech.listed_outputs(listed)),
         after,
         listed == mech.output_count and mech.output_count <= max_listed,
         tight=False,

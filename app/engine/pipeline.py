@@ -53,7 +53,7 @@ from app.engine.filters import (
     evaluate_candidate,
 )
 from app.engine.jsonfields import as_list, as_object, check_keys, path
-from app.engine.likelihood import LikelihoodState, LossBounds
+from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits, for_history
 from app.engine.mechanisms import Mechanism, Output, parse_query
 from app.engine.mechanisms.base import output_index
@@ -320,10 +320,8 @@ def record(
     looser than what accepted the query). Without a search result the new loss is searched for
     when first read (:meth:`ObjectSnapshot.loss`).
     """
-    basic = snapshot.basic_total + mechanism.epsilon_exact
-    if (f0 := snapshot.f0) is not None:
-        account = snapshot.f0_account + f0.charge(mechanism.epsilon_exact)
-        snapshot = replace(snapshot, f0_account=account)
+    basic, account = accounts_after(snapshot, mechanism)
+    snapshot = replace(snapshot, f0_account=account)
     state = snapshot.state
     if isinstance(state, LikelihoodState):
         return replace(snapshot, basic_total=basic, state=state.applied(mechanism.term(output)))
@@ -339,6 +337,52 @@ def record(
                 decided = (entry.lower, entry.upper)
     after = state.extended(mechanism, output, known=known, decided=decided)
     return replace(snapshot, basic_total=basic, state=after)
+
+
+def accounts_after(snapshot: ObjectSnapshot, mechanism: Mechanism) -> tuple[Fraction, Fraction]:
+    """The exact ``Σ ε_i`` and F₀'s account after one more accepted ``mechanism`` (any output)."""
+    basic = snapshot.basic_total + mechanism.epsilon_exact
+    account = snapshot.f0_account
+    if (f0 := snapshot.f0) is not None:
+        account += f0.charge(mechanism.epsilon_exact)
+    return basic, account
+
+
+def losses_after(
+    mechanism: Mechanism,
+    snapshots: Sequence[ObjectSnapshot],
+    outputs: Sequence[Output],
+    owners: Sequence[int],
+    decisions: Sequence[Decision | None],
+) -> list[LossBounds]:
+    """The realized loss after each output of an accepted ``mechanism`` (finite domains).
+
+    Output ``i`` is recorded on ``snapshots[owners[i]]`` (accepted by ``decisions[owners[i]]``):
+    ``record(snapshot, mechanism, y, decision).loss()`` for every one, without keeping the
+    states — a survey's ``olh`` answers each make a history of their own, whose array nobody
+    shares (:attr:`~app.engine.mechanisms.base.Mechanism.distinct_outputs`). On exact
+    (randomized-response) histories the mechanism's vectorised shortcut gives every exact loss
+    at once (:meth:`~app.engine.mechanisms.base.Mechanism.exact_losses_after`); the outputs
+    of other histories are recorded one by one.
+    """
+    found: list[LossBounds | None] = [None] * len(outputs)
+    exact = [s.state.exact if isinstance(s.state, LikelihoodState) else None for s in snapshots]
+    fast = [i for i, owner in enumerate(owners) if exact[owner] is not None]
+    if fast:
+        histories = [e for e in exact if e is not None]
+        renumber = {o: n for n, o in enumerate(o for o, e in enumerate(exact) if e is not None)}
+        losses = mechanism.exact_losses_after(
+            histories, [outputs[i] for i in fast], [renumber[owners[i]] for i in fast]
+        )
+        if losses is not None:
+            for i, loss in zip(fast, losses, strict=True):
+                found[i] = exact_bounds(loss)
+    return [
+        bounds
+        if bounds is not None
+        else record(snapshots[owners[i]], mechanism, outputs[i], decisions[owners[i]]).loss()
+        for i, bounds in enumerate(found)
+    ]
 
 
 def realized_loss(snapshot: ObjectSnapshot) -> LossBounds:

@@ -214,6 +214,7 @@ def new_object_columns(now: datetime) -> dict[str, Any]:
     """The columns every new object starts with: no history, no loss, version 0."""
     return {
         "state_hash": None,
+        "state_pending": 0,
         "history_hash": None,
         "loss_lower": 0.0,
         "loss_upper": 0.0,

@@ -1,7 +1,9 @@
 """An object's row as the engine's :class:`~app.engine.pipeline.ObjectSnapshot`, and back.
 
 Finite objects: the stored likelihood array, kept once per (domain, history) in
-``likelihood_states`` and named by :func:`state_key` (objects with the same history share it).
+``likelihood_states`` and named by :func:`state_key` (objects with the same history share it),
+plus the last ``state_pending`` entries of the history when a survey did not store the array its
+answers made (:func:`pending_columns`: an ``olh`` answer's array would be its member's alone).
 Continuous objects: the stored history's parsed terms, seeded with the certified bounds stored
 on the row (a decision needs no search for the history's own loss). Parsing costs about 0.4 ms a
 query, so parsed continuous histories are kept in a process-wide LRU keyed by ``(object id,
@@ -32,7 +34,7 @@ from app.engine.pipeline import (
     fold_history,
     history_entry,
 )
-from app.services.history import object_history
+from app.services.history import HistoryMismatch, object_history
 from app.store import Database, Tx
 from app.store.states import add_refs, drop_unused, insert_state
 
@@ -58,6 +60,9 @@ class SnapshotRow(Protocol):
 
     @property
     def state_err(self) -> float: ...  # noqa: D102
+
+    @property
+    def state_pending(self) -> int: ...  # noqa: D102
 
     @property
     def loss_lower(self) -> float: ...  # noqa: D102
@@ -138,10 +143,14 @@ def snapshot_of(conn: Tx, row: SnapshotRow, domain: Domain, limits: EngineLimits
     """The object's public state as the engine decides on it. Never reads the value."""
     state: LikelihoodState | ContinuousState
     if domain.is_finite:
-        if row.state is None:  # no accepted query yet
+        if row.state is None:  # no accepted query yet (or none the stored array holds)
             state = empty_state(domain)
         else:
             state = LikelihoodState.from_bytes(domain, row.state, row.state_err)
+        if row.state_pending:
+            assert isinstance(state, LikelihoodState)  # noqa: S101 - a finite domain
+            for entry in pending_entries(conn, row.id, row.state_pending, domain):
+                state.apply(entry.mechanism.term(entry.output))
     else:
         database = database_of(conn.engine)
         cached = HISTORIES.get(database, row.id, row.version)
@@ -161,6 +170,19 @@ def snapshot_of(conn: Tx, row: SnapshotRow, domain: Domain, limits: EngineLimits
         row.budget_delta,
         Fraction(row.f0_account),
     )
+
+
+def pending_entries(conn: Tx, object_id: str, pending: int, domain: Domain) -> list[HistoryEntry]:
+    """The last ``pending`` entries of the object's history, parsed (the array lacks them).
+
+    Folded onto the stored array in order, they give the array of the whole history bit for
+    bit: :meth:`LikelihoodState.apply` is what :func:`~app.engine.pipeline.record` computes.
+    """
+    items = object_history(conn, object_id)
+    if len(items) < pending:
+        raise HistoryMismatch(f"{object_id}: {pending} pending entries, {len(items)} stored")
+    tail = items[len(items) - pending :]
+    return [history_entry(domain, json.loads(r.query), json.loads(r.output)) for r in tail]
 
 
 def database_of(engine: Database) -> str:
@@ -233,6 +255,7 @@ def advance(
         stored = StoredState(key, after.state.to_bytes(), after.state.err)
     columns = {
         "state_hash": stored.key if stored else None,
+        "state_pending": 0,
         "history_hash": new_history,
         "loss_lower": loss.lower,
         "loss_upper": loss.upper,
@@ -240,6 +263,34 @@ def advance(
         "f0_account": str(after.f0_account),
     }
     return Advance(columns, stored)
+
+
+def pending_columns(
+    *,
+    state_hash: str | None,
+    pending: int,
+    history_hash: str | None,
+    query_text: str,
+    output_text: str,
+    loss: LossBounds,
+    basic_total: Fraction,
+    f0_account: Fraction,
+) -> dict[str, Any]:
+    """The ``objects`` columns after one more accepted query whose array is not stored.
+
+    The object keeps naming the array ``state_hash`` (no reference moves) and counts one more
+    history entry it lacks; the other columns are :func:`advance`'s (``loss`` from
+    :func:`~app.engine.pipeline.losses_after`).
+    """
+    return {
+        "state_hash": state_hash,
+        "state_pending": pending + 1,
+        "history_hash": next_history_hash(history_hash, query_text, output_text),
+        "loss_lower": loss.lower,
+        "loss_upper": loss.upper,
+        "basic_total": str(basic_total),
+        "f0_account": str(f0_account),
+    }
 
 
 class StateGone(Exception):

@@ -108,6 +108,7 @@ class _SnapshotRow(NamedTuple):
     filter: str
     state: bytes | None
     state_err: float
+    state_pending: int
     loss_lower: float
     loss_upper: float
     basic_total: str
@@ -143,6 +144,7 @@ def decide_group(
         key.filter,
         state,
         err,
+        key.state_pending,
         key.loss_lower,
         key.loss_upper,
         key.basic_total,

@@ -44,8 +44,10 @@ from typing import Any
 
 from app import crypto, metrics
 from app.engine.estimates import tally_outputs
+from app.engine.likelihood import LikelihoodState
 from app.engine.limits import EngineLimits
-from app.engine.mechanisms import Output
+from app.engine.mechanisms import Mechanism, Output
+from app.engine.pipeline import accounts_after, losses_after
 from app.services import audit
 from app.services.decisions import recorded
 from app.services.snapshots import (
@@ -54,6 +56,7 @@ from app.services.snapshots import (
     StoredState,
     advance,
     move_state_refs,
+    pending_columns,
 )
 from app.services.survey_groups import (
     GroupAccepted,
@@ -251,6 +254,8 @@ def _decide_rows(
     states.update(load_states(conn, {k for k in missing if k is not None}))
     work.keys = set(by_group)
     cipher = crypto.active()
+    reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
+    pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
     for key, members in by_group.items():
         group = _group_decision(conn, key, members[0], cache, worker)
         if isinstance(group, Refusal):
@@ -263,10 +268,12 @@ def _decide_rows(
             by_output[mech.sample(json.loads(cipher.decrypt(row.sealed)))].append(row)
         work.domains.add(key.domain)
         query_text = json.dumps(mech.to_json())
-        # the group's tally in one batch (olh and hadamard decode all their reports at once)
-        work.tally.update(
-            tally_outputs(mech, list(by_output), [len(answered) for answered in by_output.values()])
-        )
+        outputs, counts = reports.setdefault(key.domain, (mech, [], []))[1:]
+        outputs.extend(by_output)
+        counts.extend(len(answered) for answered in by_output.values())
+        if _pending(key, group):
+            pending.setdefault(key.domain, []).append((key, group, by_output))
+            continue
         for output, answered in by_output.items():
             change = _advance_of(key, group, output, cache, worker)
             columns = change.columns
@@ -277,24 +284,93 @@ def _decide_rows(
                 )
             if key.state_hash is not None:
                 work.lost[key.state_hash] += len(answered)
-            pick = len(work.variants)
-            work.variants.append(
-                Variant(
-                    query=query_text,
-                    output=json.dumps(mech.output_json(output)),
-                    epsilon=mech.epsilon,
-                    epsilon_exact=str(mech.epsilon_exact),
-                    loss_lower=columns["loss_lower"],
-                    loss_upper=columns["loss_upper"],
-                    basic_after=float(Fraction(columns["basic_total"])),
-                )
-            )
-            for row in answered:
-                seq = row.accepted + 1
-                work.picks[row.id] = pick
-                work.seqs[row.id] = seq
-                work.advances.append(Advanced(row.id, row.version, seq, columns))
+            _answer(work, mech, query_text, json.dumps(mech.output_json(output)), columns, answered)
+    for groups in pending.values():
+        _record_pending(groups, work)
+    # the chunk's tally in one batch per domain: olh and hadamard decode all its reports at
+    # once (a decode costs k passes whatever the number of reports: not once per group)
+    for mech, outputs, counts in reports.values():
+        work.tally.update(tally_outputs(mech, outputs, counts))
     return work
+
+
+def _pending(key: GroupKey, group: GroupAccepted) -> bool:
+    """Whether the group's answers keep their arrays unstored (``objects.state_pending``).
+
+    When each answer's array would be its member's alone: the mechanism's outputs never
+    coincide (``olh``), or the members already have pending entries (their histories are
+    their own since an earlier such answer, so each is a group of one).
+    """
+    finite = isinstance(group.snapshot.state, LikelihoodState)
+    return finite and (group.mech.distinct_outputs or key.state_pending > 0)
+
+
+def _record_pending(
+    groups: list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]], work: _Chunk
+) -> None:
+    """Accept the members of a chunk's pending groups (one domain) without storing arrays.
+
+    Each member keeps naming its group's stored array (no reference moves, no state row
+    written) and counts one more pending entry; the losses after the answers come from
+    :func:`~app.engine.pipeline.losses_after` — for ``olh`` on exact histories, every member of
+    every group in one vectorised pass.
+    """
+    mech = groups[0][1].mech
+    outputs = [output for _, _, by_output in groups for output in by_output]
+    owners = [n for n, (_, _, by_output) in enumerate(groups) for _ in by_output]
+    losses = iter(
+        losses_after(
+            mech,
+            [group.snapshot for _, group, _ in groups],
+            outputs,
+            owners,
+            [group.decision for _, group, _ in groups],
+        )
+    )
+    query_text = json.dumps(mech.to_json())
+    for key, group, by_output in groups:
+        basic, account = accounts_after(group.snapshot, mech)
+        for output, answered in by_output.items():
+            output_text = json.dumps(mech.output_json(output))
+            columns = pending_columns(
+                state_hash=key.state_hash,
+                pending=key.state_pending,
+                history_hash=key.history_hash,
+                query_text=query_text,
+                output_text=output_text,
+                loss=next(losses),
+                basic_total=basic,
+                f0_account=account,
+            )
+            _answer(work, mech, query_text, output_text, columns, answered)
+
+
+def _answer(
+    work: _Chunk,
+    mech: Mechanism,
+    query_text: str,
+    output_text: str,
+    columns: dict[str, Any],
+    answered: list[MemberRow],
+) -> None:
+    """One distinct answer of the chunk (a variant) and the members who drew it."""
+    pick = len(work.variants)
+    work.variants.append(
+        Variant(
+            query=query_text,
+            output=output_text,
+            epsilon=mech.epsilon,
+            epsilon_exact=str(mech.epsilon_exact),
+            loss_lower=columns["loss_lower"],
+            loss_upper=columns["loss_upper"],
+            basic_after=float(Fraction(columns["basic_total"])),
+        )
+    )
+    for row in answered:
+        seq = row.accepted + 1
+        work.picks[row.id] = pick
+        work.seqs[row.id] = seq
+        work.advances.append(Advanced(row.id, row.version, seq, columns))
 
 
 def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:

@@ -3,13 +3,14 @@
 For each object the accepted queries are replayed in sequence order and compared with what is
 stored: sequence numbers ``1..n`` with no gaps, ``accepted == n``, the exact basic-composition
 total, the history hash chain, and the realized-loss bounds (finite domains: the whole ``log P``
-array too, found under the key the history names). Shared likelihood states must be counted by
-exactly the objects that use them. An object's history includes its survey answers (packed in
+array too, found under the key the history names — the history but its last ``state_pending``
+entries, which a survey did not fold into a stored array). Shared likelihood states must be counted
+by exactly the objects that use them. An object's history includes its survey answers (packed in
 their chunks, :mod:`app.services.history`), so a survey answer lost, added or doubled shows as a
 sequence gap or a count that differs from ``accepted``. Surveys: each chunk's members sorted and
-distinct within its stated range, the chunks of a survey disjoint and in order, their decisions
-well formed, and the survey's counters equal to what its chunks hold. A mismatch means the
-stored state does not follow from the stored history.
+distinct within its stated range, the chunks of a survey disjoint and in order, their decisions well
+formed, and the survey's counters equal to what its chunks hold. A mismatch means the stored state
+does not follow from the stored history.
 """
 
 from __future__ import annotations
@@ -73,9 +74,16 @@ def verify_object(
     domain = parse_domain(json.loads(row.domain))
     entries = []
     chain: str | None = None
+    held = len(records) - row.state_pending  # entries the stored array holds
+    held_chain: str | None = None
+    if not 0 <= row.state_pending <= len(records) or (row.state_pending and not domain.is_finite):
+        report.problems.append(f"{row.id}: state_pending={row.state_pending} is impossible")
+        held = len(records)
     for r in records:
         entries.append(history_entry(domain, json.loads(r.query), json.loads(r.output)))
         chain = next_history_hash(chain, r.query, r.output)
+        if len(entries) == held:
+            held_chain = chain
         if Fraction(r.epsilon_exact) != entries[-1].mechanism.epsilon_exact:
             report.problems.append(f"{row.id}: query {r.seq} has a stored epsilon that differs")
     state, basic = fold_history(domain, entries)
@@ -89,10 +97,13 @@ def verify_object(
     loss = state.loss(basic)
     report.checked += 1
     if isinstance(state, LikelihoodState):
-        expected_key = state_key(row.domain, chain) if chain is not None else None
+        if held < len(records):
+            state, _ = fold_history(domain, entries[:held])  # what the stored array holds
+            assert isinstance(state, LikelihoodState)  # noqa: S101 - a finite domain
+        expected_key = state_key(row.domain, held_chain) if held_chain is not None else None
         if row.state_hash != expected_key:
             report.problems.append(f"{row.id}: likelihood state key differs from the history's")
-        if row.state_hash is not None or records:
+        if row.state_hash is not None or held:
             found = store.likelihood_state(conn, key=row.state_hash) if row.state_hash else None
             data = found.state if found else b""
             stored = np.frombuffer(data[: 8 * state.logp.size], dtype="<f8")

@@ -31,6 +31,7 @@ _OBJECT_TYPES = {
     "finite": "boolean",
     "labels": "json",
     "state_hash": "text",
+    "state_pending": "int",
     "history_hash": "text",
     "loss_lower": "float8",
     "loss_upper": "float8",

@@ -50,6 +50,8 @@ class ObjectState:
     filter: str
     finite: bool
     state_hash: str | None
+    #: Last history entries the array does not hold yet (``objects.state_pending``).
+    state_pending: int
     history_hash: str | None
     #: The likelihood array ``state_hash`` names (None: no accepted query, or continuous).
     state: bytes | None

@@ -304,6 +304,8 @@ class GroupKey(NamedTuple):
     basic_total: str
     history_hash: str | None
     state_hash: str | None
+    #: Last history entries ``state_hash``'s array does not hold (``objects.state_pending``).
+    state_pending: int
     loss_lower: float
     loss_upper: float
     budget_delta: float | None
@@ -470,6 +472,7 @@ _ADVANCE_TYPES = {
     "accepted": "int",
     "updated_at": "timestamptz",
     "state_hash": "text",
+    "state_pending": "int",
     "history_hash": "text",
     "loss_lower": "float8",
     "loss_upper": "float8",

@@ -42,6 +42,8 @@ class StoredObject:
     f0_account: str
     history_hash: str | None
     state_hash: str | None
+    #: Last history entries the array does not hold (``objects.state_pending``).
+    state_pending: int
     loss_lower: float
     loss_upper: float
 
@@ -91,6 +93,7 @@ _ALL = select(
     _OBJECTS.c.f0_account,
     _OBJECTS.c.history_hash,
     _OBJECTS.c.state_hash,
+    _OBJECTS.c.state_pending,
     _OBJECTS.c.loss_lower,
     _OBJECTS.c.loss_upper,
 ).order_by(_OBJECTS.c.id)

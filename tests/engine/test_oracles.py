@@ -17,9 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.engine import pipeline
 from app.engine.calculator import compute_loss
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput
+from app.engine.exact import subset_losses
+from app.engine.filters import FilterKind
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
 from app.engine.mechanisms.oracles import (
@@ -304,3 +307,90 @@ def test_the_docs_vector_table_and_worked_example_hold() -> None:
     assert [olh_hash_value(12345, i, 4) for i in range(4)] == [2, 1, 0, 3]
     assert hash_coefficients(12345) == (149043579997720995, 1472357008447633646)
     assert [1 if bin(3 & c).count("1") % 2 == 0 else -1 for c in range(4)] == [1, -1, -1, 1]
+
+
+@pytest.mark.parametrize(("k", "g", "probe"), [(6, 3, 64), (200, 4, 8), (300, 250, 64), (40, 2, 1)])
+def test_every_report_s_loss_at_once_equals_the_brute_force(k: int, g: int, probe: int) -> None:
+    """``subset_losses`` (a survey's olh answers, no state built) against a brute force.
+
+    Reports on several histories at once (olh reports of two ε's and grr on another
+    attribute); probes of 1–8 values leave some reports unsettled (no member, or no
+    non-member, among the probed values) so they are looked up over every value; g = 250 of
+    300 values makes most of them so.
+    """
+    rng = random.Random(k * 1000 + g)
+    domain = parse_domain(_domain(k))
+    query: dict[str, Any] = {"mechanism": "olh", "attribute": "v", "epsilon": 0.5, "g": g}
+    mech = parse_query(query, domain)
+    assert isinstance(mech, OptimizedLocalHashing)
+    grr = parse_query({"mechanism": "grr", "attribute": "c", "epsilon": 0.3}, domain)
+    empty = pipeline.ObjectSnapshot.empty(domain, budget=100, filter=FilterKind.BAYESIAN)
+    snapshots, histories = [empty], [[]]
+    for step in range(5):  # histories of 0..5 entries
+        last = snapshots[-1]
+        entries = list(histories[-1])
+        if step % 2:
+            out = rng.randrange(3)
+            snapshots.append(pipeline.record(last, grr, out, None))
+            entries.append(("c", out, Fraction(3, 10)))
+        else:
+            output = mech.sample({"v": rng.randrange(k)})
+            snapshots.append(pipeline.record(last, mech, output, None))
+            entries.append(("v", _supports(mech, output), Fraction(1, 2)))
+        histories.append(entries)
+    outputs = [mech.sample({"v": rng.randrange(k)}) for _ in range(60)]
+    outputs += [(rng.randrange(1 << 64), rng.randrange(g)) for _ in range(30)]
+    owners = [rng.randrange(len(snapshots)) for _ in outputs]
+    exacts = [s.state.exact for s in snapshots]  # type: ignore[union-attr]
+    profiles = [e.subset_profile(mech.axis, mech._group) for e in exacts]  # type: ignore[union-attr]
+    found = subset_losses(profiles, np.array(owners), _olh_hits(mech, outputs), probe=probe)  # type: ignore[arg-type]
+    expected = [
+        _brute_loss([*histories[o], ("v", _supports(mech, y), Fraction(1, 2))], (k, 3))
+        if k <= 40
+        else pipeline.record(snapshots[o], mech, y, None).state.exact.loss()  # type: ignore[union-attr]
+        for y, o in zip(outputs, owners, strict=True)
+    ]
+    assert found == expected
+    # as a survey records them: the same bounds as recording each output
+    bounds = pipeline.losses_after(mech, snapshots, outputs, owners, [None] * len(snapshots))
+    assert bounds == [
+        pipeline.record(snapshots[o], mech, y, None).loss()
+        for y, o in zip(outputs, owners, strict=True)
+    ]
+
+
+def _olh_hits(mech: OptimizedLocalHashing, outputs: list[Any]) -> Any:
+    """The reference ``hits`` of ``subset_losses``: Python integers, value by value."""
+
+    def hits(rows: Any, values: Any) -> Any:
+        return np.array(
+            [
+                [_h(outputs[r][0], int(v), mech.g) == outputs[r][1] for v in row]
+                for r, row in zip(rows, values, strict=True)
+            ]
+        )
+
+    return hits
+
+
+def test_losses_after_records_each_output_when_the_history_is_not_exact() -> None:
+    """A ``matrix`` query has no exact form: the loss of each report comes from its own record."""
+    domain = parse_domain(_domain(5))
+    matrix = parse_query(
+        {"mechanism": "matrix", "outputs": [0, 1],
+         "probabilities": [[0.7, 0.3]] * 7 + [[0.4, 0.6]] * 8},
+        domain,
+    )  # fmt: skip
+    mech = parse_query({"mechanism": "olh", "attribute": "v", "epsilon": 1.0}, domain)
+    empty = pipeline.ObjectSnapshot.empty(domain, budget=100, filter=FilterKind.BAYESIAN)
+    inexact = pipeline.record(empty, matrix, 1, None)
+    assert inexact.state.exact is None  # type: ignore[union-attr]
+    snapshots = [inexact, empty]
+    outputs = [mech.sample({"v": v % 5}) for v in range(30)]
+    owners = [v % 2 for v in range(30)]
+    found = pipeline.losses_after(mech, snapshots, outputs, owners, [None, None])
+    assert found == [
+        pipeline.record(snapshots[o], mech, y, None).loss()
+        for y, o in zip(outputs, owners, strict=True)
+    ]
+    assert len(set(found[::2])) > 1

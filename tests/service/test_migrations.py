@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -680,3 +681,51 @@ def test_0008_recomputes_f0_accounts_and_moves_objects_past_the_new_count(
         assert r.json()["odometer"]["phase"] == "output-independent"
     report = verify_all(make_engine(url))
     assert report.ok, report.problems
+
+
+def test_0012_downgrade_stores_the_arrays_of_pending_survey_answers(empty_url: str) -> None:
+    """Members an ``olh`` survey left pending get their whole history's array on downgrade.
+
+    Each array is folded from the history by the engine's replay and the reference moves to
+    it from the array the member named; after upgrading again ``verify`` is clean.
+    """
+    url = empty_url
+    domain = {"attributes": [{"name": "v", "type": "integer", "low": 0, "high": 19}]}
+    grr = {"mechanism": "grr", "attribute": "v", "epsilon": 0.5}
+    olh = {"mechanism": "olh", "attribute": "v", "epsilon": 1.0}
+    upgrade(url)
+    with TestClient(create_app(make_settings(url, survey_chunk_size=2))) as client:
+        analyst = auth(new_api_key(client, "analyst"))
+        body = {
+            "objects": [
+                {"id": f"m{i}", "domain": domain, "value": {"v": i}, "budget": {"epsilon": 5},
+                 "labels": {"study": "s"}}
+                for i in range(5)
+            ]
+        }  # fmt: skip
+        assert client.post("/v1/imports", headers=auth(ADMIN_KEY), json=body).status_code == 200
+        r = client.post("/v1/objects/m0/queries", headers=analyst, json={"query": grr})
+        assert r.status_code == 201, r.text
+        survey = {"name": "o", "query": olh, "cohort": {"labels": {"study": "s"}}}
+        sid = client.post("/v1/surveys", headers=analyst, json=survey).json()["id"]
+        for _ in range(600):
+            if client.get(f"/v1/surveys/{sid}", headers=analyst).json()["status"] == "done":
+                break
+            time.sleep(0.05)
+    engine = make_engine(url)
+    select_rows = text("SELECT id, state_hash, state_pending FROM objects ORDER BY id")
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select_rows).all()
+        assert [r[2] for r in rows] == [1] * 5
+        assert [r[1] is None for r in rows] == [False] + [True] * 4  # m0 names its grr array
+        command.downgrade(alembic_config(url), "0012-1")
+        with engine.connect() as conn:
+            hashes = [r[0] for r in conn.execute(text("SELECT state_hash FROM objects"))]
+            refs = dict(conn.execute(text("SELECT hash, refs FROM likelihood_states")).all())
+        assert None not in hashes
+        assert refs == dict.fromkeys(hashes, 1)  # m0's grr array is gone: nobody names it
+        upgrade(url)
+        assert verify_all(engine).ok
+    finally:
+        engine.dispose()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, ClassVar
@@ -22,7 +22,7 @@ import numpy as np
 
 from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
-from app.engine.exact import ExactQuery, ExactTerm
+from app.engine.exact import ExactLoss, ExactQuery, ExactTerm
 from app.engine.likelihood import LikelihoodState, Term, losses_from_table
 from app.engine.limits import EXACT_EPSILON_BITS, EngineLimits
 from app.engine.numerics import (
@@ -75,6 +75,9 @@ class Mechanism(abc.ABC):
     """A parsed, validated LDP query bound to a domain."""
 
     kind: ClassVar[str]
+    #: Whether two answers practically never coincide (``olh``: a fresh 64-bit seed in each).
+    #: A survey then stores no likelihood array per answer (``objects.state_pending``).
+    distinct_outputs: ClassVar[bool] = False
 
     def __init__(
         self, domain: Domain, declared_epsilon: float | None, tight_epsilon: float, field: str
@@ -132,6 +135,18 @@ class Mechanism(abc.ABC):
         """
         return j
 
+    def listed_outputs(self, count: int) -> tuple[Any, ...]:
+        """The JSON of the first ``count`` outputs in listing order, built once per query.
+
+        Every decision by basic composition lists them (a survey decides one group per public
+        state: a thousand groups listed 256 ``olh`` outputs each). Read only.
+        """
+        found = self.__dict__.get("_listed")
+        if found is None or found[0] != count:
+            found = (count, tuple(self.output_json(self.listed_output(j)) for j in range(count)))
+            self.__dict__["_listed"] = found
+        return found[1]
+
     # --- likelihood (finite domains) ---------------------------------------------------------
     @abc.abstractmethod
     def term(self, output: Output) -> Term:
@@ -149,6 +164,17 @@ class Mechanism(abc.ABC):
         """How each output moves an exact history (randomized response only; else None).
 
         Its outputs are in the order of :meth:`candidate_losses`.
+        """
+        return None
+
+    def exact_losses_after(
+        self, histories: Sequence[ExactLoss], outputs: Sequence[Output], owners: Sequence[int]
+    ) -> list[Fraction] | None:
+        """The exact loss after each output, output ``i`` recorded on ``histories[owners[i]]``.
+
+        ``histories[o].with_term(self.exact_term(y)).loss()`` for every output, computed
+        without building the states; None when the mechanism has no such shortcut (the caller
+        records each output instead) or a history's exact form would not survive the output.
         """
         return None
 

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
@@ -56,7 +57,7 @@ import numpy.typing as npt
 from app.engine import sampling
 from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
-from app.engine.exact import ExactQuery, ExactTerm, Group
+from app.engine.exact import ExactLoss, ExactQuery, ExactTerm, Group, subset_losses
 from app.engine.jsonfields import as_integer, as_object, check_keys, path
 from app.engine.likelihood import LikelihoodState, Term
 from app.engine.limits import EngineLimits
@@ -286,6 +287,7 @@ class OptimizedLocalHashing(_TwoLevel):
     """``olh``: hash to ``g`` buckets with a public CSPRNG seed, then ``g``-ary RR."""
 
     kind = "olh"
+    distinct_outputs = True
 
     def __init__(
         self, raw: Mapping[str, Any], domain: Domain, field: str, limits: EngineLimits
@@ -354,6 +356,32 @@ class OptimizedLocalHashing(_TwoLevel):
         seed, bucket = _pair(output)
         hit: npt.NDArray[np.int64] = (olh_hashes(seed, self.k, self.g) == bucket).astype(np.int64)
         return hit
+
+    def exact_losses_after(
+        self, histories: Sequence[ExactLoss], outputs: Sequence[Output], owners: Sequence[int]
+    ) -> list[Fraction] | None:
+        """Every report's exact loss at once (:func:`~app.engine.exact.subset_losses`).
+
+        All seeds' hash coefficients in one vectorised pass; each report's subset is looked up
+        only at the few values that decide the extremes of its history.
+        """
+        profiles = []
+        for history in histories:
+            profile = history.subset_profile(self.axis, self._group)
+            if profile is None:
+                return None
+            profiles.append(profile)
+        pairs = [_pair(output) for output in outputs]
+        seeds = np.array([seed for seed, _ in pairs], dtype=np.uint64)
+        buckets = np.array([bucket for _, bucket in pairs], dtype=np.uint64)
+        a, b = hash_coefficients_array(seeds)
+
+        def hits(rows: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> Any:
+            indexes = np.asarray(values, dtype=np.uint64)
+            hashed = olh_hash(a[rows, None], b[rows, None], indexes, self.g)
+            return hashed == buckets[rows, None]
+
+        return subset_losses(profiles, np.asarray(owners, dtype=np.int64), hits)
 
     def witness(self, inside: int | None, outside: int | None) -> Output:
         """The first seed separating the pair, and ``inside``'s bucket under it."""
