@@ -219,6 +219,9 @@ class Decision:
     #: ``approx_bayesian`` only: δ_g and the phase of Algorithm 4 after this decision.
     delta: float | None = None
     phase: str | None = None
+    #: Which check refused a rejected query: the version's own filter (``budget-exhausted``)
+    #: or the object's lifetime budget (``lifetime-exhausted``, :mod:`app.engine.lifetime`).
+    refusal: str = "budget-exhausted"
 
     @property
     def worst_case_after(self) -> float:
