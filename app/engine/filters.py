@@ -243,6 +243,7 @@ class Decision:
             "basic_composition": float(self.basic_composition),
             "basic_composition_after": float(self.basic_composition + self.candidate.epsilon_exact),
             **({"delta": self.delta, "phase": self.phase} if self.delta is not None else {}),
+            **({} if self.accepted else {"refusal": self.refusal}),
         }
 
 

@@ -45,13 +45,24 @@ from app.engine.numerics import DECISION_MARGIN, decimal_fraction, float_down, f
 NO_CLOSED = exact_bounds(Fraction(0))
 
 
+def _low(bounds: LossBounds) -> Fraction:
+    """A lower bound as a rational: the exact loss when known (its double may round up)."""
+    return bounds.value if bounds.value is not None else Fraction(bounds.lower)
+
+
+def _high(bounds: LossBounds) -> Fraction:
+    """An upper bound as a rational: the exact loss when known (its double may round down)."""
+    return bounds.value if bounds.value is not None else Fraction(bounds.upper)
+
+
 def add_losses(a: LossBounds, b: LossBounds) -> LossBounds:
-    """Bounds on ``a + b``: exact when both are, else lower rounded down and upper rounded up."""
+    """Bounds on ``a + b``: exact when both are, else lower rounded down and upper rounded up.
+
+    Summed in rationals and rounded once, so the certified bounds stay certified.
+    """
     if a.value is not None and b.value is not None:
         return exact_bounds(a.value + b.value)
-    lower = float_down(Fraction(a.lower) + Fraction(b.lower))
-    upper = float_up(Fraction(a.upper) + Fraction(b.upper))
-    return LossBounds(lower, upper)
+    return LossBounds(float_down(_low(a) + _low(b)), float_up(_high(a) + _high(b)))
 
 
 @dataclass(frozen=True)
@@ -75,14 +86,20 @@ class Lifetime:
         """
         if self.closed.value is not None and candidate.exact_worst is not None:
             return self.closed.value + candidate.exact_worst <= decimal_fraction(self.budget)
-        worst = float_up(Fraction(self.closed.upper) + Fraction(candidate.worst_case_upper))
-        return worst <= self.budget - DECISION_MARGIN
+        return self.worst_after(candidate) <= self.budget - DECISION_MARGIN
 
     def worst_after(self, candidate: CandidateEvaluation) -> float:
-        """The lifetime loss after the candidate's worst output (an upper bound, for messages)."""
+        """The lifetime loss after the candidate's worst output (for messages and checks).
+
+        The exact sum's nearest double, or a certified upper bound (summed in rationals,
+        rounded up).
+        """
+        worst = candidate.exact_worst
+        if worst is None:
+            worst = Fraction(candidate.worst_case_upper)
         if self.closed.value is not None and candidate.exact_worst is not None:
-            return float(self.closed.value + candidate.exact_worst)
-        return float_up(Fraction(self.closed.upper) + Fraction(candidate.worst_case_upper))
+            return float(self.closed.value + worst)
+        return float_up(_high(self.closed) + worst)
 
     def realized(self, current: LossBounds) -> LossBounds:
         """Bounds on the life's realized loss: the closed versions' plus the current one's."""

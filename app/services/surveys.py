@@ -489,7 +489,8 @@ def _dry_run_once(
                 refused[Refusal.RETIRED.value] += count
                 continue
             groups.add(key)
-            group = decide_group(conn, key, (first, versions[first]), parsed, worker)
+            version, start = versions[first]
+            group = decide_group(conn, key, (first, version, start), parsed, worker)
             if isinstance(group, Refusal):
                 refused[group.value] += count
             else:
