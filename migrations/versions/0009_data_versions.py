@@ -32,12 +32,20 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("objects") as batch:
-        batch.add_column(sa.Column("data_version", sa.Integer(), server_default="1", nullable=False))
-        batch.add_column(sa.Column("version_start", sa.Integer(), server_default="0", nullable=False))
+        batch.add_column(
+            sa.Column("data_version", sa.Integer(), server_default="1", nullable=False)
+        )
+        batch.add_column(
+            sa.Column("version_start", sa.Integer(), server_default="0", nullable=False)
+        )
         batch.add_column(sa.Column("lifetime_budget", sa.Float()))
         batch.add_column(sa.Column("lifetime_exact", sa.Text(), server_default="0"))
-        batch.add_column(sa.Column("lifetime_lower", sa.Float(), server_default="0", nullable=False))
-        batch.add_column(sa.Column("lifetime_upper", sa.Float(), server_default="0", nullable=False))
+        batch.add_column(
+            sa.Column("lifetime_lower", sa.Float(), server_default="0", nullable=False)
+        )
+        batch.add_column(
+            sa.Column("lifetime_upper", sa.Float(), server_default="0", nullable=False)
+        )
     op.create_table(
         "object_versions",
         sa.Column("object_id", sa.String(128), sa.ForeignKey("objects.id"), nullable=False),
