@@ -828,6 +828,8 @@ class SurveyDryRun(_Open):
 REQUESTS: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/objects"): RegisterRequest,
     ("post", "/v1/imports"): ImportRequest,
+    ("post", "/v1/versions"): VersionsRequest,
+    ("post", "/v1/objects/{object_id}/versions"): VersionRequest,
     ("post", "/v1/surveys"): SurveyRequest,
     ("post", "/v1/surveys/dry-run"): SurveyRequest,
     ("post", "/v1/objects/{object_id}/dry-run"): QueryRequest,
