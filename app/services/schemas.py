@@ -808,6 +808,9 @@ class SurveyResponse(_Open):
     object_id: str
     decision: Literal["pending", "accepted", "refused", "cancelled"]
     reason: str | None
+    version: int | SkipJsonSchema[None] = Field(
+        default=None, description="The data version an accepted member answered from"
+    )
     output: Any = None
 
 

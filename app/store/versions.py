@@ -103,6 +103,42 @@ class ClosedVersion:
     closed_at: datetime
 
 
+_CURRENT = select(OBJECTS.c.id, OBJECTS.c.data_version, OBJECTS.c.version_start)
+_SPANS = select(
+    VERSIONS.c.object_id, VERSIONS.c.data_version, VERSIONS.c.seq_start, VERSIONS.c.seq_end
+)
+
+
+def versions_answered(conn: Tx, answers: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """The data version each ``(object id, seq)`` answer was given from.
+
+    Ids without an object row are left out.
+    """
+    if not answers:
+        return {}
+    ids = sorted({object_id for object_id, _ in answers})
+    current: dict[str, tuple[int, int]] = {}
+    spans: dict[str, list[tuple[int, int, int]]] = {}
+    for start in range(0, len(ids), _LOOKUP_CHUNK):
+        part = ids[start : start + _LOOKUP_CHUNK]
+        for oid, number, version_start in conn.execute(_CURRENT.where(OBJECTS.c.id.in_(part))):
+            current[str(oid)] = (int(number), int(version_start))
+        for oid, number, first, last in conn.execute(_SPANS.where(VERSIONS.c.object_id.in_(part))):
+            spans.setdefault(str(oid), []).append((int(number), int(first), int(last)))
+    found: dict[str, int] = {}
+    for object_id, seq in answers:
+        if object_id not in current:
+            continue
+        number, version_start = current[object_id]
+        if seq > version_start:
+            found[object_id] = number
+            continue
+        for closed, first, last in spans.get(object_id, []):
+            if first < seq <= last:
+                found[object_id] = closed
+    return found
+
+
 _CLOSED = select(*(VERSIONS.c[f.name] for f in fields(ClosedVersion))).where(
     VERSIONS.c.object_id == bindparam("object_id")
 )

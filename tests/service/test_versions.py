@@ -17,7 +17,11 @@ from fastapi.testclient import TestClient
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
+from app.engine.limits import DEFAULT_LIMITS
+from app.services import survey_runs
+from app.services import surveys as survey_service
 from app.services.verify import verify_all
+from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 
 BINARY = {"attributes": [{"name": "b", "type": "integer", "low": 0, "high": 1}]}
@@ -357,3 +361,76 @@ def test_concurrent_versions_and_submits_are_serialised(
         total += len(items)
     assert total == 30
     check_verify(postgres_url)
+
+
+def test_a_survey_asks_each_member_s_current_version(
+    client: TestClient, analyst: dict[str, str], database_url: str
+) -> None:
+    """A survey created before a bulk version is decided after it: each member answers from its
+    current version (the one the survey finds when its chunk is decided), once per survey.
+
+    Members: ``spent`` took 0.2 of its lifetime 0.3 on version 1 (its version 2 has 0.1 left,
+    the survey's ε = 0.2 is refused ``lifetime-exhausted``), ``fresh`` has room. The dry-run
+    counts the lifetime refusal separately; responses carry the version answered.
+    """
+    study = unique_id("study")
+    labels = {"study": study}
+    spent = register(client, budget=0.3, lifetime=0.3, labels=labels)
+    fresh = register(client, budget=0.3, lifetime=0.6, labels=labels)
+    assert submit(client, analyst, spent, rr(0.2)).status_code == 201
+    survey_body = {"name": "after a version", "query": rr(0.2), "cohort": {"labels": labels}}
+    engine = make_engine(database_url)
+    worker = BoundWorker(WorkerSettings(processes=0))
+    try:
+        request = survey_service.parse_request(survey_body, max_members=100)
+        view, _ = survey_service.create_survey(
+            engine=engine,
+            request=request,
+            fingerprint="f",
+            idempotency_key=None,
+            analyst_key_id=None,
+            max_members=100,
+            limits=DEFAULT_LIMITS,
+            chunk_size=10,
+        )
+        bulk = {"versions": [{"id": spent, "value": {"b": 0}}, {"id": fresh, "value": {"b": 0}}]}
+        assert client.post("/v1/versions", headers=ADMIN, json=bulk).status_code == 200
+        dry = client.post("/v1/surveys/dry-run", headers=analyst, json=survey_body).json()
+        assert dry["would_accept"] == 1
+        assert dry["would_refuse"]["lifetime-exhausted"] == 1
+        assert dry["would_refuse"]["budget-exhausted"] == 0
+        status = survey_runs.run_survey(
+            engine=engine,
+            worker=worker,
+            survey_id=view["id"],
+            owner="test",
+            limits=DEFAULT_LIMITS,
+            lease_seconds=5,
+        )
+        assert status == "done"
+        # at most once per member: running it again asks nobody twice
+        survey_runs.run_survey(
+            engine=engine,
+            worker=worker,
+            survey_id=view["id"],
+            owner="test",
+            limits=DEFAULT_LIMITS,
+            lease_seconds=5,
+        )
+    finally:
+        worker.close()
+        engine.dispose()
+    done = client.get(f"/v1/surveys/{view['id']}", headers=ADMIN).json()
+    assert done["progress"]["accepted"] == 1
+    assert done["progress"]["refused"]["lifetime-exhausted"] == 1
+    items = client.get(f"/v1/surveys/{view['id']}/responses", headers=ADMIN).json()["items"]
+    by_id = {item["object_id"]: item for item in items}
+    assert by_id[fresh]["decision"] == "accepted"
+    assert by_id[fresh]["version"] == 2
+    assert by_id[spent]["decision"] == "refused"
+    assert by_id[spent]["reason"] == "lifetime-exhausted"
+    answered = client.get(f"/v1/objects/{fresh}/queries", headers=ADMIN).json()["items"]
+    assert [(i["version"], i["survey_id"]) for i in answered] == [(2, view["id"])]
+    assert client.get(f"/v1/objects/{fresh}/queries?version=1", headers=ADMIN).json()["items"] == []
+    assert client.get(f"/v1/objects/{spent}/odometer", headers=ADMIN).json()["rejected"] == 1
+    check_verify(database_url)
