@@ -87,7 +87,8 @@ _EXISTING = _REGISTERED.where(_OBJECTS.c.id.in_(bindparam("ids", expanding=True)
 _EXISTING_ANY = _REGISTERED.where(_OBJECTS.c.id == func.any(bindparam("ids")))
 _STORED = select(_REQUESTS.c.fingerprint, _REQUESTS.c.response).where(
     _REQUESTS.c.scope == bindparam("scope"),
-    _REQUESTS.c.owner_key_id == bindparam("owner"),
+    # IS NOT DISTINCT FROM: the command line's requests have no owner key (NULL)
+    _REQUESTS.c.owner_key_id.is_not_distinct_from(bindparam("owner")),
     _REQUESTS.c.idempotency_key == bindparam("key"),
 )
 _STORE = insert(_REQUESTS)

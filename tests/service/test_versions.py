@@ -8,8 +8,10 @@ field and never echoes a value; ``gatekeeper verify`` replays every version and 
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from app.services import surveys as survey_service
 from app.services.verify import verify_all
 from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
+from tests.service.factories import run_cli
 
 BINARY = {"attributes": [{"name": "b", "type": "integer", "low": 0, "high": 1}]}
 BOX = {"attributes": [{"name": "x", "type": "real", "low": 0, "high": 1}]}
@@ -434,3 +437,35 @@ def test_a_survey_asks_each_member_s_current_version(
     assert client.get(f"/v1/objects/{fresh}/queries?version=1", headers=ADMIN).json()["items"] == []
     assert client.get(f"/v1/objects/{spent}/odometer", headers=ADMIN).json()["rejected"] == 1
     check_verify(database_url)
+
+
+def test_cli_imports_versions_resumably(
+    client: TestClient, database_url: str, tmp_path: Path
+) -> None:
+    """``gatekeeper import --versions FILE``: batches of new values; the same file again makes
+    no second version (each batch is replayed by its Idempotency-Key); a bad line is named."""
+    ids = [register(client, budget=1.0) for _ in range(5)]
+    path = tmp_path / "versions.ndjson"
+    path.write_text("".join(f'{{"id": "{oid}", "value": {{"b": 0}}}}\n' for oid in ids))
+    done = run_cli(
+        "import", "--versions", str(path), "--batch-size", "2", database_url=database_url
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"created": 5, "already": 0}
+    again = run_cli(
+        "import", "--versions", str(path), "--batch-size", "2", database_url=database_url
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"created": 0, "already": 5}
+    assert {client.get(f"/v1/objects/{oid}", headers=ADMIN).json()["version"] for oid in ids} == {2}
+    bad = tmp_path / "bad.ndjson"
+    lines = [
+        f'{{"id": "{ids[0]}", "value": {{"b": 1}}}}',
+        f'{{"id": "{ids[1]}", "value": {{"b": 31337}}}}',
+    ]
+    bad.write_text("\n".join(lines) + "\n")
+    failed = run_cli("import", "--versions", str(bad), database_url=database_url)
+    assert failed.returncode == 2
+    assert "line 2, field value.b" in failed.stderr
+    assert "31337" not in failed.stderr
+    assert client.get(f"/v1/objects/{ids[0]}", headers=ADMIN).json()["version"] == 2
