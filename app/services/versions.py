@@ -43,7 +43,7 @@ from app.services import audit
 from app.services.errors import Busy, IdempotencyMismatch, NotFound, Retired
 from app.services.locks import ObjectLocks
 from app.services.objects import ID_PATTERN
-from app.services.snapshots import closed_losses, move_state_refs
+from app.services.snapshots import move_state_refs
 from app.store import Conflict, Database, Tx, Unavailable, transaction
 from app.store import imports as answers
 from app.store import versions as store
@@ -110,20 +110,30 @@ def parse_bulk(body: Any, field: str = "versions") -> list[NewValue]:
 
 
 def closing_loss(
-    row: ObjectState, domain: Domain, states: dict[str, tuple[bytes, float]]
+    row: ObjectState,
+    domain: Domain,
+    states: dict[str, tuple[bytes, float]],
+    known: dict[str, LossBounds] | None = None,
 ) -> LossBounds:
     """The realized loss of the object's current version as it closes.
 
     Exact for a randomized-response history (from its stored likelihood array's exact form) or
-    an empty one; otherwise the certified bounds stored on the row.
+    an empty one; otherwise the certified bounds stored on the row. ``known`` caches the exact
+    losses by state key (objects with one history share one array).
     """
     if row.accepted == row.version_start:
         return exact_bounds(Fraction(0))
-    if domain.is_finite and row.state_hash is not None and row.state_hash in states:
-        data, err = states[row.state_hash]
+    key = row.state_hash
+    if domain.is_finite and key is not None and key in states:
+        if known is not None and key in known:
+            return known[key]
+        data, err = states[key]
         state = LikelihoodState.from_bytes(domain, data, err)
         if state.exact is not None:
-            return state.loss(Fraction(row.basic_total))
+            loss = exact_bounds(state.exact.loss())
+            if known is not None:
+                known[key] = loss
+            return loss
     return LossBounds(row.loss_lower, row.loss_upper)
 
 
@@ -236,6 +246,9 @@ def _checked_values(
 ) -> list[str]:
     """Each new value's canonical JSON, checked against its object's domain."""
     values = []
+    # a population's values repeat: each distinct (domain, value) is parsed once (the key is
+    # the repr of decoded JSON, equal exactly for equal JSON, as in app.services.objects)
+    parsed: dict[tuple[str, str], str] = {}
     for i, item in enumerate(items):
         row = rows.get(item.object_id)
         where = f"versions[{i}].id: " if bulk else ""
@@ -243,9 +256,30 @@ def _checked_values(
             raise NotFound(f"{where}no object with that id")
         if row.retired_at is not None:
             raise Retired(f"{where}the object is retired and takes no new version")
-        value = _domain(row.domain).parse_value(item.value, item.field)
-        values.append(json.dumps(value))
+        key = (row.domain, repr(item.value))
+        text = parsed.get(key)
+        if text is None:
+            text = json.dumps(_domain(row.domain).parse_value(item.value, item.field))
+            parsed[key] = text
+        values.append(text)
     return values
+
+
+@functools.lru_cache(maxsize=4096)
+def _lifetime_after(
+    exact: str | None,
+    lower: float,
+    upper: float,
+    loss_lower: float,
+    loss_upper: float,
+    loss_value: Fraction | None,
+) -> LossBounds:
+    """The lifetime sums after a version of loss ``[loss_lower, loss_upper]`` closes.
+
+    ``loss_value``: the exact loss, when it is. Cached: a population's objects mostly share them.
+    """
+    closed = exact_bounds(Fraction(exact)) if exact is not None else LossBounds(lower, upper)
+    return add_losses(closed, LossBounds(loss_lower, loss_upper, loss_value))
 
 
 def _close_and_open(
@@ -256,9 +290,17 @@ def _close_and_open(
     closed: list[dict[str, Any]] = []
     opened: list[dict[str, Any]] = []
     lost: dict[str, int] = {}
+    known: dict[str, LossBounds] = {}
     for row, value in zip(rows, values, strict=True):
-        loss = closing_loss(row, _domain(row.domain), states)
-        life = add_losses(closed_losses(row), loss)
+        loss = closing_loss(row, _domain(row.domain), states, known)
+        life = _lifetime_after(
+            row.lifetime_exact,
+            row.lifetime_lower,
+            row.lifetime_upper,
+            loss.lower,
+            loss.upper,
+            loss.value,
+        )
         closed.append(
             {
                 "object_id": row.id,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, select, text
+from sqlalchemy import Table, bindparam, func, literal, select, text
 
 from app.db.models import ObjectVersion
 from app.store import bulk
@@ -77,7 +77,17 @@ _OPEN_TYPES = {
 
 #: An object's row as a new version reads it (no likelihood array: loaded once per state).
 _ROW_FIELDS = [f.name for f in fields(ObjectState) if f.name not in {"state", "state_err"}]
-_ROWS = select(*(DOMAIN_TEXT if n == "domain" else OBJECTS.c[n] for n in _ROW_FIELDS))
+#: The value is not read (a closing version's ciphertext is copied in SQL; nothing decrypted).
+_ROWS = select(
+    *(
+        DOMAIN_TEXT
+        if n == "domain"
+        else literal("").label("value")
+        if n == "value"
+        else OBJECTS.c[n]
+        for n in _ROW_FIELDS
+    )
+)
 _ROWS_IN = _ROWS.where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
 _ROWS_ANY = _ROWS.where(OBJECTS.c.id == func.any(bindparam("ids")))
 _RANGE = select(VERSIONS.c.seq_start, VERSIONS.c.seq_end).where(
@@ -145,9 +155,10 @@ _CLOSED = select(*(VERSIONS.c[f.name] for f in fields(ClosedVersion))).where(
 
 
 def object_rows(conn: Tx, ids: Sequence[str]) -> list[ObjectState]:
-    """The objects among ``ids`` as a decision reads them, without their likelihood arrays.
+    """The objects among ``ids`` as a decision reads them, without values or likelihood arrays.
 
-    ``state`` is None: :func:`app.store.states.load_states` loads each distinct one once.
+    ``value`` is empty (never decrypted) and ``state`` None: :func:`app.store.states.load_states`
+    loads each distinct array once.
     """
     postgres = is_postgres(conn)
     statement = _ROWS_ANY if postgres else _ROWS_IN
