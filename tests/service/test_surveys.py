@@ -243,7 +243,12 @@ def test_a_survey_queries_each_member_once_and_estimates(
         "total": 45,
         "decided": 45,
         "accepted": 45,
-        "refused": {"budget-exhausted": 0, "invalid-for-domain": 0, "retired": 0},
+        "refused": {
+            "budget-exhausted": 0,
+            "invalid-for-domain": 0,
+            "retired": 0,
+            "lifetime-exhausted": 0,
+        },
     }
     assert survey["groups"] == 1  # fresh objects: one public state, decided once
     estimate = survey["estimate"]
