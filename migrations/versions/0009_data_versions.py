@@ -31,6 +31,7 @@ depends_on = None
 
 
 def upgrade() -> None:
+    """Add the version and lifetime columns and the closed versions' table."""
     with op.batch_alter_table("objects") as batch:
         batch.add_column(
             sa.Column("data_version", sa.Integer(), server_default="1", nullable=False)
@@ -64,6 +65,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    """Drop them, refusing while a closed version exists."""
     conn = op.get_bind()
     if conn.execute(sa.text("SELECT COUNT(*) FROM object_versions")).scalar():
         raise RuntimeError(
