@@ -81,6 +81,8 @@ class _LostRace(Exception):
 
 def parse_single(object_id: str, body: Any) -> NewValue:
     """``{"value": {...}}`` for one object (the value is checked against its domain later)."""
+    if not ID_PATTERN.fullmatch(object_id):  # e.g. a NUL byte, which PostgreSQL refuses
+        raise NotFound("no object with that id")
     obj = as_object(body, "")
     check_keys(obj, "", required=("value",))
     return NewValue(object_id, obj["value"], "value")

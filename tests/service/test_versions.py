@@ -221,6 +221,7 @@ def test_continuous_lifetime_bounds_add(
 def test_bad_single_versions(client: TestClient, analyst: dict[str, str]) -> None:
     secret = 987654321
     assert new_version(client, "no-such-object", {"b": 0}).status_code == 404
+    assert new_version(client, "bad%00id", {"b": 0}).status_code == 404
     oid = register(client, budget=1.0)
     r = new_version(client, oid, {"b": secret})
     assert r.status_code == 422
