@@ -44,6 +44,10 @@ SURVEY_GROUPS = Counter(
     "gatekeeper_survey_groups_total",
     "Decision groups of surveys: members with identical public state, decided once",
 )
+VERSIONS_CREATED = Counter(
+    "gatekeeper_versions_created_total",
+    "Data versions created (single and bulk), each closing the object's previous version",
+)
 BOUND_CACHE = Counter("gatekeeper_bound_cache_total", "Bound-cache lookups", ["result"])
 BOUND_SECONDS = Histogram(
     "gatekeeper_bound_seconds",

@@ -95,6 +95,24 @@ IMPORT = {
     }
 }
 
+VERSION = {
+    "new": {
+        "summary": "A new value of the object",
+        "value": {"value": {"age": 35, "sex": 1, "disease": "flu"}},
+    }
+}
+VERSIONS = {
+    "two": {
+        "summary": "New values of two objects",
+        "value": {
+            "versions": [
+                {"id": f"p-{i}", "value": {"age": 31 + i, "sex": i % 2, "disease": "flu"}}
+                for i in (1, 2)
+            ]
+        },
+    }
+}
+
 SURVEY = {
     "labels": {
         "summary": "A grr question to every object of a study",

@@ -142,6 +142,7 @@ LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, str]]] = {
             ("Odometer", "odometer"),
             ("OdometerHistory", "odometer_history"),
             ("Retire", "retire"),
+            ("NewVersion", "new_version"),
         )
     },
     ("post", "/v1/keys", "201"): {"RevokeKey": ("drop_key", "key_id", "$response.body#/id")},

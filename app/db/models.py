@@ -134,11 +134,50 @@ class ProtectedObject(Base):
     accepted: Mapped[int] = mapped_column(Integer, default=0)
     rejected: Mapped[int] = mapped_column(Integer, default=0)
     version: Mapped[int] = mapped_column(Integer, default=0, nullable=False)
+    #: The data version the value and the accounting columns above belong to (1 at
+    #: registration; ``POST /v1/objects/{id}/versions`` closes it and starts the next). Not
+    #: ``version``, which is the compare-and-set counter.
+    data_version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    #: How many accepted queries (``seq``) the closed versions hold: the current version's
+    #: history is ``seq > version_start`` and its count ``accepted - version_start``.
+    version_start: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: ε_L, the lifetime budget over every version (None: none).
+    lifetime_budget: Mapped[float | None] = mapped_column(Float)
+    #: Σ of the closed versions' realized losses: the exact rational's text while every one
+    #: was exact (None once one was not), and certified bounds (lower rounded down, upper up).
+    lifetime_exact: Mapped[str | None] = mapped_column(Text, default="0", server_default="0")
+    lifetime_lower: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    lifetime_upper: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     #: The domain's JSON text (read only: loaded with the row through ``domain_hash``).
     domain: Mapped[str] = column_property(domain_text_of(domain_hash))
+
+
+class ObjectVersion(Base):
+    """A closed data version of an object: its value and its final accounting, compactly.
+
+    The version's history is the object's accepted queries with ``seq_start < seq <= seq_end``
+    (single submits and survey answers alike); its realized loss stays in the lifetime sums
+    of the object's row. About 60 bytes of columns beyond the value's ciphertext.
+    """
+
+    __tablename__ = "object_versions"
+
+    object_id: Mapped[str] = mapped_column(ForeignKey("objects.id"), primary_key=True)
+    data_version: Mapped[int] = mapped_column(Integer, primary_key=True)
+    #: The closed version's value, still encrypted as it was stored.
+    value: Mapped[str] = mapped_column(EncryptedText, nullable=False)
+    seq_start: Mapped[int] = mapped_column(Integer, nullable=False)
+    seq_end: Mapped[int] = mapped_column(Integer, nullable=False)
+    loss_lower: Mapped[float] = mapped_column(Float, nullable=False)
+    loss_upper: Mapped[float] = mapped_column(Float, nullable=False)
+    #: The exact loss's text when it was exact (randomized response), else None.
+    loss_exact: Mapped[str | None] = mapped_column(Text)
+    basic_total: Mapped[str] = mapped_column(Text, nullable=False)
+    rejected: Mapped[int] = mapped_column(Integer, nullable=False)
+    closed_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
 
 
 class LikelihoodStateRecord(Base):

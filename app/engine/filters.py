@@ -217,6 +217,9 @@ class Decision:
     #: ``approx_bayesian`` only: δ_g and the phase of Algorithm 4 after this decision.
     delta: float | None = None
     phase: str | None = None
+    #: Which check refused a rejected query: the version's own filter (``budget-exhausted``)
+    #: or the object's lifetime budget (``lifetime-exhausted``, :mod:`app.engine.lifetime`).
+    refusal: str = "budget-exhausted"
 
     @property
     def worst_case_after(self) -> float:
@@ -238,6 +241,7 @@ class Decision:
             "basic_composition": float(self.basic_composition),
             "basic_composition_after": float(self.basic_composition + self.candidate.epsilon_exact),
             **({"delta": self.delta, "phase": self.phase} if self.delta is not None else {}),
+            **({} if self.accepted else {"refusal": self.refusal}),
         }
 
 

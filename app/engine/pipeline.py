@@ -53,6 +53,7 @@ from app.engine.filters import (
     evaluate_candidate,
 )
 from app.engine.jsonfields import as_list, as_object, check_keys, path
+from app.engine.lifetime import Lifetime
 from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits, for_history
 from app.engine.mechanisms import Mechanism, Output, parse_query
@@ -89,7 +90,9 @@ class ObjectSnapshot:
 
     ``state`` is the finite likelihood array (:class:`LikelihoodState`) or the continuous
     history's terms (:class:`ContinuousState`); ``basic_total`` the exact ``Σ ε_i``;
-    ``f0_account`` F₀'s account and ``delta`` δ_g (``approx_bayesian``, Algorithm 4).
+    ``f0_account`` F₀'s account and ``delta`` δ_g (``approx_bayesian``, Algorithm 4);
+    ``lifetime`` the object's lifetime budget and its closed versions' losses (None: no
+    lifetime budget), checked after the version's own filter (:func:`with_lifetime`).
     """
 
     domain: Domain
@@ -100,6 +103,7 @@ class ObjectSnapshot:
     limits: EngineLimits = DEFAULT_LIMITS
     delta: float | None = None
     f0_account: Fraction = Fraction(0)
+    lifetime: Lifetime | None = None
 
     @classmethod
     def empty(
@@ -288,7 +292,29 @@ def basic_decision(snapshot: ObjectSnapshot, mechanism: Mechanism) -> Decision:
     gives; a rejection may not be (the per-output bounds can be far below ``Σ ε_i + ε``).
     """
     listed = snapshot.limits.max_listed_outputs
-    return _decide(snapshot, basic_evaluation(mechanism, snapshot.basic_total, listed))
+    decision = _decide(snapshot, basic_evaluation(mechanism, snapshot.basic_total, listed))
+    return with_lifetime(snapshot, decision)
+
+
+def with_lifetime(snapshot: ObjectSnapshot, decision: Decision) -> Decision:
+    """The decision refused ``lifetime-exhausted`` when the lifetime budget does not admit it.
+
+    Checked only after the version's own filter accepted (its refusal stays
+    ``budget-exhausted``): every output must keep ``Σ_{u≠v} L_u + L_v ≤ ε_L``
+    (:class:`~app.engine.lifetime.Lifetime`). Applying it twice changes nothing.
+    """
+    lifetime = snapshot.lifetime
+    if lifetime is None or not decision.accepted or lifetime.admits(decision.candidate):
+        return decision
+    worst = lifetime.worst_after(decision.candidate)
+    reason = (
+        f"an output of the query would raise the realized loss over the object's life to "
+        f"{worst:.6g}, above its lifetime budget ({lifetime.budget:g})"
+    )
+    phase = snapshot.phase if decision.phase is not None else None
+    return replace(
+        decision, accepted=False, reason=reason, refusal="lifetime-exhausted", phase=phase
+    )
 
 
 def evaluate(snapshot: ObjectSnapshot, mechanism: Mechanism, *, tight: bool = False) -> Decision:
@@ -298,14 +324,18 @@ def evaluate(snapshot: ObjectSnapshot, mechanism: Mechanism, *, tight: bool = Fa
     whenever the stored loss plus ε fits) nothing is computed, and the decision says its bounds
     are not tight. Otherwise — or always, with ``tight`` (a dry-run shows per-output bounds) —
     the per-output bounds are computed (:func:`candidate_bounds`) and decide. Continuous searches
-    stop early once they certify the budget minus the decision margin.
+    stop early once they certify the budget minus the decision margin. A snapshot with a
+    lifetime budget is then checked against it (:func:`with_lifetime`).
     """
     if not tight:
         quick = basic_decision(snapshot, mechanism)
         if quick.accepted:
             return quick
     target = snapshot.budget - DECISION_MARGIN
-    return _decide(snapshot, candidate_bounds(snapshot, mechanism, target=target))
+    if (lifetime := snapshot.lifetime) is not None:  # searches certify the lifetime's room
+        target = min(target, lifetime.budget - lifetime.closed.upper - DECISION_MARGIN)
+    decision = _decide(snapshot, candidate_bounds(snapshot, mechanism, target=target))
+    return with_lifetime(snapshot, decision)
 
 
 def record(

@@ -41,6 +41,8 @@ class AuditKind(StrEnum):
     DECISION_ACCEPTED = "decision.accepted"
     DECISION_REJECTED = "decision.rejected"
     OBJECTS_IMPORTED = "objects.imported"
+    VERSION_CREATED = "object.version_created"
+    VERSIONS_IMPORTED = "objects.versions_imported"
     SURVEY_CREATED = "survey.created"
     SURVEY_FINISHED = "survey.finished"
     SURVEY_CANCELLED = "survey.cancelled"

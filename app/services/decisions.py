@@ -22,6 +22,7 @@ from app.engine.pipeline import (
     evaluate,
     loss_without_search,
     record,
+    with_lifetime,
 )
 from app.worker.pool import BoundWorker
 
@@ -46,7 +47,9 @@ def decide(
         quick = basic_decision(snapshot, mech)
         if quick.accepted:
             return quick
-    return worker.evaluate(snapshot, mech, fallback=lambda: basic_decision(snapshot, mech))
+    # the worker decides the version's filter (snapshots travel without their lifetime)
+    decision = worker.evaluate(snapshot, mech, fallback=lambda: basic_decision(snapshot, mech))
+    return with_lifetime(snapshot, decision)
 
 
 def recorded(

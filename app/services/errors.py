@@ -65,6 +65,17 @@ class BudgetExhausted(ServiceError):
     status, type, title = 409, "budget-exhausted", "Budget exhausted"
 
 
+class LifetimeExhausted(BudgetExhausted):
+    """The version's filter accepted the query but the object's lifetime budget refused it."""
+
+    status, type, title = 409, "lifetime-exhausted", "Lifetime budget exhausted"
+
+
+def refusal_error(refusal: str) -> type[BudgetExhausted]:
+    """The error of a refused query by its problem type (``budget-exhausted`` by default)."""
+    return LifetimeExhausted if refusal == LifetimeExhausted.type else BudgetExhausted
+
+
 class LastAdminKey(ServiceError):
     """Revoking this key would leave no active admin key (nobody could manage keys)."""
 

@@ -141,6 +141,7 @@ def _same(registration: Registration, row: Registered) -> bool:
         and row.budget_delta == registration.budget_delta
         and row.filter == registration.filter
         and (row.labels or None) == registration.labels
+        and row.lifetime_budget == registration.lifetime_budget
     )
 
 

@@ -23,13 +23,16 @@ from app.engine.filters import FilterKind
 from app.engine.jsonfields import as_object, as_positive_number, check_keys, path
 from app.engine.likelihood import LossBounds
 from app.engine.limits import MAX_BUDGET, EngineLimits
+from app.engine.numerics import decimal_fraction
 from app.engine.pipeline import f0_filter
 from app.services import audit
 from app.services.errors import AlreadyExists, NotFound
 from app.services.history import object_history
+from app.services.snapshots import lifetime_of
 from app.store import Conflict, Database, Tx, reading, transaction
 from app.store import history as history_store
 from app.store import objects as store
+from app.store import versions as version_store
 from app.store.counts import count_objects, surveys_by_status
 from app.store.domains import domain_hash, store_domains
 from app.store.objects import ObjectRecord
@@ -93,6 +96,30 @@ class OdometerColumns(Protocol):
     def domain(self) -> str:
         """The domain's JSON text (F₀'s threshold depends on its size)."""
 
+    @property
+    def version_start(self) -> int:
+        """Accepted queries of the closed data versions."""
+
+    @property
+    def lifetime_budget(self) -> float | None:
+        """ε_L (None: no lifetime budget)."""
+
+    @property
+    def lifetime_exact(self) -> str | None:
+        """Exact Σ of the closed versions' losses (None once one was inexact)."""
+
+    @property
+    def lifetime_lower(self) -> float:
+        """Certified lower bound of that Σ."""
+
+    @property
+    def lifetime_upper(self) -> float:
+        """Certified upper bound of that Σ."""
+
+    @property
+    def data_version(self) -> int:
+        """The current data version."""
+
 
 #: Stored domains were checked against the limits of their registration: read them whatever
 #: the limits are now.
@@ -114,16 +141,23 @@ def odometer_view(row: OdometerColumns) -> dict[str, Any]:
     if delta is not None:
         f0 = f0_filter(row.budget, delta, _stored_domain(row.domain))
         phase = f0.phase(Fraction(row.f0_account))
+    current = LossBounds(row.loss_lower, row.loss_upper)
     odometer = Odometer(
         row.budget,
-        LossBounds(row.loss_lower, row.loss_upper),
+        current,
         float(Fraction(row.basic_total)),
-        row.accepted,
+        row.accepted - row.version_start,
         row.rejected,
         delta,
         phase,
     )
-    return {**odometer.to_json(), "updated_at": _iso(row.updated_at)}
+    view = {**odometer.to_json(), "updated_at": _iso(row.updated_at), "version": row.data_version}
+    lifetime = lifetime_of(row)
+    if lifetime is not None:
+        if current.exact:  # an exact loss read back from the row: its upper's decimal
+            current = LossBounds(current.lower, current.upper, decimal_fraction(current.upper))
+        view["lifetime"] = lifetime.to_json(current)
+    return view
 
 
 def budget_view(epsilon: float, delta: float | None) -> dict[str, float]:
@@ -140,6 +174,8 @@ def object_view(row: ObjectRecord) -> dict[str, Any]:
         "filter": row.filter,
         "finite": row.finite,
         "labels": row.labels or {},
+        **({} if row.lifetime_budget is None else {"lifetime": {"epsilon": row.lifetime_budget}}),
+        "version": row.data_version,
         "status": "retired" if row.retired_at is not None else "active",
         "created_at": _iso(row.created_at),
         "retired_at": _iso(row.retired_at),
@@ -195,6 +231,8 @@ class Registration:
     sealed: str | None = None
     #: δ_g of an ``approx_bayesian`` object.
     budget_delta: float | None = None
+    #: ε_L, the lifetime budget over every data version (None: none).
+    lifetime_budget: float | None = None
 
     def row(self) -> dict[str, Any]:
         """The columns of a new object's row that are its own (the value in plaintext)."""
@@ -207,6 +245,7 @@ class Registration:
             "filter": self.filter,
             "finite": self.finite,
             "labels": self.labels,
+            "lifetime_budget": self.lifetime_budget,
         }
 
 
@@ -223,6 +262,11 @@ def new_object_columns(now: datetime) -> dict[str, Any]:
         "accepted": 0,
         "rejected": 0,
         "version": 0,
+        "data_version": 1,
+        "version_start": 0,
+        "lifetime_exact": "0",
+        "lifetime_lower": 0.0,
+        "lifetime_upper": 0.0,
         "created_at": now,
         "updated_at": now,
     }
@@ -241,7 +285,10 @@ def parse_registration(
     """
     obj = as_object(body, field)
     check_keys(
-        obj, field, required=("id", "domain", "value", "budget"), optional=("filter", "labels")
+        obj,
+        field,
+        required=("id", "domain", "value", "budget"),
+        optional=("filter", "labels", "lifetime"),
     )
     object_id = obj["id"]
     if not isinstance(object_id, str) or not ID_PATTERN.fullmatch(object_id):
@@ -271,6 +318,7 @@ def parse_registration(
     if delta is not None and not domain.is_finite:
         raise InvalidInput(path(field, "filter"), f"approx_bayesian {NEEDS_FINITE_DOMAIN}")
     labels = parse_labels(obj["labels"], path(field, "labels")) if "labels" in obj else None
+    lifetime = parse_lifetime(obj["lifetime"], budget, field) if "lifetime" in obj else None
     return Registration(
         id=object_id,
         domain_text=domain_text,
@@ -281,7 +329,19 @@ def parse_registration(
         finite=domain.is_finite,
         labels=labels or None,
         budget_delta=delta,
+        lifetime_budget=lifetime,
     )
+
+
+def parse_lifetime(raw: Any, budget: float, field: str) -> float:
+    """``lifetime``: ``{"epsilon": ε_L}``, at least the per-version budget ε_g."""
+    lifetime = as_object(raw, path(field, "lifetime"))
+    check_keys(lifetime, path(field, "lifetime"), required=("epsilon",))
+    where = path(field, "lifetime.epsilon")
+    epsilon = as_positive_number(lifetime["epsilon"], where, maximum=MAX_BUDGET)
+    if decimal_fraction(epsilon) < decimal_fraction(budget):
+        raise InvalidInput(where, "must be at least the per-version budget (budget.epsilon)")
+    return epsilon
 
 
 def parse_delta(budget: Mapping[str, Any], filter_name: str, field: str) -> float | None:
@@ -400,14 +460,38 @@ def get_odometer(*, engine: Database, object_id: str) -> dict[str, Any]:
         return odometer_view(load_object(conn, object_id))
 
 
-def odometer_history(*, engine: Database, object_id: str, limit: int, after: int) -> dict[str, Any]:
-    """Realized-loss bounds and basic composition after each accepted query (for charts)."""
+def version_span(conn: Tx, row: ObjectRecord, version: int | None) -> tuple[int, int, int | None]:
+    """The data version asked (the current one by default) and its ``seq`` range.
+
+    Its queries are those with ``start < seq <= end`` (``end`` None: the current version,
+    still open). :class:`NotFound` for a version the object never had.
+    """
+    if version is None or version == row.data_version:
+        return row.data_version, row.version_start, None
+    span = version_store.version_range(conn, object_id=row.id, data_version=version)
+    if span is None:
+        raise NotFound(f"the object has no data version {version}")
+    return version, span[0], span[1]
+
+
+def odometer_history(
+    *, engine: Database, object_id: str, limit: int, after: int, version: int | None = None
+) -> dict[str, Any]:
+    """Realized-loss bounds and basic composition after each accepted query, for charts.
+
+    Of one data version (the current one by default); ``accepted`` counts within it.
+    """
     with reading(engine) as conn:
         row = load_object(conn, object_id)
-        records = object_history(conn, object_id, after=after, limit=limit)
+        number, start, end = version_span(conn, row, version)
+        records = [
+            r
+            for r in object_history(conn, object_id, after=max(after, start), limit=limit)
+            if end is None or r.seq <= end
+        ]
         points = [
             {
-                "accepted": r.seq,
+                "accepted": r.seq - start,
                 "realized_loss": LossBounds(r.loss_lower, r.loss_upper).to_json(),
                 "basic_composition": r.basic_after,
                 "epsilon": r.epsilon,
@@ -416,11 +500,19 @@ def odometer_history(*, engine: Database, object_id: str, limit: int, after: int
             for r in records
         ]
         next_after = records[-1].seq if len(records) == limit else None
+        if end is not None and next_after is not None and next_after >= end:
+            next_after = None
         return {
             "object_id": object_id,
             "budget": row.budget,
+            "version": number,
             "points": points,
-            "rejections": _rejections(conn, object_id, after=after, before=next_after),
+            "rejections": [
+                {**r, "after_accepted": r["after_accepted"] - start}
+                for r in _rejections(
+                    conn, object_id, after=max(after, start), before=next_after, version=number
+                )
+            ],
             "next_after": next_after,
         }
 
@@ -430,7 +522,7 @@ MAX_REJECTIONS_LISTED = 1000
 
 
 def _rejections(
-    conn: Tx, object_id: str, *, after: int, before: int | None
+    conn: Tx, object_id: str, *, after: int, before: int | None, version: int = 1
 ) -> list[dict[str, Any]]:
     """Rejected submits that happened after accepted query ``after`` (and before ``before``).
 
@@ -450,6 +542,8 @@ def _rejections(
                     if r.created_at is not None
                 ]
             accepted = bisect.bisect_right(times, event.at)
+        if event.version != version:
+            continue
         if accepted >= after and (before is None or accepted < before):
             found.append({"after_accepted": accepted, "at": _iso(event.at)})
             if len(found) >= MAX_REJECTIONS_LISTED:

@@ -52,11 +52,18 @@ from app.services.errors import (
     NotFound,
     Retired,
     ServiceError,
+    refusal_error,
 )
 from app.services.history import object_history
 from app.services.locks import ObjectLocks
-from app.services.objects import ID_PATTERN, load_object, odometer_view
-from app.services.snapshots import advance, move_state_refs, remember, snapshot_of
+from app.services.objects import ID_PATTERN, load_object, odometer_view, version_span
+from app.services.snapshots import (
+    advance,
+    lifetime_of,
+    move_state_refs,
+    remember,
+    snapshot_of,
+)
 from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import objects as object_store
 from app.store import queries as query_store
@@ -98,6 +105,7 @@ class _StoredRejection:
 
     detail: str
     extra: dict[str, Any]
+    refusal: str = "budget-exhausted"
 
 
 @functools.lru_cache(maxsize=1024)
@@ -119,7 +127,7 @@ def dry_run(
         row = _load_active(conn, object_id)
         domain = _domain_of(row.domain, limits)
         mech = parse_query(query, domain, "query", limits=limits)
-        snapshot = snapshot_of(conn, row, domain, limits)
+        snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))
     return decide(snapshot, mech, worker, tight=True).to_json()
 
 
@@ -147,7 +155,8 @@ def _replay_rejection(
         return None
     _check_owner(record, print_, owner)
     stored = json.loads(record.response)
-    return _StoredRejection(stored["detail"], stored["extra"])
+    refusal = stored.get("type", BudgetExhausted.type)
+    return _StoredRejection(stored["detail"], stored["extra"], refusal)
 
 
 def _replay(
@@ -222,10 +231,12 @@ def submit(
                 replay_first = True
                 continue
             if isinstance(outcome, _StoredRejection):
-                raise BudgetExhausted(outcome.detail, replayed=True, **outcome.extra)
+                error = refusal_error(outcome.refusal)
+                raise error(outcome.detail, replayed=True, **outcome.extra)
             if isinstance(outcome, Decision):
                 metrics.DECISIONS.labels(outcome.filter.value, "reject").inc()
-                raise BudgetExhausted(outcome.reason, **_rejection_extra(outcome))
+                error = refusal_error(outcome.refusal)
+                raise error(outcome.reason, **_rejection_extra(outcome))
             if isinstance(outcome, _Accepted):  # committed: the next decision starts from it
                 remember(engine, object_id, outcome.version, outcome.snapshot)
                 outcome = outcome.outcome
@@ -276,7 +287,7 @@ def _attempt(
             row = _load_active(conn, object_id)
             domain = _domain_of(row.domain, limits)
             mech = parse_query(query, domain, "query", limits=limits)
-            snapshot = snapshot_of(conn, row, domain, limits)
+            snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))
             decision = decide(snapshot, mech, worker, tight=False)
         except (ServiceError, InvalidInput, Unsupported):
             replay = stored_answer()
@@ -324,7 +335,13 @@ def _record_rejection(
             idempotency_key=key,
             analyst_key_id=analyst_key_id,
             fingerprint=print_,
-            response=json.dumps({"detail": decision.reason, "extra": _rejection_extra(decision)}),
+            response=json.dumps(
+                {
+                    "detail": decision.reason,
+                    "extra": _rejection_extra(decision),
+                    "type": decision.refusal,
+                }
+            ),
             created_at=datetime.now(UTC),
         )
     object_store.count_rejection(conn, object_id=row.id)
@@ -338,6 +355,8 @@ def _record_rejection(
             "epsilon": mech.epsilon,
             "filter": row.filter,
             "reason": decision.reason,
+            "refusal": decision.refusal,
+            "version": row.data_version,
             "accepted": row.accepted,  # where the rejection sits in the history (dashboard)
             "realized_loss": decision.realized_loss.to_json(),
             "worst_case_after": decision.worst_case_after,
@@ -391,6 +410,7 @@ def _record_acceptance(
     stored = {
         "object_id": row.id,
         "seq": seq,
+        "version": row.data_version,
         "output": output_json,
         "epsilon": mech.epsilon,
         "odometer": odometer,
@@ -438,6 +458,7 @@ def _record_acceptance(
             "mechanism": mech.kind,
             "epsilon": mech.epsilon,
             "filter": row.filter,
+            "version": row.data_version,
             "realized_loss": odometer["realized_loss"],
         },
     )
@@ -451,22 +472,32 @@ def list_queries(
     analyst_key_id: int | None,
     limit: int,
     after: int,
+    version: int | None = None,
 ) -> dict[str, Any]:
-    """Accepted queries of an object (an analyst sees only its own)."""
+    """Accepted queries of one data version of an object (an analyst sees only its own).
+
+    ``version`` None: the current one.
+    """
     with reading(engine) as conn:
-        load_object(conn, object_id)
-        records = object_history(
-            conn,
-            object_id,
-            after=after,
-            limit=limit,
-            analyst_key_id=analyst_key_id,
-        )
+        row = load_object(conn, object_id)
+        number, start, end = version_span(conn, row, version)
+        records = [
+            r
+            for r in object_history(
+                conn,
+                object_id,
+                after=max(after, start),
+                limit=limit,
+                analyst_key_id=analyst_key_id,
+            )
+            if end is None or r.seq <= end
+        ]
         items = [
             {
                 "query_id": r.query_id,
                 "survey_id": r.survey_id,
                 "seq": r.seq,
+                "version": number,
                 "query": json.loads(r.query),
                 "output": json.loads(r.output),
                 "epsilon": r.epsilon,
@@ -477,4 +508,6 @@ def list_queries(
             for r in records
         ]
     next_after = items[-1]["seq"] if len(items) == limit else None
+    if end is not None and next_after is not None and next_after >= end:
+        next_after = None
     return {"items": items, "next_after": next_after}

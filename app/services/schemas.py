@@ -32,6 +32,7 @@ from app.engine.jsonfields import MAX_NAME
 from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, MIN_EPSILON
 from app.services.imports import MAX_IMPORT
 from app.services.objects import ID_PATTERN, LABEL_NAME, LABEL_VALUE, MAX_LABELS
+from app.services.versions import MAX_VERSIONS
 
 #: Free text the server stores: anything but NUL, which no PostgreSQL text column holds.
 NO_NUL_PATTERN = r"^[^\x00]*$"
@@ -259,6 +260,12 @@ class BudgetBody(_Strict):
     ) = None
 
 
+class LifetimeBody(_Strict):
+    """A lifetime budget ε_L over every data version of an object (at least ``budget.epsilon``)."""
+
+    epsilon: Budget
+
+
 class RegisterRequest(_Strict):
     """``POST /v1/objects``: a protected object with its private value."""
 
@@ -276,6 +283,10 @@ class RegisterRequest(_Strict):
         ]
         | SkipJsonSchema[None]
     ) = None
+    lifetime: LifetimeBody | SkipJsonSchema[None] = Field(
+        default=None,
+        description="ε_L: the realized loss summed over the object's data versions stays within it",
+    )
 
 
 class ImportRequest(_Strict):
@@ -289,6 +300,50 @@ class ImportResult(_Open):
 
     created: int
     existing: int
+
+
+class VersionRequest(_Strict):
+    """``POST /v1/objects/{id}/versions``: the object's new value."""
+
+    value: Annotated[
+        dict[str, Scalar], Field(description="One point of the domain; never returned")
+    ]
+
+
+class VersionItem(_Strict):
+    """One object's new value in a bulk request."""
+
+    id: Annotated[str, Field(pattern=OBJECT_ID_PATTERN)]
+    value: Annotated[
+        dict[str, Scalar], Field(description="One point of the domain; never returned")
+    ]
+
+
+class VersionsRequest(_Strict):
+    """``POST /v1/versions``: up to 10,000 new values, stored all or nothing."""
+
+    versions: Annotated[list[VersionItem], Field(min_length=1, max_length=MAX_VERSIONS)]
+
+
+class VersionCreated(_Open):
+    """The object's new data version."""
+
+    object_id: str
+    version: int
+
+
+class CreatedVersion(_Open):
+    """One object's new data version in a bulk answer."""
+
+    id: str
+    version: int
+
+
+class VersionsResult(_Open):
+    """The versions a bulk request created, in the request's order."""
+
+    created: int
+    versions: list[CreatedVersion]
 
 
 class LabelsCohort(_Strict):
@@ -383,8 +438,20 @@ class LossBounds(_Open):
     exact: bool = Field(default=False, description=EXACT_DESCRIPTION)
 
 
+class LifetimeOdometer(_Open):
+    """The lifetime budget's account: the realized loss summed over every data version."""
+
+    budget: float
+    realized_loss: LossBounds
+    versions: int
+    remaining: float
+
+
 class Odometer(_Open):
-    """An object's accounting: budget, certified loss, remaining, basic composition, counts."""
+    """An object's accounting: budget, certified loss, remaining, basic composition, counts.
+
+    All of the current data version (``version``), except ``lifetime``.
+    """
 
     budget: float
     realized_loss: LossBounds
@@ -398,6 +465,10 @@ class Odometer(_Open):
     )
     phase: Literal["output-independent", "bayesian"] | SkipJsonSchema[None] = Field(
         default=None, description="Algorithm 4's phase (approx_bayesian objects only)"
+    )
+    version: int = Field(description="The current data version (1 at registration)")
+    lifetime: LifetimeOdometer | SkipJsonSchema[None] = Field(
+        default=None, description="Objects registered with a lifetime budget only"
     )
 
 
@@ -417,6 +488,10 @@ class ObjectView(_Open):
     filter: Literal["bayesian", "simplified", "basic", "approx_bayesian"]
     finite: bool
     labels: dict[str, str]
+    lifetime: ObjectBudget | SkipJsonSchema[None] = Field(
+        default=None, description="ε_L, when registered with a lifetime budget"
+    )
+    version: int = Field(description="The current data version (1 at registration)")
     status: Literal["active", "retired"]
     created_at: Timestamp | None
     retired_at: Timestamp | None
@@ -452,6 +527,10 @@ class Decision(_Open):
     phase: Literal["output-independent", "bayesian"] | SkipJsonSchema[None] = Field(
         default=None, description="Algorithm 4's phase after this decision (approx_bayesian)"
     )
+    refusal: Literal["budget-exhausted", "lifetime-exhausted"] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="A rejection's check: the version's filter, or the lifetime budget after it",
+    )
 
 
 class SubmitResult(_Open):
@@ -460,6 +539,7 @@ class SubmitResult(_Open):
     query_id: int
     object_id: str
     seq: int
+    version: int = Field(description="The data version the query read")
     output: Any
     epsilon: float
     odometer: Odometer
@@ -475,6 +555,7 @@ class HistoryItem(_Open):
         default=None, description="The survey that asked it (null: a single submit)"
     )
     seq: int
+    version: int = Field(description="The data version the query read")
     query: dict[str, Any]
     output: Any
     epsilon: float
@@ -509,6 +590,7 @@ class OdometerHistory(_Open):
 
     object_id: str
     budget: float
+    version: int = Field(description="The data version of these points")
     points: list[OdometerPoint]
     rejections: list[Rejection]
     next_after: int | None
@@ -664,6 +746,11 @@ class SurveyRefusals(_Open):
     budget_exhausted: int = Field(alias="budget-exhausted")
     invalid_for_domain: int = Field(alias="invalid-for-domain")
     retired: int
+    lifetime_exhausted: int = Field(
+        default=0,
+        alias="lifetime-exhausted",
+        description="The version's filter accepted but the object's lifetime budget did not",
+    )
 
 
 class SurveyProgress(_Open):
@@ -740,6 +827,9 @@ class SurveyResponse(_Open):
     object_id: str
     decision: Literal["pending", "accepted", "refused", "cancelled"]
     reason: str | None
+    version: int | SkipJsonSchema[None] = Field(
+        default=None, description="The data version an accepted member answered from"
+    )
     output: Any = None
 
 
@@ -760,6 +850,8 @@ class SurveyDryRun(_Open):
 REQUESTS: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/objects"): RegisterRequest,
     ("post", "/v1/imports"): ImportRequest,
+    ("post", "/v1/versions"): VersionsRequest,
+    ("post", "/v1/objects/{object_id}/versions"): VersionRequest,
     ("post", "/v1/surveys"): SurveyRequest,
     ("post", "/v1/surveys/dry-run"): SurveyRequest,
     ("post", "/v1/objects/{object_id}/dry-run"): QueryRequest,

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
 from app.engine.filters import FilterKind
-from app.engine.likelihood import LikelihoodState, LossBounds
+from app.engine.lifetime import Lifetime
+from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
 from app.engine.limits import EngineLimits
 from app.engine.pipeline import (
     HistoryEntry,
@@ -82,6 +83,42 @@ class SnapshotRow(Protocol):
     @property
     def f0_account(self) -> str: ...  # noqa: D102
 
+    @property
+    def version_start(self) -> int: ...  # noqa: D102
+
+
+class LifetimeColumns(Protocol):
+    """The columns of an object's lifetime budget and its closed versions' losses."""
+
+    @property
+    def lifetime_budget(self) -> float | None: ...  # noqa: D102
+
+    @property
+    def lifetime_exact(self) -> str | None: ...  # noqa: D102
+
+    @property
+    def lifetime_lower(self) -> float: ...  # noqa: D102
+
+    @property
+    def lifetime_upper(self) -> float: ...  # noqa: D102
+
+    @property
+    def data_version(self) -> int: ...  # noqa: D102
+
+
+def closed_losses(row: LifetimeColumns) -> LossBounds:
+    """Σ of the closed versions' realized losses as stored: exact while every one was."""
+    if row.lifetime_exact is not None:
+        return exact_bounds(Fraction(row.lifetime_exact))
+    return LossBounds(row.lifetime_lower, row.lifetime_upper)
+
+
+def lifetime_of(row: LifetimeColumns) -> Lifetime | None:
+    """The object's lifetime budget and closed losses (None without a lifetime budget)."""
+    if row.lifetime_budget is None:
+        return None
+    return Lifetime(row.lifetime_budget, closed_losses(row), row.data_version)
+
 
 class HistoryCache:
     """Parsed continuous histories by ``(object id, version)``, bounded by their total terms."""
@@ -133,14 +170,29 @@ class HistoryCache:
 HISTORIES = HistoryCache()
 
 
-def stored_history(conn: Tx, object_id: str, domain: Domain) -> list[HistoryEntry]:
-    """The object's accepted queries and outputs (submits and survey answers), parsed, in order."""
-    items = object_history(conn, object_id)
+def stored_history(
+    conn: Tx, object_id: str, domain: Domain, *, after: int = 0
+) -> list[HistoryEntry]:
+    """The object's accepted queries and outputs (submits and survey answers), parsed, in order.
+
+    ``after``: only those with ``seq > after`` (the current data version's: ``version_start``).
+    """
+    items = object_history(conn, object_id, after=after)
     return [history_entry(domain, json.loads(r.query), json.loads(r.output)) for r in items]
 
 
-def snapshot_of(conn: Tx, row: SnapshotRow, domain: Domain, limits: EngineLimits) -> ObjectSnapshot:
-    """The object's public state as the engine decides on it. Never reads the value."""
+def snapshot_of(
+    conn: Tx,
+    row: SnapshotRow,
+    domain: Domain,
+    limits: EngineLimits,
+    lifetime: Lifetime | None = None,
+) -> ObjectSnapshot:
+    """The object's public state as the engine decides on it. Never reads the value.
+
+    The state is the current data version's; ``lifetime`` (:func:`lifetime_of` the row) adds
+    the object's lifetime budget.
+    """
     state: LikelihoodState | ContinuousState
     if domain.is_finite:
         if row.state is None:  # no accepted query yet (or none the stored array holds)
@@ -155,7 +207,8 @@ def snapshot_of(conn: Tx, row: SnapshotRow, domain: Domain, limits: EngineLimits
         database = database_of(conn.engine)
         cached = HISTORIES.get(database, row.id, row.version)
         if cached is None:
-            folded, _ = fold_history(domain, stored_history(conn, row.id, domain))
+            current = stored_history(conn, row.id, domain, after=row.version_start)
+            folded, _ = fold_history(domain, current)
             assert isinstance(folded, ContinuousState)  # noqa: S101 - a continuous domain
             cached = folded.seeded(LossBounds(row.loss_lower, row.loss_upper))
             HISTORIES.put(database, row.id, row.version, cached)
@@ -169,6 +222,7 @@ def snapshot_of(conn: Tx, row: SnapshotRow, domain: Domain, limits: EngineLimits
         limits,
         row.budget_delta,
         Fraction(row.f0_account),
+        lifetime,
     )
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput, Unsupported
 from app.engine.filters import Decision
+from app.engine.lifetime import Lifetime
+from app.engine.likelihood import LossBounds, exact_bounds
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, parse_query
 from app.engine.pipeline import ObjectSnapshot
@@ -35,6 +38,8 @@ class Refusal(StrEnum):
     BUDGET = "budget-exhausted"
     INVALID = "invalid-for-domain"
     RETIRED = "retired"
+    #: The version's filter accepted, the object's lifetime budget did not.
+    LIFETIME = "lifetime-exhausted"
 
 
 class StateMissing(LookupError):
@@ -114,16 +119,21 @@ class _SnapshotRow(NamedTuple):
     basic_total: str
     budget_delta: float | None
     f0_account: str
+    version_start: int
 
 
 def decide_group(
     conn: Tx,
     key: GroupKey,
-    representative: tuple[str, int],
+    representative: tuple[str, int, int],
     parsed: ParsedQuery,
     worker: BoundWorker,
 ) -> GroupAccepted | Refusal:
-    """The decision every member with public state ``key`` gets (a single submit's)."""
+    """The decision every member with public state ``key`` gets (a single submit's).
+
+    ``representative``: one member's id, row version and ``version_start`` (a continuous
+    history is read from its current data version's rows).
+    """
     mech = parsed.mech(key.domain)
     if mech is None:
         return Refusal.INVALID
@@ -150,9 +160,18 @@ def decide_group(
         key.basic_total,
         key.budget_delta,
         key.f0_account,
+        representative[2],
     )
-    snapshot = snapshot_of(conn, row, domain, parsed.limits)
+    lifetime = None
+    if key.lifetime_budget is not None:
+        closed = (
+            exact_bounds(Fraction(key.lifetime_exact))
+            if key.lifetime_exact is not None
+            else LossBounds(key.lifetime_lower, key.lifetime_upper)
+        )
+        lifetime = Lifetime(key.lifetime_budget, closed)
+    snapshot = snapshot_of(conn, row, domain, parsed.limits, lifetime)
     decision = decide(snapshot, mech, worker, tight=False)
     if not decision.accepted:
-        return Refusal.BUDGET
+        return Refusal.LIFETIME if decision.refusal == Refusal.LIFETIME.value else Refusal.BUDGET
     return GroupAccepted(mech, snapshot, decision)

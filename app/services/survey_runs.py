@@ -216,7 +216,9 @@ def _group_decision(
 ) -> GroupAccepted | Refusal:
     found = cache.decisions.get(key)
     if found is None:
-        found = decide_group(conn, key, (first.id, first.version), cache.parsed, worker)
+        found = decide_group(
+            conn, key, (first.id, first.version, first.version_start), cache.parsed, worker
+        )
         cache.decisions[key] = found
     return found
 
@@ -377,7 +379,7 @@ def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
     work.refused[reason.value] += 1
     work.picks[row.id] = REFUSAL_CODES[reason.value]
     work.seqs[row.id] = 0
-    if reason is Refusal.BUDGET:
+    if reason in (Refusal.BUDGET, Refusal.LIFETIME):
         work.refusals.append(row.id)
 
 

@@ -39,6 +39,7 @@ from app.services.survey_groups import (
 from app.store import Conflict, Database, Tx, reading, transaction
 from app.store import chunks as chunk_store
 from app.store import surveys as survey_store
+from app.store import versions as version_store
 from app.store.chunks import MemberDecision
 from app.store.surveys import ACTIVE, GroupKey, SurveyRow, SurveyStatus
 from app.worker.pool import BoundWorker
@@ -402,6 +403,8 @@ def list_responses(
             decisions.extend(chunk.decision(at) for at in range(start, stop))
             if len(decisions) >= limit:
                 break
+        answered = [(d.object_id, d.seq) for d in decisions if d.status == "accepted"]
+        versions = version_store.versions_answered(conn, answered)
     outputs = _may_see_outputs(survey, caller_key_id, is_admin)
     # a cancelled survey never decides its undecided members: they are not "pending" forever
     cancelled = survey.status == SurveyStatus.CANCELLED.value
@@ -409,6 +412,8 @@ def list_responses(
     for d in decisions:
         status = "cancelled" if cancelled and d.status == "pending" else d.status
         item: dict[str, Any] = {"object_id": d.object_id, "decision": status, "reason": d.reason}
+        if d.object_id in versions and status == "accepted":
+            item["version"] = versions[d.object_id]
         if outputs:
             item["output"] = json.loads(d.variant.output) if d.variant is not None else None
         items.append(item)
@@ -489,7 +494,8 @@ def _dry_run_once(
                 refused[Refusal.RETIRED.value] += count
                 continue
             groups.add(key)
-            group = decide_group(conn, key, (first, versions[first]), parsed, worker)
+            version, start = versions[first]
+            group = decide_group(conn, key, (first, version, start), parsed, worker)
             if isinstance(group, Refusal):
                 refused[group.value] += count
             else:

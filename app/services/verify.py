@@ -8,9 +8,12 @@ entries, which a survey did not fold into a stored array). Shared likelihood sta
 by exactly the objects that use them. An object's history includes its survey answers (packed in
 their chunks, :mod:`app.services.history`), so a survey answer lost, added or doubled shows as a
 sequence gap or a count that differs from ``accepted``. Surveys: each chunk's members sorted and
-distinct within its stated range, the chunks of a survey disjoint and in order, their decisions well
-formed, and the survey's counters equal to what its chunks hold. A mismatch means the stored state
-does not follow from the stored history.
+distinct within its stated range, the chunks of a survey disjoint and in order, their decisions
+well formed, and the survey's counters equal to what its chunks hold. Data versions: each
+closed version's history (its ``seq`` range) replays to its stored loss and Σε, the ranges are
+contiguous, the lifetime sums are the sum of the closed losses, and the object's row is the
+current version's replay. A mismatch means the stored state does not follow from the stored
+history.
 """
 
 from __future__ import annotations
@@ -23,14 +26,17 @@ from fractions import Fraction
 import numpy as np
 
 from app.engine.calculator import DEFAULT_TOLERANCE
-from app.engine.domain import parse_domain
-from app.engine.likelihood import LikelihoodState
+from app.engine.domain import Domain, parse_domain
+from app.engine.lifetime import NO_CLOSED, add_losses
+from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
 from app.engine.pipeline import fold_history, history_account, history_entry
 from app.services.history import stored_entries
 from app.services.snapshots import next_history_hash, state_key
 from app.store import Database, Tx, reading
 from app.store import verify as store
+from app.store import versions as version_store
 from app.store.chunks import REASONS, Chunk, ChunkCache, decode
+from app.store.history import HistoryItem
 from app.store.verify import ChunkRow, StoredObject
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
@@ -63,15 +69,17 @@ def verify_object(
     the engine's own replay (:func:`app.engine.pipeline.fold_history`, the one every decision
     uses); a continuous history's loss is searched afresh.
     """
-    records = stored_entries(conn, row.id, chunks=chunks)
-    seqs = [r.seq for r in records]
-    if seqs != list(range(1, len(records) + 1)):
-        report.problems.append(f"{row.id}: sequence numbers are not 1..{len(records)}")
-    if row.accepted != len(records):
+    all_records = stored_entries(conn, row.id, chunks=chunks)
+    seqs = [r.seq for r in all_records]
+    if seqs != list(range(1, len(all_records) + 1)):
+        report.problems.append(f"{row.id}: sequence numbers are not 1..{len(all_records)}")
+    if row.accepted != len(all_records):
         report.problems.append(
-            f"{row.id}: accepted={row.accepted} but {len(records)} queries are stored"
+            f"{row.id}: accepted={row.accepted} but {len(all_records)} queries are stored"
         )
     domain = parse_domain(json.loads(row.domain))
+    _verify_versions(conn, row, domain, all_records, report)
+    records = [r for r in all_records if r.seq > row.version_start]
     entries = []
     chain: str | None = None
     held = len(records) - row.state_pending  # entries the stored array holds
@@ -131,6 +139,57 @@ def verify_object(
         report.problems.append(f"{row.id}: stored loss bounds differ from the history's")
     if row.loss_upper > float(basic) + TOLERANCE:
         report.problems.append(f"{row.id}: stored loss exceeds basic composition")
+
+
+def _verify_versions(
+    conn: Tx, row: StoredObject, domain: Domain, records: list[HistoryItem], report: Report
+) -> None:
+    """Check the closed data versions of an object.
+
+    Their ``seq`` ranges are contiguous, each one's loss and Σε replay from its own history,
+    and the lifetime sums are the sum of the stored closed losses.
+    """
+    closed = version_store.closed_versions(conn, object_id=row.id)
+    end = 0
+    total = NO_CLOSED
+    for number, version in enumerate(closed, start=1):
+        label = f"{row.id}: version {version.data_version}"
+        if version.data_version != number or version.seq_start != end:
+            report.problems.append(f"{label}: versions are not contiguous from 1")
+        end = version.seq_end
+        entries = [
+            history_entry(domain, json.loads(r.query), json.loads(r.output))
+            for r in records
+            if version.seq_start < r.seq <= version.seq_end
+        ]
+        if len(entries) != version.seq_end - version.seq_start:
+            report.problems.append(f"{label}: its history is not seq {version.seq_start + 1}..")
+        state, basic = fold_history(domain, entries)
+        if Fraction(version.basic_total) != basic:
+            report.problems.append(f"{label}: basic composition differs from its history's")
+        loss = state.loss(basic) if entries else exact_bounds(Fraction(0))
+        if version.loss_exact is not None:
+            if loss.value is None or Fraction(version.loss_exact) != loss.value:
+                report.problems.append(f"{label}: exact loss differs from its history's")
+        elif loss.lower > version.loss_upper + CONTINUOUS_TOLERANCE or (
+            version.loss_lower > loss.upper + CONTINUOUS_TOLERANCE
+        ):
+            report.problems.append(f"{label}: stored loss bounds contradict its history's")
+        stored = (
+            exact_bounds(Fraction(version.loss_exact))
+            if version.loss_exact is not None
+            else LossBounds(version.loss_lower, version.loss_upper)
+        )
+        total = add_losses(total, stored)
+    if row.data_version != len(closed) + 1 or row.version_start != end:
+        report.problems.append(f"{row.id}: current version does not follow its closed versions")
+    exact = None if total.value is None else str(total.value)
+    if (row.lifetime_exact, row.lifetime_lower, row.lifetime_upper) != (
+        exact,
+        total.lower,
+        total.upper,
+    ):
+        report.problems.append(f"{row.id}: lifetime sums differ from its closed versions'")
 
 
 def verify_state_refs(conn: Tx, report: Report) -> None:

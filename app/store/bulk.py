@@ -30,6 +30,11 @@ def _recordset(rows: Sequence[Mapping[str, Any]], types: Mapping[str, str]) -> s
     )
 
 
+def rows_json(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> str:
+    """``rows`` (their ``keys``) as the JSON text a recordset statement unpacks."""
+    return _rows_json(rows, keys)["rows"]
+
+
 def _rows_json(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, str]:
     # orjson: the standard encoder was a large part of an import's profile (docs/benchmarks.md,
     # "Import: before and after"); datetimes come out as RFC 3339. Its one difference that
@@ -88,6 +93,7 @@ def update_rows(
     where: Mapping[str, str],
     values: Mapping[str, str],
     fixed: str = "",
+    encrypted: Sequence[str] = (),
 ) -> int:
     """Update one row per item; returns the number of rows updated.
 
@@ -95,6 +101,8 @@ def update_rows(
     its PostgreSQL type (``{"version": "int"}``; its row key is the column's name), the
     ``where`` keys' types are given in ``values`` under the key (``"where_id": "text"``).
     ``fixed`` is an extra SQL condition on the table (alias ``t``), e.g. ``t.status = 0``.
+    ``encrypted`` names :class:`app.db.types.EncryptedText` columns given in plaintext: the
+    PostgreSQL statement bypasses column types, so they are encrypted here first.
     """
     if not rows:
         return 0
@@ -106,6 +114,9 @@ def update_rows(
             statement = statement.where(text(fixed.replace("t.", f"{table.name}.")))
         updated = [{k: v for k, v in row.items() if k in values or k in where} for row in rows]
         return int(conn.execute(statement, updated).rowcount)
+    if encrypted:
+        cipher = active()
+        rows = [{**row, **{c: cipher.encrypt(row[c]) for c in encrypted}} for row in rows]
     keys = list(where) + [c for c in values if c not in where]
     assignments = ", ".join(f"{c} = v.{c}" for c in values if c not in where)
     conditions = " AND ".join(f"t.{column} = v.{key}" for key, column in where.items())

@@ -45,7 +45,12 @@ CHUNKS = cast(Table, SurveyChunk.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
 
 #: A refused member's code in ``picks``, by reason (``app.services.survey_groups.Refusal``).
-REFUSAL_CODES = {"budget-exhausted": -1, "invalid-for-domain": -2, "retired": -3}
+REFUSAL_CODES = {
+    "budget-exhausted": -1,
+    "invalid-for-domain": -2,
+    "retired": -3,
+    "lifetime-exhausted": -4,
+}
 REASONS = {code: reason for reason, code in REFUSAL_CODES.items()}
 
 

@@ -115,6 +115,8 @@ class Rejection:
     #: How many queries had been accepted when it was rejected (None: an event written before
     #: the count was recorded, issue #11).
     accepted: int | None
+    #: The data version it was asked of (1 for events written before versions existed).
+    version: int = 1
 
 
 _REJECTIONS = (
@@ -127,5 +129,10 @@ _REJECTIONS = (
 def rejections(conn: Tx, *, object_id: str) -> Iterator[Rejection]:
     """The object's rejected submits in order, read as the caller iterates (it may stop)."""
     for at, detail in conn.execute(_REJECTIONS, {"object_id": object_id}):
-        accepted = json.loads(detail).get("accepted")
-        yield Rejection(at, accepted if isinstance(accepted, int) else None)
+        fields = json.loads(detail)
+        accepted, version = fields.get("accepted"), fields.get("version", 1)
+        yield Rejection(
+            at,
+            accepted if isinstance(accepted, int) else None,
+            version if isinstance(version, int) else 1,
+        )

@@ -40,6 +40,12 @@ _OBJECT_TYPES = {
     "accepted": "int",
     "rejected": "int",
     "version": "int",
+    "data_version": "int",
+    "version_start": "int",
+    "lifetime_budget": "float8",
+    "lifetime_exact": "text",
+    "lifetime_lower": "float8",
+    "lifetime_upper": "float8",
     "created_at": "timestamptz",
     "updated_at": "timestamptz",
 }
@@ -57,6 +63,7 @@ class Registered:
     budget_delta: float | None
     filter: str
     labels: dict[str, str] | None
+    lifetime_budget: float | None
 
 
 @dataclass(frozen=True)
@@ -75,12 +82,14 @@ _REGISTERED = select(
     _OBJECTS.c.budget_delta,
     _OBJECTS.c.filter,
     _OBJECTS.c.labels,
+    _OBJECTS.c.lifetime_budget,
 )
 _EXISTING = _REGISTERED.where(_OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
 _EXISTING_ANY = _REGISTERED.where(_OBJECTS.c.id == func.any(bindparam("ids")))
 _STORED = select(_REQUESTS.c.fingerprint, _REQUESTS.c.response).where(
-    _REQUESTS.c.scope == _SCOPE,
-    _REQUESTS.c.owner_key_id == bindparam("owner"),
+    _REQUESTS.c.scope == bindparam("scope"),
+    # IS NOT DISTINCT FROM: the command line's requests have no owner key (NULL)
+    _REQUESTS.c.owner_key_id.is_not_distinct_from(bindparam("owner")),
     _REQUESTS.c.idempotency_key == bindparam("key"),
 )
 _STORE = insert(_REQUESTS)
@@ -122,9 +131,11 @@ def insert_objects(
         )
 
 
-def stored_answer(conn: Tx, *, owner_key_id: int | None, key: str) -> StoredAnswer | None:
-    """The answer stored for ``key`` of this key's imports, or None."""
-    row = conn.execute(_STORED, {"owner": owner_key_id, "key": key}).one_or_none()
+def stored_answer(
+    conn: Tx, *, owner_key_id: int | None, key: str, scope: str = _SCOPE
+) -> StoredAnswer | None:
+    """The answer stored for ``key`` of this key's imports (or ``scope``'s requests), or None."""
+    row = conn.execute(_STORED, {"owner": owner_key_id, "key": key, "scope": scope}).one_or_none()
     return None if row is None else StoredAnswer(*row)
 
 
@@ -136,12 +147,13 @@ def store_answer(
     fingerprint: str,
     response: str,
     at: datetime,
+    scope: str = _SCOPE,
 ) -> None:
     """Store an import's answer for ``key`` (a concurrent same key raises ``Conflict``)."""
     conn.execute(
         _STORE,
         {
-            "scope": _SCOPE,
+            "scope": scope,
             "owner_key_id": owner_key_id,
             "idempotency_key": key,
             "fingerprint": fingerprint,

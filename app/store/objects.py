@@ -66,6 +66,12 @@ class ObjectState:
     retired_at: datetime | None
     budget_delta: float | None
     f0_account: str
+    data_version: int
+    version_start: int
+    lifetime_budget: float | None
+    lifetime_exact: str | None
+    lifetime_lower: float
+    lifetime_upper: float
 
 
 #: The object's row and its stored likelihood array (finite domains), in one statement.
@@ -162,6 +168,12 @@ class ObjectRecord:
     created_at: datetime | None
     updated_at: datetime | None
     retired_at: datetime | None
+    data_version: int
+    version_start: int
+    lifetime_budget: float | None
+    lifetime_exact: str | None
+    lifetime_lower: float
+    lifetime_upper: float
 
 
 _RECORD_COLUMNS = [

@@ -310,6 +310,10 @@ class GroupKey(NamedTuple):
     loss_upper: float
     budget_delta: float | None
     f0_account: str
+    lifetime_budget: float | None
+    lifetime_exact: str | None
+    lifetime_lower: float
+    lifetime_upper: float
 
 
 _KEY_COLUMNS = [DOMAIN_TEXT if n == "domain" else _OBJECTS.c[n] for n in GroupKey._fields]
@@ -407,12 +411,12 @@ def cohort_groups(
         )
 
 
-_VERSIONS = select(_OBJECTS.c.id, _OBJECTS.c.version).where(_in_ids())
+_VERSIONS = select(_OBJECTS.c.id, _OBJECTS.c.version, _OBJECTS.c.version_start).where(_in_ids())
 
 
-def versions(conn: Tx, ids: Sequence[str]) -> dict[str, int]:
-    """The current row version of each object of ``ids``."""
-    return {str(i): int(v) for i, v in _by_id_chunks(conn, _VERSIONS, ids)}
+def versions(conn: Tx, ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """The current row version of each object of ``ids``, and where its data version starts."""
+    return {str(i): (int(v), int(s)) for i, v, s in _by_id_chunks(conn, _VERSIONS, ids)}
 
 
 # ------------------------------------------------------------------------------ a chunk's members
@@ -423,6 +427,8 @@ class MemberRow(NamedTuple):
     version: int
     #: Accepted queries so far (the next answer's sequence number is this plus one).
     accepted: int
+    #: Accepted queries of the closed data versions (the current one's history follows).
+    version_start: int
     retired: bool
     #: The encrypted value, as stored.
     sealed: str
@@ -434,6 +440,7 @@ _MEMBERS = (
         _OBJECTS.c.id,
         _OBJECTS.c.version,
         _OBJECTS.c.accepted,
+        _OBJECTS.c.version_start,
         _OBJECTS.c.retired_at,
         sql_cast(_OBJECTS.c.value, Text).label("sealed"),
         *_KEY_COLUMNS,
@@ -443,7 +450,7 @@ _MEMBERS = (
 )
 _MEMBERS_LOCKED = _MEMBERS.with_for_update(of=_OBJECTS)
 #: Where the group key's columns start in a :data:`_MEMBERS` row (they end it).
-_KEY_START = 5
+_KEY_START = 6
 #: Member objects read (and locked) per statement.
 _READ_BATCH = 5000
 
@@ -455,7 +462,7 @@ def member_rows(conn: Tx, ids: Sequence[str]) -> list[MemberRow]:
     """
     statement = _MEMBERS_LOCKED if is_postgres(conn) else _MEMBERS
     rows = [
-        MemberRow(r[0], r[1], r[2], r[3] is not None, r[4], GroupKey._make(r[_KEY_START:]))
+        MemberRow(r[0], r[1], r[2], r[3], r[4] is not None, r[5], GroupKey._make(r[_KEY_START:]))
         for r in _by_id_chunks(conn, statement, ids, _READ_BATCH)
     ]
     if len(rows) != len(ids):

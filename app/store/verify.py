@@ -46,6 +46,11 @@ class StoredObject:
     state_pending: int
     loss_lower: float
     loss_upper: float
+    data_version: int
+    version_start: int
+    lifetime_exact: str | None
+    lifetime_lower: float
+    lifetime_upper: float
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,11 @@ _ALL = select(
     _OBJECTS.c.state_pending,
     _OBJECTS.c.loss_lower,
     _OBJECTS.c.loss_upper,
+    _OBJECTS.c.data_version,
+    _OBJECTS.c.version_start,
+    _OBJECTS.c.lifetime_exact,
+    _OBJECTS.c.lifetime_lower,
+    _OBJECTS.c.lifetime_upper,
 ).order_by(_OBJECTS.c.id)
 _STATE = select(_STATES.c.state, _STATES.c.err).where(_STATES.c.hash == bindparam("key"))
 _USERS = (

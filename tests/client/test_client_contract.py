@@ -36,6 +36,8 @@ OPERATIONS = {
     "odometer": "objects.odometer",
     "odometer_history": "objects.odometer_history",
     "import_objects": "objects.import_objects",
+    "new_version": "objects.new_version",
+    "import_versions": "versions.create",
     "odometers": "odometers.all",
     "create_survey": "surveys.create",
     "survey_dry_run": "surveys.dry_run",

@@ -34,6 +34,7 @@ from ldp_gatekeeper_client import (
     GrrQuery,
     ImportFailed,
     IntegerAttribute,
+    LifetimeExhausted,
     NotFound,
     ObjectRetired,
     Predicate,
@@ -41,7 +42,13 @@ from ldp_gatekeeper_client import (
     ValidationFailed,
     WaitTimeout,
 )
-from ldp_gatekeeper_client.models import HistoryEntry, LossRequest
+from ldp_gatekeeper_client.models import (
+    BudgetBody,
+    HistoryEntry,
+    LifetimeBody,
+    LossRequest,
+    RegisterRequest,
+)
 
 from tests.client.conftest import ADMIN_KEY, QUICK, Server, start_server
 from tests.service.conftest import ROOT, unique_id
@@ -129,6 +136,44 @@ def test_the_readme_walkthrough(admin: Client, server: Server) -> None:
         assert max(o.upper for o in error.per_output) == pytest.approx(error.worst_case_after)
         assert analyst.objects.odometer(oid).rejected == 1
         assert len(list(analyst.objects.history(oid))) == 1
+
+
+def test_versions_and_lifetime_budgets(admin: Client, server: Server, tmp_path: Path) -> None:
+    """A new version (single and from an NDJSON file, resumably), the lifetime budget's
+    refusal as its typed error, and the history of a closed version."""
+    binary = Domain(attributes=[IntegerAttribute(name="b", low=0, high=1)])
+    rr = BinaryRrQuery(epsilon=0.1, predicate=Predicate(attribute="b", op="==", value=1))
+    with analyst_of(admin, server) as analyst:
+        oid = unique_id("device")
+        admin.objects.register(
+            RegisterRequest(
+                id=oid,
+                domain=binary,
+                value={"b": 1},
+                budget=BudgetBody(epsilon=0.2),
+                lifetime=LifetimeBody(epsilon=0.2),
+            )
+        )
+        first = analyst.objects.submit(oid, rr)
+        assert first.version == 1
+        assert admin.objects.new_version(oid, {"b": 0}).version == 2
+        assert analyst.objects.submit(oid, rr).version == 2  # 0.1 + 0.1 = 0.2: a tie
+        with pytest.raises(LifetimeExhausted) as refused:
+            analyst.objects.submit(oid, rr)
+        assert isinstance(refused.value, BudgetExhausted)
+        odometer = analyst.objects.odometer(oid)
+        assert odometer.version == 2
+        assert odometer.lifetime is not None
+        assert odometer.lifetime.realized_loss.exact
+        assert odometer.lifetime.remaining == 0.0
+        assert [i.seq for i in analyst.objects.history(oid, version=1)] == [first.seq]
+        path = tmp_path / "versions.ndjson"
+        path.write_text(json.dumps({"id": oid, "value": {"b": 1}}) + "\n")
+        done = admin.versions.import_ndjson(path)
+        assert (done.created, done.already) == (1, 0)
+        again = admin.versions.import_ndjson(path)
+        assert (again.created, again.already) == (0, 1)
+        assert admin.objects.get(oid).version == 3
 
 
 def test_the_calculator_takes_models(admin: Client) -> None:

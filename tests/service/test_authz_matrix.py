@@ -95,6 +95,10 @@ def _import(client: TestClient) -> tuple[str, dict[str, Any]]:
     return "/v1/imports", {"json": {"objects": [body["json"]]}}
 
 
+def _versions(client: TestClient) -> tuple[str, dict[str, Any]]:
+    return "/v1/versions", {"json": {"versions": [{"id": register(client), "value": {"x": 2}}]}}
+
+
 def _survey_body(client: TestClient) -> dict[str, Any]:
     return {"name": "authz", "query": QUERY, "cohort": {"ids": [register(client)]}}
 
@@ -137,6 +141,9 @@ ROWS: dict[tuple[str, str], Row] = {
         ANALYSTS, 201, _object("/queries", json={"query": QUERY})
     ),
     ("GET", "/v1/objects/{object_id}/queries"): Row(ANALYSTS, 200, _object("/queries")),
+    ("POST", "/v1/objects/{object_id}/versions"): Row(
+        ADMINS, 201, _object("/versions", json={"value": {"x": 2}})
+    ),
     ("GET", "/v1/objects/{object_id}/odometer"): Row(ALL_ROLES, 200, _object("/odometer")),
     ("GET", "/v1/objects/{object_id}/odometer/history"): Row(
         ALL_ROLES, 200, _object("/odometer/history")
@@ -144,6 +151,7 @@ ROWS: dict[tuple[str, str], Row] = {
     ("GET", "/v1/odometers"): Row(ALL_ROLES, 200, _fixed("/v1/odometers")),
     ("GET", "/v1/odometers/totals"): Row(ALL_ROLES, 200, _fixed("/v1/odometers/totals")),
     ("POST", "/v1/imports"): Row(ADMINS, 200, _import),
+    ("POST", "/v1/versions"): Row(ADMINS, 200, _versions),
     ("POST", "/v1/surveys"): Row(ANALYSTS, 202, _new_survey),
     ("POST", "/v1/surveys/dry-run"): Row(ANALYSTS, 200, _survey_dry_run),
     ("GET", "/v1/surveys"): Row(ALL_ROLES, 200, _fixed("/v1/surveys")),

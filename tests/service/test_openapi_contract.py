@@ -232,6 +232,7 @@ def test_real_answers_match_their_response_schemas(
         ("post", "/v1/objects/{object_id}/dry-run", analyst, {"query": grr}),
         ("post", "/v1/objects/{object_id}/queries", analyst, {"query": grr}),
         ("get", "/v1/objects/{object_id}/queries", analyst, None),
+        ("post", "/v1/objects/{object_id}/versions", admin, {"value": {"x": 1}}),
         ("get", "/v1/objects/{object_id}/odometer", analyst, None),
         ("get", "/v1/objects/{object_id}/odometer/history", analyst, None),
         ("get", "/v1/odometers", analyst, None),
@@ -270,6 +271,7 @@ def test_real_answers_match_their_response_schemas(
     survey = {"name": "contract", "query": grr, "cohort": {"labels": {"study": study}}}
     survey_calls: list[tuple[str, str, dict[str, str], Any]] = [
         ("post", "/v1/imports", admin, {"objects": [imported]}),
+        ("post", "/v1/versions", admin, {"versions": [{"id": imported["id"], "value": {"x": 1}}]}),
         ("post", "/v1/surveys/dry-run", analyst, survey),
         ("post", "/v1/surveys", analyst, survey),
         ("get", "/v1/surveys", analyst, None),

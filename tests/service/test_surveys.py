@@ -226,7 +226,12 @@ def test_a_survey_queries_each_member_once_and_estimates(
     assert dry.json() == {
         "members": 45,
         "would_accept": 45,
-        "would_refuse": {"budget-exhausted": 0, "invalid-for-domain": 0, "retired": 0},
+        "would_refuse": {
+            "budget-exhausted": 0,
+            "invalid-for-domain": 0,
+            "retired": 0,
+            "lifetime-exhausted": 0,
+        },
         "groups": 1,
     }
     r = client.post("/v1/surveys", headers=analyst, json=body)
@@ -238,7 +243,12 @@ def test_a_survey_queries_each_member_once_and_estimates(
         "total": 45,
         "decided": 45,
         "accepted": 45,
-        "refused": {"budget-exhausted": 0, "invalid-for-domain": 0, "retired": 0},
+        "refused": {
+            "budget-exhausted": 0,
+            "invalid-for-domain": 0,
+            "retired": 0,
+            "lifetime-exhausted": 0,
+        },
     }
     assert survey["groups"] == 1  # fresh objects: one public state, decided once
     estimate = survey["estimate"]
@@ -299,6 +309,7 @@ def test_refusals_by_reason_and_the_same_decision_as_a_submit(
         "budget-exhausted": 0,
         "invalid-for-domain": 1,
         "retired": 1,
+        "lifetime-exhausted": 0,
     }
     # after one grr of ε=1 a second exceeds the budget 1.5 for some outputs: the dry-run, the
     # survey and a single submit's dry-run agree member by member

@@ -14,6 +14,7 @@ from app.engine.errors import InvalidInput
 from app.engine.jsonfields import as_list, as_object, check_keys
 from app.services import imports as import_service
 from app.services import schemas
+from app.services import versions as version_service
 from app.services.errors import BadHeader, BadJson
 
 router = APIRouter(tags=["objects"])
@@ -100,3 +101,64 @@ async def import_objects(
     if result.replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return result.body
+
+
+@router.post(
+    "/v1/versions",
+    status_code=status.HTTP_200_OK,
+    **answers(schemas.VersionsResult),
+    openapi_extra=body_doc(schemas.VersionsRequest, examples.VERSIONS),
+    responses=problems(
+        *WITH_BODY,
+        404,
+        409,
+        s404="not-found: an id names no object (the detail names versions[i].id; nothing stored)",
+        s409="object-retired: a retired object takes no new version (nothing stored)",
+        s503="busy: concurrent writers on the same objects, or the database is unavailable",
+    ),
+)
+async def import_versions(
+    runtime: RuntimeDep,
+    caller: AdminDep,
+    response: Response,
+    raw: RawBody,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            description="A retry with the same key and body returns the stored answer "
+            "(header Idempotent-Replayed: true) and makes no new versions; without a key "
+            "each request makes new versions",
+            json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    """New values for up to 10,000 objects (admin), all or nothing.
+
+    The body is `{"versions": [{"id", "value"}, ...]}`. Each object's current version is
+    closed (its history kept) and the new value answers from now on under a fresh per-version
+    filter. A bad item is a 422 naming `versions[i].field`, never echoing a value.
+    """
+    if idempotency_key is not None and not idempotency_key.strip(" \t"):
+        raise BadHeader("Idempotency-Key", "must not be empty")
+    if not raw.strip():
+        raise InvalidInput("body", "is required (a JSON document)")
+    items = version_service.parse_bulk(parse_json(raw))
+    replayed: list[bool] = []
+
+    def run() -> dict[str, Any]:
+        return version_service.create_versions(
+            engine=runtime.engine,
+            locks=runtime.locks,
+            items=items,
+            actor_key_id=caller.key_id,
+            bulk=True,
+            fingerprint=hashlib.sha256(raw).hexdigest(),
+            idempotency_key=idempotency_key,
+            replayed=replayed,
+        )
+
+    body = await in_thread(runtime, run)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return body

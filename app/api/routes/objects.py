@@ -19,6 +19,7 @@ from app.engine.jsonfields import as_object, check_keys
 from app.services import objects as object_service
 from app.services import queries as query_service
 from app.services import schemas
+from app.services import versions as version_service
 from app.services.auth import Role
 from app.services.errors import BadHeader
 
@@ -78,6 +79,39 @@ async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> 
         engine=runtime.engine,
         object_id=object_id,
         actor_key_id=caller.key_id,
+    )
+
+
+@router.post(
+    "/{object_id}/versions",
+    status_code=status.HTTP_201_CREATED,
+    **answers(schemas.VersionCreated),
+    openapi_extra=body_doc(schemas.VersionRequest, examples.VERSION),
+    responses=problems(
+        *WITH_BODY,
+        404,
+        409,
+        s404="No such object",
+        s409="object-retired: a retired object takes no new version",
+    ),
+)
+async def new_version(
+    runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId, body: JsonBody
+) -> dict[str, Any]:
+    """Give the object a new value (admin); its current version is closed, history kept.
+
+    Queries from now on read the new value under a fresh per-version filter, within the
+    object's lifetime budget. The value is checked against the domain and never returned.
+    """
+    item = version_service.parse_single(object_id, body)
+    return await in_thread(
+        runtime,
+        version_service.create_versions,
+        engine=runtime.engine,
+        locks=runtime.locks,
+        items=[item],
+        actor_key_id=caller.key_id,
+        bulk=False,
     )
 
 
@@ -174,8 +208,12 @@ async def history(
     after: Annotated[
         int, Query(ge=0, le=2_147_483_647, description="Return queries with seq > after")
     ] = 0,
+    version: Annotated[
+        int | None,
+        Query(ge=1, le=2_147_483_647, description="The data version (default: the current one)"),
+    ] = None,
 ) -> dict[str, Any]:
-    """Accepted queries with their outputs; an analyst sees only its own."""
+    """Accepted queries of one data version with their outputs; an analyst sees only its own."""
     own = caller.key_id if caller.role is Role.ANALYST else None
     return await in_thread(
         runtime,
@@ -185,6 +223,7 @@ async def history(
         analyst_key_id=own,
         limit=limit,
         after=after,
+        version=version,
     )
 
 
@@ -203,8 +242,12 @@ async def odometer_history(
     object_id: ObjectId,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     after: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
+    version: Annotated[
+        int | None,
+        Query(ge=1, le=2_147_483_647, description="The data version (default: the current one)"),
+    ] = None,
 ) -> dict[str, Any]:
-    """The loss after each accepted query, for charts."""
+    """The loss after each accepted query of one data version, for charts."""
     return await in_thread(
         runtime,
         object_service.odometer_history,
@@ -212,4 +255,5 @@ async def odometer_history(
         object_id=object_id,
         limit=limit,
         after=after,
+        version=version,
     )

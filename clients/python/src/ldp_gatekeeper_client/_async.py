@@ -56,6 +56,7 @@ class AsyncClient:
             self._http.headers["Authorization"] = f"Bearer {api_key}"
         self.retry = retry
         self.objects = AsyncObjects(self)
+        self.versions = AsyncVersions(self)
         self.odometers = AsyncOdometers(self)
         self.surveys = AsyncSurveys(self)
         self.keys = AsyncKeys(self)
@@ -159,6 +160,16 @@ class AsyncObjects:
         """Retire an object (admin): it answers no more queries; its history is kept."""
         return await self._c._run(_ops.retire(object_id))
 
+    async def new_version(
+        self, object_id: str, value: Mapping[str, models.Scalar]
+    ) -> models.VersionCreated:
+        """Give the object a new value (admin); its current version is closed, history kept.
+
+        Later queries read the new value under a fresh per-version filter. Not retried once
+        sent (a retry could make a second version): ``versions.create`` takes a key.
+        """
+        return await self._c._run(_ops.new_version(object_id, value))
+
     async def dry_run(self, object_id: str, query: _ops.QueryLike) -> models.Decision:
         """Would the object's filter accept ``query`` now? Spends nothing."""
         return await self._c._run(_ops.dry_run(object_id, query))
@@ -174,20 +185,21 @@ class AsyncObjects:
         return await self._c._run(_ops.submit(object_id, query, idempotency_key))
 
     def history(
-        self, object_id: str, *, page_size: int = 1000
+        self, object_id: str, *, page_size: int = 1000, version: int | None = None
     ) -> AsyncIterator[models.HistoryItem]:
         """The object's accepted queries and outputs, oldest first (an analyst: its own)."""
-        return self._c._iterate(_ops.history(object_id, page_size))
+        return self._c._iterate(_ops.history(object_id, page_size, version))
 
     async def odometer(self, object_id: str) -> models.Odometer:
         """The object's odometer: certified loss bounds, remaining budget, counts."""
         return await self._c._run(_ops.odometer(object_id))
 
     async def odometer_history(
-        self, object_id: str, *, page_size: int = 10_000
+        self, object_id: str, *, page_size: int = 10_000, version: int | None = None
     ) -> models.OdometerHistory:
         """The loss after every accepted query and the rejections between (every page)."""
-        pages = [p async for p in self._c._iterate(_ops.odometer_history(object_id, page_size))]
+        pager = _ops.odometer_history(object_id, page_size, version)
+        pages = [p async for p in self._c._iterate(pager)]
         return _ops.merge_odometer_history(pages)
 
     async def import_objects(
@@ -230,6 +242,59 @@ class AsyncObjects:
                 bar.update(batch.nbytes)
                 bar.set_postfix(created=created, existing=existing)
         return models.ImportResult(created=created, existing=existing)
+
+
+class AsyncVersions:
+    """New data versions of many objects (``POST /v1/versions``)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(
+        self, items: Sequence[_ops.VersionLike], *, idempotency_key: str | None = None
+    ) -> models.VersionsResult:
+        """New values of up to 10,000 objects, all or nothing (admin), retried with one key."""
+        return await self._c._run(_ops.import_versions(items, idempotency_key))
+
+    async def import_ndjson(
+        self, path: str | os.PathLike[str], *, batch_size: int = 5000, progress: bool = False
+    ) -> models.VersionsImported:
+        """New values from an NDJSON file (``{"id", "value"}`` a line), in batches.
+
+        Each batch is one all-or-nothing request whose Idempotency-Key is its content's hash:
+        sending the same file again after an interruption replays the batches already stored
+        (counted in ``already``) and creates the rest. A refused batch raises
+        :class:`~.errors.ImportFailed` naming its lines; the batches before it stay stored.
+        """
+        created = already = 0
+        with (
+            Path(path).open("rb") as source,
+            tqdm(
+                total=os.fstat(source.fileno()).st_size,
+                unit="B",
+                unit_scale=True,
+                desc="versions",
+                disable=not progress,
+            ) as bar,
+        ):
+            for batch in _ops.ndjson_batches(source, batch_size):
+                try:
+                    result = await self._c._run(_ops.ndjson_versions(batch))
+                except ApiError as exc:
+                    raise ImportFailed(
+                        f"lines {batch.first}-{batch.last}: {exc}",
+                        first_line=batch.first,
+                        last_line=batch.last,
+                        created=created,
+                        existing=already,
+                    ) from exc
+                if result.replayed:
+                    already += result.created
+                else:
+                    created += result.created
+                bar.update(batch.nbytes)
+                bar.set_postfix(created=created, already=already)
+        return models.VersionsImported(created=created, already=already)
 
 
 class AsyncOdometers:

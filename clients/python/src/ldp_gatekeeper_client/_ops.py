@@ -7,6 +7,7 @@ one, generates the ``Idempotency-Key`` once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -123,15 +124,21 @@ def _split_history(page: models.HistoryPage) -> tuple[list[models.HistoryItem], 
     return page.items, page.next_after
 
 
-def history(object_id: str, page_size: int) -> Pager[models.HistoryItem]:
-    """``GET /v1/objects/{id}/queries``, page after page (``after`` = the last seq)."""
+def history(
+    object_id: str, page_size: int, version: int | None = None
+) -> Pager[models.HistoryItem]:
+    """``GET /v1/objects/{id}/queries``, page after page (``after`` = the last seq).
+
+    ``version``: that data version's history (default: the current one's).
+    """
+    extra = [] if version is None else [("version", str(version))]
     return Pager(
         first=0,
         page=lambda after: Call(
             "GET",
             _obj(object_id) + "/queries",
             parser(models.HistoryPage),
-            params=[("limit", str(page_size)), ("after", str(after))],
+            params=[("limit", str(page_size)), ("after", str(after)), *extra],
         ),
         split=_split_history,
     )
@@ -148,7 +155,9 @@ def _split_odometer_history(
     return [page], page.next_after
 
 
-def odometer_history(object_id: str, page_size: int) -> Pager[models.OdometerHistory]:
+def odometer_history(
+    object_id: str, page_size: int, version: int | None = None
+) -> Pager[models.OdometerHistory]:
     """``GET /v1/objects/{id}/odometer/history``: one item per page (merged by the client)."""
     return Pager(
         first=0,
@@ -156,7 +165,11 @@ def odometer_history(object_id: str, page_size: int) -> Pager[models.OdometerHis
             "GET",
             _obj(object_id) + "/odometer/history",
             parser(models.OdometerHistory),
-            params=[("limit", str(page_size)), ("after", str(after))],
+            params=[
+                ("limit", str(page_size)),
+                ("after", str(after)),
+                *([] if version is None else [("version", str(version))]),
+            ],
         ),
         split=_split_odometer_history,
     )
@@ -168,6 +181,7 @@ def merge_odometer_history(pages: Sequence[models.OdometerHistory]) -> models.Od
     return models.OdometerHistory(
         object_id=first.object_id,
         budget=first.budget,
+        version=first.version,
         points=[point for page in pages for point in page.points],
         rejections=[rejection for page in pages for rejection in page.rejections],
         next_after=None,
@@ -262,6 +276,53 @@ def ndjson_batches(source: IO[bytes], batch_size: int) -> Iterator[Batch]:
 def ndjson_import(batch: Batch) -> Call[models.ImportResult]:
     """The import of one NDJSON batch (a new Idempotency-Key for it)."""
     return import_objects(batch.content, NDJSON, None)
+
+
+# ------------------------------------------------------------------------------------ versions
+def new_version(object_id: str, value: Mapping[str, models.Scalar]) -> Call[models.VersionCreated]:
+    """``POST /v1/objects/{id}/versions`` (admin), not retried once sent.
+
+    A retry could make a second version: :func:`import_versions` takes a key to retry safely.
+    """
+    return Call(
+        "POST",
+        _obj(object_id) + "/versions",
+        parser(models.VersionCreated),
+        content=encode({"value": dict(value)}),
+        safe=False,
+    )
+
+
+VersionLike = models.VersionItem | Mapping[str, Any]
+
+
+def import_versions(
+    items: Sequence[VersionLike], idempotency_key: str | None
+) -> Call[models.VersionsResult]:
+    """``POST /v1/versions`` (admin): up to 10,000 new values, all or nothing, with a key."""
+    return versions_body(encode({"versions": [dump(item) for item in items]}), idempotency_key)
+
+
+def versions_body(content: bytes, idempotency_key: str | None) -> Call[models.VersionsResult]:
+    """``POST /v1/versions`` with a JSON body already encoded."""
+    return Call(
+        "POST",
+        "/v1/versions",
+        parser(models.VersionsResult),
+        content=content,
+        idempotency_key=_key(idempotency_key),
+    )
+
+
+def ndjson_versions(batch: Batch) -> Call[models.VersionsResult]:
+    """The versions of one NDJSON batch (``{"id", "value"}`` a line), keyed by its content.
+
+    The key is the SHA-256 of the batch's line numbers and lines: the same file sent again
+    replays the batches already stored instead of making second versions.
+    """
+    items = [json.loads(line) for line in batch.content.splitlines() if line.strip()]
+    digest = hashlib.sha256(f"{batch.first}-{batch.last}:".encode() + batch.content).hexdigest()
+    return versions_body(encode({"versions": items}), "client-versions:" + digest)
 
 
 # ------------------------------------------------------------------------------------ surveys

@@ -65,6 +65,7 @@ class Client:
             self._http.headers["Authorization"] = f"Bearer {api_key}"
         self.retry = retry
         self.objects = Objects(self)
+        self.versions = Versions(self)
         self.odometers = Odometers(self)
         self.surveys = Surveys(self)
         self.keys = Keys(self)
@@ -170,6 +171,16 @@ class Objects:
         """Retire an object (admin): it answers no more queries; its history is kept."""
         return self._c._run(_ops.retire(object_id))
 
+    def new_version(
+        self, object_id: str, value: Mapping[str, models.Scalar]
+    ) -> models.VersionCreated:
+        """Give the object a new value (admin); its current version is closed, history kept.
+
+        Later queries read the new value under a fresh per-version filter. Not retried once
+        sent (a retry could make a second version): ``versions.create`` takes a key.
+        """
+        return self._c._run(_ops.new_version(object_id, value))
+
     def dry_run(self, object_id: str, query: _ops.QueryLike) -> models.Decision:
         """Would the object's filter accept ``query`` now? Spends nothing."""
         return self._c._run(_ops.dry_run(object_id, query))
@@ -189,19 +200,27 @@ class Objects:
         """
         return self._c._run(_ops.submit(object_id, query, idempotency_key))
 
-    def history(self, object_id: str, *, page_size: int = 1000) -> Iterator[models.HistoryItem]:
-        """The object's accepted queries and outputs, oldest first (an analyst: its own)."""
-        return self._c._iterate(_ops.history(object_id, page_size))
+    def history(
+        self, object_id: str, *, page_size: int = 1000, version: int | None = None
+    ) -> Iterator[models.HistoryItem]:
+        """The object's accepted queries and outputs, oldest first (an analyst: its own).
+
+        ``version``: that data version's (default: the current one's).
+        """
+        return self._c._iterate(_ops.history(object_id, page_size, version))
 
     def odometer(self, object_id: str) -> models.Odometer:
         """The object's odometer: certified loss bounds, remaining budget, counts."""
         return self._c._run(_ops.odometer(object_id))
 
     def odometer_history(
-        self, object_id: str, *, page_size: int = 10_000
+        self, object_id: str, *, page_size: int = 10_000, version: int | None = None
     ) -> models.OdometerHistory:
-        """The loss after every accepted query and the rejections between (every page)."""
-        pages = list(self._c._iterate(_ops.odometer_history(object_id, page_size)))
+        """The loss after every accepted query and the rejections between (every page).
+
+        ``version``: that data version's (default: the current one's).
+        """
+        pages = list(self._c._iterate(_ops.odometer_history(object_id, page_size, version)))
         return _ops.merge_odometer_history(pages)
 
     def import_objects(
@@ -251,6 +270,59 @@ class Objects:
                 bar.update(batch.nbytes)
                 bar.set_postfix(created=created, existing=existing)
         return models.ImportResult(created=created, existing=existing)
+
+
+class Versions:
+    """New data versions of many objects (``POST /v1/versions``)."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(
+        self, items: Sequence[_ops.VersionLike], *, idempotency_key: str | None = None
+    ) -> models.VersionsResult:
+        """New values of up to 10,000 objects, all or nothing (admin), retried with one key."""
+        return self._c._run(_ops.import_versions(items, idempotency_key))
+
+    def import_ndjson(
+        self, path: str | os.PathLike[str], *, batch_size: int = 5000, progress: bool = False
+    ) -> models.VersionsImported:
+        """New values from an NDJSON file (``{"id", "value"}`` a line), in batches.
+
+        Each batch is one all-or-nothing request whose Idempotency-Key is its content's hash:
+        sending the same file again after an interruption replays the batches already stored
+        (counted in ``already``) and creates the rest. A refused batch raises
+        :class:`~.errors.ImportFailed` naming its lines; the batches before it stay stored.
+        """
+        created = already = 0
+        with (
+            Path(path).open("rb") as source,
+            tqdm(
+                total=os.fstat(source.fileno()).st_size,
+                unit="B",
+                unit_scale=True,
+                desc="versions",
+                disable=not progress,
+            ) as bar,
+        ):
+            for batch in _ops.ndjson_batches(source, batch_size):
+                try:
+                    result = self._c._run(_ops.ndjson_versions(batch))
+                except ApiError as exc:
+                    raise ImportFailed(
+                        f"lines {batch.first}-{batch.last}: {exc}",
+                        first_line=batch.first,
+                        last_line=batch.last,
+                        created=created,
+                        existing=already,
+                    ) from exc
+                if result.replayed:
+                    already += result.created
+                else:
+                    created += result.created
+                bar.update(batch.nbytes)
+                bar.set_postfix(created=created, already=already)
+        return models.VersionsImported(created=created, already=already)
 
 
 class Odometers:

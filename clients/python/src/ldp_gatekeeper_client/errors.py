@@ -119,6 +119,15 @@ class BudgetExhausted(Conflict):
         ]
 
 
+class LifetimeExhausted(BudgetExhausted):
+    """409 ``lifetime-exhausted``: the object's lifetime budget refused the query.
+
+    The version's filter accepted it, but an output could take the loss summed over the
+    object's data versions past its lifetime budget. A :class:`BudgetExhausted` (nothing was
+    spent), with the same attributes.
+    """
+
+
 class AlreadyExists(Conflict):
     """409 ``already-exists``: an object with this id is registered (differently)."""
 
@@ -186,6 +195,7 @@ class ServerBusy(ServerError):
 
 _BY_TYPE: dict[str, type[ApiError]] = {
     "budget-exhausted": BudgetExhausted,
+    "lifetime-exhausted": LifetimeExhausted,
     "already-exists": AlreadyExists,
     "object-retired": ObjectRetired,
     "last-admin-key": LastAdminKey,

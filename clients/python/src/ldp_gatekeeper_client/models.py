@@ -33,6 +33,8 @@ AuditKind = Literal[
     "decision.accepted",
     "decision.rejected",
     "objects.imported",
+    "object.version_created",
+    "objects.versions_imported",
     "survey.created",
     "survey.finished",
     "survey.cancelled",
@@ -207,6 +209,12 @@ class BudgetBody(_Request):
     delta: float | None = None
 
 
+class LifetimeBody(_Request):
+    """A lifetime budget ε_L over every data version of an object (at least ``budget.epsilon``)."""
+
+    epsilon: float
+
+
 class RegisterRequest(_Request):
     """``POST /v1/objects``: a protected object with its private value (never returned)."""
 
@@ -216,12 +224,33 @@ class RegisterRequest(_Request):
     budget: BudgetBody
     filter: Filter = "bayesian"
     labels: dict[str, str] | None = None
+    #: ε_L: the realized loss summed over the object's data versions stays within it.
+    lifetime: LifetimeBody | None = None
 
 
 class ImportRequest(_Request):
     """``POST /v1/imports``: up to 10,000 registrations, stored all or nothing."""
 
     objects: list[RegisterRequest]
+
+
+class VersionRequest(_Request):
+    """``POST /v1/objects/{id}/versions``: the object's new value (never returned)."""
+
+    value: dict[str, Scalar]
+
+
+class VersionItem(_Request):
+    """One object's new value in a bulk request."""
+
+    id: str
+    value: dict[str, Scalar]
+
+
+class VersionsRequest(_Request):
+    """``POST /v1/versions``: up to 10,000 new values, stored all or nothing."""
+
+    versions: list[VersionItem]
 
 
 class LabelsCohort(_Request):
@@ -300,8 +329,20 @@ class LossBounds(_Response):
     exact: bool = False
 
 
+class LifetimeOdometer(_Response):
+    """The lifetime budget's account: the realized loss summed over every data version."""
+
+    budget: float
+    realized_loss: LossBounds
+    versions: int
+    remaining: float
+
+
 class Odometer(_Response):
-    """An object's accounting: budget, certified loss, remaining, basic composition, counts."""
+    """An object's accounting: budget, certified loss, remaining, basic composition, counts.
+
+    All of the current data version (``version``), except ``lifetime``.
+    """
 
     budget: float
     realized_loss: LossBounds
@@ -313,6 +354,10 @@ class Odometer(_Response):
     #: δ_g and Algorithm 4's phase (``approx_bayesian`` objects only).
     delta: float | None = None
     phase: Phase | None = None
+    #: The current data version (1 at registration).
+    version: int
+    #: Objects registered with a lifetime budget only.
+    lifetime: LifetimeOdometer | None = None
 
 
 class ObjectBudget(_Response):
@@ -331,6 +376,10 @@ class ObjectView(_Response):
     filter: Filter
     finite: bool
     labels: dict[str, str]
+    #: ε_L, when registered with a lifetime budget.
+    lifetime: ObjectBudget | None = None
+    #: The current data version (1 at registration).
+    version: int
     status: Literal["active", "retired"]
     created_at: datetime | None
     retired_at: datetime | None
@@ -364,6 +413,8 @@ class Decision(_Response):
     #: δ_g and Algorithm 4's phase after this decision (``approx_bayesian`` objects only).
     delta: float | None = None
     phase: Phase | None = None
+    #: A rejection's check: the version's filter, or the lifetime budget after it.
+    refusal: Literal["budget-exhausted", "lifetime-exhausted"] | None = None
 
     @property
     def accepted(self) -> bool:
@@ -377,6 +428,8 @@ class SubmitResult(_Replayable):
     query_id: int
     object_id: str
     seq: int
+    #: The data version the query read.
+    version: int
     output: Any
     epsilon: float
     odometer: Odometer
@@ -390,6 +443,8 @@ class HistoryItem(_Response):
     #: The survey that asked it (None: a single submit).
     survey_id: int | None = None
     seq: int
+    #: The data version the query read.
+    version: int
     query: dict[str, Any]
     output: Any
     epsilon: float
@@ -427,6 +482,8 @@ class OdometerHistory(_Response):
 
     object_id: str
     budget: float
+    #: The data version of these points.
+    version: int
     points: list[OdometerPoint]
     rejections: list[Rejection]
     next_after: int | None
@@ -496,6 +553,34 @@ class ImportResult(_Replayable):
 
     created: int
     existing: int
+
+
+class VersionCreated(_Response):
+    """The object's new data version."""
+
+    object_id: str
+    version: int
+
+
+class CreatedVersion(_Response):
+    """One object's new data version in a bulk answer."""
+
+    id: str
+    version: int
+
+
+class VersionsResult(_Replayable):
+    """The versions a bulk request created, in the request's order."""
+
+    created: int
+    versions: list[CreatedVersion]
+
+
+class VersionsImported(_Response):
+    """What :meth:`Versions.import_ndjson` did: versions created, and replayed batches' ones."""
+
+    created: int
+    already: int
 
 
 class CreatedKey(_Response):
@@ -581,6 +666,8 @@ class SurveyRefusals(_Response):
     budget_exhausted: int = Field(alias="budget-exhausted")
     invalid_for_domain: int = Field(alias="invalid-for-domain")
     retired: int
+    #: The version's filter accepted but the object's lifetime budget did not.
+    lifetime_exhausted: int = Field(default=0, alias="lifetime-exhausted")
 
 
 class SurveyProgress(_Response):
@@ -660,6 +747,8 @@ class SurveyResponse(_Response):
     object_id: str
     decision: Literal["pending", "accepted", "refused", "cancelled"]
     reason: str | None
+    #: The data version an accepted member answered from.
+    version: int | None = None
     output: Any = None
 
 

@@ -1,0 +1,362 @@
+"""New data versions of objects, one or many (``POST /v1/versions``), all or nothing.
+
+One: ``POST /v1/objects/{id}/versions``.
+
+A new version closes the current one and opens a fresh per-version filter, in one transaction:
+
+1. the objects' rows are read (one statement for a batch) and each distinct likelihood array
+   once; a closed version's realized loss is its exact loss when the history is randomized
+   response (:mod:`app.engine.exact`), else the certified bounds stored on the row;
+2. the closed versions are written to ``object_versions`` (each copying its value's ciphertext
+   and its final accounting, set-based) and their losses folded into the object's lifetime
+   sums (:func:`app.engine.lifetime.add_losses`: exact while every closed loss is, else bounds
+   rounded outward);
+3. each object gets its new value and an empty accounting (no likelihood state, loss 0, Σε 0,
+   F₀'s account 0, no rejection) under the same compare-and-set on ``objects.version`` that a
+   submit and a survey use, so a concurrent submit either lands in the closed version before the
+   close or is retried against the new one — never recorded in a version that was closed.
+
+The accepted-query count ``objects.accepted`` keeps counting across versions (a history's
+``seq`` numbers stay unique per object); ``objects.version_start`` marks where the current
+version's history begins.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from fractions import Fraction
+from typing import Any
+
+from app import metrics
+from app.engine.domain import Domain, parse_domain
+from app.engine.errors import InvalidInput
+from app.engine.jsonfields import as_list, as_object, check_keys, path
+from app.engine.lifetime import add_losses
+from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
+from app.engine.limits import EngineLimits
+from app.services import audit
+from app.services.errors import Busy, IdempotencyMismatch, NotFound, Retired
+from app.services.locks import ObjectLocks
+from app.services.objects import ID_PATTERN
+from app.services.snapshots import move_state_refs, pending_entries
+from app.store import Conflict, Database, Tx, Unavailable, transaction
+from app.store import imports as answers
+from app.store import versions as store
+from app.store.objects import ObjectState
+from app.store.states import load_states
+
+log = logging.getLogger(__name__)
+
+#: New versions one request may create.
+MAX_VERSIONS = 10_000
+#: The scope of bulk versions' stored answers among the idempotent requests.
+_SCOPE = "versions"
+
+#: Stored domains were checked when they were registered: read them whatever the limits now.
+_STORED = EngineLimits(max_attributes=2**31, max_points=2**63, max_values_per_attribute=2**63)
+
+
+@functools.lru_cache(maxsize=1024)
+def _domain(text: str) -> Domain:
+    return parse_domain(json.loads(text), limits=_STORED)
+
+
+@dataclass(frozen=True)
+class NewValue:
+    """One requested version: the object and its new value's raw JSON, and where it was asked."""
+
+    object_id: str
+    value: Any
+    field: str
+
+
+class _LostRace(Exception):
+    """Another writer advanced one of the objects first."""
+
+
+def parse_single(object_id: str, body: Any) -> NewValue:
+    """``{"value": {...}}`` for one object (the value is checked against its domain later)."""
+    if not ID_PATTERN.fullmatch(object_id):  # e.g. a NUL byte, which PostgreSQL refuses
+        raise NotFound("no object with that id")
+    obj = as_object(body, "")
+    check_keys(obj, "", required=("value",))
+    return NewValue(object_id, obj["value"], "value")
+
+
+def parse_bulk(body: Any, field: str = "versions") -> list[NewValue]:
+    """``{"versions": [{"id", "value"}, ...]}``: at most :data:`MAX_VERSIONS`, ids not repeated."""
+    obj = as_object(body, "")
+    check_keys(obj, "", required=("versions",))
+    items = as_list(obj["versions"], field, max_len=MAX_VERSIONS)
+    if not items:
+        raise InvalidInput(field, "must have at least 1 item")
+    found: list[NewValue] = []
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        where = path(field, i)
+        entry = as_object(item, where)
+        check_keys(entry, where, required=("id", "value"))
+        object_id = entry["id"]
+        if not isinstance(object_id, str) or not ID_PATTERN.fullmatch(object_id):
+            raise InvalidInput(path(where, "id"), "must be the id of a registered object")
+        if object_id in first:
+            raise InvalidInput(path(where, "id"), f"repeats the id of {field}[{first[object_id]}]")
+        first[object_id] = i
+        found.append(NewValue(object_id, entry["value"], path(where, "value")))
+    return found
+
+
+def closing_loss(
+    conn: Tx,
+    row: ObjectState,
+    domain: Domain,
+    states: dict[str, tuple[bytes, float]],
+    known: dict[str, LossBounds] | None = None,
+) -> LossBounds:
+    """The realized loss of the object's current version as it closes.
+
+    Exact for a randomized-response history (from its stored likelihood array's exact form,
+    with the last ``state_pending`` entries an ``olh`` survey left unfolded folded on) or an
+    empty one; otherwise the certified bounds stored on the row. ``known`` caches the exact
+    losses by state key (objects with one history share one array; an array with pending
+    entries is its object's alone and is not cached).
+    """
+    if row.accepted == row.version_start:
+        return exact_bounds(Fraction(0))
+    key = row.state_hash
+    if domain.is_finite and row.state_pending:
+        state = (
+            LikelihoodState(domain)
+            if key is None
+            else LikelihoodState.from_bytes(domain, *states[key])
+        )
+        for entry in pending_entries(conn, row.id, row.state_pending, domain):
+            state.apply(entry.mechanism.term(entry.output))
+        if state.exact is not None:
+            return exact_bounds(state.exact.loss())
+        return LossBounds(row.loss_lower, row.loss_upper)
+    if domain.is_finite and key is not None and key in states:
+        if known is not None and key in known:
+            return known[key]
+        data, err = states[key]
+        state = LikelihoodState.from_bytes(domain, data, err)
+        if state.exact is not None:
+            loss = exact_bounds(state.exact.loss())
+            if known is not None:
+                known[key] = loss
+            return loss
+    return LossBounds(row.loss_lower, row.loss_upper)
+
+
+def create_versions(
+    *,
+    engine: Database,
+    locks: ObjectLocks | None,
+    items: Sequence[NewValue],
+    actor_key_id: int | None,
+    bulk: bool,
+    fingerprint: str | None = None,
+    idempotency_key: str | None = None,
+    attempts: int = 5,
+    replayed: list[bool] | None = None,
+) -> dict[str, Any]:
+    """Close each object's current version and open the next with its new value, all or none.
+
+    A single version: ``{"object_id", "version"}``; bulk: ``{"created", "versions": [{"id",
+    "version"}, ...]}`` (replayed for a repeated ``Idempotency-Key`` with the same body, which
+    appends True to ``replayed``).
+    Raises ``NotFound`` (404) / ``Retired`` (409) for an unknown or retired object (bulk: naming
+    ``versions[i].id``), ``InvalidInput`` (422) for a value outside the domain, never echoing it.
+    """
+    ids = [item.object_id for item in items]
+    # the lock of a single object only saves wasted work (the compare-and-set is what counts)
+    hold = locks.hold(ids[0]) if locks is not None and not bulk else _nothing()
+    with hold:
+        for _ in range(attempts):
+            try:
+                return _create_once(
+                    engine, items, actor_key_id, bulk, fingerprint, idempotency_key, replayed
+                )
+            except (_LostRace, Conflict):
+                log.info("new versions retried after a concurrent write")
+            except Unavailable as exc:
+                log.warning("new versions retried after a database conflict: %s", type(exc))
+    raise Busy("concurrent writers on these objects; retry later", retry_after=1)
+
+
+class _nothing:  # noqa: N801 - a context manager that holds nothing
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _create_once(
+    engine: Database,
+    items: Sequence[NewValue],
+    actor_key_id: int | None,
+    bulk: bool,
+    fingerprint: str | None,
+    key: str | None,
+    replayed_flag: list[bool] | None,
+) -> dict[str, Any]:
+    with transaction(engine) as conn:
+        if bulk and key is not None:
+            stored = answers.stored_answer(conn, owner_key_id=actor_key_id, key=key, scope=_SCOPE)
+            if stored is not None:
+                if stored.fingerprint != fingerprint:
+                    raise IdempotencyMismatch(
+                        "this Idempotency-Key was used with a different request body"
+                    )
+                if replayed_flag is not None:
+                    replayed_flag.append(True)
+                replayed: dict[str, Any] = json.loads(stored.response)
+                return replayed
+        rows = {row.id: row for row in store.object_rows(conn, [i.object_id for i in items])}
+        values = _checked_values(items, rows, bulk)
+        now = datetime.now(UTC)
+        created = _close_and_open(conn, [rows[i.object_id] for i in items], values, now)
+        metrics.VERSIONS_CREATED.inc(len(created))
+        if not bulk:
+            object_id, version = created[0]
+            audit.record(
+                conn,
+                kind=audit.AuditKind.VERSION_CREATED,
+                actor_key_id=actor_key_id,
+                object_id=object_id,
+                detail={"version": version},
+            )
+            return {"object_id": object_id, "version": version}
+        body = {
+            "created": len(created),
+            "versions": [{"id": oid, "version": v} for oid, v in created],
+        }
+        audit.record(
+            conn,
+            kind=audit.AuditKind.VERSIONS_IMPORTED,
+            actor_key_id=actor_key_id,
+            object_id=None,
+            detail={"created": len(created), "first_id": created[0][0], "last_id": created[-1][0]},
+        )
+        if key is not None and fingerprint is not None:
+            answers.store_answer(
+                conn,
+                owner_key_id=actor_key_id,
+                key=key,
+                fingerprint=fingerprint,
+                response=json.dumps(body),
+                at=now,
+                scope=_SCOPE,
+            )
+        return body
+
+
+def _checked_values(
+    items: Sequence[NewValue], rows: dict[str, ObjectState], bulk: bool
+) -> list[str]:
+    """Each new value's canonical JSON, checked against its object's domain."""
+    values = []
+    # a population's values repeat: each distinct (domain, value) is parsed once (the key is
+    # the repr of decoded JSON, equal exactly for equal JSON, as in app.services.objects)
+    parsed: dict[tuple[str, str], str] = {}
+    for i, item in enumerate(items):
+        row = rows.get(item.object_id)
+        where = f"versions[{i}].id: " if bulk else ""
+        if row is None:
+            raise NotFound(f"{where}no object with that id")
+        if row.retired_at is not None:
+            raise Retired(f"{where}the object is retired and takes no new version")
+        key = (row.domain, repr(item.value))
+        text = parsed.get(key)
+        if text is None:
+            text = json.dumps(_domain(row.domain).parse_value(item.value, item.field))
+            parsed[key] = text
+        values.append(text)
+    return values
+
+
+@functools.lru_cache(maxsize=4096)
+def _lifetime_after(
+    exact: str | None,
+    lower: float,
+    upper: float,
+    loss_lower: float,
+    loss_upper: float,
+    loss_value: Fraction | None,
+) -> LossBounds:
+    """The lifetime sums after a version of loss ``[loss_lower, loss_upper]`` closes.
+
+    ``loss_value``: the exact loss, when it is. Cached: a population's objects mostly share them.
+    """
+    closed = exact_bounds(Fraction(exact)) if exact is not None else LossBounds(lower, upper)
+    return add_losses(closed, LossBounds(loss_lower, loss_upper, loss_value))
+
+
+def _close_and_open(
+    conn: Tx, rows: Sequence[ObjectState], values: Sequence[str], now: datetime
+) -> list[tuple[str, int]]:
+    """Close every row's version and open the next with its value; ``[(id, new version)]``."""
+    states = load_states(conn, {r.state_hash for r in rows if r.state_hash is not None})
+    closed: list[dict[str, Any]] = []
+    opened: list[dict[str, Any]] = []
+    lost: dict[str, int] = {}
+    known: dict[str, LossBounds] = {}
+    for row, value in zip(rows, values, strict=True):
+        loss = closing_loss(conn, row, _domain(row.domain), states, known)
+        life = _lifetime_after(
+            row.lifetime_exact,
+            row.lifetime_lower,
+            row.lifetime_upper,
+            loss.lower,
+            loss.upper,
+            loss.value,
+        )
+        closed.append(
+            {
+                "object_id": row.id,
+                "data_version": row.data_version,
+                "seq_start": row.version_start,
+                "seq_end": row.accepted,
+                "loss_lower": loss.lower,
+                "loss_upper": loss.upper,
+                "loss_exact": None if loss.value is None else str(loss.value),
+                "basic_total": row.basic_total,
+                "rejected": row.rejected,
+                "closed_at": now,
+            }
+        )
+        opened.append(
+            {
+                "where_id": row.id,
+                "where_version": row.version,
+                "value": value,
+                "version": row.version + 1,
+                "data_version": row.data_version + 1,
+                "version_start": row.accepted,
+                "state_hash": None,
+                "state_pending": 0,
+                "history_hash": None,
+                "loss_lower": 0.0,
+                "loss_upper": 0.0,
+                "basic_total": "0",
+                "f0_account": "0",
+                "rejected": 0,
+                "lifetime_exact": None if life.value is None else str(life.value),
+                "lifetime_lower": life.lower,
+                "lifetime_upper": life.upper,
+                "updated_at": now,
+            }
+        )
+        if row.state_hash is not None:
+            lost[row.state_hash] = lost.get(row.state_hash, 0) + 1
+    store.close_versions(conn, closed)  # copies the closing values before they are replaced
+    if store.open_versions(conn, opened) != len(opened):
+        raise _LostRace
+    move_state_refs(conn, gained={}, lost=lost)
+    return [(row.id, row.data_version + 1) for row in rows]
