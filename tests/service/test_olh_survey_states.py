@@ -240,3 +240,90 @@ def test_verify_reports_an_array_that_lacks_its_pending_entries(
     finally:
         engine.dispose()
     assert parse_query(_olh(1.0), parse_domain(DOMAIN)).distinct_outputs
+
+
+def test_a_new_version_closes_with_its_pending_answers_folded(
+    client: TestClient, analyst: dict[str, str], database_url: str
+) -> None:
+    """A version closed while olh answers are pending closes with the whole history's loss.
+
+    The closed version's exact loss is the one its whole history folds to (not the stored
+    array's, which lacks the pending answers), the lifetime sum carries it, and the new version
+    starts with an empty state and nothing pending (its snapshot folds no earlier answer).
+    """
+    study = unique_id("olhver")
+    ids = [f"{study}-{i}" for i in range(3)]
+    body = {
+        "objects": [
+            {"id": oid, "domain": DOMAIN, "value": {"v": 5 * i, "s": "a"},
+             "budget": {"epsilon": 3}, "lifetime": {"epsilon": 10}, "labels": {"study": study}}
+            for i, oid in enumerate(ids)
+        ]
+    }  # fmt: skip
+    assert client.post("/v1/imports", headers=auth(ADMIN_KEY), json=body).status_code == 200
+    grr = {"mechanism": "grr", "attribute": "s", "epsilon": 0.5}
+    r = client.post(f"/v1/objects/{ids[0]}/queries", headers=analyst, json={"query": grr})
+    assert r.status_code == 201, r.text  # ids[0] names a stored array; the others none
+    _survey(client, analyst, study, _olh(1.0))
+    _survey(client, analyst, study, _olh(0.7))
+    rows, _ = _rows(database_url, ids)
+    assert [rows[oid][1] for oid in ids] == [2, 2, 2]
+    domain = parse_domain(DOMAIN)
+    engine = make_engine(database_url)
+    try:
+        with reading(engine) as conn:
+            losses = {}
+            for oid in ids:
+                folded, _ = fold_history(domain, stored_history(conn, oid, domain))
+                assert isinstance(folded, LikelihoodState)
+                assert folded.exact is not None
+                losses[oid] = folded.exact.loss()
+        for i, oid in enumerate(ids):
+            r = client.post(
+                f"/v1/objects/{oid}/versions",
+                headers=auth(ADMIN_KEY),
+                json={"value": {"v": i, "s": "b"}},
+            )
+            assert r.status_code == 201, r.text
+        with engine.connect() as conn:
+            closed = dict(
+                conn.execute(text("SELECT object_id, loss_exact FROM object_versions")).all()
+            )
+        for oid in ids:
+            assert closed[oid] == str(losses[oid]), oid
+            odometer = client.get(f"/v1/objects/{oid}/odometer", headers=analyst).json()
+            assert odometer["lifetime"]["realized_loss"]["upper"] >= float(losses[oid])
+            assert odometer["realized_loss"] == {"lower": 0.0, "upper": 0.0, "exact": True}
+        rows, _ = _rows(database_url, ids)
+        assert [rows[oid][:2] for oid in ids] == [(None, 0)] * 3
+        with reading(engine) as conn:
+            for oid in ids:
+                row = load_state(conn, object_id=oid)
+                assert row is not None
+                snap = snapshot_of(conn, row, domain, DEFAULT_LIMITS)
+                assert snap.loss().upper == 0.0
+        _survey(client, analyst, study, _olh(1.0))  # the new version's first answers
+        _lazy_equals_eager_after(database_url, ids, domain)
+        assert verify_all(engine).ok
+    finally:
+        engine.dispose()
+
+
+def _lazy_equals_eager_after(database_url: str, ids: list[str], domain: Any) -> None:
+    """The current version's state folds only the current version's answers."""
+    engine = make_engine(database_url)
+    try:
+        with reading(engine) as conn:
+            for oid in ids:
+                row = load_state(conn, object_id=oid)
+                assert row is not None
+                assert row.state_pending == 1
+                lazy = snapshot_of(conn, row, domain, DEFAULT_LIMITS)
+                eager, _ = fold_history(
+                    domain, stored_history(conn, oid, domain, after=row.version_start)
+                )
+                assert isinstance(lazy.state, LikelihoodState)
+                assert isinstance(eager, LikelihoodState)
+                assert np.array_equal(lazy.state.logp, eager.logp), oid
+    finally:
+        engine.dispose()
