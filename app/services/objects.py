@@ -27,6 +27,7 @@ from app.engine.pipeline import f0_filter
 from app.services import audit
 from app.services.errors import AlreadyExists, NotFound
 from app.services.history import object_history
+from app.services.scope import Scope, admits
 from app.store import Conflict, Database, Tx, reading, transaction
 from app.store import history as history_store
 from app.store import objects as store
@@ -356,19 +357,23 @@ def register_object(
     return object_view(row)
 
 
-def load_object(conn: Tx, object_id: str) -> ObjectRecord:
-    """The object's public columns, or :class:`~app.services.errors.NotFound`."""
+def load_object(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectRecord:
+    """The object's public columns, or :class:`~app.services.errors.NotFound`.
+
+    An object outside ``scope`` is not found, exactly as a missing one (same problem, and the
+    same one ``SELECT``: the scope is checked on the row read).
+    """
     # an id that could never have been registered (e.g. a NUL byte, which PostgreSQL rejects)
     row = store.get_object(conn, object_id=object_id) if ID_PATTERN.fullmatch(object_id) else None
-    if row is None:
+    if row is None or not admits(scope, row.labels):
         raise NotFound("no object with that id")
     return row
 
 
-def get_object(*, engine: Database, object_id: str) -> dict[str, Any]:
+def get_object(*, engine: Database, object_id: str, scope: Scope | None = None) -> dict[str, Any]:
     """An object's view."""
     with reading(engine) as conn:
-        return object_view(load_object(conn, object_id))
+        return object_view(load_object(conn, object_id, scope))
 
 
 def retire_object(
@@ -393,16 +398,18 @@ def retire_object(
         return object_view(row)
 
 
-def get_odometer(*, engine: Database, object_id: str) -> dict[str, Any]:
+def get_odometer(*, engine: Database, object_id: str, scope: Scope | None = None) -> dict[str, Any]:
     """An object's odometer."""
     with reading(engine) as conn:
-        return odometer_view(load_object(conn, object_id))
+        return odometer_view(load_object(conn, object_id, scope))
 
 
-def odometer_history(*, engine: Database, object_id: str, limit: int, after: int) -> dict[str, Any]:
+def odometer_history(
+    *, engine: Database, object_id: str, limit: int, after: int, scope: Scope | None = None
+) -> dict[str, Any]:
     """Realized-loss bounds and basic composition after each accepted query (for charts)."""
     with reading(engine) as conn:
-        row = load_object(conn, object_id)
+        row = load_object(conn, object_id, scope)
         records = object_history(conn, object_id, after=after, limit=limit)
         points = [
             {
@@ -465,8 +472,12 @@ def list_odometers(
     remaining_gt: float | None,
     include_retired: bool,
     labels: list[tuple[str, str]] | None = None,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
-    """A page of odometers across objects, filtered by remaining budget and labels."""
+    """A page of odometers across objects, filtered by remaining budget and labels.
+
+    A project key's page and ``total`` count only the objects in its scope.
+    """
     with reading(engine) as conn:
         total, rows = store.page_objects(
             conn,
@@ -476,6 +487,7 @@ def list_odometers(
             remaining_gt=remaining_gt,
             include_retired=include_retired,
             labels=labels or [],
+            scope=None if scope is None else scope.labels,
         )
         items = [
             {

@@ -56,6 +56,7 @@ from app.services.errors import (
 from app.services.history import object_history
 from app.services.locks import ObjectLocks
 from app.services.objects import ID_PATTERN, load_object, odometer_view
+from app.services.scope import Scope, admits
 from app.services.snapshots import advance, move_state_refs, remember, snapshot_of
 from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import objects as object_store
@@ -113,10 +114,11 @@ def dry_run(
     object_id: str,
     query: Any,
     limits: EngineLimits,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Would the object's filter accept ``query`` now? Changes nothing."""
     with reading(engine) as conn:
-        row = _load_active(conn, object_id)
+        row = _load_active(conn, object_id, scope)
         domain = _domain_of(row.domain, limits)
         mech = parse_query(query, domain, "query", limits=limits)
         snapshot = snapshot_of(conn, row, domain, limits)
@@ -164,13 +166,14 @@ def _replay(
     return SubmitOutcome({"query_id": record.query_id, **json.loads(record.response)}, True)
 
 
-def _load_active(conn: Tx, object_id: str) -> ObjectState:
+def _load_active(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectState:
+    """The object as a decision reads it; an object outside ``scope`` is missing (404)."""
     row = (
         object_store.load_state(conn, object_id=object_id)
         if ID_PATTERN.fullmatch(object_id)
         else None
     )
-    if row is None:
+    if row is None or not admits(scope, row.labels):
         raise NotFound("no object with that id")
     if row.retired_at is not None:
         raise Retired("the object is retired and answers no queries")
@@ -188,6 +191,7 @@ def submit(
     analyst_key_id: int | None,
     limits: EngineLimits,
     attempts: int,
+    scope: Scope | None = None,
 ) -> SubmitOutcome:
     """Decide, sample, record; see the module docstring for the protocol.
 
@@ -213,6 +217,7 @@ def submit(
                     limits,
                     print_,
                     replay_first,
+                    scope,
                 )
             except (_LostRace, Conflict):
                 replay_first = True
@@ -254,6 +259,7 @@ def _attempt(
     limits: EngineLimits,
     print_: str,
     replay_first: bool,
+    scope: Scope | None = None,
 ) -> SubmitOutcome | _Accepted | _StoredRejection | Decision:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
@@ -269,15 +275,21 @@ def _attempt(
             return _replay(conn, object_id, key, print_, analyst_key_id)
 
         if replay_first:
+            if scope is not None:  # never answer a stored key's 422 for an object out of scope
+                load_object(conn, object_id, scope)
             replay = _replay(conn, object_id, key, print_, analyst_key_id)
             if replay is not None:
                 return replay
         try:
-            row = _load_active(conn, object_id)
+            row = _load_active(conn, object_id, scope)
             domain = _domain_of(row.domain, limits)
             mech = parse_query(query, domain, "query", limits=limits)
             snapshot = snapshot_of(conn, row, domain, limits)
             decision = decide(snapshot, mech, worker, tight=False)
+        except NotFound:
+            # missing or out of scope: no key was stored for it by this caller, and looking one
+            # up could answer another client's "key used" (a 422 telling the object exists)
+            raise
         except (ServiceError, InvalidInput, Unsupported):
             replay = stored_answer()
             if replay is not None:
@@ -451,10 +463,11 @@ def list_queries(
     analyst_key_id: int | None,
     limit: int,
     after: int,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Accepted queries of an object (an analyst sees only its own)."""
     with reading(engine) as conn:
-        load_object(conn, object_id)
+        load_object(conn, object_id, scope)
         records = object_history(
             conn,
             object_id,

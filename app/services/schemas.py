@@ -46,6 +46,7 @@ MAX_DELTA = 1.0 - 2.0**-53
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=NO_NUL_PATTERN)]
 LabelName = Annotated[str, Field(pattern=f"^{LABEL_NAME.pattern}$")]
 LabelValue = Annotated[str, Field(pattern=f"^{LABEL_VALUE.pattern}$")]
+ProjectName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 #: The longest survey name and API key label (the services check these very constants).
 MAX_SURVEY_NAME = 200
 MAX_KEY_LABEL = 200
@@ -356,13 +357,46 @@ class LossRequest(_Strict):
 
 
 class KeyRequest(_Strict):
-    """``POST /v1/keys``."""
+    """``POST /v1/keys``: a key, optionally in a project (analyst or viewer keys only)."""
 
     role: Literal["admin", "analyst", "viewer"]
     label: (
         Annotated[str, Field(min_length=1, max_length=MAX_KEY_LABEL, pattern=NO_NUL_PATTERN)]
         | SkipJsonSchema[None]
     ) = None
+    project: (
+        Annotated[
+            ProjectName,
+            Field(description="The project's name: the key inherits its scope and quota"),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
+
+
+class ProjectScope(_Strict):
+    """A project's scope: the labels an object must all carry to be seen by its keys."""
+
+    labels: Annotated[dict[LabelName, LabelValue], Field(min_length=1, max_length=MAX_LABELS)]
+
+
+class Quota(_Strict):
+    """A project's quota: the ε bound on the realized loss of its own sub-history."""
+
+    epsilon: Annotated[float, Field(gt=0, le=MAX_BUDGET)]
+
+
+class ProjectRequest(_Strict):
+    """``POST /v1/projects``."""
+
+    name: ProjectName
+    scope: ProjectScope
+    quota: Quota
+
+
+class ProjectPatch(_Strict):
+    """``PATCH /v1/projects/{name}``: a new quota (the scope is fixed)."""
+
+    quota: Quota
 
 
 # --------------------------------------------------------------------------------- responses
@@ -574,6 +608,7 @@ class CreatedKey(_Open):
     role: Literal["admin", "analyst", "viewer"]
     label: str | None
     key: str
+    project: str | None = Field(default=None, description="The key's project (null: unscoped)")
 
 
 class KeyInfo(_Open):
@@ -584,6 +619,7 @@ class KeyInfo(_Open):
     label: str | None
     created_at: Timestamp | None
     revoked_at: Timestamp | None
+    project: str | None = Field(default=None, description="The key's project (null: unscoped)")
 
 
 class KeyPage(CursorPage[KeyInfo, int]):
@@ -619,6 +655,33 @@ class WhoAmI(_Open):
 
     key_id: int
     role: Literal["admin", "analyst", "viewer"]
+    project: str | None = Field(default=None, description="The key's project (null: unscoped)")
+
+
+class ScopeView(_Open):
+    """A project's scope: its keys see only objects carrying all these labels."""
+
+    labels: dict[str, str]
+
+
+class QuotaView(_Open):
+    """A project's quota: the bound on its own sub-history's realized loss, per object."""
+
+    epsilon: float
+
+
+class ProjectView(_Open):
+    """A project: its unique name, scope and quota."""
+
+    name: str
+    scope: ScopeView
+    quota: QuotaView
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class ProjectPage(CursorPage[ProjectView, int]):
+    """A page of projects."""
 
 
 class Health(_Open):

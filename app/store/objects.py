@@ -50,6 +50,8 @@ class ObjectState:
     retired_at: datetime | None
     budget_delta: float | None
     f0_account: str
+    #: Public metadata (a project key sees the object only if they include its scope).
+    labels: dict[str, str] | None = None
 
 
 #: The object's row and its stored likelihood array (finite domains), in one statement.
@@ -194,6 +196,19 @@ def label_conditions(
     return [OBJECTS.c.labels[name].as_string() == value for name, value in pairs]
 
 
+#: A scope: the ``(name, value)`` labels an object must all carry (None: unscoped).
+ScopeLabels = Iterable[tuple[str, str]] | None
+
+
+def scope_conditions(scope: ScopeLabels) -> list[ColumnElement[bool]]:
+    """SQL conditions on ``objects``: in a project's ``scope`` (none at all when unscoped).
+
+    Composes with any other condition of a statement on ``objects`` (``.where(*...)``): every
+    listing, total and cohort a project key reads adds it.
+    """
+    return [] if scope is None else label_conditions(scope)
+
+
 def page_objects(
     conn: Tx,
     *,
@@ -203,12 +218,13 @@ def page_objects(
     remaining_gt: float | None,
     include_retired: bool,
     labels: Iterable[tuple[str, str]],
+    scope: ScopeLabels = None,
 ) -> tuple[int, list[ObjectRecord]]:
     """How many objects match, and one page of them by id.
 
     Matching: remaining budget (``budget - loss_upper``, as in the odometer) below
     ``remaining_lt`` and above ``remaining_gt``, active unless ``include_retired``, carrying
-    every label.
+    every label, and in ``scope`` (:func:`scope_conditions`).
     """
     remaining = OBJECTS.c.budget - OBJECTS.c.loss_upper
     conditions = []
@@ -219,6 +235,7 @@ def page_objects(
     if not include_retired:
         conditions.append(OBJECTS.c.retired_at.is_(None))
     conditions.extend(label_conditions(labels))
+    conditions.extend(scope_conditions(scope))
     count = select(func.count()).select_from(OBJECTS).where(*conditions)
     page = (
         select(*_RECORD_COLUMNS)

@@ -65,7 +65,11 @@ async def get_object(
 ) -> dict[str, Any]:
     """Metadata of an object: domain, budget, filter, odometer — never the value."""
     return await in_thread(
-        runtime, object_service.get_object, engine=runtime.engine, object_id=object_id
+        runtime,
+        object_service.get_object,
+        engine=runtime.engine,
+        object_id=object_id,
+        scope=caller.scope,
     )
 
 
@@ -89,7 +93,7 @@ async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> 
 )
 async def dry_run(
     runtime: RuntimeDep,
-    _: AnalystDep,
+    caller: AnalystDep,
     object_id: ObjectId,
     body: JsonBody,
 ) -> dict[str, Any]:
@@ -103,6 +107,7 @@ async def dry_run(
         object_id=object_id,
         query=query,
         limits=runtime.limits,
+        scope=caller.scope,
     )
 
 
@@ -159,6 +164,7 @@ async def submit(
         analyst_key_id=caller.key_id,
         limits=runtime.limits,
         attempts=runtime.settings.submit_attempts,
+        scope=caller.scope,
     )
     if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -185,21 +191,26 @@ async def history(
         analyst_key_id=own,
         limit=limit,
         after=after,
+        scope=caller.scope,
     )
 
 
 @router.get("/{object_id}/odometer", **answers(schemas.Odometer), responses=PROBLEMS)
-async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: ObjectId) -> dict[str, Any]:
+async def odometer(runtime: RuntimeDep, caller: ViewerDep, object_id: ObjectId) -> dict[str, Any]:
     """Realized loss (certified bounds), remaining budget, basic composition, counts."""
     return await in_thread(
-        runtime, object_service.get_odometer, engine=runtime.engine, object_id=object_id
+        runtime,
+        object_service.get_odometer,
+        engine=runtime.engine,
+        object_id=object_id,
+        scope=caller.scope,
     )
 
 
 @router.get("/{object_id}/odometer/history", **answers(schemas.OdometerHistory), responses=PROBLEMS)
 async def odometer_history(
     runtime: RuntimeDep,
-    _: ViewerDep,
+    caller: ViewerDep,
     object_id: ObjectId,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     after: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
@@ -212,4 +223,5 @@ async def odometer_history(
         object_id=object_id,
         limit=limit,
         after=after,
+        scope=caller.scope,
     )

@@ -31,7 +31,7 @@ LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}:[^\x00-\x1f\x7f]{1,256}$"
 )
 async def odometers(
     runtime: RuntimeDep,
-    _: ViewerDep,
+    caller: ViewerDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
     remaining_lt: Annotated[float | None, Query(description="Only remaining < this")] = None,
@@ -60,4 +60,5 @@ async def odometers(
         remaining_gt=remaining_gt,
         include_retired=include_retired,
         labels=object_service.parse_label_filters(label),
+        scope=caller.scope,
     )

@@ -36,6 +36,8 @@ AuditKind = Literal[
     "survey.created",
     "survey.finished",
     "survey.cancelled",
+    "project.created",
+    "project.quota_changed",
 ]
 SurveyStatus = Literal["queued", "running", "done", "cancelled", "failed"]
 #: Statuses after which a survey changes no more.
@@ -283,10 +285,38 @@ class LossRequest(_Request):
 
 
 class KeyRequest(_Request):
-    """``POST /v1/keys``."""
+    """``POST /v1/keys``: a key, optionally in a project (analyst or viewer keys only)."""
 
     role: Role
     label: str | None = None
+    #: The project's name: the key inherits its scope and quota.
+    project: str | None = None
+
+
+class ProjectScope(_Request):
+    """A project's scope: the labels an object must all carry to be seen by its keys."""
+
+    labels: dict[str, str]
+
+
+class Quota(_Request):
+    """A project's quota: the ε bound on the realized loss of its own sub-history."""
+
+    epsilon: float
+
+
+class ProjectRequest(_Request):
+    """``POST /v1/projects``."""
+
+    name: str
+    scope: ProjectScope
+    quota: Quota
+
+
+class ProjectPatch(_Request):
+    """``PATCH /v1/projects/{name}``: a new quota (the scope is fixed)."""
+
+    quota: Quota
 
 
 # --------------------------------------------------------------------------------- responses
@@ -505,6 +535,8 @@ class CreatedKey(_Response):
     role: Role
     label: str | None
     key: str
+    #: The key's project (None: unscoped).
+    project: str | None = None
 
 
 class KeyInfo(_Response):
@@ -515,6 +547,8 @@ class KeyInfo(_Response):
     label: str | None
     created_at: datetime | None
     revoked_at: datetime | None
+    #: The key's project (None: unscoped).
+    project: str | None = None
 
 
 class KeyPage(_Response):
@@ -554,6 +588,37 @@ class WhoAmI(_Response):
 
     key_id: int
     role: Role
+    #: The key's project (None: unscoped).
+    project: str | None = None
+
+
+class ScopeView(_Response):
+    """A project's scope: its keys see only objects carrying all these labels."""
+
+    labels: dict[str, str]
+
+
+class QuotaView(_Response):
+    """A project's quota: the bound on its own sub-history's realized loss, per object."""
+
+    epsilon: float
+
+
+class ProjectView(_Response):
+    """A project: its unique name, scope and quota."""
+
+    name: str
+    scope: ScopeView
+    quota: QuotaView
+    created_at: datetime
+    updated_at: datetime
+
+
+class ProjectPage(_Response):
+    """A page of projects."""
+
+    items: list[ProjectView]
+    next_after: int | None
 
 
 class Health(_Response):

@@ -1,0 +1,90 @@
+"""Projects (table ``projects``, issue 25): tenants with a label scope and an ε quota.
+
+A project's scope is a condition on ``objects`` (:func:`app.store.objects.scope_conditions`):
+the small, composable filter every listing and cohort statement adds for a project key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import cast
+
+from sqlalchemy import Table, bindparam, insert, select, update
+
+from app.db.models import Project
+from app.store.base import Tx
+
+PROJECTS = cast(Table, Project.__table__)
+
+
+@dataclass(frozen=True)
+class ProjectRow:
+    """A project as stored."""
+
+    id: int
+    name: str
+    labels: dict[str, str]
+    quota: float
+    created_at: datetime
+    updated_at: datetime
+
+
+_COLUMNS = (
+    PROJECTS.c.id,
+    PROJECTS.c.name,
+    PROJECTS.c.labels,
+    PROJECTS.c.quota,
+    PROJECTS.c.created_at,
+    PROJECTS.c.updated_at,
+)
+_BY_NAME = select(*_COLUMNS).where(PROJECTS.c.name == bindparam("name"))
+_BY_ID = select(*_COLUMNS).where(PROJECTS.c.id == bindparam("project_id"))
+_PAGE = (
+    select(*_COLUMNS)
+    .where(PROJECTS.c.id > bindparam("after"))
+    .order_by(PROJECTS.c.id)
+    .limit(bindparam("limit"))
+)
+_SET_QUOTA = (
+    update(PROJECTS)
+    .where(PROJECTS.c.name == bindparam("where_name"))
+    .values(quota=bindparam("quota"), updated_at=bindparam("at"))
+)
+
+
+def insert_project(
+    conn: Tx, *, name: str, labels: Mapping[str, str], quota: float, at: datetime
+) -> ProjectRow:
+    """Store a new project; :class:`~app.store.Conflict` if the name is taken."""
+    result = conn.execute(
+        insert(PROJECTS),
+        {"name": name, "labels": dict(labels), "quota": quota, "created_at": at, "updated_at": at},
+    )
+    project_id = int(result.inserted_primary_key[0])  # type: ignore[index]
+    return ProjectRow(project_id, name, dict(labels), quota, at, at)
+
+
+def by_name(conn: Tx, *, name: str) -> ProjectRow | None:
+    """The project named ``name``, or None."""
+    row = conn.execute(_BY_NAME, {"name": name}).one_or_none()
+    return None if row is None else ProjectRow(*row)
+
+
+def by_id(conn: Tx, *, project_id: int) -> ProjectRow | None:
+    """The project with id ``project_id``, or None."""
+    row = conn.execute(_BY_ID, {"project_id": project_id}).one_or_none()
+    return None if row is None else ProjectRow(*row)
+
+
+def page(conn: Tx, *, after: int, limit: int) -> list[ProjectRow]:
+    """At most ``limit`` projects with ``id > after``, in id order."""
+    return [ProjectRow(*r) for r in conn.execute(_PAGE, {"after": after, "limit": limit})]
+
+
+def set_quota(conn: Tx, *, name: str, quota: float, at: datetime) -> bool:
+    """Change a project's quota; False if there is no such project."""
+    return bool(
+        conn.execute(_SET_QUOTA, {"where_name": name, "quota": quota, "at": at}).rowcount == 1
+    )
