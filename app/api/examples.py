@@ -75,10 +75,6 @@ KEY = {
         "value": {"role": "analyst", "label": "app"},
     },
     "viewer": {"summary": "A key for a dashboard", "value": {"role": "viewer"}},
-    "project": {
-        "summary": "An analyst key of a project (scoped to its labels, within its quota)",
-        "value": {"role": "analyst", "project": "flu-team"},
-    },
 }
 PROJECT = {
     "study": {

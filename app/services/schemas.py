@@ -810,4 +810,6 @@ REQUESTS: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/objects/{object_id}/queries"): QueryRequest,
     ("post", "/v1/loss"): LossRequest,
     ("post", "/v1/keys"): KeyRequest,
+    ("post", "/v1/projects"): ProjectRequest,
+    ("patch", "/v1/projects/{name}"): ProjectPatch,
 }
