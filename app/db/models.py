@@ -85,6 +85,26 @@ class Project(Base):
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class ProjectState(Base):
+    """A project's sub-history of one object (issue 25): the outputs its keys have seen.
+
+    Compact (no likelihood array): the count, the hash chain of the sub-history and its loss
+    bounds and exact Σε after the last entry. Re-derivable from the stored history (a history
+    row records its key, a key its project); ``gatekeeper verify`` recomputes it. A new data
+    version of the object resets it (delete the rows of the object).
+    """
+
+    __tablename__ = "project_states"
+
+    object_id: Mapped[str] = mapped_column(ForeignKey("objects.id"), primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    accepted: Mapped[int] = mapped_column(Integer, nullable=False)
+    history_hash: Mapped[str] = mapped_column(String(32), nullable=False)
+    loss_lower: Mapped[float] = mapped_column(Float, nullable=False)
+    loss_upper: Mapped[float] = mapped_column(Float, nullable=False)
+    basic_total: Mapped[str] = mapped_column(Text, nullable=False)
+
+
 class DomainRecord(Base):
     """A domain's canonical JSON text, content-addressed (``app.store.domains.domain_hash``).
 

@@ -65,6 +65,12 @@ class BudgetExhausted(ServiceError):
     status, type, title = 409, "budget-exhausted", "Budget exhausted"
 
 
+class QuotaExhausted(ServiceError):
+    """The project's quota refused the query (the object's own filter accepted it)."""
+
+    status, type, title = 409, "quota-exhausted", "Quota exhausted"
+
+
 class LastAdminKey(ServiceError):
     """Revoking this key would leave no active admin key (nobody could manage keys)."""
 

@@ -34,6 +34,7 @@ from app.store import objects as store
 from app.store.counts import count_objects, surveys_by_status
 from app.store.domains import domain_hash, store_domains
 from app.store.objects import ObjectRecord
+from app.store.projects import sub_histories
 from app.store.states import count_states
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
@@ -360,11 +361,16 @@ def register_object(
 def load_object(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectRecord:
     """The object's public columns, or :class:`~app.services.errors.NotFound`.
 
-    An object outside ``scope`` is not found, exactly as a missing one (same problem, and the
-    same one ``SELECT``: the scope is checked on the row read).
+    An object outside ``scope`` is not found, exactly as a missing one: the scope is a condition
+    of the one ``SELECT``, which finds no row either way (same problem, same work).
     """
     # an id that could never have been registered (e.g. a NUL byte, which PostgreSQL rejects)
-    row = store.get_object(conn, object_id=object_id) if ID_PATTERN.fullmatch(object_id) else None
+    labels = None if scope is None else scope.labels
+    row = (
+        store.get_object(conn, object_id=object_id, scope=labels)
+        if ID_PATTERN.fullmatch(object_id)
+        else None
+    )
     if row is None or not admits(scope, row.labels):
         raise NotFound("no object with that id")
     return row
@@ -398,10 +404,19 @@ def retire_object(
         return object_view(row)
 
 
-def get_odometer(*, engine: Database, object_id: str, scope: Scope | None = None) -> dict[str, Any]:
-    """An object's odometer."""
+def get_odometer(
+    *,
+    engine: Database,
+    object_id: str,
+    scope: Scope | None = None,
+    projects: bool = False,
+) -> dict[str, Any]:
+    """An object's odometer (``projects``: with each project's sub-history, for admins)."""
     with reading(engine) as conn:
-        return odometer_view(load_object(conn, object_id, scope))
+        view = odometer_view(load_object(conn, object_id, scope))
+        if projects:
+            view["projects"] = projects_view(conn, object_id)
+        return view
 
 
 def odometer_history(
@@ -461,6 +476,20 @@ def _rejections(
             if len(found) >= MAX_REJECTIONS_LISTED:
                 break
     return found
+
+
+def projects_view(conn: Tx, object_id: str) -> list[dict[str, Any]]:
+    """An admin odometer's ``projects``: each project's sub-history loss on the object."""
+    return [
+        {
+            "project": project.name,
+            "quota": project.quota,
+            "realized_loss": LossBounds(state.loss_lower, state.loss_upper).to_json(),
+            "accepted": state.accepted,
+            "basic_composition": float(Fraction(state.basic_total)),
+        }
+        for state, project in sub_histories(conn, object_id=object_id)
+    ]
 
 
 def list_odometers(

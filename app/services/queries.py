@@ -50,12 +50,21 @@ from app.services.errors import (
     Busy,
     IdempotencyMismatch,
     NotFound,
+    QuotaExhausted,
     Retired,
     ServiceError,
 )
 from app.services.history import object_history
 from app.services.locks import ObjectLocks
 from app.services.objects import ID_PATTERN, load_object, odometer_view
+from app.services.quota import (
+    QUOTA_EXHAUSTED,
+    ProjectQuota,
+    load_quota,
+    quota_decision,
+    quota_view,
+    record_output,
+)
 from app.services.scope import Scope, admits
 from app.services.snapshots import advance, move_state_refs, remember, snapshot_of
 from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
@@ -99,6 +108,15 @@ class _StoredRejection:
 
     detail: str
     extra: dict[str, Any]
+    #: The problem's type: budget-exhausted, or quota-exhausted (the project's quota refused).
+    type: str = "budget-exhausted"
+
+
+@dataclass(frozen=True)
+class _QuotaRefusal:
+    """The project's quota refused a query the object's own filter accepted."""
+
+    decision: Decision
 
 
 @functools.lru_cache(maxsize=1024)
@@ -122,7 +140,18 @@ def dry_run(
         domain = _domain_of(row.domain, limits)
         mech = parse_query(query, domain, "query", limits=limits)
         snapshot = snapshot_of(conn, row, domain, limits)
-    return decide(snapshot, mech, worker, tight=True).to_json()
+        quota = load_quota(conn, scope, object_id, domain, limits)
+    decision = decide(snapshot, mech, worker, tight=True)
+    answer = decision.to_json()
+    if not decision.accepted:
+        answer["refused_by"] = "budget-exhausted"
+    if quota is not None:
+        by_quota = quota_decision(quota, mech, worker, tight=True)
+        answer["quota"] = quota_view(quota, by_quota)
+        if decision.accepted and not by_quota.accepted:
+            # the object's filter would accept: the quota's refusal is the answer
+            answer.update(decision="reject", reason=by_quota.reason, refused_by=QUOTA_EXHAUSTED)
+    return answer
 
 
 class _LostRace(Exception):
@@ -149,7 +178,9 @@ def _replay_rejection(
         return None
     _check_owner(record, print_, owner)
     stored = json.loads(record.response)
-    return _StoredRejection(stored["detail"], stored["extra"])
+    return _StoredRejection(
+        stored["detail"], stored["extra"], stored.get("type", "budget-exhausted")
+    )
 
 
 def _replay(
@@ -169,7 +200,9 @@ def _replay(
 def _load_active(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectState:
     """The object as a decision reads it; an object outside ``scope`` is missing (404)."""
     row = (
-        object_store.load_state(conn, object_id=object_id)
+        object_store.load_state(
+            conn, object_id=object_id, scope=None if scope is None else scope.labels
+        )
         if ID_PATTERN.fullmatch(object_id)
         else None
     )
@@ -227,7 +260,11 @@ def submit(
                 replay_first = True
                 continue
             if isinstance(outcome, _StoredRejection):
-                raise BudgetExhausted(outcome.detail, replayed=True, **outcome.extra)
+                refusal = QuotaExhausted if outcome.type == QUOTA_EXHAUSTED else BudgetExhausted
+                raise refusal(outcome.detail, replayed=True, **outcome.extra)
+            if isinstance(outcome, _QuotaRefusal):
+                metrics.DECISIONS.labels(outcome.decision.filter.value, "reject").inc()
+                raise QuotaExhausted(outcome.decision.reason, **_rejection_extra(outcome.decision))
             if isinstance(outcome, Decision):
                 metrics.DECISIONS.labels(outcome.filter.value, "reject").inc()
                 raise BudgetExhausted(outcome.reason, **_rejection_extra(outcome))
@@ -260,7 +297,7 @@ def _attempt(
     print_: str,
     replay_first: bool,
     scope: Scope | None = None,
-) -> SubmitOutcome | _Accepted | _StoredRejection | Decision:
+) -> SubmitOutcome | _Accepted | _StoredRejection | Decision | _QuotaRefusal:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
     On a first attempt (``replay_first`` false) the key is looked up only when the answer would
@@ -286,6 +323,10 @@ def _attempt(
             mech = parse_query(query, domain, "query", limits=limits)
             snapshot = snapshot_of(conn, row, domain, limits)
             decision = decide(snapshot, mech, worker, tight=False)
+            quota = load_quota(conn, scope, object_id, domain, limits)
+            by_quota = None
+            if quota is not None and decision.accepted:
+                by_quota = quota_decision(quota, mech, worker, tight=False)
         except NotFound:
             # missing or out of scope: no key was stored for it by this caller, and looking one
             # up could answer another client's "key used" (a 422 telling the object exists)
@@ -295,12 +336,20 @@ def _attempt(
             if replay is not None:
                 return replay
             raise
-        if not decision.accepted:
+        if not decision.accepted:  # the object's own refusal is reported first
             replay = stored_answer()
             if replay is not None:
                 return replay
             _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
             return decision
+        if by_quota is not None and not by_quota.accepted:
+            replay = stored_answer()
+            if replay is not None:
+                return replay
+            _record_rejection(
+                conn, row, mech, by_quota, analyst_key_id, key, print_, kind=QUOTA_EXHAUSTED
+            )
+            return _QuotaRefusal(by_quota)
         if not replay_first:
             # a key whose submit was rejected before answers that rejection again (a later
             # history may accept the same query: it needs a new key); accepted keys are caught
@@ -309,7 +358,16 @@ def _attempt(
             if rejected_before is not None:
                 return rejected_before
         body, after = _record_acceptance(
-            conn, row, snapshot, decision, mech, worker, key, print_, analyst_key_id
+            conn,
+            row,
+            snapshot,
+            decision,
+            mech,
+            worker,
+            key,
+            print_,
+            analyst_key_id,
+            None if quota is None or by_quota is None else (quota, by_quota),
         )
     return _Accepted(SubmitOutcome(body, False, row.filter), row.version + 1, after)
 
@@ -322,8 +380,12 @@ def _record_rejection(
     analyst_key_id: int | None,
     key: str | None,
     print_: str,
+    *,
+    kind: str = "budget-exhausted",
 ) -> None:
     """Count a rejected submit on the object, store its answer for ``key``, audit it.
+
+    ``kind``: which filter refused (``quota-exhausted``: the project's quota).
 
     With a key, the answer is stored under the unique ``(object, key)``: a concurrent retry of
     the same key that also got here fails that constraint, rolls back and replays this answer,
@@ -336,7 +398,9 @@ def _record_rejection(
             idempotency_key=key,
             analyst_key_id=analyst_key_id,
             fingerprint=print_,
-            response=json.dumps({"detail": decision.reason, "extra": _rejection_extra(decision)}),
+            response=json.dumps(
+                {"detail": decision.reason, "extra": _rejection_extra(decision), "type": kind}
+            ),
             created_at=datetime.now(UTC),
         )
     object_store.count_rejection(conn, object_id=row.id)
@@ -350,6 +414,7 @@ def _record_rejection(
             "epsilon": mech.epsilon,
             "filter": row.filter,
             "reason": decision.reason,
+            "refused_by": kind,
             "accepted": row.accepted,  # where the rejection sits in the history (dashboard)
             "realized_loss": decision.realized_loss.to_json(),
             "worst_case_after": decision.worst_case_after,
@@ -367,6 +432,7 @@ def _record_acceptance(
     key: str | None,
     print_: str,
     analyst_key_id: int | None,
+    quota: tuple[ProjectQuota, Decision] | None = None,
 ) -> tuple[dict[str, Any], ObjectSnapshot]:
     """Sample the output, store it and the object's new state; the response body and snapshot.
 
@@ -438,6 +504,18 @@ def _record_acceptance(
         gained={change.stored.key: (change.stored, 1)} if change.stored else {},
         lost={row.state_hash: 1} if row.state_hash else {},
     )
+    if quota is not None:  # the project's sub-history, behind the same compare-and-set
+        record_output(
+            conn,
+            quota[0],
+            quota[1],
+            mech,
+            output,
+            worker,
+            object_id=row.id,
+            query_text=query_text,
+            output_text=output_text,
+        )
     body = {"query_id": query_id, **stored}
     audit.record(
         conn,

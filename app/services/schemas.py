@@ -433,6 +433,10 @@ class Odometer(_Open):
     phase: Literal["output-independent", "bayesian"] | SkipJsonSchema[None] = Field(
         default=None, description="Algorithm 4's phase (approx_bayesian objects only)"
     )
+    projects: list[ProjectLoss] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="Admins only: each project's sub-history loss against its quota",
+    )
 
 
 class ObjectBudget(_Open):
@@ -466,6 +470,27 @@ class OutputLoss(_Open):
     exact: bool = Field(default=False, description=EXACT_DESCRIPTION)
 
 
+class QuotaDecision(_Open):
+    """The project's quota on its own sub-history of the object (a project key's dry-run)."""
+
+    project: str
+    quota: float
+    decision: Literal["accept", "reject"]
+    reason: str
+    realized_loss: LossBounds
+    worst_case_after: float
+
+
+class ProjectLoss(_Open):
+    """One project's sub-history of an object (an admin's odometer)."""
+
+    project: str
+    quota: float
+    realized_loss: LossBounds
+    accepted: int
+    basic_composition: float
+
+
 class Decision(_Open):
     """A dry-run: would the filter accept the query now, and the loss after each output."""
 
@@ -485,6 +510,14 @@ class Decision(_Open):
     )
     phase: Literal["output-independent", "bayesian"] | SkipJsonSchema[None] = Field(
         default=None, description="Algorithm 4's phase after this decision (approx_bayesian)"
+    )
+    refused_by: Literal["budget-exhausted", "quota-exhausted"] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="Which filter refused (a rejection only): the object's own, or the "
+        "project's quota (reported only when the object's filter would accept)",
+    )
+    quota: QuotaDecision | SkipJsonSchema[None] = Field(
+        default=None, description="A project key's dry-run: its quota's filter"
     )
 
 

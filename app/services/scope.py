@@ -1,8 +1,9 @@
 """A project key's scope (issue 25): the labels every object it sees must carry.
 
-Out of scope is not found: every use case that reads an object checks the row it read with
-:func:`admits` (one ``SELECT``, as for any id), and every listing, total and cohort adds the
-scope's labels as SQL conditions (:func:`app.store.objects.scope_conditions`).
+Out of scope is not found: the scope's labels are SQL conditions of the one ``SELECT`` that
+reads an object by id (no row, as for a missing id: the same answer after the same work), of
+every listing, total and cohort (:func:`app.store.objects.scope_conditions`); :func:`admits`
+checks a row read once more.
 """
 
 from __future__ import annotations

@@ -82,9 +82,16 @@ _COUNT_REJECTION = (
 _ACCEPTED = select(OBJECTS.c.accepted).where(OBJECTS.c.id == bindparam("object_id"))
 
 
-def load_state(conn: Tx, *, object_id: str) -> ObjectState | None:
-    """The object as a decision reads it (one ``SELECT``), or None if there is none."""
-    found = conn.execute(_LOAD_STATE, {"object_id": object_id}).one_or_none()
+def load_state(
+    conn: Tx, *, object_id: str, scope: Iterable[tuple[str, str]] | None = None
+) -> ObjectState | None:
+    """The object as a decision reads it (one ``SELECT``), or None if there is none.
+
+    With ``scope``: None also when the object is outside it — the same statement finds no row,
+    so an object out of scope costs what a missing one does.
+    """
+    statement = _LOAD_STATE if scope is None else _LOAD_STATE.where(*label_conditions(scope))
+    found = conn.execute(statement, {"object_id": object_id}).one_or_none()
     return None if found is None else ObjectState(**found._mapping)
 
 
@@ -165,9 +172,12 @@ _RETIRE = (
 )
 
 
-def get_object(conn: Tx, *, object_id: str) -> ObjectRecord | None:
-    """The object's public columns, or None if there is none."""
-    found = conn.execute(_GET, {"object_id": object_id}).one_or_none()
+def get_object(
+    conn: Tx, *, object_id: str, scope: Iterable[tuple[str, str]] | None = None
+) -> ObjectRecord | None:
+    """The object's public columns, or None if there is none (or it is outside ``scope``)."""
+    statement = _GET if scope is None else _GET.where(*label_conditions(scope))
+    found = conn.execute(statement, {"object_id": object_id}).one_or_none()
     return None if found is None else ObjectRecord(**found._mapping)
 
 

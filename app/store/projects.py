@@ -13,10 +13,11 @@ from typing import cast
 
 from sqlalchemy import Table, bindparam, insert, select, update
 
-from app.db.models import Project
+from app.db.models import Project, ProjectState
 from app.store.base import Tx
 
 PROJECTS = cast(Table, Project.__table__)
+_STATES = cast(Table, ProjectState.__table__)
 
 
 @dataclass(frozen=True)
@@ -87,4 +88,67 @@ def set_quota(conn: Tx, *, name: str, quota: float, at: datetime) -> bool:
     """Change a project's quota; False if there is no such project."""
     return bool(
         conn.execute(_SET_QUOTA, {"where_name": name, "quota": quota, "at": at}).rowcount == 1
+    )
+
+
+@dataclass(frozen=True)
+class SubHistory:
+    """A project's sub-history of one object, as stored (``project_states``)."""
+
+    object_id: str
+    project_id: int
+    accepted: int
+    history_hash: str
+    loss_lower: float
+    loss_upper: float
+    basic_total: str
+
+
+_SUB = select(*_STATES.c)
+
+
+def sub_history(conn: Tx, *, object_id: str, project_id: int) -> SubHistory | None:
+    """The project's stored sub-history of the object (None: it has seen no output)."""
+    row = conn.execute(
+        _SUB.where(_STATES.c.object_id == object_id, _STATES.c.project_id == project_id)
+    ).one_or_none()
+    return None if row is None else SubHistory(*row)
+
+
+def sub_histories(conn: Tx, *, object_id: str) -> list[tuple[SubHistory, ProjectRow]]:
+    """Every project's sub-history of the object, with its project, by project id."""
+    statement = (
+        select(*_STATES.c, *_COLUMNS)
+        .join(PROJECTS, PROJECTS.c.id == _STATES.c.project_id)
+        .where(_STATES.c.object_id == object_id)
+        .order_by(_STATES.c.project_id)
+    )
+    width = len(_STATES.c)
+    return [(SubHistory(*row[:width]), ProjectRow(*row[width:])) for row in conn.execute(statement)]
+
+
+def all_sub_histories(conn: Tx) -> list[SubHistory]:
+    """Every stored sub-history (``gatekeeper verify``)."""
+    return [SubHistory(*row) for row in conn.execute(_SUB.order_by(*_STATES.primary_key))]
+
+
+def put_sub_history(conn: Tx, state: SubHistory, *, new: bool) -> None:
+    """Store a sub-history after one more entry (``new``: its first)."""
+    values = {
+        "accepted": state.accepted,
+        "history_hash": state.history_hash,
+        "loss_lower": state.loss_lower,
+        "loss_upper": state.loss_upper,
+        "basic_total": state.basic_total,
+    }
+    if new:
+        conn.execute(
+            insert(_STATES),
+            {"object_id": state.object_id, "project_id": state.project_id, **values},
+        )
+        return
+    conn.execute(
+        update(_STATES)
+        .where(_STATES.c.object_id == state.object_id, _STATES.c.project_id == state.project_id)
+        .values(**values)
     )

@@ -3,6 +3,9 @@
 * ``projects``: a unique name, a label scope (JSON, at least one label) and an ε quota.
 * ``api_keys.project_id``: the project a key was created in (NULL: an unscoped key, as every
   key before this revision).
+* ``project_states``: per (object, project), the project's sub-history summary (count, hash
+  chain, loss bounds, exact Σε) that its quota is checked against; empty at first (no key had a
+  project before).
 
 Revision ID: 0010
 Revises: 0008
@@ -33,9 +36,20 @@ def upgrade() -> None:
     with op.batch_alter_table("api_keys") as batch:
         batch.add_column(sa.Column("project_id", sa.Integer()))
         batch.create_foreign_key("fk_api_keys_project", "projects", ["project_id"], ["id"])
+    op.create_table(
+        "project_states",
+        sa.Column("object_id", sa.String(128), sa.ForeignKey("objects.id"), primary_key=True),
+        sa.Column("project_id", sa.Integer(), sa.ForeignKey("projects.id"), primary_key=True),
+        sa.Column("accepted", sa.Integer(), nullable=False),
+        sa.Column("history_hash", sa.String(32), nullable=False),
+        sa.Column("loss_lower", sa.Float(), nullable=False),
+        sa.Column("loss_upper", sa.Float(), nullable=False),
+        sa.Column("basic_total", sa.Text(), nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("project_states")
     with op.batch_alter_table("api_keys") as batch:
         batch.drop_constraint("fk_api_keys_project", type_="foreignkey")
         batch.drop_column("project_id")

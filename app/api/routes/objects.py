@@ -121,8 +121,9 @@ async def dry_run(
         404,
         409,
         s404="No such object",
-        s409="budget-exhausted: the filter rejected the query (with the loss now and the worst "
-        "case after), or object-retired",
+        s409="budget-exhausted: the object's filter rejected the query (with the loss now and "
+        "the worst case after); quota-exhausted: a project key's quota rejected it on the "
+        "project's own sub-history; or object-retired",
         s503="busy: too much contention on the object, or the database is unavailable; retry "
         "after Retry-After",
     ),
@@ -204,6 +205,7 @@ async def odometer(runtime: RuntimeDep, caller: ViewerDep, object_id: ObjectId) 
         engine=runtime.engine,
         object_id=object_id,
         scope=caller.scope,
+        projects=caller.role is Role.ADMIN,
     )
 
 

@@ -330,6 +330,27 @@ class LossBounds(_Response):
     exact: bool = False
 
 
+class ProjectLoss(_Response):
+    """One project's sub-history of an object (an admin's odometer)."""
+
+    project: str
+    quota: float
+    realized_loss: LossBounds
+    accepted: int
+    basic_composition: float
+
+
+class QuotaDecision(_Response):
+    """The project's quota on its own sub-history of the object (a project key's dry-run)."""
+
+    project: str
+    quota: float
+    decision: Literal["accept", "reject"]
+    reason: str
+    realized_loss: LossBounds
+    worst_case_after: float
+
+
 class Odometer(_Response):
     """An object's accounting: budget, certified loss, remaining, basic composition, counts."""
 
@@ -343,6 +364,8 @@ class Odometer(_Response):
     #: δ_g and Algorithm 4's phase (``approx_bayesian`` objects only).
     delta: float | None = None
     phase: Phase | None = None
+    #: Admins only: each project's sub-history loss against its quota.
+    projects: list[ProjectLoss] | None = None
 
 
 class ObjectBudget(_Response):
@@ -394,6 +417,10 @@ class Decision(_Response):
     #: δ_g and Algorithm 4's phase after this decision (``approx_bayesian`` objects only).
     delta: float | None = None
     phase: Phase | None = None
+    #: Which filter refused (a rejection only): the object's own, or the project's quota.
+    refused_by: Literal["budget-exhausted", "quota-exhausted"] | None = None
+    #: A project key's dry-run: its quota's filter on the project's own sub-history.
+    quota: QuotaDecision | None = None
 
     @property
     def accepted(self) -> bool:
