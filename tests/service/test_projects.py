@@ -17,11 +17,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from fastapi.testclient import TestClient
 
+from app.bootstrap import create_app
 from app.db.migrate import alembic_config, upgrade
 from app.db.models import Base
 from app.db.session import make_engine
 from app.engine.limits import MAX_BUDGET
-from tests.service.conftest import ADMIN_KEY, auth, unique_id
+from tests.service.conftest import ADMIN_KEY, auth, make_settings, unique_id
+from tests.service.factories import run_cli
 
 PROBLEM = "application/problem+json"
 ADMIN = auth(ADMIN_KEY)
@@ -201,3 +203,24 @@ def test_0010_downgrades_and_upgrades_again(tmp_path: Path) -> None:
             assert compare_metadata(context, Base.metadata) == []
     finally:
         engine.dispose()
+
+
+def test_gatekeeper_keys_create_in_a_project(tmp_path: Path) -> None:
+    """``gatekeeper keys create --project NAME``: a key of that project; an unknown one: exit 2."""
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    upgrade(url)
+    name = unique_id("cli")
+    with TestClient(create_app(make_settings(url))) as client:
+        r = client.post("/v1/projects", headers=ADMIN, json=project_body(name))
+        assert r.status_code == 201, r.text
+    done = run_cli("keys", "create", "--role", "viewer", "--project", name, database_url=url)
+    assert done.returncode == 0, done.stderr
+    secret = done.stdout.strip()
+    with TestClient(create_app(make_settings(url))) as client:
+        me = client.get("/v1/whoami", headers=auth(secret)).json()
+        assert me["project"] == name
+        assert me["role"] == "viewer"
+    unknown = run_cli("keys", "create", "--role", "viewer", "--project", "nope", database_url=url)
+    assert unknown.returncode == 2
+    assert "project: names no project" in unknown.stderr
+    assert unknown.stdout == ""
