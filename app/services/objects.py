@@ -104,8 +104,8 @@ _STORED_DOMAINS = EngineLimits(
 
 
 @lru_cache(maxsize=1024)
-def _stored_domain(domain_text: str) -> Domain:
-    """A stored domain, parsed once per text."""
+def stored_domain(domain_text: str) -> Domain:
+    """A stored domain, parsed once per text (whatever the limits are now)."""
     return parse_domain(json.loads(domain_text), limits=_STORED_DOMAINS)
 
 
@@ -114,7 +114,7 @@ def odometer_view(row: OdometerColumns) -> dict[str, Any]:
     delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
     phase = None
     if delta is not None:
-        f0 = f0_filter(row.budget, delta, _stored_domain(row.domain))
+        f0 = f0_filter(row.budget, delta, stored_domain(row.domain))
         phase = f0.phase(Fraction(row.f0_account))
     odometer = Odometer(
         row.budget,

@@ -46,25 +46,40 @@ class ProjectQuota:
     project: ProjectRow
     stored: SubHistory | None
     snapshot: ObjectSnapshot
+    #: Entries of the sub-history and its hash chain (None: empty), as read from the history.
+    count: int = 0
+    history_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class SubSnapshot:
+    """A project's sub-history of an object, folded from the stored history."""
+
+    snapshot: ObjectSnapshot
+    count: int
+    history_hash: str | None
 
 
 def sub_snapshot(
     conn: Tx, object_id: str, domain: Domain, limits: EngineLimits, project: ProjectRow
-) -> tuple[ObjectSnapshot, int]:
+) -> SubSnapshot:
     """The project's sub-history of the object as a snapshot (filter: Bayesian, budget: quota).
 
     Read from the stored history (single submits and survey answers of the project's keys),
-    folded as any history is; also the number of its entries.
+    folded as any history is; with the number of its entries and their hash chain.
     """
     items = object_history(conn, object_id, project_id=project.id)
     entries = [history_entry(domain, json.loads(r.query), json.loads(r.output)) for r in items]
+    chain: str | None = None
+    for item in items:
+        chain = next_history_hash(chain, item.query, item.output)
     state, basic = fold_history(domain, entries)
     if isinstance(state, ContinuousState) and entries:
         # certified without a search: the realized loss lies in [0, Σε] (Lemma 6.1); each
         # decision searches the candidate's outputs itself
         state = state.seeded(LossBounds(0.0, float_up(basic)))
     snapshot = ObjectSnapshot(domain, project.quota, FilterKind.BAYESIAN, basic, state, limits)
-    return snapshot, len(entries)
+    return SubSnapshot(snapshot, len(entries), chain)
 
 
 def load_quota(
@@ -76,9 +91,9 @@ def load_quota(
     project = store.by_id(conn, project_id=scope.project_id)
     if project is None:  # pragma: no cover - keys reference their project
         return None
-    snapshot, _ = sub_snapshot(conn, object_id, domain, limits, project)
+    sub = sub_snapshot(conn, object_id, domain, limits, project)
     stored = store.sub_history(conn, object_id=object_id, project_id=project.id)
-    return ProjectQuota(project, stored, snapshot)
+    return ProjectQuota(project, stored, sub.snapshot, sub.count, sub.history_hash)
 
 
 def quota_decision(
@@ -115,16 +130,13 @@ def record_output(
     """Store the project's sub-history after an accepted query's output (same transaction)."""
     after = recorded(quota.snapshot, decision, mech, output, worker)
     loss = after.loss()
-    previous = quota.stored
     state = SubHistory(
         object_id=object_id,
         project_id=quota.project.id,
-        accepted=(previous.accepted if previous else 0) + 1,
-        history_hash=next_history_hash(
-            previous.history_hash if previous else None, query_text, output_text
-        ),
+        accepted=quota.count + 1,
+        history_hash=next_history_hash(quota.history_hash, query_text, output_text),
         loss_lower=loss.lower,
         loss_upper=loss.upper,
         basic_total=str(after.basic_total),
     )
-    store.put_sub_history(conn, state, new=previous is None)
+    store.put_sub_history(conn, state, new=quota.stored is None)

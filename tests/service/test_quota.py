@@ -145,3 +145,32 @@ def test_a_rejected_quota_replays_its_answer_and_counts_once(client: TestClient)
     assert again.headers.get("idempotent-replayed") == "true"
     odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(ADMIN_KEY)).json()
     assert odometer["rejected"] == 1
+
+
+def test_verify_recomputes_each_projects_sub_history(client: TestClient) -> None:
+    """``gatekeeper verify`` recomputes project_states from the stored history; a change fails."""
+    from sqlalchemy import text
+
+    from app.services.verify import verify_all
+
+    team = secrets.token_hex(4)
+    _, key = _project(client, 5, team)
+    oid = _object(client, 100, team)
+    for _ in range(4):
+        assert _submit(client, oid, key).status_code == 201
+    engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
+    report = verify_all(engine)
+    assert report.ok, report.problems
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE project_states SET loss_upper = loss_upper + 1 WHERE object_id = :o"),
+            {"o": oid},
+        )
+    report = verify_all(engine)
+    assert any(oid in p and "realized loss differs" in p for p in report.problems)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE project_states SET loss_upper = loss_upper - 1 WHERE object_id = :o"),
+            {"o": oid},
+        )
+    assert verify_all(engine).ok
