@@ -174,3 +174,30 @@ def test_verify_recomputes_each_projects_sub_history(client: TestClient) -> None
             {"o": oid},
         )
     assert verify_all(engine).ok
+
+
+def test_concurrent_projects_on_one_object_stay_serialised(client: TestClient) -> None:
+    """Two projects submitting at once: every accepted query in exactly one place, verified."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.services.verify import verify_all
+
+    team = secrets.token_hex(4)
+    keys = [_project(client, 0.5, team)[1] for _ in range(2)]
+    oid = _object(client, 1000, team)
+
+    def burst(key: str) -> list[int]:
+        return [_submit(client, oid, key).status_code for _ in range(12)]
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(burst, keys + keys))
+    statuses = [s for result in results for s in result]
+    assert set(statuses) <= {201, 409}, statuses
+    odometer = client.get(f"/v1/objects/{oid}/odometer", headers=auth(ADMIN_KEY)).json()
+    assert odometer["accepted"] == statuses.count(201)
+    assert sum(p["accepted"] for p in odometer["projects"]) == statuses.count(201)
+    for entry in odometer["projects"]:  # each within its quota, exactly
+        assert entry["realized_loss"]["upper"] <= 0.5
+    engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
+    report = verify_all(engine)
+    assert report.ok, report.problems
