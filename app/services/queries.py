@@ -323,10 +323,11 @@ def _attempt(
             mech = parse_query(query, domain, "query", limits=limits)
             snapshot = snapshot_of(conn, row, domain, limits)
             decision = decide(snapshot, mech, worker, tight=False)
-            quota = load_quota(conn, scope, object_id, domain, limits)
-            by_quota = None
-            if quota is not None and decision.accepted:
-                by_quota = quota_decision(quota, mech, worker, tight=False)
+            # a project key's quota: read only when the object's own filter accepts
+            quota = (
+                load_quota(conn, scope, object_id, domain, limits) if decision.accepted else None
+            )
+            by_quota = None if quota is None else quota_decision(quota, mech, worker, tight=False)
         except NotFound:
             # missing or out of scope: no key was stored for it by this caller, and looking one
             # up could answer another client's "key used" (a 422 telling the object exists)
