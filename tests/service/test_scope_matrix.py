@@ -54,6 +54,7 @@ class World:
     project: str
     team: str
     other_team: str
+    site: str  # a label both objects carry (only this world's: fixtures may be built twice)
     analyst: str
     viewer: str
     other_analyst: str  # a key of another project
@@ -96,15 +97,17 @@ def world(client: TestClient) -> World:
     project = _project(client, team)
     other = _project(client, other_team)
     tags = {v: unique_id("tag") for v in VARIANTS}
+    site = unique_id("site")
     ids = {
-        IN: _register(client, {"team": team, "tag": tags[IN], "site": "a"}),
-        OUT: _register(client, {"team": other_team, "tag": tags[OUT], "site": "a"}),
+        IN: _register(client, {"team": team, "tag": tags[IN], "site": site}),
+        OUT: _register(client, {"team": other_team, "tag": tags[OUT], "site": site}),
         MISSING: unique_id("scope"),
     }
     return World(
         project=project,
         team=team,
         other_team=other_team,
+        site=site,
         analyst=_key(client, "analyst", project),
         viewer=_key(client, "viewer", project),
         other_analyst=_key(client, "analyst", other),
@@ -310,13 +313,13 @@ def test_route_scope_matrix(
 
 
 def test_a_labels_cohort_selects_within_the_scope(client: TestClient, world: World) -> None:
-    """``{"labels": {"site": "a"}}`` matches both objects; a project key's survey gets one."""
-    body = {"name": "scope", "query": QUERY, "cohort": {"labels": {"site": "a"}}}
+    """``{"labels": {"site": …}}`` matches both objects; a project key's survey gets one."""
+    body = {"name": "scope", "query": QUERY, "cohort": {"labels": {"site": world.site}}}
     r = client.post("/v1/surveys/dry-run", headers=auth(world.analyst), json=body)
     assert r.status_code == 200, r.text
-    members = r.json()["members"]
+    assert r.json()["members"] == 1
     r = client.post("/v1/surveys/dry-run", headers=auth(ADMIN_KEY), json=body)
-    assert r.json()["members"] == members + 1  # the admin also sees the object out of scope
+    assert r.json()["members"] == 2  # the admin also sees the object out of scope
     # a labels cohort naming only what is out of scope matches nothing, like a label nobody has
     out = {"name": "s", "query": QUERY, "cohort": {"labels": {"tag": world.tags[OUT]}}}
     missing = {"name": "s", "query": QUERY, "cohort": {"labels": {"tag": world.tags[MISSING]}}}
