@@ -306,11 +306,17 @@ def cmd_encryption_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    """Create an API key and print it once."""
+    """Create an API key (in ``--project``) and print it once; exit 2 naming a bad field."""
     from app.services.auth import Role, create_key
 
     engine = _open_database(values=False)
-    _, secret = create_key(engine=engine, role=Role(args.role), label=args.label)
+    try:
+        _, secret = create_key(
+            engine=engine, role=Role(args.role), label=args.label, project=args.project
+        )
+    except InvalidInput as exc:
+        print(f"gatekeeper keys create: {exc.field}: {exc.message}", file=sys.stderr)
+        return 2
     print(secret)
     return 0
 
@@ -690,6 +696,11 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys_sub.add_parser("create", help="create a key and print it once")
     create.add_argument("--role", required=True, choices=["admin", "analyst", "viewer"])
     create.add_argument("--label", default=None)
+    create.add_argument(
+        "--project",
+        default=None,
+        help="a project's name: the key (analyst or viewer) inherits its scope and quota",
+    )
     create.set_defaults(func=cmd_keys_create)
     listing = keys_sub.add_parser("list", help="list keys (id, role, created, revoked)")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")

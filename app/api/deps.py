@@ -18,6 +18,7 @@ from app.engine.limits import EngineLimits
 from app.services.auth import KeyCache, Role, authenticate, hash_key
 from app.services.errors import BadJson, Forbidden, PayloadTooLarge, Unauthorized
 from app.services.locks import ObjectLocks
+from app.services.scope import Scope
 from app.settings import Settings
 from app.store import Database
 from app.worker.jobs import SurveyJobs
@@ -68,10 +69,11 @@ async def in_thread(
 
 @dataclass(frozen=True)
 class Caller:
-    """The authenticated key."""
+    """The authenticated key, and its project's scope (None: unscoped)."""
 
     key_id: int
     role: Role
+    scope: Scope | None = None
 
 
 # Dependencies are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in the
@@ -88,8 +90,8 @@ RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
 def _lookup(runtime: Runtime, secret: str) -> Caller | None:
-    row = authenticate(engine=runtime.engine, secret=secret)
-    return None if row is None else Caller(row.id, Role(row.role))
+    found = authenticate(engine=runtime.engine, secret=secret)
+    return None if found is None else Caller(found[0].id, Role(found[0].role), found[1])
 
 
 #: Declares the bearer scheme in the OpenAPI document; a missing or non-bearer header gives
@@ -106,13 +108,13 @@ async def get_caller(
     if not secret:
         raise Unauthorized("send an API key as 'Authorization: Bearer <key>'")
     digest = hash_key(secret)
-    cached = runtime.keys.get(digest)
+    cached = runtime.keys.lookup(digest)
     if cached is not None:
         return Caller(*cached)
     caller = await in_thread(runtime, _lookup, runtime, secret)
     if caller is None:
         raise Unauthorized("the API key is not valid")
-    runtime.keys.put(digest, caller.key_id, caller.role)
+    runtime.keys.put(digest, caller.key_id, caller.role, caller.scope)
     return caller
 
 

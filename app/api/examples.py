@@ -76,6 +76,19 @@ KEY = {
     },
     "viewer": {"summary": "A key for a dashboard", "value": {"role": "viewer"}},
 }
+PROJECT = {
+    "study": {
+        "summary": "A project that sees one study's objects, with a quota of 1.0 per object",
+        "value": {
+            "name": "flu-team",
+            "scope": {"labels": {"study": "flu-2026"}},
+            "quota": {"epsilon": 1.0},
+        },
+    },
+}
+PROJECT_PATCH = {
+    "quota": {"summary": "A larger quota", "value": {"quota": {"epsilon": 2.0}}},
+}
 
 IMPORT = {
     "two": {

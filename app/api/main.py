@@ -22,6 +22,7 @@ from app.api.routes import (
     keys,
     objects,
     odometers,
+    projects,
     surveys,
 )
 from app.services.auth import ensure_bootstrap_admin
@@ -84,7 +85,7 @@ def create_app(settings: Settings, build_runtime: Callable[[Settings], Runtime])
     app.add_middleware(RequestContext)
 
     app.include_router(objects.router)
-    for module in (odometers, imports, surveys, audit, calculator, keys, health):
+    for module in (odometers, imports, surveys, audit, calculator, keys, projects, health):
         app.include_router(module.router)
     app.include_router(dashboard.router)
     return app

@@ -146,6 +146,13 @@ LINKS: dict[tuple[str, str, str], dict[str, tuple[str, str, str]]] = {
         )
     },
     ("post", "/v1/keys", "201"): {"RevokeKey": ("drop_key", "key_id", "$response.body#/id")},
+    ("post", "/v1/projects", "201"): {
+        name: (operation, "name", "$response.body#/name")
+        for name, operation in (
+            ("GetProject", "get_project"),
+            ("ChangeProjectQuota", "change_project_quota"),
+        )
+    },
     ("post", "/v1/surveys", "202"): {
         name: (operation, "survey_id", "$response.body#/id")
         for name, operation in (

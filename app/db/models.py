@@ -7,7 +7,8 @@
 * :class:`QueryRecord` — one accepted query: sequence number, canonical query, output, ε, the
   loss bounds after it, the analyst key, the idempotency key with the request's fingerprint and
   the stored response replayed to retries.
-* :class:`ApiKey` — hashed API keys with their role.
+* :class:`ApiKey` — hashed API keys with their role (and project, if any).
+* :class:`Project` — a tenant: a label scope and an ε quota its keys inherit (issue 25).
 * :class:`DomainRecord` — a domain's canonical JSON, stored once and named by its hash in every
   object registered with it (a million objects of one study share one ~250-byte text).
 * :class:`LikelihoodStateRecord` — a finite likelihood array, stored once per (domain, history)
@@ -63,6 +64,45 @@ class ApiKey(Base):
     label: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: The project the key belongs to (None: unscoped); fixed at creation.
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id"))
+
+
+class Project(Base):
+    """A tenant (issue 25): its keys see only objects carrying ``labels``, within ``quota``.
+
+    ``labels`` is fixed at creation; ``quota`` (ε, the decimal as written) may be changed.
+    """
+
+    __tablename__ = "projects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True, nullable=False)
+    #: The scope: ``{name: value}`` labels an object must all carry (at least one).
+    labels: Mapped[dict[str, str]] = mapped_column(JSON, nullable=False)
+    quota: Mapped[float] = mapped_column(Float, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ProjectState(Base):
+    """A project's sub-history of one object (issue 25): the outputs its keys have seen.
+
+    Compact (no likelihood array): the count, the hash chain of the sub-history and its loss
+    bounds and exact Σε after the last entry. Re-derivable from the stored history (a history
+    row records its key, a key its project); ``gatekeeper verify`` recomputes it. A new data
+    version of the object resets it (delete the rows of the object).
+    """
+
+    __tablename__ = "project_states"
+
+    object_id: Mapped[str] = mapped_column(ForeignKey("objects.id"), primary_key=True)
+    project_id: Mapped[int] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    accepted: Mapped[int] = mapped_column(Integer, nullable=False)
+    history_hash: Mapped[str] = mapped_column(String(32), nullable=False)
+    loss_lower: Mapped[float] = mapped_column(Float, nullable=False)
+    loss_upper: Mapped[float] = mapped_column(Float, nullable=False)
+    basic_total: Mapped[str] = mapped_column(Text, nullable=False)
 
 
 class DomainRecord(Base):

@@ -46,6 +46,8 @@ class AuditKind(StrEnum):
     SURVEY_CREATED = "survey.created"
     SURVEY_FINISHED = "survey.finished"
     SURVEY_CANCELLED = "survey.cancelled"
+    PROJECT_CREATED = "project.created"
+    PROJECT_QUOTA_CHANGED = "project.quota_changed"
 
 
 def record(

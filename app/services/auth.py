@@ -16,8 +16,11 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from app.engine.errors import InvalidInput
 from app.services import audit
 from app.services.errors import LastAdminKey
+from app.services.projects import project_for_key, scope_by_id
+from app.services.scope import Scope
 from app.store import Database, Tx, reading, transaction
 from app.store import keys as store
 from app.store.keys import KeyRow
@@ -49,36 +52,65 @@ def create_key(
     role: Role,
     label: str | None = None,
     actor_key_id: int | None = None,
+    project: str | None = None,
 ) -> tuple[int, str]:
-    """Store a new random key and return its id and secret."""
+    """Store a new random key (in the project named ``project``); its id and secret.
+
+    A project key is an analyst or viewer key (an admin key is unscoped by definition: 422
+    naming ``role``); an unknown project is a 422 naming ``project``.
+    """
     with transaction(engine) as conn:
-        return _create(conn, role, label, generate_key(), actor_key_id)
+        project_id = None
+        if project is not None:
+            if role is Role.ADMIN:
+                raise InvalidInput("role", "must be analyst or viewer for a key in a project")
+            project_id = project_for_key(conn, project, "project").id
+        return _create(conn, role, label, generate_key(), actor_key_id, project_id)
 
 
 def _create(
-    conn: Tx, role: Role, label: str | None, secret: str, actor_key_id: int | None
+    conn: Tx,
+    role: Role,
+    label: str | None,
+    secret: str,
+    actor_key_id: int | None,
+    project_id: int | None = None,
 ) -> tuple[int, str]:
     """Store the key ``secret`` with its audit event in ``conn``'s transaction."""
     key_id = store.insert_key(
-        conn, key_hash=hash_key(secret), prefix=secret[:10], role=role.value, label=label
+        conn,
+        key_hash=hash_key(secret),
+        prefix=secret[:10],
+        role=role.value,
+        label=label,
+        project_id=project_id,
     )
+    detail: dict[str, Any] = {"key_id": key_id, "role": role.value, "label": label}
+    if project_id is not None:
+        detail["project_id"] = project_id
     audit.record(
         conn,
         kind=audit.AuditKind.KEY_CREATED,
         actor_key_id=actor_key_id,
         object_id=None,
-        detail={"key_id": key_id, "role": role.value, "label": label},
+        detail=detail,
     )
     return key_id, secret
 
 
-def authenticate(*, engine: Database, secret: str) -> KeyRow | None:
-    """The active key for ``secret``, or None (one statement: it runs on every uncached call)."""
+def authenticate(*, engine: Database, secret: str) -> tuple[KeyRow, Scope | None] | None:
+    """The active key for ``secret`` and its project's scope, or None.
+
+    One statement for an unscoped key (it runs on every uncached call), two for a project key.
+    """
     with reading(engine) as conn:
         row = store.by_hash(conn, key_hash=hash_key(secret))
-    if row is None or row.revoked_at is not None:
-        return None
-    return row
+        if row is None or row.revoked_at is not None:
+            return None
+        scope = None if row.project_id is None else scope_by_id(conn, row.project_id)
+        if row.project_id is not None and scope is None:  # pragma: no cover - foreign key
+            return None
+    return row, scope
 
 
 def ensure_bootstrap_admin(*, engine: Database, secret: str) -> bool:
@@ -131,6 +163,11 @@ def list_keys(*, engine: Database, limit: int, after: int) -> dict[str, Any]:
     """API keys in id order (id, role, label, created, revoked — never a secret or hash)."""
     with reading(engine) as conn:
         rows = store.page(conn, after=after, limit=limit)
+        names = {
+            p: scope.project
+            for p in {r.project_id for r in rows if r.project_id is not None}
+            if (scope := scope_by_id(conn, p)) is not None
+        }
     items = [
         {
             "id": row.id,
@@ -138,6 +175,7 @@ def list_keys(*, engine: Database, limit: int, after: int) -> dict[str, Any]:
             "label": row.label,
             "created_at": row.created_at.isoformat(),
             "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None,
+            "project": names.get(row.project_id) if row.project_id is not None else None,
         }
         for row in rows
     ]
@@ -163,11 +201,16 @@ class KeyCache:
         self.ttl = ttl
         self.max_entries = max_entries
         self._clock = clock
-        self._entries: dict[str, tuple[float, int, Role]] = {}
+        self._entries: dict[str, tuple[float, int, Role, Scope | None]] = {}
         self._lock = threading.Lock()
 
     def get(self, key_hash: str) -> tuple[int, Role] | None:
         """``(key id, role)`` if cached and not expired."""
+        found = self.lookup(key_hash)
+        return None if found is None else (found[0], found[1])
+
+    def lookup(self, key_hash: str) -> tuple[int, Role, Scope | None] | None:
+        """``(key id, role, scope)`` if cached and not expired (a scope never changes)."""
         entry = self._entries.get(key_hash)
         if entry is None:
             return None
@@ -175,16 +218,16 @@ class KeyCache:
             with self._lock:
                 self._entries.pop(key_hash, None)
             return None
-        return entry[1], entry[2]
+        return entry[1], entry[2], entry[3]
 
-    def put(self, key_hash: str, key_id: int, role: Role) -> None:
+    def put(self, key_hash: str, key_id: int, role: Role, scope: Scope | None = None) -> None:
         """Remember an active key (no-op when disabled)."""
         if self.ttl <= 0:
             return
         with self._lock:
             if len(self._entries) >= self.max_entries:
                 self._entries.clear()
-            self._entries[key_hash] = (self._clock() + self.ttl, key_id, role)
+            self._entries[key_hash] = (self._clock() + self.ttl, key_id, role, scope)
 
     def forget(self, key_id: int) -> None:
         """Drop a key (after revoking it here)."""

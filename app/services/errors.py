@@ -71,9 +71,18 @@ class LifetimeExhausted(BudgetExhausted):
     status, type, title = 409, "lifetime-exhausted", "Lifetime budget exhausted"
 
 
+class QuotaExhausted(BudgetExhausted):
+    """The project's quota refused the query (the object's own filters accepted it)."""
+
+    status, type, title = 409, "quota-exhausted", "Quota exhausted"
+
+
 def refusal_error(refusal: str) -> type[BudgetExhausted]:
     """The error of a refused query by its problem type (``budget-exhausted`` by default)."""
-    return LifetimeExhausted if refusal == LifetimeExhausted.type else BudgetExhausted
+    for error in (LifetimeExhausted, QuotaExhausted):
+        if refusal == error.type:
+            return error
+    return BudgetExhausted
 
 
 class LastAdminKey(ServiceError):

@@ -34,10 +34,12 @@ def object_history(
     limit: int | None = None,
     analyst_key_id: int | None = None,
     chunks: ChunkCache | None = None,
+    project_id: int | None = None,
 ) -> list[HistoryItem]:
     """The object's accepted queries with ``seq > after``, in order, at most ``limit``.
 
-    ``analyst_key_id``: only the queries that analyst asked (its submits and its surveys').
+    ``analyst_key_id``: only the queries that analyst asked (its submits and its surveys');
+    ``project_id``: only those its project's keys asked (the project's sub-history).
     Raises :class:`HistoryMismatch` when the stored entries are not ``1..accepted``.
     """
     accepted = accepted_count(conn, object_id=object_id)
@@ -51,6 +53,7 @@ def object_history(
         after=after,
         analyst_key_id=analyst_key_id,
         limit=limit,
+        project_id=project_id,
     )
     if singles < accepted:
         answers = _survey_answers(conn, object_id, accepted, chunks)
@@ -59,9 +62,12 @@ def object_history(
                 f"{object_id}: accepted={accepted}, but {singles} submits and "
                 f"{len(answers)} survey answers are stored"
             )
-        if analyst_key_id is not None:
+        if analyst_key_id is not None or project_id is not None:
             own = store.surveys_of(
-                conn, analyst_key_id=analyst_key_id, among={r.survey_id for r in answers}
+                conn,
+                analyst_key_id=analyst_key_id,
+                among={r.survey_id for r in answers},
+                project_id=project_id,
             )
             answers = [r for r in answers if r.survey_id in own]
         items.extend(r for r in answers if r.seq > after)

@@ -28,6 +28,7 @@ from app.engine.pipeline import f0_filter
 from app.services import audit
 from app.services.errors import AlreadyExists, NotFound
 from app.services.history import object_history
+from app.services.scope import Scope, admits
 from app.services.snapshots import lifetime_of
 from app.store import Conflict, Database, Tx, reading, transaction
 from app.store import history as history_store
@@ -36,6 +37,7 @@ from app.store import versions as version_store
 from app.store.counts import count_objects, surveys_by_status
 from app.store.domains import domain_hash, store_domains
 from app.store.objects import ObjectRecord
+from app.store.projects import sub_histories
 from app.store.states import count_states
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
@@ -129,8 +131,8 @@ _STORED_DOMAINS = EngineLimits(
 
 
 @lru_cache(maxsize=1024)
-def _stored_domain(domain_text: str) -> Domain:
-    """A stored domain, parsed once per text."""
+def stored_domain(domain_text: str) -> Domain:
+    """A stored domain, parsed once per text (whatever the limits are now)."""
     return parse_domain(json.loads(domain_text), limits=_STORED_DOMAINS)
 
 
@@ -139,7 +141,7 @@ def odometer_view(row: OdometerColumns) -> dict[str, Any]:
     delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
     phase = None
     if delta is not None:
-        f0 = f0_filter(row.budget, delta, _stored_domain(row.domain))
+        f0 = f0_filter(row.budget, delta, stored_domain(row.domain))
         phase = f0.phase(Fraction(row.f0_account))
     current = LossBounds(row.loss_lower, row.loss_upper)
     odometer = Odometer(
@@ -417,19 +419,28 @@ def register_object(
     return object_view(row)
 
 
-def load_object(conn: Tx, object_id: str) -> ObjectRecord:
-    """The object's public columns, or :class:`~app.services.errors.NotFound`."""
+def load_object(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectRecord:
+    """The object's public columns, or :class:`~app.services.errors.NotFound`.
+
+    An object outside ``scope`` is not found, exactly as a missing one: the scope is a condition
+    of the one ``SELECT``, which finds no row either way (same problem, same work).
+    """
     # an id that could never have been registered (e.g. a NUL byte, which PostgreSQL rejects)
-    row = store.get_object(conn, object_id=object_id) if ID_PATTERN.fullmatch(object_id) else None
-    if row is None:
+    labels = None if scope is None else scope.labels
+    row = (
+        store.get_object(conn, object_id=object_id, scope=labels)
+        if ID_PATTERN.fullmatch(object_id)
+        else None
+    )
+    if row is None or not admits(scope, row.labels):
         raise NotFound("no object with that id")
     return row
 
 
-def get_object(*, engine: Database, object_id: str) -> dict[str, Any]:
+def get_object(*, engine: Database, object_id: str, scope: Scope | None = None) -> dict[str, Any]:
     """An object's view."""
     with reading(engine) as conn:
-        return object_view(load_object(conn, object_id))
+        return object_view(load_object(conn, object_id, scope))
 
 
 def retire_object(
@@ -454,10 +465,19 @@ def retire_object(
         return object_view(row)
 
 
-def get_odometer(*, engine: Database, object_id: str) -> dict[str, Any]:
-    """An object's odometer."""
+def get_odometer(
+    *,
+    engine: Database,
+    object_id: str,
+    scope: Scope | None = None,
+    projects: bool = False,
+) -> dict[str, Any]:
+    """An object's odometer (``projects``: with each project's sub-history, for admins)."""
     with reading(engine) as conn:
-        return odometer_view(load_object(conn, object_id))
+        view = odometer_view(load_object(conn, object_id, scope))
+        if projects:
+            view["projects"] = projects_view(conn, object_id)
+        return view
 
 
 def version_span(conn: Tx, row: ObjectRecord, version: int | None) -> tuple[int, int, int | None]:
@@ -475,14 +495,20 @@ def version_span(conn: Tx, row: ObjectRecord, version: int | None) -> tuple[int,
 
 
 def odometer_history(
-    *, engine: Database, object_id: str, limit: int, after: int, version: int | None = None
+    *,
+    engine: Database,
+    object_id: str,
+    limit: int,
+    after: int,
+    version: int | None = None,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Realized-loss bounds and basic composition after each accepted query, for charts.
 
     Of one data version (the current one by default); ``accepted`` counts within it.
     """
     with reading(engine) as conn:
-        row = load_object(conn, object_id)
+        row = load_object(conn, object_id, scope)
         number, start, end = version_span(conn, row, version)
         records = [
             r
@@ -561,6 +587,20 @@ def _summary(r: ObjectRecord) -> dict[str, Any]:
     }
 
 
+def projects_view(conn: Tx, object_id: str) -> list[dict[str, Any]]:
+    """An admin odometer's ``projects``: each project's sub-history loss on the object."""
+    return [
+        {
+            "project": project.name,
+            "quota": project.quota,
+            "realized_loss": LossBounds(state.loss_lower, state.loss_upper).to_json(),
+            "accepted": state.accepted,
+            "basic_composition": float(Fraction(state.basic_total)),
+        }
+        for state, project in sub_histories(conn, object_id=object_id)
+    ]
+
+
 def list_odometers(
     *,
     engine: Database,
@@ -573,11 +613,13 @@ def list_odometers(
     id_prefix: str | None = None,
     status: str | None = None,
     after: str | None = None,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """A page of odometers across objects, filtered.
 
     By id prefix, status, remaining budget and labels, in id order from after the id ``after``
-    (keyset) then ``offset``.
+    (keyset) then ``offset``. A project key's page and ``total`` count only the objects in its
+    scope.
     """
     where = store.ObjectFilter(
         labels=tuple(labels or ()),
@@ -586,6 +628,7 @@ def list_odometers(
         include_retired=include_retired,
         remaining_lt=remaining_lt,
         remaining_gt=remaining_gt,
+        scope=None if scope is None else tuple(scope.labels),
     )
     with reading(engine) as conn:
         total, rows = store.page_objects(conn, where=where, limit=limit, offset=offset, after=after)
@@ -599,6 +642,7 @@ def odometer_totals(
     labels: list[tuple[str, str]] | None = None,
     id_prefix: str | None = None,
     include_retired: bool = False,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Counts of the objects carrying ``labels`` (and ``id_prefix``) by status.
 
@@ -607,7 +651,10 @@ def odometer_totals(
     the objects the list shows (retired ones with ``include_retired``).
     """
     where = store.ObjectFilter(
-        labels=tuple(labels or ()), id_prefix=id_prefix, include_retired=include_retired
+        labels=tuple(labels or ()),
+        id_prefix=id_prefix,
+        include_retired=include_retired,
+        scope=None if scope is None else tuple(scope.labels),
     )
     with reading(engine) as conn:
         found = store.totals(conn, where)

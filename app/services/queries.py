@@ -50,6 +50,7 @@ from app.services.errors import (
     Busy,
     IdempotencyMismatch,
     NotFound,
+    QuotaExhausted,
     Retired,
     ServiceError,
     refusal_error,
@@ -57,6 +58,15 @@ from app.services.errors import (
 from app.services.history import object_history
 from app.services.locks import ObjectLocks
 from app.services.objects import ID_PATTERN, load_object, odometer_view, version_span
+from app.services.quota import (
+    QUOTA_EXHAUSTED,
+    ProjectQuota,
+    load_quota,
+    quota_decision,
+    quota_view,
+    record_output,
+)
+from app.services.scope import Scope, admits
 from app.services.snapshots import (
     advance,
     lifetime_of,
@@ -105,7 +115,15 @@ class _StoredRejection:
 
     detail: str
     extra: dict[str, Any]
+    #: The problem's type: budget-exhausted, lifetime-exhausted or quota-exhausted.
     refusal: str = "budget-exhausted"
+
+
+@dataclass(frozen=True)
+class _QuotaRefusal:
+    """The project's quota refused a query the object's own filter accepted."""
+
+    decision: Decision
 
 
 @functools.lru_cache(maxsize=1024)
@@ -121,14 +139,24 @@ def dry_run(
     object_id: str,
     query: Any,
     limits: EngineLimits,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Would the object's filter accept ``query`` now? Changes nothing."""
     with reading(engine) as conn:
-        row = _load_active(conn, object_id)
+        row = _load_active(conn, object_id, scope)
         domain = _domain_of(row.domain, limits)
         mech = parse_query(query, domain, "query", limits=limits)
         snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))
-    return decide(snapshot, mech, worker, tight=True).to_json()
+        quota = load_quota(conn, scope, object_id, domain, limits, version_start=row.version_start)
+    decision = decide(snapshot, mech, worker, tight=True)
+    answer = decision.to_json()
+    if quota is not None:
+        by_quota = quota_decision(quota, mech, worker, tight=True)
+        answer["quota"] = quota_view(quota, by_quota)
+        if decision.accepted and not by_quota.accepted:
+            # the object's filters would accept: the quota's refusal is the answer
+            answer.update(decision="reject", reason=by_quota.reason, refusal=QUOTA_EXHAUSTED)
+    return answer
 
 
 class _LostRace(Exception):
@@ -173,13 +201,16 @@ def _replay(
     return SubmitOutcome({"query_id": record.query_id, **json.loads(record.response)}, True)
 
 
-def _load_active(conn: Tx, object_id: str) -> ObjectState:
+def _load_active(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectState:
+    """The object as a decision reads it; an object outside ``scope`` is missing (404)."""
     row = (
-        object_store.load_state(conn, object_id=object_id)
+        object_store.load_state(
+            conn, object_id=object_id, scope=None if scope is None else scope.labels
+        )
         if ID_PATTERN.fullmatch(object_id)
         else None
     )
-    if row is None:
+    if row is None or not admits(scope, row.labels):
         raise NotFound("no object with that id")
     if row.retired_at is not None:
         raise Retired("the object is retired and answers no queries")
@@ -197,6 +228,7 @@ def submit(
     analyst_key_id: int | None,
     limits: EngineLimits,
     attempts: int,
+    scope: Scope | None = None,
 ) -> SubmitOutcome:
     """Decide, sample, record; see the module docstring for the protocol.
 
@@ -222,6 +254,7 @@ def submit(
                     limits,
                     print_,
                     replay_first,
+                    scope,
                 )
             except (_LostRace, Conflict):
                 replay_first = True
@@ -233,6 +266,9 @@ def submit(
             if isinstance(outcome, _StoredRejection):
                 error = refusal_error(outcome.refusal)
                 raise error(outcome.detail, replayed=True, **outcome.extra)
+            if isinstance(outcome, _QuotaRefusal):  # the object's filters accepted
+                metrics.DECISIONS.labels(outcome.decision.filter.value, "reject").inc()
+                raise QuotaExhausted(outcome.decision.reason, **_rejection_extra(outcome.decision))
             if isinstance(outcome, Decision):
                 metrics.DECISIONS.labels(outcome.filter.value, "reject").inc()
                 error = refusal_error(outcome.refusal)
@@ -265,7 +301,8 @@ def _attempt(
     limits: EngineLimits,
     print_: str,
     replay_first: bool,
-) -> SubmitOutcome | _Accepted | _StoredRejection | Decision:
+    scope: Scope | None = None,
+) -> SubmitOutcome | _Accepted | _StoredRejection | Decision | _QuotaRefusal:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
     On a first attempt (``replay_first`` false) the key is looked up only when the answer would
@@ -280,26 +317,47 @@ def _attempt(
             return _replay(conn, object_id, key, print_, analyst_key_id)
 
         if replay_first:
+            if scope is not None:  # never answer a stored key's 422 for an object out of scope
+                load_object(conn, object_id, scope)
             replay = _replay(conn, object_id, key, print_, analyst_key_id)
             if replay is not None:
                 return replay
         try:
-            row = _load_active(conn, object_id)
+            row = _load_active(conn, object_id, scope)
             domain = _domain_of(row.domain, limits)
             mech = parse_query(query, domain, "query", limits=limits)
             snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))
             decision = decide(snapshot, mech, worker, tight=False)
+            # a project key's quota: read only when the object's own filter accepts
+            quota = (
+                load_quota(conn, scope, object_id, domain, limits, version_start=row.version_start)
+                if decision.accepted
+                else None
+            )
+            by_quota = None if quota is None else quota_decision(quota, mech, worker, tight=False)
+        except NotFound:
+            # missing or out of scope: no key was stored for it by this caller, and looking one
+            # up could answer another client's "key used" (a 422 telling the object exists)
+            raise
         except (ServiceError, InvalidInput, Unsupported):
             replay = stored_answer()
             if replay is not None:
                 return replay
             raise
-        if not decision.accepted:
+        if not decision.accepted:  # the object's own refusal is reported first
             replay = stored_answer()
             if replay is not None:
                 return replay
             _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
             return decision
+        if by_quota is not None and not by_quota.accepted:
+            replay = stored_answer()
+            if replay is not None:
+                return replay
+            _record_rejection(
+                conn, row, mech, by_quota, analyst_key_id, key, print_, kind=QUOTA_EXHAUSTED
+            )
+            return _QuotaRefusal(by_quota)
         if not replay_first:
             # a key whose submit was rejected before answers that rejection again (a later
             # history may accept the same query: it needs a new key); accepted keys are caught
@@ -308,7 +366,16 @@ def _attempt(
             if rejected_before is not None:
                 return rejected_before
         body, after = _record_acceptance(
-            conn, row, snapshot, decision, mech, worker, key, print_, analyst_key_id
+            conn,
+            row,
+            snapshot,
+            decision,
+            mech,
+            worker,
+            key,
+            print_,
+            analyst_key_id,
+            None if quota is None or by_quota is None else (quota, by_quota),
         )
     return _Accepted(SubmitOutcome(body, False, row.filter), row.version + 1, after)
 
@@ -321,13 +388,19 @@ def _record_rejection(
     analyst_key_id: int | None,
     key: str | None,
     print_: str,
+    *,
+    kind: str | None = None,
 ) -> None:
     """Count a rejected submit on the object, store its answer for ``key``, audit it.
+
+    ``kind``: which filter refused (``quota-exhausted``: the project's quota; by default the
+    decision's own refusal, ``budget-exhausted`` or ``lifetime-exhausted``).
 
     With a key, the answer is stored under the unique ``(object, key)``: a concurrent retry of
     the same key that also got here fails that constraint, rolls back and replays this answer,
     so a rejection is counted once whatever the retries.
     """
+    refusal = kind or decision.refusal
     if key is not None:
         query_store.insert_rejection(
             conn,
@@ -336,11 +409,7 @@ def _record_rejection(
             analyst_key_id=analyst_key_id,
             fingerprint=print_,
             response=json.dumps(
-                {
-                    "detail": decision.reason,
-                    "extra": _rejection_extra(decision),
-                    "type": decision.refusal,
-                }
+                {"detail": decision.reason, "extra": _rejection_extra(decision), "type": refusal}
             ),
             created_at=datetime.now(UTC),
         )
@@ -355,7 +424,7 @@ def _record_rejection(
             "epsilon": mech.epsilon,
             "filter": row.filter,
             "reason": decision.reason,
-            "refusal": decision.refusal,
+            "refusal": refusal,
             "version": row.data_version,
             "accepted": row.accepted,  # where the rejection sits in the history (dashboard)
             "realized_loss": decision.realized_loss.to_json(),
@@ -374,6 +443,7 @@ def _record_acceptance(
     key: str | None,
     print_: str,
     analyst_key_id: int | None,
+    quota: tuple[ProjectQuota, Decision] | None = None,
 ) -> tuple[dict[str, Any], ObjectSnapshot]:
     """Sample the output, store it and the object's new state; the response body and snapshot.
 
@@ -446,6 +516,18 @@ def _record_acceptance(
         gained={change.stored.key: (change.stored, 1)} if change.stored else {},
         lost={row.state_hash: 1} if row.state_hash else {},
     )
+    if quota is not None:  # the project's sub-history, behind the same compare-and-set
+        record_output(
+            conn,
+            quota[0],
+            quota[1],
+            mech,
+            output,
+            worker,
+            object_id=row.id,
+            query_text=query_text,
+            output_text=output_text,
+        )
     body = {"query_id": query_id, **stored}
     audit.record(
         conn,
@@ -473,13 +555,14 @@ def list_queries(
     limit: int,
     after: int,
     version: int | None = None,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Accepted queries of one data version of an object (an analyst sees only its own).
 
     ``version`` None: the current one.
     """
     with reading(engine) as conn:
-        row = load_object(conn, object_id)
+        row = load_object(conn, object_id, scope)
         number, start, end = version_span(conn, row, version)
         records = [
             r

@@ -47,6 +47,7 @@ MAX_DELTA = 1.0 - 2.0**-53
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=NO_NUL_PATTERN)]
 LabelName = Annotated[str, Field(pattern=f"^{LABEL_NAME.pattern}$")]
 LabelValue = Annotated[str, Field(pattern=f"^{LABEL_VALUE.pattern}$")]
+ProjectName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
 #: The longest survey name and API key label (the services check these very constants).
 MAX_SURVEY_NAME = 200
 MAX_KEY_LABEL = 200
@@ -411,13 +412,46 @@ class LossRequest(_Strict):
 
 
 class KeyRequest(_Strict):
-    """``POST /v1/keys``."""
+    """``POST /v1/keys``: a key, optionally in a project (analyst or viewer keys only)."""
 
     role: Literal["admin", "analyst", "viewer"]
     label: (
         Annotated[str, Field(min_length=1, max_length=MAX_KEY_LABEL, pattern=NO_NUL_PATTERN)]
         | SkipJsonSchema[None]
     ) = None
+    project: (
+        Annotated[
+            ProjectName,
+            Field(description="The project's name: the key inherits its scope and quota"),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
+
+
+class ProjectScope(_Strict):
+    """A project's scope: the labels an object must all carry to be seen by its keys."""
+
+    labels: Annotated[dict[LabelName, LabelValue], Field(min_length=1, max_length=MAX_LABELS)]
+
+
+class Quota(_Strict):
+    """A project's quota: the ε bound on the realized loss of its own sub-history."""
+
+    epsilon: Annotated[float, Field(gt=0, le=MAX_BUDGET)]
+
+
+class ProjectRequest(_Strict):
+    """``POST /v1/projects``."""
+
+    name: ProjectName
+    scope: ProjectScope
+    quota: Quota
+
+
+class ProjectPatch(_Strict):
+    """``PATCH /v1/projects/{name}``: a new quota (the scope is fixed)."""
+
+    quota: Quota
 
 
 # --------------------------------------------------------------------------------- responses
@@ -470,6 +504,10 @@ class Odometer(_Open):
     lifetime: LifetimeOdometer | SkipJsonSchema[None] = Field(
         default=None, description="Objects registered with a lifetime budget only"
     )
+    projects: list[ProjectLoss] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="Admins only: each project's sub-history loss against its quota",
+    )
 
 
 class ObjectBudget(_Open):
@@ -507,6 +545,27 @@ class OutputLoss(_Open):
     exact: bool = Field(default=False, description=EXACT_DESCRIPTION)
 
 
+class QuotaDecision(_Open):
+    """The project's quota on its own sub-history of the object (a project key's dry-run)."""
+
+    project: str
+    quota: float
+    decision: Literal["accept", "reject"]
+    reason: str
+    realized_loss: LossBounds
+    worst_case_after: float
+
+
+class ProjectLoss(_Open):
+    """One project's sub-history of an object (an admin's odometer)."""
+
+    project: str
+    quota: float
+    realized_loss: LossBounds
+    accepted: int
+    basic_composition: float
+
+
 class Decision(_Open):
     """A dry-run: would the filter accept the query now, and the loss after each output."""
 
@@ -527,9 +586,16 @@ class Decision(_Open):
     phase: Literal["output-independent", "bayesian"] | SkipJsonSchema[None] = Field(
         default=None, description="Algorithm 4's phase after this decision (approx_bayesian)"
     )
-    refusal: Literal["budget-exhausted", "lifetime-exhausted"] | SkipJsonSchema[None] = Field(
+    refusal: (
+        Literal["budget-exhausted", "lifetime-exhausted", "quota-exhausted"] | SkipJsonSchema[None]
+    ) = Field(
         default=None,
-        description="A rejection's check: the version's filter, or the lifetime budget after it",
+        description="Which check refused (a rejection only): the version's filter, the lifetime "
+        "budget after it, or a project key's quota (reported only when the object's own checks "
+        "would accept)",
+    )
+    quota: QuotaDecision | SkipJsonSchema[None] = Field(
+        default=None, description="A project key's dry-run: its quota's filter"
     )
 
 
@@ -675,6 +741,7 @@ class CreatedKey(_Open):
     role: Literal["admin", "analyst", "viewer"]
     label: str | None
     key: str
+    project: str | None = Field(default=None, description="The key's project (null: unscoped)")
 
 
 class KeyInfo(_Open):
@@ -685,6 +752,7 @@ class KeyInfo(_Open):
     label: str | None
     created_at: Timestamp | None
     revoked_at: Timestamp | None
+    project: str | None = Field(default=None, description="The key's project (null: unscoped)")
 
 
 class KeyPage(CursorPage[KeyInfo, int]):
@@ -720,6 +788,33 @@ class WhoAmI(_Open):
 
     key_id: int
     role: Literal["admin", "analyst", "viewer"]
+    project: str | None = Field(default=None, description="The key's project (null: unscoped)")
+
+
+class ScopeView(_Open):
+    """A project's scope: its keys see only objects carrying all these labels."""
+
+    labels: dict[str, str]
+
+
+class QuotaView(_Open):
+    """A project's quota: the bound on its own sub-history's realized loss, per object."""
+
+    epsilon: float
+
+
+class ProjectView(_Open):
+    """A project: its unique name, scope and quota."""
+
+    name: str
+    scope: ScopeView
+    quota: QuotaView
+    created_at: Timestamp
+    updated_at: Timestamp
+
+
+class ProjectPage(CursorPage[ProjectView, int]):
+    """A page of projects."""
 
 
 class Health(_Open):
@@ -858,4 +953,6 @@ REQUESTS: dict[tuple[str, str], type[BaseModel]] = {
     ("post", "/v1/objects/{object_id}/queries"): QueryRequest,
     ("post", "/v1/loss"): LossRequest,
     ("post", "/v1/keys"): KeyRequest,
+    ("post", "/v1/projects"): ProjectRequest,
+    ("patch", "/v1/projects/{name}"): ProjectPatch,
 }

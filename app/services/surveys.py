@@ -25,9 +25,10 @@ from app.engine.jsonfields import as_list, as_object, check_keys
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
 from app.services import audit
-from app.services.errors import Busy, Forbidden, IdempotencyMismatch, ServiceError
+from app.services.errors import Busy, Forbidden, IdempotencyMismatch, NotFound, ServiceError
 from app.services.objects import ID_PATTERN, parse_labels
 from app.services.schemas import MAX_SURVEY_NAME
+from app.services.scope import Scope
 from app.services.survey_groups import (
     ParsedQuery,
     Refusal,
@@ -113,9 +114,14 @@ def parse_request(body: Any, *, max_members: int) -> SurveyRequest:
     return SurveyRequest(name, dict(query), None, ids)
 
 
-def _refuse_unknown(conn: Tx, request: SurveyRequest) -> None:
+def _labels_of(scope: Scope | None) -> tuple[tuple[str, str], ...] | None:
+    return None if scope is None else scope.labels
+
+
+def _refuse_unknown(conn: Tx, request: SurveyRequest, scope: Scope | None = None) -> None:
+    """422 listing the ids that name no object — or one out of ``scope``, exactly alike."""
     assert request.ids is not None  # noqa: S101 - an ids cohort
-    unknown = survey_store.unknown_ids(conn, request.ids)
+    unknown = survey_store.unknown_ids(conn, request.ids, _labels_of(scope))
     if unknown:
         shown = ", ".join(repr(i) for i in unknown[:20])
         more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
@@ -171,12 +177,15 @@ def create_survey(
     max_members: int,
     limits: EngineLimits,
     chunk_size: int,
+    scope: Scope | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Store a survey and its membership; returns its view and whether it is a replay.
 
     The members are stored in chunks of ``chunk_size`` (the unit a run decides in one
     transaction). Raises :class:`InvalidCohort` (422: no member, unknown ids, too many members)
-    and :class:`IdempotencyMismatch` (the key was used with another body).
+    and :class:`IdempotencyMismatch` (the key was used with another body). A project key's
+    cohort holds only objects in its ``scope``: a labels cohort selects within it, an ids
+    cohort naming an object outside it is refused as naming an unknown id.
     """
     for _ in range(3):
         try:
@@ -185,7 +194,7 @@ def create_survey(
                 request,
                 fingerprint,
                 idempotency_key,
-                _Cohort(analyst_key_id, max_members, limits, chunk_size),
+                _Cohort(analyst_key_id, max_members, limits, chunk_size, scope),
             )
         except Conflict:  # a concurrent request with the same key stored it first
             continue
@@ -200,19 +209,22 @@ class _Cohort:
     max_members: int
     limits: EngineLimits
     chunk_size: int
+    scope: Scope | None = None
 
 
-def _member_ids(conn: Tx, request: SurveyRequest) -> Iterator[str]:
+def _member_ids(conn: Tx, request: SurveyRequest, scope: Scope | None) -> Iterator[str]:
     """The cohort's ids in increasing bytewise order, streamed (an ids cohort's, sorted)."""
     if request.labels is not None:
-        return survey_store.labelled_ids(conn, request.labels)
+        return survey_store.labelled_ids(conn, request.labels, _labels_of(scope))
     assert request.ids is not None  # noqa: S101 - an ids cohort
     return iter(sorted(request.ids))
 
 
-def _cohort_domains(conn: Tx, request: SurveyRequest) -> set[str]:
-    """The distinct domain texts of the cohort's objects."""
-    return survey_store.cohort_domains(conn, labels=request.labels, ids=request.ids or ())
+def _cohort_domains(conn: Tx, request: SurveyRequest, scope: Scope | None) -> set[str]:
+    """The distinct domain texts of the cohort's objects (in ``scope``)."""
+    return survey_store.cohort_domains(
+        conn, labels=request.labels, ids=request.ids or (), scope=_labels_of(scope)
+    )
 
 
 def _create_once(
@@ -235,7 +247,7 @@ def _create_once(
                     )
                 return survey_view(found, show_outputs=True), True
         if request.ids is not None:
-            _refuse_unknown(conn, request)
+            _refuse_unknown(conn, request, cohort.scope)
         survey_id = survey_store.insert_survey(
             conn,
             name=request.name,
@@ -249,12 +261,14 @@ def _create_once(
         count = chunk_store.store_members(
             conn,
             survey_id=survey_id,
-            ids=_member_ids(conn, request),
+            ids=_member_ids(conn, request, cohort.scope),
             size=cohort.chunk_size,
             max_members=max_members,
         )
         _refuse_empty_or_large(count, max_members)
-        _refuse_query_fitting_no_member(_cohort_domains(conn, request), request.query, limits)
+        _refuse_query_fitting_no_member(
+            _cohort_domains(conn, request, cohort.scope), request.query, limits
+        )
         survey_store.set_total(conn, survey_id=survey_id, total=count)
         audit.record(
             conn,
@@ -350,12 +364,27 @@ def _may_see_outputs(row: SurveyRow, caller_key_id: int | None, is_admin: bool) 
     return is_admin or (caller_key_id is not None and row.analyst_key_id == caller_key_id)
 
 
+def _visible_survey(conn: Tx, survey_id: int, scope: Scope | None) -> SurveyRow:
+    """The survey, or :class:`NotFound` — also for a project key, another project's survey."""
+    row = load_survey(conn, survey_id)
+    if scope is not None and survey_store.project_of_key(conn, row.analyst_key_id) != (
+        scope.project_id
+    ):
+        raise NotFound("no survey with that id")
+    return row
+
+
 def get_survey(
-    *, engine: Database, survey_id: int, caller_key_id: int | None, is_admin: bool
+    *,
+    engine: Database,
+    survey_id: int,
+    caller_key_id: int | None,
+    is_admin: bool,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """A survey's status, progress and estimate (the output histogram to its analyst/admins)."""
     with reading(engine) as conn:
-        row = load_survey(conn, survey_id)
+        row = _visible_survey(conn, survey_id, scope)
     return survey_view(row, show_outputs=_may_see_outputs(row, caller_key_id, is_admin))
 
 
@@ -366,10 +395,15 @@ def list_surveys(
     before: int | None,
     caller_key_id: int | None,
     is_admin: bool,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
-    """Surveys, newest first; ``before`` is the previous page's ``next_before``."""
+    """Surveys, newest first; ``before`` is the previous page's ``next_before``.
+
+    A project key lists only its project's surveys.
+    """
+    project_id = None if scope is None else scope.project_id
     with reading(engine) as conn:
-        rows = survey_store.list_page(conn, limit=limit, before=before)
+        rows = survey_store.list_page(conn, limit=limit, before=before, project_id=project_id)
     items = [
         survey_view(r, show_outputs=_may_see_outputs(r, caller_key_id, is_admin)) for r in rows
     ]
@@ -384,6 +418,7 @@ def list_responses(
     after: str | None,
     caller_key_id: int | None,
     is_admin: bool,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Members' decisions in object-id order (outputs only for the survey's analyst, admins).
 
@@ -391,7 +426,7 @@ def list_responses(
     last member comes after it.
     """
     with reading(engine) as conn:
-        survey = load_survey(conn, survey_id)
+        survey = _visible_survey(conn, survey_id, scope)
         ends = chunk_store.chunk_ends(conn, survey_id=survey_id)
         # chunks hold consecutive runs of the sorted ids: the first ending past ``after``
         numbers = [number for number, last in ends if after is None or last > after]
@@ -422,11 +457,16 @@ def list_responses(
 
 
 def cancel_survey(
-    *, engine: Database, survey_id: int, caller_key_id: int | None, is_admin: bool
+    *,
+    engine: Database,
+    survey_id: int,
+    caller_key_id: int | None,
+    is_admin: bool,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Cancel a queued or running survey: undecided members are not queried (403 for others)."""
     with transaction(engine) as conn:
-        row = load_survey(conn, survey_id)
+        row = _visible_survey(conn, survey_id, scope)
         if not _may_see_outputs(row, caller_key_id, is_admin):
             raise Forbidden("only the survey's analyst or an admin may cancel it")
         if row.status in ACTIVE:
@@ -451,14 +491,16 @@ def dry_run_survey(
     limits: EngineLimits,
     max_members: int,
     attempts: int = 5,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     """Members, how many would be accepted, refusals by reason, decision groups. Spends nothing.
 
     Read again when a group's state vanished under it (a concurrent submit moved its users).
+    A project key's cohort is read within its ``scope``, as :func:`create_survey` reads it.
     """
     for _ in range(attempts):
         try:
-            return _dry_run_once(engine, worker, request, limits, max_members)
+            return _dry_run_once(engine, worker, request, limits, max_members, scope)
         except StateMissing:
             continue
     raise Busy("the cohort's objects keep changing under the dry-run; retry", retry_after=1)
@@ -470,6 +512,7 @@ def _dry_run_once(
     request: SurveyRequest,
     limits: EngineLimits,
     max_members: int,
+    scope: Scope | None = None,
 ) -> dict[str, Any]:
     parsed = ParsedQuery(limits, request.query)
     members = accepted = 0
@@ -477,9 +520,11 @@ def _dry_run_once(
     groups: set[GroupKey] = set()
     with reading(engine) as conn:
         if request.ids is not None:
-            _refuse_unknown(conn, request)
+            _refuse_unknown(conn, request, scope)
         collected: dict[tuple[GroupKey, bool], tuple[int, str]] = {}
-        groups_read = survey_store.cohort_groups(conn, labels=request.labels, ids=request.ids or ())
+        groups_read = survey_store.cohort_groups(
+            conn, labels=request.labels, ids=request.ids or (), scope=_labels_of(scope)
+        )
         for key, retired, count, first in groups_read:
             previous = collected.get((key, retired))
             if previous is not None:

@@ -12,8 +12,9 @@ distinct within its stated range, the chunks of a survey disjoint and in order, 
 well formed, and the survey's counters equal to what its chunks hold. Data versions: each
 closed version's history (its ``seq`` range) replays to its stored loss and Σε, the ranges are
 contiguous, the lifetime sums are the sum of the closed losses, and the object's row is the
-current version's replay. A mismatch means the stored state does not follow from the stored
-history.
+current version's replay. Projects (issue 25): each stored sub-history (``project_states``) is
+recomputed from the entries its project's keys asked — count, hash chain, exact Σε and loss
+bounds. A mismatch means the stored state does not follow from the stored history.
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ from app.engine.calculator import DEFAULT_TOLERANCE
 from app.engine.domain import Domain, parse_domain
 from app.engine.lifetime import NO_CLOSED, add_losses
 from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
+from app.engine.limits import DEFAULT_LIMITS
 from app.engine.pipeline import fold_history, history_account, history_entry
 from app.services.history import stored_entries
+from app.services.objects import stored_domain
+from app.services.quota import sub_snapshot
 from app.services.snapshots import next_history_hash, state_key
 from app.store import Database, Tx, reading
+from app.store import objects as object_store
+from app.store import projects as project_store
 from app.store import verify as store
 from app.store import versions as version_store
 from app.store.chunks import REASONS, Chunk, ChunkCache, decode
@@ -281,4 +287,41 @@ def verify_all(engine: Database, progress: Callable[[int], object] | None = None
                 progress(1)
         verify_state_refs(conn, report)
         verify_surveys(conn, report)
+        verify_project_states(conn, report)
     return report
+
+
+def verify_project_states(conn: Tx, report: Report) -> None:
+    """Recompute each project's stored sub-history of an object from the stored history.
+
+    A stored sub-history is the current data version's (a new version deletes them).
+    """
+    for stored in project_store.all_sub_histories(conn):
+        label = f"object {stored.object_id}, project {stored.project_id}"
+        project = project_store.by_id(conn, project_id=stored.project_id)
+        record = object_store.get_object(conn, object_id=stored.object_id)
+        if project is None or record is None:
+            report.problems.append(f"{label}: sub-history of a missing object or project")
+            continue
+        domain = stored_domain(record.domain)
+        sub = sub_snapshot(
+            conn,
+            stored.object_id,
+            domain,
+            DEFAULT_LIMITS,
+            project,
+            version_start=record.version_start,
+        )
+        if sub.count != stored.accepted:
+            report.problems.append(f"{label}: {sub.count} entries, stored {stored.accepted}")
+        if sub.history_hash != stored.history_hash:
+            report.problems.append(f"{label}: history hash differs from the stored one")
+        if str(sub.snapshot.basic_total) != stored.basic_total:
+            report.problems.append(f"{label}: basic composition differs")
+        if domain.is_finite:
+            loss = sub.snapshot.loss()
+            if (
+                abs(loss.lower - stored.loss_lower) > TOLERANCE
+                or abs(loss.upper - stored.loss_upper) > TOLERANCE
+            ):
+                report.problems.append(f"{label}: realized loss differs from the stored one")

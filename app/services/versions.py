@@ -46,6 +46,7 @@ from app.services.objects import ID_PATTERN
 from app.services.snapshots import move_state_refs, pending_entries
 from app.store import Conflict, Database, Tx, Unavailable, transaction
 from app.store import imports as answers
+from app.store import projects as project_store
 from app.store import versions as store
 from app.store.objects import ObjectState
 from app.store.states import load_states
@@ -359,4 +360,6 @@ def _close_and_open(
     if store.open_versions(conn, opened) != len(opened):
         raise _LostRace
     move_state_refs(conn, gained={}, lost=lost)
+    # quotas apply per version: every project's sub-history starts afresh with the new one
+    project_store.drop_sub_histories(conn, object_ids=[row.id for row in rows])
     return [(row.id, row.data_version + 1) for row in rows]

@@ -15,12 +15,18 @@ from typing import Any, cast
 
 from sqlalchemy import Row, Table, bindparam, func, select
 
-from app.db.models import AuditEvent, QueryRecord, Survey
+from app.db.models import ApiKey, AuditEvent, QueryRecord, Survey
 from app.store.base import Tx
 
 _QUERIES = cast(Table, QueryRecord.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
 _EVENTS = cast(Table, AuditEvent.__table__)
+_KEYS = cast(Table, ApiKey.__table__)
+
+
+def _project_keys(project_id: int) -> Any:
+    """The ids of the keys of project ``project_id`` (a subquery)."""
+    return select(_KEYS.c.id).where(_KEYS.c.project_id == project_id).scalar_subquery()
 
 
 @dataclass(frozen=True)
@@ -62,10 +68,12 @@ def submits(
     after: int = 0,
     analyst_key_id: int | None = None,
     limit: int | None = None,
+    project_id: int | None = None,
 ) -> list[HistoryItem]:
     """The object's single submits numbered in ``(after, upto]``, by number, at most ``limit``.
 
-    ``analyst_key_id``: only that analyst's. ``upto`` None: every stored one.
+    ``analyst_key_id``: only that analyst's; ``project_id``: only those of that project's keys.
+    ``upto`` None: every stored one.
     """
     statement = (
         select(_QUERIES)
@@ -76,6 +84,8 @@ def submits(
         statement = statement.where(_QUERIES.c.seq <= upto)
     if analyst_key_id is not None:
         statement = statement.where(_QUERIES.c.analyst_key_id == analyst_key_id)
+    if project_id is not None:
+        statement = statement.where(_QUERIES.c.analyst_key_id.in_(_project_keys(project_id)))
     if limit is not None:
         statement = statement.limit(limit)
     return [_submitted(r) for r in conn.execute(statement)]
@@ -98,11 +108,21 @@ def _submitted(r: Row[Any]) -> HistoryItem:
     )
 
 
-def surveys_of(conn: Tx, *, analyst_key_id: int, among: set[int | None]) -> set[int]:
-    """Which of the surveys ``among`` the analyst created."""
+def surveys_of(
+    conn: Tx,
+    *,
+    analyst_key_id: int | None = None,
+    among: set[int | None],
+    project_id: int | None = None,
+) -> set[int]:
+    """Which of the surveys ``among`` the analyst created (or a key of ``project_id``)."""
+    by = (
+        _SURVEYS.c.analyst_key_id.in_(_project_keys(project_id))
+        if project_id is not None
+        else _SURVEYS.c.analyst_key_id == analyst_key_id
+    )
     statement = select(_SURVEYS.c.id).where(
-        _SURVEYS.c.analyst_key_id == analyst_key_id,
-        _SURVEYS.c.id.in_(sorted(i for i in among if i is not None)),
+        by, _SURVEYS.c.id.in_(sorted(i for i in among if i is not None))
     )
     return set(conn.execute(statement).scalars())
 

@@ -23,6 +23,8 @@ class KeyRow:
     label: str | None
     created_at: datetime
     revoked_at: datetime | None
+    #: The key's project (None: an unscoped key).
+    project_id: int | None = None
 
 
 #: The columns of :class:`KeyRow`, in its order.
@@ -32,6 +34,7 @@ _COLUMNS = (
     _KEYS.c.label,
     _KEYS.c.created_at,
     _KEYS.c.revoked_at,
+    _KEYS.c.project_id,
 )
 #: Every authenticated request that misses the key cache runs this one (built once).
 _BY_HASH = select(*_COLUMNS).where(_KEYS.c.key_hash == bindparam("key_hash"))
@@ -80,10 +83,25 @@ def page(conn: Tx, *, after: int, limit: int) -> list[KeyRow]:
     return [KeyRow(*r) for r in conn.execute(_PAGE, {"after": after, "limit": limit})]
 
 
-def insert_key(conn: Tx, *, key_hash: str, prefix: str, role: str, label: str | None) -> int:
-    """Store a new key; its id."""
+def insert_key(
+    conn: Tx,
+    *,
+    key_hash: str,
+    prefix: str,
+    role: str,
+    label: str | None,
+    project_id: int | None = None,
+) -> int:
+    """Store a new key (in project ``project_id``, if given); its id."""
     result = conn.execute(
-        _INSERT, {"key_hash": key_hash, "prefix": prefix, "role": role, "label": label}
+        _INSERT,
+        {
+            "key_hash": key_hash,
+            "prefix": prefix,
+            "role": role,
+            "label": label,
+            "project_id": project_id,
+        },
     )
     return int(result.inserted_primary_key[0])  # type: ignore[index]
 

@@ -72,6 +72,8 @@ class ObjectState:
     lifetime_exact: str | None
     lifetime_lower: float
     lifetime_upper: float
+    #: Public metadata (a project key sees the object only if they include its scope).
+    labels: dict[str, str] | None = None
 
 
 #: The object's row and its stored likelihood array (finite domains), in one statement.
@@ -102,9 +104,16 @@ _COUNT_REJECTION = (
 _ACCEPTED = select(OBJECTS.c.accepted).where(OBJECTS.c.id == bindparam("object_id"))
 
 
-def load_state(conn: Tx, *, object_id: str) -> ObjectState | None:
-    """The object as a decision reads it (one ``SELECT``), or None if there is none."""
-    found = conn.execute(_LOAD_STATE, {"object_id": object_id}).one_or_none()
+def load_state(
+    conn: Tx, *, object_id: str, scope: Iterable[tuple[str, str]] | None = None
+) -> ObjectState | None:
+    """The object as a decision reads it (one ``SELECT``), or None if there is none.
+
+    With ``scope``: None also when the object is outside it — the same statement finds no row,
+    so an object out of scope costs what a missing one does.
+    """
+    statement = _LOAD_STATE if scope is None else _LOAD_STATE.where(*label_conditions(scope))
+    found = conn.execute(statement, {"object_id": object_id}).one_or_none()
     return None if found is None else ObjectState(**found._mapping)
 
 
@@ -191,9 +200,12 @@ _RETIRE = (
 )
 
 
-def get_object(conn: Tx, *, object_id: str) -> ObjectRecord | None:
-    """The object's public columns, or None if there is none."""
-    found = conn.execute(_GET, {"object_id": object_id}).one_or_none()
+def get_object(
+    conn: Tx, *, object_id: str, scope: Iterable[tuple[str, str]] | None = None
+) -> ObjectRecord | None:
+    """The object's public columns, or None if there is none (or it is outside ``scope``)."""
+    statement = _GET if scope is None else _GET.where(*label_conditions(scope))
+    found = conn.execute(statement, {"object_id": object_id}).one_or_none()
     return None if found is None else ObjectRecord(**found._mapping)
 
 
@@ -220,6 +232,19 @@ def label_conditions(
     """SQL conditions: the object carries every ``name: value`` given (all must hold)."""
     pairs = labels.items() if isinstance(labels, Mapping) else labels
     return [OBJECTS.c.labels[name].as_string() == value for name, value in pairs]
+
+
+#: A scope: the ``(name, value)`` labels an object must all carry (None: unscoped).
+ScopeLabels = Iterable[tuple[str, str]] | None
+
+
+def scope_conditions(scope: ScopeLabels) -> list[ColumnElement[bool]]:
+    """SQL conditions on ``objects``: in a project's ``scope`` (none at all when unscoped).
+
+    Composes with any other condition of a statement on ``objects`` (``.where(*...)``): every
+    listing, total and cohort a project key reads adds it.
+    """
+    return [] if scope is None else label_conditions(scope)
 
 
 # --- Which objects: one definition of each status, shared by the odometers list, its totals
@@ -288,10 +313,12 @@ class ObjectFilter:
     include_retired: bool = False
     remaining_lt: float | None = None
     remaining_gt: float | None = None
+    #: A project key's scope: labels every object must carry (None: unscoped).
+    scope: tuple[tuple[str, str], ...] | None = None
 
     def conditions(self, conn: Tx, *, statuses: bool = True) -> list[ColumnElement[bool]]:
         """The SQL conditions (``statuses=False``: all but the status, for totals by status)."""
-        found = label_conditions(self.labels)
+        found = label_conditions(self.labels) + scope_conditions(self.scope)
         if self.id_prefix:
             found.append(id_prefix_condition(conn, self.id_prefix))
         remaining = OBJECTS.c.budget - OBJECTS.c.loss_upper

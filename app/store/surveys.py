@@ -31,14 +31,15 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 
-from app.db.models import ProtectedObject, Survey
+from app.db.models import ApiKey, ProtectedObject, Survey
 from app.store import bulk
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
-from app.store.objects import label_conditions
+from app.store.objects import ScopeLabels, label_conditions, scope_conditions
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
+_KEYS = cast(Table, ApiKey.__table__)
 #: ``objects``' domain text (the same expression as ``app.services.domains.DOMAIN_TEXT``).
 #: Ids looked up per statement when reading an ids cohort.
 _ID_CHUNK = 1000
@@ -154,12 +155,33 @@ def set_total(conn: Tx, *, survey_id: int, total: int) -> None:
     conn.execute(update(_SURVEYS).where(_SURVEYS.c.id == survey_id).values(total=total))
 
 
-def list_page(conn: Tx, *, limit: int, before: int | None) -> list[SurveyRow]:
-    """Up to ``limit`` surveys with ids below ``before`` (all when None), newest first."""
+def _of_project(project_id: int) -> ColumnElement[bool]:
+    """The survey was created by a key of project ``project_id``."""
+    keys = select(_KEYS.c.id).where(_KEYS.c.project_id == project_id)
+    return _SURVEYS.c.analyst_key_id.in_(keys.scalar_subquery())
+
+
+def list_page(
+    conn: Tx, *, limit: int, before: int | None, project_id: int | None = None
+) -> list[SurveyRow]:
+    """Up to ``limit`` surveys with ids below ``before`` (all when None), newest first.
+
+    With ``project_id``: only the surveys created by that project's keys.
+    """
     statement = select(_SURVEYS).order_by(_SURVEYS.c.id.desc()).limit(limit)
     if before is not None:
         statement = statement.where(_SURVEYS.c.id < before)
+    if project_id is not None:
+        statement = statement.where(_of_project(project_id))
     return [_survey(r) for r in conn.execute(statement)]
+
+
+def project_of_key(conn: Tx, key_id: int | None) -> int | None:
+    """The project of API key ``key_id`` (None: unscoped, or no key)."""
+    if key_id is None:
+        return None
+    found = conn.execute(select(_KEYS.c.project_id).where(_KEYS.c.id == key_id)).scalar()
+    return None if found is None else int(found)
 
 
 def _end(conn: Tx, survey_id: int, **values: Any) -> bool:
@@ -340,14 +362,14 @@ def _by_id_chunks(
 _KNOWN = select(_OBJECTS.c.id).where(_in_ids())
 
 
-def unknown_ids(conn: Tx, ids: Sequence[str]) -> list[str]:
-    """The ids of ``ids`` that name no registered object, in their order."""
-    known = {row.id for row in _by_id_chunks(conn, _KNOWN, ids)}
+def unknown_ids(conn: Tx, ids: Sequence[str], scope: ScopeLabels = None) -> list[str]:
+    """The ids of ``ids`` that name no registered object (in ``scope``), in their order."""
+    known = {row.id for row in _by_id_chunks(conn, _KNOWN.where(*scope_conditions(scope)), ids)}
     return [i for i in ids if i not in known]
 
 
-def labelled_ids(conn: Tx, labels: Mapping[str, str]) -> Iterator[str]:
-    """The ids of the objects carrying ``labels``, in increasing bytewise order, streamed.
+def labelled_ids(conn: Tx, labels: Mapping[str, str], scope: ScopeLabels = None) -> Iterator[str]:
+    """The ids of the objects carrying ``labels`` (in ``scope``), in bytewise order, streamed.
 
     ``COLLATE "C"`` on PostgreSQL; SQLite's default order is bytewise already.
     """
@@ -356,7 +378,7 @@ def labelled_ids(conn: Tx, labels: Mapping[str, str]) -> Iterator[str]:
         order = order.collate("C")
     statement = (
         select(_OBJECTS.c.id)
-        .where(_labelled(labels))
+        .where(_labelled(labels), *scope_conditions(scope))
         .order_by(order)
         .execution_options(yield_per=10_000)
     )
@@ -365,10 +387,17 @@ def labelled_ids(conn: Tx, labels: Mapping[str, str]) -> Iterator[str]:
 
 
 def cohort_domains(
-    conn: Tx, *, labels: Mapping[str, str] | None = None, ids: Sequence[str] = ()
+    conn: Tx,
+    *,
+    labels: Mapping[str, str] | None = None,
+    ids: Sequence[str] = (),
+    scope: ScopeLabels = None,
 ) -> set[str]:
-    """The distinct domain texts of the objects carrying ``labels`` (when given) or of ``ids``."""
-    statement = select(DOMAIN_TEXT).distinct()
+    """The distinct domain texts of the objects carrying ``labels`` (when given) or of ``ids``.
+
+    Only objects in ``scope`` count.
+    """
+    statement = select(DOMAIN_TEXT).distinct().where(*scope_conditions(scope))
     if labels is not None:
         return set(conn.execute(statement.where(_labelled(labels))).scalars())
     return {row[0] for row in _by_id_chunks(conn, statement.where(_in_ids()), ids)}
@@ -391,16 +420,22 @@ _GROUPED = select(
 
 
 def cohort_groups(
-    conn: Tx, *, labels: Mapping[str, str] | None = None, ids: Sequence[str] = ()
+    conn: Tx,
+    *,
+    labels: Mapping[str, str] | None = None,
+    ids: Sequence[str] = (),
+    scope: ScopeLabels = None,
 ) -> Iterator[CohortGroup]:
     """The groups of the objects carrying ``labels`` (when given) or of ``ids`` (SQL GROUP BY).
 
-    An ids cohort is read ``1000`` ids a statement: a group may come once per statement.
+    Only objects in ``scope`` count. An ids cohort is read ``1000`` ids a statement: a group
+    may come once per statement.
     """
+    grouped = _GROUPED.where(*scope_conditions(scope))
     if labels is not None:
-        rows: Iterator[Any] = iter(conn.execute(_GROUPED.where(_labelled(labels))))
+        rows: Iterator[Any] = iter(conn.execute(grouped.where(_labelled(labels))))
     else:
-        rows = _by_id_chunks(conn, _GROUPED.where(_in_ids()), ids)
+        rows = _by_id_chunks(conn, grouped.where(_in_ids()), ids)
     for row in rows:
         values = tuple(row)
         yield CohortGroup(

@@ -51,6 +51,10 @@ OPERATIONS = {
     "list_api_keys": "keys.all",
     "drop_key": "keys.revoke",
     "whoami": "whoami",
+    "create_project": "projects.create",
+    "list_projects": "projects.all",
+    "get_project": "projects.get",
+    "change_project_quota": "projects.set_quota",
     "healthz": "health",
     "readyz": "ready",
 }

@@ -11,8 +11,8 @@ Documented answers (contract.md "REST API (v1)", issue #4, the routers' docstrin
   on every route that needs a key;
 * admin: everything; analyst: read an object, dry-run, submit, its own queries, odometers, the
   calculator; viewer: odometers only (``/v1/objects/{id}`` metadata is analyst-level); the
-  keys API and the audit log are admin-only; ``/v1/whoami`` answers any valid key; a role that
-  may not call a route gets 403 problem+json;
+  keys API, the projects API and the audit log are admin-only; ``/v1/whoami`` answers any
+  valid key; a role that may not call a route gets 403 problem+json;
 * public, whatever the ``Authorization`` header says (even an invalid or revoked key):
   ``/healthz``, ``/readyz``, ``/metrics``, ``/dashboard``, ``/dashboard/``,
   ``/dashboard/{name}`` (static files; data comes from the API with the user's key) and the
@@ -122,6 +122,30 @@ def _survey(suffix: str = "") -> Prepare:
     return prepare
 
 
+def _project_body() -> dict[str, Any]:
+    return {
+        "name": unique_id("authz"),
+        "scope": {"labels": {"study": "authz"}},
+        "quota": {"epsilon": 1},
+    }
+
+
+def _new_project(client: TestClient) -> tuple[str, dict[str, Any]]:
+    return "/v1/projects", {"json": _project_body()}
+
+
+def _project(json: Any = None) -> Prepare:
+    """A project created by the bootstrap admin."""
+
+    def prepare(client: TestClient) -> tuple[str, dict[str, Any]]:
+        body = _project_body()
+        r = client.post("/v1/projects", headers=auth(ADMIN_KEY), json=body)
+        assert r.status_code == 201, r.text
+        return f"/v1/projects/{body['name']}", {} if json is None else {"json": json}
+
+    return prepare
+
+
 LOSS_BODY = {
     "domain": DOMAIN,
     "history": [{"query": QUERY, "output": 1}],
@@ -166,6 +190,10 @@ ROWS: dict[tuple[str, str], Row] = {
     ("GET", "/v1/keys"): Row(ADMINS, 200, _fixed("/v1/keys")),
     ("DELETE", "/v1/keys/{key_id}"): Row(ADMINS, 200, _key_to_revoke),
     ("GET", "/v1/whoami"): Row(ALL_ROLES, 200, _fixed("/v1/whoami")),
+    ("POST", "/v1/projects"): Row(ADMINS, 201, _new_project),
+    ("GET", "/v1/projects"): Row(ADMINS, 200, _fixed("/v1/projects")),
+    ("GET", "/v1/projects/{name}"): Row(ADMINS, 200, _project()),
+    ("PATCH", "/v1/projects/{name}"): Row(ADMINS, 200, _project({"quota": {"epsilon": 2}})),
     ("GET", "/healthz"): Row(PUBLIC, 200, _fixed("/healthz")),
     ("GET", "/readyz"): Row(PUBLIC, 200, _fixed("/readyz")),
     ("GET", "/metrics"): Row(PUBLIC, 200, _fixed("/metrics")),

@@ -242,8 +242,17 @@ def test_examples_are_accepted(client: TestClient) -> None:
                 if path == "/v1/objects":
                     body = {**body, "id": unique_id(name)}
                 url = path.replace("{object_id}", _object_for(client))
+                url = url.replace("{name}", _project_for(client))
                 r = client.request(method.upper(), url, json=body, headers=auth(ADMIN_KEY))
                 assert r.status_code in (200, 201, 202), (method, path, name, r.text)
+
+
+def _project_for(client: TestClient) -> str:
+    """A fresh project, for the examples of operations on one project."""
+    body = {"name": unique_id("ex"), "scope": {"labels": {"a": "b"}}, "quota": {"epsilon": 1}}
+    r = client.post("/v1/projects", json=body, headers=auth(ADMIN_KEY))
+    assert r.status_code == 201, r.text
+    return str(body["name"])
 
 
 def _object_for(client: TestClient) -> str:

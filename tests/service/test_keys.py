@@ -115,7 +115,7 @@ def test_keys_are_listed_without_secrets(fresh: TestClient) -> None:
     listing = fresh.get("/v1/keys", params={"limit": 1000}, headers=auth(ADMIN_KEY))
     assert listing.status_code == 200, listing.text
     items = listing.json()["items"]
-    assert {"id", "role", "label", "created_at", "revoked_at"} == set(items[0])
+    assert {"id", "role", "label", "created_at", "revoked_at", "project"} == set(items[0])
     assert key_id(fresh, analyst) in {k["id"] for k in items}
     assert analyst not in listing.text
     assert analyst[:8] not in listing.text

@@ -652,7 +652,7 @@ def test_0008_recomputes_f0_accounts_and_moves_objects_past_the_new_count(
         command.downgrade(alembic_config(url), "0007")
         with engine.connect() as conn:
             assert dict(conn.execute(select_accounts).all()) == before
-        command.upgrade(alembic_config(url), "0008")
+        command.upgrade(alembic_config(url), "head")  # 0008, and the later revisions the app needs
         with engine.connect() as conn:
             after: dict[str, str] = dict(conn.execute(select_accounts).all())
         command.upgrade(alembic_config(url), "head")  # the app below reads later revisions

@@ -288,6 +288,19 @@ def test_real_answers_match_their_response_schemas(
             survey_id = r.json()["id"]
         TypeAdapter(responses[(method, route)]).validate_python(r.json(), strict=False)
     covered |= {(m, p) for m, p, _, _ in survey_calls}
+    name = unique_id("project")
+    project = {"name": name, "scope": {"labels": {"study": study}}, "quota": {"epsilon": 1}}
+    project_calls: list[tuple[str, str, dict[str, str], Any]] = [
+        ("post", "/v1/projects", admin, project),
+        ("get", "/v1/projects", admin, None),
+        ("get", "/v1/projects/{name}", admin, None),
+        ("patch", "/v1/projects/{name}", admin, {"quota": {"epsilon": 2}}),
+    ]
+    for method, route, headers, body in project_calls:
+        r = client.request(method, route.format(name=name), headers=headers, json=body)
+        assert r.status_code in (200, 201), (route, r.text)
+        TypeAdapter(responses[(method, route)]).validate_python(r.json(), strict=False)
+    covered |= {(m, p) for m, p, _, _ in project_calls}
     assert covered == set(responses)
 
 

@@ -17,8 +17,10 @@ The run is authenticated as an admin key of its own, and ``DELETE /v1/keys/{key_
 generated with that key's id, so the run cannot lock itself out (every other key id is fair game).
 Positive request bodies that JSON Schema cannot make meaningful (a value must be a point of the
 domain, a query must name an attribute of it, a declared ε must be the mechanism's tight ε, a
-survey's cohort must match registered objects) may be answered with 422: that is documented and
-configured for those operations only (``SEMANTIC_422``).
+survey's cohort must match registered objects, a key's project must name an existing project and
+a project key may not be an admin key, a project's scope labels must have valid label names, as
+an object's labels) may be answered with 422: that is documented and configured for those
+operations only (``SEMANTIC_422``).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ SEMANTIC_422 = (
     "POST /v1/loss",
     "POST /v1/objects/{object_id}/dry-run",
     "POST /v1/objects/{object_id}/queries",
+    "POST /v1/keys",
+    "POST /v1/projects",
 )
 #: The run's own admin key id: far from the boundaries (1, 2, 2**31 - 1) the coverage phase tries
 #: for ``DELETE /v1/keys/{key_id}``; the fuzzing phase is kept off it by a filter hook.

@@ -20,6 +20,7 @@ from app.engine.jsonfields import as_object, as_string, check_keys
 from app.services import schemas
 from app.services.auth import Role, create_key, list_keys, revoke_key
 from app.services.errors import NotFound
+from app.services.projects import parse_name
 
 router = APIRouter()
 
@@ -39,7 +40,7 @@ async def new_key(
 ) -> schemas.CreatedKey:
     """Create an API key (admin); the secret is shown once."""
     obj = as_object(body, "")
-    check_keys(obj, "", required=("role",), optional=("label",))
+    check_keys(obj, "", required=("role",), optional=("label", "project"))
     if not isinstance(obj["role"], str) or obj["role"] not in {r.value for r in Role}:
         raise InvalidInput("role", "must be one of admin, analyst, viewer")
     label = (
@@ -47,6 +48,7 @@ async def new_key(
     )
 
     role = Role(obj["role"])
+    project = parse_name(obj["project"], "project") if "project" in obj else None
     key_id, secret = await in_thread(
         runtime,
         create_key,
@@ -54,8 +56,9 @@ async def new_key(
         role=role,
         label=label,
         actor_key_id=caller.key_id,
+        project=project,
     )
-    return schemas.CreatedKey(id=key_id, role=role.value, label=label, key=secret)
+    return schemas.CreatedKey(id=key_id, role=role.value, label=label, key=secret, project=project)
 
 
 @router.get(
@@ -99,4 +102,5 @@ async def drop_key(
 )
 async def whoami(caller: ViewerDep) -> schemas.WhoAmI:
     """The calling key's id and role (never its secret); 401 for a missing or bad key."""
-    return schemas.WhoAmI(key_id=caller.key_id, role=caller.role.value)
+    project = caller.scope.project if caller.scope is not None else None
+    return schemas.WhoAmI(key_id=caller.key_id, role=caller.role.value, project=project)

@@ -66,7 +66,11 @@ async def get_object(
 ) -> dict[str, Any]:
     """Metadata of an object: domain, budget, filter, odometer — never the value."""
     return await in_thread(
-        runtime, object_service.get_object, engine=runtime.engine, object_id=object_id
+        runtime,
+        object_service.get_object,
+        engine=runtime.engine,
+        object_id=object_id,
+        scope=caller.scope,
     )
 
 
@@ -123,7 +127,7 @@ async def new_version(
 )
 async def dry_run(
     runtime: RuntimeDep,
-    _: AnalystDep,
+    caller: AnalystDep,
     object_id: ObjectId,
     body: JsonBody,
 ) -> dict[str, Any]:
@@ -137,6 +141,7 @@ async def dry_run(
         object_id=object_id,
         query=query,
         limits=runtime.limits,
+        scope=caller.scope,
     )
 
 
@@ -150,8 +155,9 @@ async def dry_run(
         404,
         409,
         s404="No such object",
-        s409="budget-exhausted: the filter rejected the query (with the loss now and the worst "
-        "case after), or object-retired",
+        s409="budget-exhausted: the object's filter rejected the query (with the loss now and "
+        "the worst case after); quota-exhausted: a project key's quota rejected it on the "
+        "project's own sub-history; or object-retired",
         s503="busy: too much contention on the object, or the database is unavailable; retry "
         "after Retry-After",
     ),
@@ -193,6 +199,7 @@ async def submit(
         analyst_key_id=caller.key_id,
         limits=runtime.limits,
         attempts=runtime.settings.submit_attempts,
+        scope=caller.scope,
     )
     if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -224,21 +231,27 @@ async def history(
         limit=limit,
         after=after,
         version=version,
+        scope=caller.scope,
     )
 
 
 @router.get("/{object_id}/odometer", **answers(schemas.Odometer), responses=PROBLEMS)
-async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: ObjectId) -> dict[str, Any]:
+async def odometer(runtime: RuntimeDep, caller: ViewerDep, object_id: ObjectId) -> dict[str, Any]:
     """Realized loss (certified bounds), remaining budget, basic composition, counts."""
     return await in_thread(
-        runtime, object_service.get_odometer, engine=runtime.engine, object_id=object_id
+        runtime,
+        object_service.get_odometer,
+        engine=runtime.engine,
+        object_id=object_id,
+        scope=caller.scope,
+        projects=caller.role is Role.ADMIN,
     )
 
 
 @router.get("/{object_id}/odometer/history", **answers(schemas.OdometerHistory), responses=PROBLEMS)
 async def odometer_history(
     runtime: RuntimeDep,
-    _: ViewerDep,
+    caller: ViewerDep,
     object_id: ObjectId,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     after: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
@@ -256,4 +269,5 @@ async def odometer_history(
         limit=limit,
         after=after,
         version=version,
+        scope=caller.scope,
     )

@@ -57,7 +57,7 @@ PrefixQuery = Annotated[
 )
 async def odometers(
     runtime: RuntimeDep,
-    _: ViewerDep,
+    caller: ViewerDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
     remaining_lt: Annotated[float | None, Query(description="Only remaining < this")] = None,
@@ -103,6 +103,7 @@ async def odometers(
         id_prefix=id_prefix,
         status=None if status is None else status.value,
         after=after,
+        scope=caller.scope,
     )
 
 
@@ -114,7 +115,7 @@ async def odometers(
 )
 async def odometer_totals(
     runtime: RuntimeDep,
-    _: ViewerDep,
+    caller: ViewerDep,
     label: LabelsQuery = [],  # noqa: B006 - FastAPI copies the default
     id_prefix: PrefixQuery = None,
     include_retired: Annotated[
@@ -134,4 +135,5 @@ async def odometer_totals(
         labels=object_service.parse_label_filters(label),
         id_prefix=id_prefix,
         include_retired=include_retired,
+        scope=caller.scope,
     )

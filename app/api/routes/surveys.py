@@ -76,6 +76,7 @@ async def create_survey(
         max_members=max_members,
         limits=runtime.limits,
         chunk_size=runtime.settings.survey_chunk_size,
+        scope=caller.scope,
     )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -90,7 +91,7 @@ async def create_survey(
     openapi_extra=body_doc(schemas.SurveyRequest, examples.SURVEY),
     responses=problems(*WITH_BODY, s422=_COHORT_422),
 )
-async def survey_dry_run(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, Any]:
+async def survey_dry_run(runtime: RuntimeDep, caller: AnalystDep, body: JsonBody) -> dict[str, Any]:
     """How a survey would go now: members, would accept, refusals by reason, groups."""
     max_members = runtime.settings.survey_max_members
     request = survey_service.parse_request(body, max_members=max_members)
@@ -102,6 +103,7 @@ async def survey_dry_run(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> 
         request=request,
         limits=runtime.limits,
         max_members=max_members,
+        scope=caller.scope,
     )
 
 
@@ -123,6 +125,7 @@ async def list_surveys(
         before=before,
         caller_key_id=caller.key_id,
         is_admin=caller.role is Role.ADMIN,
+        scope=caller.scope,
     )
     return {**page, "items": await _with_workers(runtime, page["items"])}
 
@@ -144,6 +147,7 @@ async def get_survey(runtime: RuntimeDep, caller: ViewerDep, survey_id: SurveyId
         survey_id=survey_id,
         caller_key_id=caller.key_id,
         is_admin=caller.role is Role.ADMIN,
+        scope=caller.scope,
     )
     return (await _with_workers(runtime, [view]))[0]
 
@@ -175,6 +179,7 @@ async def survey_responses(
         after=after,
         caller_key_id=caller.key_id,
         is_admin=caller.role is Role.ADMIN,
+        scope=caller.scope,
     )
 
 
@@ -194,6 +199,7 @@ async def cancel_survey(
         survey_id=survey_id,
         caller_key_id=caller.key_id,
         is_admin=caller.role is Role.ADMIN,
+        scope=caller.scope,
     )
     if view["status"] == "cancelled":
         await in_thread(runtime, runtime.surveys.cancelled, survey_id)

@@ -60,6 +60,7 @@ class AsyncClient:
         self.odometers = AsyncOdometers(self)
         self.surveys = AsyncSurveys(self)
         self.keys = AsyncKeys(self)
+        self.projects = AsyncProjects(self)
         self.audit = AsyncAudit(self)
 
     # ------------------------------------------------------------------------------ plumbing
@@ -473,9 +474,11 @@ class AsyncKeys:
     def __init__(self, client: AsyncClient) -> None:
         self._c = client
 
-    async def create(self, role: models.Role, *, label: str | None = None) -> models.CreatedKey:
-        """A new key; its secret (``.key``) is shown this once."""
-        return await self._c._run(_ops.create_key(role, label))
+    async def create(
+        self, role: models.Role, *, label: str | None = None, project: str | None = None
+    ) -> models.CreatedKey:
+        """A new key (in ``project``: its scope and quota); its secret is shown this once."""
+        return await self._c._run(_ops.create_key(role, label, project))
 
     def all(self, *, page_size: int = 1000) -> AsyncIterator[models.KeyInfo]:
         """Every key's public facts (never a secret), by id."""
@@ -484,6 +487,31 @@ class AsyncKeys:
     async def revoke(self, key_id: int) -> models.RevokedKey:
         """Revoke a key (the last active admin key cannot be: LastAdminKey)."""
         return await self._c._run(_ops.revoke_key(key_id))
+
+
+class AsyncProjects:
+    """Projects (admin): tenants with a label scope and an ε quota, inherited by their keys."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def create(
+        self, name: str, *, labels: Mapping[str, str], quota: float
+    ) -> models.ProjectView:
+        """A new project: its keys see only objects carrying ``labels``, within ``quota``."""
+        return await self._c._run(_ops.create_project(name, labels, quota))
+
+    async def get(self, name: str) -> models.ProjectView:
+        """A project's scope and quota."""
+        return await self._c._run(_ops.get_project(name))
+
+    async def set_quota(self, name: str, quota: float) -> models.ProjectView:
+        """Change a project's quota (its scope is fixed)."""
+        return await self._c._run(_ops.set_quota(name, quota))
+
+    def all(self, *, page_size: int = 1000) -> AsyncIterator[models.ProjectView]:
+        """Every project, in creation order."""
+        return self._c._iterate(_ops.projects(page_size))
 
 
 class AsyncAudit:

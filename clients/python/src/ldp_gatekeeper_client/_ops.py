@@ -416,12 +416,56 @@ def survey_responses(survey_id: int, page_size: int) -> Pager[models.SurveyRespo
 
 
 # ------------------------------------------------------------------------- keys, audit, misc
-def create_key(role: str, label: str | None) -> Call[models.CreatedKey]:
+def create_key(role: str, label: str | None, project: str | None = None) -> Call[models.CreatedKey]:
     """``POST /v1/keys`` (admin); not retried once sent (a retry would make a second key)."""
     body: dict[str, Any] = {"role": role}
     if label is not None:
         body["label"] = label
+    if project is not None:
+        body["project"] = project
     return Call("POST", "/v1/keys", parser(models.CreatedKey), content=encode(body), safe=False)
+
+
+# ------------------------------------------------------------------------------------ projects
+def _project(name: str) -> str:
+    return "/v1/projects/" + quote(name, safe="")
+
+
+def create_project(name: str, labels: Mapping[str, str], quota: float) -> Call[models.ProjectView]:
+    """``POST /v1/projects`` (admin); not retried once sent (a name is created once: 409)."""
+    body = {"name": name, "scope": {"labels": dict(labels)}, "quota": {"epsilon": quota}}
+    return Call(
+        "POST", "/v1/projects", parser(models.ProjectView), content=encode(body), safe=False
+    )
+
+
+def get_project(name: str) -> Call[models.ProjectView]:
+    """``GET /v1/projects/{name}`` (admin)."""
+    return Call("GET", _project(name), parser(models.ProjectView))
+
+
+def set_quota(name: str, quota: float) -> Call[models.ProjectView]:
+    """``PATCH /v1/projects/{name}`` (admin): a new quota; safe to retry (the same result)."""
+    body = {"quota": {"epsilon": quota}}
+    return Call("PATCH", _project(name), parser(models.ProjectView), content=encode(body))
+
+
+def _split_projects(page: models.ProjectPage) -> tuple[list[models.ProjectView], int | None]:
+    return page.items, page.next_after
+
+
+def projects(page_size: int) -> Pager[models.ProjectView]:
+    """``GET /v1/projects`` (admin), in creation order."""
+    return Pager(
+        first=0,
+        page=lambda after: Call(
+            "GET",
+            "/v1/projects",
+            parser(models.ProjectPage),
+            params=[("limit", str(page_size)), ("after", str(after))],
+        ),
+        split=_split_projects,
+    )
 
 
 def _split_keys(page: models.KeyPage) -> tuple[list[models.KeyInfo], int | None]:

@@ -69,6 +69,7 @@ class Client:
         self.odometers = Odometers(self)
         self.surveys = Surveys(self)
         self.keys = Keys(self)
+        self.projects = Projects(self)
         self.audit = Audit(self)
 
     # ------------------------------------------------------------------------------ plumbing
@@ -506,9 +507,11 @@ class Keys:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    def create(self, role: models.Role, *, label: str | None = None) -> models.CreatedKey:
-        """A new key; its secret (``.key``) is shown this once."""
-        return self._c._run(_ops.create_key(role, label))
+    def create(
+        self, role: models.Role, *, label: str | None = None, project: str | None = None
+    ) -> models.CreatedKey:
+        """A new key (in ``project``: its scope and quota); its secret is shown this once."""
+        return self._c._run(_ops.create_key(role, label, project))
 
     def all(self, *, page_size: int = 1000) -> Iterator[models.KeyInfo]:
         """Every key's public facts (never a secret), by id."""
@@ -517,6 +520,29 @@ class Keys:
     def revoke(self, key_id: int) -> models.RevokedKey:
         """Revoke a key (the last active admin key cannot be: LastAdminKey)."""
         return self._c._run(_ops.revoke_key(key_id))
+
+
+class Projects:
+    """Projects (admin): tenants with a label scope and an ε quota, inherited by their keys."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def create(self, name: str, *, labels: Mapping[str, str], quota: float) -> models.ProjectView:
+        """A new project: its keys see only objects carrying ``labels``, within ``quota``."""
+        return self._c._run(_ops.create_project(name, labels, quota))
+
+    def get(self, name: str) -> models.ProjectView:
+        """A project's scope and quota."""
+        return self._c._run(_ops.get_project(name))
+
+    def set_quota(self, name: str, quota: float) -> models.ProjectView:
+        """Change a project's quota (its scope is fixed)."""
+        return self._c._run(_ops.set_quota(name, quota))
+
+    def all(self, *, page_size: int = 1000) -> Iterator[models.ProjectView]:
+        """Every project, in creation order."""
+        return self._c._iterate(_ops.projects(page_size))
 
 
 class Audit:

@@ -13,6 +13,7 @@ picks the most specific class by ``type``, then by status::
         ├── NotFound (404)               no such object, survey or key
         ├── Conflict (409)
         │   ├── BudgetExhausted          the filter refused: realized_loss, per_output bounds
+        │   │   └── QuotaExhausted       the project's quota refused (its own sub-history)
         │   ├── AlreadyExists            an object with this id exists (registered differently)
         │   ├── ObjectRetired            the object answers no queries
         │   └── LastAdminKey             revoking it would leave no admin key
@@ -193,9 +194,18 @@ class ServerBusy(ServerError):
         self.retry_after: float | None = retry_after_seconds(response)
 
 
+class QuotaExhausted(BudgetExhausted):
+    """409 ``quota-exhausted``: the project's quota refused the query; nothing was spent.
+
+    The realized loss of the project's own sub-history would pass its quota; the object's own
+    filter would have accepted. The loss fields are the sub-history's.
+    """
+
+
 _BY_TYPE: dict[str, type[ApiError]] = {
     "budget-exhausted": BudgetExhausted,
     "lifetime-exhausted": LifetimeExhausted,
+    "quota-exhausted": QuotaExhausted,
     "already-exists": AlreadyExists,
     "object-retired": ObjectRetired,
     "last-admin-key": LastAdminKey,

@@ -38,6 +38,8 @@ AuditKind = Literal[
     "survey.created",
     "survey.finished",
     "survey.cancelled",
+    "project.created",
+    "project.quota_changed",
 ]
 SurveyStatus = Literal["queued", "running", "done", "cancelled", "failed"]
 #: Statuses after which a survey changes no more.
@@ -312,10 +314,38 @@ class LossRequest(_Request):
 
 
 class KeyRequest(_Request):
-    """``POST /v1/keys``."""
+    """``POST /v1/keys``: a key, optionally in a project (analyst or viewer keys only)."""
 
     role: Role
     label: str | None = None
+    #: The project's name: the key inherits its scope and quota.
+    project: str | None = None
+
+
+class ProjectScope(_Request):
+    """A project's scope: the labels an object must all carry to be seen by its keys."""
+
+    labels: dict[str, str]
+
+
+class Quota(_Request):
+    """A project's quota: the ε bound on the realized loss of its own sub-history."""
+
+    epsilon: float
+
+
+class ProjectRequest(_Request):
+    """``POST /v1/projects``."""
+
+    name: str
+    scope: ProjectScope
+    quota: Quota
+
+
+class ProjectPatch(_Request):
+    """``PATCH /v1/projects/{name}``: a new quota (the scope is fixed)."""
+
+    quota: Quota
 
 
 # --------------------------------------------------------------------------------- responses
@@ -338,6 +368,27 @@ class LifetimeOdometer(_Response):
     remaining: float
 
 
+class ProjectLoss(_Response):
+    """One project's sub-history of an object (an admin's odometer)."""
+
+    project: str
+    quota: float
+    realized_loss: LossBounds
+    accepted: int
+    basic_composition: float
+
+
+class QuotaDecision(_Response):
+    """The project's quota on its own sub-history of the object (a project key's dry-run)."""
+
+    project: str
+    quota: float
+    decision: Literal["accept", "reject"]
+    reason: str
+    realized_loss: LossBounds
+    worst_case_after: float
+
+
 class Odometer(_Response):
     """An object's accounting: budget, certified loss, remaining, basic composition, counts.
 
@@ -358,6 +409,8 @@ class Odometer(_Response):
     version: int
     #: Objects registered with a lifetime budget only.
     lifetime: LifetimeOdometer | None = None
+    #: Admins only: each project's sub-history loss against its quota.
+    projects: list[ProjectLoss] | None = None
 
 
 class ObjectBudget(_Response):
@@ -413,8 +466,11 @@ class Decision(_Response):
     #: δ_g and Algorithm 4's phase after this decision (``approx_bayesian`` objects only).
     delta: float | None = None
     phase: Phase | None = None
-    #: A rejection's check: the version's filter, or the lifetime budget after it.
-    refusal: Literal["budget-exhausted", "lifetime-exhausted"] | None = None
+    #: Which check refused (a rejection only): the version's filter, the lifetime budget after
+    #: it, or a project key's quota (reported only when the object's own checks would accept).
+    refusal: Literal["budget-exhausted", "lifetime-exhausted", "quota-exhausted"] | None = None
+    #: A project key's dry-run: its quota's filter on the project's own sub-history.
+    quota: QuotaDecision | None = None
 
     @property
     def accepted(self) -> bool:
@@ -590,6 +646,8 @@ class CreatedKey(_Response):
     role: Role
     label: str | None
     key: str
+    #: The key's project (None: unscoped).
+    project: str | None = None
 
 
 class KeyInfo(_Response):
@@ -600,6 +658,8 @@ class KeyInfo(_Response):
     label: str | None
     created_at: datetime | None
     revoked_at: datetime | None
+    #: The key's project (None: unscoped).
+    project: str | None = None
 
 
 class KeyPage(_Response):
@@ -639,6 +699,37 @@ class WhoAmI(_Response):
 
     key_id: int
     role: Role
+    #: The key's project (None: unscoped).
+    project: str | None = None
+
+
+class ScopeView(_Response):
+    """A project's scope: its keys see only objects carrying all these labels."""
+
+    labels: dict[str, str]
+
+
+class QuotaView(_Response):
+    """A project's quota: the bound on its own sub-history's realized loss, per object."""
+
+    epsilon: float
+
+
+class ProjectView(_Response):
+    """A project: its unique name, scope and quota."""
+
+    name: str
+    scope: ScopeView
+    quota: QuotaView
+    created_at: datetime
+    updated_at: datetime
+
+
+class ProjectPage(_Response):
+    """A page of projects."""
+
+    items: list[ProjectView]
+    next_after: int | None
 
 
 class Health(_Response):

@@ -1,0 +1,78 @@
+"""Projects (admin): tenants with a label scope and an ε quota, inherited by their keys."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, status
+
+from app.api import examples
+from app.api.deps import AdminDep, JsonBody, RuntimeDep, in_thread
+from app.api.openapi import AUTHENTICATED, WITH_BODY, answers, body_doc, problems
+from app.services import projects as project_service
+from app.services import schemas
+
+router = APIRouter(prefix="/v1/projects", tags=["projects"])
+
+#: A project's unique name (any other text is simply not found).
+ProjectName = Annotated[str, Path(description="The project's unique name")]
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    **answers(schemas.ProjectView),
+    openapi_extra=body_doc(schemas.ProjectRequest, examples.PROJECT),
+    responses=problems(*WITH_BODY, 409, s409="already-exists: a project with this name exists"),
+)
+async def create_project(runtime: RuntimeDep, caller: AdminDep, body: JsonBody) -> dict[str, Any]:
+    """Create a project (admin): its keys see only objects in its scope, within its quota."""
+    return await in_thread(
+        runtime,
+        project_service.create_project,
+        engine=runtime.engine,
+        body=body,
+        actor_key_id=caller.key_id,
+    )
+
+
+@router.get("", **answers(schemas.ProjectPage), responses=problems(*AUTHENTICATED))
+async def list_projects(
+    runtime: RuntimeDep,
+    _: AdminDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[int, Query(ge=0, le=2_147_483_647, description="The previous next_after")] = 0,
+) -> dict[str, Any]:
+    """Projects in creation order (admin)."""
+    return await in_thread(
+        runtime, project_service.list_projects, engine=runtime.engine, limit=limit, after=after
+    )
+
+
+_NOT_FOUND = problems(*AUTHENTICATED, 404, s404="No such project")
+
+
+@router.get("/{name}", **answers(schemas.ProjectView), responses=_NOT_FOUND)
+async def get_project(runtime: RuntimeDep, _: AdminDep, name: ProjectName) -> dict[str, Any]:
+    """A project's scope and quota (admin)."""
+    return await in_thread(runtime, project_service.get_project, engine=runtime.engine, name=name)
+
+
+@router.patch(
+    "/{name}",
+    **answers(schemas.ProjectView),
+    openapi_extra=body_doc(schemas.ProjectPatch, examples.PROJECT_PATCH),
+    responses=problems(*WITH_BODY, 404, s404="No such project"),
+)
+async def change_project_quota(
+    runtime: RuntimeDep, caller: AdminDep, name: ProjectName, body: JsonBody
+) -> dict[str, Any]:
+    """Change a project's quota (admin); its scope is fixed."""
+    return await in_thread(
+        runtime,
+        project_service.change_quota,
+        engine=runtime.engine,
+        name=name,
+        body=body,
+        actor_key_id=caller.key_id,
+    )

@@ -1,0 +1,226 @@
+"""Projects (issue 25): the admin API, keys created in a project, and bad input.
+
+A project has a unique name, a label scope (at least one label, fixed) and an ε quota (at most
+the largest budget an object may have); keys are created in it by name and inherit both. Bad
+input is a 422 problem+json naming the field, and stores nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from fastapi.testclient import TestClient
+
+from app.bootstrap import create_app
+from app.db.migrate import alembic_config, upgrade
+from app.db.models import Base
+from app.db.session import make_engine
+from app.engine.limits import MAX_BUDGET
+from tests.service.conftest import ADMIN_KEY, auth, make_settings, unique_id
+from tests.service.factories import run_cli
+
+PROBLEM = "application/problem+json"
+ADMIN = auth(ADMIN_KEY)
+
+
+def project_body(name: str | None = None, **changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "name": name or unique_id("p"),
+        "scope": {"labels": {"study": "flu-2026"}},
+        "quota": {"epsilon": 1.5},
+    }
+    body.update(changes)
+    return body
+
+
+def field_error(response: httpx.Response, field: str, status: int = 422) -> dict[str, Any]:
+    """A problem+json naming ``field``."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith(PROBLEM)
+    body = response.json()
+    assert field in [e["field"] for e in body.get("errors", [])], body
+    return dict(body)
+
+
+def _counts(client: TestClient) -> tuple[int, int]:
+    projects = client.get("/v1/projects", params={"limit": 1000}, headers=ADMIN).json()
+    keys = client.get("/v1/keys", params={"limit": 1000}, headers=ADMIN).json()
+    return len(projects["items"]), len(keys["items"])
+
+
+def test_a_project_is_created_read_listed_and_its_quota_changed(client: TestClient) -> None:
+    body = project_body()
+    r = client.post("/v1/projects", headers=ADMIN, json=body)
+    assert r.status_code == 201, r.text
+    view = r.json()
+    assert view["name"] == body["name"]
+    assert view["scope"] == {"labels": {"study": "flu-2026"}}
+    assert view["quota"] == {"epsilon": 1.5}
+    assert client.get(f"/v1/projects/{body['name']}", headers=ADMIN).json() == view
+    listed = client.get("/v1/projects", params={"limit": 1000}, headers=ADMIN).json()
+    assert view in listed["items"]
+    r = client.patch(
+        f"/v1/projects/{body['name']}", headers=ADMIN, json={"quota": {"epsilon": 2.5}}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["quota"] == {"epsilon": 2.5}
+    assert r.json()["scope"] == view["scope"]
+    kinds = [
+        e["kind"]
+        for e in client.get("/v1/audit", params={"limit": 1000}, headers=ADMIN).json()["events"]
+    ]
+    assert "project.created" in kinds
+    assert "project.quota_changed" in kinds
+
+
+def test_project_names_are_unique_and_paged(client: TestClient) -> None:
+    body = project_body()
+    assert client.post("/v1/projects", headers=ADMIN, json=body).status_code == 201
+    r = client.post("/v1/projects", headers=ADMIN, json={**body, "quota": {"epsilon": 3}})
+    assert r.status_code == 409, r.text
+    assert r.json()["type"] == "already-exists"
+    assert client.get(f"/v1/projects/{body['name']}", headers=ADMIN).json()["quota"] == {
+        "epsilon": 1.5
+    }
+    first = client.get("/v1/projects", params={"limit": 1}, headers=ADMIN).json()
+    assert len(first["items"]) == 1
+    assert first["next_after"] is not None
+    second = client.get(
+        "/v1/projects", params={"limit": 1, "after": first["next_after"]}, headers=ADMIN
+    ).json()
+    assert second["items"][0]["name"] != first["items"][0]["name"]
+
+
+def test_unknown_projects_are_not_found(client: TestClient) -> None:
+    for method, json in (("GET", None), ("PATCH", {"quota": {"epsilon": 1}})):
+        r = client.request(method, "/v1/projects/no-such-project", headers=ADMIN, json=json)
+        assert r.status_code == 404, r.text
+        assert r.json()["type"] == "not-found"
+
+
+def test_a_key_in_a_project_names_it_and_whoami_says_so(client: TestClient) -> None:
+    body = project_body()
+    client.post("/v1/projects", headers=ADMIN, json=body)
+    for role in ("analyst", "viewer"):
+        r = client.post(
+            "/v1/keys", headers=ADMIN, json={"role": role, "project": body["name"], "label": "x"}
+        )
+        assert r.status_code == 201, r.text
+        created = r.json()
+        assert created["project"] == body["name"]
+        me = client.get("/v1/whoami", headers=auth(created["key"])).json()
+        assert me == {"key_id": created["id"], "role": role, "project": body["name"]}
+        listed = client.get("/v1/keys", params={"limit": 1000}, headers=ADMIN).json()["items"]
+        (info,) = [k for k in listed if k["id"] == created["id"]]
+        assert info["project"] == body["name"]
+    assert client.get("/v1/whoami", headers=ADMIN).json()["project"] is None
+
+
+BAD_PROJECTS: list[tuple[str, Any, str]] = [
+    ("no labels", project_body(scope={"labels": {}}), "scope.labels"),
+    ("no scope", {"name": "x1", "quota": {"epsilon": 1}}, "scope"),
+    ("scope not an object", project_body(scope=["study"]), "scope"),
+    ("scope ids", project_body(scope={"labels": {"a": "b"}, "ids": ["x"]}), "scope.ids"),
+    ("label value", project_body(scope={"labels": {"study": 3}}), "scope.labels.study"),
+    ("label name", project_body(scope={"labels": {"-bad": "x"}}), "scope.labels"),
+    ("quota above every budget", project_body(quota={"epsilon": MAX_BUDGET * 2}), "quota.epsilon"),
+    ("quota zero", project_body(quota={"epsilon": 0}), "quota.epsilon"),
+    ("quota negative", project_body(quota={"epsilon": -1}), "quota.epsilon"),
+    ("quota text", project_body(quota={"epsilon": "1"}), "quota.epsilon"),
+    ("quota delta", project_body(quota={"epsilon": 1, "delta": 0.1}), "quota.delta"),
+    ("name", project_body(name="has space"), "name"),
+    ("name too long", project_body(name="x" * 65), "name"),
+    ("name number", {**project_body(), "name": 7}, "name"),
+    ("extra field", {**project_body(), "owner": "me"}, "owner"),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"), [(b, f) for _, b, f in BAD_PROJECTS], ids=[i for i, _, _ in BAD_PROJECTS]
+)
+def test_bad_projects_are_refused_naming_the_field(
+    client: TestClient, body: Any, field: str
+) -> None:
+    before = _counts(client)
+    field_error(client.post("/v1/projects", headers=ADMIN, json=body), field)
+    assert _counts(client) == before
+
+
+BAD_PATCHES: list[tuple[str, Any, str]] = [
+    ("scope is fixed", {"quota": {"epsilon": 1}, "scope": {"labels": {"a": "b"}}}, "scope"),
+    ("no quota", {}, "quota"),
+    ("quota above every budget", {"quota": {"epsilon": MAX_BUDGET + 1}}, "quota.epsilon"),
+    ("quota null", {"quota": None}, "quota"),
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"), [(b, f) for _, b, f in BAD_PATCHES], ids=[i for i, _, _ in BAD_PATCHES]
+)
+def test_bad_quota_changes_are_refused_naming_the_field(
+    client: TestClient, body: Any, field: str
+) -> None:
+    project = project_body()
+    client.post("/v1/projects", headers=ADMIN, json=project)
+    r = client.patch(f"/v1/projects/{project['name']}", headers=ADMIN, json=body)
+    field_error(r, field)
+    assert client.get(f"/v1/projects/{project['name']}", headers=ADMIN).json()["quota"] == {
+        "epsilon": 1.5
+    }
+
+
+def test_bad_project_keys_are_refused_naming_the_field(client: TestClient) -> None:
+    project = project_body()
+    client.post("/v1/projects", headers=ADMIN, json=project)
+    cases = [
+        ({"role": "analyst", "project": "no-such-project"}, "project"),
+        ({"role": "analyst", "project": None}, "project"),
+        ({"role": "analyst", "project": 5}, "project"),
+        ({"role": "analyst", "project": "bad name"}, "project"),
+        ({"role": "admin", "project": project["name"]}, "role"),
+    ]
+    for body, field in cases:
+        before = _counts(client)
+        field_error(client.post("/v1/keys", headers=ADMIN, json=body), field)
+        assert _counts(client) == before
+
+
+def test_0010_downgrades_and_upgrades_again(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cycle.db'}"
+    upgrade(url)
+    command.downgrade(alembic_config(url), "0008")
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": False})
+            assert compare_metadata(context, Base.metadata) == []
+    finally:
+        engine.dispose()
+
+
+def test_gatekeeper_keys_create_in_a_project(tmp_path: Path) -> None:
+    """``gatekeeper keys create --project NAME``: a key of that project; an unknown one: exit 2."""
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    upgrade(url)
+    name = unique_id("cli")
+    with TestClient(create_app(make_settings(url))) as client:
+        r = client.post("/v1/projects", headers=ADMIN, json=project_body(name))
+        assert r.status_code == 201, r.text
+    done = run_cli("keys", "create", "--role", "viewer", "--project", name, database_url=url)
+    assert done.returncode == 0, done.stderr
+    secret = done.stdout.strip()
+    with TestClient(create_app(make_settings(url))) as client:
+        me = client.get("/v1/whoami", headers=auth(secret)).json()
+        assert me["project"] == name
+        assert me["role"] == "viewer"
+    unknown = run_cli("keys", "create", "--role", "viewer", "--project", "nope", database_url=url)
+    assert unknown.returncode == 2
+    assert "project: names no project" in unknown.stderr
+    assert unknown.stdout == ""
