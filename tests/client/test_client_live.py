@@ -176,6 +176,36 @@ def test_versions_and_lifetime_budgets(admin: Client, server: Server, tmp_path: 
         assert admin.objects.get(oid).version == 3
 
 
+def test_odometers_by_keyset_totals_and_the_audit_export(admin: Client) -> None:
+    """Odometers listed in id order page after page (keyset), searched by prefix and counted by
+    status as the list shows them; the audit export parsed and resumed after an event."""
+    binary = Domain(attributes=[IntegerAttribute(name="b", low=0, high=1)])
+    study = unique_id("keyset")
+    ids = [f"{study}-{i}" for i in range(5)]
+    for oid in ids:
+        admin.objects.register(
+            RegisterRequest(
+                id=oid,
+                domain=binary,
+                value={"b": 1},
+                budget=BudgetBody(epsilon=1.0),
+                labels={"study": study},
+            )
+        )
+    listed = [o.id for o in admin.odometers.all(labels={"study": study}, page_size=2)]
+    assert listed == ids  # three pages of 2, 2, 1, each after the last id of the one before
+    assert [o.id for o in admin.odometers.all(id_prefix=f"{study}-3")] == [ids[3]]
+    totals = admin.odometers.totals(labels={"study": study})
+    assert (totals.objects, totals.active, totals.exhausted, totals.retired) == (5, 5, 0, 0)
+    assert [o.id for o in admin.odometers.all(labels={"study": study}, status="exhausted")] == []
+    events = admin.audit.export()
+    mine = [e for e in events if e.object_id in ids]
+    assert [e.object_id for e in mine] == ids  # oldest first
+    assert [e.id for e in events] == sorted(e.id for e in events)
+    resumed = admin.audit.export(after=mine[2].id)
+    assert [e.object_id for e in resumed if e.object_id in ids] == ids[3:]
+
+
 def test_the_calculator_takes_models(admin: Client) -> None:
     """The loss calculator example of the main README, built from the client's models."""
     x_is_1 = Predicate(attribute="x", op="==", value=1)

@@ -51,11 +51,13 @@ ODOMETER = {
     "accepted": 1,
     "rejected": 0,
     "updated_at": "2026-11-24T10:00:00+00:00",
+    "version": 1,
 }
 SUBMITTED = {
     "query_id": 7,
     "object_id": "p-1",
     "seq": 1,
+    "version": 1,
     "output": "flu",
     "epsilon": 0.5,
     "odometer": ODOMETER,
@@ -237,6 +239,7 @@ def test_a_registration_is_resent_when_it_certainly_did_not_arrive() -> None:
         "status": "active",
         "created_at": None,
         "retired_at": None,
+        "version": 1,
         "odometer": ODOMETER,
     }
     recorder = Recorder(

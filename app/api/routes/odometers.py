@@ -26,7 +26,7 @@ LABEL_FILTER = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}:[^\x00-\x1f\x7f]{1,256}$"
 ID_PREFIX = r"^[A-Za-z0-9._:@-]{1,128}$"
 
 
-class Status(StrEnum):
+class OdometerStatus(StrEnum):
     """The statuses a list may ask for (one definition each, shared with the metrics)."""
 
     ACTIVE = "active"
@@ -66,7 +66,7 @@ async def odometers(
     label: LabelsQuery = [],  # noqa: B006 - FastAPI copies the default
     id_prefix: PrefixQuery = None,
     status: Annotated[
-        Status | None,
+        OdometerStatus | None,
         Query(
             description="Only objects with this status: active, exhausted (active, remaining "
             "below the smallest query epsilon), near_exhaustion (active, remaining below 0.1 of "

@@ -312,8 +312,14 @@ class AsyncOdometers:
         include_retired: bool = False,
         labels: Mapping[str, str] | None = None,
         page_size: int = 1000,
+        id_prefix: str | None = None,
+        status: models.OdometerStatus | None = None,
     ) -> AsyncIterator[models.OdometerSummary]:
-        """Every matching object's odometer, page after page (``labels``: all must match)."""
+        """Every matching object's odometer in id order (``labels``: all must match).
+
+        ``id_prefix``: ids starting with it; ``status``: ``active``, ``exhausted``,
+        ``near_exhaustion`` or ``retired``.
+        """
         return self._c._iterate(
             _ops.odometers(
                 page_size=page_size,
@@ -321,6 +327,22 @@ class AsyncOdometers:
                 remaining_gt=remaining_gt,
                 include_retired=include_retired,
                 labels=labels,
+                id_prefix=id_prefix,
+                status=status,
+            )
+        )
+
+    async def totals(
+        self,
+        *,
+        labels: Mapping[str, str] | None = None,
+        id_prefix: str | None = None,
+        include_retired: bool = False,
+    ) -> models.OdometerTotals:
+        """How many objects match, by status (the dashboard's cards, the gauges' definitions)."""
+        return await self._c._run(
+            _ops.odometer_totals(
+                labels=labels, id_prefix=id_prefix, include_retired=include_retired
             )
         )
 
@@ -529,3 +551,12 @@ class AsyncAudit:
     ) -> AsyncIterator[models.AuditEvent]:
         """Every event (filtered by object and kind), oldest first."""
         return self._c._iterate(_ops.audit(object_id, kind, page_size))
+
+    async def export(
+        self, *, after: int | None = None, since: str | None = None
+    ) -> list[models.AuditEvent]:
+        """The log from after event ``after`` (or from RFC 3339 time ``since``), oldest first.
+
+        One request: resume a long export with ``after`` = the last event's id.
+        """
+        return await self._c._run(_ops.audit_export(after, since))

@@ -195,29 +195,46 @@ def odometers(
     remaining_gt: float | None,
     include_retired: bool,
     labels: Mapping[str, str] | None,
+    id_prefix: str | None = None,
+    status: models.OdometerStatus | None = None,
 ) -> Pager[models.OdometerSummary]:
-    """``GET /v1/odometers``, offset after offset until ``total`` is reached."""
+    """``GET /v1/odometers`` in id order, each page after the last id of the one before."""
     params = [("limit", str(page_size)), ("include_retired", str(include_retired).lower())]
     if remaining_lt is not None:
         params.append(("remaining_lt", repr(float(remaining_lt))))
     if remaining_gt is not None:
         params.append(("remaining_gt", repr(float(remaining_gt))))
+    if id_prefix is not None:
+        params.append(("id_prefix", id_prefix))
+    if status is not None:
+        params.append(("status", status))
     params += [("label", f"{name}:{value}") for name, value in (labels or {}).items()]
 
-    def split(page: models.OdometerPage) -> tuple[list[models.OdometerSummary], int | None]:
-        reached = page.offset + len(page.items)
-        return page.items, (reached if page.items and reached < page.total else None)
+    def split(page: models.OdometerPage) -> tuple[list[models.OdometerSummary], str | None]:
+        # a full page may have a next one: ask after its last id (keyset, any depth)
+        return page.items, (page.items[-1].id if len(page.items) == page_size else None)
 
     return Pager(
-        first=0,
-        page=lambda offset: Call(
+        first="",
+        page=lambda after: Call(
             "GET",
             "/v1/odometers",
             parser(models.OdometerPage),
-            params=[*params, ("offset", str(offset))],
+            params=[*params, *([("after", after)] if after else [])],
         ),
         split=split,
     )
+
+
+def odometer_totals(
+    *, labels: Mapping[str, str] | None, id_prefix: str | None, include_retired: bool
+) -> Call[models.OdometerTotals]:
+    """``GET /v1/odometers/totals``: counts by status of the objects a list would cover."""
+    params = [("include_retired", str(include_retired).lower())]
+    if id_prefix is not None:
+        params.append(("id_prefix", id_prefix))
+    params += [("label", f"{name}:{value}") for name, value in (labels or {}).items()]
+    return Call("GET", "/v1/odometers/totals", parser(models.OdometerTotals), params=params)
 
 
 # ------------------------------------------------------------------------------------ imports
@@ -509,6 +526,20 @@ def audit(object_id: str | None, kind: str | None, page_size: int) -> Pager[mode
         ),
         split=_split_audit,
     )
+
+
+def _events(response: httpx.Response) -> list[models.AuditEvent]:
+    return [models.AuditEvent.model_validate_json(line) for line in response.text.splitlines()]
+
+
+def audit_export(after: int | None, since: str | None) -> Call[list[models.AuditEvent]]:
+    """``GET /v1/audit/export`` (admin): the log as NDJSON, oldest first, parsed line by line."""
+    params = []
+    if after is not None:
+        params.append(("after", str(int(after))))
+    if since is not None:
+        params.append(("since", since))
+    return Call("GET", "/v1/audit/export", _events, params=params)
 
 
 def loss(body: models.LossRequest | Mapping[str, Any]) -> Call[models.LossResult]:

@@ -42,6 +42,8 @@ AuditKind = Literal[
     "project.quota_changed",
 ]
 SurveyStatus = Literal["queued", "running", "done", "cancelled", "failed"]
+#: What ``GET /v1/odometers?status=`` lists (``near_exhaustion`` includes the exhausted).
+OdometerStatus = Literal["active", "exhausted", "near_exhaustion", "retired"]
 #: Statuses after which a survey changes no more.
 FINISHED: frozenset[str] = frozenset({"done", "cancelled", "failed"})
 
@@ -561,6 +563,23 @@ class OdometerPage(_Response):
     total: int
     limit: int
     offset: int
+
+
+class OdometerTotals(_Response):
+    """Counts of the objects a filter covers, by status (``GET /v1/odometers/totals``).
+
+    ``exhausted``: active, less left than the smallest ε a query may declare;
+    ``near_exhaustion``: active, less than 0.1 of the budget left (the exhausted included).
+    """
+
+    #: The objects listed: active ones, and retired ones if included.
+    objects: int
+    active: int
+    retired: int
+    exhausted: int
+    near_exhaustion: int
+    #: Rejected submits, summed over ``objects``.
+    rejected: int
 
 
 class CandidateAcceptance(_Response):
