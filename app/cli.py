@@ -13,8 +13,9 @@ import json
 import os
 import sys
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from app.engine.calculator import compute_loss
 from app.engine.errors import InvalidInput, Unsupported
@@ -413,6 +414,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+@contextmanager
+def _ndjson_input(args: argparse.Namespace, desc: str) -> Iterator[tuple[IO[bytes], Any]]:
+    """The import's input (``args.file``, ``-``: stdin) and a progress bar over its bytes."""
+    from tqdm import tqdm
+
+    source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    total_bytes = None if args.file == "-" else os.fstat(source.fileno()).st_size
+    with (
+        source,
+        tqdm(
+            total=total_bytes,
+            unit="B",
+            unit_scale=True,
+            desc=desc,
+            disable=args.quiet,
+            file=sys.stderr,
+        ) as bar,
+    ):
+        yield source, bar
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     """Register the objects of an NDJSON file (``-``: stdin) in batches, with a progress bar.
 
@@ -422,8 +444,6 @@ def cmd_import(args: argparse.Namespace) -> int:
     batches before it stay stored. ``--jobs`` worker processes parse and validate the next
     batches while this process stores the current one (``--jobs 0``: all in this process).
     """
-    from tqdm import tqdm
-
     from app.services.errors import ServiceError
     from app.services.imports import MAX_IMPORT, BadLine, import_objects
 
@@ -437,20 +457,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         print("--jobs must be 0 or more", file=sys.stderr)
         return 2
     engine = _open_database(values=True)
-    source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
-    total_bytes = None if args.file == "-" else os.fstat(source.fileno()).st_size
     created = existing = 0
-    with (
-        source,
-        tqdm(
-            total=total_bytes,
-            unit="B",
-            unit_scale=True,
-            desc="import",
-            disable=args.quiet,
-            file=sys.stderr,
-        ) as bar,
-    ):
+    with _ndjson_input(args, "import") as (source, bar):
         try:
             for (first, last, size), registrations in _parsed_batches(
                 _numbered_batches(source, batch_size), args.jobs
@@ -486,7 +494,6 @@ def _import_versions(args: argparse.Namespace) -> int:
     import hashlib
 
     import orjson
-    from tqdm import tqdm
 
     from app.engine.errors import InvalidInput
     from app.services.errors import ServiceError
@@ -496,20 +503,8 @@ def _import_versions(args: argparse.Namespace) -> int:
         print(f"--batch-size must be 1..{MAX_VERSIONS}", file=sys.stderr)
         return 2
     engine = _open_database(values=True)
-    source = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
-    total_bytes = None if args.file == "-" else os.fstat(source.fileno()).st_size
     created = replayed = 0
-    with (
-        source,
-        tqdm(
-            total=total_bytes,
-            unit="B",
-            unit_scale=True,
-            desc="versions",
-            disable=args.quiet,
-            file=sys.stderr,
-        ) as bar,
-    ):
+    with _ndjson_input(args, "versions") as (source, bar):
         for (first, last, size), numbered in _numbered_batches(source, args.batch_size):
             digest = hashlib.sha256()
             items = []

@@ -10,7 +10,6 @@ import asyncio
 import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -23,7 +22,6 @@ from ldp_gatekeeper_client._core import retry_wait as _retry_wait
 from ldp_gatekeeper_client.errors import (
     ApiError,
     ConnectionFailed,
-    ImportFailed,
     SurveyFailed,
     WaitTimeout,
     error_from_response,
@@ -216,33 +214,17 @@ class AsyncObjects:
         self, path: str | os.PathLike[str], *, batch_size: int = 5000, progress: bool = False
     ) -> models.ImportResult:
         """Register the objects of an NDJSON file in batches; see the sync client's."""
-        created = existing = 0
-        with (
-            Path(path).open("rb") as source,
-            tqdm(
-                total=os.fstat(source.fileno()).st_size,
-                unit="B",
-                unit_scale=True,
-                desc="import",
-                disable=not progress,
-            ) as bar,
-        ):
-            for batch in _ops.ndjson_batches(source, batch_size):
+        upload_of = _ops.ndjson_upload(
+            path, batch_size, desc="import", second="existing", progress=progress
+        )
+        with upload_of as (batches, upload):
+            for batch in batches:
                 try:
                     result = await self._c._run(_ops.ndjson_import(batch))
                 except ApiError as exc:
-                    raise ImportFailed(
-                        f"lines {batch.first}-{batch.last}: {exc}",
-                        first_line=batch.first,
-                        last_line=batch.last,
-                        created=created,
-                        existing=existing,
-                    ) from exc
-                created += result.created
-                existing += result.existing
-                bar.update(batch.nbytes)
-                bar.set_postfix(created=created, existing=existing)
-        return models.ImportResult(created=created, existing=existing)
+                    raise upload.failed(batch, exc) from exc
+                upload.add(batch, created=result.created, existing=result.existing)
+        return models.ImportResult(created=upload.created, existing=upload.existing)
 
 
 class AsyncVersions:
@@ -267,35 +249,18 @@ class AsyncVersions:
         (counted in ``already``) and creates the rest. A refused batch raises
         :class:`~.errors.ImportFailed` naming its lines; the batches before it stay stored.
         """
-        created = already = 0
-        with (
-            Path(path).open("rb") as source,
-            tqdm(
-                total=os.fstat(source.fileno()).st_size,
-                unit="B",
-                unit_scale=True,
-                desc="versions",
-                disable=not progress,
-            ) as bar,
-        ):
-            for batch in _ops.ndjson_batches(source, batch_size):
+        upload_of = _ops.ndjson_upload(
+            path, batch_size, desc="versions", second="already", progress=progress
+        )
+        with upload_of as (batches, upload):
+            for batch in batches:
                 try:
                     result = await self._c._run(_ops.ndjson_versions(batch))
                 except ApiError as exc:
-                    raise ImportFailed(
-                        f"lines {batch.first}-{batch.last}: {exc}",
-                        first_line=batch.first,
-                        last_line=batch.last,
-                        created=created,
-                        existing=already,
-                    ) from exc
-                if result.replayed:
-                    already += result.created
-                else:
-                    created += result.created
-                bar.update(batch.nbytes)
-                bar.set_postfix(created=created, already=already)
-        return models.VersionsImported(created=created, already=already)
+                    raise upload.failed(batch, exc) from exc
+                replayed = result.created if result.replayed else 0
+                upload.add(batch, created=result.created - replayed, existing=replayed)
+        return models.VersionsImported(created=upload.created, already=upload.existing)
 
 
 class AsyncOdometers:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any
 from urllib.parse import quote
 
 import httpx
+from tqdm import tqdm
 
 from ldp_gatekeeper_client import models
 from ldp_gatekeeper_client._core import (
@@ -26,6 +30,7 @@ from ldp_gatekeeper_client._core import (
     new_idempotency_key,
     parser,
 )
+from ldp_gatekeeper_client.errors import ImportFailed
 
 #: A query: a model (``GrrQuery(attribute="disease", epsilon=0.5)``) or its JSON as a mapping.
 QueryLike = (
@@ -288,6 +293,55 @@ def ndjson_batches(source: IO[bytes], batch_size: int) -> Iterator[Batch]:
             lines, nbytes = [], 0
     if lines:
         yield Batch(first, number, nbytes, b"\n".join(lines) + b"\n")
+
+
+@dataclass
+class Upload:
+    """What the batches of an NDJSON upload did so far, shown on its progress bar.
+
+    ``created``, and ``existing`` (an import: objects already registered identically) or the
+    batches' objects replayed (versions: ``already``), named ``second`` on the bar.
+    """
+
+    bar: Any
+    second: str
+    created: int = 0
+    existing: int = 0
+
+    def add(self, batch: Batch, *, created: int, existing: int) -> None:
+        """Count a stored batch and move the bar past its bytes."""
+        self.created += created
+        self.existing += existing
+        self.bar.update(batch.nbytes)
+        self.bar.set_postfix({"created": self.created, self.second: self.existing})
+
+    def failed(self, batch: Batch, error: Exception) -> ImportFailed:
+        """The error of a refused batch: its lines, and what the batches before it did."""
+        return ImportFailed(
+            f"lines {batch.first}-{batch.last}: {error}",
+            first_line=batch.first,
+            last_line=batch.last,
+            created=self.created,
+            existing=self.existing,
+        )
+
+
+@contextmanager
+def ndjson_upload(
+    path: str | os.PathLike[str], batch_size: int, *, desc: str, second: str, progress: bool
+) -> Iterator[tuple[Iterator[Batch], Upload]]:
+    """The file's batches (:func:`ndjson_batches`) and the :class:`Upload` counting them."""
+    with (
+        Path(path).open("rb") as source,
+        tqdm(
+            total=os.fstat(source.fileno()).st_size,
+            unit="B",
+            unit_scale=True,
+            desc=desc,
+            disable=not progress,
+        ) as bar,
+    ):
+        yield ndjson_batches(source, batch_size), Upload(bar, second)
 
 
 def ndjson_import(batch: Batch) -> Call[models.ImportResult]:
