@@ -157,6 +157,7 @@ DECISION_FIELDS = frozenset(
         "candidate",
         "delta",
         "phase",
+        "refusal",
     }
 )
 CANDIDATE_FIELDS = frozenset(
@@ -197,6 +198,7 @@ def decision_json(decision: Decision) -> dict[str, Any]:
         },
         "delta": decision.delta,
         "phase": decision.phase,
+        "refusal": decision.refusal,
     }
 
 
@@ -224,4 +226,5 @@ def decision_from_json(data: dict[str, Any]) -> Decision:
         candidate=candidate,
         delta=data["delta"],
         phase=data["phase"],
+        refusal=data["refusal"],
     )

@@ -148,7 +148,7 @@ def test_whoami_names_the_key_and_its_role(client: TestClient, role: str) -> Non
     created = client.post("/v1/keys", headers=auth(ADMIN_KEY), json={"role": role}).json()
     r = client.get("/v1/whoami", headers=auth(created["key"]))
     assert r.status_code == 200
-    assert r.json() == {"key_id": created["id"], "role": role}
+    assert r.json() == {"key_id": created["id"], "role": role, "project": None}  # unscoped
     assert created["key"][:10] not in r.text  # not even the stored prefix of the secret
 
 
