@@ -19,8 +19,10 @@ Positive request bodies that JSON Schema cannot make meaningful (a value must be
 domain, a query must name an attribute of it, a declared ε must be the mechanism's tight ε, a
 survey's cohort must match registered objects, a key's project must name an existing project and
 a project key may not be an admin key, a project's scope labels must have valid label names, as
-an object's labels) may be answered with 422: that is documented and configured for those
-operations only (``SEMANTIC_422``).
+an object's labels, a new version's value must be a point of its object's domain, an audit
+export's ``since`` must be an RFC 3339 time with an offset and is exclusive with ``after``) may be
+answered with 422: that is documented and configured for those operations only
+(``SEMANTIC_422``).
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ SEMANTIC_422 = (
     "POST /v1/objects/{object_id}/queries",
     "POST /v1/keys",
     "POST /v1/projects",
+    "POST /v1/objects/{object_id}/versions",
+    "POST /v1/versions",
+    "GET /v1/audit/export",
 )
 #: The run's own admin key id: far from the boundaries (1, 2, 2**31 - 1) the coverage phase tries
 #: for ``DELETE /v1/keys/{key_id}``; the fuzzing phase is kept off it by a filter hook.
