@@ -307,7 +307,8 @@ def cmd_encryption_rotate(args: argparse.Namespace) -> int:
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
     """Create an API key and print it once."""
-    from app.services.auth import Role, create_key
+    from app.services.auth import create_key
+    from app.services.schemas import Role
 
     engine = _open_database(values=False)
     _, secret = create_key(engine=engine, role=Role(args.role), label=args.label)
@@ -400,7 +401,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from app.services.errors import ServiceError
-    from app.services.imports import MAX_IMPORT, BadLine, import_objects
+    from app.services.imports import BadLine, import_objects
+    from app.services.schemas import MAX_IMPORT
 
     batch_size = args.batch_size
     if not 1 <= batch_size <= MAX_IMPORT:

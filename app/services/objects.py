@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -16,17 +14,18 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from app.engine.accountant import Odometer
-from app.engine.approx import NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
-from app.engine.jsonfields import as_object, as_positive_number, check_keys, path
+from app.engine.jsonfields import path
 from app.engine.likelihood import LossBounds
-from app.engine.limits import MAX_BUDGET, EngineLimits
+from app.engine.limits import EngineLimits
 from app.engine.pipeline import f0_filter
-from app.services import audit
+from app.services import audit, schemas
+from app.services.bodies import validated
 from app.services.errors import AlreadyExists, NotFound
 from app.services.history import object_history
+from app.services.schemas import ID_PATTERN, LABEL_NAME, LABEL_VALUE, RegisterRequest
 from app.store import Conflict, Database, Tx, reading, transaction
 from app.store import history as history_store
 from app.store import objects as store
@@ -34,8 +33,6 @@ from app.store.counts import count_objects, surveys_by_status
 from app.store.domains import domain_hash, store_domains
 from app.store.objects import ObjectRecord
 from app.store.states import count_states
-
-ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -107,7 +104,7 @@ def _stored_domain(domain_text: str) -> Domain:
     return parse_domain(json.loads(domain_text), limits=_STORED_DOMAINS)
 
 
-def odometer_view(row: OdometerColumns) -> dict[str, Any]:
+def odometer_view(row: OdometerColumns) -> schemas.Odometer:
     """The odometer object of contract.md: the engine's :class:`Odometer` and a timestamp."""
     delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
     phase = None
@@ -123,59 +120,37 @@ def odometer_view(row: OdometerColumns) -> dict[str, Any]:
         delta,
         phase,
     )
-    return {**odometer.to_json(), "updated_at": _iso(row.updated_at)}
+    return schemas.Odometer.model_validate(
+        {**odometer.to_json(), "updated_at": _iso(row.updated_at)}
+    )
 
 
-def budget_view(epsilon: float, delta: float | None) -> dict[str, float]:
+def budget_view(epsilon: float, delta: float | None) -> schemas.ObjectBudget:
     """``{"epsilon"}``, with ``"delta"`` for an (ε, δ) budget."""
-    return {"epsilon": epsilon} if delta is None else {"epsilon": epsilon, "delta": delta}
+    if delta is None:
+        return schemas.ObjectBudget(epsilon=epsilon)
+    return schemas.ObjectBudget(epsilon=epsilon, delta=delta)
 
 
-def object_view(row: ObjectRecord) -> dict[str, Any]:
+def object_view(row: ObjectRecord) -> schemas.ObjectView:
     """Metadata of an object — never its value."""
-    return {
-        "id": row.id,
-        "domain": json.loads(row.domain),
-        "budget": budget_view(row.budget, row.budget_delta),
-        "filter": row.filter,
-        "finite": row.finite,
-        "labels": row.labels or {},
-        "status": "retired" if row.retired_at is not None else "active",
-        "created_at": _iso(row.created_at),
-        "retired_at": _iso(row.retired_at),
-        "odometer": odometer_view(row),
-    }
+    return schemas.ObjectView(
+        id=row.id,
+        domain=json.loads(row.domain),
+        budget=budget_view(row.budget, row.budget_delta),
+        filter=row.filter,  # type: ignore[arg-type]  # a stored filter is one of the names
+        finite=row.finite,
+        labels=row.labels or {},
+        status="retired" if row.retired_at is not None else "active",
+        created_at=_iso(row.created_at),
+        retired_at=_iso(row.retired_at),
+        odometer=odometer_view(row),
+    )
 
 
-#: The filters a registration may name.
-FILTER_NAMES = frozenset(k.value for k in FilterKind)
 #: Parsed domains by the ``repr`` of their JSON (:func:`parse_registration`'s ``domains``):
 #: the domain, its stored text and the text's hash.
 DomainCache = dict[str, tuple[Domain, str, str]]
-
-#: Labels an object may carry, at most.
-MAX_LABELS = 20
-LABEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-#: Label values: 1-256 characters, no control characters (``:`` allowed).
-LABEL_VALUE = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
-
-
-def parse_labels(raw: Any, field: str) -> dict[str, str]:
-    """Validate labels: at most 20 ``name: value`` strings (public metadata)."""
-    labels = as_object(raw, field)
-    if len(labels) > MAX_LABELS:
-        raise InvalidInput(field, f"at most {MAX_LABELS} labels")
-    for name, value in labels.items():
-        if not LABEL_NAME.fullmatch(name):
-            raise InvalidInput(
-                field,
-                "label names are 1-64 letters, digits and ._- starting with one of the first two",
-            )
-        if not isinstance(value, str) or not LABEL_VALUE.fullmatch(value):
-            raise InvalidInput(
-                path(field, name), "must be a string of 1-256 characters without control characters"
-            )
-    return dict(labels)
 
 
 @dataclass(frozen=True)
@@ -235,64 +210,35 @@ def parse_registration(
 ) -> Registration:
     """Validate a registration body (``field`` names it in errors: ``""`` or ``objects[i]``).
 
-    ``domains`` caches parsed domains by the ``repr`` of their JSON (a bulk import parses each
-    once).
+    The structure is :class:`~app.services.schemas.RegisterRequest`'s; the domain and the value
+    are then parsed by the engine from the JSON as written. ``domains`` caches parsed domains by
+    the ``repr`` of their JSON (a bulk import parses each once).
     """
-    obj = as_object(body, field)
-    check_keys(
-        obj, field, required=("id", "domain", "value", "budget"), optional=("filter", "labels")
-    )
-    object_id = obj["id"]
-    if not isinstance(object_id, str) or not ID_PATTERN.fullmatch(object_id):
-        raise InvalidInput(
-            path(field, "id"),
-            "must be 1-128 characters of letters, digits and ._:@- starting with a letter or digit",
-        )
+    return registration_of(validated(RegisterRequest, body, field), field, limits, domains)
+
+
+def registration_of(
+    request: RegisterRequest,
+    field: str,
+    limits: EngineLimits,
+    domains: DomainCache | None = None,
+) -> Registration:
+    """A validated registration: its domain and value parsed by the engine, as written."""
     domain, domain_text, stored_hash = _parse_domain_cached(
-        obj["domain"], path(field, "domain"), limits, domains
+        request.written("domain"), path(field, "domain"), limits, domains
     )
-    value = domain.parse_value(obj["value"], path(field, "value"))
-    budget_obj = as_object(obj["budget"], path(field, "budget"))
-    check_keys(budget_obj, path(field, "budget"), required=("epsilon",), optional=("delta",))
-    budget = as_positive_number(
-        budget_obj["epsilon"],
-        path(field, "budget.epsilon"),
-        maximum=MAX_BUDGET,
-        minimum=limits.min_epsilon or None,
-    )
-    filter_raw = obj.get("filter", FilterKind.BAYESIAN.value)
-    # a list or an object here was a TypeError (unhashable) and a 500
-    if not isinstance(filter_raw, str) or filter_raw not in FILTER_NAMES:
-        raise InvalidInput(
-            path(field, "filter"), "must be one of bayesian, simplified, basic, approx_bayesian"
-        )
-    delta = parse_delta(budget_obj, filter_raw, path(field, "budget.delta"))
-    if delta is not None and not domain.is_finite:
-        raise InvalidInput(path(field, "filter"), f"approx_bayesian {NEEDS_FINITE_DOMAIN}")
-    labels = parse_labels(obj["labels"], path(field, "labels")) if "labels" in obj else None
+    value = domain.parse_value(request.written("value"), path(field, "value"))
     return Registration(
-        id=object_id,
+        id=request.id,
         domain_text=domain_text,
         domain_hash=stored_hash,
         value_text=json.dumps(value),
-        budget=budget,
-        filter=filter_raw,
+        budget=request.budget.epsilon,
+        filter=request.filter,
         finite=domain.is_finite,
-        labels=labels or None,
-        budget_delta=delta,
+        labels=request.labels or None,
+        budget_delta=request.budget.delta,
     )
-
-
-def parse_delta(budget: Mapping[str, Any], filter_name: str, field: str) -> float | None:
-    """``budget.delta``: required by ``approx_bayesian`` (``[1e-300, 1)``), refused by others."""
-    approx = filter_name == FilterKind.APPROX_BAYESIAN.value
-    if "delta" not in budget:
-        if approx:
-            raise InvalidInput(field, "is required by the approx_bayesian filter")
-        return None
-    if not approx:
-        raise InvalidInput(field, "is only allowed with the approx_bayesian filter")
-    return parse_delta_value(budget["delta"], field)
 
 
 def _parse_domain_cached(
@@ -322,7 +268,7 @@ def register_object(
     body: Any,
     limits: EngineLimits,
     actor_key_id: int | None = None,
-) -> dict[str, Any]:
+) -> schemas.ObjectView:
     """Validate and store a new object; returns its view.
 
     Raises ``InvalidInput`` naming the field, or :class:`~app.services.errors.AlreadyExists`.
@@ -365,7 +311,7 @@ def load_object(conn: Tx, object_id: str) -> ObjectRecord:
     return row
 
 
-def get_object(*, engine: Database, object_id: str) -> dict[str, Any]:
+def get_object(*, engine: Database, object_id: str) -> schemas.ObjectView:
     """An object's view."""
     with reading(engine) as conn:
         return object_view(load_object(conn, object_id))
@@ -373,7 +319,7 @@ def get_object(*, engine: Database, object_id: str) -> dict[str, Any]:
 
 def retire_object(
     *, engine: Database, object_id: str, actor_key_id: int | None = None
-) -> dict[str, Any]:
+) -> schemas.ObjectView:
     """Retire an object: it answers no more queries; its history is kept."""
     with transaction(engine) as conn:
         row = load_object(conn, object_id)
@@ -393,7 +339,7 @@ def retire_object(
         return object_view(row)
 
 
-def get_odometer(*, engine: Database, object_id: str) -> dict[str, Any]:
+def get_odometer(*, engine: Database, object_id: str) -> schemas.Odometer:
     """An object's odometer."""
     with reading(engine) as conn:
         return odometer_view(load_object(conn, object_id))
@@ -483,7 +429,7 @@ def list_odometers(
                 "filter": r.filter,
                 "labels": r.labels or {},
                 "status": "retired" if r.retired_at else "active",
-                **odometer_view(r),
+                **odometer_view(r).model_dump(exclude_unset=True),
             }
             for r in rows
         ]

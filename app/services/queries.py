@@ -55,7 +55,8 @@ from app.services.errors import (
 )
 from app.services.history import object_history
 from app.services.locks import ObjectLocks
-from app.services.objects import ID_PATTERN, load_object, odometer_view
+from app.services.objects import load_object, odometer_view
+from app.services.schemas import ID_PATTERN
 from app.services.snapshots import advance, move_state_refs, remember, snapshot_of
 from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import objects as object_store
@@ -386,7 +387,7 @@ def _record_acceptance(
             accepted=seq,
             updated_at=now,
         )
-    )
+    ).model_dump(exclude_unset=True)
     # stored without the query id, which only the INSERT produces; _replay adds it back
     stored = {
         "object_id": row.id,

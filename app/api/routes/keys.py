@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, status
 
 from app.api import examples
-from app.api.deps import AdminDep, JsonBody, RuntimeDep, ViewerDep, in_thread
+from app.api.deps import AdminDep, RuntimeDep, ViewerDep, in_thread, typed_body
 from app.api.openapi import (
     AUTHENTICATED,
     WITH_BODY,
@@ -15,10 +15,8 @@ from app.api.openapi import (
     body_doc,
     problems,
 )
-from app.engine.errors import InvalidInput
-from app.engine.jsonfields import as_object, as_string, check_keys
 from app.services import schemas
-from app.services.auth import Role, create_key, list_keys, revoke_key
+from app.services.auth import create_key, list_keys, revoke_key
 from app.services.errors import NotFound
 
 router = APIRouter()
@@ -35,18 +33,10 @@ router = APIRouter()
 async def new_key(
     runtime: RuntimeDep,
     caller: AdminDep,
-    body: JsonBody,
+    body: Annotated[schemas.KeyRequest, typed_body(schemas.KeyRequest)],
 ) -> schemas.CreatedKey:
     """Create an API key (admin); the secret is shown once."""
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("role",), optional=("label",))
-    if not isinstance(obj["role"], str) or obj["role"] not in {r.value for r in Role}:
-        raise InvalidInput("role", "must be one of admin, analyst, viewer")
-    label = (
-        as_string(obj["label"], "label", max_len=schemas.MAX_KEY_LABEL) if "label" in obj else None
-    )
-
-    role = Role(obj["role"])
+    role, label = body.role, body.label
     key_id, secret = await in_thread(
         runtime,
         create_key,
@@ -55,7 +45,7 @@ async def new_key(
         label=label,
         actor_key_id=caller.key_id,
     )
-    return schemas.CreatedKey(id=key_id, role=role.value, label=label, key=secret)
+    return schemas.CreatedKey(id=key_id, role=role, label=label, key=secret)
 
 
 @router.get(
@@ -99,4 +89,4 @@ async def drop_key(
 )
 async def whoami(caller: ViewerDep) -> schemas.WhoAmI:
     """The calling key's id and role (never its secret); 401 for a missing or bad key."""
-    return schemas.WhoAmI(key_id=caller.key_id, role=caller.role.value)
+    return schemas.WhoAmI(key_id=caller.key_id, role=caller.role)

@@ -7,7 +7,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
 from app.api import examples
-from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, in_thread
+from app.api.deps import (
+    AdminDep,
+    AnalystDep,
+    JsonBody,
+    RuntimeDep,
+    ViewerDep,
+    in_thread,
+    typed_body,
+)
 from app.api.openapi import (
     AUTHENTICATED,
     WITH_BODY,
@@ -15,12 +23,11 @@ from app.api.openapi import (
     body_doc,
     problems,
 )
-from app.engine.jsonfields import as_object, check_keys
 from app.services import objects as object_service
 from app.services import queries as query_service
 from app.services import schemas
-from app.services.auth import Role
 from app.services.errors import BadHeader
+from app.services.schemas import Role
 
 router = APIRouter(prefix="/v1/objects", tags=["objects"])
 
@@ -28,12 +35,8 @@ router = APIRouter(prefix="/v1/objects", tags=["objects"])
 PROBLEMS = problems(*AUTHENTICATED, 404, s404="No such object")
 #: Any id: one that cannot have been registered (ID_PATTERN) is simply not found (404).
 ObjectId = Annotated[str, Path(description="The object's id")]
-
-
-def _query_of(body: Any) -> Any:
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("query",))
-    return obj["query"]
+#: The body of a dry-run and a submit.
+QueryBody = Annotated[schemas.QueryRequest, typed_body(schemas.QueryRequest)]
 
 
 @router.post(
@@ -47,8 +50,9 @@ async def register(
     runtime: RuntimeDep,
     caller: AdminDep,
     body: JsonBody,
-) -> dict[str, Any]:
+) -> schemas.ObjectView:
     """Register a protected object (admin). The value is stored and never returned."""
+    # the use case validates the body (schemas.RegisterRequest, as imports do per item)
     return await in_thread(
         runtime,
         object_service.register_object,
@@ -62,7 +66,7 @@ async def register(
 @router.get("/{object_id}", **answers(schemas.ObjectView), responses=PROBLEMS)
 async def get_object(
     runtime: RuntimeDep, caller: AnalystDep, object_id: ObjectId
-) -> dict[str, Any]:
+) -> schemas.ObjectView:
     """Metadata of an object: domain, budget, filter, odometer — never the value."""
     return await in_thread(
         runtime, object_service.get_object, engine=runtime.engine, object_id=object_id
@@ -70,7 +74,7 @@ async def get_object(
 
 
 @router.delete("/{object_id}", **answers(schemas.ObjectView), responses=PROBLEMS)
-async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> dict[str, Any]:
+async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> schemas.ObjectView:
     """Retire an object (admin): it answers no more queries; its history is kept."""
     return await in_thread(
         runtime,
@@ -91,17 +95,16 @@ async def dry_run(
     runtime: RuntimeDep,
     _: AnalystDep,
     object_id: ObjectId,
-    body: JsonBody,
+    body: QueryBody,
 ) -> dict[str, Any]:
     """Would the filter accept this query now? Nothing changes; a rejection is a normal 200."""
-    query = _query_of(body)
     return await in_thread(
         runtime,
         query_service.dry_run,
         engine=runtime.engine,
         worker=runtime.worker,
         object_id=object_id,
-        query=query,
+        query=body.written("query"),
         limits=runtime.limits,
     )
 
@@ -127,7 +130,7 @@ async def submit(
     caller: AnalystDep,
     object_id: ObjectId,
     response: Response,
-    body: JsonBody,
+    body: QueryBody,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -146,7 +149,6 @@ async def submit(
     if idempotency_key is not None and not idempotency_key.strip(" \t"):
         # an empty key used to be taken as no key: a retry could then spend budget twice
         raise BadHeader("Idempotency-Key", "must not be empty")
-    query = _query_of(body)
     outcome = await in_thread(
         runtime,
         query_service.submit,
@@ -154,7 +156,7 @@ async def submit(
         worker=runtime.worker,
         locks=runtime.locks,
         object_id=object_id,
-        query=query,
+        query=body.written("query"),
         idempotency_key=idempotency_key,
         analyst_key_id=caller.key_id,
         limits=runtime.limits,
@@ -189,7 +191,7 @@ async def history(
 
 
 @router.get("/{object_id}/odometer", **answers(schemas.Odometer), responses=PROBLEMS)
-async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: ObjectId) -> dict[str, Any]:
+async def odometer(runtime: RuntimeDep, _: ViewerDep, object_id: ObjectId) -> schemas.Odometer:
     """Realized loss (certified bounds), remaining budget, basic composition, counts."""
     return await in_thread(
         runtime, object_service.get_odometer, engine=runtime.engine, object_id=object_id
