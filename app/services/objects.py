@@ -345,29 +345,33 @@ def get_odometer(*, engine: Database, object_id: str) -> schemas.Odometer:
         return odometer_view(load_object(conn, object_id))
 
 
-def odometer_history(*, engine: Database, object_id: str, limit: int, after: int) -> dict[str, Any]:
+def odometer_history(
+    *, engine: Database, object_id: str, limit: int, after: int
+) -> schemas.OdometerHistory:
     """Realized-loss bounds and basic composition after each accepted query (for charts)."""
     with reading(engine) as conn:
         row = load_object(conn, object_id)
         records = object_history(conn, object_id, after=after, limit=limit)
         points = [
-            {
-                "accepted": r.seq,
-                "realized_loss": LossBounds(r.loss_lower, r.loss_upper).to_json(),
-                "basic_composition": r.basic_after,
-                "epsilon": r.epsilon,
-                "at": _iso(r.created_at),
-            }
+            schemas.OdometerPoint(
+                accepted=r.seq,
+                realized_loss=schemas.LossBounds.model_validate(
+                    LossBounds(r.loss_lower, r.loss_upper).to_json()
+                ),
+                basic_composition=r.basic_after,
+                epsilon=r.epsilon,
+                at=_iso(r.created_at),
+            )
             for r in records
         ]
         next_after = records[-1].seq if len(records) == limit else None
-        return {
-            "object_id": object_id,
-            "budget": row.budget,
-            "points": points,
-            "rejections": _rejections(conn, object_id, after=after, before=next_after),
-            "next_after": next_after,
-        }
+        return schemas.OdometerHistory(
+            object_id=object_id,
+            budget=row.budget,
+            points=points,
+            rejections=_rejections(conn, object_id, after=after, before=next_after),
+            next_after=next_after,
+        )
 
 
 #: Rejections listed with one page of odometer history, at most.
@@ -376,7 +380,7 @@ MAX_REJECTIONS_LISTED = 1000
 
 def _rejections(
     conn: Tx, object_id: str, *, after: int, before: int | None
-) -> list[dict[str, Any]]:
+) -> list[schemas.Rejection]:
     """Rejected submits that happened after accepted query ``after`` (and before ``before``).
 
     ``after_accepted`` is how many queries had been accepted when the submit was rejected: from
@@ -384,7 +388,7 @@ def _rejections(
     with the accepted queries'. Only the first :data:`MAX_REJECTIONS_LISTED` are listed.
     """
     times: list[datetime] | None = None
-    found: list[dict[str, Any]] = []
+    found: list[schemas.Rejection] = []
     for event in history_store.rejections(conn, object_id=object_id):
         accepted = event.accepted
         if accepted is None:
@@ -396,7 +400,7 @@ def _rejections(
                 ]
             accepted = bisect.bisect_right(times, event.at)
         if accepted >= after and (before is None or accepted < before):
-            found.append({"after_accepted": accepted, "at": _iso(event.at)})
+            found.append(schemas.Rejection(after_accepted=accepted, at=_iso(event.at)))
             if len(found) >= MAX_REJECTIONS_LISTED:
                 break
     return found

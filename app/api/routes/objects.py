@@ -205,7 +205,7 @@ async def odometer_history(
     object_id: ObjectId,
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     after: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
-) -> dict[str, Any]:
+) -> schemas.OdometerHistory:
     """The loss after each accepted query, for charts."""
     return await in_thread(
         runtime,
