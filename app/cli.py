@@ -308,7 +308,8 @@ def cmd_encryption_rotate(args: argparse.Namespace) -> int:
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
     """Create an API key (in ``--project``) and print it once; exit 2 naming a bad field."""
-    from app.services.auth import Role, create_key
+    from app.services.auth import create_key
+    from app.services.schemas import Role
 
     engine = _open_database(values=False)
     try:
@@ -445,7 +446,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     batches while this process stores the current one (``--jobs 0``: all in this process).
     """
     from app.services.errors import ServiceError
-    from app.services.imports import MAX_IMPORT, BadLine, import_objects
+    from app.services.imports import BadLine, import_objects
+    from app.services.schemas import MAX_IMPORT
 
     if args.versions:
         return _import_versions(args)
@@ -497,7 +499,8 @@ def _import_versions(args: argparse.Namespace) -> int:
 
     from app.engine.errors import InvalidInput
     from app.services.errors import ServiceError
-    from app.services.versions import MAX_VERSIONS, create_versions, parse_bulk
+    from app.services.schemas import MAX_VERSIONS
+    from app.services.versions import create_versions, parse_bulk
 
     if not 1 <= args.batch_size <= MAX_VERSIONS:
         print(f"--batch-size must be 1..{MAX_VERSIONS}", file=sys.stderr)

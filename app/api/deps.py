@@ -1,4 +1,18 @@
-"""``Annotated`` dependencies of the routers, all in one place."""
+"""``Annotated`` dependencies of the routers, all in one place.
+
+A JSON request body, one pattern for every route (docs/architecture.md, "Where to add an
+endpoint")::
+
+    async def create(runtime: RuntimeDep, caller: AdminDep,
+                     body: Annotated[schemas.XRequest, typed_body(schemas.XRequest)]) -> ...
+
+with ``openapi_extra=body_doc(schemas.XRequest, examples.X)`` in the decorator and the model
+in ``schemas.REQUESTS``. :func:`typed_body` reads the bytes within ``MAX_BODY_BYTES``, refuses
+what is not JSON text (a key twice, a lone surrogate: 400 ``invalid-json``), then validates the
+model (:func:`app.services.bodies.validated`: 422 naming each field, in our words, never the
+value). The route hands the model to its use case; what depends on an object's domain (its
+value, a query) the engine parses from :meth:`written <app.services.schemas._Body.written>`.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +25,16 @@ import anyio.to_thread
 from anyio import CapacityLimiter
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import NotText, RepeatedKey, loads_strict
 from app.engine.limits import EngineLimits
-from app.services.auth import KeyCache, Role, authenticate, hash_key
+from app.services.auth import KeyCache, authenticate, hash_key
+from app.services.bodies import validated
 from app.services.errors import BadJson, Forbidden, PayloadTooLarge, Unauthorized
 from app.services.locks import ObjectLocks
+from app.services.schemas import Role
 from app.services.scope import Scope
 from app.settings import Settings
 from app.store import Database
@@ -175,6 +192,18 @@ def parse_json(raw: bytes) -> Any:
 
 
 JsonBody = Annotated[Any, Depends(json_body)]
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def typed_body(model: type[ModelT]) -> Any:
+    """The dependency that gives a route its body as ``model`` (see the module's docstring)."""
+
+    async def read(body: JsonBody) -> ModelT:
+        return validated(model, body)
+
+    read.__name__ = f"{model.__name__}_body"
+    return Depends(read)
 
 
 def require(*roles: Role) -> Callable[[Caller], Awaitable[Caller]]:

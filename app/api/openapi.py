@@ -5,9 +5,10 @@ Every success answer is the ``response_model`` of its route (:func:`answers`), a
 document. Every error the app can answer is documented per operation with the one ``Problem``
 schema of :mod:`app.api.problems`, so a client generated from the document (and schemathesis,
 tests/service/test_schemathesis.py) knows each status code and its body. Request bodies get
-JSON Schemas that say what the routes check structurally; what JSON Schema cannot say (an
-attribute named by a query must exist in the object's domain, a value must lie in its domain, a
-declared ε must be the mechanism's tight ε) is checked by the engine and answered with 422.
+the JSON Schemas of the models that validate them (:func:`app.api.deps.typed_body`); what JSON
+Schema cannot say (an attribute named by a query must exist in the object's domain, a value
+must lie in its domain, a declared ε must be the mechanism's tight ε) is checked by the engine
+and answered with 422.
 """
 
 from __future__ import annotations
@@ -118,8 +119,9 @@ def _ref(name: str) -> dict[str, str]:
 def named_schemas() -> dict[str, Any]:
     """The JSON Schemas of the request bodies, as OpenAPI components (``$ref``-linked).
 
-    The routes read their bodies as JSON (:data:`app.api.deps.JsonBody`) and validate them with
-    the engine's checks, so FastAPI does not see these models: :func:`body_doc` refers to them.
+    The routes receive their bodies through :func:`app.api.deps.typed_body` (the raw JSON
+    checks first, then the model), a dependency FastAPI does not document as a body:
+    :func:`body_doc` refers to these schemas, the very models that validate.
     """
     models = set(schemas.REQUESTS.values())
     _, document = models_json_schema(

@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Match
 
 from app.engine.errors import InvalidInput, Unsupported
+from app.services.bodies import our_words
 from app.services.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -47,71 +48,6 @@ def _field(loc: tuple[Any, ...]) -> str:
     for p in parts:
         text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
     return text or "body"
-
-
-def _one_of(values: Any) -> str:
-    return str(values).replace("'", "")
-
-
-#: Pydantic's error types in our words (never the input, which may be a private value).
-_OUR_WORDS: dict[str, Any] = {
-    "missing": lambda c: "is required",
-    "extra_forbidden": lambda c: "is not a known field",
-    "greater_than_equal": lambda c: f"must be at least {c['ge']}",
-    "greater_than": lambda c: f"must be greater than {c['gt']}",
-    "less_than_equal": lambda c: f"must be at most {c['le']}",
-    "less_than": lambda c: f"must be less than {c['lt']}",
-    "string_too_long": lambda c: f"must be at most {c['max_length']} characters",
-    "string_too_short": lambda c: f"must be at least {c['min_length']} characters",
-    "string_pattern_mismatch": lambda c: "is not in the expected format",
-    "string_type": lambda c: "must be a string",
-    "int_parsing": lambda c: "must be an integer",
-    "int_type": lambda c: "must be an integer",
-    "int_from_float": lambda c: "must be an integer",
-    "float_parsing": lambda c: "must be a number",
-    "float_type": lambda c: "must be a number",
-    "finite_number": lambda c: "must be a finite number",
-    "bool_parsing": lambda c: "must be true or false",
-    "bool_type": lambda c: "must be true or false",
-    "literal_error": lambda c: f"must be one of {_one_of(c.get('expected', ''))}",
-    "enum": lambda c: f"must be one of {_one_of(c.get('expected', ''))}",
-    "union_tag_invalid": lambda c: f"must be one of {_one_of(c.get('expected_tags', ''))}",
-    "union_tag_not_found": lambda c: f"{c.get('discriminator', 'a tag')} is required".replace(
-        "'", ""
-    ),
-    "dict_type": lambda c: "must be an object",
-    "model_type": lambda c: "must be an object",
-    "model_attributes_type": lambda c: "must be an object",
-    "list_type": lambda c: "must be an array",
-    "too_long": lambda c: f"must have at most {c.get('max_length')} items",
-    "too_short": lambda c: f"must have at least {c.get('min_length')} items",
-    "json_type": lambda c: "must be JSON",
-}
-
-
-def our_words(error: dict[str, Any]) -> str:
-    """The message of one Pydantic validation error in the service's words.
-
-    Pydantic's stock messages ("Input should be greater than or equal to 1", "String should have
-    at most 255 characters") read unlike every other message of the API; the input itself is
-    never quoted.
-
-    >>> our_words({"type": "greater_than_equal", "ctx": {"ge": 1}, "msg": "Input should be..."})
-    'must be at least 1'
-    >>> our_words({"type": "something_new", "msg": "Input should be fine"})
-    'is not valid'
-    """
-    kind = str(error.get("type", ""))
-    words = _OUR_WORDS.get(kind)
-    if words is None:
-        if kind == "value_error":
-            cause = (error.get("ctx") or {}).get("error")
-            return str(cause) if cause is not None else "is not valid"
-        return "is not valid"
-    try:
-        return str(words(error.get("ctx") or {}))
-    except (KeyError, TypeError):
-        return "is not valid"
 
 
 async def _validation(_: Request, exc: Exception) -> JSONResponse:

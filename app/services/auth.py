@@ -13,27 +13,19 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
 from app.engine.errors import InvalidInput
 from app.services import audit
 from app.services.errors import LastAdminKey
 from app.services.projects import project_for_key, scope_by_id
+from app.services.schemas import Role
 from app.services.scope import Scope
 from app.store import Database, Tx, reading, transaction
 from app.store import keys as store
 from app.store.keys import KeyRow
 
 log = logging.getLogger(__name__)
-
-
-class Role(StrEnum):
-    """What a key may do."""
-
-    ADMIN = "admin"
-    ANALYST = "analyst"
-    VIEWER = "viewer"
 
 
 def hash_key(secret: str) -> str:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.jsonfields import as_object
 from app.worker.pool import BoundWorker
 
 
 async def compute_loss(*, worker: BoundWorker, request: Any) -> dict[str, Any]:
-    """The calculator's answer to ``request`` (raises ``InvalidInput`` naming a bad field)."""
-    as_object(request, "")
+    """The calculator's answer to ``request`` as written (``InvalidInput`` names a bad field).
+
+    The route validated its structure (:class:`app.services.schemas.LossRequest`); the engine
+    parses it against its domain.
+    """
     return await worker.compute_async(request)

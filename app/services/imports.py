@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -29,16 +29,15 @@ from app.services.objects import (
     Registration,
     new_object_columns,
     parse_registration,
+    registration_of,
 )
+from app.services.schemas import MAX_IMPORT, RegisterRequest
 from app.store import Conflict, Database, Tx, transaction
 from app.store import imports as store
 from app.store.domains import store_domains
 from app.store.imports import Registered
 
 log = logging.getLogger(__name__)
-
-#: Objects one request may register.
-MAX_IMPORT = 10_000
 
 
 @dataclass(frozen=True)
@@ -52,23 +51,48 @@ class ImportResult:
 def parse_items(
     items: Sequence[Any], limits: EngineLimits, *, field: str = "objects"
 ) -> list[Registration]:
-    """Validate every item (``objects[i].…`` names the first bad field) and refuse repeated ids."""
+    """Validate every item (``objects[i].…`` names the first bad field) and refuse repeated ids.
+
+    Each item is a :class:`~app.services.schemas.RegisterRequest`, its domain and value then
+    parsed by the engine, item by item (the first bad item is the one reported).
+    """
     if not items:
         raise InvalidInput(field, "must have at least 1 item")
     if len(items) > MAX_IMPORT:
         raise InvalidInput(field, f"at most {MAX_IMPORT} objects a request")
     domains: DomainCache = {}
-    registrations = []
+    return _distinct(
+        (
+            parse_registration(item, f"{field}[{i}]", limits, domains)
+            for i, item in enumerate(items)
+        ),
+        field,
+    )
+
+
+def registrations(
+    requests: Sequence[RegisterRequest], limits: EngineLimits, *, field: str = "objects"
+) -> list[Registration]:
+    """The registrations of a validated import (:class:`~app.services.schemas.ImportRequest`)."""
+    domains: DomainCache = {}
+    return _distinct(
+        (registration_of(r, f"{field}[{i}]", limits, domains) for i, r in enumerate(requests)),
+        field,
+    )
+
+
+def _distinct(items: Iterable[Registration], field: str) -> list[Registration]:
+    """``items`` as they come, or :class:`InvalidInput` at the first id that repeats."""
     first_index: dict[str, int] = {}
-    for i, item in enumerate(items):
-        registration = parse_registration(item, f"{field}[{i}]", limits, domains)
+    found = []
+    for i, registration in enumerate(items):
         if registration.id in first_index:
             raise InvalidInput(
                 f"{field}[{i}].id", f"repeats the id of {field}[{first_index[registration.id]}]"
             )
         first_index[registration.id] = i
-        registrations.append(registration)
-    return registrations
+        found.append(registration)
+    return found
 
 
 class BadLine(Exception):

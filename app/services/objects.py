@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -16,18 +14,24 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from app.engine.accountant import Odometer
-from app.engine.approx import NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.domain import Domain, parse_domain
 from app.engine.errors import InvalidInput
 from app.engine.filters import FilterKind
-from app.engine.jsonfields import as_object, as_positive_number, check_keys, path
+from app.engine.jsonfields import path
 from app.engine.likelihood import LossBounds
-from app.engine.limits import MAX_BUDGET, EngineLimits
+from app.engine.limits import EngineLimits
 from app.engine.numerics import decimal_fraction
 from app.engine.pipeline import f0_filter
 from app.services import audit
+from app.services.bodies import validated
 from app.services.errors import AlreadyExists, NotFound
 from app.services.history import object_history
+from app.services.schemas import (
+    ID_PATTERN,
+    LABEL_NAME,
+    LABEL_VALUE,
+    RegisterRequest,
+)
 from app.services.scope import Scope, admits
 from app.services.snapshots import lifetime_of
 from app.store import Conflict, Database, Tx, reading, transaction
@@ -39,8 +43,6 @@ from app.store.domains import domain_hash, store_domains
 from app.store.objects import ObjectRecord
 from app.store.projects import sub_histories
 from app.store.states import count_states
-
-ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -185,35 +187,9 @@ def object_view(row: ObjectRecord) -> dict[str, Any]:
     }
 
 
-#: The filters a registration may name.
-FILTER_NAMES = frozenset(k.value for k in FilterKind)
 #: Parsed domains by the ``repr`` of their JSON (:func:`parse_registration`'s ``domains``):
 #: the domain, its stored text and the text's hash.
 DomainCache = dict[str, tuple[Domain, str, str]]
-
-#: Labels an object may carry, at most.
-MAX_LABELS = 20
-LABEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-#: Label values: 1-256 characters, no control characters (``:`` allowed).
-LABEL_VALUE = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
-
-
-def parse_labels(raw: Any, field: str) -> dict[str, str]:
-    """Validate labels: at most 20 ``name: value`` strings (public metadata)."""
-    labels = as_object(raw, field)
-    if len(labels) > MAX_LABELS:
-        raise InvalidInput(field, f"at most {MAX_LABELS} labels")
-    for name, value in labels.items():
-        if not LABEL_NAME.fullmatch(name):
-            raise InvalidInput(
-                field,
-                "label names are 1-64 letters, digits and ._- starting with one of the first two",
-            )
-        if not isinstance(value, str) or not LABEL_VALUE.fullmatch(value):
-            raise InvalidInput(
-                path(field, name), "must be a string of 1-256 characters without control characters"
-            )
-    return dict(labels)
 
 
 @dataclass(frozen=True)
@@ -282,80 +258,44 @@ def parse_registration(
 ) -> Registration:
     """Validate a registration body (``field`` names it in errors: ``""`` or ``objects[i]``).
 
-    ``domains`` caches parsed domains by the ``repr`` of their JSON (a bulk import parses each
-    once).
+    The structure is :class:`~app.services.schemas.RegisterRequest`'s; the domain and the value
+    are then parsed by the engine from the JSON as written. ``domains`` caches parsed domains by
+    the ``repr`` of their JSON (a bulk import parses each once).
     """
-    obj = as_object(body, field)
-    check_keys(
-        obj,
-        field,
-        required=("id", "domain", "value", "budget"),
-        optional=("filter", "labels", "lifetime"),
-    )
-    object_id = obj["id"]
-    if not isinstance(object_id, str) or not ID_PATTERN.fullmatch(object_id):
-        raise InvalidInput(
-            path(field, "id"),
-            "must be 1-128 characters of letters, digits and ._:@- starting with a letter or digit",
-        )
+    return registration_of(validated(RegisterRequest, body, field), field, limits, domains)
+
+
+def registration_of(
+    request: RegisterRequest,
+    field: str,
+    limits: EngineLimits,
+    domains: DomainCache | None = None,
+) -> Registration:
+    """A validated registration: its domain and value parsed by the engine, as written."""
     domain, domain_text, stored_hash = _parse_domain_cached(
-        obj["domain"], path(field, "domain"), limits, domains
+        request.written("domain"), path(field, "domain"), limits, domains
     )
-    value = domain.parse_value(obj["value"], path(field, "value"))
-    budget_obj = as_object(obj["budget"], path(field, "budget"))
-    check_keys(budget_obj, path(field, "budget"), required=("epsilon",), optional=("delta",))
-    budget = as_positive_number(
-        budget_obj["epsilon"],
-        path(field, "budget.epsilon"),
-        maximum=MAX_BUDGET,
-        minimum=limits.min_epsilon or None,
-    )
-    filter_raw = obj.get("filter", FilterKind.BAYESIAN.value)
-    # a list or an object here was a TypeError (unhashable) and a 500
-    if not isinstance(filter_raw, str) or filter_raw not in FILTER_NAMES:
-        raise InvalidInput(
-            path(field, "filter"), "must be one of bayesian, simplified, basic, approx_bayesian"
-        )
-    delta = parse_delta(budget_obj, filter_raw, path(field, "budget.delta"))
-    if delta is not None and not domain.is_finite:
-        raise InvalidInput(path(field, "filter"), f"approx_bayesian {NEEDS_FINITE_DOMAIN}")
-    labels = parse_labels(obj["labels"], path(field, "labels")) if "labels" in obj else None
-    lifetime = parse_lifetime(obj["lifetime"], budget, field) if "lifetime" in obj else None
+    value = domain.parse_value(request.written("value"), path(field, "value"))
+    lifetime = None
+    if request.lifetime is not None:
+        lifetime = request.lifetime.epsilon
+        if decimal_fraction(lifetime) < decimal_fraction(request.budget.epsilon):
+            raise InvalidInput(
+                path(field, "lifetime.epsilon"),
+                "must be at least the per-version budget (budget.epsilon)",
+            )
     return Registration(
-        id=object_id,
+        id=request.id,
         domain_text=domain_text,
         domain_hash=stored_hash,
         value_text=json.dumps(value),
-        budget=budget,
-        filter=filter_raw,
+        budget=request.budget.epsilon,
+        filter=request.filter,
         finite=domain.is_finite,
-        labels=labels or None,
-        budget_delta=delta,
+        labels=request.labels or None,
+        budget_delta=request.budget.delta,
         lifetime_budget=lifetime,
     )
-
-
-def parse_lifetime(raw: Any, budget: float, field: str) -> float:
-    """``lifetime``: ``{"epsilon": ε_L}``, at least the per-version budget ε_g."""
-    lifetime = as_object(raw, path(field, "lifetime"))
-    check_keys(lifetime, path(field, "lifetime"), required=("epsilon",))
-    where = path(field, "lifetime.epsilon")
-    epsilon = as_positive_number(lifetime["epsilon"], where, maximum=MAX_BUDGET)
-    if decimal_fraction(epsilon) < decimal_fraction(budget):
-        raise InvalidInput(where, "must be at least the per-version budget (budget.epsilon)")
-    return epsilon
-
-
-def parse_delta(budget: Mapping[str, Any], filter_name: str, field: str) -> float | None:
-    """``budget.delta``: required by ``approx_bayesian`` (``[1e-300, 1)``), refused by others."""
-    approx = filter_name == FilterKind.APPROX_BAYESIAN.value
-    if "delta" not in budget:
-        if approx:
-            raise InvalidInput(field, "is required by the approx_bayesian filter")
-        return None
-    if not approx:
-        raise InvalidInput(field, "is only allowed with the approx_bayesian filter")
-    return parse_delta_value(budget["delta"], field)
 
 
 def _parse_domain_cached(

@@ -9,24 +9,21 @@ projects are unscoped.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any
 
 from app.engine.errors import InvalidInput
-from app.engine.jsonfields import as_object, as_positive_number, check_keys
-from app.engine.limits import MAX_BUDGET
 from app.services import audit
 from app.services.errors import AlreadyExists, NotFound
-from app.services.objects import parse_labels
+from app.services.schemas import PROJECT_NAME, PROJECT_NAME_RULE, ProjectPatch, ProjectRequest
 from app.services.scope import Scope
 from app.store import Conflict, Database, Tx, reading, transaction
 from app.store import projects as store
 from app.store.projects import ProjectRow
 
-#: A project's name: 1-64 letters, digits and ``._-``, starting with a letter or digit.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-NAME_RULE = "must be 1-64 letters, digits and ._- starting with a letter or digit"
+#: A project's name (one definition, the contract's).
+NAME_PATTERN = PROJECT_NAME
+NAME_RULE = PROJECT_NAME_RULE
 
 
 def scope_of(row: ProjectRow) -> Scope:
@@ -58,29 +55,11 @@ def parse_name(raw: Any, field: str) -> str:
     return raw
 
 
-def parse_quota(raw: Any, field: str) -> float:
-    """``{"epsilon": q}``: ``0 < q <= MAX_BUDGET`` (a quota above every budget is bad input)."""
-    quota = as_object(raw, field)
-    check_keys(quota, field, required=("epsilon",))
-    return as_positive_number(quota["epsilon"], f"{field}.epsilon", maximum=MAX_BUDGET)
-
-
-def parse_project(body: Any) -> tuple[str, dict[str, str], float]:
-    """``{"name", "scope": {"labels": {...}}, "quota": {"epsilon"}}`` → name, labels, quota."""
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("name", "scope", "quota"))
-    name = parse_name(obj["name"], "name")
-    scope = as_object(obj["scope"], "scope")
-    check_keys(scope, "scope", required=("labels",))
-    labels = parse_labels(scope["labels"], "scope.labels")
-    if not labels:
-        raise InvalidInput("scope.labels", "must name at least one label")
-    return name, labels, parse_quota(obj["quota"], "quota")
-
-
-def create_project(*, engine: Database, body: Any, actor_key_id: int | None) -> dict[str, Any]:
-    """Validate and store a project (409 ``already-exists`` for a taken name)."""
-    name, labels, quota = parse_project(body)
+def create_project(
+    *, engine: Database, request: ProjectRequest, actor_key_id: int | None
+) -> dict[str, Any]:
+    """Store a project (409 ``already-exists`` for a taken name)."""
+    name, labels, quota = request.name, dict(request.scope.labels), request.quota.epsilon
     try:
         with transaction(engine) as conn:
             row = store.insert_project(
@@ -123,12 +102,10 @@ def list_projects(*, engine: Database, limit: int, after: int) -> dict[str, Any]
 
 
 def change_quota(
-    *, engine: Database, name: str, body: Any, actor_key_id: int | None
+    *, engine: Database, name: str, request: ProjectPatch, actor_key_id: int | None
 ) -> dict[str, Any]:
-    """``PATCH {"quota": {"epsilon"}}``: a new quota (the scope is fixed)."""
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("quota",))
-    quota = parse_quota(obj["quota"], "quota")
+    """A new quota (the scope is fixed)."""
+    quota = request.quota.epsilon
     with transaction(engine) as conn:
         before = load_project(conn, name)
         store.set_quota(conn, name=name, quota=quota, at=datetime.now(UTC))

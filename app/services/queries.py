@@ -57,7 +57,7 @@ from app.services.errors import (
 )
 from app.services.history import object_history
 from app.services.locks import ObjectLocks
-from app.services.objects import ID_PATTERN, load_object, odometer_view, version_span
+from app.services.objects import load_object, odometer_view, version_span
 from app.services.quota import (
     QUOTA_EXHAUSTED,
     ProjectQuota,
@@ -66,6 +66,7 @@ from app.services.quota import (
     quota_view,
     record_output,
 )
+from app.services.schemas import ID_PATTERN
 from app.services.scope import Scope, admits
 from app.services.snapshots import (
     advance,

@@ -11,28 +11,109 @@ Routes answer with ``response_model_exclude_unset``: a field the service did not
 of an object that is not ``approx_bayesian``, ``exact`` of bounds that are not exact) stays
 absent from the wire as before, never ``null``.
 
-Request schemas are as strict as the server's structural checks (a union discriminated by
-``mechanism`` with each mechanism's required fields; ``low``/``high`` required for ``real``);
-the routes still validate with the engine's own code (:mod:`app.engine.jsonfields`), which names
-the field of every error. What JSON Schema cannot say — an attribute named by a query exists in
-the object's domain, a value lies in its domain, a declared ε is at least the mechanism's tight
-ε — is answered 422.
+Request models are the server's structural validation: a route receives its body as its model
+(:func:`app.api.deps.typed_body` → :func:`app.services.bodies.validated`), which refuses unknown
+fields, missing ones, wrong types, a union discriminated by ``mechanism`` with each mechanism's
+required fields... Their leaves read values with the engine's readers
+(:mod:`app.engine.jsonfields`: a boolean is no number, NaN is refused, ``3.0`` is an integer),
+so each error says what it said before and names its field. What needs the object's domain —
+an attribute named by a query exists there, a value lies in it, a declared ε is at least the
+mechanism's tight ε — stays in the engine, which parses the domain, the value and the query
+*as the client wrote them* (:meth:`_Body.written`: decimals as written) and answers 422.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Generic, Literal, TypeVar
+import json
+import math
+import re
+from collections.abc import Callable
+from enum import StrEnum
+from functools import cache, partial
+from typing import Annotated, Any, Generic, Literal, Self, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.json_schema import SkipJsonSchema
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
-from app.engine.approx import MIN_DELTA
+from app.engine.approx import MIN_DELTA, NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.calculator import MAX_GROUPING, MAX_NODES, MAX_TIME_LIMIT
-from app.engine.jsonfields import MAX_NAME
+from app.engine.errors import InvalidInput
+from app.engine.jsonfields import MAX_NAME, as_integer, as_number, as_positive_number, as_string
 from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, MIN_EPSILON
-from app.services.imports import MAX_IMPORT
-from app.services.objects import ID_PATTERN, LABEL_NAME, LABEL_VALUE, MAX_LABELS
-from app.services.versions import MAX_VERSIONS
+from app.services.bodies import our_words
+
+#: The ids of objects: 1-128 letters, digits and ``._:@-``, starting with a letter or digit.
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+#: Labels an object may carry, at most.
+MAX_LABELS = 20
+LABEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: Label values: 1-256 characters, no control characters (``:`` allowed).
+LABEL_VALUE = re.compile(r"[^\x00-\x1f\x7f]{1,256}")
+#: Objects one import request may register.
+MAX_IMPORT = 10_000
+#: New data versions one bulk request may store.
+MAX_VERSIONS = 10_000
+
+
+def refused(message: str) -> PydanticCustomError:
+    """A model's own error (``message`` in our words; :mod:`app.services.bodies` reports it)."""
+    return PydanticCustomError("invalid", "{message}", {"message": message})
+
+
+def _refused_at(field: str, message: str) -> PydanticCustomError:
+    """A model's rule between its fields, about ``field`` (a path below the model)."""
+    return PydanticCustomError("invalid", "{message}", {"message": message, "at": field})
+
+
+def _reads(reader: Callable[[Any, str], Any]) -> BeforeValidator:
+    """Read a leaf with an engine reader (:mod:`app.engine.jsonfields`): its checks, its words."""
+
+    def read(raw: Any) -> Any:
+        try:
+            return reader(raw, "")
+        except InvalidInput as exc:
+            raise refused(exc.message) from None
+
+    return BeforeValidator(read)
+
+
+def _holds(test: Callable[[Any], bool], message: str) -> BeforeValidator:
+    """Refuse a leaf ``test`` fails with ``message``."""
+
+    def check(raw: Any) -> Any:
+        if not test(raw):
+            raise refused(message)
+        return raw
+
+    return BeforeValidator(check)
+
+
+def _matches(pattern: re.Pattern[str]) -> Callable[[Any], bool]:
+    return lambda raw: isinstance(raw, str) and pattern.fullmatch(raw) is not None
+
+
+def _is_output(raw: Any) -> bool:
+    return _is_scalar(raw) and not (isinstance(raw, float) and not math.isfinite(raw))
+
+
+def _is_scalar(raw: Any) -> bool:
+    return not isinstance(raw, bool) and isinstance(raw, (str, int, float))
+
 
 #: Free text the server stores: anything but NUL, which no PostgreSQL text column holds.
 NO_NUL_PATTERN = r"^[^\x00]*$"
@@ -40,29 +121,154 @@ NO_NUL_PATTERN = r"^[^\x00]*$"
 #: The ids ``register_object`` accepts, anchored for JSON Schema and FastAPI's ``pattern=``.
 OBJECT_ID_PATTERN = f"^{ID_PATTERN.pattern}$"
 
-Epsilon = Annotated[float, Field(ge=MIN_EPSILON, le=DEFAULT_LIMITS.max_epsilon)]
-Budget = Annotated[float, Field(ge=MIN_EPSILON, le=MAX_BUDGET)]
+#: A finite JSON number (a boolean is none); an integer (``3.0`` is one).
+Number = Annotated[float, _reads(as_number)]
+Integer = Annotated[int, _reads(as_integer)]
+Epsilon = Annotated[
+    float,
+    Field(ge=MIN_EPSILON, le=DEFAULT_LIMITS.max_epsilon),
+    _reads(
+        partial(
+            as_positive_number,
+            maximum=DEFAULT_LIMITS.max_epsilon,
+            minimum=DEFAULT_LIMITS.min_epsilon,
+        )
+    ),
+]
+Budget = Annotated[
+    float,
+    Field(ge=MIN_EPSILON, le=MAX_BUDGET),
+    _reads(partial(as_positive_number, maximum=MAX_BUDGET, minimum=MIN_EPSILON)),
+]
 #: δ_g: ``MIN_DELTA <= δ_g < 1`` (the largest float below 1 as the inclusive bound).
 MAX_DELTA = 1.0 - 2.0**-53
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME, pattern=NO_NUL_PATTERN)]
+Delta = Annotated[float, Field(ge=MIN_DELTA, le=MAX_DELTA), _reads(parse_delta_value)]
+Name = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME, pattern=NO_NUL_PATTERN), _reads(as_string)
+]
+#: Label names are checked where a mapping's keys are (:class:`Labels`).
 LabelName = Annotated[str, Field(pattern=f"^{LABEL_NAME.pattern}$")]
-LabelValue = Annotated[str, Field(pattern=f"^{LABEL_VALUE.pattern}$")]
-ProjectName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+LabelValue = Annotated[
+    str,
+    Field(pattern=f"^{LABEL_VALUE.pattern}$"),
+    _holds(
+        _matches(LABEL_VALUE), "must be a string of 1-256 characters without control characters"
+    ),
+]
+LABEL_NAMES_MESSAGE = (
+    "label names are 1-64 letters, digits and ._- starting with one of the first two"
+)
+#: A project's name: 1-64 letters, digits and ``._-``, starting with a letter or digit.
+PROJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PROJECT_NAME_RULE = "must be 1-64 letters, digits and ._- starting with a letter or digit"
+ProjectName = Annotated[
+    str,
+    Field(pattern=f"^{PROJECT_NAME.pattern}$"),
+    _holds(_matches(PROJECT_NAME), PROJECT_NAME_RULE),
+]
 #: The longest survey name and API key label (the services check these very constants).
 MAX_SURVEY_NAME = 200
 MAX_KEY_LABEL = 200
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
-Scalar = str | int | float
+Scalar = Annotated[str | int | float, _holds(_is_scalar, "must be a string or a number")]
+ObjectId = Annotated[
+    str,
+    Field(pattern=OBJECT_ID_PATTERN),
+    _holds(
+        _matches(ID_PATTERN),
+        "must be 1-128 characters of letters, digits and ._:@- starting with a letter or digit",
+    ),
+]
+
+
+def _labels(raw: Any) -> Any:
+    """Labels: at most :data:`MAX_LABELS`, names by :data:`LABEL_NAME` (the mapping's errors)."""
+    if isinstance(raw, dict):
+        if len(raw) > MAX_LABELS:
+            raise refused(f"at most {MAX_LABELS} labels")
+        if not all(_matches(LABEL_NAME)(name) for name in raw):
+            raise refused(LABEL_NAMES_MESSAGE)
+    return raw
+
+
+#: Public metadata of an object: ``name: value`` strings.
+Labels = Annotated[
+    dict[LabelName, LabelValue],
+    Field(max_length=MAX_LABELS, description="Public metadata (never a private value)"),
+    BeforeValidator(_labels),
+]
+
+
+class Role(StrEnum):
+    """What a key may do: the one definition (requests, answers, the routes' role checks)."""
+
+    ADMIN = "admin"
+    ANALYST = "analyst"
+    VIEWER = "viewer"
+
+
+#: A role in a request or an answer: inline in the document, as the literal it was.
+RoleName = Annotated[
+    Role, WithJsonSchema({"type": "string", "enum": [r.value for r in Role], "title": "Role"})
+]
 
 
 class _Strict(BaseModel):
     """A request object: unknown fields are refused, as the server does.
 
     An optional field is ``X | SkipJsonSchema[None] = None``: it may be left out but not sent as
-    ``null`` (the server refuses ``null``), so the schema shows only ``X``.
+    ``null`` (the server refuses ``null``), so the schema shows only ``X``. Strict: a string is
+    no number and a number no string (the leaves' readers say so in our words).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_null(cls, data: Any) -> Any:
+        """An optional field is left out, never ``null`` (refused in its type's words)."""
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name) if value is None else None
+                if field is not None and field.default is None:
+                    raise _refused_at(name, _null_message(cls, name))
+        return data
+
+
+@cache
+def _null_message(model: type[BaseModel], name: str) -> str:
+    """What an optional field's type says of ``null`` (``must be a number``...)."""
+    for kind in get_args(model.model_fields[name].rebuild_annotation()):
+        base = get_args(kind)[0] if get_origin(kind) is Annotated else kind
+        if base is None or base is type(None):
+            continue
+        try:
+            TypeAdapter(kind).validate_python(None)
+        except ValidationError as exc:
+            return our_words(exc.errors()[0])
+    return "must not be null"
+
+
+class _Body(_Strict):
+    """A request body: its model, and its JSON as the client wrote it (:meth:`written`)."""
+
+    _written: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_written(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        model = handler(data)
+        model._written = data
+        return model
+
+    def written(self, field: str | None = None) -> Any:
+        """``field`` (None: the whole body) as the client wrote it, decimals as written.
+
+        Domains, values and queries are parsed by the engine against a domain from the JSON
+        itself: ``1`` and ``1.0`` differ for an integer attribute, and an idempotency key's
+        fingerprint is the query as sent.
+        """
+        return self._written if field is None else self._written[field]
 
 
 class _Open(BaseModel):
@@ -112,8 +318,8 @@ class RealAttribute(_Strict):
 
     name: Name
     type: Literal["real"]
-    low: float
-    high: float
+    low: Number
+    high: Number
 
 
 class IntegerAttribute(_Strict):
@@ -121,8 +327,8 @@ class IntegerAttribute(_Strict):
 
     name: Name
     type: Literal["integer"]
-    low: int
-    high: int
+    low: Integer
+    high: Integer
 
 
 class CategoricalAttribute(_Strict):
@@ -130,11 +336,22 @@ class CategoricalAttribute(_Strict):
 
     name: Name
     type: Literal["categorical"]
-    values: Annotated[list[str | int], Field(min_length=1)]
+    values: Annotated[
+        list[
+            Annotated[
+                str | int,
+                _holds(
+                    lambda v: not isinstance(v, bool) and isinstance(v, (str, int)),
+                    "must be a string or an integer",
+                ),
+            ]
+        ],
+        Field(min_length=1),
+    ]
 
 
 Attribute = Annotated[
-    RealAttribute | IntegerAttribute | CategoricalAttribute, Field(discriminator="type")
+    IntegerAttribute | CategoricalAttribute | RealAttribute, Field(discriminator="type")
 ]
 
 
@@ -150,7 +367,13 @@ class Predicate(_Strict):
 
     attribute: Name
     op: Literal["==", "!=", "<", "<=", ">", ">=", "in"]
-    value: Scalar | list[Scalar]
+    value: Annotated[
+        Scalar | list[Scalar],
+        _holds(
+            lambda v: _is_scalar(v) or (isinstance(v, list) and all(map(_is_scalar, v))),
+            "must be a string, a number or a list of them",
+        ),
+    ]
 
 
 class GrrQuery(_Strict):
@@ -182,8 +405,16 @@ class MatrixQuery(_Strict):
     """Any mechanism on a finite domain: one row of probabilities per domain point."""
 
     mechanism: Literal["matrix"]
-    outputs: Annotated[list[Any], Field(min_length=1)]
-    probabilities: Annotated[list[list[float]], Field(min_length=1)]
+    outputs: Annotated[
+        list[Annotated[Any, _holds(_is_output, "must be a string or a finite number")]],
+        Field(min_length=1, max_length=DEFAULT_LIMITS.max_outputs),
+    ]
+    #: one row per point of the domain, one probability per output: the engine reads the
+    #: numbers after counting the rows and entries (a too large matrix says so first)
+    probabilities: Annotated[
+        list[list[Annotated[Any, WithJsonSchema({"type": "number"})]]],
+        Field(json_schema_extra={"minItems": 1}),
+    ]
     epsilon: Epsilon | SkipJsonSchema[None] = None
 
 
@@ -191,9 +422,9 @@ class LinearQuery(_Strict):
     """A linear query ``Σ w·x + c`` on numeric attributes, answered ``a`` or ``b``."""
 
     mechanism: Literal["linear"]
-    weights: dict[str, float]
-    intercept: float = 0.0
-    range: Annotated[list[float], Field(min_length=2, max_length=2)]
+    weights: dict[str, Number]
+    intercept: Number = 0.0
+    range: Annotated[list[Number], Field(min_length=2, max_length=2)]
     truncate: bool = False
     epsilon: Epsilon
 
@@ -202,8 +433,8 @@ class LogisticQuery(_Strict):
     """A logistic query ``sigmoid(Σ w·x + c)``, answered 0 or 1."""
 
     mechanism: Literal["logistic"]
-    weights: dict[str, float]
-    intercept: float = 0.0
+    weights: dict[str, Number]
+    intercept: Number = 0.0
     epsilon: Epsilon
 
 
@@ -216,7 +447,8 @@ class OlhQuery(_Strict):
     mechanism: Literal["olh"]
     attribute: Name
     epsilon: Epsilon
-    g: Annotated[int, Field(ge=2)] | SkipJsonSchema[None] = None
+    # at least 2 (and at most max(2, k) for the attribute: the engine says both)
+    g: Annotated[Integer, Field(json_schema_extra={"minimum": 2})] | SkipJsonSchema[None] = None
 
 
 class HadamardQuery(_Strict):
@@ -249,14 +481,7 @@ class BudgetBody(_Strict):
 
     epsilon: Budget
     delta: (
-        Annotated[
-            float,
-            Field(
-                ge=MIN_DELTA,
-                le=MAX_DELTA,
-                description="δ_g: approx_bayesian only (finite domains only)",
-            ),
-        ]
+        Annotated[Delta, Field(description="δ_g: approx_bayesian only (finite domains only)")]
         | SkipJsonSchema[None]
     ) = None
 
@@ -267,33 +492,50 @@ class LifetimeBody(_Strict):
     epsilon: Budget
 
 
-class RegisterRequest(_Strict):
-    """``POST /v1/objects``: a protected object with its private value."""
+class RegisterRequest(_Body):
+    """``POST /v1/objects``: a protected object with its private value.
 
-    id: Annotated[str, Field(pattern=OBJECT_ID_PATTERN)]
+    ``budget.delta`` is required by the ``approx_bayesian`` filter and refused by the others;
+    ``approx_bayesian`` needs a finite domain (no ``real`` attribute).
+    """
+
+    id: ObjectId
     domain: Domain
     value: Annotated[
         dict[str, Scalar], Field(description="One point of the domain; never returned")
     ]
     budget: BudgetBody
     filter: Literal["bayesian", "simplified", "basic", "approx_bayesian"] = "bayesian"
-    labels: (
-        Annotated[
-            dict[LabelName, LabelValue],
-            Field(max_length=MAX_LABELS, description="Public metadata (never a private value)"),
-        ]
-        | SkipJsonSchema[None]
-    ) = None
+    labels: Labels | SkipJsonSchema[None] = None
     lifetime: LifetimeBody | SkipJsonSchema[None] = Field(
         default=None,
         description="ε_L: the realized loss summed over the object's data versions stays within it",
     )
 
+    @model_validator(mode="after")
+    def _delta_with_approx_only(self) -> Self:
+        approx = self.filter == "approx_bayesian"
+        if self.budget.delta is None and approx:
+            raise _refused_at("budget.delta", "is required by the approx_bayesian filter")
+        if self.budget.delta is not None and not approx:
+            raise _refused_at("budget.delta", "is only allowed with the approx_bayesian filter")
+        if approx and any(a.type == "real" for a in self.domain.attributes):
+            raise _refused_at("filter", f"approx_bayesian {NEEDS_FINITE_DOMAIN}")
+        return self
 
-class ImportRequest(_Strict):
+
+class ImportRequest(_Body):
     """``POST /v1/imports``: up to 10,000 registrations, stored all or nothing."""
 
-    objects: Annotated[list[RegisterRequest], Field(min_length=1, max_length=MAX_IMPORT)]
+    objects: Annotated[
+        list[RegisterRequest],
+        Field(min_length=1, max_length=MAX_IMPORT),
+        _holds(lambda v: not isinstance(v, list) or bool(v), "must have at least 1 item"),
+        _holds(
+            lambda v: not isinstance(v, list) or len(v) <= MAX_IMPORT,
+            f"at most {MAX_IMPORT} objects a request",
+        ),
+    ]
 
 
 class ImportResult(_Open):
@@ -303,8 +545,8 @@ class ImportResult(_Open):
     existing: int
 
 
-class VersionRequest(_Strict):
-    """``POST /v1/objects/{id}/versions``: the object's new value."""
+class VersionRequest(_Body):
+    """``POST /v1/objects/{id}/versions``: the object's new value (checked against its domain)."""
 
     value: Annotated[
         dict[str, Scalar], Field(description="One point of the domain; never returned")
@@ -314,16 +556,39 @@ class VersionRequest(_Strict):
 class VersionItem(_Strict):
     """One object's new value in a bulk request."""
 
-    id: Annotated[str, Field(pattern=OBJECT_ID_PATTERN)]
+    id: Annotated[
+        str,
+        Field(pattern=OBJECT_ID_PATTERN),
+        _holds(_matches(ID_PATTERN), "must be the id of a registered object"),
+    ]
     value: Annotated[
         dict[str, Scalar], Field(description="One point of the domain; never returned")
     ]
 
 
-class VersionsRequest(_Strict):
-    """``POST /v1/versions``: up to 10,000 new values, stored all or nothing."""
+class VersionsRequest(_Body):
+    """``POST /v1/versions``: up to 10,000 new values, stored all or nothing; ids not repeated."""
 
-    versions: Annotated[list[VersionItem], Field(min_length=1, max_length=MAX_VERSIONS)]
+    versions: Annotated[
+        list[VersionItem],
+        Field(min_length=1, max_length=MAX_VERSIONS),
+        _holds(lambda v: not isinstance(v, list) or bool(v), "must have at least 1 item"),
+        _holds(
+            lambda v: not isinstance(v, list) or len(v) <= MAX_VERSIONS,
+            f"must have at most {MAX_VERSIONS} items",
+        ),
+    ]
+
+    @model_validator(mode="after")
+    def _ids_once(self) -> Self:
+        first: dict[str, int] = {}
+        for i, item in enumerate(self.versions):
+            if item.id in first:
+                raise _refused_at(
+                    f"versions[{i}].id", f"repeats the id of versions[{first[item.id]}]"
+                )
+            first[item.id] = i
+        return self
 
 
 class VersionCreated(_Open):
@@ -350,60 +615,143 @@ class VersionsResult(_Open):
 class LabelsCohort(_Strict):
     """Every object carrying all these labels (membership fixed at creation)."""
 
-    labels: Annotated[dict[LabelName, LabelValue], Field(min_length=1, max_length=MAX_LABELS)]
+    labels: Annotated[
+        Labels,
+        Field(json_schema_extra={"minProperties": 1}),
+        _holds(lambda v: not isinstance(v, dict) or bool(v), "must name at least one label"),
+    ]
 
 
 class IdsCohort(_Strict):
     """These objects."""
 
-    ids: Annotated[list[Annotated[str, Field(pattern=OBJECT_ID_PATTERN)]], Field(min_length=1)]
+    ids: Annotated[
+        list[
+            Annotated[
+                str,
+                Field(pattern=OBJECT_ID_PATTERN),
+                _holds(_matches(ID_PATTERN), "must be an object id"),
+            ]
+        ],
+        Field(min_length=1),
+    ]
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Self:
+        seen: set[str] = set()
+        for i, member in enumerate(self.ids):
+            if member in seen:
+                raise _refused_at(f"ids[{i}]", "repeats an earlier id")
+            seen.add(member)
+        return self
 
 
-class SurveyRequest(_Strict):
+def _one_cohort(raw: Any) -> bool:
+    return not isinstance(raw, dict) or (len(raw) == 1 and next(iter(raw)) in ("labels", "ids"))
+
+
+Cohort = Annotated[
+    Annotated[LabelsCohort, Tag("by-labels")] | Annotated[IdsCohort, Tag("by-ids")],
+    Discriminator(
+        lambda raw: "by-labels" if isinstance(raw, dict) and "labels" in raw else "by-ids"
+    ),
+    _holds(_one_cohort, "must be exactly one of {'labels': {...}} or {'ids': [...]}"),
+]
+
+
+class SurveyRequest(_Body):
     """``POST /v1/surveys`` (and its dry-run): one query to every member of a cohort."""
 
-    name: Annotated[str, Field(min_length=1, max_length=MAX_SURVEY_NAME, pattern=NO_NUL_PATTERN)]
+    name: Annotated[
+        str,
+        Field(min_length=1, max_length=MAX_SURVEY_NAME, pattern=NO_NUL_PATTERN),
+        _holds(
+            lambda v: isinstance(v, str) and 1 <= len(v) <= MAX_SURVEY_NAME and "\x00" not in v,
+            f"must be a string of 1-{MAX_SURVEY_NAME} characters",
+        ),
+    ]
     query: Query
-    cohort: LabelsCohort | IdsCohort
+    cohort: Cohort
+
+    @model_validator(mode="after")
+    def _finite_query(self) -> Self:
+        # a survey stores its query as JSON text before any member's domain is read
+        try:
+            json.dumps(self.query.model_dump(), allow_nan=False)
+        except ValueError:
+            raise _refused_at("query", "must not contain NaN or infinite numbers") from None
+        return self
 
 
-class QueryRequest(_Strict):
+class QueryRequest(_Body):
     """Dry-run and submit: the query to decide."""
 
     query: Query
 
 
-class HistoryEntry(_Strict):
-    """One past query and the output it gave."""
+def _as_sent(raw: Any, _: ValidatorFunctionWrapHandler) -> Any:
+    return raw
 
-    query: Query
+
+class HistoryEntry(_Strict):
+    """One past query and the output it gave.
+
+    The engine replays it under the rules it was accepted by (any ε, below today's floor too):
+    the query is its to read, as sent.
+    """
+
+    query: Annotated[Query, WrapValidator(_as_sent)]
     output: Any
+
+
+def _between(low: int, high: int) -> Callable[[Any, str], int]:
+    """An integer reader for ``low..high`` (the calculator's words)."""
+
+    def read(raw: Any, field: str) -> int:
+        value = as_integer(raw, field)
+        if not low <= value <= high:
+            raise InvalidInput(field, f"must be between {low} and {high}")
+        return value
+
+    return read
 
 
 class LossOptions(_Strict):
     """Calculator options."""
 
-    tolerance: Annotated[float, Field(gt=0)] = 1e-4
-    time_limit: Annotated[float, Field(gt=0, le=MAX_TIME_LIMIT)] | SkipJsonSchema[None] = None
-    max_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] | SkipJsonSchema[None] = None
-    grouping: Annotated[int, Field(ge=1, le=MAX_GROUPING)] | SkipJsonSchema[None] = None
+    tolerance: Annotated[float, Field(gt=0), _reads(as_positive_number)] = 1e-4
+    time_limit: (
+        Annotated[
+            float,
+            Field(gt=0, le=MAX_TIME_LIMIT),
+            _reads(partial(as_positive_number, maximum=MAX_TIME_LIMIT)),
+        ]
+        | SkipJsonSchema[None]
+    ) = None
+    max_nodes: (
+        Annotated[int, Field(ge=1, le=MAX_NODES), _reads(_between(1, MAX_NODES))]
+        | SkipJsonSchema[None]
+    ) = None
+    grouping: (
+        Annotated[int, Field(ge=1, le=MAX_GROUPING), _reads(_between(1, MAX_GROUPING))]
+        | SkipJsonSchema[None]
+    ) = None
     fast: bool = False
 
 
-class LossRequest(_Strict):
-    """``POST /v1/loss``: the stateless calculator."""
+class LossRequest(_Body):
+    """``POST /v1/loss``: the stateless calculator.
+
+    ``budget`` is required with a ``candidate`` or a ``delta``; ``delta`` needs a finite domain
+    (the engine's calculator says so, as it does for ``gatekeeper loss``).
+    """
 
     domain: Domain
-    history: list[HistoryEntry]
+    history: Annotated[list[HistoryEntry], Field(max_length=DEFAULT_LIMITS.max_history)]
     budget: Budget | SkipJsonSchema[None] = None
     delta: (
         Annotated[
-            float,
-            Field(
-                ge=MIN_DELTA,
-                le=MAX_DELTA,
-                description="δ_g: also decide with approx_bayesian (finite domains only)",
-            ),
+            Delta, Field(description="δ_g: also decide with approx_bayesian (finite domains only)")
         ]
         | SkipJsonSchema[None]
     ) = None
@@ -411,12 +759,16 @@ class LossRequest(_Strict):
     options: LossOptions | SkipJsonSchema[None] = None
 
 
-class KeyRequest(_Strict):
+class KeyRequest(_Body):
     """``POST /v1/keys``: a key, optionally in a project (analyst or viewer keys only)."""
 
-    role: Literal["admin", "analyst", "viewer"]
+    role: Annotated[RoleName, Field(strict=False)]
     label: (
-        Annotated[str, Field(min_length=1, max_length=MAX_KEY_LABEL, pattern=NO_NUL_PATTERN)]
+        Annotated[
+            str,
+            Field(min_length=1, max_length=MAX_KEY_LABEL, pattern=NO_NUL_PATTERN),
+            _reads(partial(as_string, max_len=MAX_KEY_LABEL)),
+        ]
         | SkipJsonSchema[None]
     ) = None
     project: (
@@ -431,16 +783,24 @@ class KeyRequest(_Strict):
 class ProjectScope(_Strict):
     """A project's scope: the labels an object must all carry to be seen by its keys."""
 
-    labels: Annotated[dict[LabelName, LabelValue], Field(min_length=1, max_length=MAX_LABELS)]
+    labels: Annotated[
+        Labels,
+        Field(min_length=1),
+        _holds(lambda v: not isinstance(v, dict) or bool(v), "must name at least one label"),
+    ]
 
 
 class Quota(_Strict):
     """A project's quota: the ε bound on the realized loss of its own sub-history."""
 
-    epsilon: Annotated[float, Field(gt=0, le=MAX_BUDGET)]
+    epsilon: Annotated[
+        float,
+        Field(gt=0, le=MAX_BUDGET),
+        _reads(partial(as_positive_number, maximum=MAX_BUDGET)),
+    ]
 
 
-class ProjectRequest(_Strict):
+class ProjectRequest(_Body):
     """``POST /v1/projects``."""
 
     name: ProjectName
@@ -448,7 +808,7 @@ class ProjectRequest(_Strict):
     quota: Quota
 
 
-class ProjectPatch(_Strict):
+class ProjectPatch(_Body):
     """``PATCH /v1/projects/{name}``: a new quota (the scope is fixed)."""
 
     quota: Quota
@@ -738,7 +1098,7 @@ class CreatedKey(_Open):
     """A new API key: ``key`` is the secret, shown this once."""
 
     id: int
-    role: Literal["admin", "analyst", "viewer"]
+    role: RoleName
     label: str | None
     key: str
     project: str | None = Field(default=None, description="The key's project (null: unscoped)")
@@ -748,7 +1108,7 @@ class KeyInfo(_Open):
     """An API key's public facts (never its secret)."""
 
     id: int
-    role: Literal["admin", "analyst", "viewer"]
+    role: RoleName
     label: str | None
     created_at: Timestamp | None
     revoked_at: Timestamp | None
@@ -787,7 +1147,7 @@ class WhoAmI(_Open):
     """The calling key."""
 
     key_id: int
-    role: Literal["admin", "analyst", "viewer"]
+    role: RoleName
     project: str | None = Field(default=None, description="The key's project (null: unscoped)")
 
 

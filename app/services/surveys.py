@@ -21,13 +21,11 @@ from typing import Any
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput, Unsupported
 from app.engine.estimates import estimate, output_histogram
-from app.engine.jsonfields import as_list, as_object, check_keys
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
-from app.services import audit
+from app.services import audit, schemas
+from app.services.bodies import validated
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, NotFound, ServiceError
-from app.services.objects import ID_PATTERN, parse_labels
-from app.services.schemas import MAX_SURVEY_NAME
 from app.services.scope import Scope
 from app.services.survey_groups import (
     ParsedQuery,
@@ -75,43 +73,22 @@ class SurveyRequest:
 
 def parse_request(body: Any, *, max_members: int) -> SurveyRequest:
     """Validate ``{"name", "query", "cohort": {"labels": {...}} | {"ids": [...]}}``."""
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("name", "query", "cohort"))
-    name = obj["name"]
-    if not isinstance(name, str) or not 1 <= len(name) <= MAX_SURVEY_NAME or "\x00" in name:
-        raise InvalidInput("name", f"must be a string of 1-{MAX_SURVEY_NAME} characters")
-    query = as_object(obj["query"], "query")
-    if not isinstance(query.get("mechanism"), str):
-        raise InvalidInput("query.mechanism", "is required (a mechanism name)")
-    try:
-        json.dumps(query, allow_nan=False)
-    except ValueError:
-        raise InvalidInput("query", "must not contain NaN or infinite numbers") from None
-    cohort = as_object(obj["cohort"], "cohort")
-    if len(cohort) != 1 or next(iter(cohort)) not in ("labels", "ids"):
-        raise InvalidInput("cohort", "must be exactly one of {'labels': {...}} or {'ids': [...]}")
-    if "labels" in cohort:
-        labels = parse_labels(cohort["labels"], "cohort.labels")
-        if not labels:
-            raise InvalidInput("cohort.labels", "must name at least one label")
-        return SurveyRequest(name, dict(query), labels, None)
-    raw_ids = as_list(cohort["ids"], "cohort.ids", min_len=1)
-    if len(raw_ids) > max_members:
+    return survey_request(validated(schemas.SurveyRequest, body), max_members=max_members)
+
+
+def survey_request(body: schemas.SurveyRequest, *, max_members: int) -> SurveyRequest:
+    """A validated survey body, its query as written; an ids cohort within ``max_members``."""
+    query = dict(body.written("query"))
+    if isinstance(body.cohort, schemas.LabelsCohort):
+        return SurveyRequest(body.name, query, dict(body.cohort.labels), None)
+    ids = body.cohort.ids
+    if len(ids) > max_members:
         raise InvalidCohort(
-            f"the cohort has {len(raw_ids)} members, above the maximum of {max_members} "
+            f"the cohort has {len(ids)} members, above the maximum of {max_members} "
             "(SURVEY_MAX_MEMBERS)",
             errors=[{"field": "cohort.ids", "message": f"at most {max_members} ids"}],
         )
-    ids: list[str] = []
-    seen: set[str] = set()
-    for i, item in enumerate(raw_ids):
-        if not isinstance(item, str) or not ID_PATTERN.fullmatch(item):
-            raise InvalidInput(f"cohort.ids[{i}]", "must be an object id")
-        if item in seen:
-            raise InvalidInput(f"cohort.ids[{i}]", "repeats an earlier id")
-        seen.add(item)
-        ids.append(item)
-    return SurveyRequest(name, dict(query), None, ids)
+    return SurveyRequest(body.name, query, None, list(ids))
 
 
 def _labels_of(scope: Scope | None) -> tuple[tuple[str, str], ...] | None:

@@ -34,15 +34,15 @@ from typing import Any
 
 from app import metrics
 from app.engine.domain import Domain, parse_domain
-from app.engine.errors import InvalidInput
-from app.engine.jsonfields import as_list, as_object, check_keys, path
+from app.engine.jsonfields import path
 from app.engine.lifetime import add_losses
 from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
 from app.engine.limits import EngineLimits
 from app.services import audit
+from app.services.bodies import validated
 from app.services.errors import Busy, IdempotencyMismatch, NotFound, Retired
 from app.services.locks import ObjectLocks
-from app.services.objects import ID_PATTERN
+from app.services.schemas import ID_PATTERN, VersionRequest, VersionsRequest
 from app.services.snapshots import move_state_refs, pending_entries
 from app.store import Conflict, Database, Tx, Unavailable, transaction
 from app.store import imports as answers
@@ -53,8 +53,6 @@ from app.store.states import load_states
 
 log = logging.getLogger(__name__)
 
-#: New versions one request may create.
-MAX_VERSIONS = 10_000
 #: The scope of bulk versions' stored answers among the idempotent requests.
 _SCOPE = "versions"
 
@@ -80,36 +78,25 @@ class _LostRace(Exception):
     """Another writer advanced one of the objects first."""
 
 
-def parse_single(object_id: str, body: Any) -> NewValue:
-    """``{"value": {...}}`` for one object (the value is checked against its domain later)."""
+def parse_single(object_id: str, body: VersionRequest) -> NewValue:
+    """One object's new value (checked against its domain later; its value as written)."""
     if not ID_PATTERN.fullmatch(object_id):  # e.g. a NUL byte, which PostgreSQL refuses
         raise NotFound("no object with that id")
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("value",))
-    return NewValue(object_id, obj["value"], "value")
+    return NewValue(object_id, body.written("value"), "value")
 
 
-def parse_bulk(body: Any, field: str = "versions") -> list[NewValue]:
-    """``{"versions": [{"id", "value"}, ...]}``: at most :data:`MAX_VERSIONS`, ids not repeated."""
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("versions",))
-    items = as_list(obj["versions"], field, max_len=MAX_VERSIONS)
-    if not items:
-        raise InvalidInput(field, "must have at least 1 item")
-    found: list[NewValue] = []
-    first: dict[str, int] = {}
-    for i, item in enumerate(items):
-        where = path(field, i)
-        entry = as_object(item, where)
-        check_keys(entry, where, required=("id", "value"))
-        object_id = entry["id"]
-        if not isinstance(object_id, str) or not ID_PATTERN.fullmatch(object_id):
-            raise InvalidInput(path(where, "id"), "must be the id of a registered object")
-        if object_id in first:
-            raise InvalidInput(path(where, "id"), f"repeats the id of {field}[{first[object_id]}]")
-        first[object_id] = i
-        found.append(NewValue(object_id, entry["value"], path(where, "value")))
-    return found
+def parse_bulk(body: Any) -> list[NewValue]:
+    """``{"versions": [{"id", "value"}, ...]}``, each value as written.
+
+    The structure is :class:`~app.services.schemas.VersionsRequest`'s: at most
+    :data:`~app.services.schemas.MAX_VERSIONS` items, ids not repeated.
+    """
+    request = validated(VersionsRequest, body)
+    written = request.written("versions")
+    return [
+        NewValue(item.id, written[i]["value"], path(path("versions", i), "value"))
+        for i, item in enumerate(request.versions)
+    ]
 
 
 def closing_loss(

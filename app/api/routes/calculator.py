@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter
 
 from app.api import examples
-from app.api.deps import AnalystDep, JsonBody, RuntimeDep
+from app.api.deps import AnalystDep, RuntimeDep, typed_body
 from app.api.openapi import (
     WITH_BODY,
     answers,
@@ -26,6 +26,11 @@ router = APIRouter()
     responses=problems(*WITH_BODY),
     openapi_extra=body_doc(schemas.LossRequest, examples.LOSS),
 )
-async def loss(runtime: RuntimeDep, _: AnalystDep, body: JsonBody) -> dict[str, Any]:
+async def loss(
+    runtime: RuntimeDep,
+    _: AnalystDep,
+    body: Annotated[schemas.LossRequest, typed_body(schemas.LossRequest)],
+) -> dict[str, Any]:
     """The stateless loss calculator (contract.md): realized loss of a history and a candidate."""
-    return await calculator.compute_loss(worker=runtime.worker, request=body)
+    # the engine computes from the request as written (decimals as written, against its domain)
+    return await calculator.compute_loss(worker=runtime.worker, request=body.written())

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, status
 
 from app.api import examples
-from app.api.deps import AdminDep, JsonBody, RuntimeDep, ViewerDep, in_thread
+from app.api.deps import AdminDep, RuntimeDep, ViewerDep, in_thread, typed_body
 from app.api.openapi import (
     AUTHENTICATED,
     WITH_BODY,
@@ -15,12 +15,9 @@ from app.api.openapi import (
     body_doc,
     problems,
 )
-from app.engine.errors import InvalidInput
-from app.engine.jsonfields import as_object, as_string, check_keys
 from app.services import schemas
-from app.services.auth import Role, create_key, list_keys, revoke_key
+from app.services.auth import create_key, list_keys, revoke_key
 from app.services.errors import NotFound
-from app.services.projects import parse_name
 
 router = APIRouter()
 
@@ -36,19 +33,10 @@ router = APIRouter()
 async def new_key(
     runtime: RuntimeDep,
     caller: AdminDep,
-    body: JsonBody,
+    body: Annotated[schemas.KeyRequest, typed_body(schemas.KeyRequest)],
 ) -> schemas.CreatedKey:
     """Create an API key (admin); the secret is shown once."""
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("role",), optional=("label", "project"))
-    if not isinstance(obj["role"], str) or obj["role"] not in {r.value for r in Role}:
-        raise InvalidInput("role", "must be one of admin, analyst, viewer")
-    label = (
-        as_string(obj["label"], "label", max_len=schemas.MAX_KEY_LABEL) if "label" in obj else None
-    )
-
-    role = Role(obj["role"])
-    project = parse_name(obj["project"], "project") if "project" in obj else None
+    role, label, project = body.role, body.label, body.project
     key_id, secret = await in_thread(
         runtime,
         create_key,
@@ -58,7 +46,7 @@ async def new_key(
         actor_key_id=caller.key_id,
         project=project,
     )
-    return schemas.CreatedKey(id=key_id, role=role.value, label=label, key=secret, project=project)
+    return schemas.CreatedKey(id=key_id, role=role, label=label, key=secret, project=project)
 
 
 @router.get(
@@ -103,4 +91,4 @@ async def drop_key(
 async def whoami(caller: ViewerDep) -> schemas.WhoAmI:
     """The calling key's id and role (never its secret); 401 for a missing or bad key."""
     project = caller.scope.project if caller.scope is not None else None
-    return schemas.WhoAmI(key_id=caller.key_id, role=caller.role.value, project=project)
+    return schemas.WhoAmI(key_id=caller.key_id, role=caller.role, project=project)

@@ -7,7 +7,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
 from app.api import examples
-from app.api.deps import AdminDep, AnalystDep, JsonBody, RuntimeDep, ViewerDep, in_thread
+from app.api.deps import (
+    AdminDep,
+    AnalystDep,
+    JsonBody,
+    RuntimeDep,
+    ViewerDep,
+    in_thread,
+    typed_body,
+)
 from app.api.openapi import (
     AUTHENTICATED,
     WITH_BODY,
@@ -15,13 +23,12 @@ from app.api.openapi import (
     body_doc,
     problems,
 )
-from app.engine.jsonfields import as_object, check_keys
 from app.services import objects as object_service
 from app.services import queries as query_service
 from app.services import schemas
 from app.services import versions as version_service
-from app.services.auth import Role
 from app.services.errors import BadHeader
+from app.services.schemas import Role
 
 router = APIRouter(prefix="/v1/objects", tags=["objects"])
 
@@ -29,12 +36,8 @@ router = APIRouter(prefix="/v1/objects", tags=["objects"])
 PROBLEMS = problems(*AUTHENTICATED, 404, s404="No such object")
 #: Any id: one that cannot have been registered (ID_PATTERN) is simply not found (404).
 ObjectId = Annotated[str, Path(description="The object's id")]
-
-
-def _query_of(body: Any) -> Any:
-    obj = as_object(body, "")
-    check_keys(obj, "", required=("query",))
-    return obj["query"]
+#: The body of a dry-run and a submit.
+QueryBody = Annotated[schemas.QueryRequest, typed_body(schemas.QueryRequest)]
 
 
 @router.post(
@@ -50,6 +53,7 @@ async def register(
     body: JsonBody,
 ) -> dict[str, Any]:
     """Register a protected object (admin). The value is stored and never returned."""
+    # the use case validates the body (schemas.RegisterRequest, as imports do per item)
     return await in_thread(
         runtime,
         object_service.register_object,
@@ -100,7 +104,10 @@ async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> 
     ),
 )
 async def new_version(
-    runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId, body: JsonBody
+    runtime: RuntimeDep,
+    caller: AdminDep,
+    object_id: ObjectId,
+    body: Annotated[schemas.VersionRequest, typed_body(schemas.VersionRequest)],
 ) -> dict[str, Any]:
     """Give the object a new value (admin); its current version is closed, history kept.
 
@@ -129,17 +136,16 @@ async def dry_run(
     runtime: RuntimeDep,
     caller: AnalystDep,
     object_id: ObjectId,
-    body: JsonBody,
+    body: QueryBody,
 ) -> dict[str, Any]:
     """Would the filter accept this query now? Nothing changes; a rejection is a normal 200."""
-    query = _query_of(body)
     return await in_thread(
         runtime,
         query_service.dry_run,
         engine=runtime.engine,
         worker=runtime.worker,
         object_id=object_id,
-        query=query,
+        query=body.written("query"),
         limits=runtime.limits,
         scope=caller.scope,
     )
@@ -167,7 +173,7 @@ async def submit(
     caller: AnalystDep,
     object_id: ObjectId,
     response: Response,
-    body: JsonBody,
+    body: QueryBody,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -186,7 +192,6 @@ async def submit(
     if idempotency_key is not None and not idempotency_key.strip(" \t"):
         # an empty key used to be taken as no key: a retry could then spend budget twice
         raise BadHeader("Idempotency-Key", "must not be empty")
-    query = _query_of(body)
     outcome = await in_thread(
         runtime,
         query_service.submit,
@@ -194,7 +199,7 @@ async def submit(
         worker=runtime.worker,
         locks=runtime.locks,
         object_id=object_id,
-        query=query,
+        query=body.written("query"),
         idempotency_key=idempotency_key,
         analyst_key_id=caller.key_id,
         limits=runtime.limits,

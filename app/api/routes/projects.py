@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, status
 
 from app.api import examples
-from app.api.deps import AdminDep, JsonBody, RuntimeDep, in_thread
+from app.api.deps import AdminDep, RuntimeDep, in_thread, typed_body
 from app.api.openapi import AUTHENTICATED, WITH_BODY, answers, body_doc, problems
 from app.services import projects as project_service
 from app.services import schemas
@@ -25,13 +25,17 @@ ProjectName = Annotated[str, Path(description="The project's unique name")]
     openapi_extra=body_doc(schemas.ProjectRequest, examples.PROJECT),
     responses=problems(*WITH_BODY, 409, s409="already-exists: a project with this name exists"),
 )
-async def create_project(runtime: RuntimeDep, caller: AdminDep, body: JsonBody) -> dict[str, Any]:
+async def create_project(
+    runtime: RuntimeDep,
+    caller: AdminDep,
+    body: Annotated[schemas.ProjectRequest, typed_body(schemas.ProjectRequest)],
+) -> dict[str, Any]:
     """Create a project (admin): its keys see only objects in its scope, within its quota."""
     return await in_thread(
         runtime,
         project_service.create_project,
         engine=runtime.engine,
-        body=body,
+        request=body,
         actor_key_id=caller.key_id,
     )
 
@@ -65,7 +69,10 @@ async def get_project(runtime: RuntimeDep, _: AdminDep, name: ProjectName) -> di
     responses=problems(*WITH_BODY, 404, s404="No such project"),
 )
 async def change_project_quota(
-    runtime: RuntimeDep, caller: AdminDep, name: ProjectName, body: JsonBody
+    runtime: RuntimeDep,
+    caller: AdminDep,
+    name: ProjectName,
+    body: Annotated[schemas.ProjectPatch, typed_body(schemas.ProjectPatch)],
 ) -> dict[str, Any]:
     """Change a project's quota (admin); its scope is fixed."""
     return await in_thread(
@@ -73,6 +80,6 @@ async def change_project_quota(
         project_service.change_quota,
         engine=runtime.engine,
         name=name,
-        body=body,
+        request=body,
         actor_key_id=caller.key_id,
     )

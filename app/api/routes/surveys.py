@@ -9,12 +9,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
 from app.api import examples
-from app.api.deps import AnalystDep, JsonBody, Runtime, RuntimeDep, ViewerDep, in_thread
+from app.api.deps import AnalystDep, Runtime, RuntimeDep, ViewerDep, in_thread, typed_body
 from app.api.openapi import AUTHENTICATED, WITH_BODY, answers, body_doc, problems
 from app.services import schemas
 from app.services import surveys as survey_service
-from app.services.auth import Role
 from app.services.errors import BadHeader
+from app.services.schemas import Role
+
+#: The body of a survey and of its dry-run.
+SurveyBody = Annotated[schemas.SurveyRequest, typed_body(schemas.SurveyRequest)]
 
 router = APIRouter(prefix="/v1/surveys", tags=["surveys"])
 
@@ -49,7 +52,7 @@ async def create_survey(
     runtime: RuntimeDep,
     caller: AnalystDep,
     response: Response,
-    body: JsonBody,
+    body: SurveyBody,
     idempotency_key: Annotated[
         str | None,
         Header(
@@ -64,13 +67,13 @@ async def create_survey(
     if idempotency_key is not None and not idempotency_key.strip(" \t"):
         raise BadHeader("Idempotency-Key", "must not be empty")
     max_members = runtime.settings.survey_max_members
-    request = survey_service.parse_request(body, max_members=max_members)
+    request = survey_service.survey_request(body, max_members=max_members)
     view, replayed = await in_thread(
         runtime,
         survey_service.create_survey,
         engine=runtime.engine,
         request=request,
-        fingerprint=_fingerprint(body),
+        fingerprint=_fingerprint(body.written()),
         idempotency_key=idempotency_key,
         analyst_key_id=caller.key_id,
         max_members=max_members,
@@ -91,10 +94,12 @@ async def create_survey(
     openapi_extra=body_doc(schemas.SurveyRequest, examples.SURVEY),
     responses=problems(*WITH_BODY, s422=_COHORT_422),
 )
-async def survey_dry_run(runtime: RuntimeDep, caller: AnalystDep, body: JsonBody) -> dict[str, Any]:
+async def survey_dry_run(
+    runtime: RuntimeDep, caller: AnalystDep, body: SurveyBody
+) -> dict[str, Any]:
     """How a survey would go now: members, would accept, refusals by reason, groups."""
     max_members = runtime.settings.survey_max_members
-    request = survey_service.parse_request(body, max_members=max_members)
+    request = survey_service.survey_request(body, max_members=max_members)
     return await in_thread(
         runtime,
         survey_service.dry_run_survey,
