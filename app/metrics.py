@@ -12,10 +12,6 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-#: Object counts exported at scrape time: an active object is "near exhaustion" when its
-#: remaining budget is below this fraction of its budget.
-NEAR_EXHAUSTION_FRACTION = 0.1
-
 DECISIONS = Counter(
     "gatekeeper_decisions_total", "Filter decisions of submits", ["filter", "outcome"]
 )

@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as SATimeoutError
 
 from app import multiproc
-from app.metrics import NEAR_EXHAUSTION_FRACTION
+from app.engine.limits import NEAR_EXHAUSTION_FRACTION
 from app.services.objects import object_counts
 from app.store import Database
 from app.worker.fleet import fleet_status

@@ -58,6 +58,10 @@ DEFAULT_LIMITS = EngineLimits()
 #: needed a 201-digit denominator.
 MIN_EPSILON = DEFAULT_LIMITS.min_epsilon
 
+#: An active object is "near exhaustion" when its remaining budget is below this fraction of its
+#: budget (the odometers' ``near_exhaustion`` status and the Prometheus gauge of that name).
+NEAR_EXHAUSTION_FRACTION = 0.1
+
 #: Largest budget ε_g: a budget above the largest loss any useful history reaches (e**10_000
 #: odds) protects nothing; the cap keeps sums and odometers finite.
 MAX_BUDGET = 10_000.0

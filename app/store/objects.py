@@ -29,8 +29,7 @@ from sqlalchemy import (
 from sqlalchemy import cast as sql_cast
 
 from app.db.models import ProtectedObject
-from app.engine.limits import MIN_EPSILON
-from app.metrics import NEAR_EXHAUSTION_FRACTION
+from app.engine.limits import MIN_EPSILON, NEAR_EXHAUSTION_FRACTION
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
 from app.store.states import STATES
