@@ -807,12 +807,17 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
         "total": 64,
         "decided": 64,
         "accepted": 60,
-        "refused": {"budget-exhausted": 4, "invalid-for-domain": 0, "retired": 0},
+        "refused": {
+            "budget-exhausted": 4,
+            "lifetime-exhausted": 0,
+            "invalid-for-domain": 0,
+            "retired": 0,
+        },
     }
     # the list: the progress bar and the refusals by reason are the JSON's
     check_progress(progress_of(browser, f"#surveys tr[data-id='{grr}'] .progress"), progress)
     cells = browser.evaluate(f"[...{row}.querySelectorAll('td.num')].map(td => td.dataset.value)")
-    assert cells == ["60", "4", "0", "0"]  # accepted, then refused by reason
+    assert cells == ["60", "4", "0", "0", "0"]  # accepted, then refused by reason
     assert browser.evaluate(f"{row}.cells[1].textContent") == "grr on flu, ε = 2"
     assert browser.evaluate(f"{row}.querySelector('.progress-text').textContent") == (
         "64 / 64 (100%)"
@@ -830,6 +835,7 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
         "survey-decided": "64",
         "survey-accepted": "60",
         "survey-refused-budget-exhausted": "4",
+        "survey-refused-lifetime-exhausted": "0",
         "survey-refused-invalid-for-domain": "0",
         "survey-refused-retired": "0",
         "survey-pending": "0",
@@ -840,7 +846,12 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
         "[...document.querySelectorAll('#survey-refusals tbody tr')]"
         ".map(tr => [tr.dataset.reason, tr.cells[1].dataset.value])"
     )
-    assert refusals == [["budget-exhausted", "4"], ["invalid-for-domain", "0"], ["retired", "0"]]
+    assert refusals == [
+        ["budget-exhausted", "4"],
+        ["lifetime-exhausted", "0"],
+        ["invalid-for-domain", "0"],
+        ["retired", "0"],
+    ]
     estimate = survey["estimate"]
     assert estimate["kind"] == "histogram"
     assert estimate["n"] == 60

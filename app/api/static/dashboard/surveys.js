@@ -31,6 +31,7 @@ export function isActive(survey) {
 // Why a member can be refused, in the order of progress.refused, with what it means.
 export const REASONS = [
   ["budget-exhausted", "budget exhausted", "an answer could take the object's realized loss over its budget: the filter refused (nothing released, nothing spent)"],
+  ["lifetime-exhausted", "lifetime exhausted", "an answer could take the loss summed over the object's data versions over its lifetime budget: refused (nothing released, nothing spent)"],
   ["invalid-for-domain", "invalid for domain", "the query does not apply to the object's domain (e.g. an attribute it does not have)"],
   ["retired", "retired", "the object was retired when the survey reached it"],
 ];
