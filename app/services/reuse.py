@@ -143,11 +143,10 @@ def chunk_reusables(
 
     def offer(object_id: str, candidate: Reusable) -> None:
         after, upto = bounds[object_id]
-        if not after < candidate.seq <= upto:
-            return
-        held = found.get(object_id)
-        if held is None or candidate.seq < held.seq:
-            found[object_id] = candidate
+        if after < candidate.seq <= upto:
+            held = found.get(object_id)
+            if held is None or candidate.seq < held.seq:
+                found[object_id] = candidate
 
     for object_id, submits in store.submits_of(
         conn, ids=ids, fingerprint=qhash, owner=owner
@@ -162,16 +161,20 @@ def chunk_reusables(
             if chunk.picks is None or chunk.seqs is None:
                 continue
             variants: dict[int, Variant] = {}
-            for at, object_id in enumerate(chunk.members):
-                if object_id not in bounds:
-                    continue
-                pick, seq = chunk.picks[at], chunk.seqs[at]
-                if pick < 0 or seq <= 0 or pick >= len(chunk.variants):
+            stored = len(chunk.variants)
+            for object_id, pick, seq in zip(chunk.members, chunk.picks, chunk.seqs, strict=False):
+                if pick < 0 or seq <= 0 or pick >= stored:
                     continue  # refused, itself a reuse, or damaged
+                span = bounds.get(object_id)
+                if span is None or not span[0] < seq <= span[1]:
+                    continue  # not a member of this chunk, or of another version
+                held = found.get(object_id)
+                if held is not None and held.seq < seq:
+                    continue
                 variant = variants.get(pick)
                 if variant is None:
                     variant = variants[pick] = Variant(**chunk.variants[pick])
-                offer(object_id, Reusable(seq, variant, None, survey_id))
+                found[object_id] = Reusable(seq, variant, None, survey_id)
     return found
 
 

@@ -72,6 +72,7 @@ from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import chunks as chunk_store
 from app.store import surveys as survey_store
 from app.store.chunks import REFUSAL_CODES, Variant
+from app.store.reuse import domain_texts, member_bounds
 from app.store.states import load_states
 from app.store.surveys import ACTIVE, Advanced, GroupKey, MemberRow, SurveyRow
 from app.worker.pool import BoundWorker
@@ -192,10 +193,9 @@ def run_chunk(
             ids = chunk_store.take_pending(conn, survey_id=survey_id, chunk=chunk)
             if ids is None:
                 return ChunkOutcome(chunk, 0, 0, 0)
-            rows = survey_store.member_rows(conn, ids)
             work = _Chunk(survey_id, chunk, datetime.now(UTC))
-            if survey.reuse:
-                rows = reuse_in_chunk(conn, survey, ids, rows, cache.parsed, work)
+            rest = reuse_in_chunk(conn, survey, ids, cache.parsed, work) if survey.reuse else ids
+            rows = survey_store.member_rows(conn, rest)
             work = _decide_rows(conn, rows, cache, worker, work)
             new_groups = cache.claim_groups(work.keys)
             work.groups = len(new_groups)
@@ -381,24 +381,23 @@ def _answer(
 
 
 def reuse_in_chunk(
-    conn: Tx,
-    survey: SurveyRow,
-    ids: list[str],
-    rows: list[MemberRow],
-    parsed: ParsedQuery,
-    work: _Chunk,
-) -> list[MemberRow]:
-    """Answer the members that have a stored identical answer; the rows left to decide.
+    conn: Tx, survey: SurveyRow, ids: list[str], parsed: ParsedQuery, work: _Chunk
+) -> list[str]:
+    """Answer the members that have a stored identical answer; the ids left to decide.
 
     A reused member gets the stored answer's output (a variant of the chunk, its number stored
-    as ``-seq``): accepted and tallied, but its object, history and state are untouched — its
-    row was read (locked on PostgreSQL) in this transaction, so the answer is of its current
-    data version. Retired members and members whose domain no longer parses the query are
-    left to the usual decision (which refuses them).
+    as ``-seq``): accepted and tallied, but its object, history and state are untouched, so its
+    row is read without a lock: the answer is the earliest of the version current when the row
+    was read (entries up to its ``accepted`` had committed; a version created later lands
+    after, as for a single submit's reuse). Retired members and members whose domain does not
+    parse the query are left to the usual decision (which refuses them), their rows locked.
     """
-    live = {row.id: row for row in rows if not row.retired}
-    if not live or survey.query_hash is None:
-        return rows
+    if survey.query_hash is None:
+        return ids
+    live = {row.id: row for row in member_bounds(conn, ids) if not row.retired}
+    if not live:
+        return ids
+    texts = domain_texts(conn, {row.domain_hash for row in live.values()})
     found = chunk_reusables(
         conn,
         ids=ids,
@@ -407,13 +406,13 @@ def reuse_in_chunk(
         owner=survey_reuse_owner(conn, survey.analyst_key_id),
         exclude_survey=survey.id,
     )
+    mechs = {h: parsed.mech(text) for h, text in texts.items()}
     picks: dict[Variant, int] = {}
-    reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
+    answered: Counter[tuple[str, int]] = Counter()  # (domain hash, pick) -> members
     for object_id, hit in found.items():
-        row = live[object_id]
-        mech = parsed.mech(row.key.domain)
-        if mech is None:
-            continue
+        domain = live[object_id].domain_hash
+        if mechs.get(domain) is None:
+            continue  # the query does not parse for this domain: decided (refused) as usual
         variant = hit.variant
         pick = picks.get(variant)
         if pick is None:
@@ -421,14 +420,20 @@ def reuse_in_chunk(
             work.variants.append(variant)
         work.picks[object_id] = pick
         work.seqs[object_id] = -hit.seq
-        work.reused += 1
-        work.domains.add(row.key.domain)
-        _, outputs, counts = reports.setdefault(row.key.domain, (mech, [], []))
-        outputs.append(mech.parse_output(json.loads(variant.output), "output"))
-        counts.append(1)
+        answered[(domain, pick)] += 1
+    work.reused = answered.total()
+    # the tally in one batch per domain, one parsed output per distinct answer
+    reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
+    for (domain, pick), count in answered.items():
+        mech = mechs[domain]
+        assert mech is not None  # noqa: S101 - skipped above
+        work.domains.add(texts[domain])
+        _, outputs, counts = reports.setdefault(domain, (mech, [], []))
+        outputs.append(mech.parse_output(json.loads(work.variants[pick].output), "output"))
+        counts.append(count)
     for mech, outputs, counts in reports.values():
         work.tally.update(tally_outputs(mech, outputs, counts))
-    return [row for row in rows if row.id not in work.picks]
+    return [object_id for object_id in ids if object_id not in work.picks]
 
 
 def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
