@@ -369,3 +369,32 @@ def test_a_reuse_racing_new_versions_never_returns_an_older_versions_answer(
         assert (body["seq"], body["output"]) == (stored["seq"], stored["output"])
         assert body["reused"] is (code == 200)
     verify(postgres_url)
+
+
+def _reused_metric(client: TestClient, source: str) -> float:
+    text = client.get("/metrics", headers=ADMIN).text
+    for line in text.splitlines():
+        if line.startswith(f'gatekeeper_reused_answers_total{{source="{source}"}} '):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_reused_answers_are_counted_in_metrics_and_audit_nothing(
+    client: TestClient, analyst: dict[str, str]
+) -> None:
+    study = unique_id("study")
+    oid = register(client, labels={"study": study})
+    assert submit(client, analyst, oid, rr()).status_code == 201
+    events = client.get("/v1/audit", headers=ADMIN, params={"object_id": oid}).json()["events"]
+    before = _reused_metric(client, "submit")
+    assert submit(client, analyst, oid, rr(), reuse=True).status_code == 200
+    assert _reused_metric(client, "submit") == before + 1
+    # no audit event for a reuse: nothing was decided or released anew
+    assert (
+        client.get("/v1/audit", headers=ADMIN, params={"object_id": oid}).json()["events"] == events
+    )
+    before = _reused_metric(client, "survey")
+    body = {"name": "m", "query": rr(), "cohort": {"labels": {"study": study}}, "reuse": True}
+    r = client.post("/v1/surveys", headers=analyst, json=body)
+    assert wait_done(client, analyst, r.json()["id"])["progress"]["reused"] == 1
+    assert _reused_metric(client, "survey") == before + 1
