@@ -132,27 +132,30 @@ def chunk_reusables(
     qhash: str,
     owner: int | None,
     exclude_survey: int,
-) -> dict[str, Reusable]:
+) -> dict[str, tuple[int, Variant]]:
     """For a survey chunk's members (sorted ``ids``): the earliest reusable answer of each.
+
+    Per member: the answer's ``seq`` and its history entry (a plain pair: a chunk makes
+    thousands).
 
     ``bounds``: per member, its current version's ``(version_start, accepted)``. Reads the
     single submits by ``ix_queries_reuse`` and, per earlier survey of the same query, its chunks
     overlapping the chunk's id range — a few rows, not one lookup per member.
     """
-    found: dict[str, Reusable] = {}
+    found: dict[str, tuple[int, Variant]] = {}
 
-    def offer(object_id: str, candidate: Reusable) -> None:
+    def offer(object_id: str, seq: int, variant: Variant) -> None:
         after, upto = bounds[object_id]
-        if after < candidate.seq <= upto:
+        if after < seq <= upto:
             held = found.get(object_id)
-            if held is None or candidate.seq < held.seq:
-                found[object_id] = candidate
+            if held is None or seq < held[0]:
+                found[object_id] = (seq, variant)
 
     for object_id, submits in store.submits_of(
         conn, ids=ids, fingerprint=qhash, owner=owner
     ).items():
         for submit in submits:
-            offer(object_id, Reusable(submit.seq, _variant(submit), submit.query_id, None))
+            offer(object_id, submit.seq, _variant(submit))
     surveys = store.surveys_asking(conn, query_hash=qhash, owner=owner) - {exclude_survey}
     for survey_id in sorted(surveys):
         for chunk in store.chunks_overlapping(
@@ -169,12 +172,12 @@ def chunk_reusables(
                 if span is None or not span[0] < seq <= span[1]:
                     continue  # not a member of this chunk, or of another version
                 held = found.get(object_id)
-                if held is not None and held.seq < seq:
+                if held is not None and held[0] < seq:
                     continue
                 variant = variants.get(pick)
                 if variant is None:
                     variant = variants[pick] = Variant(**chunk.variants[pick])
-                found[object_id] = Reusable(seq, variant, None, survey_id)
+                found[object_id] = (seq, variant)
     return found
 
 

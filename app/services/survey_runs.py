@@ -409,17 +409,16 @@ def reuse_in_chunk(
     mechs = {h: parsed.mech(text) for h, text in texts.items()}
     picks: dict[Variant, int] = {}
     answered: Counter[tuple[str, int]] = Counter()  # (domain hash, pick) -> members
-    for object_id, hit in found.items():
+    for object_id, (seq, variant) in found.items():
         domain = live[object_id].domain_hash
         if mechs.get(domain) is None:
             continue  # the query does not parse for this domain: decided (refused) as usual
-        variant = hit.variant
         pick = picks.get(variant)
         if pick is None:
             pick = picks[variant] = len(work.variants)
             work.variants.append(variant)
         work.picks[object_id] = pick
-        work.seqs[object_id] = -hit.seq
+        work.seqs[object_id] = -seq
         answered[(domain, pick)] += 1
     work.reused = answered.total()
     # the tally in one batch per domain, one parsed output per distinct answer

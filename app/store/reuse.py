@@ -84,12 +84,12 @@ _BOUNDS = _both(
 
 def member_bounds(conn: Tx, ids: Sequence[str]) -> list[MemberBounds]:
     """The members' current-version ranges, read without locking (a reuse writes nothing)."""
-    found = []
+    found: list[MemberBounds] = []
     statement = _BOUNDS[is_postgres(conn)]
     for start in range(0, len(ids), _IDS_PER_STATEMENT):
         part = list(ids[start : start + _IDS_PER_STATEMENT])
-        for r in conn.execute(statement, {"ids": part}):
-            found.append(MemberBounds(r[0], r[1], r[2], bool(r[3]), r[4]))
+        rows = conn.execute(statement, {"ids": part}).all()  # one fetch, not one per row
+        found.extend(MemberBounds(r[0], r[1], r[2], bool(r[3]), r[4]) for r in rows)
     return found
 
 
