@@ -40,6 +40,12 @@ SURVEY_GROUPS = Counter(
     "gatekeeper_survey_groups_total",
     "Decision groups of surveys: members with identical public state, decided once",
 )
+REUSED = Counter(
+    "gatekeeper_reused_answers_total",
+    'Stored identical answers returned by "reuse": true (nothing charged), by source: submit '
+    "or survey (members)",
+    ["source"],
+)
 VERSIONS_CREATED = Counter(
     "gatekeeper_versions_created_total",
     "Data versions created (single and bulk), each closing the object's previous version",

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     ColumnElement,
     Float,
     ForeignKey,
@@ -35,6 +36,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy import select as _select
@@ -249,6 +251,15 @@ class QueryRecord(Base):
             postgresql_where=text("idempotency_key IS NOT NULL"),
             sqlite_where=text("idempotency_key IS NOT NULL"),
         ),
+        # ``"reuse": true`` finds an identical query's answer by (object, fingerprint), the
+        # canonical query's hash (migration 0013; app.services.reuse)
+        Index(
+            "ix_queries_reuse",
+            "object_id",
+            "fingerprint",
+            postgresql_where=text("fingerprint IS NOT NULL"),
+            sqlite_where=text("fingerprint IS NOT NULL"),
+        ),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -321,6 +332,8 @@ class Survey(Base):
     __tablename__ = "surveys"
     __table_args__ = (
         UniqueConstraint("analyst_key_id", "idempotency_key", name="uq_surveys_idempotency"),
+        # the surveys that asked a query, for ``"reuse": true`` (migration 0013)
+        Index("ix_surveys_query_hash", "query_hash"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -332,6 +345,15 @@ class Survey(Base):
     analyst_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"))
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     fingerprint: Mapped[str] = mapped_column(String(64), nullable=False)
+    #: The hash of the query's canonical JSON (``app.services.reuse.query_hash``): how a
+    #: ``"reuse": true`` request finds this survey's answers.
+    query_hash: Mapped[str | None] = mapped_column(String(64))
+    #: Whether members answer from a stored identical answer of their current version.
+    reuse: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default=false(), nullable=False
+    )
+    #: How many accepted members were answered by reuse (also counted in ``accepted``).
+    reused: Mapped[int] = mapped_column(Integer, default=0, server_default="0", nullable=False)
     #: queued | running | done | cancelled | failed
     status: Mapped[str] = mapped_column(String(16), nullable=False)
     total: Mapped[int] = mapped_column(Integer, nullable=False)

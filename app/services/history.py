@@ -99,8 +99,8 @@ def _survey_answers(
     found = []
     for chunk in (chunks or shared_cache(conn)).get_many(conn, pairs):
         decision = chunk.answer(object_id)
-        if decision is None or decision.variant is None:
-            continue  # not a member (the range only covers it), or refused
+        if decision is None or decision.variant is None or decision.reused:
+            continue  # not a member (the range only covers it), refused, or a reused answer
         if upto is not None and decision.seq > upto:
             continue  # committed after the count was read
         v = decision.variant

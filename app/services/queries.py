@@ -25,7 +25,6 @@ lookup: one ``SELECT``, one ``INSERT`` and one ``UPDATE`` (the statements are
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 from dataclasses import dataclass, replace
@@ -66,6 +65,7 @@ from app.services.quota import (
     quota_view,
     record_output,
 )
+from app.services.reuse import find_reusable, query_hash, reused_body
 from app.services.schemas import ID_PATTERN
 from app.services.scope import Scope, admits
 from app.services.snapshots import (
@@ -86,10 +86,11 @@ log = logging.getLogger(__name__)
 
 
 def fingerprint(query: Any) -> str:
-    """SHA-256 of the canonical JSON of a submitted query (the idempotency fingerprint)."""
-    # allow_nan: a NaN query must reach validation (422), not crash the fingerprint
-    text = json.dumps(query, sort_keys=True, separators=(",", ":"), allow_nan=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """SHA-256 of the canonical JSON of a submitted query (the idempotency fingerprint).
+
+    The same hash finds an identical answer to reuse (:func:`app.services.reuse.query_hash`).
+    """
+    return query_hash(query)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class SubmitOutcome:
     body: dict[str, Any]
     replayed: bool
     filter: str | None = None
+    #: A stored identical answer returned by ``"reuse": true`` (nothing charged or recorded).
+    reused: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,16 +144,24 @@ def dry_run(
     query: Any,
     limits: EngineLimits,
     scope: Scope | None = None,
+    reuse: bool = False,
+    reuse_owner: int | None = None,
 ) -> dict[str, Any]:
-    """Would the object's filter accept ``query`` now? Changes nothing."""
+    """Would the object's filter accept ``query`` now? Changes nothing.
+
+    ``would_reuse``: whether a submit with ``"reuse": true`` (as this dry-run says) would
+    return a stored identical answer of the current version (``reuse_owner``: only that key's).
+    """
     with reading(engine) as conn:
         row = _load_active(conn, object_id, scope)
         domain = _domain_of(row.domain, limits)
         mech = parse_query(query, domain, "query", limits=limits)
         snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))
         quota = load_quota(conn, scope, object_id, domain, limits, version_start=row.version_start)
+        reusable = reuse and find_reusable(conn, row, query_hash(query), reuse_owner) is not None
     decision = decide(snapshot, mech, worker, tight=True)
     answer = decision.to_json()
+    answer["would_reuse"] = reusable
     if quota is not None:
         by_quota = quota_decision(quota, mech, worker, tight=True)
         answer["quota"] = quota_view(quota, by_quota)
@@ -230,8 +241,14 @@ def submit(
     limits: EngineLimits,
     attempts: int,
     scope: Scope | None = None,
+    reuse: bool = False,
+    reuse_owner: int | None = None,
 ) -> SubmitOutcome:
     """Decide, sample, record; see the module docstring for the protocol.
+
+    ``reuse``: first return a stored identical answer of the current version, if there is one
+    (:mod:`app.services.reuse`; ``reuse_owner``: only that key's answers) — after a stored
+    answer of the ``Idempotency-Key``, which is always replayed first.
 
     Raises :class:`BudgetExhausted` (409) when the filter rejects, :class:`IdempotencyMismatch`
     (422), :class:`Retired`, ``NotFound``, ``InvalidInput`` and :class:`Busy` (503) after
@@ -256,6 +273,7 @@ def submit(
                     print_,
                     replay_first,
                     scope,
+                    (reuse, reuse_owner),
                 )
             except (_LostRace, Conflict):
                 replay_first = True
@@ -277,7 +295,9 @@ def submit(
             if isinstance(outcome, _Accepted):  # committed: the next decision starts from it
                 remember(engine, object_id, outcome.version, outcome.snapshot)
                 outcome = outcome.outcome
-            if not outcome.replayed:
+            if outcome.reused:
+                metrics.REUSED.labels("submit").inc()
+            elif not outcome.replayed:
                 metrics.DECISIONS.labels(outcome.filter or "unknown", "accept").inc()
             return outcome
     raise Busy("too many concurrent writers on this object; retry later", retry_after=1)
@@ -303,6 +323,7 @@ def _attempt(
     print_: str,
     replay_first: bool,
     scope: Scope | None = None,
+    reuse: tuple[bool, int | None] = (False, None),
 ) -> SubmitOutcome | _Accepted | _StoredRejection | Decision | _QuotaRefusal:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
@@ -325,6 +346,14 @@ def _attempt(
                 return replay
         try:
             row = _load_active(conn, object_id, scope)
+            if reuse[0]:  # a key's stored answer first, then an identical answer: no writes
+                replay = stored_answer()
+                if replay is not None:
+                    return replay
+                found = find_reusable(conn, row, print_, reuse[1])
+                if found is not None:
+                    body = reused_body(row, found, odometer_view(row))
+                    return SubmitOutcome(body, False, row.filter, reused=True)
             domain = _domain_of(row.domain, limits)
             mech = parse_query(query, domain, "query", limits=limits)
             snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))

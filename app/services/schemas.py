@@ -672,6 +672,14 @@ class SurveyRequest(_Body):
     ]
     query: Query
     cohort: Cohort
+    reuse: bool = Field(
+        default=False,
+        description="Return a stored answer of the identical query (canonical JSON: keys sorted, "
+        "numbers as written) already given by the object's current data version, charging "
+        "nothing and recording nothing, per member (an analyst's or project key's own answers "
+        "only); "
+        "otherwise decide as usual",
+    )
 
     @model_validator(mode="after")
     def _finite_query(self) -> Self:
@@ -687,6 +695,13 @@ class QueryRequest(_Body):
     """Dry-run and submit: the query to decide."""
 
     query: Query
+    reuse: bool = Field(
+        default=False,
+        description="Return a stored answer of the identical query (canonical JSON: keys sorted, "
+        "numbers as written) already given by the object's current data version, charging "
+        "nothing and recording nothing (an analyst's or project key's own answers only); "
+        "otherwise decide as usual",
+    )
 
 
 def _as_sent(raw: Any, _: ValidatorFunctionWrapHandler) -> Any:
@@ -957,18 +972,33 @@ class Decision(_Open):
     quota: QuotaDecision | SkipJsonSchema[None] = Field(
         default=None, description="A project key's dry-run: its quota's filter"
     )
+    would_reuse: bool = Field(
+        default=False,
+        description='With `"reuse": true`: a submit would return a stored identical answer '
+        "of the current version (the decision above is for a fresh answer)",
+    )
 
 
 class SubmitResult(_Open):
-    """An accepted submit: the sampled output and the odometer after it."""
+    """An accepted submit: the sampled output and the odometer after it (or a reused answer)."""
 
-    query_id: int
+    query_id: int | None = Field(
+        description="The accepted query's id (null: a reused answer a survey gave)"
+    )
     object_id: str
-    seq: int
+    seq: int = Field(description="The answer's number in the history (a reused one's own)")
     version: int = Field(description="The data version the query read")
     output: Any
     epsilon: float
     odometer: Odometer
+    reused: bool = Field(
+        default=False,
+        description='`"reuse": true` returned a stored identical answer of the current '
+        "version (status 200): nothing was charged or recorded",
+    )
+    survey_id: int | SkipJsonSchema[None] = Field(
+        default=None, description="A reused answer a survey gave: that survey"
+    )
 
 
 class HistoryItem(_Open):
@@ -1213,7 +1243,10 @@ class SurveyProgress(_Open):
 
     total: int
     decided: int
-    accepted: int
+    accepted: int = Field(description="Members answered, reused answers included")
+    reused: int = Field(
+        default=0, description="Accepted members answered by a stored identical answer"
+    )
     refused: SurveyRefusals
 
 
@@ -1252,6 +1285,9 @@ class SurveyView(_Open):
     status: Literal["queued", "running", "done", "cancelled", "failed"]
     query: dict[str, Any]
     cohort: dict[str, Any]
+    reuse: bool = Field(
+        default=False, description="Members answer from stored identical answers where they can"
+    )
     created_at: Timestamp | None
     started_at: Timestamp | None
     finished_at: Timestamp | None
@@ -1299,6 +1335,11 @@ class SurveyDryRun(_Open):
     would_accept: int
     would_refuse: SurveyRefusals
     groups: int
+    would_reuse: int = Field(
+        default=0,
+        description='With `"reuse": true`: members that would get a stored identical answer '
+        "(also counted in would_accept)",
+    )
 
 
 #: The named schema of each JSON request body: (method, path template) -> model.

@@ -50,6 +50,7 @@ from app.engine.mechanisms import Mechanism, Output
 from app.engine.pipeline import accounts_after, losses_after
 from app.services import audit
 from app.services.decisions import recorded
+from app.services.reuse import chunk_reusables, survey_reuse_owner
 from app.services.snapshots import (
     Advance,
     StateGone,
@@ -71,8 +72,9 @@ from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import chunks as chunk_store
 from app.store import surveys as survey_store
 from app.store.chunks import REFUSAL_CODES, Variant
+from app.store.reuse import domain_texts, member_bounds
 from app.store.states import load_states
-from app.store.surveys import ACTIVE, Advanced, GroupKey, MemberRow
+from app.store.surveys import ACTIVE, Advanced, GroupKey, MemberRow, SurveyRow
 from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)
@@ -155,6 +157,8 @@ class _Chunk:
     domains: set[str] = field(default_factory=set)
     keys: set[GroupKey] = field(default_factory=set)
     groups: int = 0
+    #: Members answered by reuse (``"reuse": true``): accepted, but no history entry.
+    reused: int = 0
 
 
 def new_run_cache(query: dict[str, Any], limits: EngineLimits) -> RunCache:
@@ -189,14 +193,14 @@ def run_chunk(
             ids = chunk_store.take_pending(conn, survey_id=survey_id, chunk=chunk)
             if ids is None:
                 return ChunkOutcome(chunk, 0, 0, 0)
-            rows = survey_store.member_rows(conn, ids)
-            work = _decide_rows(
-                conn, rows, cache, worker, _Chunk(survey_id, chunk, datetime.now(UTC))
-            )
+            work = _Chunk(survey_id, chunk, datetime.now(UTC))
+            rest = reuse_in_chunk(conn, survey, ids, cache.parsed, work) if survey.reuse else ids
+            rows = survey_store.member_rows(conn, rest)
+            work = _decide_rows(conn, rows, cache, worker, work)
             new_groups = cache.claim_groups(work.keys)
             work.groups = len(new_groups)
             _write(conn, ids, work, cache)
-            accepted = len(work.advances)
+            accepted = len(work.advances) + work.reused
     except BaseException as exc:  # not committed: the groups were not counted
         if cache is not None:
             cache.release_groups(new_groups)
@@ -206,9 +210,10 @@ def run_chunk(
     cache.stored |= set(work.gained)
     cache.trim()
     metrics.SURVEY_MEMBERS.labels("accepted").inc(accepted)
-    metrics.SURVEY_MEMBERS.labels("refused").inc(len(rows) - accepted)
+    metrics.SURVEY_MEMBERS.labels("refused").inc(len(ids) - accepted)
     metrics.SURVEY_GROUPS.inc(work.groups)
-    return ChunkOutcome(chunk, len(rows), accepted, work.groups)
+    metrics.REUSED.labels("survey").inc(work.reused)
+    return ChunkOutcome(chunk, len(ids), accepted, work.groups)
 
 
 def _group_decision(
@@ -375,6 +380,61 @@ def _answer(
         work.advances.append(Advanced(row.id, row.version, seq, columns))
 
 
+def reuse_in_chunk(
+    conn: Tx, survey: SurveyRow, ids: list[str], parsed: ParsedQuery, work: _Chunk
+) -> list[str]:
+    """Answer the members that have a stored identical answer; the ids left to decide.
+
+    A reused member gets the stored answer's output (a variant of the chunk, its number stored
+    as ``-seq``): accepted and tallied, but its object, history and state are untouched, so its
+    row is read without a lock: the answer is the earliest of the version current when the row
+    was read (entries up to its ``accepted`` had committed; a version created later lands
+    after, as for a single submit's reuse). Retired members and members whose domain does not
+    parse the query are left to the usual decision (which refuses them), their rows locked.
+    """
+    if survey.query_hash is None:
+        return ids
+    live = {row.id: row for row in member_bounds(conn, ids) if not row.retired}
+    if not live:
+        return ids
+    texts = domain_texts(conn, {row.domain_hash for row in live.values()})
+    found = chunk_reusables(
+        conn,
+        ids=ids,
+        bounds={row.id: (row.version_start, row.accepted) for row in live.values()},
+        qhash=survey.query_hash,
+        owner=survey_reuse_owner(conn, survey.analyst_key_id),
+        exclude_survey=survey.id,
+    )
+    mechs = {h: parsed.mech(text) for h, text in texts.items()}
+    picks: dict[Variant, int] = {}
+    answered: Counter[tuple[str, int]] = Counter()  # (domain hash, pick) -> members
+    for object_id, (seq, variant) in found.items():
+        domain = live[object_id].domain_hash
+        if mechs.get(domain) is None:
+            continue  # the query does not parse for this domain: decided (refused) as usual
+        pick = picks.get(variant)
+        if pick is None:
+            pick = picks[variant] = len(work.variants)
+            work.variants.append(variant)
+        work.picks[object_id] = pick
+        work.seqs[object_id] = -seq
+        answered[(domain, pick)] += 1
+    work.reused = answered.total()
+    # the tally in one batch per domain, one parsed output per distinct answer
+    reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
+    for (domain, pick), count in answered.items():
+        mech = mechs[domain]
+        assert mech is not None  # noqa: S101 - skipped above
+        work.domains.add(texts[domain])
+        _, outputs, counts = reports.setdefault(domain, (mech, [], []))
+        outputs.append(mech.parse_output(json.loads(work.variants[pick].output), "output"))
+        counts.append(count)
+    for mech, outputs, counts in reports.values():
+        work.tally.update(tally_outputs(mech, outputs, counts))
+    return [object_id for object_id in ids if object_id not in work.picks]
+
+
 def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
     work.refused[reason.value] += 1
     work.picks[row.id] = REFUSAL_CODES[reason.value]
@@ -416,7 +476,8 @@ def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
         conn,
         survey_id=work.survey_id,
         decided=len(ids),
-        accepted=len(work.advances),
+        accepted=len(work.advances) + work.reused,
+        reused=work.reused,
         groups=work.groups,
         refused=refused,
         tally=tally,

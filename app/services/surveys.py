@@ -26,6 +26,7 @@ from app.engine.mechanisms import parse_query
 from app.services import audit, schemas
 from app.services.bodies import validated
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, NotFound, ServiceError
+from app.services.reuse import query_hash, reusable_members
 from app.services.scope import Scope
 from app.services.survey_groups import (
     ParsedQuery,
@@ -59,6 +60,8 @@ class SurveyRequest:
     query: dict[str, Any]
     labels: dict[str, str] | None
     ids: list[str] | None
+    #: ``"reuse": true``: members answer from stored identical answers where they can.
+    reuse: bool = False
 
     @property
     def query_text(self) -> str:
@@ -80,7 +83,7 @@ def survey_request(body: schemas.SurveyRequest, *, max_members: int) -> SurveyRe
     """A validated survey body, its query as written; an ids cohort within ``max_members``."""
     query = dict(body.written("query"))
     if isinstance(body.cohort, schemas.LabelsCohort):
-        return SurveyRequest(body.name, query, dict(body.cohort.labels), None)
+        return SurveyRequest(body.name, query, dict(body.cohort.labels), None, body.reuse)
     ids = body.cohort.ids
     if len(ids) > max_members:
         raise InvalidCohort(
@@ -88,7 +91,7 @@ def survey_request(body: schemas.SurveyRequest, *, max_members: int) -> SurveyRe
             "(SURVEY_MAX_MEMBERS)",
             errors=[{"field": "cohort.ids", "message": f"at most {max_members} ids"}],
         )
-    return SurveyRequest(body.name, query, None, list(ids))
+    return SurveyRequest(body.name, query, None, list(ids), body.reuse)
 
 
 def _labels_of(scope: Scope | None) -> tuple[tuple[str, str], ...] | None:
@@ -234,6 +237,8 @@ def _create_once(
             idempotency_key=key,
             fingerprint=fingerprint,
             created_at=datetime.now(UTC),
+            query_hash=query_hash(request.query),
+            reuse=request.reuse,
         )
         count = chunk_store.store_members(
             conn,
@@ -305,6 +310,7 @@ def survey_view(row: Any, *, show_outputs: bool) -> dict[str, Any]:
         "status": row.status,
         "query": json.loads(row.query),
         "cohort": json.loads(row.cohort),
+        "reuse": bool(row.reuse),
         "created_at": _iso(row.created_at),
         "started_at": _iso(row.started_at),
         "finished_at": _iso(row.finished_at),
@@ -312,6 +318,7 @@ def survey_view(row: Any, *, show_outputs: bool) -> dict[str, Any]:
             "total": row.total,
             "decided": row.decided,
             "accepted": row.accepted,
+            "reused": row.reused,
             "refused": refused,
         },
         "groups": row.groups,
@@ -469,15 +476,19 @@ def dry_run_survey(
     max_members: int,
     attempts: int = 5,
     scope: Scope | None = None,
+    reuse_owner: int | None = None,
 ) -> dict[str, Any]:
     """Members, how many would be accepted, refusals by reason, decision groups. Spends nothing.
+
+    With ``"reuse": true``, ``would_reuse`` counts the members a stored identical answer would
+    answer (``reuse_owner``: that key's answers only); they are counted as accepted.
 
     Read again when a group's state vanished under it (a concurrent submit moved its users).
     A project key's cohort is read within its ``scope``, as :func:`create_survey` reads it.
     """
     for _ in range(attempts):
         try:
-            return _dry_run_once(engine, worker, request, limits, max_members, scope)
+            return _dry_run_once(engine, worker, request, limits, max_members, scope, reuse_owner)
         except StateMissing:
             continue
     raise Busy("the cohort's objects keep changing under the dry-run; retry", retry_after=1)
@@ -490,8 +501,11 @@ def _dry_run_once(
     limits: EngineLimits,
     max_members: int,
     scope: Scope | None = None,
+    reuse_owner: int | None = None,
 ) -> dict[str, Any]:
     parsed = ParsedQuery(limits, request.query)
+    decided: dict[GroupKey, Refusal | None] = {}
+    reused = 0
     members = accepted = 0
     refused: Counter[str] = Counter()
     groups: set[GroupKey] = set()
@@ -520,11 +534,23 @@ def _dry_run_once(
             group = decide_group(conn, key, (first, version, start), parsed, worker)
             if isinstance(group, Refusal):
                 refused[group.value] += count
+                decided[key] = group
             else:
                 accepted += count
+                decided[key] = None
+        if request.reuse:
+            for key in reusable_members(
+                conn, list(_member_ids(conn, request, scope)), parsed, request.query, reuse_owner
+            ):
+                reused += 1
+                refusal = decided.get(key)
+                if refusal is not None:  # its group would refuse: the reuse answers it
+                    refused[refusal.value] -= 1
+                    accepted += 1
     return {
         "members": members,
         "would_accept": accepted,
         "would_refuse": {reason.value: refused.get(reason.value, 0) for reason in Refusal},
         "groups": len(groups),
+        "would_reuse": reused,
     }

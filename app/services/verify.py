@@ -261,7 +261,8 @@ def _check_chunk(chunk: Chunk, row: ChunkRow, label: str, report: Report) -> Non
         report.problems.append(f"{label}: picks or seqs do not match its members")
         return
     for member, pick, seq in zip(members, chunk.picks, chunk.seqs, strict=True):
-        accepted = 0 <= pick < len(chunk.variants) and seq >= 1
+        # a reused answer is stored as -seq of the answer it repeats (not a history entry)
+        accepted = 0 <= pick < len(chunk.variants) and seq != 0
         refused = pick in REASONS and seq == 0
         if not (accepted or refused):
             report.problems.append(f"{label}, member {member}: pick {pick} / seq {seq} is invalid")

@@ -11,7 +11,8 @@ The format (all JSON, compact separators):
 * ``members``: the ids, sorted (Python string order: ids are ASCII), joined by newlines;
 * ``picks``: per member, an index into ``variants`` when accepted, else a refusal code
   (:data:`REFUSAL_CODES`);
-* ``seqs``: per member, the answer's sequence number in its object's history (0: refused);
+* ``seqs``: per member, the answer's sequence number in its object's history (0: refused;
+  negative: answered by reuse, the number of the stored answer it repeats, no entry of its own);
 * ``variants``: the distinct history entries the chunk's answers are (:class:`Variant`) — the
   members of a decision group that drew the same output share one.
 
@@ -76,6 +77,9 @@ class MemberDecision:
     reason: str | None
     seq: int
     variant: Variant | None
+    #: Answered by reuse (``"reuse": true``): ``seq`` is the stored answer's own number, and
+    #: this member adds no entry to the object's history (stored as ``-seq`` in ``seqs``).
+    reused: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,8 @@ class Chunk:
         if pick < 0:
             return MemberDecision(object_id, "refused", REASONS.get(pick, "unknown"), 0, None)
         variant = Variant(**self.variants[pick])
-        return MemberDecision(object_id, "accepted", None, self.seqs[at], variant)
+        seq = self.seqs[at]
+        return MemberDecision(object_id, "accepted", None, abs(seq), variant, reused=seq < 0)
 
     def answer(self, object_id: str) -> MemberDecision | None:
         """``object_id``'s decision, when it is a member."""

@@ -86,6 +86,12 @@ class SurveyRow:
     finished_at: datetime | None
     lease_owner: str | None
     lease_until: datetime | None
+    #: The hash of the query's canonical JSON (``app.services.reuse.query_hash``).
+    query_hash: str | None = None
+    #: Whether members answer from stored identical answers (``"reuse": true``).
+    reuse: bool = False
+    #: Accepted members answered by reuse (counted in ``accepted`` too).
+    reused: int = 0
 
 
 def _survey(row: Any) -> SurveyRow:
@@ -122,6 +128,8 @@ def insert_survey(
     idempotency_key: str | None,
     fingerprint: str,
     created_at: datetime,
+    query_hash: str | None = None,
+    reuse: bool = False,
 ) -> int:
     """Store a ``queued`` survey with no members yet (:func:`set_total` counts them); its id.
 
@@ -137,6 +145,9 @@ def insert_survey(
                 "analyst_key_id": analyst_key_id,
                 "idempotency_key": idempotency_key,
                 "fingerprint": fingerprint,
+                "query_hash": query_hash,
+                "reuse": reuse,
+                "reused": 0,
                 "status": SurveyStatus.QUEUED.value,
                 "total": 0,
                 "decided": 0,
@@ -282,6 +293,7 @@ _ADD_COUNTS = (
     .values(
         decided=_SURVEYS.c.decided + bindparam("add_decided"),
         accepted=_SURVEYS.c.accepted + bindparam("add_accepted"),
+        reused=_SURVEYS.c.reused + bindparam("add_reused"),
         groups=_SURVEYS.c.groups + bindparam("add_groups"),
         refused=bindparam("refused"),
         tally=bindparam("tally"),
@@ -300,14 +312,19 @@ def add_counts(
     refused: Mapping[str, int],
     tally: Mapping[str, int],
     domain: str | None,
+    reused: int = 0,
 ) -> None:
-    """Add a chunk's counts; ``refused``, ``tally`` and ``domain`` are the new totals."""
+    """Add a chunk's counts; ``refused``, ``tally`` and ``domain`` are the new totals.
+
+    ``reused``: accepted members answered by reuse (also in ``accepted``).
+    """
     conn.execute(
         _ADD_COUNTS,
         {
             "where_id": survey_id,
             "add_decided": decided,
             "add_accepted": accepted,
+            "add_reused": reused,
             "add_groups": groups,
             "refused": json.dumps(dict(refused)),
             "tally": json.dumps(dict(tally)),
@@ -490,12 +507,12 @@ _KEY_START = 6
 _READ_BATCH = 5000
 
 
-def member_rows(conn: Tx, ids: Sequence[str]) -> list[MemberRow]:
+def member_rows(conn: Tx, ids: Sequence[str], *, lock: bool = True) -> list[MemberRow]:
     """The members' object rows, locked ``FOR UPDATE`` on PostgreSQL; every id must have one.
 
-    Raises LookupError naming members without an object row.
+    ``lock`` False: read only (a dry-run). Raises LookupError naming members without a row.
     """
-    statement = _MEMBERS_LOCKED if is_postgres(conn) else _MEMBERS
+    statement = _MEMBERS_LOCKED if lock and is_postgres(conn) else _MEMBERS
     rows = [
         MemberRow(r[0], r[1], r[2], r[3], r[4] is not None, r[5], GroupKey._make(r[_KEY_START:]))
         for r in _by_id_chunks(conn, statement, ids, _READ_BATCH)

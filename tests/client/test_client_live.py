@@ -176,6 +176,39 @@ def test_versions_and_lifetime_budgets(admin: Client, server: Server, tmp_path: 
         assert admin.objects.get(oid).version == 3
 
 
+def test_reuse_of_identical_answers(admin: Client, server: Server) -> None:
+    """``reuse=True`` on a submit, a dry-run and a survey: the stored answer, typed, and the
+    survey's reused count."""
+    binary = Domain(attributes=[IntegerAttribute(name="b", low=0, high=1)])
+    rr = BinaryRrQuery(epsilon=0.2, predicate=Predicate(attribute="b", op="==", value=1))
+    study = unique_id("reuse")
+    with analyst_of(admin, server) as analyst:
+        ids = [unique_id("reuse") for _ in range(3)]
+        for oid in ids:
+            admin.objects.register(
+                RegisterRequest(
+                    id=oid,
+                    domain=binary,
+                    value={"b": 1},
+                    budget=BudgetBody(epsilon=1.0),
+                    labels={"study": study},
+                )
+            )
+        first = analyst.objects.submit(ids[0], rr, reuse=True)
+        assert not first.reused
+        assert analyst.objects.dry_run(ids[0], rr, reuse=True).would_reuse
+        hit = analyst.objects.submit(ids[0], rr, reuse=True)
+        assert hit.reused
+        assert (hit.seq, hit.output, hit.query_id) == (first.seq, first.output, first.query_id)
+        assert analyst.objects.odometer(ids[0]).accepted == 1
+        dry = analyst.surveys.dry_run("again", rr, labels={"study": study}, reuse=True)
+        assert (dry.would_reuse, dry.would_accept) == (1, 3)
+        run = analyst.surveys.create("again", rr, labels={"study": study}, reuse=True)
+        done = run.wait(timeout=60)
+        assert done.reuse
+        assert (done.progress.accepted, done.progress.reused) == (3, 1)
+
+
 def test_odometers_by_keyset_totals_and_the_audit_export(admin: Client) -> None:
     """Odometers listed in id order page after page (keyset), searched by prefix and counted by
     status as the list shows them; the audit export parsed and resumed after an event."""

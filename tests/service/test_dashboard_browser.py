@@ -807,6 +807,7 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
         "total": 64,
         "decided": 64,
         "accepted": 60,
+        "reused": 0,
         "refused": {
             "budget-exhausted": 4,
             "lifetime-exhausted": 0,
@@ -817,7 +818,7 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
     # the list: the progress bar and the refusals by reason are the JSON's
     check_progress(progress_of(browser, f"#surveys tr[data-id='{grr}'] .progress"), progress)
     cells = browser.evaluate(f"[...{row}.querySelectorAll('td.num')].map(td => td.dataset.value)")
-    assert cells == ["60", "4", "0", "0", "0"]  # accepted, then refused by reason
+    assert cells == ["60", "0", "4", "0", "0", "0"]  # accepted, reused, refused by reason
     assert browser.evaluate(f"{row}.cells[1].textContent") == "grr on flu, ε = 2"
     assert browser.evaluate(f"{row}.querySelector('.progress-text').textContent") == (
         "64 / 64 (100%)"
@@ -834,6 +835,7 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
         "survey-total": "64",
         "survey-decided": "64",
         "survey-accepted": "60",
+        "survey-reused": "0",
         "survey-refused-budget-exhausted": "4",
         "survey-refused-lifetime-exhausted": "0",
         "survey-refused-invalid-for-domain": "0",

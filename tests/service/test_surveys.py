@@ -233,6 +233,7 @@ def test_a_survey_queries_each_member_once_and_estimates(
             "lifetime-exhausted": 0,
         },
         "groups": 1,
+        "would_reuse": 0,
     }
     r = client.post("/v1/surveys", headers=analyst, json=body)
     assert r.status_code == 202, r.text
@@ -243,6 +244,7 @@ def test_a_survey_queries_each_member_once_and_estimates(
         "total": 45,
         "decided": 45,
         "accepted": 45,
+        "reused": 0,
         "refused": {
             "budget-exhausted": 0,
             "invalid-for-domain": 0,

@@ -10,6 +10,7 @@ from app.api import examples
 from app.api.deps import (
     AdminDep,
     AnalystDep,
+    Caller,
     JsonBody,
     RuntimeDep,
     ViewerDep,
@@ -28,6 +29,7 @@ from app.services import queries as query_service
 from app.services import schemas
 from app.services import versions as version_service
 from app.services.errors import BadHeader
+from app.services.reuse import reuse_owner
 from app.services.schemas import Role
 
 router = APIRouter(prefix="/v1/objects", tags=["objects"])
@@ -148,6 +150,15 @@ async def dry_run(
         query=body.written("query"),
         limits=runtime.limits,
         scope=caller.scope,
+        reuse=body.reuse,
+        reuse_owner=_reuse_owner(caller),
+    )
+
+
+def _reuse_owner(caller: Caller) -> int | None:
+    """Whose stored answers the caller may reuse (its own; an unscoped admin's: anyone's)."""
+    return reuse_owner(
+        caller.key_id, admin=caller.role is Role.ADMIN, scoped=caller.scope is not None
     )
 
 
@@ -188,7 +199,11 @@ async def submit(
         ),
     ] = None,
 ) -> dict[str, Any]:
-    """Run an accepted query: sample its output from the true value, record it, return it."""
+    """Run an accepted query: sample its output from the true value, record it, return it.
+
+    With ``"reuse": true``, a stored answer of the identical query from the object's current
+    data version is returned instead (status 200, ``"reused": true``), charging nothing.
+    """
     if idempotency_key is not None and not idempotency_key.strip(" \t"):
         # an empty key used to be taken as no key: a retry could then spend budget twice
         raise BadHeader("Idempotency-Key", "must not be empty")
@@ -205,10 +220,15 @@ async def submit(
         limits=runtime.limits,
         attempts=runtime.settings.submit_attempts,
         scope=caller.scope,
+        reuse=body.reuse,
+        reuse_owner=_reuse_owner(caller),
     )
     if outcome.replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    return outcome.body
+    if outcome.reused:
+        response.status_code = status.HTTP_200_OK
+        return outcome.body
+    return {**outcome.body, "reused": False}
 
 
 @router.get("/{object_id}/queries", **answers(schemas.HistoryPage), responses=PROBLEMS)

@@ -14,6 +14,7 @@ from app.api.openapi import AUTHENTICATED, WITH_BODY, answers, body_doc, problem
 from app.services import schemas
 from app.services import surveys as survey_service
 from app.services.errors import BadHeader
+from app.services.reuse import reuse_owner
 from app.services.schemas import Role
 
 #: The body of a survey and of its dry-run.
@@ -109,6 +110,9 @@ async def survey_dry_run(
         limits=runtime.limits,
         max_members=max_members,
         scope=caller.scope,
+        reuse_owner=reuse_owner(
+            caller.key_id, admin=caller.role is Role.ADMIN, scoped=caller.scope is not None
+        ),
     )
 
 

@@ -221,6 +221,7 @@ export function renderSurveyList({ items, more }) {
       cell(null, { node: cohortNode(survey.cohort) }),
       cell(null, { node: progress }),
       cell(p.accepted, { numeric: true }),
+      cell(p.reused ?? 0, { numeric: true }),
       ...REASONS.map(([reason]) => cell(p.refused[reason] || 0, { numeric: true })),
     );
     body.append(tr);
@@ -255,6 +256,7 @@ function renderNumbers(survey) {
   definition(list, "total", "Members", p.total);
   definition(list, "decided", "Decided", p.decided);
   definition(list, "accepted", "Accepted (answered)", p.accepted);
+  definition(list, "reused", "Reused (of the accepted: a stored identical answer, nothing charged)", p.reused ?? 0);
   for (const [reason, words] of REASONS) {
     definition(list, `refused-${reason}`, `Refused: ${words}`, p.refused[reason] || 0);
   }

@@ -169,19 +169,26 @@ class AsyncObjects:
         """
         return await self._c._run(_ops.new_version(object_id, value))
 
-    async def dry_run(self, object_id: str, query: _ops.QueryLike) -> models.Decision:
+    async def dry_run(
+        self, object_id: str, query: _ops.QueryLike, *, reuse: bool = False
+    ) -> models.Decision:
         """Would the object's filter accept ``query`` now? Spends nothing."""
-        return await self._c._run(_ops.dry_run(object_id, query))
+        return await self._c._run(_ops.dry_run(object_id, query, reuse))
 
     async def would_accept(self, object_id: str, query: _ops.QueryLike) -> bool:
         """True when a dry-run of ``query`` says the filter would accept it now."""
         return (await self.dry_run(object_id, query)).accepted
 
     async def submit(
-        self, object_id: str, query: _ops.QueryLike, *, idempotency_key: str | None = None
+        self,
+        object_id: str,
+        query: _ops.QueryLike,
+        *,
+        idempotency_key: str | None = None,
+        reuse: bool = False,
     ) -> models.SubmitResult:
         """Run ``query`` with one Idempotency-Key for every retry (never spends twice)."""
-        return await self._c._run(_ops.submit(object_id, query, idempotency_key))
+        return await self._c._run(_ops.submit(object_id, query, idempotency_key, reuse))
 
     def history(
         self, object_id: str, *, page_size: int = 1000, version: int | None = None
@@ -409,9 +416,10 @@ class AsyncSurveys:
         ids: Sequence[str] | None = None,
         cohort: _ops.CohortLike | None = None,
         idempotency_key: str | None = None,
+        reuse: bool = False,
     ) -> AsyncSurveyRun:
         """Start a survey (analyst); a retry never creates a second one."""
-        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort)
+        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort, reuse=reuse)
         view = await self._c._run(_ops.create_survey(body, idempotency_key))
         return AsyncSurveyRun(self._c, view)
 
@@ -423,9 +431,10 @@ class AsyncSurveys:
         labels: Mapping[str, str] | None = None,
         ids: Sequence[str] | None = None,
         cohort: _ops.CohortLike | None = None,
+        reuse: bool = False,
     ) -> models.SurveyDryRun:
         """How the survey would go now (members, would accept, refusals), spending nothing."""
-        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort)
+        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort, reuse=reuse)
         return await self._c._run(_ops.survey_dry_run(body))
 
     async def get(self, survey_id: int) -> models.SurveyView:

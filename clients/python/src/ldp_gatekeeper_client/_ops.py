@@ -102,25 +102,34 @@ def retire(object_id: str) -> Call[models.ObjectView]:
     return Call("DELETE", _obj(object_id), parser(models.ObjectView))
 
 
-def dry_run(object_id: str, query: QueryLike) -> Call[models.Decision]:
+def _query_body(query: QueryLike, reuse: bool) -> bytes:
+    """``{"query": ...}``, with ``"reuse": true`` when asked (left out otherwise)."""
+    return encode({"query": dump(query), **({"reuse": True} if reuse else {})})
+
+
+def dry_run(object_id: str, query: QueryLike, reuse: bool = False) -> Call[models.Decision]:
     """``POST /v1/objects/{id}/dry-run``: changes nothing, so always safe to retry."""
     return Call(
         "POST",
         _obj(object_id) + "/dry-run",
         parser(models.Decision),
-        content=encode({"query": dump(query)}),
+        content=_query_body(query, reuse),
     )
 
 
 def submit(
-    object_id: str, query: QueryLike, idempotency_key: str | None
+    object_id: str, query: QueryLike, idempotency_key: str | None, reuse: bool = False
 ) -> Call[models.SubmitResult]:
-    """``POST /v1/objects/{id}/queries`` with an Idempotency-Key (given, or a new one)."""
+    """``POST /v1/objects/{id}/queries`` with an Idempotency-Key (given, or a new one).
+
+    ``reuse``: a stored identical answer of the current version is returned instead (200,
+    ``reused``), charging nothing.
+    """
     return Call(
         "POST",
         _obj(object_id) + "/queries",
         parser(models.SubmitResult),
-        content=encode({"query": dump(query)}),
+        content=_query_body(query, reuse),
         idempotency_key=_key(idempotency_key),
     )
 
@@ -404,8 +413,12 @@ def survey_body(
     labels: Mapping[str, str] | None,
     ids: Sequence[str] | None,
     cohort: CohortLike | None,
+    reuse: bool = False,
 ) -> bytes:
-    """The body of a survey and of its dry-run: exactly one of labels, ids or cohort."""
+    """The body of a survey and of its dry-run: exactly one of labels, ids or cohort.
+
+    ``reuse``: members with a stored identical answer of their current version get it.
+    """
     given = [c for c in (labels, ids, cohort) if c is not None]
     if len(given) != 1:
         raise ValueError("give exactly one of labels=, ids= or cohort=")
@@ -418,7 +431,8 @@ def survey_body(
     else:
         assert cohort is not None  # noqa: S101 - exactly one was given
         chosen = dump(cohort)
-    return encode({"name": name, "query": dump(query), "cohort": chosen})
+    body = {"name": name, "query": dump(query), "cohort": chosen}
+    return encode({**body, "reuse": True} if reuse else body)
 
 
 def create_survey(body: bytes, idempotency_key: str | None) -> Call[models.SurveyView]:

@@ -180,24 +180,33 @@ class Objects:
         """
         return self._c._run(_ops.new_version(object_id, value))
 
-    def dry_run(self, object_id: str, query: _ops.QueryLike) -> models.Decision:
+    def dry_run(
+        self, object_id: str, query: _ops.QueryLike, *, reuse: bool = False
+    ) -> models.Decision:
         """Would the object's filter accept ``query`` now? Spends nothing."""
-        return self._c._run(_ops.dry_run(object_id, query))
+        return self._c._run(_ops.dry_run(object_id, query, reuse))
 
     def would_accept(self, object_id: str, query: _ops.QueryLike) -> bool:
         """True when a dry-run of ``query`` says the filter would accept it now."""
         return self.dry_run(object_id, query).accepted
 
     def submit(
-        self, object_id: str, query: _ops.QueryLike, *, idempotency_key: str | None = None
+        self,
+        object_id: str,
+        query: _ops.QueryLike,
+        *,
+        idempotency_key: str | None = None,
+        reuse: bool = False,
     ) -> models.SubmitResult:
         """Run ``query``: its sampled output and the odometer after it.
 
         One ``Idempotency-Key`` (``idempotency_key``, or a new UUID) is sent with every retry
         of this call, so a retry returns the stored output and never spends budget twice.
-        Raises :class:`~.errors.BudgetExhausted` when the filter refuses.
+        Raises :class:`~.errors.BudgetExhausted` when the filter refuses. ``reuse``: a stored
+        identical answer of the object's current version is returned instead, if there is one
+        (``result.reused``), charging nothing.
         """
-        return self._c._run(_ops.submit(object_id, query, idempotency_key))
+        return self._c._run(_ops.submit(object_id, query, idempotency_key, reuse))
 
     def history(
         self, object_id: str, *, page_size: int = 1000, version: int | None = None
@@ -440,12 +449,13 @@ class Surveys:
         ids: Sequence[str] | None = None,
         cohort: _ops.CohortLike | None = None,
         idempotency_key: str | None = None,
+        reuse: bool = False,
     ) -> SurveyRun:
         """Start a survey of the objects with all ``labels`` (or these ``ids``) (analyst).
 
         One Idempotency-Key is sent with every retry: a retry never creates a second survey.
         """
-        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort)
+        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort, reuse=reuse)
         return SurveyRun(self._c, self._c._run(_ops.create_survey(body, idempotency_key)))
 
     def dry_run(
@@ -456,9 +466,10 @@ class Surveys:
         labels: Mapping[str, str] | None = None,
         ids: Sequence[str] | None = None,
         cohort: _ops.CohortLike | None = None,
+        reuse: bool = False,
     ) -> models.SurveyDryRun:
         """How the survey would go now (members, would accept, refusals), spending nothing."""
-        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort)
+        body = _ops.survey_body(name, query, labels=labels, ids=ids, cohort=cohort, reuse=reuse)
         return self._c._run(_ops.survey_dry_run(body))
 
     def get(self, survey_id: int) -> models.SurveyView:

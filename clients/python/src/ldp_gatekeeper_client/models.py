@@ -278,12 +278,16 @@ class SurveyRequest(_Request):
     name: str
     query: Query
     cohort: Cohort
+    #: Members answer from a stored identical answer of their current version where they can.
+    reuse: bool = False
 
 
 class QueryRequest(_Request):
     """Dry-run and submit: the query to decide."""
 
     query: Query
+    #: Return a stored identical answer of the current version (nothing charged), if any.
+    reuse: bool = False
 
 
 class HistoryEntry(_Request):
@@ -473,6 +477,8 @@ class Decision(_Response):
     refusal: Literal["budget-exhausted", "lifetime-exhausted", "quota-exhausted"] | None = None
     #: A project key's dry-run: its quota's filter on the project's own sub-history.
     quota: QuotaDecision | None = None
+    #: With ``reuse``: a submit would return a stored identical answer (charging nothing).
+    would_reuse: bool = False
 
     @property
     def accepted(self) -> bool:
@@ -481,16 +487,22 @@ class Decision(_Response):
 
 
 class SubmitResult(_Replayable):
-    """An accepted submit: the sampled output and the odometer after it."""
+    """An accepted submit: the sampled output and the odometer after it (or a reused answer)."""
 
-    query_id: int
+    #: The accepted query's id; None for a reused answer a survey gave (``survey_id``).
+    query_id: int | None
     object_id: str
+    #: The answer's number in the history (a reused answer's own).
     seq: int
     #: The data version the query read.
     version: int
     output: Any
     epsilon: float
     odometer: Odometer
+    #: ``reuse=True`` returned a stored identical answer: nothing charged or recorded.
+    reused: bool = False
+    #: A reused answer a survey gave: that survey.
+    survey_id: int | None = None
 
 
 class HistoryItem(_Response):
@@ -785,7 +797,10 @@ class SurveyProgress(_Response):
 
     total: int
     decided: int
+    #: Members answered, reused answers included.
     accepted: int
+    #: Accepted members answered by a stored identical answer.
+    reused: int = 0
     refused: SurveyRefusals
 
 
@@ -822,6 +837,8 @@ class SurveyView(_Replayable):
     status: SurveyStatus
     query: dict[str, Any]
     cohort: dict[str, Any]
+    #: Members answer from stored identical answers where they can.
+    reuse: bool = False
     created_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
@@ -876,6 +893,8 @@ class SurveyDryRun(_Response):
     would_accept: int
     would_refuse: SurveyRefusals
     groups: int
+    #: With ``reuse``: members a stored identical answer would answer (in ``would_accept``).
+    would_reuse: int = 0
 
 
 class FieldError(_Response):

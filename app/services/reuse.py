@@ -1,0 +1,237 @@
+"""Reuse of identical answers (``"reuse": true``; DESIGN "Data versions and lifetime budgets").
+
+**Identity.** Two queries are identical when their *canonical JSON* is: the query as the client
+wrote it, keys sorted at every level, no whitespace (:func:`canonical_query`). Numbers keep the
+form the request's JSON reader gave them, which is the contract's "decimals as written": ``0.1``,
+``0.10`` and ``1e-1`` are one number (the engine reads each as the decimal 1/10), while ``1`` and
+``1.0`` differ (an integer attribute takes the first and refuses the second), as they differ for
+the engine. The hash of that text (:func:`query_hash`) is also a submit's idempotency
+fingerprint, so one definition serves both. Queries that mean the same mechanism but are
+written differently (a default spelt out, ``"in"`` values in another order) are not identical:
+such a miss only costs a fresh, charged answer, never soundness.
+
+**What is reused.** The earliest stored answer of the identical query in the object's *current*
+data version — a single submit's row (``seq`` in ``(version_start, accepted]``) or a survey
+member's answer — never one of a closed version. A caller reuses only answers it could read in
+the history: an analyst (and any key of a project) only answers its own key asked; an unscoped
+admin any answer. For a project key this keeps its quota's accounting exact without charging
+anything: the reused output is already in the project's own sub-history (the quota filter's
+input), so re-reading it adds nothing that filter has not counted — whereas another project's
+output would be information from a sub-history the quota never saw.
+
+**Nothing new recorded.** A reuse writes no history row, no object state, no version and no
+audit event: the history holds no new information, and ``gatekeeper verify`` replays exactly
+what was charged. It is counted in Prometheus (``gatekeeper_reused_answers_total``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.store import Tx
+from app.store import reuse as store
+from app.store.chunks import Variant, chunks_covering, load_chunks
+from app.store.objects import ObjectState
+from app.store.surveys import GroupKey, member_rows
+
+if TYPE_CHECKING:
+    from app.services.survey_groups import ParsedQuery
+
+#: Members read per batch by :func:`reusable_members` (a survey chunk's size).
+_BATCH = 5000
+
+
+def canonical_query(query: Any) -> str:
+    """The canonical JSON of a query as written: keys sorted, no whitespace."""
+    # allow_nan: a NaN query must reach validation (422), not crash the canonical form
+    return json.dumps(query, sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def query_hash(query: Any) -> str:
+    """SHA-256 (hex) of :func:`canonical_query`: the reuse key and idempotency fingerprint."""
+    return hashlib.sha256(canonical_query(query).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Reusable:
+    """A stored answer an identical query may return: where it is and what it said."""
+
+    seq: int
+    variant: Variant
+    #: The single submit's query id (None: a survey's answer).
+    query_id: int | None
+    #: The survey that asked it (None: a single submit).
+    survey_id: int | None
+
+
+def find_reusable(conn: Tx, row: ObjectState, qhash: str, owner: int | None) -> Reusable | None:
+    """The earliest answer of the query hashed ``qhash`` in ``row``'s current data version.
+
+    ``row`` is the object as read in this transaction: its history up to ``row.accepted`` has
+    committed, and ``row.version_start`` separates the closed versions' entries, so an answer
+    found here is of the version ``row.data_version`` whatever commits meanwhile.
+    ``owner``: only answers that key asked (None: anyone's).
+    """
+    after, upto = row.version_start, row.accepted
+    if upto <= after:
+        return None
+    best: Reusable | None = None
+    submit = store.first_submit(
+        conn, object_id=row.id, fingerprint=qhash, after=after, upto=upto, owner=owner
+    )
+    if submit is not None:
+        best = Reusable(submit.seq, _variant(submit), submit.query_id, None)
+    surveys = store.surveys_asking(conn, query_hash=qhash, owner=owner)
+    if surveys:
+        pairs = [pair for pair in chunks_covering(conn, row.id) if pair[0] in surveys]
+        for chunk in load_chunks(conn, pairs).values():
+            decision = chunk.answer(row.id)
+            if decision is None or decision.variant is None or decision.reused:
+                continue
+            if after < decision.seq <= upto and (best is None or decision.seq < best.seq):
+                best = Reusable(decision.seq, decision.variant, None, chunk.survey_id)
+    return best
+
+
+def _variant(submit: store.StoredSubmit) -> Variant:
+    return Variant(
+        query=submit.query,
+        output=submit.output,
+        epsilon=submit.epsilon,
+        epsilon_exact=submit.epsilon_exact,
+        loss_lower=submit.loss_lower,
+        loss_upper=submit.loss_upper,
+        basic_after=submit.basic_after,
+    )
+
+
+def reused_body(row: ObjectState, found: Reusable, odometer: dict[str, Any]) -> dict[str, Any]:
+    """The 200 answer of a reused submit: the stored output, the odometer as it is."""
+    return {
+        "query_id": found.query_id,
+        "survey_id": found.survey_id,
+        "object_id": row.id,
+        "seq": found.seq,
+        "version": row.data_version,
+        "output": json.loads(found.variant.output),
+        "epsilon": found.variant.epsilon,
+        "odometer": odometer,
+        "reused": True,
+    }
+
+
+def chunk_reusables(
+    conn: Tx,
+    *,
+    ids: list[str],
+    bounds: dict[str, tuple[int, int]],
+    qhash: str,
+    owner: int | None,
+    exclude_survey: int,
+) -> dict[str, tuple[int, Variant]]:
+    """For a survey chunk's members (sorted ``ids``): the earliest reusable answer of each.
+
+    Per member: the answer's ``seq`` and its history entry (a plain pair: a chunk makes
+    thousands).
+
+    ``bounds``: per member, its current version's ``(version_start, accepted)``. Reads the
+    single submits by ``ix_queries_reuse`` and, per earlier survey of the same query, its chunks
+    overlapping the chunk's id range — a few rows, not one lookup per member.
+    """
+    found: dict[str, tuple[int, Variant]] = {}
+
+    def offer(object_id: str, seq: int, variant: Variant) -> None:
+        after, upto = bounds[object_id]
+        if after < seq <= upto:
+            held = found.get(object_id)
+            if held is None or seq < held[0]:
+                found[object_id] = (seq, variant)
+
+    for object_id, submits in store.submits_of(
+        conn, ids=ids, fingerprint=qhash, owner=owner
+    ).items():
+        for submit in submits:
+            offer(object_id, submit.seq, _variant(submit))
+    surveys = store.surveys_asking(conn, query_hash=qhash, owner=owner) - {exclude_survey}
+    for survey_id in sorted(surveys):
+        for chunk in store.chunks_overlapping(
+            conn, survey_id=survey_id, first=ids[0], last=ids[-1]
+        ):
+            if chunk.picks is None or chunk.seqs is None:
+                continue
+            variants: dict[int, Variant] = {}
+            stored = len(chunk.variants)
+            for object_id, pick, seq in zip(chunk.members, chunk.picks, chunk.seqs, strict=False):
+                if pick < 0 or seq <= 0 or pick >= stored:
+                    continue  # refused, itself a reuse, or damaged
+                span = bounds.get(object_id)
+                if span is None or not span[0] < seq <= span[1]:
+                    continue  # not a member of this chunk, or of another version
+                held = found.get(object_id)
+                if held is not None and held[0] < seq:
+                    continue
+                variant = variants.get(pick)
+                if variant is None:
+                    variant = variants[pick] = Variant(**chunk.variants[pick])
+                found[object_id] = (seq, variant)
+    return found
+
+
+def reuse_owner(key_id: int | None, *, admin: bool, scoped: bool) -> int | None:
+    """Whose answers a caller may reuse: its own key's (None: anyone's, an unscoped admin)."""
+    return None if admin and not scoped else key_id
+
+
+def survey_reuse_owner(conn: Tx, key_id: int | None) -> int | None:
+    """Whose answers a survey created by ``key_id`` may reuse (the rule of :func:`reuse_owner`).
+
+    A survey made without a key (the command line) reuses anyone's, as an unscoped admin.
+    """
+    if key_id is None:
+        return None
+    role, project = store.key_reach(conn, key_id)
+    return reuse_owner(key_id, admin=role == "admin", scoped=project is not None)
+
+
+def reusable_members(
+    conn: Tx,
+    ids: Iterable[str],
+    parsed: ParsedQuery,
+    query: Any,
+    owner: int | None,
+) -> Iterator[GroupKey]:
+    """For a survey dry-run: the group key of each member (of sorted ``ids``) it would reuse.
+
+    Reads the members' rows without locking them, in batches, as a run's chunks would.
+    """
+    qhash = query_hash(query)
+    batch: list[str] = []
+
+    def flush() -> Iterator[GroupKey]:
+        rows = {row.id: row for row in member_rows(conn, batch, lock=False) if not row.retired}
+        if not rows:
+            return
+        found = chunk_reusables(
+            conn,
+            ids=batch,
+            bounds={row.id: (row.version_start, row.accepted) for row in rows.values()},
+            qhash=qhash,
+            owner=owner,
+            exclude_survey=0,
+        )
+        for object_id in found:
+            row = rows[object_id]
+            if parsed.mech(row.key.domain) is not None:
+                yield row.key
+
+    for object_id in ids:
+        batch.append(object_id)
+        if len(batch) == _BATCH:
+            yield from flush()
+            batch = []
+    if batch:
+        yield from flush()
