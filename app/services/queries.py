@@ -180,8 +180,11 @@ def _replay_rejection(
     if key is None:
         return None
     record = query_store.find_rejection(conn, object_id=object_id, key=key)
-    if record is None:
-        return None
+    return None if record is None else _stored_rejection(record, print_, owner)
+
+
+def _stored_rejection(record: StoredAnswer, print_: str, owner: int | None) -> _StoredRejection:
+    """A stored rejection's answer, for its owner and body only (422 otherwise)."""
     _check_owner(record, print_, owner)
     stored = json.loads(record.response)
     refusal = stored.get("type", BudgetExhausted.type)
@@ -211,11 +214,31 @@ def _load_active(conn: Tx, object_id: str, scope: Scope | None = None) -> Object
         if ID_PATTERN.fullmatch(object_id)
         else None
     )
+    return _active(row, scope)
+
+
+def _active(row: ObjectState | None, scope: Scope | None) -> ObjectState:
+    """``row`` if it is there, in ``scope`` and not retired (else 404 or 410)."""
     if row is None or not admits(scope, row.labels):
         raise NotFound("no object with that id")
     if row.retired_at is not None:
         raise Retired("the object is retired and answers no queries")
     return row
+
+
+def _load_for_submit(
+    conn: Tx, object_id: str, key: str | None, scope: Scope | None
+) -> tuple[ObjectState, StoredAnswer | None]:
+    """:func:`_load_active` and the rejection stored under ``key``, in one statement."""
+    found = (
+        object_store.load_for_submit(
+            conn, object_id=object_id, key=key, scope=None if scope is None else scope.labels
+        )
+        if ID_PATTERN.fullmatch(object_id)
+        else None
+    )
+    row, rejection = (None, None) if found is None else found
+    return _active(row, scope), rejection
 
 
 def submit(
@@ -324,7 +347,8 @@ def _attempt(
             if replay is not None:
                 return replay
         try:
-            row = _load_active(conn, object_id, scope)
+            # the rejection stored under the key comes with the row (one round trip)
+            row, rejection = _load_for_submit(conn, object_id, key, scope)
             domain = _domain_of(row.domain, limits)
             mech = parse_query(query, domain, "query", limits=limits)
             snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))
@@ -359,13 +383,11 @@ def _attempt(
                 conn, row, mech, by_quota, analyst_key_id, key, print_, kind=QUOTA_EXHAUSTED
             )
             return _QuotaRefusal(by_quota)
-        if not replay_first:
+        if not replay_first and rejection is not None:
             # a key whose submit was rejected before answers that rejection again (a later
             # history may accept the same query: it needs a new key); accepted keys are caught
             # by the unique constraint of the INSERT below
-            rejected_before = _replay_rejection(conn, object_id, key, print_, analyst_key_id)
-            if rejected_before is not None:
-                return rejected_before
+            return _stored_rejection(rejection, print_, analyst_key_id)
         body, after = _record_acceptance(
             conn,
             row,
