@@ -71,13 +71,13 @@ from app.services.scope import Scope, admits
 from app.services.snapshots import (
     advance,
     lifetime_of,
-    move_state_refs,
     remember,
     snapshot_of,
 )
 from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import objects as object_store
 from app.store import queries as query_store
+from app.store import submits as submit_store
 from app.store.objects import ObjectState
 from app.store.queries import StoredAnswer
 from app.worker.pool import BoundWorker
@@ -508,37 +508,34 @@ def _record_acceptance(
         "epsilon": mech.epsilon,
         "odometer": odometer,
     }
-    query_id = query_store.insert_query(
+    # the query row, the compare-and-set and the state references: one round trip on PostgreSQL
+    query_id = submit_store.record_accepted(
         conn,
-        object_id=row.id,
-        seq=seq,
-        query=query_text,
-        output=output_text,
-        epsilon=mech.epsilon,
-        epsilon_exact=str(mech.epsilon_exact),
-        loss_lower=columns["loss_lower"],
-        loss_upper=columns["loss_upper"],
-        basic_after=float(Fraction(columns["basic_total"])),
-        analyst_key_id=analyst_key_id,
-        idempotency_key=key,
-        fingerprint=print_,
-        response=json.dumps(stored),
-        created_at=now,
-    )
-    if not object_store.compare_and_set(
-        conn,
-        object_id=row.id,
+        query=submit_store.AcceptedQuery(
+            object_id=row.id,
+            seq=seq,
+            query=query_text,
+            output=output_text,
+            epsilon=mech.epsilon,
+            epsilon_exact=str(mech.epsilon_exact),
+            loss_lower=columns["loss_lower"],
+            loss_upper=columns["loss_upper"],
+            basic_after=float(Fraction(columns["basic_total"])),
+            analyst_key_id=analyst_key_id,
+            idempotency_key=key,
+            fingerprint=print_,
+            response=json.dumps(stored),
+            created_at=now,
+        ),
         version=row.version,
-        accepted=seq,
-        updated_at=now,
-        columns=columns,
-    ):
-        raise _LostRace
-    move_state_refs(
-        conn,
-        gained={change.stored.key: (change.stored, 1)} if change.stored else {},
-        lost={row.state_hash: 1} if row.state_hash else {},
+        columns={**columns, "accepted": seq, "updated_at": now},
+        new_state=None
+        if change.stored is None
+        else submit_store.NewState(change.stored.key, change.stored.state, change.stored.err),
+        old_state=row.state_hash,
     )
+    if query_id is None:
+        raise _LostRace
     if quota is not None:  # the project's sub-history, behind the same compare-and-set
         record_output(
             conn,

@@ -114,7 +114,7 @@ _LOAD_FOR_SUBMIT = (
 # Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
 # cache on every call, which the profile showed (docs/benchmarks.md). The SET columns of the
 # compare-and-set come from the keys of the parameters passed at execution.
-_COMPARE_AND_SET = update(OBJECTS).where(
+COMPARE_AND_SET = update(OBJECTS).where(
     OBJECTS.c.id == bindparam("where_id"), OBJECTS.c.version == bindparam("where_version")
 )
 _COUNT_REJECTION = (
@@ -175,7 +175,7 @@ def compare_and_set(
     False when another writer advanced it first (no row hit).
     """
     result = conn.execute(
-        _COMPARE_AND_SET,
+        COMPARE_AND_SET,
         {
             "where_id": object_id,
             "where_version": version,
