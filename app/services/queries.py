@@ -508,7 +508,22 @@ def _record_acceptance(
         "epsilon": mech.epsilon,
         "odometer": odometer,
     }
-    # the query row, the compare-and-set and the state references: one round trip on PostgreSQL
+    event = audit.query_event(
+        kind=audit.AuditKind.DECISION_ACCEPTED,
+        actor_key_id=analyst_key_id,
+        object_id=row.id,
+        seq=seq,
+        detail={
+            "seq": seq,
+            "mechanism": mech.kind,
+            "epsilon": mech.epsilon,
+            "filter": row.filter,
+            "version": row.data_version,
+            "realized_loss": odometer["realized_loss"],
+        },
+    )
+    # the query row, the compare-and-set, the state references and the audit event (its
+    # detail gets the row's id): one round trip on PostgreSQL
     query_id = submit_store.record_accepted(
         conn,
         query=submit_store.AcceptedQuery(
@@ -533,6 +548,7 @@ def _record_acceptance(
         if change.stored is None
         else submit_store.NewState(change.stored.key, change.stored.state, change.stored.err),
         old_state=row.state_hash,
+        event=event,
     )
     if query_id is None:
         raise _LostRace
@@ -549,21 +565,6 @@ def _record_acceptance(
             output_text=output_text,
         )
     body = {"query_id": query_id, **stored}
-    audit.record(
-        conn,
-        kind=audit.AuditKind.DECISION_ACCEPTED,
-        actor_key_id=analyst_key_id,
-        object_id=row.id,
-        detail={
-            "query_id": body["query_id"],
-            "seq": seq,
-            "mechanism": mech.kind,
-            "epsilon": mech.epsilon,
-            "filter": row.filter,
-            "version": row.data_version,
-            "realized_loss": odometer["realized_loss"],
-        },
-    )
     return body, after
 
 

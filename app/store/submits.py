@@ -4,8 +4,9 @@ An accepted submit writes its query record (:mod:`app.store.queries`), the objec
 compare-and-set (:mod:`app.store.objects`) and, for a finite object, moves one reference from
 the likelihood array it named to the one it names now (:mod:`app.store.states`: the new array is
 inserted or its count raised, the old one's count lowered and the array deleted at zero, the
-rule :func:`app.services.snapshots.move_state_refs` applies to any number of objects). Each was
-its own round trip: five of a submit's nine statements (the profile in docs/benchmarks.md).
+rule :func:`app.services.snapshots.move_state_refs` applies to any number of objects) and adds
+the decision's audit event (:mod:`app.store.audit`). Each was its own round trip: six of a
+submit's ten (the profile in docs/benchmarks.md).
 
 On PostgreSQL they go out together in psycopg's pipeline mode — the same statements, compiled
 once from those modules' SQLAlchemy constructs, run in order in the caller's transaction, with
@@ -27,6 +28,7 @@ import psycopg
 from sqlalchemy import ClauseElement, bindparam, insert
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
+from app.store import audit as audit_store
 from app.store import objects as object_store
 from app.store import queries as query_store
 from app.store import states as state_store
@@ -95,6 +97,7 @@ _INSERT_QUERY = _sql(
 _INSERT_STATE = _sql(cast(ClauseElement, state_store.INSERT_STATE[True]))
 _ADD_REFS = _sql(state_store.ADD_REFS)
 _DROP_UNUSED = _sql(state_store.DROP_UNUSED_ONE)
+_ADD_EVENT = _sql(audit_store.ADD_FOR_QUERY)
 #: The compare-and-set's text by the set of columns it writes (one set on the hot path).
 _CAS: dict[frozenset[str], _Compiled] = {}
 
@@ -117,19 +120,22 @@ def record_accepted(
     columns: Mapping[str, Any],
     new_state: NewState | None,
     old_state: str | None,
+    event: audit_store.QueryEvent,
 ) -> int | None:
-    """Write an accepted submit: its query row, the compare-and-set, the state references.
+    """Write an accepted submit: query row, compare-and-set, state references, audit event.
 
     ``version`` is the object's version the decision read (it becomes ``version + 1``);
     ``columns`` its new ``objects`` columns (:attr:`app.services.snapshots.Advance.columns`,
     with ``accepted`` and ``updated_at``); ``new_state`` the array it names now (None:
-    continuous), ``old_state`` the one it named (None: none). The new query's id, or None when
+    continuous), ``old_state`` the one it named (None: none); ``event`` the decision's audit
+    event (:func:`app.services.audit.query_event`: its detail gets the query row's id, so it
+    goes out with the rest). The new query's id, or None when
     another writer advanced the object first (the caller must roll back).
     """
     if new_state is not None and new_state.key == old_state:
         raise ValueError("an accepted query always changes the history's state key")
     if not is_postgres(conn):
-        return _record_one_by_one(conn, query, version, columns, new_state, old_state)
+        return _record_one_by_one(conn, query, version, columns, new_state, old_state, event)
     cas = {"where_id": query.object_id, "where_version": version, "version": version + 1}
     cas.update(columns)
     raw = conn.connection.driver_connection
@@ -150,6 +156,8 @@ def record_accepted(
                 old = {"key": old_state}
                 raw.cursor().execute(_ADD_REFS.text, _ADD_REFS.params({**old, "count": -1}))
                 raw.cursor().execute(_DROP_UNUSED.text, _DROP_UNUSED.params(old))
+            params = audit_store.query_event_params(event)
+            raw.cursor().execute(_ADD_EVENT.text, _ADD_EVENT.params(params))
     except psycopg.IntegrityError as exc:
         raise Conflict(_INSERT_QUERY.text, None, exc, hide_parameters=True) from exc
     except psycopg.OperationalError as exc:
@@ -167,6 +175,7 @@ def _record_one_by_one(
     columns: Mapping[str, Any],
     new_state: NewState | None,
     old_state: str | None,
+    event: audit_store.QueryEvent,
 ) -> int | None:
     """:func:`record_accepted` as the modules' functions, one statement at a time."""
     query_id = query_store.insert_query(conn, **{n: getattr(query, n) for n in _QUERY_COLUMNS})
@@ -188,4 +197,5 @@ def _record_one_by_one(
     if old_state is not None:
         state_store.add_refs(conn, [(old_state, -1)])
         state_store.drop_unused(conn, [old_state])
+    audit_store.add_for_query(conn, event)
     return query_id

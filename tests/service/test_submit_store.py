@@ -10,6 +10,7 @@ keyed rejection read with the object's row is replayed, never a second decision.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +21,7 @@ from sqlalchemy import Engine, text
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
+from app.services import audit
 from app.store import Conflict, transaction
 from app.store.objects import load_for_submit, load_state
 from app.store.submits import AcceptedQuery, NewState, record_accepted
@@ -87,6 +89,37 @@ def _query(oid: str, seq: int) -> AcceptedQuery:
     )
 
 
+def _event(oid: str, seq: int) -> Any:
+    return audit.query_event(
+        kind=audit.AuditKind.DECISION_ACCEPTED,
+        actor_key_id=None,
+        object_id=oid,
+        seq=seq,
+        detail={"seq": seq},
+    )
+
+
+def test_the_accepted_event_names_the_query_row_it_was_written_with(
+    client: TestClient, engine: Engine
+) -> None:
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    bodies = [_submit(client, key, oid, f"{oid}-{i}").json() for i in range(3)]
+    with engine.connect() as conn:
+        events = conn.execute(
+            text(
+                "SELECT detail FROM audit_events WHERE object_id = :o "
+                "AND kind = 'decision.accepted' ORDER BY id"
+            ),
+            {"o": oid},
+        ).scalars()
+        details = list(events)
+    assert [json.loads(d)["query_id"] for d in details] == [b["query_id"] for b in bodies]
+    assert [json.loads(d)["seq"] for d in details] == [1, 2, 3]
+    # the text is what the audit log writes for any other event: sorted keys, json.dumps
+    assert details == [json.dumps(json.loads(d), sort_keys=True) for d in details]
+
+
 def test_submits_keep_every_array_counted_and_none_orphaned(
     client: TestClient, engine: Engine
 ) -> None:
@@ -130,6 +163,7 @@ def test_a_lost_compare_and_set_returns_none_and_leaves_nothing(
                     columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
                     new_state=NewState("lost-" + oid[-20:], b"\x00" * 8, 0.0),
                     old_state=row.state_hash,
+                    event=_event(oid, row.accepted + 1),
                 )
             )
             raise RuntimeError("roll back, as the service does on a lost race")
@@ -164,6 +198,7 @@ def test_a_used_seq_is_a_conflict_and_the_connection_stays_usable(
             columns={"accepted": row.accepted, "updated_at": datetime.now(UTC)},
             new_state=None,
             old_state=None,
+            event=_event(oid, row.accepted),
         )
     # the pool's connections still work, and the submit path still accepts
     assert _submit(client, key, oid, f"{oid}-2").status_code == 201
