@@ -7,6 +7,7 @@ How to run (from the project root, PostgreSQL and Redis reachable)::
     .venv/bin/python bench/service_load.py --requests 3000        # a fixed number per run
     .venv/bin/python bench/service_load.py --rate 300             # open loop at 300 submits/s
     .venv/bin/python bench/service_load.py --scenarios linear --budget 2   # near the budget
+    .venv/bin/python bench/service_load.py --scenarios grr --trees BEFORE,AFTER   # one run
 
 What it does
 ------------
@@ -34,7 +35,10 @@ What it does
    latency is measured from the scheduled time (no coordinated omission).
 
 Scenarios: ``grr`` — a 1,000-point finite domain (``a`` integer 0..9 x ``b`` integer 0..9 x ``c``
-categorical with 10 values), ``grr`` with ε = 0.5 on ``a``, ``b``, ``c`` in turn; ``linear`` — a
+categorical with 10 values), ``grr`` with ε = 0.5 on ``a``, ``b``, ``c`` in turn; ``binary_rr`` —
+the same domain, ``binary_rr`` with ε = 0.5 on ``a < 5``, ``b >= 3``, ``c in {v1, v2, v3}`` in turn;
+``grr1m`` — a 10^6-point finite domain (six integers 0..9: an 8 MB likelihood array per object),
+``grr`` as above; ``linear`` — a
 9-dimensional box of reals (``x1..x9`` in [0, 1]), ``linear`` queries with ε = 0.5, weights drawn
 uniformly in [-1, 1] (a pool of 64 seeded queries), ``range`` the exact min/max over the box
 rounded outwards, no truncation. Each scenario runs with the ``bayesian`` filter and then the
@@ -51,7 +55,11 @@ PostgreSQL (``--pgbench SECONDS``, 10 by default, 0 to skip), ``pgbench`` runs t
 transaction of ``bench/survey_load.py`` (lock an object's row, insert a history row, bump its
 version) with 8 clients, and its transactions per second and the CPU per transaction of
 ``pgbench`` and of the PostgreSQL backends are printed beside the service's CPU per submit: the
-database's own ceiling for this shape of work, measured in the same run.
+database's own ceiling for this shape of work, measured in the same run; each run's answers per
+second are then printed as a multiple of pgbench's transactions per second, beside its server and
+database CPU per submit. ``--trees DIR,DIR`` starts a server from each source tree in turn (its
+code first on ``PYTHONPATH``; the order alternates by round) on the same database, so code before
+and after a change is measured in one run (a tree is e.g. ``git archive COMMIT | tar -x -C DIR``).
 
 Targets: >= 300 finite-domain (``grr``) submits/s with p99 < 100 ms, and the Bayesian filter
 within 1.5x of basic (throughput and latency). Note that in a closed loop the mean latency is
