@@ -18,8 +18,11 @@ If another writer won (the update hits no row, or a unique constraint fires — 
 idempotency key, when the key was used before), the transaction rolls back — the unused sample is
 discarded unseen — and the submit starts again at step 2, now looking the key up *first*, so a
 retry of the same key finds the stored response. A fresh key, the common case, thus costs no
-lookup: one ``SELECT``, one ``INSERT`` and one ``UPDATE`` (the statements are
-:mod:`app.store.objects`' and :mod:`app.store.queries`', built once).
+lookup of its own: one ``SELECT`` reads the object with the rejection stored under the key (if
+any), and the accepted submit's writes — query row, compare-and-set, likelihood-state references,
+audit event — go to PostgreSQL in one pipeline (:mod:`app.store.submits`; the statements are
+:mod:`app.store.objects`', :mod:`app.store.queries`', :mod:`app.store.states`' and
+:mod:`app.store.audit`', built once).
 """
 
 from __future__ import annotations
