@@ -13,7 +13,9 @@ samples the server's process tree (both workers) with ``py-spy record --subproce
 request (inclusive: a sample counts for every part on its stack), next to the benchmark's own
 table. py-spy samples threads that are not idle in its sense, and a thread blocked in psycopg's
 ``Connection.wait`` counts: the shares are of the time the request threads are busy or waiting
-on PostgreSQL, not of CPU (the benchmark's ``cpu ms/submit`` is the CPU figure).
+on PostgreSQL, not of CPU (the benchmark's ``cpu ms/submit`` is the CPU figure). With ``--gil``
+py-spy samples only the thread holding the GIL: the shares are then of the Python code's CPU
+(time in C code that releases the GIL, and the other processes, are not in them).
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ PARTS = [
     ("    decision and sampling (engine)", "decide (app/services/decisions.py"),
     ("    COMMIT (leaving Engine.begin)", "Engine.begin (sqlalchemy"),
     ("    Redis lock", "ObjectLocks._redis_lock (app/services/locks.py"),
+    ("    SQLAlchemy Connection.execute", "Connection.execute (sqlalchemy"),
     ("event loop: HTTP, middleware, routing", "RequestResponseCycle.run_asgi (uvicorn"),
+    ("  authentication (API key)", "get_caller (app/api/deps.py"),
+    ("  request body (pydantic)", "typed_body.<locals>.read (app/api/deps.py"),
+    ("  hand-off to the worker thread (anyio)", "run_sync_in_worker_thread (anyio"),
     ("  access log (JSON)", "Logger.info (logging"),
     ("  metrics (multiprocess)", "Histogram.observe (prometheus_client"),
     ("inside psycopg's Connection.wait (waiting for PostgreSQL)", "Connection.wait (psycopg"),
@@ -93,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         "--delay", type=float, default=8.0, help="seconds after the workers started (warm-up)"
     )
     parser.add_argument("--raw", type=Path, help="keep py-spy's collapsed stacks here")
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="sample only threads holding the GIL (Python's CPU, not the waits)",
+    )
     parser.add_argument("--trees", default="", help="passed to service_load (one tree)")
     args = parser.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -127,13 +138,15 @@ def main(argv: list[str] | None = None) -> int:
         [
             *(spy, "record", "-p", str(pid), "--subprocesses", "--nonblocking"),
             *("-d", str(args.seconds), "-r", str(args.rate), "-f", "raw", "-o", str(raw)),
+            *(["--gil"] if args.gil else []),
         ],
         check=True,
         capture_output=True,
     )
     out, _ = bench.communicate()
     print("".join(head) + out)
-    print(f"py-spy record --subprocesses -r {args.rate} -d {args.seconds} (stacks: {raw})")
+    gil = " --gil" if args.gil else ""
+    print(f"py-spy record --subprocesses{gil} -r {args.rate} -d {args.seconds} (stacks: {raw})")
     print(summarize(raw))
     return bench.returncode
 
