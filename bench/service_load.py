@@ -7,6 +7,7 @@ How to run (from the project root, PostgreSQL and Redis reachable)::
     .venv/bin/python bench/service_load.py --requests 3000        # a fixed number per run
     .venv/bin/python bench/service_load.py --rate 300             # open loop at 300 submits/s
     .venv/bin/python bench/service_load.py --scenarios linear --budget 2   # near the budget
+    .venv/bin/python bench/service_load.py --scenarios grr --trees BEFORE,AFTER   # one run
 
 What it does
 ------------
@@ -34,7 +35,10 @@ What it does
    latency is measured from the scheduled time (no coordinated omission).
 
 Scenarios: ``grr`` — a 1,000-point finite domain (``a`` integer 0..9 x ``b`` integer 0..9 x ``c``
-categorical with 10 values), ``grr`` with ε = 0.5 on ``a``, ``b``, ``c`` in turn; ``linear`` — a
+categorical with 10 values), ``grr`` with ε = 0.5 on ``a``, ``b``, ``c`` in turn; ``binary_rr`` —
+the same domain, ``binary_rr`` with ε = 0.5 on ``a < 5``, ``b >= 3``, ``c in {v1, v2, v3}`` in turn;
+``grr1m`` — a 10^6-point finite domain (six integers 0..9: an 8 MB likelihood array per object),
+``grr`` as above; ``linear`` — a
 9-dimensional box of reals (``x1..x9`` in [0, 1]), ``linear`` queries with ε = 0.5, weights drawn
 uniformly in [-1, 1] (a pool of 64 seeded queries), ``range`` the exact min/max over the box
 rounded outwards, no truncation. Each scenario runs with the ``bayesian`` filter and then the
@@ -51,7 +55,11 @@ PostgreSQL (``--pgbench SECONDS``, 10 by default, 0 to skip), ``pgbench`` runs t
 transaction of ``bench/survey_load.py`` (lock an object's row, insert a history row, bump its
 version) with 8 clients, and its transactions per second and the CPU per transaction of
 ``pgbench`` and of the PostgreSQL backends are printed beside the service's CPU per submit: the
-database's own ceiling for this shape of work, measured in the same run.
+database's own ceiling for this shape of work, measured in the same run; each run's answers per
+second are then printed as a multiple of pgbench's transactions per second, beside its server and
+database CPU per submit. ``--trees DIR,DIR`` starts a server from each source tree in turn (its
+code first on ``PYTHONPATH``; the order alternates by round) on the same database, so code before
+and after a change is measured in one run (a tree is e.g. ``git archive COMMIT | tar -x -C DIR``).
 
 Targets: >= 300 finite-domain (``grr``) submits/s with p99 < 100 ms, and the Bayesian filter
 within 1.5x of basic (throughput and latency). Note that in a closed loop the mean latency is
@@ -103,6 +111,10 @@ GRR_DOMAIN = {
         {"name": "c", "type": "categorical", "values": [f"v{i}" for i in range(10)]},
     ]
 }
+#: 10^6 points: six integer attributes 0..9 (the likelihood array is 8 MB).
+MILLION_DOMAIN = {
+    "attributes": [{"name": n, "type": "integer", "low": 0, "high": 9} for n in "abcdef"]
+}
 LINEAR_DOMAIN = {
     "attributes": [{"name": f"x{i}", "type": "real", "low": 0, "high": 1} for i in range(1, 10)]
 }
@@ -117,6 +129,19 @@ def grr_value(rng: random.Random) -> dict[str, Any]:
 
 def grr_queries(_: random.Random) -> list[dict[str, Any]]:
     return [{"mechanism": "grr", "attribute": a, "epsilon": EPSILON} for a in ("a", "b", "c")]
+
+
+def binary_rr_queries(_: random.Random) -> list[dict[str, Any]]:
+    predicates = [
+        {"attribute": "a", "op": "<", "value": 5},
+        {"attribute": "b", "op": ">=", "value": 3},
+        {"attribute": "c", "op": "in", "value": ["v1", "v2", "v3"]},
+    ]
+    return [{"mechanism": "binary_rr", "predicate": p, "epsilon": EPSILON} for p in predicates]
+
+
+def million_value(rng: random.Random) -> dict[str, Any]:
+    return {n: rng.randint(0, 9) for n in "abcdef"}
 
 
 def linear_value(rng: random.Random) -> dict[str, Any]:
@@ -144,6 +169,8 @@ def linear_queries(rng: random.Random) -> list[dict[str, Any]]:
 
 SCENARIOS = {
     "grr": ("grr, 1,000-point finite domain", GRR_DOMAIN, grr_value, grr_queries),
+    "binary_rr": ("binary_rr, 1,000-point finite domain", GRR_DOMAIN, grr_value, binary_rr_queries),
+    "grr1m": ("grr, 10^6-point finite domain", MILLION_DOMAIN, million_value, grr_queries),
     "linear": ("linear, 9-dim box of reals", LINEAR_DOMAIN, linear_value, linear_queries),
 }
 
@@ -350,6 +377,7 @@ class Server:
         bound: int,
         log_path: Path,
         extra_env: dict[str, str] | None = None,
+        tree: Path = ROOT,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -361,6 +389,8 @@ class Server:
             "REDIS_URL": REDIS_URL,
             "GATEKEEPER_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
             "BOUND_PROCESSES": str(bound),
+            # the server runs the code of ``tree`` (``--trees``: several in one run)
+            "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'clients' / 'python' / 'src'}",
             **(extra_env or {}),
         }
         self.process = subprocess.Popen(  # noqa: S603 - our own CLI
@@ -376,7 +406,7 @@ class Server:
                 "--workers",
                 str(workers),
             ],
-            cwd=ROOT,
+            cwd=tree,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -441,6 +471,8 @@ class Run:
     warmup_errors: int = 0
     #: Statuses that answer a submit (``--budget``: the filter's 409 too).
     answers: tuple[int, ...] = (201,)
+    #: Which source tree the server ran (``--trees``; empty: this one).
+    code: str = ""
 
     @property
     def ok(self) -> int:
@@ -705,8 +737,10 @@ def machine_info() -> dict[str, Any]:
 
 
 def table(runs: list[Run]) -> str:
+    width = max((len(r.code) for r in runs), default=0)
+    code = f"{'code':<{width}} " if width else ""
     head = (
-        f"{'scenario':<8} {'filter':<9} {'mode':<6} {'obj':>4} {'cli':>4} {'requests':>8} "
+        f"{code}{'scenario':<9} {'filter':<9} {'mode':<6} {'obj':>4} {'cli':>4} {'requests':>8} "
         f"{'201':>6} {'409':>5} {'other':>5} {'answer/s':>9} {'p50 ms':>7} {'p90 ms':>7} "
         f"{'p99 ms':>7} {'max ms':>7}  {'cpu ms/submit srv pg cli':>24} {'busy':>5} {'per obj':>8}"
     )
@@ -719,7 +753,8 @@ def table(runs: list[Run]) -> str:
         )
         hist = f"{r.histories[0]}-{r.histories[-1]}" if r.histories else "-"
         lines.append(
-            f"{r.scenario:<8} {r.filter:<9} {r.mode:<6} {r.objects:>4} {r.clients:>4} "
+            (f"{r.code:<{width}} " if width else "")
+            + f"{r.scenario:<9} {r.filter:<9} {r.mode:<6} {r.objects:>4} {r.clients:>4} "
             f"{len(r.latencies):>8} {r.statuses.get(201, 0):>6} {r.statuses.get(409, 0):>5} "
             f"{len(r.latencies) - r.ok:>5} "
             f"{r.throughput:>9.1f} {r.pct(50):>7.1f} {r.pct(90):>7.1f} {r.pct(99):>7.1f} "
@@ -792,7 +827,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--objects", type=int, default=None, help="objects per run (= clients)")
     parser.add_argument(
-        "--scenarios", default="grr,linear", help="comma-separated: grr, linear (both)"
+        "--scenarios",
+        default="grr,linear",
+        help=f"comma-separated: {', '.join(SCENARIOS)} (grr,linear)",
     )
     parser.add_argument("--filters", default="bayesian,basic", help="comma-separated filters")
     parser.add_argument("--rounds", type=int, default=1, help="repeat; filter order alternates")
@@ -815,6 +852,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--pgbench", type=int, default=10, metavar="SECONDS", help="pgbench run (10; 0: skip)"
+    )
+    parser.add_argument(
+        "--trees",
+        default="",
+        metavar="DIR,DIR",
+        help="source trees whose servers run the same scenarios in turn, in one run "
+        "(their code under PYTHONPATH; default: this one)",
     )
     parser.add_argument("--no-verify", action="store_true", help="skip `gatekeeper verify`")
     parser.add_argument("--seed", type=int, default=20240601)
@@ -850,28 +894,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.server_env:
         print(f"server environment: {' '.join(args.server_env)}")
-    print(f"server log: {log_dir / 'server.log'}", flush=True)
+    print(f"server logs: {log_dir}", flush=True)
     runs: list[Run] = []
     verify_rc = None
     pgbench: tuple[float, float, float] | None = None
+    trees = [Path(t).resolve() for t in args.trees.split(",") if t] or [ROOT]
+    for tree in trees:
+        print(f"code {tree.name}: {tree}")
     with fresh_database() as (url, name):
         extra = dict(item.split("=", 1) for item in args.server_env)
-        server = Server(url, args.workers, args.bound_processes, log_dir / "server.log", extra)
-        try:
-            for round_ in range(args.rounds):
-                for scenario in scenarios:
-                    order = filters if round_ % 2 == 0 else filters[::-1]
-                    for filter_ in order:
-                        run = run_one(server, name, scenario, filter_, args, rng)
-                        runs.append(run)
-                        print(
-                            f"  {scenario}/{filter_}: {run.ok} answered "
-                            f"({run.statuses.get(201, 0)} accepted) in {run.wall:.1f} s, "
-                            f"{run.throughput:.1f}/s, p99 {run.pct(99):.1f} ms",
-                            flush=True,
-                        )
-        finally:
-            server.stop()
+        for round_ in range(args.rounds):
+            # the trees take turns (the order alternates by round, like the filters)
+            for tree in trees if round_ % 2 == 0 else trees[::-1]:
+                log = log_dir / f"server-{tree.name}-{round_}.log"
+                server = Server(url, args.workers, args.bound_processes, log, extra, tree)
+                try:
+                    for scenario in scenarios:
+                        order = filters if round_ % 2 == 0 else filters[::-1]
+                        for filter_ in order:
+                            run = run_one(server, name, scenario, filter_, args, rng)
+                            run.code = tree.name if len(trees) > 1 else ""
+                            runs.append(run)
+                            print(
+                                f"  {run.code} {scenario}/{filter_}: {run.ok} answered "
+                                f"({run.statuses.get(201, 0)} accepted) in {run.wall:.1f} s, "
+                                f"{run.throughput:.1f}/s, p99 {run.pct(99):.1f} ms",
+                                flush=True,
+                            )
+                finally:
+                    server.stop()
         if not args.no_verify:
             env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": ""}
             done = subprocess.run(
@@ -905,6 +956,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{tps:,.0f} tx/s, cpu ms/tx pgbench {client_ms:.3f} pg {postgres_ms:.3f} — beside "
             "the service's cpu ms/submit (srv pg cli) above"
         )
+        for r in runs:
+            n = max(1, len(r.latencies))
+            print(
+                f"  {r.code} {r.scenario}/{r.filter}: {r.throughput / max(1e-9, tps):.3f}x "
+                f"pgbench's tx/s; server cpu {1000 * r.server_cpu / n:.2f} ms/submit, "
+                f"database {1000 * r.postgres_cpu / n:.2f} ms/submit "
+                f"({1000 * r.postgres_cpu / n / max(1e-9, postgres_ms):.1f}x pgbench's)"
+            )
     info["loadavg_end"] = os.getloadavg()
     print(f"loadavg at the end: {' '.join(f'{x:.2f}' for x in info['loadavg_end'])}")
     if args.json:

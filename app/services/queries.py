@@ -18,8 +18,11 @@ If another writer won (the update hits no row, or a unique constraint fires — 
 idempotency key, when the key was used before), the transaction rolls back — the unused sample is
 discarded unseen — and the submit starts again at step 2, now looking the key up *first*, so a
 retry of the same key finds the stored response. A fresh key, the common case, thus costs no
-lookup: one ``SELECT``, one ``INSERT`` and one ``UPDATE`` (the statements are
-:mod:`app.store.objects`' and :mod:`app.store.queries`', built once).
+lookup of its own: one ``SELECT`` reads the object with the rejection stored under the key (if
+any), and the accepted submit's writes — query row, compare-and-set, likelihood-state references,
+audit event — go to PostgreSQL in one pipeline (:mod:`app.store.submits`; the statements are
+:mod:`app.store.objects`', :mod:`app.store.queries`', :mod:`app.store.states`' and
+:mod:`app.store.audit`', built once).
 """
 
 from __future__ import annotations
@@ -71,13 +74,13 @@ from app.services.scope import Scope, admits
 from app.services.snapshots import (
     advance,
     lifetime_of,
-    move_state_refs,
     remember,
     snapshot_of,
 )
 from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import objects as object_store
 from app.store import queries as query_store
+from app.store import submits as submit_store
 from app.store.objects import ObjectState
 from app.store.queries import StoredAnswer
 from app.worker.pool import BoundWorker
@@ -191,8 +194,11 @@ def _replay_rejection(
     if key is None:
         return None
     record = query_store.find_rejection(conn, object_id=object_id, key=key)
-    if record is None:
-        return None
+    return None if record is None else _stored_rejection(record, print_, owner)
+
+
+def _stored_rejection(record: StoredAnswer, print_: str, owner: int | None) -> _StoredRejection:
+    """A stored rejection's answer, for its owner and body only (422 otherwise)."""
     _check_owner(record, print_, owner)
     stored = json.loads(record.response)
     refusal = stored.get("type", BudgetExhausted.type)
@@ -222,11 +228,31 @@ def _load_active(conn: Tx, object_id: str, scope: Scope | None = None) -> Object
         if ID_PATTERN.fullmatch(object_id)
         else None
     )
+    return _active(row, scope)
+
+
+def _active(row: ObjectState | None, scope: Scope | None) -> ObjectState:
+    """``row`` if it is there, in ``scope`` and not retired (else 404 or 410)."""
     if row is None or not admits(scope, row.labels):
         raise NotFound("no object with that id")
     if row.retired_at is not None:
         raise Retired("the object is retired and answers no queries")
     return row
+
+
+def _load_for_submit(
+    conn: Tx, object_id: str, key: str | None, scope: Scope | None
+) -> tuple[ObjectState, StoredAnswer | None]:
+    """:func:`_load_active` and the rejection stored under ``key``, in one statement."""
+    found = (
+        object_store.load_for_submit(
+            conn, object_id=object_id, key=key, scope=None if scope is None else scope.labels
+        )
+        if ID_PATTERN.fullmatch(object_id)
+        else None
+    )
+    row, rejection = (None, None) if found is None else found
+    return _active(row, scope), rejection
 
 
 def submit(
@@ -345,7 +371,8 @@ def _attempt(
             if replay is not None:
                 return replay
         try:
-            row = _load_active(conn, object_id, scope)
+            # the rejection stored under the key comes with the row (one round trip)
+            row, rejection = _load_for_submit(conn, object_id, key, scope)
             if reuse[0]:  # a key's stored answer first, then an identical answer: no writes
                 replay = stored_answer()
                 if replay is not None:
@@ -388,13 +415,11 @@ def _attempt(
                 conn, row, mech, by_quota, analyst_key_id, key, print_, kind=QUOTA_EXHAUSTED
             )
             return _QuotaRefusal(by_quota)
-        if not replay_first:
+        if not replay_first and rejection is not None:
             # a key whose submit was rejected before answers that rejection again (a later
             # history may accept the same query: it needs a new key); accepted keys are caught
             # by the unique constraint of the INSERT below
-            rejected_before = _replay_rejection(conn, object_id, key, print_, analyst_key_id)
-            if rejected_before is not None:
-                return rejected_before
+            return _stored_rejection(rejection, print_, analyst_key_id)
         body, after = _record_acceptance(
             conn,
             row,
@@ -515,37 +540,50 @@ def _record_acceptance(
         "epsilon": mech.epsilon,
         "odometer": odometer,
     }
-    query_id = query_store.insert_query(
-        conn,
+    event = audit.query_event(
+        kind=audit.AuditKind.DECISION_ACCEPTED,
+        actor_key_id=analyst_key_id,
         object_id=row.id,
         seq=seq,
-        query=query_text,
-        output=output_text,
-        epsilon=mech.epsilon,
-        epsilon_exact=str(mech.epsilon_exact),
-        loss_lower=columns["loss_lower"],
-        loss_upper=columns["loss_upper"],
-        basic_after=float(Fraction(columns["basic_total"])),
-        analyst_key_id=analyst_key_id,
-        idempotency_key=key,
-        fingerprint=print_,
-        response=json.dumps(stored),
-        created_at=now,
+        detail={
+            "seq": seq,
+            "mechanism": mech.kind,
+            "epsilon": mech.epsilon,
+            "filter": row.filter,
+            "version": row.data_version,
+            "realized_loss": odometer["realized_loss"],
+        },
     )
-    if not object_store.compare_and_set(
+    # the query row, the compare-and-set, the state references and the audit event (its
+    # detail gets the row's id): one round trip on PostgreSQL
+    query_id = submit_store.record_accepted(
         conn,
-        object_id=row.id,
+        query=submit_store.AcceptedQuery(
+            object_id=row.id,
+            seq=seq,
+            query=query_text,
+            output=output_text,
+            epsilon=mech.epsilon,
+            epsilon_exact=str(mech.epsilon_exact),
+            loss_lower=columns["loss_lower"],
+            loss_upper=columns["loss_upper"],
+            basic_after=float(Fraction(columns["basic_total"])),
+            analyst_key_id=analyst_key_id,
+            idempotency_key=key,
+            fingerprint=print_,
+            response=json.dumps(stored),
+            created_at=now,
+        ),
         version=row.version,
-        accepted=seq,
-        updated_at=now,
-        columns=columns,
-    ):
-        raise _LostRace
-    move_state_refs(
-        conn,
-        gained={change.stored.key: (change.stored, 1)} if change.stored else {},
-        lost={row.state_hash: 1} if row.state_hash else {},
+        columns={**columns, "accepted": seq, "updated_at": now},
+        new_state=None
+        if change.stored is None
+        else submit_store.NewState(change.stored.key, change.stored.state, change.stored.err),
+        old_state=row.state_hash,
+        event=event,
     )
+    if query_id is None:
+        raise _LostRace
     if quota is not None:  # the project's sub-history, behind the same compare-and-set
         record_output(
             conn,
@@ -559,21 +597,6 @@ def _record_acceptance(
             output_text=output_text,
         )
     body = {"query_id": query_id, **stored}
-    audit.record(
-        conn,
-        kind=audit.AuditKind.DECISION_ACCEPTED,
-        actor_key_id=analyst_key_id,
-        object_id=row.id,
-        detail={
-            "query_id": body["query_id"],
-            "seq": seq,
-            "mechanism": mech.kind,
-            "epsilon": mech.epsilon,
-            "filter": row.filter,
-            "version": row.data_version,
-            "realized_loss": odometer["realized_loss"],
-        },
-    )
     return body, after
 
 

@@ -6,7 +6,9 @@ functions of this package with the connection it got. The conventions every modu
 
 - **One persistence style**: SQLAlchemy Core on a :data:`Tx` (a ``Connection``); no ORM sessions.
   Statements that run on the hot path are built once at import time (bound parameters), not per
-  call, so the compiled cache keeps them.
+  call, so the compiled cache keeps them. One exception, on PostgreSQL only: an accepted single
+  submit's writes go through the ``Tx``'s psycopg connection in pipeline mode
+  (:mod:`app.store.submits`), as the same statements compiled once from their modules' constructs.
 - **Typed**: functions are keyword-only after the connection and return frozen dataclasses (the
   row shapes, defined beside the statements that read them), plain values or ``None`` — never a
   ``Row`` or a mapping the caller must know the columns of.

@@ -6,10 +6,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeAlias, cast
 
-from sqlalchemy import Table, insert, select
+from sqlalchemy import Integer, String, Table, Text, bindparam, insert, select
+from sqlalchemy import cast as sql_cast
 
 from app.db.models import AuditEvent
+from app.db.types import UTCDateTime
 from app.store.base import Tx
+from app.store.queries import QUERIES
 
 _EVENTS = cast(Table, AuditEvent.__table__)
 
@@ -61,6 +64,59 @@ def add(
             "detail": detail,
         },
     )
+
+
+@dataclass(frozen=True)
+class QueryEvent:
+    """An event about a query row this transaction inserts, whose id the INSERT makes.
+
+    Its detail is ``head + str(id) + tail``, the id being the ``queries`` row ``(object_id,
+    seq)``'s: written by the same statement, so the event can go out before the id is known
+    (:mod:`app.store.submits` sends it in the accepted submit's one round trip).
+    """
+
+    at: datetime
+    kind: str
+    actor_key_id: int | None
+    object_id: str
+    seq: int
+    head: str
+    tail: str
+
+
+#: :class:`QueryEvent`'s statement: the detail made around the query row's id.
+ADD_FOR_QUERY = insert(_EVENTS).from_select(
+    ["at", "kind", "actor_key_id", "object_id", "detail"],
+    select(
+        bindparam("at", type_=UTCDateTime()),
+        bindparam("kind", type_=String()),
+        bindparam("actor_key_id", type_=Integer()),
+        QUERIES.c.object_id,
+        (
+            bindparam("head", type_=Text())
+            + sql_cast(QUERIES.c.id, Text())
+            + bindparam("tail", type_=Text())
+        ).label("detail"),
+    ).where(QUERIES.c.object_id == bindparam("object_id"), QUERIES.c.seq == bindparam("seq")),
+)
+
+
+def query_event_params(event: QueryEvent) -> dict[str, object]:
+    """The parameters of :data:`ADD_FOR_QUERY` for ``event``."""
+    return {
+        "at": event.at,
+        "kind": event.kind,
+        "actor_key_id": event.actor_key_id,
+        "object_id": event.object_id,
+        "seq": event.seq,
+        "head": event.head,
+        "tail": event.tail,
+    }
+
+
+def add_for_query(target: Target, event: QueryEvent) -> None:
+    """Add ``event`` in ``target``'s transaction (after its query row was inserted)."""
+    target.execute(ADD_FOR_QUERY, query_event_params(event))
 
 
 def page(

@@ -28,13 +28,15 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 
-from app.db.models import ProtectedObject
+from app.db.models import ProtectedObject, RejectionRecord
 from app.engine.limits import MIN_EPSILON, NEAR_EXHAUSTION_FRACTION
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
+from app.store.queries import StoredAnswer
 from app.store.states import STATES
 
 OBJECTS = cast(Table, ProtectedObject.__table__)
+_REJECTIONS = cast(Table, RejectionRecord.__table__)
 
 
 @dataclass(frozen=True)
@@ -75,24 +77,44 @@ class ObjectState:
     labels: dict[str, str] | None = None
 
 
+_DECISION_COLUMNS = (
+    *(
+        DOMAIN_TEXT if f.name == "domain" else OBJECTS.c[f.name]
+        for f in fields(ObjectState)
+        if f.name not in {"state", "state_err"}
+    ),
+    STATES.c.state,
+    func.coalesce(STATES.c.err, 0.0).label("state_err"),
+)
+_WITH_STATE = OBJECTS.outerjoin(STATES, STATES.c.hash == OBJECTS.c.state_hash)
 #: The object's row and its stored likelihood array (finite domains), in one statement.
 _LOAD_STATE = (
+    select(*_DECISION_COLUMNS)
+    .select_from(_WITH_STATE)
+    .where(OBJECTS.c.id == bindparam("object_id"))
+)
+#: The same, with the rejection stored under a submit's Idempotency-Key (unique on
+#: ``(object, key)``: at most one row joins): a submit reads both in one round trip.
+_LOAD_FOR_SUBMIT = (
     select(
-        *(
-            DOMAIN_TEXT if f.name == "domain" else OBJECTS.c[f.name]
-            for f in fields(ObjectState)
-            if f.name not in {"state", "state_err"}
-        ),
-        STATES.c.state,
-        func.coalesce(STATES.c.err, 0.0).label("state_err"),
+        *_DECISION_COLUMNS,
+        _REJECTIONS.c.analyst_key_id.label("rejection_owner"),
+        _REJECTIONS.c.fingerprint.label("rejection_fingerprint"),
+        _REJECTIONS.c.response.label("rejection_response"),
     )
-    .select_from(OBJECTS.outerjoin(STATES, STATES.c.hash == OBJECTS.c.state_hash))
+    .select_from(
+        _WITH_STATE.outerjoin(
+            _REJECTIONS,
+            (_REJECTIONS.c.object_id == OBJECTS.c.id)
+            & (_REJECTIONS.c.idempotency_key == bindparam("key")),
+        )
+    )
     .where(OBJECTS.c.id == bindparam("object_id"))
 )
 # Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
 # cache on every call, which the profile showed (docs/benchmarks.md). The SET columns of the
 # compare-and-set come from the keys of the parameters passed at execution.
-_COMPARE_AND_SET = update(OBJECTS).where(
+COMPARE_AND_SET = update(OBJECTS).where(
     OBJECTS.c.id == bindparam("where_id"), OBJECTS.c.version == bindparam("where_version")
 )
 _COUNT_REJECTION = (
@@ -116,6 +138,27 @@ def load_state(
     return None if found is None else ObjectState(**found._mapping)
 
 
+def load_for_submit(
+    conn: Tx, *, object_id: str, key: str | None, scope: Iterable[tuple[str, str]] | None = None
+) -> tuple[ObjectState, StoredAnswer | None] | None:
+    """:func:`load_state` and the rejection stored under ``key`` (if any), in one ``SELECT``.
+
+    None when there is no such object (or it is outside ``scope``); without a key, no rejection.
+    """
+    statement = (
+        _LOAD_FOR_SUBMIT if scope is None else _LOAD_FOR_SUBMIT.where(*label_conditions(scope))
+    )
+    found = conn.execute(statement, {"object_id": object_id, "key": key}).one_or_none()
+    if found is None:
+        return None
+    columns = dict(found._mapping)
+    owner = columns.pop("rejection_owner")
+    print_ = columns.pop("rejection_fingerprint")
+    response = columns.pop("rejection_response")
+    rejection = None if print_ is None else StoredAnswer(owner, print_, response)
+    return ObjectState(**columns), rejection
+
+
 def compare_and_set(
     conn: Tx,
     *,
@@ -132,7 +175,7 @@ def compare_and_set(
     False when another writer advanced it first (no row hit).
     """
     result = conn.execute(
-        _COMPARE_AND_SET,
+        COMPARE_AND_SET,
         {
             "where_id": object_id,
             "where_version": version,

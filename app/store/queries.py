@@ -16,7 +16,7 @@ from sqlalchemy import Table, bindparam, insert, select
 from app.db.models import QueryRecord, RejectionRecord
 from app.store.base import Tx
 
-_QUERIES = cast(Table, QueryRecord.__table__)
+QUERIES = cast(Table, QueryRecord.__table__)
 _REJECTIONS = cast(Table, RejectionRecord.__table__)
 
 
@@ -33,10 +33,10 @@ class StoredAnswer:
 
 
 _ANSWER = select(
-    _QUERIES.c.id, _QUERIES.c.analyst_key_id, _QUERIES.c.fingerprint, _QUERIES.c.response
+    QUERIES.c.id, QUERIES.c.analyst_key_id, QUERIES.c.fingerprint, QUERIES.c.response
 ).where(
-    _QUERIES.c.object_id == bindparam("object_id"),
-    _QUERIES.c.idempotency_key == bindparam("key"),
+    QUERIES.c.object_id == bindparam("object_id"),
+    QUERIES.c.idempotency_key == bindparam("key"),
 )
 _REJECTION = select(
     _REJECTIONS.c.analyst_key_id, _REJECTIONS.c.fingerprint, _REJECTIONS.c.response
@@ -44,7 +44,7 @@ _REJECTION = select(
     _REJECTIONS.c.object_id == bindparam("object_id"),
     _REJECTIONS.c.idempotency_key == bindparam("key"),
 )
-_INSERT_QUERY = insert(_QUERIES)
+_INSERT_QUERY = insert(QUERIES)
 _INSERT_REJECTION = insert(_REJECTIONS)
 
 

@@ -31,8 +31,8 @@ def _insert_state(postgres: bool) -> Executable:
 
 
 #: Built once per dialect (a submit of a finite object runs one).
-_INSERT_STATE = {postgres: _insert_state(postgres) for postgres in (True, False)}
-_ADD_REFS = (
+INSERT_STATE = {postgres: _insert_state(postgres) for postgres in (True, False)}
+ADD_REFS = (
     update(STATES)
     .where(STATES.c.hash == bindparam("key"))
     .values(refs=STATES.c.refs + bindparam("count"))
@@ -44,6 +44,8 @@ _ADD_REFS_MANY = text(
 _DROP_UNUSED = delete(STATES).where(
     STATES.c.hash.in_(bindparam("keys", expanding=True)), STATES.c.refs <= 0
 )
+#: One key's array deleted if no object uses it (an accepted submit's old state).
+DROP_UNUSED_ONE = delete(STATES).where(STATES.c.hash == bindparam("key"), STATES.c.refs <= 0)
 _LOAD_STATES = select(STATES.c.hash, STATES.c.state, STATES.c.err).where(
     STATES.c.hash.in_(bindparam("keys", expanding=True))
 )
@@ -53,7 +55,7 @@ _COUNT = select(func.count()).select_from(STATES)
 def insert_state(conn: Tx, *, key: str, state: bytes, err: float, refs: int) -> None:
     """Store an array under ``key`` with ``refs`` users (added to the count if it is there)."""
     conn.execute(
-        _INSERT_STATE[is_postgres(conn)],
+        INSERT_STATE[is_postgres(conn)],
         {"hash": key, "state": state, "err": err, "refs": refs},
     )
 
@@ -71,7 +73,7 @@ def add_refs(conn: Tx, changes: Sequence[tuple[str, int]]) -> int:
             conn.execute(_ADD_REFS_MANY, {"keys": list(keys), "counts": list(counts)}).rowcount
         )
     rows = [{"key": key, "count": count} for key, count in changes]
-    return int(conn.execute(_ADD_REFS, rows).rowcount)
+    return int(conn.execute(ADD_REFS, rows).rowcount)
 
 
 def drop_unused(conn: Tx, keys: Sequence[str]) -> None:

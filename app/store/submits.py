@@ -1,0 +1,201 @@
+"""An accepted single submit's writes, sent to PostgreSQL in one round trip.
+
+An accepted submit writes its query record (:mod:`app.store.queries`), the object's
+compare-and-set (:mod:`app.store.objects`) and, for a finite object, moves one reference from
+the likelihood array it named to the one it names now (:mod:`app.store.states`: the new array is
+inserted or its count raised, the old one's count lowered and the array deleted at zero, the
+rule :func:`app.services.snapshots.move_state_refs` applies to any number of objects) and adds
+the decision's audit event (:mod:`app.store.audit`). Each was its own round trip: six of a
+submit's ten (the profile in docs/benchmarks.md).
+
+On PostgreSQL they go out together in psycopg's pipeline mode — the same statements, compiled
+once from those modules' SQLAlchemy constructs, run in order in the caller's transaction, with
+one network round trip — and the results are read after. Elsewhere (SQLite, the embedded
+default) the modules' own functions run them one by one. Either way the compare-and-set's row
+count decides: a lost race returns None and the caller rolls the transaction back, so nothing of
+it stays; a unique constraint raises :class:`~app.store.Conflict` and a failed database
+:class:`~app.store.Unavailable`, as from any other statement of this package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, cast
+
+import psycopg
+from sqlalchemy import ClauseElement, bindparam, insert
+from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+from app.store import audit as audit_store
+from app.store import objects as object_store
+from app.store import queries as query_store
+from app.store import states as state_store
+from app.store.base import Conflict, Tx, Unavailable, is_postgres
+
+
+@dataclass(frozen=True)
+class AcceptedQuery:
+    """The columns of an accepted single submit's ``queries`` row."""
+
+    object_id: str
+    seq: int
+    query: str
+    output: str
+    epsilon: float
+    epsilon_exact: str
+    loss_lower: float
+    loss_upper: float
+    basic_after: float
+    analyst_key_id: int | None
+    idempotency_key: str | None
+    fingerprint: str
+    response: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class NewState:
+    """The likelihood array an object names after the submit (``likelihood_states`` row)."""
+
+    key: str
+    state: bytes
+    err: float
+
+
+_DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
+_QUERY_COLUMNS = tuple(AcceptedQuery.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """A statement's PostgreSQL text and the values SQLAlchemy bound for its literals.
+
+    The text has ``%(name)s`` parameters (psycopg's style); a literal such as the ``0`` of
+    ``refs <= 0`` becomes a parameter of its own, whose value is kept here.
+    """
+
+    text: str
+    literals: dict[str, Any]
+
+    def params(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        return {**self.literals, **given}
+
+
+def _sql(statement: ClauseElement) -> _Compiled:
+    compiled = statement.compile(dialect=_DIALECT)
+    literals = {name: value for name, value in compiled.params.items() if value is not None}
+    return _Compiled(str(compiled), literals)
+
+
+_INSERT_QUERY = _sql(
+    insert(query_store.QUERIES)
+    .values({name: bindparam(name) for name in _QUERY_COLUMNS})
+    .returning(query_store.QUERIES.c.id)
+)
+_INSERT_STATE = _sql(cast(ClauseElement, state_store.INSERT_STATE[True]))
+_ADD_REFS = _sql(state_store.ADD_REFS)
+_DROP_UNUSED = _sql(state_store.DROP_UNUSED_ONE)
+_ADD_EVENT = _sql(audit_store.ADD_FOR_QUERY)
+#: The compare-and-set's text by the set of columns it writes (one set on the hot path).
+_CAS: dict[frozenset[str], _Compiled] = {}
+
+
+def _compare_and_set_sql(columns: frozenset[str]) -> _Compiled:
+    text = _CAS.get(columns)
+    if text is None:
+        statement = object_store.COMPARE_AND_SET.values(
+            {name: bindparam(name) for name in sorted(columns)}
+        )
+        text = _CAS[columns] = _sql(statement)
+    return text
+
+
+def record_accepted(
+    conn: Tx,
+    *,
+    query: AcceptedQuery,
+    version: int,
+    columns: Mapping[str, Any],
+    new_state: NewState | None,
+    old_state: str | None,
+    event: audit_store.QueryEvent,
+) -> int | None:
+    """Write an accepted submit: query row, compare-and-set, state references, audit event.
+
+    ``version`` is the object's version the decision read (it becomes ``version + 1``);
+    ``columns`` its new ``objects`` columns (:attr:`app.services.snapshots.Advance.columns`,
+    with ``accepted`` and ``updated_at``); ``new_state`` the array it names now (None:
+    continuous), ``old_state`` the one it named (None: none); ``event`` the decision's audit
+    event (:func:`app.services.audit.query_event`: its detail gets the query row's id, so it
+    goes out with the rest). The new query's id, or None when
+    another writer advanced the object first (the caller must roll back).
+    """
+    if new_state is not None and new_state.key == old_state:
+        raise ValueError("an accepted query always changes the history's state key")
+    if not is_postgres(conn):
+        return _record_one_by_one(conn, query, version, columns, new_state, old_state, event)
+    cas = {"where_id": query.object_id, "where_version": version, "version": version + 1}
+    cas.update(columns)
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
+        raise TypeError("record_accepted needs a psycopg connection")
+    try:
+        with raw.pipeline():
+            inserted = raw.cursor()
+            values = {n: getattr(query, n) for n in _QUERY_COLUMNS}
+            inserted.execute(_INSERT_QUERY.text, _INSERT_QUERY.params(values))
+            updated = raw.cursor()
+            compare_and_set = _compare_and_set_sql(frozenset(columns) | {"version"})
+            updated.execute(compare_and_set.text, compare_and_set.params(cas))
+            if new_state is not None:
+                state = {"hash": new_state.key, "state": new_state.state, "err": new_state.err}
+                raw.cursor().execute(_INSERT_STATE.text, _INSERT_STATE.params({**state, "refs": 1}))
+            if old_state is not None:
+                old = {"key": old_state}
+                raw.cursor().execute(_ADD_REFS.text, _ADD_REFS.params({**old, "count": -1}))
+                raw.cursor().execute(_DROP_UNUSED.text, _DROP_UNUSED.params(old))
+            params = audit_store.query_event_params(event)
+            raw.cursor().execute(_ADD_EVENT.text, _ADD_EVENT.params(params))
+    except psycopg.IntegrityError as exc:
+        raise Conflict(_INSERT_QUERY.text, None, exc, hide_parameters=True) from exc
+    except psycopg.OperationalError as exc:
+        raise Unavailable("accepted submit", None, exc, hide_parameters=True) from exc
+    row = inserted.fetchone()
+    if updated.rowcount != 1 or row is None:
+        return None
+    return int(row[0])
+
+
+def _record_one_by_one(
+    conn: Tx,
+    query: AcceptedQuery,
+    version: int,
+    columns: Mapping[str, Any],
+    new_state: NewState | None,
+    old_state: str | None,
+    event: audit_store.QueryEvent,
+) -> int | None:
+    """:func:`record_accepted` as the modules' functions, one statement at a time."""
+    query_id = query_store.insert_query(conn, **{n: getattr(query, n) for n in _QUERY_COLUMNS})
+    rest = dict(columns)
+    accepted, updated_at = rest.pop("accepted"), rest.pop("updated_at")
+    if not object_store.compare_and_set(
+        conn,
+        object_id=query.object_id,
+        version=version,
+        accepted=accepted,
+        updated_at=updated_at,
+        columns=rest,
+    ):
+        return None
+    if new_state is not None:
+        state_store.insert_state(
+            conn, key=new_state.key, state=new_state.state, err=new_state.err, refs=1
+        )
+    if old_state is not None:
+        state_store.add_refs(conn, [(old_state, -1)])
+        state_store.drop_unused(conn, [old_state])
+    audit_store.add_for_query(conn, event)
+    return query_id

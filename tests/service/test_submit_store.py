@@ -1,0 +1,243 @@
+"""An accepted submit's writes in one round trip (``app.store.submits``), SQLite and PostgreSQL.
+
+On PostgreSQL the query row, the compare-and-set and the state references go out in psycopg's
+pipeline mode; these tests hold both dialects to the same outcomes: every stored likelihood array
+is named by exactly ``refs`` objects and none is left unnamed (the states' garbage rule); a
+lost compare-and-set returns None and the rolled-back transaction leaves nothing; a used
+``(object, seq)`` is a :class:`~app.store.Conflict` that leaves the connection usable; and the
+keyed rejection read with the object's row is replayed, never a second decision.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, text
+
+from app.bootstrap import create_app
+from app.db.session import make_engine
+from app.services import audit
+from app.store import Conflict, transaction
+from app.store.objects import load_for_submit, load_state
+from app.store.submits import AcceptedQuery, NewState, record_accepted
+from tests.service import factories
+from tests.service.conftest import auth, make_settings, new_key
+from tests.service.factories import grr_query, integer_domain
+
+
+@pytest.fixture(scope="module")
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = make_engine(database_url)
+    yield engine
+    engine.dispose()
+
+
+def _register(client: TestClient, budget: float = 100.0) -> str:
+    return factories.register(
+        client,
+        domain=integer_domain(4),
+        value={"x": 1},
+        budget=budget,
+        filter="bayesian",
+        prefix="store",
+    )
+
+
+def _submit(client: TestClient, key: str, oid: str, idem: str, epsilon: float = 0.5) -> Any:
+    headers = {**auth(key), "Idempotency-Key": idem}
+    return client.post(
+        f"/v1/objects/{oid}/queries", headers=headers, json={"query": grr_query(epsilon)}
+    )
+
+
+def _states(engine: Engine) -> tuple[dict[str, int], dict[str, int]]:
+    """Each stored array's ``refs``, and how many objects name each array."""
+    with engine.connect() as conn:
+        refs = dict(conn.execute(text("SELECT hash, refs FROM likelihood_states")).all())
+        named = dict(
+            conn.execute(
+                text(
+                    "SELECT state_hash, count(*) FROM objects WHERE state_hash IS NOT NULL "
+                    "GROUP BY state_hash"
+                )
+            ).all()
+        )
+    return refs, named
+
+
+def _query(oid: str, seq: int) -> AcceptedQuery:
+    return AcceptedQuery(
+        object_id=oid,
+        seq=seq,
+        query="{}",
+        output="0",
+        epsilon=0.5,
+        epsilon_exact="1/2",
+        loss_lower=0.0,
+        loss_upper=0.0,
+        basic_after=0.5,
+        analyst_key_id=None,
+        idempotency_key=None,
+        fingerprint="f" * 64,
+        response="{}",
+        created_at=datetime.now(UTC),
+    )
+
+
+def _event(oid: str, seq: int) -> Any:
+    return audit.query_event(
+        kind=audit.AuditKind.DECISION_ACCEPTED,
+        actor_key_id=None,
+        object_id=oid,
+        seq=seq,
+        detail={"seq": seq},
+    )
+
+
+def test_the_accepted_event_names_the_query_row_it_was_written_with(
+    client: TestClient, engine: Engine
+) -> None:
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    bodies = [_submit(client, key, oid, f"{oid}-{i}").json() for i in range(3)]
+    with engine.connect() as conn:
+        events = conn.execute(
+            text(
+                "SELECT detail FROM audit_events WHERE object_id = :o "
+                "AND kind = 'decision.accepted' ORDER BY id"
+            ),
+            {"o": oid},
+        ).scalars()
+        details = list(events)
+    assert [json.loads(d)["query_id"] for d in details] == [b["query_id"] for b in bodies]
+    assert [json.loads(d)["seq"] for d in details] == [1, 2, 3]
+    # the text is what the audit log writes for any other event: sorted keys, json.dumps
+    assert details == [json.dumps(json.loads(d), sort_keys=True) for d in details]
+
+
+def test_submits_keep_every_array_counted_and_none_orphaned(
+    client: TestClient, engine: Engine
+) -> None:
+    key = new_key(client, "analyst")
+    ids = [_register(client) for _ in range(3)]
+    for round_ in range(4):
+        for oid in ids:
+            r = _submit(client, key, oid, f"{oid}-{round_}")
+            assert r.status_code == 201, r.text
+    refs, named = _states(engine)
+    # every object names an array whose count is the number of objects naming it, and every
+    # array stored is named (the old arrays were released and deleted)
+    assert refs == named
+    with engine.connect() as conn:
+        for oid in ids:
+            row = load_state(conn, object_id=oid)
+            assert row is not None
+            assert row.accepted == 4
+            assert row.state is not None  # the array it names is there
+
+
+def test_a_lost_compare_and_set_returns_none_and_leaves_nothing(
+    client: TestClient, engine: Engine
+) -> None:
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    assert _submit(client, key, oid, f"{oid}-1").status_code == 201
+    refs_before, _ = _states(engine)
+    with transaction(engine) as conn:
+        row = load_state(conn, object_id=oid)
+        assert row is not None
+    found: list[int | None] = []
+
+    def lose() -> None:
+        with transaction(engine) as conn:
+            found.append(
+                record_accepted(
+                    conn,
+                    query=_query(oid, row.accepted + 1),
+                    version=row.version - 1,  # stale: another writer "won"
+                    columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
+                    new_state=NewState("lost-" + oid[-20:], b"\x00" * 8, 0.0),
+                    old_state=row.state_hash,
+                    event=_event(oid, row.accepted + 1),
+                )
+            )
+            raise RuntimeError("roll back, as the service does on a lost race")
+
+    with pytest.raises(RuntimeError):
+        lose()
+    assert found == [None]
+    with engine.connect() as conn:
+        after = load_state(conn, object_id=oid)
+        count = conn.execute(
+            text("SELECT count(*) FROM queries WHERE object_id = :o"), {"o": oid}
+        ).scalar_one()
+    assert after == row
+    assert count == 1
+    assert _states(engine)[0] == refs_before
+
+
+def test_a_used_seq_is_a_conflict_and_the_connection_stays_usable(
+    client: TestClient, engine: Engine
+) -> None:
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    assert _submit(client, key, oid, f"{oid}-1").status_code == 201
+    with engine.connect() as conn:
+        row = load_state(conn, object_id=oid)
+        assert row is not None
+    with pytest.raises(Conflict), transaction(engine) as conn:
+        record_accepted(
+            conn,
+            query=_query(oid, row.accepted),  # already stored
+            version=row.version,
+            columns={"accepted": row.accepted, "updated_at": datetime.now(UTC)},
+            new_state=None,
+            old_state=None,
+            event=_event(oid, row.accepted),
+        )
+    # the pool's connections still work, and the submit path still accepts
+    assert _submit(client, key, oid, f"{oid}-2").status_code == 201
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT 1")).scalar_one() == 1
+
+
+def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engine) -> None:
+    key = new_key(client, "analyst")
+    oid = _register(client, budget=0.6)
+    assert _submit(client, key, oid, "first", 0.5).status_code == 201
+    rejected = _submit(client, key, oid, "second", 0.5)
+    assert rejected.status_code == 409, rejected.text
+    with engine.connect() as conn:
+        found = load_for_submit(conn, object_id=oid, key="second")
+        missing = load_for_submit(conn, object_id=oid, key="first")  # accepted, not rejected
+        no_key = load_for_submit(conn, object_id=oid, key=None)
+    assert found is not None
+    assert found[1] is not None
+    assert found[1].response
+    assert found[1].fingerprint
+    assert missing is not None
+    assert missing[1] is None
+    assert no_key is not None
+    assert no_key[1] is None
+    assert found[0] == missing[0] == no_key[0]
+    # the same key again replays the stored rejection and counts nothing
+    again = _submit(client, key, oid, "second", 0.5)
+    assert again.status_code == 409
+    assert again.json() == rejected.json()
+    assert again.headers.get("Idempotent-Replayed") == "true"
+    with engine.connect() as conn:
+        counted = conn.execute(
+            text("SELECT rejected FROM objects WHERE id = :o"), {"o": oid}
+        ).scalar_one()
+    assert counted == 1
+
+
+@pytest.fixture(scope="module")
+def client(database_url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(make_settings(database_url))) as test_client:
+        yield test_client
