@@ -66,7 +66,9 @@ from app.services.quota import (
     quota_view,
     record_output,
 )
-from app.services.schemas import ID_PATTERN
+from app.services.schemas import ID_PATTERN, HistoryItem, HistoryPage, SubmitResult
+from app.services.schemas import Decision as DecisionView
+from app.services.schemas import LossBounds as LossView
 from app.services.scope import Scope, admits
 from app.services.snapshots import (
     advance,
@@ -96,7 +98,7 @@ def fingerprint(query: Any) -> str:
 class SubmitOutcome:
     """The response body of an accepted submit and whether it is a replay."""
 
-    body: dict[str, Any]
+    body: SubmitResult
     replayed: bool
     filter: str | None = None
 
@@ -141,7 +143,7 @@ def dry_run(
     query: Any,
     limits: EngineLimits,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> DecisionView:
     """Would the object's filter accept ``query`` now? Changes nothing."""
     with reading(engine) as conn:
         row = _load_active(conn, object_id, scope)
@@ -157,7 +159,7 @@ def dry_run(
         if decision.accepted and not by_quota.accepted:
             # the object's filters would accept: the quota's refusal is the answer
             answer.update(decision="reject", reason=by_quota.reason, refusal=QUOTA_EXHAUSTED)
-    return answer
+    return DecisionView(**answer)
 
 
 class _LostRace(Exception):
@@ -199,7 +201,8 @@ def _replay(
         return _replay_rejection(conn, object_id, key, print_, owner)
     _check_owner(record, print_, owner)
     # the stored response lacks the query id, which the INSERT that stored it produced
-    return SubmitOutcome({"query_id": record.query_id, **json.loads(record.response)}, True)
+    stored = {"query_id": record.query_id, **json.loads(record.response)}
+    return SubmitOutcome(SubmitResult.model_validate(stored), True)
 
 
 def _load_active(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectState:
@@ -445,7 +448,7 @@ def _record_acceptance(
     print_: str,
     analyst_key_id: int | None,
     quota: tuple[ProjectQuota, Decision] | None = None,
-) -> tuple[dict[str, Any], ObjectSnapshot]:
+) -> tuple[SubmitResult, ObjectSnapshot]:
     """Sample the output, store it and the object's new state; the response body and snapshot.
 
     The object's row is updated by a compare-and-set on its version (:class:`_LostRace` if
@@ -484,7 +487,7 @@ def _record_acceptance(
         "version": row.data_version,
         "output": output_json,
         "epsilon": mech.epsilon,
-        "odometer": odometer,
+        "odometer": odometer.model_dump(mode="json", exclude_unset=True),
     }
     query_id = query_store.insert_query(
         conn,
@@ -529,20 +532,20 @@ def _record_acceptance(
             query_text=query_text,
             output_text=output_text,
         )
-    body = {"query_id": query_id, **stored}
+    body = SubmitResult(query_id=query_id, **{**stored, "odometer": odometer})
     audit.record(
         conn,
         kind=audit.AuditKind.DECISION_ACCEPTED,
         actor_key_id=analyst_key_id,
         object_id=row.id,
         detail={
-            "query_id": body["query_id"],
+            "query_id": body.query_id,
             "seq": seq,
             "mechanism": mech.kind,
             "epsilon": mech.epsilon,
             "filter": row.filter,
             "version": row.data_version,
-            "realized_loss": odometer["realized_loss"],
+            "realized_loss": stored["odometer"]["realized_loss"],
         },
     )
     return body, after
@@ -557,7 +560,7 @@ def list_queries(
     after: int,
     version: int | None = None,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> HistoryPage:
     """Accepted queries of one data version of an object (an analyst sees only its own).
 
     ``version`` None: the current one.
@@ -577,21 +580,21 @@ def list_queries(
             if end is None or r.seq <= end
         ]
         items = [
-            {
-                "query_id": r.query_id,
-                "survey_id": r.survey_id,
-                "seq": r.seq,
-                "version": number,
-                "query": json.loads(r.query),
-                "output": json.loads(r.output),
-                "epsilon": r.epsilon,
-                "realized_loss_after": LossBounds(r.loss_lower, r.loss_upper).to_json(),
-                "basic_composition_after": r.basic_after,
-                "created_at": r.created_at.isoformat() if r.created_at else None,
-            }
+            HistoryItem(
+                query_id=r.query_id,
+                survey_id=r.survey_id,
+                seq=r.seq,
+                version=number,
+                query=json.loads(r.query),
+                output=json.loads(r.output),
+                epsilon=r.epsilon,
+                realized_loss_after=LossView.of(LossBounds(r.loss_lower, r.loss_upper)),
+                basic_composition_after=r.basic_after,
+                created_at=r.created_at.isoformat() if r.created_at else None,
+            )
             for r in records
         ]
-    next_after = items[-1]["seq"] if len(items) == limit else None
+    next_after = items[-1].seq if len(items) == limit else None
     if end is not None and next_after is not None and next_after >= end:
         next_after = None
-    return {"items": items, "next_after": next_after}
+    return HistoryPage(items=items, next_after=next_after)
