@@ -52,7 +52,7 @@ from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from app.engine.approx import MIN_DELTA, NEEDS_FINITE_DOMAIN, parse_delta_value
-from app.engine.calculator import MAX_GROUPING, MAX_NODES, MAX_TIME_LIMIT
+from app.engine.calculator import DEFAULT_TOLERANCE, MAX_GROUPING, MAX_NODES, MAX_TIME_LIMIT
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import MAX_NAME, as_integer, as_number, as_positive_number, as_string
 from app.engine.likelihood import LossBounds as Bounds
@@ -721,7 +721,7 @@ def _between(low: int, high: int) -> Callable[[Any, str], int]:
 class LossOptions(_Strict):
     """Calculator options."""
 
-    tolerance: Annotated[float, Field(gt=0), _reads(as_positive_number)] = 1e-4
+    tolerance: Annotated[float, Field(gt=0), _reads(as_positive_number)] = DEFAULT_TOLERANCE
     time_limit: (
         Annotated[
             float,
