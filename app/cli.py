@@ -332,10 +332,10 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     after = 0
     while True:
         page = list_keys(engine=engine, limit=1000, after=after)
-        rows.extend(page["items"])
-        if page["next_after"] is None:
+        rows.extend(item.model_dump(mode="json") for item in page.items)
+        if page.next_after is None:
             break
-        after = page["next_after"]
+        after = page.next_after
     if args.json:
         for row in rows:
             print(json.dumps(row))
@@ -475,8 +475,8 @@ def cmd_import(args: argparse.Namespace) -> int:
                     )
                 except ServiceError as exc:
                     return _fail(f"lines {first}-{last}: {exc.detail}")
-                created += result.body["created"]
-                existing += result.body["existing"]
+                created += result.body.created
+                existing += result.body.existing
                 bar.update(size)
                 # as text: tqdm shows numbers in short form (created=2e+4)
                 bar.set_postfix_str(f"created={created}, existing={existing}")
@@ -536,9 +536,9 @@ def _import_versions(args: argparse.Namespace) -> int:
             except ServiceError as exc:
                 return _fail(f"lines {first}-{last}: {exc.detail}")
             if flag:
-                replayed += int(body["created"])
+                replayed += body.created
             else:
-                created += int(body["created"])
+                created += body.created
             bar.update(size)
             bar.set_postfix_str(f"created={created}, already={replayed}")
     print(json.dumps({"created": created, "already": replayed}))

@@ -44,30 +44,30 @@ class ObjectCounts(Collector):
         objects = GaugeMetricFamily(
             "gatekeeper_objects", "Protected objects by status", labels=["status"]
         )
-        objects.add_metric(["active"], counts["active"])
-        objects.add_metric(["retired"], counts["retired"])
+        objects.add_metric(["active"], counts.active)
+        objects.add_metric(["retired"], counts.retired)
         yield objects
         yield GaugeMetricFamily(
             "gatekeeper_objects_near_exhaustion",
             "Active objects whose remaining budget (budget - realized loss upper bound) is below "
             f"{NEAR_EXHAUSTION_FRACTION:g} of their budget",
-            value=counts["near_exhaustion"],
+            value=counts.near_exhaustion,
         )
         yield GaugeMetricFamily(
             "gatekeeper_objects_exhausted",
             "Active objects whose remaining budget is below the smallest epsilon a query may "
             "declare (no query fits)",
-            value=counts["exhausted"],
+            value=counts.exhausted,
         )
         yield GaugeMetricFamily(
             "gatekeeper_likelihood_states",
             "Likelihood arrays stored (one per distinct domain and history, shared by objects)",
-            value=counts["states"],
+            value=counts.states,
         )
         surveys = GaugeMetricFamily(
             "gatekeeper_surveys", "Population surveys by status", labels=["status"]
         )
-        for status, count in counts["surveys"].items():
+        for status, count in counts.surveys.items():
             surveys.add_metric([status], count)
         yield surveys
 

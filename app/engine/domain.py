@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import (
+    MAX_NAME,
     as_integer,
     as_list,
     as_number,
@@ -205,7 +206,9 @@ def _parse_attribute(raw: Any, field_path: str, limits: EngineLimits) -> Attribu
         raise InvalidInput(path(field_path, "type"), "must be one of integer, categorical, real")
     kind = AttributeKind(kind_raw)
     name = (
-        as_string(obj.get("name"), path(field_path, "name"), max_len=128) if "name" in obj else None
+        as_string(obj.get("name"), path(field_path, "name"), max_len=MAX_NAME)
+        if "name" in obj
+        else None
     )
     if name is None:
         raise InvalidInput(path(field_path, "name"), "is required")

@@ -101,8 +101,9 @@ def as_positive_number(
     return value
 
 
-#: The longest name (of an attribute, a predicate's attribute) a request may give.
-MAX_NAME = 256
+#: The longest attribute name (a domain's, a query's, a predicate's): the one definition, read by
+#: the domain's parser and by the request models (:mod:`app.services.schemas`).
+MAX_NAME = 128
 
 
 def as_string(raw: Any, field: str, *, max_len: int = MAX_NAME) -> str:

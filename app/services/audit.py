@@ -19,6 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from app.engine.errors import InvalidInput
+from app.services.schemas import AuditEvent, AuditPage
 from app.store import Database, reading
 from app.store import audit as store
 from app.store.audit import Event, QueryEvent, Target
@@ -97,15 +98,15 @@ def query_event(
     )
 
 
-def _view(event: Event) -> dict[str, Any]:
-    return {
-        "id": event.id,
-        "at": event.at.isoformat(),
-        "kind": event.kind,
-        "actor_key_id": event.actor_key_id,
-        "object_id": event.object_id,
-        "detail": json.loads(event.detail),
-    }
+def _view(event: Event) -> AuditEvent:
+    return AuditEvent(
+        id=event.id,
+        at=event.at.isoformat(),
+        kind=event.kind,
+        actor_key_id=event.actor_key_id,
+        object_id=event.object_id,
+        detail=json.loads(event.detail),
+    )
 
 
 def list_events(
@@ -115,7 +116,7 @@ def list_events(
     kind: AuditKind | None = None,
     after: int = 0,
     limit: int = 100,
-) -> dict[str, Any]:
+) -> AuditPage:
     """Events with ``id > after`` in order, filtered; ``next_after`` pages on (None at the end)."""
     with reading(engine) as conn:
         rows = store.page(
@@ -127,7 +128,7 @@ def list_events(
         )
     more = len(rows) > limit
     events = [_view(e) for e in rows[:limit]]
-    return {"events": events, "next_after": events[-1]["id"] if more else None}
+    return AuditPage(items=events, next_after=events[-1].id if more else None)
 
 
 def parse_since(text: str, field: str = "since") -> datetime:
@@ -174,7 +175,8 @@ def export_lines(
         with reading(engine) as conn:
             rows = store.page(conn, after=after, object_id=None, kind=None, limit=page, since=since)
         for event in rows:
-            yield (json.dumps(_view(event), sort_keys=True) + "\n").encode()
+            line = json.dumps(_view(event).model_dump(mode="json"), sort_keys=True)
+            yield (line + "\n").encode()
         if len(rows) < page:
             return
         after = rows[-1].id

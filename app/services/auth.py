@@ -19,7 +19,7 @@ from app.engine.errors import InvalidInput
 from app.services import audit
 from app.services.errors import LastAdminKey
 from app.services.projects import project_for_key, scope_by_id
-from app.services.schemas import Role
+from app.services.schemas import KeyInfo, KeyPage, Role
 from app.services.scope import Scope
 from app.store import Database, Tx, reading, transaction
 from app.store import keys as store
@@ -151,7 +151,7 @@ def revoke_key(*, engine: Database, key_id: int, actor_key_id: int | None = None
     return True
 
 
-def list_keys(*, engine: Database, limit: int, after: int) -> dict[str, Any]:
+def list_keys(*, engine: Database, limit: int, after: int) -> KeyPage:
     """API keys in id order (id, role, label, created, revoked — never a secret or hash)."""
     with reading(engine) as conn:
         rows = store.page(conn, after=after, limit=limit)
@@ -161,17 +161,17 @@ def list_keys(*, engine: Database, limit: int, after: int) -> dict[str, Any]:
             if (scope := scope_by_id(conn, p)) is not None
         }
     items = [
-        {
-            "id": row.id,
-            "role": row.role,
-            "label": row.label,
-            "created_at": row.created_at.isoformat(),
-            "revoked_at": row.revoked_at.isoformat() if row.revoked_at else None,
-            "project": names.get(row.project_id) if row.project_id is not None else None,
-        }
+        KeyInfo(
+            id=row.id,
+            role=Role(row.role),
+            label=row.label,
+            created_at=row.created_at.isoformat(),
+            revoked_at=row.revoked_at.isoformat() if row.revoked_at else None,
+            project=names.get(row.project_id) if row.project_id is not None else None,
+        )
         for row in rows
     ]
-    return {"items": items, "next_after": items[-1]["id"] if len(items) == limit else None}
+    return KeyPage(items=items, next_after=items[-1].id if len(items) == limit else None)
 
 
 class KeyCache:

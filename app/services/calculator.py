@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.services.schemas import LossResult
 from app.worker.pool import BoundWorker
 
 
-async def compute_loss(*, worker: BoundWorker, request: Any) -> dict[str, Any]:
+async def compute_loss(*, worker: BoundWorker, request: Any) -> LossResult:
     """The calculator's answer to ``request`` as written (``InvalidInput`` names a bad field).
 
     The route validated its structure (:class:`app.services.schemas.LossRequest`); the engine
-    parses it against its domain.
+    parses it against its domain and answers JSON (it crosses the worker's process boundary),
+    read here into its model.
     """
-    return await worker.compute_async(request)
+    return LossResult.model_validate(await worker.compute_async(request))

@@ -22,7 +22,7 @@ import orjson
 from app import crypto
 from app.engine.errors import InvalidInput
 from app.engine.limits import EngineLimits
-from app.services import audit
+from app.services import audit, schemas
 from app.services.errors import AlreadyExists, Busy, IdempotencyMismatch
 from app.services.objects import (
     DomainCache,
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class ImportResult:
     """The answer of an import and whether it was replayed from an earlier request."""
 
-    body: dict[str, int]
+    body: schemas.ImportResult
     replayed: bool
 
 
@@ -222,7 +222,9 @@ def _import_once(
                     raise IdempotencyMismatch(
                         "this Idempotency-Key was used with a different request body"
                     )
-                return ImportResult(json.loads(stored.response), True)
+                return ImportResult(
+                    schemas.ImportResult.model_validate(json.loads(stored.response)), True
+                )
         existing = _existing(conn, registrations)
         now = datetime.now(UTC)
         new = [r for r in registrations if r.id not in existing]
@@ -234,13 +236,18 @@ def _import_once(
             sealed=sealed if len(sealed) == len(new) else None,
             constants=new_object_columns(now),
         )
-        body = {"created": len(new), "existing": len(existing)}
+        body = schemas.ImportResult(created=len(new), existing=len(existing))
         audit.record(
             conn,
             kind=audit.AuditKind.OBJECTS_IMPORTED,
             actor_key_id=actor_key_id,
             object_id=None,
-            detail={**body, "first_id": registrations[0].id, "last_id": registrations[-1].id},
+            detail={
+                "created": body.created,
+                "existing": body.existing,
+                "first_id": registrations[0].id,
+                "last_id": registrations[-1].id,
+            },
         )
         if key is not None:
             store.store_answer(
@@ -248,7 +255,7 @@ def _import_once(
                 owner_key_id=actor_key_id,
                 key=key,
                 fingerprint=fingerprint,
-                response=json.dumps(body),
+                response=json.dumps(body.model_dump(mode="json")),
                 at=now,
             )
     return ImportResult(body, False)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from app.engine.accountant import Odometer
 from app.engine.domain import Domain, parse_domain
@@ -22,7 +22,7 @@ from app.engine.likelihood import LossBounds
 from app.engine.limits import EngineLimits
 from app.engine.numerics import decimal_fraction
 from app.engine.pipeline import f0_filter
-from app.services import audit
+from app.services import audit, schemas
 from app.services.bodies import validated
 from app.services.errors import AlreadyExists, NotFound
 from app.services.history import object_history
@@ -138,8 +138,12 @@ def stored_domain(domain_text: str) -> Domain:
     return parse_domain(json.loads(domain_text), limits=_STORED_DOMAINS)
 
 
-def odometer_view(row: OdometerColumns) -> dict[str, Any]:
-    """The odometer object of contract.md: the engine's :class:`Odometer` and a timestamp."""
+def odometer_view(row: OdometerColumns) -> schemas.Odometer:
+    """The odometer object of contract.md: the engine's :class:`Odometer` and a timestamp.
+
+    ``delta``, ``phase`` and ``lifetime`` are set only for the objects that have them (absent
+    from the wire otherwise, never ``null``).
+    """
     delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
     phase = None
     if delta is not None:
@@ -155,36 +159,62 @@ def odometer_view(row: OdometerColumns) -> dict[str, Any]:
         delta,
         phase,
     )
-    view = {**odometer.to_json(), "updated_at": _iso(row.updated_at), "version": row.data_version}
+    optional: dict[str, Any] = {}
+    if delta is not None:
+        optional.update(delta=odometer.delta, phase=odometer.phase)
     lifetime = lifetime_of(row)
     if lifetime is not None:
         if current.exact:  # an exact loss read back from the row: its upper's decimal
             current = LossBounds(current.lower, current.upper, decimal_fraction(current.upper))
-        view["lifetime"] = lifetime.to_json(current)
-    return view
+        optional["lifetime"] = schemas.LifetimeOdometer(
+            budget=lifetime.budget,
+            realized_loss=schemas.LossBounds.of(lifetime.realized(current)),
+            versions=lifetime.versions,
+            remaining=lifetime.remaining(current),
+        )
+    return schemas.Odometer(
+        budget=odometer.budget,
+        realized_loss=schemas.LossBounds.of(odometer.realized_loss),
+        remaining=odometer.remaining,
+        basic_composition=odometer.basic_composition,
+        accepted=odometer.accepted,
+        rejected=odometer.rejected,
+        updated_at=_iso(row.updated_at),
+        version=row.data_version,
+        **optional,
+    )
 
 
-def budget_view(epsilon: float, delta: float | None) -> dict[str, float]:
+def budget_view(epsilon: float, delta: float | None) -> schemas.ObjectBudget:
     """``{"epsilon"}``, with ``"delta"`` for an (ε, δ) budget."""
-    return {"epsilon": epsilon} if delta is None else {"epsilon": epsilon, "delta": delta}
+    if delta is None:
+        return schemas.ObjectBudget(epsilon=epsilon)
+    return schemas.ObjectBudget(epsilon=epsilon, delta=delta)
 
 
-def object_view(row: ObjectRecord) -> dict[str, Any]:
+def _status(row: ObjectRecord) -> Literal["active", "retired"]:
+    return "retired" if row.retired_at is not None else "active"
+
+
+def object_view(row: ObjectRecord) -> schemas.ObjectView:
     """Metadata of an object — never its value."""
-    return {
-        "id": row.id,
-        "domain": json.loads(row.domain),
-        "budget": budget_view(row.budget, row.budget_delta),
-        "filter": row.filter,
-        "finite": row.finite,
-        "labels": row.labels or {},
-        **({} if row.lifetime_budget is None else {"lifetime": {"epsilon": row.lifetime_budget}}),
-        "version": row.data_version,
-        "status": "retired" if row.retired_at is not None else "active",
-        "created_at": _iso(row.created_at),
-        "retired_at": _iso(row.retired_at),
-        "odometer": odometer_view(row),
-    }
+    lifetime = (
+        {} if row.lifetime_budget is None else {"lifetime": budget_view(row.lifetime_budget, None)}
+    )
+    return schemas.ObjectView(
+        id=row.id,
+        domain=json.loads(row.domain),
+        budget=budget_view(row.budget, row.budget_delta),
+        filter=row.filter,  # type: ignore[arg-type]  # a stored FilterKind value
+        finite=row.finite,
+        labels=row.labels or {},
+        version=row.data_version,
+        status=_status(row),
+        created_at=_iso(row.created_at),
+        retired_at=_iso(row.retired_at),
+        odometer=odometer_view(row),
+        **lifetime,
+    )
 
 
 #: Parsed domains by the ``repr`` of their JSON (:func:`parse_registration`'s ``domains``):
@@ -325,7 +355,7 @@ def register_object(
     body: Any,
     limits: EngineLimits,
     actor_key_id: int | None = None,
-) -> dict[str, Any]:
+) -> schemas.ObjectView:
     """Validate and store a new object; returns its view.
 
     Raises ``InvalidInput`` naming the field, or :class:`~app.services.errors.AlreadyExists`.
@@ -377,7 +407,9 @@ def load_object(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectR
     return row
 
 
-def get_object(*, engine: Database, object_id: str, scope: Scope | None = None) -> dict[str, Any]:
+def get_object(
+    *, engine: Database, object_id: str, scope: Scope | None = None
+) -> schemas.ObjectView:
     """An object's view."""
     with reading(engine) as conn:
         return object_view(load_object(conn, object_id, scope))
@@ -385,7 +417,7 @@ def get_object(*, engine: Database, object_id: str, scope: Scope | None = None) 
 
 def retire_object(
     *, engine: Database, object_id: str, actor_key_id: int | None = None
-) -> dict[str, Any]:
+) -> schemas.ObjectView:
     """Retire an object: it answers no more queries; its history is kept."""
     with transaction(engine) as conn:
         row = load_object(conn, object_id)
@@ -411,12 +443,12 @@ def get_odometer(
     object_id: str,
     scope: Scope | None = None,
     projects: bool = False,
-) -> dict[str, Any]:
+) -> schemas.Odometer:
     """An object's odometer (``projects``: with each project's sub-history, for admins)."""
     with reading(engine) as conn:
         view = odometer_view(load_object(conn, object_id, scope))
         if projects:
-            view["projects"] = projects_view(conn, object_id)
+            view.projects = projects_view(conn, object_id)  # set: on the wire, even empty
         return view
 
 
@@ -442,7 +474,7 @@ def odometer_history(
     after: int,
     version: int | None = None,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> schemas.OdometerHistory:
     """Realized-loss bounds and basic composition after each accepted query, for charts.
 
     Of one data version (the current one by default); ``accepted`` counts within it.
@@ -456,31 +488,31 @@ def odometer_history(
             if end is None or r.seq <= end
         ]
         points = [
-            {
-                "accepted": r.seq - start,
-                "realized_loss": LossBounds(r.loss_lower, r.loss_upper).to_json(),
-                "basic_composition": r.basic_after,
-                "epsilon": r.epsilon,
-                "at": _iso(r.created_at),
-            }
+            schemas.OdometerPoint(
+                accepted=r.seq - start,
+                realized_loss=schemas.LossBounds.of(LossBounds(r.loss_lower, r.loss_upper)),
+                basic_composition=r.basic_after,
+                epsilon=r.epsilon,
+                at=_iso(r.created_at),
+            )
             for r in records
         ]
         next_after = records[-1].seq if len(records) == limit else None
         if end is not None and next_after is not None and next_after >= end:
             next_after = None
-        return {
-            "object_id": object_id,
-            "budget": row.budget,
-            "version": number,
-            "points": points,
-            "rejections": [
-                {**r, "after_accepted": r["after_accepted"] - start}
-                for r in _rejections(
+        return schemas.OdometerHistory(
+            object_id=object_id,
+            budget=row.budget,
+            version=number,
+            points=points,
+            rejections=[
+                schemas.Rejection(after_accepted=accepted - start, at=at)
+                for accepted, at in _rejections(
                     conn, object_id, after=max(after, start), before=next_after, version=number
                 )
             ],
-            "next_after": next_after,
-        }
+            next_after=next_after,
+        )
 
 
 #: Rejections listed with one page of odometer history, at most.
@@ -489,15 +521,16 @@ MAX_REJECTIONS_LISTED = 1000
 
 def _rejections(
     conn: Tx, object_id: str, *, after: int, before: int | None, version: int = 1
-) -> list[dict[str, Any]]:
+) -> list[tuple[int, str | None]]:
     """Rejected submits that happened after accepted query ``after`` (and before ``before``).
 
-    ``after_accepted`` is how many queries had been accepted when the submit was rejected: from
+    Each is ``(after_accepted, at)``: how many queries had been accepted when the submit was
+    rejected, and when. The count comes from
     the audit event (which records it since issue #11), or for older events by comparing times
     with the accepted queries'. Only the first :data:`MAX_REJECTIONS_LISTED` are listed.
     """
     times: list[datetime] | None = None
-    found: list[dict[str, Any]] = []
+    found: list[tuple[int, str | None]] = []
     for event in history_store.rejections(conn, object_id=object_id):
         accepted = event.accepted
         if accepted is None:
@@ -511,32 +544,33 @@ def _rejections(
         if event.version != version:
             continue
         if accepted >= after and (before is None or accepted < before):
-            found.append({"after_accepted": accepted, "at": _iso(event.at)})
+            found.append((accepted, _iso(event.at)))
             if len(found) >= MAX_REJECTIONS_LISTED:
                 break
     return found
 
 
-def _summary(r: ObjectRecord) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "filter": r.filter,
-        "labels": r.labels or {},
-        "status": "retired" if r.retired_at else "active",
-        **odometer_view(r),
-    }
+def _summary(r: ObjectRecord) -> schemas.OdometerSummary:
+    odometer = odometer_view(r)
+    return schemas.OdometerSummary(
+        id=r.id,
+        filter=r.filter,
+        labels=r.labels or {},
+        status=_status(r),
+        **{name: getattr(odometer, name) for name in odometer.model_fields_set},
+    )
 
 
-def projects_view(conn: Tx, object_id: str) -> list[dict[str, Any]]:
+def projects_view(conn: Tx, object_id: str) -> list[schemas.ProjectLoss]:
     """An admin odometer's ``projects``: each project's sub-history loss on the object."""
     return [
-        {
-            "project": project.name,
-            "quota": project.quota,
-            "realized_loss": LossBounds(state.loss_lower, state.loss_upper).to_json(),
-            "accepted": state.accepted,
-            "basic_composition": float(Fraction(state.basic_total)),
-        }
+        schemas.ProjectLoss(
+            project=project.name,
+            quota=project.quota,
+            realized_loss=schemas.LossBounds.of(LossBounds(state.loss_lower, state.loss_upper)),
+            accepted=state.accepted,
+            basic_composition=float(Fraction(state.basic_total)),
+        )
         for state, project in sub_histories(conn, object_id=object_id)
     ]
 
@@ -554,7 +588,7 @@ def list_odometers(
     status: str | None = None,
     after: str | None = None,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> schemas.OdometerPage:
     """A page of odometers across objects, filtered.
 
     By id prefix, status, remaining budget and labels, in id order from after the id ``after``
@@ -573,7 +607,8 @@ def list_odometers(
     with reading(engine) as conn:
         total, rows = store.page_objects(conn, where=where, limit=limit, offset=offset, after=after)
         items = [_summary(r) for r in rows]
-    return {"items": items, "total": total, "limit": limit, "offset": offset}
+    assert total is not None  # noqa: S101 - counted (page_objects counts by default)
+    return schemas.OdometerPage(items=items, total=total, limit=limit, offset=offset)
 
 
 def odometer_totals(
@@ -583,7 +618,7 @@ def odometer_totals(
     id_prefix: str | None = None,
     include_retired: bool = False,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> schemas.OdometerTotals:
     """Counts of the objects carrying ``labels`` (and ``id_prefix``) by status.
 
     The statuses are the ones ``GET /v1/odometers?status=`` lists and the Prometheus gauges
@@ -598,14 +633,14 @@ def odometer_totals(
     )
     with reading(engine) as conn:
         found = store.totals(conn, where)
-    return {
-        "objects": found.objects,
-        "active": found.active,
-        "retired": found.retired,
-        "exhausted": found.exhausted,
-        "near_exhaustion": found.near_exhaustion,
-        "rejected": found.rejected,
-    }
+    return schemas.OdometerTotals(
+        objects=found.objects,
+        active=found.active,
+        retired=found.retired,
+        exhausted=found.exhausted,
+        near_exhaustion=found.near_exhaustion,
+        rejected=found.rejected,
+    )
 
 
 def parse_label_filters(raw: list[str], field: str = "label") -> list[tuple[str, str]]:
@@ -622,7 +657,21 @@ def parse_label_filters(raw: list[str], field: str = "label") -> list[tuple[str,
     return found
 
 
-def object_counts(*, engine: Database) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ObjectCounts:
+    """What the ``/metrics`` scrape counts (:func:`object_counts`)."""
+
+    active: int
+    retired: int
+    exhausted: int
+    near_exhaustion: int
+    #: Likelihood arrays stored.
+    states: int
+    #: Surveys by status, every status present.
+    surveys: dict[str, int]
+
+
+def object_counts(*, engine: Database) -> ObjectCounts:
     """Objects by status (the statuses of the odometers list), stored states, surveys.
 
     One aggregate query (a scan of the objects table), run at each ``/metrics`` scrape.
@@ -633,11 +682,11 @@ def object_counts(*, engine: Database) -> dict[str, Any]:
         by_status = surveys_by_status(conn)
     surveys = dict.fromkeys(("queued", "running", "done", "cancelled", "failed"), 0)
     surveys.update(by_status)
-    return {
-        "active": objects.active,
-        "retired": objects.retired,
-        "exhausted": objects.exhausted,
-        "near_exhaustion": objects.near_exhaustion,
-        "states": states,
-        "surveys": surveys,
-    }
+    return ObjectCounts(
+        active=objects.active,
+        retired=objects.retired,
+        exhausted=objects.exhausted,
+        near_exhaustion=objects.near_exhaustion,
+        states=states,
+        surveys=surveys,
+    )

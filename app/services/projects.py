@@ -15,7 +15,16 @@ from typing import Any
 from app.engine.errors import InvalidInput
 from app.services import audit
 from app.services.errors import AlreadyExists, NotFound
-from app.services.schemas import PROJECT_NAME, PROJECT_NAME_RULE, ProjectPatch, ProjectRequest
+from app.services.schemas import (
+    PROJECT_NAME,
+    PROJECT_NAME_RULE,
+    ProjectPage,
+    ProjectPatch,
+    ProjectRequest,
+    ProjectView,
+    QuotaView,
+    ScopeView,
+)
 from app.services.scope import Scope
 from app.store import Conflict, Database, Tx, reading, transaction
 from app.store import projects as store
@@ -37,15 +46,15 @@ def _iso(moment: datetime) -> str:
     return moment.isoformat()
 
 
-def project_view(row: ProjectRow) -> dict[str, Any]:
+def project_view(row: ProjectRow) -> ProjectView:
     """A project resource."""
-    return {
-        "name": row.name,
-        "scope": {"labels": dict(row.labels)},
-        "quota": {"epsilon": row.quota},
-        "created_at": _iso(row.created_at),
-        "updated_at": _iso(row.updated_at),
-    }
+    return ProjectView(
+        name=row.name,
+        scope=ScopeView(labels=dict(row.labels)),
+        quota=QuotaView(epsilon=row.quota),
+        created_at=_iso(row.created_at),
+        updated_at=_iso(row.updated_at),
+    )
 
 
 def parse_name(raw: Any, field: str) -> str:
@@ -57,7 +66,7 @@ def parse_name(raw: Any, field: str) -> str:
 
 def create_project(
     *, engine: Database, request: ProjectRequest, actor_key_id: int | None
-) -> dict[str, Any]:
+) -> ProjectView:
     """Store a project (409 ``already-exists`` for a taken name)."""
     name, labels, quota = request.name, dict(request.scope.labels), request.quota.epsilon
     try:
@@ -85,25 +94,25 @@ def load_project(conn: Tx, name: str) -> ProjectRow:
     return row
 
 
-def get_project(*, engine: Database, name: str) -> dict[str, Any]:
+def get_project(*, engine: Database, name: str) -> ProjectView:
     """A project's view."""
     with reading(engine) as conn:
         return project_view(load_project(conn, name))
 
 
-def list_projects(*, engine: Database, limit: int, after: int) -> dict[str, Any]:
+def list_projects(*, engine: Database, limit: int, after: int) -> ProjectPage:
     """Projects in creation order (``next_after``: the cursor of the next page)."""
     with reading(engine) as conn:
         rows = store.page(conn, after=after, limit=limit)
-    return {
-        "items": [project_view(r) for r in rows],
-        "next_after": rows[-1].id if len(rows) == limit else None,
-    }
+    return ProjectPage(
+        items=[project_view(r) for r in rows],
+        next_after=rows[-1].id if len(rows) == limit else None,
+    )
 
 
 def change_quota(
     *, engine: Database, name: str, request: ProjectPatch, actor_key_id: int | None
-) -> dict[str, Any]:
+) -> ProjectView:
     """A new quota (the scope is fixed)."""
     quota = request.quota.epsilon
     with transaction(engine) as conn:

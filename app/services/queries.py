@@ -69,7 +69,9 @@ from app.services.quota import (
     record_output,
 )
 from app.services.reuse import find_reusable, query_hash, reused_body
-from app.services.schemas import ID_PATTERN
+from app.services.schemas import ID_PATTERN, HistoryItem, HistoryPage, SubmitResult
+from app.services.schemas import Decision as DecisionView
+from app.services.schemas import LossBounds as LossView
 from app.services.scope import Scope, admits
 from app.services.snapshots import (
     advance,
@@ -100,7 +102,7 @@ def fingerprint(query: Any) -> str:
 class SubmitOutcome:
     """The response body of an accepted submit and whether it is a replay."""
 
-    body: dict[str, Any]
+    body: SubmitResult
     replayed: bool
     filter: str | None = None
     #: A stored identical answer returned by ``"reuse": true`` (nothing charged or recorded).
@@ -149,7 +151,7 @@ def dry_run(
     scope: Scope | None = None,
     reuse: bool = False,
     reuse_owner: int | None = None,
-) -> dict[str, Any]:
+) -> DecisionView:
     """Would the object's filter accept ``query`` now? Changes nothing.
 
     ``would_reuse``: whether a submit with ``"reuse": true`` (as this dry-run says) would
@@ -171,7 +173,7 @@ def dry_run(
         if decision.accepted and not by_quota.accepted:
             # the object's filters would accept: the quota's refusal is the answer
             answer.update(decision="reject", reason=by_quota.reason, refusal=QUOTA_EXHAUSTED)
-    return answer
+    return DecisionView(**answer)
 
 
 class _LostRace(Exception):
@@ -216,7 +218,8 @@ def _replay(
         return _replay_rejection(conn, object_id, key, print_, owner)
     _check_owner(record, print_, owner)
     # the stored response lacks the query id, which the INSERT that stored it produced
-    return SubmitOutcome({"query_id": record.query_id, **json.loads(record.response)}, True)
+    stored = {"query_id": record.query_id, **json.loads(record.response)}
+    return SubmitOutcome(SubmitResult.model_validate(stored), True)
 
 
 def _load_active(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectState:
@@ -499,7 +502,7 @@ def _record_acceptance(
     print_: str,
     analyst_key_id: int | None,
     quota: tuple[ProjectQuota, Decision] | None = None,
-) -> tuple[dict[str, Any], ObjectSnapshot]:
+) -> tuple[SubmitResult, ObjectSnapshot]:
     """Sample the output, store it and the object's new state; the response body and snapshot.
 
     The object's row is updated by a compare-and-set on its version (:class:`_LostRace` if
@@ -538,7 +541,7 @@ def _record_acceptance(
         "version": row.data_version,
         "output": output_json,
         "epsilon": mech.epsilon,
-        "odometer": odometer,
+        "odometer": odometer.model_dump(mode="json", exclude_unset=True),
     }
     event = audit.query_event(
         kind=audit.AuditKind.DECISION_ACCEPTED,
@@ -551,7 +554,7 @@ def _record_acceptance(
             "epsilon": mech.epsilon,
             "filter": row.filter,
             "version": row.data_version,
-            "realized_loss": odometer["realized_loss"],
+            "realized_loss": stored["odometer"]["realized_loss"],
         },
     )
     # the query row, the compare-and-set, the state references and the audit event (its
@@ -596,7 +599,7 @@ def _record_acceptance(
             query_text=query_text,
             output_text=output_text,
         )
-    body = {"query_id": query_id, **stored}
+    body = SubmitResult(query_id=query_id, **{**stored, "odometer": odometer})
     return body, after
 
 
@@ -609,7 +612,7 @@ def list_queries(
     after: int,
     version: int | None = None,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> HistoryPage:
     """Accepted queries of one data version of an object (an analyst sees only its own).
 
     ``version`` None: the current one.
@@ -629,21 +632,21 @@ def list_queries(
             if end is None or r.seq <= end
         ]
         items = [
-            {
-                "query_id": r.query_id,
-                "survey_id": r.survey_id,
-                "seq": r.seq,
-                "version": number,
-                "query": json.loads(r.query),
-                "output": json.loads(r.output),
-                "epsilon": r.epsilon,
-                "realized_loss_after": LossBounds(r.loss_lower, r.loss_upper).to_json(),
-                "basic_composition_after": r.basic_after,
-                "created_at": r.created_at.isoformat() if r.created_at else None,
-            }
+            HistoryItem(
+                query_id=r.query_id,
+                survey_id=r.survey_id,
+                seq=r.seq,
+                version=number,
+                query=json.loads(r.query),
+                output=json.loads(r.output),
+                epsilon=r.epsilon,
+                realized_loss_after=LossView.of(LossBounds(r.loss_lower, r.loss_upper)),
+                basic_composition_after=r.basic_after,
+                created_at=r.created_at.isoformat() if r.created_at else None,
+            )
             for r in records
         ]
-    next_after = items[-1]["seq"] if len(items) == limit else None
+    next_after = items[-1].seq if len(items) == limit else None
     if end is not None and next_after is not None and next_after >= end:
         next_after = None
-    return {"items": items, "next_after": next_after}
+    return HistoryPage(items=items, next_after=next_after)

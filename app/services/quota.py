@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
@@ -25,6 +24,7 @@ from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, Output
 from app.engine.numerics import float_up
 from app.engine.pipeline import ObjectSnapshot, fold_history, history_entry
+from app.services import schemas
 from app.services.decisions import decide, recorded
 from app.services.history import object_history
 from app.services.scope import Scope
@@ -121,16 +121,16 @@ def quota_decision(
     return decide(quota.snapshot, mech, worker, tight=tight)
 
 
-def quota_view(quota: ProjectQuota, decision: Decision) -> dict[str, Any]:
+def quota_view(quota: ProjectQuota, decision: Decision) -> schemas.QuotaDecision:
     """A dry-run's ``quota`` object: the project's filter on its sub-history."""
-    return {
-        "project": quota.project.name,
-        "quota": quota.project.quota,
-        "decision": "accept" if decision.accepted else "reject",
-        "reason": decision.reason,
-        "realized_loss": decision.realized_loss.to_json(),
-        "worst_case_after": decision.worst_case_after,
-    }
+    return schemas.QuotaDecision(
+        project=quota.project.name,
+        quota=quota.project.quota,
+        decision="accept" if decision.accepted else "reject",
+        reason=decision.reason,
+        realized_loss=schemas.LossBounds.of(decision.realized_loss),
+        worst_case_after=decision.worst_case_after,
+    )
 
 
 def record_output(

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.services.schemas import Odometer, SubmitResult
 from app.store import Tx
 from app.store import reuse as store
 from app.store.chunks import Variant, chunks_covering, load_chunks
@@ -109,19 +110,19 @@ def _variant(submit: store.StoredSubmit) -> Variant:
     )
 
 
-def reused_body(row: ObjectState, found: Reusable, odometer: dict[str, Any]) -> dict[str, Any]:
+def reused_body(row: ObjectState, found: Reusable, odometer: Odometer) -> SubmitResult:
     """The 200 answer of a reused submit: the stored output, the odometer as it is."""
-    return {
-        "query_id": found.query_id,
-        "survey_id": found.survey_id,
-        "object_id": row.id,
-        "seq": found.seq,
-        "version": row.data_version,
-        "output": json.loads(found.variant.output),
-        "epsilon": found.variant.epsilon,
-        "odometer": odometer,
-        "reused": True,
-    }
+    return SubmitResult(
+        query_id=found.query_id,
+        survey_id=found.survey_id,
+        object_id=row.id,
+        seq=found.seq,
+        version=row.data_version,
+        output=json.loads(found.variant.output),
+        epsilon=found.variant.epsilon,
+        odometer=odometer,
+        reused=True,
+    )
 
 
 def chunk_reusables(

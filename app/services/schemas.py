@@ -1,11 +1,12 @@
 """The JSON contract's types (contract.md, "JSON contract"): one Pydantic model per shape.
 
-They live in the services layer, not in ``app.api``, so that the use cases can build and return
+They live in the services layer, not in ``app.api``, so that the use cases build and return
 them and the routes declare them as ``response_model`` (docs/architecture.md, "The contract's
-types"): each field is written once, here. FastAPI validates every answer against its route's
-model and writes the OpenAPI document from the same classes (:mod:`app.api.openapi` adds only
-the problem+json errors, links and request bodies); client generators (openapi-python-client)
-get typed models, and schemathesis checks every response against its schema.
+types"): each field is written once, here. A use case returns an instance of its route's model,
+which FastAPI serialises without validating it again; it writes the OpenAPI document from the
+same classes (:mod:`app.api.openapi` adds only the problem+json errors, links and request
+bodies); client generators (openapi-python-client) get typed models, and schemathesis checks
+every response against its schema.
 
 Routes answer with ``response_model_exclude_unset``: a field the service did not set (``delta``
 of an object that is not ``approx_bayesian``, ``exact`` of bounds that are not exact) stays
@@ -51,9 +52,10 @@ from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 from app.engine.approx import MIN_DELTA, NEEDS_FINITE_DOMAIN, parse_delta_value
-from app.engine.calculator import MAX_GROUPING, MAX_NODES, MAX_TIME_LIMIT
+from app.engine.calculator import DEFAULT_TOLERANCE, MAX_GROUPING, MAX_NODES, MAX_TIME_LIMIT
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import MAX_NAME, as_integer, as_number, as_positive_number, as_string
+from app.engine.likelihood import LossBounds as Bounds
 from app.engine.limits import DEFAULT_LIMITS, MAX_BUDGET, MIN_EPSILON
 from app.services.bodies import our_words
 
@@ -734,7 +736,7 @@ def _between(low: int, high: int) -> Callable[[Any, str], int]:
 class LossOptions(_Strict):
     """Calculator options."""
 
-    tolerance: Annotated[float, Field(gt=0), _reads(as_positive_number)] = 1e-4
+    tolerance: Annotated[float, Field(gt=0), _reads(as_positive_number)] = DEFAULT_TOLERANCE
     time_limit: (
         Annotated[
             float,
@@ -845,6 +847,11 @@ class LossBounds(_Open):
     lower: float
     upper: float
     exact: bool = Field(default=False, description=EXACT_DESCRIPTION)
+
+    @classmethod
+    def of(cls, bounds: Bounds) -> LossBounds:
+        """The engine's bounds as the contract writes them (``exact`` always present)."""
+        return cls(lower=bounds.lower, upper=bounds.upper, exact=bounds.exact)
 
 
 class LifetimeOdometer(_Open):

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from app.engine.domain import parse_domain
 from app.engine.errors import InvalidInput, Unsupported
 from app.engine.estimates import estimate, output_histogram
@@ -158,7 +160,7 @@ def create_survey(
     limits: EngineLimits,
     chunk_size: int,
     scope: Scope | None = None,
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[schemas.SurveyView, bool]:
     """Store a survey and its membership; returns its view and whether it is a replay.
 
     The members are stored in chunks of ``chunk_size`` (the unit a run decides in one
@@ -213,7 +215,7 @@ def _create_once(
     fingerprint: str,
     key: str | None,
     cohort: _Cohort,
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[schemas.SurveyView, bool]:
     analyst_key_id, max_members, limits = cohort.analyst_key_id, cohort.max_members, cohort.limits
     with transaction(engine) as conn:
         if key is not None:
@@ -279,69 +281,98 @@ def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat()
 
 
-def _estimate_of(row: Any, show_outputs: bool) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+#: A survey's estimate read from the engine's JSON (:func:`app.engine.estimates.estimate`).
+_ESTIMATE: TypeAdapter[schemas.ScalarEstimate | schemas.HistogramEstimate] = TypeAdapter(
+    schemas.Estimate
+)
+
+
+@dataclass(frozen=True)
+class _EstimateFields:
+    """A survey's estimate (None: unavailable) and the fields explaining it (None: absent)."""
+
+    estimate: schemas.ScalarEstimate | schemas.HistogramEstimate | None = None
+    estimate_unavailable: str | None = None
+    outputs: dict[str, int] | None = None
+
+    def present(self) -> dict[str, Any]:
+        """The optional fields the view carries (``estimate`` always, maybe ``null``)."""
+        found: dict[str, Any] = {"estimate": self.estimate}
+        if self.estimate_unavailable is not None:
+            found["estimate_unavailable"] = self.estimate_unavailable
+        if self.outputs is not None:
+            found["outputs"] = self.outputs
+        return found
+
+
+def _estimate_of(row: Any, show_outputs: bool) -> _EstimateFields:
     """The survey's estimate (or None) and the fields explaining it."""
     tally = {k: int(v) for k, v in json.loads(row.tally).items()}
-    extra: dict[str, Any] = {}
     if row.accepted == 0 or not row.domain:
         if row.domain == "":
-            extra["estimate_unavailable"] = "the accepted members have different domains"
-        elif row.accepted == 0:
-            extra["estimate_unavailable"] = "no accepted members"
-        return None, extra
+            return _EstimateFields(
+                estimate_unavailable="the accepted members have different domains"
+            )
+        if row.accepted == 0:
+            return _EstimateFields(estimate_unavailable="no accepted members")
+        return _EstimateFields()
     domain = parse_domain(json.loads(row.domain))
     mech = parse_query(json.loads(row.query), domain)
     found = estimate(mech, row.accepted, tally)
-    if show_outputs:
-        extra["outputs"] = output_histogram(mech, tally)
-    if found.value is None:
-        extra["estimate_unavailable"] = found.reason
-    return found.value, extra
+    return _EstimateFields(
+        estimate=None if found.value is None else _ESTIMATE.validate_python(found.value),
+        estimate_unavailable=found.reason if found.value is None else None,
+        outputs=output_histogram(mech, tally) if show_outputs else None,
+    )
 
 
-def survey_view(row: Any, *, show_outputs: bool) -> dict[str, Any]:
-    """A survey resource (contract.md "Population surveys")."""
+def survey_view(row: Any, *, show_outputs: bool) -> schemas.SurveyView:
+    """A survey resource (contract.md "Population surveys").
+
+    ``waiting_for_workers`` is false here: whether a worker runs surveys is the job runner's to
+    say, and the routes set it with :func:`with_workers`.
+    """
     refused = {reason.value: 0 for reason in Refusal}
     refused.update(json.loads(row.refused))
-    value, extra = _estimate_of(row, show_outputs)
-    return {
-        "id": row.id,
-        "name": row.name,
-        "status": row.status,
-        "query": json.loads(row.query),
-        "cohort": json.loads(row.cohort),
-        "reuse": bool(row.reuse),
-        "created_at": _iso(row.created_at),
-        "started_at": _iso(row.started_at),
-        "finished_at": _iso(row.finished_at),
-        "progress": {
-            "total": row.total,
-            "decided": row.decided,
-            "accepted": row.accepted,
-            "reused": row.reused,
-            "refused": refused,
-        },
-        "groups": row.groups,
-        "estimate": value,
-        **extra,
+    return schemas.SurveyView(
+        id=row.id,
+        name=row.name,
+        status=row.status,
+        query=json.loads(row.query),
+        cohort=json.loads(row.cohort),
+        reuse=bool(row.reuse),
+        created_at=_iso(row.created_at),
+        started_at=_iso(row.started_at),
+        finished_at=_iso(row.finished_at),
+        progress=schemas.SurveyProgress(
+            total=row.total,
+            decided=row.decided,
+            accepted=row.accepted,
+            reused=row.reused,
+            refused=schemas.SurveyRefusals.model_validate(refused),
+        ),
+        groups=row.groups,
+        waiting_for_workers=False,
+        **_estimate_of(row, show_outputs).present(),
         **({"error": row.error} if row.error else {}),
-    }
+    )
 
 
-def waits_on_workers(view: dict[str, Any]) -> bool:
+def waits_on_workers(view: schemas.SurveyView) -> bool:
     """Whether the survey has members left to decide (queued or running, some pending)."""
-    progress = view["progress"]
-    return view["status"] in ("queued", "running") and progress["decided"] < progress["total"]
+    progress = view.progress
+    return view.status in ("queued", "running") and progress.decided < progress.total
 
 
-def with_workers(view: dict[str, Any], *, no_workers: bool) -> dict[str, Any]:
+def with_workers(view: schemas.SurveyView, *, no_workers: bool) -> schemas.SurveyView:
     """``view`` with ``waiting_for_workers``: members left to decide and no worker to run them.
 
     ``no_workers`` is what the job runner says (``SurveyJobs.waiting_for_workers``): with
     ``BROKER_URL`` set, no ``gatekeeper worker`` surveys node has a live heartbeat; always
     False when the web process runs surveys itself.
     """
-    return {**view, "waiting_for_workers": no_workers and waits_on_workers(view)}
+    waiting = no_workers and waits_on_workers(view)
+    return view.model_copy(update={"waiting_for_workers": waiting})
 
 
 def _may_see_outputs(row: SurveyRow, caller_key_id: int | None, is_admin: bool) -> bool:
@@ -365,7 +396,7 @@ def get_survey(
     caller_key_id: int | None,
     is_admin: bool,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> schemas.SurveyView:
     """A survey's status, progress and estimate (the output histogram to its analyst/admins)."""
     with reading(engine) as conn:
         row = _visible_survey(conn, survey_id, scope)
@@ -380,7 +411,7 @@ def list_surveys(
     caller_key_id: int | None,
     is_admin: bool,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> schemas.SurveyPage:
     """Surveys, newest first; ``before`` is the previous page's ``next_before``.
 
     A project key lists only its project's surveys.
@@ -391,7 +422,7 @@ def list_surveys(
     items = [
         survey_view(r, show_outputs=_may_see_outputs(r, caller_key_id, is_admin)) for r in rows
     ]
-    return {"items": items, "next_before": rows[-1].id if len(rows) == limit else None}
+    return schemas.SurveyPage(items=items, next_after=rows[-1].id if len(rows) == limit else None)
 
 
 def list_responses(
@@ -403,7 +434,7 @@ def list_responses(
     caller_key_id: int | None,
     is_admin: bool,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> schemas.SurveyResponsePage:
     """Members' decisions in object-id order (outputs only for the survey's analyst, admins).
 
     ``after`` is the previous page's last object id: the page starts in the first chunk whose
@@ -437,7 +468,11 @@ def list_responses(
             item["output"] = json.loads(d.variant.output) if d.variant is not None else None
         items.append(item)
     full = len(items) == limit
-    return {"items": items, "next_after": items[-1]["object_id"] if full else None}
+    # a page of up to 1,000 members: validated at once (one call into pydantic-core), which is
+    # cheaper than a model per member (docs/benchmarks.md, "Response validation")
+    return schemas.SurveyResponsePage.model_validate(
+        {"items": items, "next_after": items[-1]["object_id"] if full else None}
+    )
 
 
 def cancel_survey(
@@ -447,7 +482,7 @@ def cancel_survey(
     caller_key_id: int | None,
     is_admin: bool,
     scope: Scope | None = None,
-) -> dict[str, Any]:
+) -> schemas.SurveyView:
     """Cancel a queued or running survey: undecided members are not queried (403 for others)."""
     with transaction(engine) as conn:
         row = _visible_survey(conn, survey_id, scope)
@@ -477,7 +512,7 @@ def dry_run_survey(
     attempts: int = 5,
     scope: Scope | None = None,
     reuse_owner: int | None = None,
-) -> dict[str, Any]:
+) -> schemas.SurveyDryRun:
     """Members, how many would be accepted, refusals by reason, decision groups. Spends nothing.
 
     With ``"reuse": true``, ``would_reuse`` counts the members a stored identical answer would
@@ -502,7 +537,7 @@ def _dry_run_once(
     max_members: int,
     scope: Scope | None = None,
     reuse_owner: int | None = None,
-) -> dict[str, Any]:
+) -> schemas.SurveyDryRun:
     parsed = ParsedQuery(limits, request.query)
     decided: dict[GroupKey, Refusal | None] = {}
     reused = 0
@@ -547,10 +582,12 @@ def _dry_run_once(
                 if refusal is not None:  # its group would refuse: the reuse answers it
                     refused[refusal.value] -= 1
                     accepted += 1
-    return {
-        "members": members,
-        "would_accept": accepted,
-        "would_refuse": {reason.value: refused.get(reason.value, 0) for reason in Refusal},
-        "groups": len(groups),
-        "would_reuse": reused,
-    }
+    return schemas.SurveyDryRun(
+        members=members,
+        would_accept=accepted,
+        would_refuse=schemas.SurveyRefusals.model_validate(
+            {reason.value: refused.get(reason.value, 0) for reason in Refusal}
+        ),
+        groups=len(groups),
+        would_reuse=reused,
+    )

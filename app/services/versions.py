@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal, overload
 
 from app import metrics
 from app.engine.domain import Domain, parse_domain
@@ -42,7 +42,14 @@ from app.services import audit
 from app.services.bodies import validated
 from app.services.errors import Busy, IdempotencyMismatch, NotFound, Retired
 from app.services.locks import ObjectLocks
-from app.services.schemas import ID_PATTERN, VersionRequest, VersionsRequest
+from app.services.schemas import (
+    ID_PATTERN,
+    CreatedVersion,
+    VersionCreated,
+    VersionRequest,
+    VersionsRequest,
+    VersionsResult,
+)
 from app.services.snapshots import move_state_refs, pending_entries
 from app.store import Conflict, Database, Tx, Unavailable, transaction
 from app.store import imports as answers
@@ -141,6 +148,36 @@ def closing_loss(
     return LossBounds(row.loss_lower, row.loss_upper)
 
 
+@overload
+def create_versions(
+    *,
+    engine: Database,
+    locks: ObjectLocks | None,
+    items: Sequence[NewValue],
+    actor_key_id: int | None,
+    bulk: Literal[False],
+    fingerprint: str | None = None,
+    idempotency_key: str | None = None,
+    attempts: int = 5,
+    replayed: list[bool] | None = None,
+) -> VersionCreated: ...
+
+
+@overload
+def create_versions(
+    *,
+    engine: Database,
+    locks: ObjectLocks | None,
+    items: Sequence[NewValue],
+    actor_key_id: int | None,
+    bulk: Literal[True],
+    fingerprint: str | None = None,
+    idempotency_key: str | None = None,
+    attempts: int = 5,
+    replayed: list[bool] | None = None,
+) -> VersionsResult: ...
+
+
 def create_versions(
     *,
     engine: Database,
@@ -152,12 +189,11 @@ def create_versions(
     idempotency_key: str | None = None,
     attempts: int = 5,
     replayed: list[bool] | None = None,
-) -> dict[str, Any]:
+) -> VersionCreated | VersionsResult:
     """Close each object's current version and open the next with its new value, all or none.
 
-    A single version: ``{"object_id", "version"}``; bulk: ``{"created", "versions": [{"id",
-    "version"}, ...]}`` (replayed for a repeated ``Idempotency-Key`` with the same body, which
-    appends True to ``replayed``).
+    A single version: :class:`VersionCreated`; bulk: :class:`VersionsResult` (replayed for a
+    repeated ``Idempotency-Key`` with the same body, which appends True to ``replayed``).
     Raises ``NotFound`` (404) / ``Retired`` (409) for an unknown or retired object (bulk: naming
     ``versions[i].id``), ``InvalidInput`` (422) for a value outside the domain, never echoing it.
     """
@@ -193,7 +229,7 @@ def _create_once(
     fingerprint: str | None,
     key: str | None,
     replayed_flag: list[bool] | None,
-) -> dict[str, Any]:
+) -> VersionCreated | VersionsResult:
     with transaction(engine) as conn:
         if bulk and key is not None:
             stored = answers.stored_answer(conn, owner_key_id=actor_key_id, key=key, scope=_SCOPE)
@@ -204,8 +240,7 @@ def _create_once(
                     )
                 if replayed_flag is not None:
                     replayed_flag.append(True)
-                replayed: dict[str, Any] = json.loads(stored.response)
-                return replayed
+                return VersionsResult.model_validate(json.loads(stored.response))
         rows = {row.id: row for row in store.object_rows(conn, [i.object_id for i in items])}
         values = _checked_values(items, rows, bulk)
         now = datetime.now(UTC)
@@ -220,11 +255,11 @@ def _create_once(
                 object_id=object_id,
                 detail={"version": version},
             )
-            return {"object_id": object_id, "version": version}
-        body = {
-            "created": len(created),
-            "versions": [{"id": oid, "version": v} for oid, v in created],
-        }
+            return VersionCreated(object_id=object_id, version=version)
+        body = VersionsResult(
+            created=len(created),
+            versions=[CreatedVersion(id=oid, version=v) for oid, v in created],
+        )
         audit.record(
             conn,
             kind=audit.AuditKind.VERSIONS_IMPORTED,
@@ -238,7 +273,7 @@ def _create_once(
                 owner_key_id=actor_key_id,
                 key=key,
                 fingerprint=fingerprint,
-                response=json.dumps(body),
+                response=json.dumps(body.model_dump(mode="json")),
                 at=now,
                 scope=_SCOPE,
             )

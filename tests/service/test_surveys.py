@@ -424,16 +424,16 @@ def test_cancel_stops_before_undecided_members(
             chunk_size=6,
         )
         first = survey_runs.run_chunk(
-            engine=engine, worker=worker, survey_id=view["id"], chunk=0, limits=DEFAULT_LIMITS
+            engine=engine, worker=worker, survey_id=view.id, chunk=0, limits=DEFAULT_LIMITS
         )
         assert first.decided == 6
-        r = client.delete(f"/v1/surveys/{view['id']}", headers=auth(ADMIN_KEY))
+        r = client.delete(f"/v1/surveys/{view.id}", headers=auth(ADMIN_KEY))
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "cancelled"
         status = survey_runs.run_survey(
             engine=engine,
             worker=worker,
-            survey_id=view["id"],
+            survey_id=view.id,
             owner="test",
             limits=DEFAULT_LIMITS,
             lease_seconds=5,
@@ -442,15 +442,15 @@ def test_cancel_stops_before_undecided_members(
     finally:
         worker.close()
         engine.dispose()
-    final = client.get(f"/v1/surveys/{view['id']}", headers=analyst).json()
+    final = client.get(f"/v1/surveys/{view.id}", headers=analyst).json()
     assert final["progress"]["decided"] == 6
-    responses = all_responses(client, auth(ADMIN_KEY), view["id"])
+    responses = all_responses(client, auth(ADMIN_KEY), view.id)
     # the undecided members will never be asked: "cancelled", not "pending" forever
     decisions = [r["decision"] for r in responses]
     assert decisions.count("cancelled") == 14
     assert "pending" not in decisions
     # an analyst who did not create it may not cancel it
-    assert client.delete(f"/v1/surveys/{view['id']}", headers=analyst).status_code == 403
+    assert client.delete(f"/v1/surveys/{view.id}", headers=analyst).status_code == 403
     verify_clean(database_url)
 
 

@@ -406,7 +406,7 @@ def test_a_survey_asks_each_member_s_current_version(
         status = survey_runs.run_survey(
             engine=engine,
             worker=worker,
-            survey_id=view["id"],
+            survey_id=view.id,
             owner="test",
             limits=DEFAULT_LIMITS,
             lease_seconds=5,
@@ -416,7 +416,7 @@ def test_a_survey_asks_each_member_s_current_version(
         survey_runs.run_survey(
             engine=engine,
             worker=worker,
-            survey_id=view["id"],
+            survey_id=view.id,
             owner="test",
             limits=DEFAULT_LIMITS,
             lease_seconds=5,
@@ -424,17 +424,17 @@ def test_a_survey_asks_each_member_s_current_version(
     finally:
         worker.close()
         engine.dispose()
-    done = client.get(f"/v1/surveys/{view['id']}", headers=ADMIN).json()
+    done = client.get(f"/v1/surveys/{view.id}", headers=ADMIN).json()
     assert done["progress"]["accepted"] == 1
     assert done["progress"]["refused"]["lifetime-exhausted"] == 1
-    items = client.get(f"/v1/surveys/{view['id']}/responses", headers=ADMIN).json()["items"]
+    items = client.get(f"/v1/surveys/{view.id}/responses", headers=ADMIN).json()["items"]
     by_id = {item["object_id"]: item for item in items}
     assert by_id[fresh]["decision"] == "accepted"
     assert by_id[fresh]["version"] == 2
     assert by_id[spent]["decision"] == "refused"
     assert by_id[spent]["reason"] == "lifetime-exhausted"
     answered = client.get(f"/v1/objects/{fresh}/queries", headers=ADMIN).json()["items"]
-    assert [(i["version"], i["survey_id"]) for i in answered] == [(2, view["id"])]
+    assert [(i["version"], i["survey_id"]) for i in answered] == [(2, view.id)]
     assert client.get(f"/v1/objects/{fresh}/queries?version=1", headers=ADMIN).json()["items"] == []
     assert client.get(f"/v1/objects/{spent}/odometer", headers=ADMIN).json()["rejected"] == 1
     check_verify(database_url)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
@@ -37,7 +37,7 @@ async def audit_log(
     # ids are 32-bit integers: a larger ``after`` reached PostgreSQL and was a 500
     after: Annotated[int, Query(ge=0, le=2_147_483_647, description="Events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
-) -> dict[str, Any]:
+) -> schemas.AuditPage:
     """The audit log (admin): registrations, retirements, keys, every submit decision.
 
     Oldest first; pass ``next_after`` back as ``after`` for the next page.

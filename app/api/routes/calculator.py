@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter
 
@@ -30,7 +30,7 @@ async def loss(
     runtime: RuntimeDep,
     _: AnalystDep,
     body: Annotated[schemas.LossRequest, typed_body(schemas.LossRequest)],
-) -> dict[str, Any]:
+) -> schemas.LossResult:
     """The stateless loss calculator (contract.md): realized loss of a history and a candidate."""
     # the engine computes from the request as written (decimals as written, against its domain)
     return await calculator.compute_loss(worker=runtime.worker, request=body.written())

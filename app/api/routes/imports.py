@@ -86,7 +86,7 @@ async def import_objects(
             json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
         ),
     ] = None,
-) -> dict[str, Any]:
+) -> schemas.ImportResult:
     """Register up to 10,000 objects (admin), all or nothing.
 
     The body is `{"objects": [registration, ...]}`, or NDJSON (`Content-Type:
@@ -143,7 +143,7 @@ async def import_versions(
             json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
         ),
     ] = None,
-) -> dict[str, Any]:
+) -> schemas.VersionsResult:
     """New values for up to 10,000 objects (admin), all or nothing.
 
     The body is `{"versions": [{"id", "value"}, ...]}`. Each object's current version is
@@ -157,7 +157,7 @@ async def import_versions(
     items = version_service.parse_bulk(parse_json(raw))
     replayed: list[bool] = []
 
-    def run() -> dict[str, Any]:
+    def run() -> schemas.VersionsResult:
         return version_service.create_versions(
             engine=runtime.engine,
             locks=runtime.locks,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, status
 
@@ -59,7 +59,7 @@ async def list_api_keys(
     after: Annotated[
         int, Query(ge=0, le=2_147_483_647, description="Return keys with id > after")
     ] = 0,
-) -> dict[str, Any]:
+) -> schemas.KeyPage:
     """API keys (admin): id, role, label, created and revoked times — never a secret."""
     return await in_thread(runtime, list_keys, engine=runtime.engine, limit=limit, after=after)
 

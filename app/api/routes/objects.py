@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Response, status
 
@@ -53,7 +53,7 @@ async def register(
     runtime: RuntimeDep,
     caller: AdminDep,
     body: JsonBody,
-) -> dict[str, Any]:
+) -> schemas.ObjectView:
     """Register a protected object (admin). The value is stored and never returned."""
     # the use case validates the body (schemas.RegisterRequest, as imports do per item)
     return await in_thread(
@@ -69,7 +69,7 @@ async def register(
 @router.get("/{object_id}", **answers(schemas.ObjectView), responses=PROBLEMS)
 async def get_object(
     runtime: RuntimeDep, caller: AnalystDep, object_id: ObjectId
-) -> dict[str, Any]:
+) -> schemas.ObjectView:
     """Metadata of an object: domain, budget, filter, odometer — never the value."""
     return await in_thread(
         runtime,
@@ -81,7 +81,7 @@ async def get_object(
 
 
 @router.delete("/{object_id}", **answers(schemas.ObjectView), responses=PROBLEMS)
-async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> dict[str, Any]:
+async def retire(runtime: RuntimeDep, caller: AdminDep, object_id: ObjectId) -> schemas.ObjectView:
     """Retire an object (admin): it answers no more queries; its history is kept."""
     return await in_thread(
         runtime,
@@ -110,7 +110,7 @@ async def new_version(
     caller: AdminDep,
     object_id: ObjectId,
     body: Annotated[schemas.VersionRequest, typed_body(schemas.VersionRequest)],
-) -> dict[str, Any]:
+) -> schemas.VersionCreated:
     """Give the object a new value (admin); its current version is closed, history kept.
 
     Queries from now on read the new value under a fresh per-version filter, within the
@@ -139,7 +139,7 @@ async def dry_run(
     caller: AnalystDep,
     object_id: ObjectId,
     body: QueryBody,
-) -> dict[str, Any]:
+) -> schemas.Decision:
     """Would the filter accept this query now? Nothing changes; a rejection is a normal 200."""
     return await in_thread(
         runtime,
@@ -198,7 +198,7 @@ async def submit(
             json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
         ),
     ] = None,
-) -> dict[str, Any]:
+) -> schemas.SubmitResult:
     """Run an accepted query: sample its output from the true value, record it, return it.
 
     With ``"reuse": true``, a stored answer of the identical query from the object's current
@@ -228,7 +228,7 @@ async def submit(
     if outcome.reused:
         response.status_code = status.HTTP_200_OK
         return outcome.body
-    return {**outcome.body, "reused": False}
+    return outcome.body.model_copy(update={"reused": False})
 
 
 @router.get("/{object_id}/queries", **answers(schemas.HistoryPage), responses=PROBLEMS)
@@ -244,7 +244,7 @@ async def history(
         int | None,
         Query(ge=1, le=2_147_483_647, description="The data version (default: the current one)"),
     ] = None,
-) -> dict[str, Any]:
+) -> schemas.HistoryPage:
     """Accepted queries of one data version with their outputs; an analyst sees only its own."""
     own = caller.key_id if caller.role is Role.ANALYST else None
     return await in_thread(
@@ -261,7 +261,7 @@ async def history(
 
 
 @router.get("/{object_id}/odometer", **answers(schemas.Odometer), responses=PROBLEMS)
-async def odometer(runtime: RuntimeDep, caller: ViewerDep, object_id: ObjectId) -> dict[str, Any]:
+async def odometer(runtime: RuntimeDep, caller: ViewerDep, object_id: ObjectId) -> schemas.Odometer:
     """Realized loss (certified bounds), remaining budget, basic composition, counts."""
     return await in_thread(
         runtime,
@@ -284,7 +284,7 @@ async def odometer_history(
         int | None,
         Query(ge=1, le=2_147_483_647, description="The data version (default: the current one)"),
     ] = None,
-) -> dict[str, Any]:
+) -> schemas.OdometerHistory:
     """The loss after each accepted query of one data version, for charts."""
     return await in_thread(
         runtime,

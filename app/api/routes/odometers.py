@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 
@@ -81,7 +81,7 @@ async def odometers(
             description="Start after this id (keyset paging: pass the last item's id)",
         ),
     ] = None,
-) -> dict[str, Any]:
+) -> schemas.OdometerPage:
     """A page of odometers across objects in id order, filtered.
 
     By id prefix, status, remaining budget and labels; ``after`` (the last id seen) pages
@@ -121,7 +121,7 @@ async def odometer_totals(
     include_retired: Annotated[
         bool, Query(description="objects and rejected cover retired objects too")
     ] = False,
-) -> dict[str, Any]:
+) -> schemas.OdometerTotals:
     """How many objects carry the labels (and id prefix), by status; rejected submits summed.
 
     ``objects`` is the ``total`` of ``GET /v1/odometers`` with the same parameters; the counts

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, status
 
@@ -29,7 +29,7 @@ async def create_project(
     runtime: RuntimeDep,
     caller: AdminDep,
     body: Annotated[schemas.ProjectRequest, typed_body(schemas.ProjectRequest)],
-) -> dict[str, Any]:
+) -> schemas.ProjectView:
     """Create a project (admin): its keys see only objects in its scope, within its quota."""
     return await in_thread(
         runtime,
@@ -46,7 +46,7 @@ async def list_projects(
     _: AdminDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[int, Query(ge=0, le=2_147_483_647, description="The previous next_after")] = 0,
-) -> dict[str, Any]:
+) -> schemas.ProjectPage:
     """Projects in creation order (admin)."""
     return await in_thread(
         runtime, project_service.list_projects, engine=runtime.engine, limit=limit, after=after
@@ -57,7 +57,7 @@ _NOT_FOUND = problems(*AUTHENTICATED, 404, s404="No such project")
 
 
 @router.get("/{name}", **answers(schemas.ProjectView), responses=_NOT_FOUND)
-async def get_project(runtime: RuntimeDep, _: AdminDep, name: ProjectName) -> dict[str, Any]:
+async def get_project(runtime: RuntimeDep, _: AdminDep, name: ProjectName) -> schemas.ProjectView:
     """A project's scope and quota (admin)."""
     return await in_thread(runtime, project_service.get_project, engine=runtime.engine, name=name)
 
@@ -73,7 +73,7 @@ async def change_project_quota(
     caller: AdminDep,
     name: ProjectName,
     body: Annotated[schemas.ProjectPatch, typed_body(schemas.ProjectPatch)],
-) -> dict[str, Any]:
+) -> schemas.ProjectView:
     """Change a project's quota (admin); its scope is fixed."""
     return await in_thread(
         runtime,

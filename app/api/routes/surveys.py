@@ -29,7 +29,9 @@ _COHORT_422 = (
 )
 
 
-async def _with_workers(runtime: Runtime, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def _with_workers(
+    runtime: Runtime, views: list[schemas.SurveyView]
+) -> list[schemas.SurveyView]:
     """The views with ``waiting_for_workers`` (the job runner is asked only when one waits)."""
     no_workers = False
     if any(survey_service.waits_on_workers(v) for v in views):
@@ -63,7 +65,7 @@ async def create_survey(
             json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
         ),
     ] = None,
-) -> dict[str, Any]:
+) -> schemas.SurveyView:
     """Ask one query of every member of a cohort (analyst); it runs in the background."""
     if idempotency_key is not None and not idempotency_key.strip(" \t"):
         raise BadHeader("Idempotency-Key", "must not be empty")
@@ -84,8 +86,8 @@ async def create_survey(
     )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/v1/surveys/{view['id']}"
-    runtime.surveys.start(view["id"])
+    response.headers["Location"] = f"/v1/surveys/{view.id}"
+    runtime.surveys.start(view.id)
     return (await _with_workers(runtime, [view]))[0]
 
 
@@ -97,7 +99,7 @@ async def create_survey(
 )
 async def survey_dry_run(
     runtime: RuntimeDep, caller: AnalystDep, body: SurveyBody
-) -> dict[str, Any]:
+) -> schemas.SurveyDryRun:
     """How a survey would go now: members, would accept, refusals by reason, groups."""
     max_members = runtime.settings.survey_max_members
     request = survey_service.survey_request(body, max_members=max_members)
@@ -124,7 +126,7 @@ async def list_surveys(
     before: Annotated[
         int | None, Query(ge=1, le=2_147_483_647, description="Surveys with id < before")
     ] = None,
-) -> dict[str, Any]:
+) -> schemas.SurveyPage:
     """Surveys, newest first."""
     page = await in_thread(
         runtime,
@@ -136,14 +138,16 @@ async def list_surveys(
         is_admin=caller.role is Role.ADMIN,
         scope=caller.scope,
     )
-    return {**page, "items": await _with_workers(runtime, page["items"])}
+    return page.model_copy(update={"items": await _with_workers(runtime, page.items)})
 
 
 _NOT_FOUND = problems(*AUTHENTICATED, 404, s404="No such survey")
 
 
 @router.get("/{survey_id:int}", **answers(schemas.SurveyView), responses=_NOT_FOUND)
-async def get_survey(runtime: RuntimeDep, caller: ViewerDep, survey_id: SurveyId) -> dict[str, Any]:
+async def get_survey(
+    runtime: RuntimeDep, caller: ViewerDep, survey_id: SurveyId
+) -> schemas.SurveyView:
     """Status, progress, refusals by reason and the estimate with its error.
 
     ``waiting_for_workers``: true while members are left to decide and, with ``BROKER_URL``
@@ -177,7 +181,7 @@ async def survey_responses(
             description="The previous page's next_after (an object id)",
         ),
     ] = None,
-) -> dict[str, Any]:
+) -> schemas.SurveyResponsePage:
     """Each member's decision; outputs only for the survey's analyst and admins."""
     return await in_thread(
         runtime,
@@ -199,7 +203,7 @@ async def survey_responses(
 )
 async def cancel_survey(
     runtime: RuntimeDep, caller: AnalystDep, survey_id: SurveyId
-) -> dict[str, Any]:
+) -> schemas.SurveyView:
     """Cancel: members not yet decided are not queried; accepted answers stay."""
     view = await in_thread(
         runtime,
@@ -210,6 +214,6 @@ async def cancel_survey(
         is_admin=caller.role is Role.ADMIN,
         scope=caller.scope,
     )
-    if view["status"] == "cancelled":
+    if view.status == "cancelled":
         await in_thread(runtime, runtime.surveys.cancelled, survey_id)
     return (await _with_workers(runtime, [view]))[0]

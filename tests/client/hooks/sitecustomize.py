@@ -38,7 +38,7 @@ if _MARKER:
                 fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:  # the one kill already happened
                 return outcome
-            stored = {"query_id": outcome.body["query_id"], "output": outcome.body["output"]}
+            stored = {"query_id": outcome.body.query_id, "output": outcome.body.output}
             with os.fdopen(fd, "w") as file:
                 json.dump({**stored, "pid": os.getpid()}, file)
             os.kill(os.getpid(), signal.SIGKILL)
