@@ -288,7 +288,24 @@ def verify_all(engine: Database, progress: Callable[[int], object] | None = None
         verify_state_refs(conn, report)
         verify_surveys(conn, report)
         verify_project_states(conn, report)
+        verify_object_counts(conn, report)
     return report
+
+
+def verify_object_counts(conn: Tx, report: Report) -> None:
+    """The counts ``object_counts`` keeps (the dashboard's summary, the gauges) equal a count.
+
+    Both read in the same transaction; they differ only if the triggers of migration 0013 were
+    dropped or disabled, or a status's definition changed without recreating them.
+    """
+    for include_retired in (False, True):
+        kept = object_store.kept_totals(conn, include_retired=include_retired)
+        counted = object_store.scanned_totals(
+            conn, object_store.ObjectFilter(include_retired=include_retired)
+        )
+        if kept != counted:
+            report.problems.append(f"object counts: kept {kept}, counted {counted}")
+            return
 
 
 def verify_project_states(conn: Tx, report: Report) -> None:
