@@ -26,10 +26,14 @@ What it does
    arrives, the summary cards when the totals do). **A search by id**: the same two requests
    with ``id_prefix=`` a whole id near the end. The same for a project key scoped to
    ``site: a``. Each is timed ``--rounds`` times (median and slowest, milliseconds).
-4. **Rows rewritten, not vacuumed**: every row updated once (as a survey over every member
+4. **What the counting triggers cost writers**: single-row updates (a submit's compare-and-set)
+   and 5,000-row updates (a survey's chunk), each with the triggers and without
+   (``session_replication_role = replica``), alternated on disjoint rows; the counts are
+   recounted afterwards.
+5. **Rows rewritten, not vacuumed**: every row updated once (as a survey over every member
    does), then the same requests again before autovacuum has caught up — the worst case for
    index-only scans, whose visibility map the updates cleared.
-5. ``--explain``: ``EXPLAIN (ANALYZE, BUFFERS)`` of the statements behind the totals and the
+6. ``--explain``: ``EXPLAIN (ANALYZE, BUFFERS)`` of the statements behind the totals and the
    page's count.
 
 The figures are in docs/benchmarks.md ("Dashboard at 10^6 objects").
@@ -136,6 +140,77 @@ def rewrite_rows(url: str) -> float:
     return time.monotonic() - started
 
 
+def trigger_cost(url: str, count: int, rounds: int) -> list[str]:
+    """Milliseconds of writes with the counting triggers and without (``session_replication_role
+    = replica`` skips them), alternated on disjoint rows of the same table.
+
+    A submit's compare-and-set is one row updated in its own transaction; a survey's chunk
+    updates 5,000 rows in one statement (here the loss of each, so each changes status).
+    """
+    import psycopg
+
+    found: dict[tuple[str, bool], list[float]] = {}
+    with psycopg.connect(psycopg_url(url), autocommit=True) as conn:
+        start = 0
+        for _ in range(rounds):
+            for triggers in (True, False):
+                conn.execute(
+                    "SET session_replication_role = " + ("origin" if triggers else "replica")
+                )
+                started = time.perf_counter()
+                for n in range(start, start + 200):
+                    conn.execute(
+                        "UPDATE objects SET version = version + 1, loss_upper = budget "
+                        "WHERE id = %s",
+                        (f"dash-{n:07d}",),
+                    )
+                found.setdefault(("200 one-row updates (submits)", triggers), []).append(
+                    (time.perf_counter() - started) * 1000
+                )
+                start += 200
+                started = time.perf_counter()
+                with conn.transaction():
+                    conn.execute(
+                        "UPDATE objects SET version = version + 1, loss_upper = 0.5 * budget "
+                        "WHERE id >= %s AND id < %s",
+                        (f"dash-{start:07d}", f"dash-{start + 5000:07d}"),
+                    )
+                found.setdefault(("one 5,000-row update (a survey chunk)", triggers), []).append(
+                    (time.perf_counter() - started) * 1000
+                )
+                start += 5000
+                if start >= count:
+                    raise SystemExit(f"--rounds {rounds} needs more than {count} objects")
+        conn.execute("SET session_replication_role = origin")
+        # the disabled triggers missed those changes: count again (as the migration does)
+        conn.execute("DELETE FROM object_counts")
+        shares = ", ".join(f"sum({kept})" for kept in _recount_shares())
+        recount = (
+            f"INSERT INTO object_counts (slot, {', '.join(_names())}) SELECT 0, {shares} "  # noqa: S608 - the store's own expressions
+            "FROM objects"
+        )
+        conn.execute(recount)  # type: ignore[arg-type]
+    lines = ["| write | with triggers ms (median) | without ms (median) |", "|---|---|---|"]
+    for name in dict.fromkeys(k[0] for k in found):
+        on, off = statistics.median(found[name, True]), statistics.median(found[name, False])
+        lines.append(f"| {name} | {on:.1f} | {off:.1f} |")
+    return lines
+
+
+def _names() -> list[str]:
+    from app.store.objects import ROW_COUNTS
+
+    return list(ROW_COUNTS)
+
+
+def _recount_shares() -> list[str]:
+    from sqlalchemy.dialects import postgresql
+
+    from app.store.objects import row_counts_sql
+
+    return list(row_counts_sql(postgresql.dialect(), "objects").values())
+
+
 def allow_autovacuum(url: str) -> None:
     import psycopg
 
@@ -206,11 +281,19 @@ def explain(url: str, scope: tuple[tuple[str, str], ...] | None) -> None:
     try:
         with engine.connect() as conn:
             where = store.ObjectFilter(scope=scope)
+            conditions = where.conditions(conn)
             statements = {
-                "count of the page": select(func.count())
+                "the page": select(store.OBJECTS.c.id)
+                .where(*conditions)
+                .order_by(store.OBJECTS.c.id)
+                .limit(PAGE),
+                "the page's count, counted": select(func.count())
                 .select_from(store.OBJECTS)
-                .where(*where.conditions(conn)),
-                **{f"totals: {k}": s for k, s in store.totals_statements(conn, where).items()},
+                .where(*conditions),
+                "totals, counted": store.SCANNED_TOTALS.where(
+                    *where.conditions(conn, statuses=False)
+                ),
+                "totals, kept": store.KEPT_TOTALS,
             }
             for name, statement in statements.items():
                 compiled = statement.compile(conn, compile_kwargs={"literal_binds": True})
@@ -231,6 +314,11 @@ def database(args: argparse.Namespace) -> Iterator[tuple[str, bool]]:
         yield url, True
 
 
+def totals_count(http: httpx.Client, key: str) -> int:
+    totals = get(http, "/v1/odometers/totals?include_retired=true", key)
+    return int(totals["active"] + totals["retired"])
+
+
 def row(name: str, measured: dict[str, Any], total: Any) -> str:
     return (
         f"| {name} | {measured['rows']:.0f} | {measured['rows_max']:.0f} | "
@@ -241,20 +329,21 @@ def row(name: str, measured: dict[str, Any], total: Any) -> str:
 def run(http: httpx.Client, viewer: str, scoped: str, rounds: int) -> list[str]:
     """The table's rows: the first screen and a search, unscoped and scoped."""
     totals = get(http, "/v1/odometers/totals?include_retired=true", viewer)
-    target = f"dash-{totals['active'] + totals['retired'] - 2:07d}"  # n % 100 = 98: active
+    count = totals["active"] + totals["retired"]
+    # near the end, active (n % 100 = 98), and in the project's scope (site a: n % 3 = 0)
+    target = "dash-" + f"{max(n for n in range(count - 300, count) if n % 300 == 198):07d}"
     found = []
     for who, key in (("viewer", viewer), ("project key site:a", scoped)):
         first = timed(lambda key=key: first_screen(http, key), rounds)  # type: ignore[misc]
         totals = first["last"]["totals"]
-        assert first["last"]["page"]["total"] == totals["objects"], (first["last"], totals)
+        if first["last"]["page"]["total"] != totals["objects"]:
+            raise SystemExit(f"the list's total differs from the totals': {first['last']}")
         found.append(row(f"first screen, {who}", first, json.dumps(totals)))
         search = timed(
             lambda key=key: screen(http, key, f"id_prefix={target}"),  # type: ignore[misc]
             rounds,
         )
-        found.append(
-            row(f"search by id {target}, {who}", search, search["last"]["page"]["total"])
-        )
+        found.append(row(f"search by id {target}, {who}", search, search["last"]["page"]["total"]))
     return found
 
 
@@ -265,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-database", action="store_true")
     parser.add_argument("--database", help="an existing seeded database (its name) to time again")
     parser.add_argument("--explain", action="store_true", help="EXPLAIN ANALYZE the statements")
-    parser.add_argument("--no-rewrite", action="store_true", help="skip step 4")
+    parser.add_argument("--no-rewrite", action="store_true", help="skip step 5")
+    parser.add_argument("--no-trigger-cost", action="store_true", help="skip step 4")
     args = parser.parse_args(argv)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     with database(args) as (url, fresh), tempfile.TemporaryDirectory() as tmp:
@@ -283,23 +373,29 @@ def main(argv: list[str] | None = None) -> int:
                 json={"name": project, "scope": {"labels": {"site": "a"}}, "quota": {"epsilon": 1}},
             )
             r.raise_for_status()
-            r = http.post(
-                "/v1/keys", json={"role": "viewer", "project": project}, headers=admin
-            )
+            r = http.post("/v1/keys", json={"role": "viewer", "project": project}, headers=admin)
             r.raise_for_status()
             scoped = r.json()["key"]
             print(
                 f"load {os.getloadavg()[0]:.2f} (1 min) at start; {args.rounds} rounds each; "
                 "ms from the first request"
             )
-            print("| requests | rows median | rows slowest | summary median | summary slowest "
-                  "| totals / listed |")
+            print(
+                "| requests | rows median | rows slowest | summary median | summary slowest "
+                "| totals / listed |"
+            )
             print("|---|---|---|---|---|---|")
             for line in run(http, viewer, scoped, args.rounds):
                 print(line, flush=True)
             if args.explain:
                 explain(url, None)
                 explain(url, (("site", "a"),))
+            if not args.no_trigger_cost:
+                print(
+                    "\nthe counting triggers' cost (alternated on disjoint rows, "
+                    f"{args.rounds} rounds):"
+                )
+                print("\n".join(trigger_cost(url, totals_count(http, viewer), args.rounds)))
             if not args.no_rewrite:
                 print(f"\nevery row updated once in {rewrite_rows(url):.1f} s, not vacuumed:")
                 try:

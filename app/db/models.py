@@ -25,8 +25,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
-    ColumnElement,
     BigInteger,
+    ColumnElement,
     Float,
     ForeignKey,
     Index,

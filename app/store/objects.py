@@ -424,8 +424,8 @@ def _sums(shares: Mapping[str, ColumnElement[int]]) -> list[ColumnElement[int]]:
     return [func.coalesce(func.sum(share), 0) for share in shares.values()]
 
 
-_KEPT = select(*_sums({name: COUNTS.c[name] for name in ROW_COUNTS}))
-_SCANNED = select(*_sums(ROW_COUNTS)).select_from(OBJECTS)
+KEPT_TOTALS = select(*_sums({name: COUNTS.c[name] for name in ROW_COUNTS}))
+SCANNED_TOTALS = select(*_sums(ROW_COUNTS)).select_from(OBJECTS)
 
 
 def _totals(counts: Iterable[int], include_retired: bool) -> ObjectTotals:
@@ -442,13 +442,13 @@ def _totals(counts: Iterable[int], include_retired: bool) -> ObjectTotals:
 
 def kept_totals(conn: Tx, *, include_retired: bool = False) -> ObjectTotals:
     """Every object's totals as ``object_counts`` keeps them (a read of at most 64 rows)."""
-    return _totals(conn.execute(_KEPT).one(), include_retired)
+    return _totals(conn.execute(KEPT_TOTALS).one(), include_retired)
 
 
 def scanned_totals(conn: Tx, where: ObjectFilter | None = None) -> ObjectTotals:
     """The totals counted over the matching rows (one aggregate statement, a scan)."""
     where = where or ObjectFilter()
-    statement = _SCANNED.where(*where.conditions(conn, statuses=False))
+    statement = SCANNED_TOTALS.where(*where.conditions(conn, statuses=False))
     return _totals(conn.execute(statement).one(), where.include_retired)
 
 
