@@ -122,16 +122,17 @@ def test_every_writer_keeps_the_counts_exact(client: TestClient, engine: Databas
     assert after.near_exhaustion == before.near_exhaustion + 2
     assert after.rejected == before.rejected + 2
 
-    # a survey over the study: every member answers once (ε 0.5 of 1.0), the spent ones refuse
-    body = {"name": "counts", "query": grr_query(0.5), "cohort": {"labels": {"study": study}}}
+    # a survey over the study: the 13 members with room answer (one grr answer's loss is its
+    # ε, here the budget: exhausted), the two spent ones are refused; a second refuses all
+    body = {"name": "counts", "query": grr_query(1.0), "cohort": {"labels": {"study": study}}}
     r = client.post("/v1/surveys", headers=analyst, json=body)
     assert r.status_code == 202, r.text
-    assert wait_done(client, analyst, r.json()["id"])["status"] == "done"
-    assert_exact(client, engine)
-    r = client.post("/v1/surveys", headers=analyst, json={**body, "name": "counts-2"})
-    assert wait_done(client, analyst, r.json()["id"])["status"] == "done"
+    assert wait_done(client, analyst, r.json()["id"])["progress"]["accepted"] == 13
     after = assert_exact(client, engine)
-    assert after.exhausted > before.exhausted + 1
+    assert after.exhausted == before.exhausted + 14
+    r = client.post("/v1/surveys", headers=analyst, json={**body, "name": "counts-2"})
+    assert wait_done(client, analyst, r.json()["id"])["progress"]["accepted"] == 0
+    assert_exact(client, engine)
 
     # a new data version starts the object's loss again: exhausted no more
     r = client.post(f"/v1/objects/{single[1]}/versions", headers=ADMIN, json={"value": {"x": 2}})
@@ -161,6 +162,19 @@ def test_every_writer_keeps_the_counts_exact(client: TestClient, engine: Databas
     ).json()
     assert by_label["objects"] == 14  # 15 registered, one deleted
     assert by_label["retired"] == 2
+    # a project key scoped to the study counts its scope's objects, not the kept counts
+    project = {
+        "name": unique_id("p"),
+        "scope": {"labels": {"study": study}},
+        "quota": {"epsilon": 1},
+    }
+    assert client.post("/v1/projects", headers=ADMIN, json=project).status_code == 201
+    r = client.post("/v1/keys", headers=ADMIN, json={"role": "viewer", "project": project["name"]})
+    scoped = auth(r.json()["key"])
+    params = {"include_retired": "true"}
+    assert client.get("/v1/odometers/totals", params=params, headers=scoped).json() == by_label
+    listed = client.get("/v1/odometers", params={**params, "limit": 1}, headers=scoped).json()
+    assert listed["total"] == 14
     assert verify_problems(engine) == []
 
 
