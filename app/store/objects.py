@@ -24,6 +24,7 @@ from sqlalchemy import (
     func,
     literal,
     select,
+    true,
     update,
 )
 from sqlalchemy import cast as sql_cast
@@ -450,6 +451,17 @@ def scanned_totals(conn: Tx, where: ObjectFilter | None = None) -> ObjectTotals:
     where = where or ObjectFilter()
     statement = SCANNED_TOTALS.where(*where.conditions(conn, statuses=False))
     return _totals(conn.execute(statement).one(), where.include_retired)
+
+
+def kept_and_counted(conn: Tx) -> tuple[list[int], list[int]]:
+    """The sums ``object_counts`` keeps and the same sums counted over every row.
+
+    In one statement, so one snapshot: writers running meanwhile cannot make them differ.
+    """
+    kept, counted = KEPT_TOTALS.subquery(), SCANNED_TOTALS.subquery()
+    both = select(kept, counted).select_from(kept.join(counted, true()))
+    found = [int(n) for n in conn.execute(both).one()]
+    return found[: len(ROW_COUNTS)], found[len(ROW_COUNTS) :]
 
 
 def totals(conn: Tx, where: ObjectFilter | None = None) -> ObjectTotals:
