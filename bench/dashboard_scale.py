@@ -34,7 +34,8 @@ What it does
    does), then the same requests again before autovacuum has caught up — the worst case for
    index-only scans, whose visibility map the updates cleared.
 6. ``--explain``: ``EXPLAIN (ANALYZE, BUFFERS)`` of the statements behind the totals and the
-   page's count.
+   page's count. ``--import-cost N`` instead times ``gatekeeper import`` of N objects into fresh
+   databases with the triggers and without, alternated.
 
 The figures are in docs/benchmarks.md ("Dashboard at 10^6 objects").
 """
@@ -211,6 +212,39 @@ def _recount_shares() -> list[str]:
     return list(row_counts_sql(postgresql.dialect(), "objects").values())
 
 
+def import_cost(objects: int, rounds: int) -> list[str]:
+    """Seconds of ``gatekeeper import`` of ``objects`` registrations into a fresh database,
+    with the counting triggers and with them disabled (``DISABLE TRIGGER USER``), alternated."""
+    import psycopg
+    from cryptography.fernet import Fernet
+
+    from bench.survey_load import KEY_FILE, cli, write_population
+
+    found: dict[bool, list[float]] = {True: [], False: []}
+    KEY_FILE.write_text(Fernet.generate_key().decode())
+    with tempfile.TemporaryDirectory() as tmp:
+        population = Path(tmp) / "population.ndjson"
+        write_population(population, objects, seed=1)
+        for _ in range(rounds):
+            for triggers in (True, False):
+                with fresh_database() as (url, _name):
+                    if not triggers:
+                        with psycopg.connect(psycopg_url(url), autocommit=True) as conn:
+                            conn.execute("ALTER TABLE objects DISABLE TRIGGER USER")
+                    started = time.monotonic()
+                    done = cli(url, "import", str(population), "--quiet")
+                    found[triggers].append(time.monotonic() - started)
+                    if done.returncode != 0:
+                        raise SystemExit(done.stderr)
+    KEY_FILE.unlink(missing_ok=True)
+    return [
+        "| import | with triggers s (each run) | without s (each run) |",
+        "|---|---|---|",
+        f"| {objects} objects | {', '.join(f'{t:.1f}' for t in found[True])} | "
+        f"{', '.join(f'{t:.1f}' for t in found[False])} |",
+    ]
+
+
 def allow_autovacuum(url: str) -> None:
     import psycopg
 
@@ -356,8 +390,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--explain", action="store_true", help="EXPLAIN ANALYZE the statements")
     parser.add_argument("--no-rewrite", action="store_true", help="skip step 5")
     parser.add_argument("--no-trigger-cost", action="store_true", help="skip step 4")
+    parser.add_argument(
+        "--import-cost",
+        type=int,
+        metavar="N",
+        help="only time `gatekeeper import` of N objects with and without the triggers",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    if args.import_cost:
+        print(f"load {os.getloadavg()[0]:.2f} (1 min) at start; {args.rounds} rounds")
+        print("\n".join(import_cost(args.import_cost, args.rounds)))
+        print(f"load {os.getloadavg()[0]:.2f} (1 min) at the end")
+        return 0
     with database(args) as (url, fresh), tempfile.TemporaryDirectory() as tmp:
         server = Server(url, workers=1, bound=0, log_path=Path(tmp) / "serve.log")
         try:
