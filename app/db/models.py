@@ -202,10 +202,11 @@ class ObjectCount(Base):
     Every statement that inserts, updates or deletes objects adds its change of each count to
     one row here, in its own transaction, whichever code path ran it (submits, surveys,
     imports, versions, retirement, a repair by hand). The counts are the sums over every row;
-    on PostgreSQL a statement writes the row ``slot = pg_backend_pid() % 64``, so that
-    concurrent transactions do not wait for one another's row (a row's counts alone can be
-    negative). The statuses are :mod:`app.store.objects`' conditions; ``gatekeeper verify``
-    compares the sums with a count of the objects.
+    on PostgreSQL a statement writes the row ``slot = pg_backend_pid()``: no two live
+    connections share one, so concurrent transactions never wait for one another's row (nor
+    deadlock through it); a row's counts alone can be negative. The statuses are
+    :mod:`app.store.objects`' conditions; ``gatekeeper verify`` compares the sums with a count
+    of the objects.
     """
 
     __tablename__ = "object_counts"

@@ -442,7 +442,7 @@ def _totals(counts: Iterable[int], include_retired: bool) -> ObjectTotals:
 
 
 def kept_totals(conn: Tx, *, include_retired: bool = False) -> ObjectTotals:
-    """Every object's totals as ``object_counts`` keeps them (a read of at most 64 rows)."""
+    """Every object's totals as ``object_counts`` keeps them (a sum over its few rows)."""
     return _totals(conn.execute(KEPT_TOTALS).one(), include_retired)
 
 

@@ -10,9 +10,11 @@ retirement, a repair by hand — changes the counts in the statement that change
 
 * PostgreSQL: one trigger per statement (``INSERT``, ``UPDATE``, ``DELETE``, with its
   transition tables; ``TRUNCATE`` empties the counts) adds the statement's change of each count
-  to the row ``slot = pg_backend_pid() % 64``, created by the first change of that slot: two
-  transactions on different connections seldom write the same row, so they do not wait for
-  one another.
+  to the row ``slot = pg_backend_pid()``, created by the first change of that slot: no two live
+  connections share a process id, so a transaction never waits for another's row, nor
+  deadlocks through it (with ``pid % N`` two connections could share a row, and a transaction
+  holding it and waiting for an object that the other had locked would deadlock). There is
+  one row per server process that ever changed a count, bounded by the process ids.
 * SQLite (one writer at a time): one trigger per row adds its change to the row ``slot = 0``.
 
 The counts' expressions are the status conditions of :mod:`app.store.objects`
@@ -37,7 +39,6 @@ down_revision = "0012"
 branch_labels = None
 depends_on = None
 
-SLOTS = 64
 _NAMES = list(ROW_COUNTS)
 _COLUMNS = ", ".join(_NAMES)
 
@@ -58,7 +59,7 @@ def _postgres_function(event: str) -> str:
 CREATE FUNCTION gatekeeper_object_counts_{event}() RETURNS trigger LANGUAGE plpgsql AS $body$
 BEGIN
     INSERT INTO object_counts AS c (slot, {_COLUMNS})
-    SELECT pg_backend_pid() % {SLOTS}, {sums}
+    SELECT pg_backend_pid(), {sums}
     FROM ({" UNION ALL ".join(parts)}) AS d
     HAVING {changed}
     ON CONFLICT (slot) DO UPDATE SET {add};

@@ -242,3 +242,25 @@ def test_concurrent_writers_keep_the_counts_exact(
     assert slots is not None
     assert slots > 1  # the writers' connections wrote their own rows
     assert_exact(client, engine)
+
+
+def test_a_writer_never_waits_for_another_writers_counts(
+    client: TestClient, engine: Database, database_url: str
+) -> None:
+    """Two open transactions that both change counts: neither waits for the other's counts row.
+
+    Were the counts one shared row (or rows shared by several connections), the second would
+    wait for the first's commit, and a first that then waited for an object the second had
+    locked would deadlock. Each connection writes its own row (its server process id).
+    """
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite has one writer at a time")
+    first_id, second_id = (register(client, {"study": "waits"}) for _ in range(2))
+    spend = text("UPDATE objects SET loss_upper = budget WHERE id = :id")
+    with engine.connect() as first, engine.connect() as second:
+        first.execute(spend, {"id": first_id})  # its transaction stays open, its row locked
+        second.execute(text("SET lock_timeout = '2s'"))
+        second.execute(spend, {"id": second_id})  # would time out waiting for a shared row
+        second.commit()
+        first.commit()
+    assert_exact(client, engine)
