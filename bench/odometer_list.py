@@ -7,7 +7,8 @@ Run it on a migrated database holding many objects (PostgreSQL: a database kept 
 
 Each row is one call of the use case behind an endpoint (the dashboard's requests, without
 HTTP), timed ``--rounds`` times (the median and the slowest in milliseconds): the first page
-and its total, the totals by status, a search by id prefix (a whole id; a prefix of many), the
+and its total, the totals by status (kept in ``object_counts``; and, for contrast, counted over
+the rows as before migration 0013), a search by id prefix (a whole id; a prefix of many), the
 exhausted objects, a deep page by keyset (``after`` an id 90% of the way) and, for contrast,
 the same depth by ``offset``.
 """
@@ -25,6 +26,7 @@ from sqlalchemy import text
 
 from app.db.session import make_engine
 from app.services.objects import list_odometers, odometer_totals
+from app.store import objects as store
 
 PAGE = 250  # rows a page of the dashboard shows
 
@@ -36,6 +38,12 @@ def _timed(call: Callable[[], Any], rounds: int) -> tuple[float, float, Any]:
         result = call()
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times), max(times), result
+
+
+def scanned(engine: Any) -> dict[str, Any]:
+    """The totals as they were counted before ``object_counts`` (a scan), for contrast."""
+    with engine.connect() as conn:
+        return vars(store.scanned_totals(conn))
 
 
 def main() -> None:
@@ -62,6 +70,7 @@ def main() -> None:
     calls: list[tuple[str, Callable[[], Any]]] = [
         ("first page + total", lambda: list_odometers(**page)),
         ("totals by status", lambda: odometer_totals(engine=engine)),
+        ("totals by status, counted over the rows (before 0013)", lambda: scanned(engine)),
         ("search: a whole id", lambda: list_odometers(**page, id_prefix=str(last))),
         ("search: a prefix of ~10", lambda: list_odometers(**page, id_prefix=str(last)[:-1])),
         (

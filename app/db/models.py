@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     ColumnElement,
     Float,
@@ -195,6 +196,31 @@ class ProtectedObject(Base):
     retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     #: The domain's JSON text (read only: loaded with the row through ``domain_hash``).
     domain: Mapped[str] = column_property(domain_text_of(domain_hash))
+
+
+class ObjectCount(Base):
+    """Counts of the objects by status, kept by triggers on ``objects`` (migration 0014).
+
+    Every statement that inserts, updates or deletes objects adds its change of each count to
+    one row here, in its own transaction, whichever code path ran it (submits, surveys,
+    imports, versions, retirement, a repair by hand). The counts are the sums over every row;
+    on PostgreSQL a statement writes the row ``slot = pg_backend_pid()``: no two live
+    connections share one, so concurrent transactions never wait for one another's row (nor
+    deadlock through it); a row's counts alone can be negative. The statuses are
+    :mod:`app.store.objects`' conditions; ``gatekeeper verify`` compares the sums with a count
+    of the objects.
+    """
+
+    __tablename__ = "object_counts"
+
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    active: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    retired: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    exhausted: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    near_exhaustion: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    #: Rejected submits of the active objects, and of all objects.
+    rejected_active: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
+    rejected_all: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default="0")
 
 
 class ObjectVersion(Base):

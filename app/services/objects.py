@@ -623,7 +623,8 @@ def odometer_totals(
 
     The statuses are the ones ``GET /v1/odometers?status=`` lists and the Prometheus gauges
     count (one definition each, :mod:`app.store.objects`); ``objects`` and ``rejected`` cover
-    the objects the list shows (retired ones with ``include_retired``).
+    the objects the list shows (retired ones with ``include_retired``). Without labels, id
+    prefix or scope they are the counts kept in ``object_counts``; else counted over the rows.
     """
     where = store.ObjectFilter(
         labels=tuple(labels or ()),
@@ -674,7 +675,8 @@ class ObjectCounts:
 def object_counts(*, engine: Database) -> ObjectCounts:
     """Objects by status (the statuses of the odometers list), stored states, surveys.
 
-    One aggregate query (a scan of the objects table), run at each ``/metrics`` scrape.
+    Run at each ``/metrics`` scrape: the object counts are ``object_counts``'s (kept by the
+    writers' statements, migration 0014), not a scan of the objects.
     """
     with reading(engine) as conn:
         objects = count_objects(conn)

@@ -289,7 +289,25 @@ def verify_all(engine: Database, progress: Callable[[int], object] | None = None
         verify_state_refs(conn, report)
         verify_surveys(conn, report)
         verify_project_states(conn, report)
+        verify_object_counts(conn, report)
     return report
+
+
+def verify_object_counts(conn: Tx, report: Report) -> None:
+    """The counts ``object_counts`` keeps (the dashboard's summary, the gauges) equal a count.
+
+    They differ only if the triggers of migration 0014 were dropped or disabled, or a status's
+    definition changed without recreating them.
+    """
+    kept, counted = object_store.kept_and_counted(conn)
+    if kept != counted:
+        names = list(object_store.ROW_COUNTS)
+        differ = ", ".join(
+            f"{name}={k} (counted {c})"
+            for name, k, c in zip(names, kept, counted, strict=True)
+            if k != c
+        )
+        report.problems.append(f"object counts kept differ from the rows: {differ}")
 
 
 def verify_project_states(conn: Tx, report: Report) -> None:

@@ -15,11 +15,12 @@ _BY_STATUS = select(_SURVEYS.c.status, func.count()).group_by(_SURVEYS.c.status)
 
 
 def count_objects(conn: Tx) -> ObjectTotals:
-    """Every object's counts by status, in one aggregate query (a scan of the objects table).
+    """Every object's counts by status, as ``object_counts`` keeps them (no scan of objects).
 
     The statuses are :mod:`app.store.objects`' conditions, the ones the odometers list and its
     totals (the dashboard) use: near exhaustion is active with ``budget - loss_upper`` (as in
-    the odometer) below ``NEAR_EXHAUSTION_FRACTION`` of the budget.
+    the odometer) below ``NEAR_EXHAUSTION_FRACTION`` of the budget. The triggers of migration
+    0014 keep the counts in every writer's statement.
     """
     return totals(conn)
 

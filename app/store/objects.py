@@ -24,11 +24,14 @@ from sqlalchemy import (
     func,
     literal,
     select,
+    true,
     update,
 )
 from sqlalchemy import cast as sql_cast
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.util import ClauseAdapter
 
-from app.db.models import ProtectedObject, RejectionRecord
+from app.db.models import ObjectCount, ProtectedObject, RejectionRecord
 from app.engine.limits import MIN_EPSILON, NEAR_EXHAUSTION_FRACTION
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
@@ -37,6 +40,7 @@ from app.store.states import STATES
 
 OBJECTS = cast(Table, ProtectedObject.__table__)
 _REJECTIONS = cast(Table, RejectionRecord.__table__)
+COUNTS = cast(Table, ObjectCount.__table__)
 
 
 @dataclass(frozen=True)
@@ -358,6 +362,16 @@ class ObjectFilter:
     #: A project key's scope: labels every object must carry (None: unscoped).
     scope: tuple[tuple[str, str], ...] | None = None
 
+    def unfiltered(self) -> bool:
+        """Whether only the status selects: the counts of ``object_counts`` answer it."""
+        return (
+            not self.labels
+            and not self.id_prefix
+            and self.remaining_lt is None
+            and self.remaining_gt is None
+            and self.scope is None
+        )
+
     def conditions(self, conn: Tx, *, statuses: bool = True) -> list[ColumnElement[bool]]:
         """The SQL conditions (``statuses=False``: all but the status, for totals by status)."""
         found = label_conditions(self.labels) + scope_conditions(self.scope)
@@ -396,7 +410,9 @@ def page_objects(
         page = page.where(OBJECTS.c.id > after)
     page = page.order_by(OBJECTS.c.id).limit(limit).offset(offset)
     total = None
-    if count:
+    if count and where.unfiltered():
+        total = _kept_count(conn, where)
+    elif count:
         counted = select(func.count()).select_from(OBJECTS).where(*conditions)
         total = int(conn.execute(counted).scalar() or 0)
     return total, [ObjectRecord(**r._mapping) for r in conn.execute(page)]
@@ -418,36 +434,106 @@ class ObjectTotals:
 
 
 def _counted(condition: ColumnElement[bool]) -> ColumnElement[int]:
-    return func.coalesce(func.sum(case((condition, 1), else_=0)), 0)
+    return case((condition, 1), else_=0)
+
+
+#: What ``object_counts`` keeps, as one object row's share of each count (its sum over the
+#: rows is the count): the statuses above, and the rejected submits of active and of all rows.
+ROW_COUNTS: dict[str, ColumnElement[int]] = {
+    "active": _counted(ACTIVE),
+    "retired": _counted(RETIRED),
+    "exhausted": _counted(EXHAUSTED),
+    "near_exhaustion": _counted(NEAR_EXHAUSTION),
+    "rejected_active": case((ACTIVE, func.coalesce(OBJECTS.c.rejected, 0)), else_=0),
+    "rejected_all": func.coalesce(OBJECTS.c.rejected, 0),
+}
+
+
+def row_counts_sql(dialect: Dialect, row: str) -> dict[str, str]:
+    """:data:`ROW_COUNTS` as SQL text over the row or table named ``row``, for ``dialect``.
+
+    The triggers that keep ``object_counts`` (migration 0014) are written with these, over a
+    trigger's ``NEW``/``OLD`` row (SQLite) or its transition tables (PostgreSQL).
+    """
+    adapter = ClauseAdapter(OBJECTS.alias(row))
+    return {
+        name: str(
+            adapter.traverse(share).compile(dialect=dialect, compile_kwargs={"literal_binds": True})
+        )
+        for name, share in ROW_COUNTS.items()
+    }
+
+
+def _sums(shares: Mapping[str, ColumnElement[int]]) -> list[ColumnElement[int]]:
+    return [func.coalesce(func.sum(share), 0) for share in shares.values()]
+
+
+KEPT_TOTALS = select(*_sums({name: COUNTS.c[name] for name in ROW_COUNTS}))
+SCANNED_TOTALS = select(*_sums(ROW_COUNTS)).select_from(OBJECTS)
+
+
+def _totals(counts: Iterable[int], include_retired: bool) -> ObjectTotals:
+    found = dict(zip(ROW_COUNTS, (int(c) for c in counts), strict=True))
+    return ObjectTotals(
+        objects=found["active"] + (found["retired"] if include_retired else 0),
+        active=found["active"],
+        retired=found["retired"],
+        exhausted=found["exhausted"],
+        near_exhaustion=found["near_exhaustion"],
+        rejected=found["rejected_all" if include_retired else "rejected_active"],
+    )
+
+
+def kept_totals(conn: Tx, *, include_retired: bool = False) -> ObjectTotals:
+    """Every object's totals as ``object_counts`` keeps them (a sum over its few rows)."""
+    return _totals(conn.execute(KEPT_TOTALS).one(), include_retired)
+
+
+def scanned_totals(conn: Tx, where: ObjectFilter | None = None) -> ObjectTotals:
+    """The totals counted over the matching rows (one aggregate statement, a scan)."""
+    where = where or ObjectFilter()
+    statement = SCANNED_TOTALS.where(*where.conditions(conn, statuses=False))
+    return _totals(conn.execute(statement).one(), where.include_retired)
+
+
+def kept_and_counted(conn: Tx) -> tuple[list[int], list[int]]:
+    """The sums ``object_counts`` keeps and the same sums counted over every row.
+
+    In one statement, so one snapshot: writers running meanwhile cannot make them differ.
+    """
+    kept, counted = KEPT_TOTALS.subquery(), SCANNED_TOTALS.subquery()
+    both = select(kept, counted).select_from(kept.join(counted, true()))
+    found = [int(n) for n in conn.execute(both).one()]
+    return found[: len(ROW_COUNTS)], found[len(ROW_COUNTS) :]
 
 
 def totals(conn: Tx, where: ObjectFilter | None = None) -> ObjectTotals:
-    """One aggregate statement (a scan of the matching rows); ``where``'s status is ignored.
+    """The counts of the objects ``where`` selects (its status is ignored).
 
     ``active``, ``retired``, ``exhausted`` and ``near_exhaustion`` count every matching object;
     ``objects`` and ``rejected`` only those the list shows (retired ones with
-    ``include_retired``).
+    ``include_retired``). Without a condition but the status: ``object_counts``'s sums, kept in
+    each writer's transaction (so exact, and consistent with one another); else an aggregate
+    over the matching rows.
     """
     where = where or ObjectFilter()
-    listed = OBJECTS.c.id.is_not(None) if where.include_retired else ACTIVE
-    statement = select(
-        _counted(listed),
-        _counted(ACTIVE),
-        _counted(RETIRED),
-        _counted(EXHAUSTED),
-        _counted(NEAR_EXHAUSTION),
-        func.coalesce(func.sum(case((listed, OBJECTS.c.rejected), else_=0)), 0),
-    ).select_from(OBJECTS)
-    objects, active, retired, exhausted, near, rejected = conn.execute(
-        statement.where(*where.conditions(conn, statuses=False))
-    ).one()
-    return ObjectTotals(
-        objects=int(objects),
-        active=int(active),
-        retired=int(retired),
-        exhausted=int(exhausted),
-        near_exhaustion=int(near),
-        rejected=int(rejected),
+    if where.unfiltered():
+        return kept_totals(conn, include_retired=where.include_retired)
+    return scanned_totals(conn, where)
+
+
+def _kept_count(conn: Tx, where: ObjectFilter) -> int:
+    """How many objects a list selected by its status alone holds, from ``object_counts``."""
+    kept = kept_totals(conn, include_retired=where.include_retired)
+    if where.status is None:
+        return kept.objects
+    return int(
+        {
+            "active": kept.active,
+            "retired": kept.retired,
+            "exhausted": kept.exhausted,
+            "near_exhaustion": kept.near_exhaustion,
+        }[where.status]
     )
 
 
