@@ -409,7 +409,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(f"MISMATCH {line}")
     print(
         f"verified {report.checked} object(s) and {report.surveys} survey(s) in "
-        f"{time.monotonic() - started:.1f} s: "
+        f"{time.monotonic() - started:.1f} s ({report.replays} distinct histories replayed): "
         + ("ok" if report.ok else f"{len(report.problems)} mismatch(es)")
     )
     return 0 if report.ok else 1
