@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
+from itertools import pairwise
 from operator import attrgetter
 from typing import NamedTuple, Protocol
 
@@ -475,10 +476,47 @@ def verify_all(
 ) -> Report:
     """Check every object, the shared likelihood states and the surveys' members.
 
-    Objects are read in pages in id order (:mod:`app.store.verify`) and each checked by
+    :func:`verify_objects` over every id, then :func:`verify_shared`. ``progress(n)`` is called
+    after each page of ``n`` objects (``gatekeeper verify``'s progress bar).
+    """
+    report = verify_objects(engine, progress, page_size=page_size)
+    verify_shared(engine, report)
+    return report
+
+
+def verify_shared(engine: Database, report: Report) -> None:
+    """What is not an object's own: shared states' counts, surveys' chunks, projects' states."""
+    with reading(engine) as conn:
+        verify_state_refs(conn, report)
+        verify_surveys(conn, report)
+        verify_project_states(conn, report)
+
+
+def split_ids(engine: Database, parts: int) -> list[tuple[str | None, str | None]]:
+    """``parts`` ranges ``(after, upto]`` of about as many objects each, covering every id.
+
+    For verifying in parallel (``gatekeeper verify --jobs``): :func:`verify_objects` per range.
+    """
+    with reading(engine) as conn:
+        count = store.object_count(conn)
+        cuts = store.ids_at(conn, [count * i // parts for i in range(1, parts)])
+    bounds: list[str | None] = [None, *dict.fromkeys(cuts), None]
+    return list(pairwise(bounds))
+
+
+def verify_objects(
+    engine: Database,
+    progress: Callable[[int], object] | None = None,
+    *,
+    after: str | None = None,
+    upto: str | None = None,
+    page_size: int = PAGE_SIZE,
+) -> Report:
+    """Check every object with an id in ``(after, upto]`` (None: unbounded), in id order.
+
+    Objects are read in pages (:mod:`app.store.verify`) and each checked by
     :func:`check_object` against the replay of its history — folded once per distinct history
-    (:class:`Replays`). ``progress(n)`` is called after each page of ``n`` objects
-    (``gatekeeper verify``'s progress bar).
+    (:class:`Replays`).
     """
     report = Report()
     replays = Replays()
@@ -486,9 +524,8 @@ def verify_all(
         domain_texts = store.domains(conn)
         answers = _SurveyAnswers(store.chunk_ranges(conn))
         read_states: set[str] = set()  # keys whose array some replay has been compared with
-        after: str | None = None
         while page := store.object_page(
-            conn, after=after, size=page_size, domain_texts=domain_texts
+            conn, after=after, upto=upto, size=page_size, domain_texts=domain_texts
         ):
             after = page[-1].id
             ids = [row.id for row in page]
@@ -515,9 +552,6 @@ def verify_all(
                 check_object(row, records, closed.get(row.id, []), stored_state, report, replays)
             if progress is not None:
                 progress(len(page))
-        verify_state_refs(conn, report)
-        verify_surveys(conn, report)
-        verify_project_states(conn, report)
     report.replays = replays.folded
     return report
 

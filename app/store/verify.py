@@ -118,20 +118,11 @@ _ALL = select(
     _OBJECTS.c.lifetime_lower,
     _OBJECTS.c.lifetime_upper,
 ).order_by(_OBJECTS.c.id)
-#: A page of objects after a given id (keyset: the primary key's index, no offset), with the
-#: domain's hash instead of its text (read once, :func:`domains`).
 _REST = list(_ALL.selected_columns)[2:]  # after the id and the domain's text
-_PAGE = (
-    select(_OBJECTS.c.id, _OBJECTS.c.domain_hash, *_REST)
-    .where(_OBJECTS.c.id > bindparam("after"))
-    .order_by(_OBJECTS.c.id)
-    .limit(bindparam("size"))
-)
-_FIRST_PAGE = (
-    select(_OBJECTS.c.id, _OBJECTS.c.domain_hash, *_REST)
-    .order_by(_OBJECTS.c.id)
-    .limit(bindparam("size"))
-)
+#: A page of objects by id (keyset: the primary key's index, no offset), with the domain's hash
+#: instead of its text (read once, :func:`domains`).
+_PAGE = select(_OBJECTS.c.id, _OBJECTS.c.domain_hash, *_REST).order_by(_OBJECTS.c.id)
+_IDS = select(_OBJECTS.c.id).order_by(_OBJECTS.c.id).offset(bindparam("at")).limit(1)
 _DOMAIN_TEXTS = select(_DOMAINS.c.hash, _DOMAINS.c.text)
 _STATE = select(_STATES.c.state, _STATES.c.err).where(_STATES.c.hash == bindparam("key"))
 _USERS = (
@@ -172,24 +163,40 @@ def domains(conn: Tx) -> dict[str, str]:
 
 
 def object_page(
-    conn: Tx, *, after: str | None, size: int, domain_texts: dict[str, str]
+    conn: Tx,
+    *,
+    after: str | None,
+    upto: str | None = None,
+    size: int,
+    domain_texts: dict[str, str],
 ) -> list[StoredObject]:
-    """At most ``size`` objects with ids after ``after`` (None: from the first), in id order.
+    """At most ``size`` objects with ids in ``(after, upto]`` (None: unbounded), in id order.
 
     ``domain_texts``: :func:`domains` (a domain stored since is read and added to it).
     """
-    if after is None:
-        rows = conn.execute(_FIRST_PAGE, {"size": size})
-    else:
-        rows = conn.execute(_PAGE, {"after": after, "size": size})
+    statement = _PAGE.limit(size)
+    if after is not None:
+        statement = statement.where(_OBJECTS.c.id > after)
+    if upto is not None:
+        statement = statement.where(_OBJECTS.c.id <= upto)
     page = []
-    for object_id, domain_hash, *rest in rows:
+    for object_id, domain_hash, *rest in conn.execute(statement):
         text = domain_texts.get(domain_hash)
         if text is None:
             domain_texts.update(domains(conn))
             text = domain_texts[domain_hash]
         page.append(StoredObject(object_id, text, *rest))
     return page
+
+
+def ids_at(conn: Tx, positions: Sequence[int]) -> list[str]:
+    """The ids at these positions (0-based) of the id order (positions past the end: none)."""
+    found = []
+    for at in positions:
+        object_id = conn.execute(_IDS, {"at": at}).scalar_one_or_none()
+        if object_id is not None:
+            found.append(str(object_id))
+    return found
 
 
 def _among(column: Any, conn: Tx, ids: Sequence[str]) -> Any:
