@@ -15,9 +15,11 @@ What it does
    histories mix survey answers (in their chunks) and rows of ``queries``, and likelihood
    states are shared by many objects. ``--database NAME`` skips the seeding and reuses a kept
    database (``--key-file``: the encryption key it was seeded with).
-2. Runs ``gatekeeper verify --quiet`` from this tree and from each ``--tree`` (an older commit's
-   source: ``git archive COMMIT | tar -x -C DIR``), back to back on the same database, and
-   prints a table: tree, objects, seconds, objects/s, exit code, verdict.
+2. Runs ``gatekeeper verify --quiet`` from this tree (once per ``--jobs N``) and from each
+   ``--tree`` (an older commit's source: ``git archive COMMIT | tar -x -C DIR``), back to back
+   on the same database, and prints a table: tree, processes, objects, wall seconds, objects/s,
+   CPU seconds of the command and its processes (the machine is shared: wall time follows its
+   load, CPU time much less), exit code, verdict.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import sys
 import tempfile
 import time
@@ -96,13 +99,18 @@ def seed(url: str, args: argparse.Namespace, tmp: Path) -> None:
         server.stop()
 
 
-def time_verify(url: str, tree: Path) -> tuple[float, int, str]:
-    """Seconds, exit code and last line of ``gatekeeper verify --quiet`` from ``tree``."""
+def time_verify(url: str, tree: Path, jobs: int) -> tuple[float, float, int, str]:
+    """Wall seconds, CPU seconds (the command and its worker processes, user + system), exit
+    code and last line of ``gatekeeper verify --quiet`` from ``tree`` (``--jobs`` when > 0)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = load.cli(url, "verify", "--quiet", tree=tree)
+    extra = ["--jobs", str(jobs)] if jobs else []
+    done = load.cli(url, "verify", "--quiet", *extra, tree=tree)
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     lines = (done.stdout.strip() or done.stderr.strip() or "(no output)").splitlines()
-    return seconds, done.returncode, lines[-1]
+    return seconds, cpu, done.returncode, lines[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database", help="reuse this kept database (no seeding)")
     parser.add_argument("--key-file", type=Path, help="its encryption key (with --database)")
     parser.add_argument(
+        "--jobs",
+        type=int,
+        action="append",
+        default=[],
+        help="time this tree's verify with --jobs N (repeatable; default: without the option)",
+    )
+    parser.add_argument(
         "--tree",
         type=Path,
         action="append",
@@ -123,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()}")
-    trees = [load.ROOT, *args.tree]
-    results: list[tuple[Path, int, float, int, str]] = []
+    runs = [(load.ROOT, jobs) for jobs in args.jobs or [0]] + [(tree, 0) for tree in args.tree]
+    results: list[tuple[Path, int, int, float, float, int, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.database:
             if args.key_file is None:
@@ -132,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             load.KEY_FILE = args.key_file
             admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
             url = admin.rsplit("/", 1)[0] + "/" + args.database
-            for tree in trees:
-                results.append((tree, *_timed(url, tree)))
+            for tree, jobs in runs:
+                results.append((tree, jobs, *_timed(url, tree, jobs)))
         else:
             from cryptography.fernet import Fernet
 
@@ -143,28 +158,34 @@ def main(argv: list[str] | None = None) -> int:
             load.KEY_FILE.write_text(Fernet.generate_key().decode())
             with fresh_database(keep=args.keep_database) as (url, _name):
                 seed(url, args, Path(tmp))
-                for tree in trees:
-                    results.append((tree, *_timed(url, tree)))
+                for tree, jobs in runs:
+                    results.append((tree, jobs, *_timed(url, tree, jobs)))
             if not args.keep_database:
                 load.KEY_FILE.unlink(missing_ok=True)
     print(f"load after: {os.getloadavg()}")
     print()
-    print("| tree | objects | seconds | objects/s | exit | verdict |")
-    print("|---|---:|---:|---:|---:|---|")
-    for tree, objects, seconds, code, verdict in results:
+    print(
+        "| tree | jobs | objects | seconds | objects/s | CPU s | CPU µs/object | exit | verdict |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for tree, jobs, objects, seconds, cpu, code, verdict in results:
         name = "this tree" if tree == load.ROOT else str(tree)
         print(
-            f"| {name} | {objects:,} | {seconds:.1f} | {objects / seconds:,.0f} | {code} | "
-            f"{verdict} |"
+            f"| {name} | {jobs or 1} | {objects:,} | {seconds:.1f} | {objects / seconds:,.0f} | "
+            f"{cpu:.1f} | {1e6 * cpu / max(objects, 1):,.0f} | {code} | {verdict} |"
         )
     return 0 if all(code == 0 for *_, code, _ in results) else 1
 
 
-def _timed(url: str, tree: Path) -> tuple[int, float, int, str]:
+def _timed(url: str, tree: Path, jobs: int) -> tuple[int, float, float, int, str]:
     objects = int(load.sql(url, "SELECT count(*) FROM objects"))
-    seconds, code, verdict = time_verify(url, tree)
-    print(f"{tree}: {seconds:.1f} s, exit {code}: {verdict}", flush=True)
-    return objects, seconds, code, verdict
+    seconds, cpu, code, verdict = time_verify(url, tree, jobs)
+    print(
+        f"{tree} (jobs {jobs or 1}): {seconds:.1f} s, CPU {cpu:.1f} s, exit {code}: {verdict}; "
+        f"load {os.getloadavg()}",
+        flush=True,
+    )
+    return objects, seconds, cpu, code, verdict
 
 
 if __name__ == "__main__":
