@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 from itertools import pairwise
-from operator import attrgetter
-from typing import NamedTuple, Protocol
+from operator import itemgetter
 
 import numpy as np
 
@@ -48,6 +47,7 @@ from app.store import projects as project_store
 from app.store import verify as store
 from app.store import versions as version_store
 from app.store.chunks import REASONS, Chunk, ChunkCache, decode, load_chunks
+from app.store.history import HistoryItem
 from app.store.verify import ChunkRange, ChunkRow, StoredObject, StoredState
 from app.store.versions import ClosedVersion
 
@@ -74,40 +74,16 @@ class Report:
         return not self.problems
 
 
-class Recorded(Protocol):
-    """A stored history entry as verify compares it (a :class:`HistoryItem` is one)."""
-
-    @property
-    def seq(self) -> int:
-        """Its number in the object's history."""
-        ...
-
-    @property
-    def query(self) -> str:
-        """The query's stored JSON text."""
-        ...
-
-    @property
-    def output(self) -> str:
-        """The output's stored JSON text."""
-        ...
-
-    @property
-    def epsilon_exact(self) -> str:
-        """The query's exact ε as stored."""
-        ...
+#: A stored history entry as verify compares it: the stored query's and output's JSON texts
+#: and its exact ε's text. Survey answers of one chunk variant share one such tuple.
+Content = tuple[str, str, str]
+#: An entry's sequence number and content.
+Recorded = tuple[int, Content]
 
 
-class _Answer(NamedTuple):
-    """A survey answer read from its chunk: the fields verify compares.
-
-    Cheaper than a :class:`~app.store.history.HistoryItem` a million times over.
-    """
-
-    seq: int
-    query: str
-    output: str
-    epsilon_exact: str
+def recorded(item: HistoryItem) -> Recorded:
+    """A history item as verify compares it."""
+    return (item.seq, (item.query, item.output, item.epsilon_exact))
 
 
 @dataclass
@@ -125,14 +101,16 @@ class _Replay:
     loss: LossBounds
     #: What the stored array must hold (finite domains: the history but its pending entries).
     held_state: LikelihoodState | None
-    #: F₀'s account by (budget, δ_g); the array's problems by the ``state_hash`` it was read at.
-    accounts: dict[tuple[float, float | None], Fraction] = field(default_factory=dict)
+    #: Stored texts compared with it: ``("basic", Σε text)`` and ``(budget, δ_g, F₀'s account
+    #: text)``, each to whether it matches (exact rationals compare slowly, a million times).
+    same: dict[tuple[object, ...], bool] = field(default_factory=dict)
+    #: The stored array's problems by the ``state_hash`` it was read at.
     arrays: dict[str | None, list[str]] = field(default_factory=dict)
 
 
 #: A history's content: the domain's text, how many entries the array holds, each entry's
 #: stored query, output and exact ε. Equal content, equal replay (the engine is deterministic).
-_Key = tuple[str, int, tuple[tuple[str, str, str], ...]]
+_Key = tuple[str, int, tuple[Content, ...]]
 
 
 class Replays:
@@ -184,12 +162,12 @@ def _replay(domain: Domain, domain_text: str, held: int, records: Sequence[Recor
     chain: str | None = None
     held_chain: str | None = None
     bad_epsilon = []
-    for i, r in enumerate(records):
-        entries.append(history_entry(domain, json.loads(r.query), json.loads(r.output)))
-        chain = next_history_hash(chain, r.query, r.output)
+    for i, (_, (query, output, epsilon_exact)) in enumerate(records):
+        entries.append(history_entry(domain, json.loads(query), json.loads(output)))
+        chain = next_history_hash(chain, query, output)
         if len(entries) == held:
             held_chain = chain
-        if _fraction(r.epsilon_exact) != entries[-1].mechanism.epsilon_exact:
+        if _fraction(epsilon_exact) != entries[-1].mechanism.epsilon_exact:
             bad_epsilon.append(i)
     state, basic = fold_history(domain, entries)
     loss = state.loss(basic)
@@ -230,7 +208,7 @@ def verify_object(
     """
     check_object(
         row,
-        stored_entries(conn, row.id, chunks=chunks),
+        [recorded(item) for item in stored_entries(conn, row.id, chunks=chunks)],
         version_store.closed_versions(conn, object_id=row.id),
         lambda key: store.likelihood_state(conn, key=key),
         report,
@@ -253,7 +231,7 @@ def check_object(
     The history is folded by the engine's own replay (once per distinct history in ``replays``).
     """
     n = len(all_records)
-    if any(r.seq != i for i, r in enumerate(all_records, start=1)):
+    if any(r[0] != i for i, r in enumerate(all_records, start=1)):
         report.problems.append(f"{row.id}: sequence numbers are not 1..{n}")
     if row.accepted != n:
         report.problems.append(f"{row.id}: accepted={row.accepted} but {n} queries are stored")
@@ -262,28 +240,28 @@ def check_object(
     records = (
         all_records
         if row.version_start == 0
-        else [r for r in all_records if r.seq > row.version_start]
+        else [r for r in all_records if r[0] > row.version_start]
     )
     held = len(records) - row.state_pending  # entries the stored array holds
     if not 0 <= row.state_pending <= len(records) or (row.state_pending and not domain.is_finite):
         report.problems.append(f"{row.id}: state_pending={row.state_pending} is impossible")
         held = len(records)
-    key = (row.domain, held, tuple((r.query, r.output, r.epsilon_exact) for r in records))
+    key = (row.domain, held, tuple(content for _, content in records))
     replay = replays.replay(key, records)
     for i in replay.bad_epsilon:
-        report.problems.append(
-            f"{row.id}: query {records[i].seq} has a stored epsilon that differs"
-        )
+        report.problems.append(f"{row.id}: query {records[i][0]} has a stored epsilon that differs")
     basic = replay.basic
-    if _fraction(row.basic_total) != basic:
+    same = replay.same.get(("basic", row.basic_total))
+    if same is None:
+        same = replay.same[("basic", row.basic_total)] = _fraction(row.basic_total) == basic
+    if not same:
         report.problems.append(f"{row.id}: basic composition differs from the history's")
-    budget = (row.budget, row.budget_delta)
-    account = replay.accounts.get(budget)
-    if account is None:
-        account = replay.accounts[budget] = history_account(
-            replay.entries, row.budget, row.budget_delta, domain
-        )
-    if _fraction(row.f0_account) != account:
+    budget = (row.budget, row.budget_delta, row.f0_account)
+    same = replay.same.get(budget)
+    if same is None:
+        account = history_account(replay.entries, row.budget, row.budget_delta, domain)
+        same = replay.same[budget] = _fraction(row.f0_account) == account
+    if not same:
         report.problems.append(f"{row.id}: F0's account differs from the history's")
     if row.history_hash != replay.chain:
         report.problems.append(f"{row.id}: history hash differs from the history's")
@@ -352,9 +330,9 @@ def _verify_versions(
             report.problems.append(f"{label}: versions are not contiguous from 1")
         end = version.seq_end
         entries = [
-            history_entry(domain, json.loads(r.query), json.loads(r.output))
-            for r in records
-            if version.seq_start < r.seq <= version.seq_end
+            history_entry(domain, json.loads(query), json.loads(output))
+            for seq, (query, output, _) in records
+            if version.seq_start < seq <= version.seq_end
         ]
         if len(entries) != version.seq_end - version.seq_start:
             report.problems.append(f"{label}: its history is not seq {version.seq_start + 1}..")
@@ -377,13 +355,18 @@ def _verify_versions(
         total = add_losses(total, stored)
     if row.data_version != len(closed) + 1 or row.version_start != end:
         report.problems.append(f"{row.id}: current version does not follow its closed versions")
-    exact = None if total.value is None else str(total.value)
-    if (row.lifetime_exact, row.lifetime_lower, row.lifetime_upper) != (
-        exact,
-        total.lower,
-        total.upper,
-    ):
+    sums = _lifetime_sums(total) if closed else _NO_CLOSED_SUMS
+    if (row.lifetime_exact, row.lifetime_lower, row.lifetime_upper) != sums:
         report.problems.append(f"{row.id}: lifetime sums differ from its closed versions'")
+
+
+def _lifetime_sums(total: LossBounds) -> tuple[str | None, float, float]:
+    """The lifetime columns an object with closed versions summing to ``total`` stores."""
+    return (None if total.value is None else str(total.value), total.lower, total.upper)
+
+
+#: An object with no closed version (most of them): its lifetime columns, computed once.
+_NO_CLOSED_SUMS = _lifetime_sums(NO_CLOSED)
 
 
 def verify_state_refs(conn: Tx, report: Report) -> None:
@@ -544,10 +527,11 @@ def verify_objects(
                 return store.likelihood_state(conn, key=key)  # met before with another history
 
             for row in page:
-                records: list[Recorded] = list(submits.get(row.id, ()))
-                more = surveyed.get(row.id)
-                if more:
-                    records.extend(more)
+                records = surveyed.get(row.id) or []
+                single = submits.get(row.id)
+                if single:
+                    records[:0] = [recorded(item) for item in single]
+                if len(records) > 1:
                     records.sort(key=_SEQ)
                 check_object(row, records, closed.get(row.id, []), stored_state, report, replays)
             if progress is not None:
@@ -556,7 +540,7 @@ def verify_objects(
     return report
 
 
-_SEQ = attrgetter("seq")
+_SEQ = itemgetter(0)
 
 
 class _SurveyAnswers:
@@ -574,11 +558,11 @@ class _SurveyAnswers:
             self._surveys.setdefault(r.survey_id, []).append(r)
         self._firsts = {s: [r.first_id for r in rs] for s, rs in self._surveys.items()}
         self._capacity = max(capacity, 4 * len(self._surveys))
-        self._chunks: OrderedDict[tuple[int, int], tuple[Chunk, list[_Answer], bool]] = (
+        self._chunks: OrderedDict[tuple[int, int], tuple[Chunk, list[Content], bool]] = (
             OrderedDict()
         )
 
-    def of_page(self, conn: Tx, ids: list[str]) -> dict[str, list[_Answer]]:
+    def of_page(self, conn: Tx, ids: list[str]) -> dict[str, list[Recorded]]:
         """The answers of the objects ``ids``, by object (unordered)."""
         if not self._surveys:
             return {}
@@ -595,7 +579,7 @@ class _SurveyAnswers:
                 if ranges[at].decided:
                     plan.append((ranges[at], firsts[at + 1] if at + 1 < len(firsts) else None))
         self._load(conn, [(r.survey_id, r.chunk) for r, _ in plan])
-        found: dict[str, list[_Answer]] = {}
+        found: dict[str, list[Recorded]] = {}
         for r, next_first in plan:
             chunk, variants, ordered = self._chunks[(r.survey_id, r.chunk)]
             picks, seqs = chunk.picks, chunk.seqs
@@ -617,9 +601,7 @@ class _SurveyAnswers:
                     continue  # a later chunk of the survey starts at or before it
                 pick = picks[at]
                 if 0 <= pick < len(variants):
-                    v = variants[pick]
-                    answer = _Answer(seqs[at], v.query, v.output, v.epsilon_exact)
-                    found.setdefault(member, []).append(answer)
+                    found.setdefault(member, []).append((seqs[at], variants[pick]))
         return found
 
     def _load(self, conn: Tx, keys: list[tuple[int, int]]) -> None:
@@ -629,9 +611,7 @@ class _SurveyAnswers:
                 self._chunks.move_to_end(key)
         if missing:
             for key, chunk in load_chunks(conn, missing).items():
-                variants = [
-                    _Answer(0, v["query"], v["output"], v["epsilon_exact"]) for v in chunk.variants
-                ]
+                variants = [(v["query"], v["output"], v["epsilon_exact"]) for v in chunk.variants]
                 ordered = chunk.members == sorted(chunk.members)
                 self._chunks[key] = (chunk, variants, ordered)
             for key in missing:
