@@ -15,6 +15,11 @@ contiguous, the lifetime sums are the sum of the closed losses, and the object's
 current version's replay. Projects (issue 25): each stored sub-history (``project_states``) is
 recomputed from the entries its project's keys asked — count, hash chain, exact Σε and loss
 bounds. A mismatch means the stored state does not follow from the stored history.
+
+A whole run (:func:`verify_all`) reads objects in pages with their submits, closed versions,
+arrays and covering chunks in a few statements per page, and folds each distinct history once
+(:class:`Replays`): every object is still compared, field by field, with its own history's
+replay (:func:`check_object`, which :func:`verify_object` also runs for one object).
 """
 
 from __future__ import annotations
