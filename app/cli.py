@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -392,8 +392,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from app.services.verify import count_objects, verify_all
+    from app.services.verify import (
+        Report,
+        count_objects,
+        split_ids,
+        verify_objects,
+        verify_shared,
+    )
 
+    if args.jobs < 1:
+        raise Refused("--jobs: at least 1 process")
     engine = _open_database(values=True)
     started = time.monotonic()
     with tqdm(
@@ -403,16 +411,67 @@ def cmd_verify(args: argparse.Namespace) -> int:
         disable=args.quiet,
         file=sys.stderr,
     ) as bar:
-        report = verify_all(engine, progress=bar.update)
+        if args.jobs == 1:
+            report = verify_objects(engine, progress=bar.update)
+        else:
+            report = Report()
+            for part in _verify_in_processes(engine, split_ids(engine, args.jobs), bar.update):
+                report.checked += part.checked
+                report.replays += part.replays
+                report.problems.extend(part.problems)
+        verify_shared(engine, report)
     engine.dispose()
     for line in report.problems:
         print(f"MISMATCH {line}")
     print(
         f"verified {report.checked} object(s) and {report.surveys} survey(s) in "
-        f"{time.monotonic() - started:.1f} s: "
+        f"{time.monotonic() - started:.1f} s ({report.replays} distinct histories replayed): "
         + ("ok" if report.ok else f"{len(report.problems)} mismatch(es)")
     )
     return 0 if report.ok else 1
+
+
+def _verify_in_processes(
+    engine: Any, ranges: list[tuple[str | None, str | None]], progress: Callable[[int], object]
+) -> list[Any]:
+    """:func:`~app.services.verify.verify_objects` of each id range in its own process.
+
+    The reports come back in range order (so mismatches are listed in id order); each page's
+    count reaches ``progress`` as it is checked.
+    """
+    import multiprocessing
+    import queue
+    from concurrent.futures import ProcessPoolExecutor, wait
+
+    url = engine.url.render_as_string(hide_password=False)
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(len(ranges), mp_context=context) as pool:
+        pages = manager.Queue()
+        futures = [pool.submit(_verify_range, url, a, b, pages) for a, b in ranges]
+        while True:
+            done = wait(futures, timeout=0.2).not_done == set()
+            while True:
+                try:
+                    progress(pages.get_nowait())
+                except queue.Empty:
+                    break
+            if done:
+                return [future.result() for future in futures]
+
+
+def _verify_range(url: str, after: str | None, upto: str | None, pages: Any) -> Any:
+    """A worker's job: verify the objects in ``(after, upto]`` on its own connection.
+
+    Module level, so that a spawned process can run it.
+    """
+    from app.db.session import make_engine
+    from app.services.verify import verify_objects
+
+    engine = make_engine(url, pool_size=1, max_overflow=1)
+    try:
+        return verify_objects(engine, pages.put, after=after, upto=upto)
+    finally:
+        engine.dispose()
 
 
 @contextmanager
@@ -742,6 +801,12 @@ def build_parser() -> argparse.ArgumentParser:
     imports.set_defaults(func=cmd_import)
     verify = sub.add_parser("verify", help="recompute every object's state from its history")
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
+    verify.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="processes checking consecutive id ranges at once (default 1)",
+    )
     verify.set_defaults(func=cmd_verify)
     encryption = sub.add_parser("encryption", help="keys of the private values at rest")
     encryption_sub = encryption.add_subparsers(dest="encryption_command", required=True)

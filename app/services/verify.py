@@ -15,14 +15,24 @@ contiguous, the lifetime sums are the sum of the closed losses, and the object's
 current version's replay. Projects (issue 25): each stored sub-history (``project_states``) is
 recomputed from the entries its project's keys asked — count, hash chain, exact Σε and loss
 bounds. A mismatch means the stored state does not follow from the stored history.
+
+A whole run (:func:`verify_all`) reads objects in pages with their submits, closed versions,
+arrays and covering chunks in a few statements per page, and folds each distinct history once
+(:class:`Replays`): every object is still compared, field by field, with its own history's
+replay (:func:`check_object`, which :func:`verify_object` also runs for one object).
 """
 
 from __future__ import annotations
 
+import bisect
 import json
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
+from itertools import pairwise
+from operator import itemgetter
 
 import numpy as np
 
@@ -31,7 +41,7 @@ from app.engine.domain import Domain, parse_domain
 from app.engine.lifetime import NO_CLOSED, add_losses
 from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
 from app.engine.limits import DEFAULT_LIMITS
-from app.engine.pipeline import fold_history, history_account, history_entry
+from app.engine.pipeline import HistoryEntry, fold_history, history_account, history_entry
 from app.services.history import stored_entries
 from app.services.objects import stored_domain
 from app.services.quota import sub_snapshot
@@ -41,9 +51,10 @@ from app.store import objects as object_store
 from app.store import projects as project_store
 from app.store import verify as store
 from app.store import versions as version_store
-from app.store.chunks import REASONS, Chunk, ChunkCache, decode
+from app.store.chunks import REASONS, Chunk, ChunkCache, decode, load_chunks
 from app.store.history import HistoryItem
-from app.store.verify import ChunkRow, StoredObject
+from app.store.verify import ChunkRange, ChunkRow, StoredObject, StoredState
+from app.store.versions import ClosedVersion
 
 #: Absolute tolerance when comparing recomputed floats with stored ones.
 TOLERANCE = 1e-9
@@ -59,6 +70,8 @@ class Report:
     problems: list[str] = field(default_factory=list)
     #: Surveys whose chunks were checked.
     surveys: int = 0
+    #: Distinct histories replayed (the other objects were checked against one of these).
+    replays: int = 0
 
     @property
     def ok(self) -> bool:
@@ -66,70 +79,209 @@ class Report:
         return not self.problems
 
 
+#: A stored history entry as verify compares it: the stored query's and output's JSON texts
+#: and its exact ε's text. Survey answers of one chunk variant share one such tuple.
+Content = tuple[str, str, str]
+#: An entry's sequence number and content.
+Recorded = tuple[int, Content]
+
+
+def recorded(item: HistoryItem) -> Recorded:
+    """A history item as verify compares it."""
+    return (item.seq, (item.query, item.output, item.epsilon_exact))
+
+
+@dataclass
+class _Replay:
+    """A current data version's history replayed: what every object with it must store."""
+
+    domain: Domain
+    finite: bool
+    entries: list[HistoryEntry]
+    basic: Fraction
+    chain: str | None
+    expected_key: str | None
+    #: Positions (in the version's history) of entries whose stored ε differs from the query's.
+    bad_epsilon: list[int]
+    loss: LossBounds
+    #: What the stored array must hold (finite domains: the history but its pending entries).
+    held_state: LikelihoodState | None
+    #: Stored texts compared with it: ``("basic", Σε text)`` and ``(budget, δ_g, F₀'s account
+    #: text)``, each to whether it matches (exact rationals compare slowly, a million times).
+    same: dict[tuple[object, ...], bool] = field(default_factory=dict)
+    #: The stored array's problems by the ``state_hash`` it was read at.
+    arrays: dict[str | None, list[str]] = field(default_factory=dict)
+
+
+#: A history's content: the domain's text, how many entries the array holds, each entry's
+#: stored query, output and exact ε. Equal content, equal replay (the engine is deterministic).
+_Key = tuple[str, int, tuple[Content, ...]]
+
+
+class Replays:
+    """Histories replayed so far in one run, by content, the most recent ``capacity`` of them.
+
+    Objects of a survey population share their histories (the members of a decision group that
+    drew the same outputs): each distinct history is folded — and its stored array compared —
+    once, and every object with it is checked against that one replay. Nothing is skipped: every
+    object's own stored fields are compared with its history's replay.
+    """
+
+    def __init__(self, capacity: int = 20_000) -> None:
+        self.capacity = capacity
+        self._held: OrderedDict[_Key, _Replay] = OrderedDict()
+        self._domains: dict[str, Domain] = {}
+        #: Replays computed, and objects checked against an earlier replay.
+        self.folded = 0
+        self.reused = 0
+
+    def domain(self, text: str) -> Domain:
+        """The domain of a canonical text (parsed once)."""
+        found = self._domains.get(text)
+        if found is None:
+            found = self._domains[text] = parse_domain(json.loads(text))
+        return found
+
+    def replay(self, key: _Key, records: Sequence[Recorded]) -> _Replay:
+        """The replay of ``records`` (whose content is ``key``)."""
+        found = self._held.get(key)
+        if found is not None:
+            self._held.move_to_end(key)
+            self.reused += 1
+            return found
+        found = _replay(self.domain(key[0]), key[0], key[1], records)
+        self.folded += 1
+        self._held[key] = found
+        if len(self._held) > self.capacity:
+            self._held.popitem(last=False)
+        return found
+
+
+def _replay(domain: Domain, domain_text: str, held: int, records: Sequence[Recorded]) -> _Replay:
+    """Fold a current version's history with the engine.
+
+    :func:`fold_history` is the one replay every decision uses; a continuous history's loss is
+    searched afresh.
+    """
+    entries = []
+    chain: str | None = None
+    held_chain: str | None = None
+    bad_epsilon = []
+    for i, (_, (query, output, epsilon_exact)) in enumerate(records):
+        entries.append(history_entry(domain, json.loads(query), json.loads(output)))
+        chain = next_history_hash(chain, query, output)
+        if len(entries) == held:
+            held_chain = chain
+        if _fraction(epsilon_exact) != entries[-1].mechanism.epsilon_exact:
+            bad_epsilon.append(i)
+    state, basic = fold_history(domain, entries)
+    loss = state.loss(basic)
+    held_state: LikelihoodState | None = None
+    if isinstance(state, LikelihoodState):
+        held_state = state
+        if held < len(records):
+            pending, _ = fold_history(domain, entries[:held])  # what the stored array holds
+            assert isinstance(pending, LikelihoodState)  # noqa: S101 - a finite domain
+            held_state = pending
+    return _Replay(
+        domain=domain,
+        finite=held_state is not None,
+        entries=entries,
+        basic=basic,
+        chain=chain,
+        expected_key=state_key(domain_text, held_chain) if held_chain is not None else None,
+        bad_epsilon=bad_epsilon,
+        loss=loss,
+        held_state=held_state,
+    )
+
+
+@lru_cache(maxsize=4096)
+def _fraction(text: str) -> Fraction:
+    """A stored exact decimal or fraction's value (the same few texts recur a million times)."""
+    return Fraction(text)
+
+
 def verify_object(
     conn: Tx, row: StoredObject, report: Report, chunks: ChunkCache | None = None
 ) -> None:
     """Replay one object's history and record any mismatch in ``report``.
 
-    The history (single submits and survey answers, :mod:`app.services.history`) is folded by
-    the engine's own replay (:func:`app.engine.pipeline.fold_history`, the one every decision
-    uses); a continuous history's loss is searched afresh.
+    Reads the object's history (single submits and survey answers,
+    :mod:`app.services.history`), closed versions and likelihood array, then
+    :func:`check_object`.
     """
-    all_records = stored_entries(conn, row.id, chunks=chunks)
-    seqs = [r.seq for r in all_records]
-    if seqs != list(range(1, len(all_records) + 1)):
-        report.problems.append(f"{row.id}: sequence numbers are not 1..{len(all_records)}")
-    if row.accepted != len(all_records):
-        report.problems.append(
-            f"{row.id}: accepted={row.accepted} but {len(all_records)} queries are stored"
-        )
-    domain = parse_domain(json.loads(row.domain))
-    _verify_versions(conn, row, domain, all_records, report)
-    records = [r for r in all_records if r.seq > row.version_start]
-    entries = []
-    chain: str | None = None
+    check_object(
+        row,
+        [recorded(item) for item in stored_entries(conn, row.id, chunks=chunks)],
+        version_store.closed_versions(conn, object_id=row.id),
+        lambda key: store.likelihood_state(conn, key=key),
+        report,
+        Replays(capacity=1),
+    )
+
+
+def check_object(
+    row: StoredObject,
+    all_records: Sequence[Recorded],
+    closed: list[ClosedVersion],
+    stored_state: Callable[[str], StoredState | None],
+    report: Report,
+    replays: Replays,
+) -> None:
+    """Compare one object's stored state with its stored history; mismatches go to ``report``.
+
+    ``all_records``: every stored entry of its history by ``seq``; ``closed``: its closed data
+    versions, oldest first; ``stored_state(key)``: the likelihood array stored under ``key``.
+    The history is folded by the engine's own replay (once per distinct history in ``replays``).
+    """
+    n = len(all_records)
+    if any(r[0] != i for i, r in enumerate(all_records, start=1)):
+        report.problems.append(f"{row.id}: sequence numbers are not 1..{n}")
+    if row.accepted != n:
+        report.problems.append(f"{row.id}: accepted={row.accepted} but {n} queries are stored")
+    domain = replays.domain(row.domain)
+    _verify_versions(row, domain, all_records, closed, report)
+    records = (
+        all_records
+        if row.version_start == 0
+        else [r for r in all_records if r[0] > row.version_start]
+    )
     held = len(records) - row.state_pending  # entries the stored array holds
-    held_chain: str | None = None
     if not 0 <= row.state_pending <= len(records) or (row.state_pending and not domain.is_finite):
         report.problems.append(f"{row.id}: state_pending={row.state_pending} is impossible")
         held = len(records)
-    for r in records:
-        entries.append(history_entry(domain, json.loads(r.query), json.loads(r.output)))
-        chain = next_history_hash(chain, r.query, r.output)
-        if len(entries) == held:
-            held_chain = chain
-        if Fraction(r.epsilon_exact) != entries[-1].mechanism.epsilon_exact:
-            report.problems.append(f"{row.id}: query {r.seq} has a stored epsilon that differs")
-    state, basic = fold_history(domain, entries)
-    if Fraction(row.basic_total) != basic:
+    key = (row.domain, held, tuple(content for _, content in records))
+    replay = replays.replay(key, records)
+    for i in replay.bad_epsilon:
+        report.problems.append(f"{row.id}: query {records[i][0]} has a stored epsilon that differs")
+    basic = replay.basic
+    same = replay.same.get(("basic", row.basic_total))
+    if same is None:
+        same = replay.same[("basic", row.basic_total)] = _fraction(row.basic_total) == basic
+    if not same:
         report.problems.append(f"{row.id}: basic composition differs from the history's")
-    account = history_account(entries, row.budget, row.budget_delta, domain)
-    if Fraction(row.f0_account) != account:
+    budget = (row.budget, row.budget_delta, row.f0_account)
+    same = replay.same.get(budget)
+    if same is None:
+        account = history_account(replay.entries, row.budget, row.budget_delta, domain)
+        same = replay.same[budget] = _fraction(row.f0_account) == account
+    if not same:
         report.problems.append(f"{row.id}: F0's account differs from the history's")
-    if row.history_hash != chain:
+    if row.history_hash != replay.chain:
         report.problems.append(f"{row.id}: history hash differs from the history's")
-    loss = state.loss(basic)
+    loss = replay.loss
     report.checked += 1
-    if isinstance(state, LikelihoodState):
-        if held < len(records):
-            state, _ = fold_history(domain, entries[:held])  # what the stored array holds
-            assert isinstance(state, LikelihoodState)  # noqa: S101 - a finite domain
-        expected_key = state_key(row.domain, held_chain) if held_chain is not None else None
-        if row.state_hash != expected_key:
+    if replay.held_state is not None:
+        if row.state_hash != replay.expected_key:
             report.problems.append(f"{row.id}: likelihood state key differs from the history's")
         if row.state_hash is not None or held:
-            found = store.likelihood_state(conn, key=row.state_hash) if row.state_hash else None
-            data = found.state if found else b""
-            stored = np.frombuffer(data[: 8 * state.logp.size], dtype="<f8")
-            if stored.size != state.logp.size or not np.allclose(
-                stored, state.logp.ravel(), rtol=0, atol=TOLERANCE
-            ):
-                report.problems.append(f"{row.id}: likelihood array differs from the history's")
-            elif found is not None and state.exact is not None:
-                # an array stored before exact forms existed has none (decided by floats)
-                exact = LikelihoodState.from_bytes(domain, data, found.err).exact
-                if exact is not None and not state.exact.same_as(exact):
-                    report.problems.append(f"{row.id}: exact loss differs from the history's")
+            found = replay.arrays.get(row.state_hash)
+            if found is None:
+                found = replay.arrays[row.state_hash] = _array_problems(
+                    replay.held_state, stored_state(row.state_hash) if row.state_hash else None
+                )
+            report.problems.extend(f"{row.id}: {problem}" for problem in found)
         lower_off = abs(loss.lower - row.loss_lower) > TOLERANCE
         if lower_off or abs(loss.upper - row.loss_upper) > TOLERANCE:
             report.problems.append(f"{row.id}: stored loss bounds differ from the history's")
@@ -147,15 +299,34 @@ def verify_object(
         report.problems.append(f"{row.id}: stored loss exceeds basic composition")
 
 
+def _array_problems(state: LikelihoodState, found: StoredState | None) -> list[str]:
+    """How the stored array ``found`` (None: none stored) differs from ``state``."""
+    data = found.state if found else b""
+    stored = np.frombuffer(data[: 8 * state.logp.size], dtype="<f8")
+    if stored.size != state.logp.size or not np.allclose(
+        stored, state.logp.ravel(), rtol=0, atol=TOLERANCE
+    ):
+        return ["likelihood array differs from the history's"]
+    if found is not None and state.exact is not None:
+        # an array stored before exact forms existed has none (decided by floats)
+        exact = LikelihoodState.from_bytes(state.domain, data, found.err).exact
+        if exact is not None and not state.exact.same_as(exact):
+            return ["exact loss differs from the history's"]
+    return []
+
+
 def _verify_versions(
-    conn: Tx, row: StoredObject, domain: Domain, records: list[HistoryItem], report: Report
+    row: StoredObject,
+    domain: Domain,
+    records: Sequence[Recorded],
+    closed: list[ClosedVersion],
+    report: Report,
 ) -> None:
     """Check the closed data versions of an object.
 
     Their ``seq`` ranges are contiguous, each one's loss and Σε replay from its own history,
     and the lifetime sums are the sum of the stored closed losses.
     """
-    closed = version_store.closed_versions(conn, object_id=row.id)
     end = 0
     total = NO_CLOSED
     for number, version in enumerate(closed, start=1):
@@ -164,9 +335,9 @@ def _verify_versions(
             report.problems.append(f"{label}: versions are not contiguous from 1")
         end = version.seq_end
         entries = [
-            history_entry(domain, json.loads(r.query), json.loads(r.output))
-            for r in records
-            if version.seq_start < r.seq <= version.seq_end
+            history_entry(domain, json.loads(query), json.loads(output))
+            for seq, (query, output, _) in records
+            if version.seq_start < seq <= version.seq_end
         ]
         if len(entries) != version.seq_end - version.seq_start:
             report.problems.append(f"{label}: its history is not seq {version.seq_start + 1}..")
@@ -189,13 +360,18 @@ def _verify_versions(
         total = add_losses(total, stored)
     if row.data_version != len(closed) + 1 or row.version_start != end:
         report.problems.append(f"{row.id}: current version does not follow its closed versions")
-    exact = None if total.value is None else str(total.value)
-    if (row.lifetime_exact, row.lifetime_lower, row.lifetime_upper) != (
-        exact,
-        total.lower,
-        total.upper,
-    ):
+    sums = _lifetime_sums(total) if closed else _NO_CLOSED_SUMS
+    if (row.lifetime_exact, row.lifetime_lower, row.lifetime_upper) != sums:
         report.problems.append(f"{row.id}: lifetime sums differ from its closed versions'")
+
+
+def _lifetime_sums(total: LossBounds) -> tuple[str | None, float, float]:
+    """The lifetime columns an object with closed versions summing to ``total`` stores."""
+    return (None if total.value is None else str(total.value), total.lower, total.upper)
+
+
+#: An object with no closed version (most of them): its lifetime columns, computed once.
+_NO_CLOSED_SUMS = _lifetime_sums(NO_CLOSED)
 
 
 def verify_state_refs(conn: Tx, report: Report) -> None:
@@ -260,12 +436,14 @@ def _check_chunk(chunk: Chunk, row: ChunkRow, label: str, report: Report) -> Non
     if len(chunk.picks) != len(members) or len(chunk.seqs) != len(members):
         report.problems.append(f"{label}: picks or seqs do not match its members")
         return
-    for member, pick, seq in zip(members, chunk.picks, chunk.seqs, strict=True):
-        # a reused answer is stored as -seq of the answer it repeats (not a history entry)
-        accepted = 0 <= pick < len(chunk.variants) and seq != 0
-        refused = pick in REASONS and seq == 0
-        if not (accepted or refused):
-            report.problems.append(f"{label}, member {member}: pick {pick} / seq {seq} is invalid")
+    picks = np.asarray(chunk.picks, dtype=np.int64)
+    seqs = np.asarray(chunk.seqs, dtype=np.int64)
+    # a reused answer is stored as -seq of the answer it repeats (not a history entry)
+    accepted = (picks >= 0) & (picks < len(chunk.variants)) & (seqs != 0)
+    refused = np.isin(picks, list(REASONS)) & (seqs == 0)
+    for at in np.flatnonzero(~(accepted | refused)):
+        member, pick, seq = members[at], chunk.picks[at], chunk.seqs[at]
+        report.problems.append(f"{label}, member {member}: pick {pick} / seq {seq} is invalid")
 
 
 def count_objects(engine: Database) -> int:
@@ -274,23 +452,34 @@ def count_objects(engine: Database) -> int:
         return store.object_count(conn)
 
 
-def verify_all(engine: Database, progress: Callable[[int], object] | None = None) -> Report:
+#: Objects read and checked per page (one statement each for their rows, single submits, closed
+#: versions and new likelihood arrays; chunks are read once for all the pages they cover).
+PAGE_SIZE = 2000
+
+
+def verify_all(
+    engine: Database,
+    progress: Callable[[int], object] | None = None,
+    *,
+    page_size: int = PAGE_SIZE,
+) -> Report:
     """Check every object, the shared likelihood states and the surveys' members.
 
-    ``progress(1)`` is called after each object (``gatekeeper verify``'s progress bar).
+    :func:`verify_objects` over every id, then :func:`verify_shared`. ``progress(n)`` is called
+    after each page of ``n`` objects (``gatekeeper verify``'s progress bar).
     """
-    report = Report()
+    report = verify_objects(engine, progress, page_size=page_size)
+    verify_shared(engine, report)
+    return report
+
+
+def verify_shared(engine: Database, report: Report) -> None:
+    """What is not an object's own: shared states' counts, surveys' chunks, projects' states."""
     with reading(engine) as conn:
-        chunks = ChunkCache()
-        for row in store.objects(conn):
-            verify_object(conn, row, report, chunks)
-            if progress is not None:
-                progress(1)
         verify_state_refs(conn, report)
         verify_surveys(conn, report)
         verify_project_states(conn, report)
         verify_object_counts(conn, report)
-    return report
 
 
 def verify_object_counts(conn: Tx, report: Report) -> None:
@@ -308,6 +497,153 @@ def verify_object_counts(conn: Tx, report: Report) -> None:
             if k != c
         )
         report.problems.append(f"object counts kept differ from the rows: {differ}")
+
+
+def split_ids(engine: Database, parts: int) -> list[tuple[str | None, str | None]]:
+    """``parts`` ranges ``(after, upto]`` of about as many objects each, covering every id.
+
+    For verifying in parallel (``gatekeeper verify --jobs``): :func:`verify_objects` per range.
+    """
+    with reading(engine) as conn:
+        count = store.object_count(conn)
+        cuts = store.ids_at(conn, [count * i // parts for i in range(1, parts)])
+    bounds: list[str | None] = [None, *dict.fromkeys(cuts), None]
+    return list(pairwise(bounds))
+
+
+def verify_objects(
+    engine: Database,
+    progress: Callable[[int], object] | None = None,
+    *,
+    after: str | None = None,
+    upto: str | None = None,
+    page_size: int = PAGE_SIZE,
+) -> Report:
+    """Check every object with an id in ``(after, upto]`` (None: unbounded), in id order.
+
+    Objects are read in pages (:mod:`app.store.verify`) and each checked by
+    :func:`check_object` against the replay of its history — folded once per distinct history
+    (:class:`Replays`).
+    """
+    report = Report()
+    replays = Replays()
+    with reading(engine) as conn:
+        domain_texts = store.domains(conn)
+        answers = _SurveyAnswers(store.chunk_ranges(conn))
+        read_states: set[str] = set()  # keys whose array some replay has been compared with
+        while page := store.object_page(
+            conn, after=after, upto=upto, size=page_size, domain_texts=domain_texts
+        ):
+            after = page[-1].id
+            ids = [row.id for row in page]
+            submits = store.submits_of(conn, ids)
+            closed = store.closed_versions_of(conn, ids)
+            surveyed = answers.of_page(conn, ids)
+            wanted = {row.state_hash for row in page if row.state_hash} - read_states
+            states = store.likelihood_states(conn, sorted(wanted)) if wanted else {}
+            read_states |= wanted
+
+            def stored_state(
+                key: str, wanted: set[str] = wanted, states: dict[str, StoredState] = states
+            ) -> StoredState | None:
+                if key in wanted:
+                    return states.get(key)
+                return store.likelihood_state(conn, key=key)  # met before with another history
+
+            for row in page:
+                records = surveyed.get(row.id) or []
+                single = submits.get(row.id)
+                if single:
+                    records[:0] = [recorded(item) for item in single]
+                if len(records) > 1:
+                    records.sort(key=_SEQ)
+                check_object(row, records, closed.get(row.id, []), stored_state, report, replays)
+            if progress is not None:
+                progress(len(page))
+    report.replays = replays.folded
+    return report
+
+
+_SEQ = itemgetter(0)
+
+
+class _SurveyAnswers:
+    """The survey answers of a page of objects, from the decided chunks that cover them.
+
+    An object's answer in a survey is in the chunk :func:`app.store.chunks.chunks_covering`
+    finds — per survey, the last chunk starting at or before its id, when decided and ending at
+    or after it — and there only if the object is a member with an accepted pick. Here the
+    chunks are read once for every page they cover (their ranges first, members never twice).
+    """
+
+    def __init__(self, ranges: list[ChunkRange], capacity: int = 256) -> None:
+        self._surveys: dict[int, list[ChunkRange]] = {}
+        for r in ranges:  # by survey and first id
+            self._surveys.setdefault(r.survey_id, []).append(r)
+        self._firsts = {s: [r.first_id for r in rs] for s, rs in self._surveys.items()}
+        self._capacity = max(capacity, 4 * len(self._surveys))
+        self._chunks: OrderedDict[tuple[int, int], tuple[Chunk, list[Content], bool]] = (
+            OrderedDict()
+        )
+
+    def of_page(self, conn: Tx, ids: list[str]) -> dict[str, list[Recorded]]:
+        """The answers of the objects ``ids``, by object (unordered)."""
+        if not self._surveys:
+            return {}
+        low, high = min(ids), max(ids)  # bytewise, as the chunks' ranges compare
+        members = set(ids)
+        plan: list[tuple[ChunkRange, str | None]] = []
+        for survey_id, ranges in self._surveys.items():
+            firsts = self._firsts[survey_id]
+            # ids in [low, high] are covered by the chunk starting last at or before low, and
+            # by those starting in (low, high]
+            start = max(bisect.bisect_right(firsts, low) - 1, 0)
+            stop = bisect.bisect_right(firsts, high)
+            for at in range(start, stop):
+                if ranges[at].decided:
+                    plan.append((ranges[at], firsts[at + 1] if at + 1 < len(firsts) else None))
+        self._load(conn, [(r.survey_id, r.chunk) for r, _ in plan])
+        found: dict[str, list[Recorded]] = {}
+        for r, next_first in plan:
+            chunk, variants, ordered = self._chunks[(r.survey_id, r.chunk)]
+            picks, seqs = chunk.picks, chunk.seqs
+            if picks is None or seqs is None:
+                continue  # pending: no answers
+            top = r.last_id if r.last_id < high else high
+            lo = r.first_id if r.first_id > low else low
+            if ordered:
+                begin = bisect.bisect_left(chunk.members, lo)
+                end = bisect.bisect_right(chunk.members, top)
+            else:
+                begin, end = 0, len(chunk.members)
+            usable = min(len(picks), len(seqs), end)
+            for at in range(begin, usable):
+                member = chunk.members[at]
+                if member not in members or not lo <= member <= top:
+                    continue
+                if next_first is not None and member >= next_first:
+                    continue  # a later chunk of the survey starts at or before it
+                pick = picks[at]
+                # a reused answer (negative seq) repeats an entry: no entry of its own
+                if 0 <= pick < len(variants) and seqs[at] > 0:
+                    found.setdefault(member, []).append((seqs[at], variants[pick]))
+        return found
+
+    def _load(self, conn: Tx, keys: list[tuple[int, int]]) -> None:
+        missing = [k for k in keys if k not in self._chunks]
+        for key in keys:
+            if key in self._chunks:
+                self._chunks.move_to_end(key)
+        if missing:
+            for key, chunk in load_chunks(conn, missing).items():
+                variants = [(v["query"], v["output"], v["epsilon_exact"]) for v in chunk.variants]
+                ordered = chunk.members == sorted(chunk.members)
+                self._chunks[key] = (chunk, variants, ordered)
+            for key in missing:
+                if key not in self._chunks:
+                    raise LookupError(f"survey {key[0]} has no chunk {key[1]}")
+        while len(self._chunks) > max(self._capacity, len(keys)):  # keep this page's
+            self._chunks.popitem(last=False)
 
 
 def verify_project_states(conn: Tx, report: Report) -> None:

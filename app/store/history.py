@@ -88,10 +88,10 @@ def submits(
         statement = statement.where(_QUERIES.c.analyst_key_id.in_(_project_keys(project_id)))
     if limit is not None:
         statement = statement.limit(limit)
-    return [_submitted(r) for r in conn.execute(statement)]
+    return [submitted(r) for r in conn.execute(statement)]
 
 
-def _submitted(r: Row[Any]) -> HistoryItem:
+def submitted(r: Row[Any]) -> HistoryItem:
     """A ``queries`` row as a history item."""
     return HistoryItem(
         seq=r.seq,

@@ -1,31 +1,42 @@
 """What ``gatekeeper verify`` reads: every object's stored state, likelihood states, surveys.
 
 Read only, in id order, each as a typed row; the replay and the comparisons are the service's
-(:mod:`app.services.verify`).
+(:mod:`app.services.verify`). A whole run reads in pages (:func:`object_page` and the readers
+of a page's submits, closed versions, likelihood arrays and chunks): a handful of statements per
+thousands of objects instead of four or five per object.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, select
+from sqlalchemy import ARRAY, String, Table, bindparam, func, select
 
 from app.db.models import (
+    DomainRecord,
     LikelihoodStateRecord,
+    ObjectVersion,
     ProtectedObject,
+    QueryRecord,
     Survey,
     SurveyChunk,
     domain_text_of,
 )
-from app.store.base import Tx
+from app.store.base import Tx, is_postgres
+from app.store.history import HistoryItem
+from app.store.history import submitted as history_item
+from app.store.versions import ClosedVersion
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _STATES = cast(Table, LikelihoodStateRecord.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
 _CHUNKS = cast(Table, SurveyChunk.__table__)
+_DOMAINS = cast(Table, DomainRecord.__table__)
+_VERSIONS = cast(Table, ObjectVersion.__table__)
+_QUERIES = cast(Table, QueryRecord.__table__)
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,12 @@ _ALL = select(
     _OBJECTS.c.lifetime_lower,
     _OBJECTS.c.lifetime_upper,
 ).order_by(_OBJECTS.c.id)
+_REST = list(_ALL.selected_columns)[2:]  # after the id and the domain's text
+#: A page of objects by id (keyset: the primary key's index, no offset), with the domain's hash
+#: instead of its text (read once, :func:`domains`).
+_PAGE = select(_OBJECTS.c.id, _OBJECTS.c.domain_hash, *_REST).order_by(_OBJECTS.c.id)
+_IDS = select(_OBJECTS.c.id).order_by(_OBJECTS.c.id).offset(bindparam("at")).limit(1)
+_DOMAIN_TEXTS = select(_DOMAINS.c.hash, _DOMAINS.c.text)
 _STATE = select(_STATES.c.state, _STATES.c.err).where(_STATES.c.hash == bindparam("key"))
 _USERS = (
     select(_OBJECTS.c.state_hash, func.count())
@@ -138,6 +155,124 @@ def objects(conn: Tx) -> Iterator[StoredObject]:
     """Every object (retired ones too), in id order."""
     for row in conn.execute(_ALL):
         yield StoredObject(*row)
+
+
+def domains(conn: Tx) -> dict[str, str]:
+    """Every stored domain's canonical text, by hash."""
+    return {str(h): str(text) for h, text in conn.execute(_DOMAIN_TEXTS)}
+
+
+def object_page(
+    conn: Tx,
+    *,
+    after: str | None,
+    upto: str | None = None,
+    size: int,
+    domain_texts: dict[str, str],
+) -> list[StoredObject]:
+    """At most ``size`` objects with ids in ``(after, upto]`` (None: unbounded), in id order.
+
+    ``domain_texts``: :func:`domains` (a domain stored since is read and added to it).
+    """
+    statement = _PAGE.limit(size)
+    if after is not None:
+        statement = statement.where(_OBJECTS.c.id > after)
+    if upto is not None:
+        statement = statement.where(_OBJECTS.c.id <= upto)
+    page = []
+    for object_id, domain_hash, *rest in conn.execute(statement):
+        text = domain_texts.get(domain_hash)
+        if text is None:
+            domain_texts.update(domains(conn))
+            text = domain_texts[domain_hash]
+        page.append(StoredObject(object_id, text, *rest))
+    return page
+
+
+def ids_at(conn: Tx, positions: Sequence[int]) -> list[str]:
+    """The ids at these positions (0-based) of the id order (positions past the end: none)."""
+    found = []
+    for at in positions:
+        object_id = conn.execute(_IDS, {"at": at}).scalar_one_or_none()
+        if object_id is not None:
+            found.append(str(object_id))
+    return found
+
+
+def _among(column: Any, conn: Tx, ids: Sequence[str]) -> Any:
+    """``column`` is one of ``ids`` (PostgreSQL: one array parameter)."""
+    if is_postgres(conn):
+        return column == func.any(bindparam("ids", type_=ARRAY(String)))
+    return column.in_(bindparam("ids", expanding=True))
+
+
+def submits_of(conn: Tx, ids: Sequence[str]) -> dict[str, list[HistoryItem]]:
+    """Every stored single submit of the objects ``ids``, by object, in ``seq`` order."""
+    found: dict[str, list[HistoryItem]] = {}
+    statement = (
+        select(_QUERIES)
+        .where(_among(_QUERIES.c.object_id, conn, ids))
+        .order_by(_QUERIES.c.object_id, _QUERIES.c.seq)
+    )
+    for row in conn.execute(statement, {"ids": list(ids)}):
+        found.setdefault(row.object_id, []).append(history_item(row))
+    return found
+
+
+_CLOSED_FIELDS = [_VERSIONS.c[name] for name in ClosedVersion.__dataclass_fields__]
+
+
+def closed_versions_of(conn: Tx, ids: Sequence[str]) -> dict[str, list[ClosedVersion]]:
+    """The closed data versions of the objects ``ids``, by object, oldest first."""
+    found: dict[str, list[ClosedVersion]] = {}
+    statement = (
+        select(*_CLOSED_FIELDS)
+        .where(_among(_VERSIONS.c.object_id, conn, ids))
+        .order_by(_VERSIONS.c.object_id, _VERSIONS.c.data_version)
+    )
+    for row in conn.execute(statement, {"ids": list(ids)}):
+        found.setdefault(row.object_id, []).append(ClosedVersion(**row._mapping))
+    return found
+
+
+def likelihood_states(conn: Tx, keys: Sequence[str]) -> dict[str, StoredState]:
+    """The likelihood arrays stored under ``keys`` (the ones that exist), by key."""
+    statement = select(_STATES.c.hash, _STATES.c.state, _STATES.c.err).where(
+        _among(_STATES.c.hash, conn, keys)
+    )
+    return {
+        h: StoredState(state, err) for h, state, err in conn.execute(statement, {"ids": list(keys)})
+    }
+
+
+@dataclass(frozen=True)
+class ChunkRange:
+    """Where a survey chunk sits in id order, without its members.
+
+    Enough to know which chunk covers an id, as :func:`app.store.chunks.chunks_covering` finds it.
+    """
+
+    survey_id: int
+    chunk: int
+    first_id: str
+    last_id: str
+    decided: bool
+
+
+_RANGES = select(
+    _CHUNKS.c.survey_id,
+    _CHUNKS.c.chunk,
+    _CHUNKS.c.first_id,
+    _CHUNKS.c.last_id,
+    _CHUNKS.c.decided_at.is_not(None),
+).order_by(_CHUNKS.c.survey_id, _CHUNKS.c.first_id, _CHUNKS.c.chunk)
+
+
+def chunk_ranges(conn: Tx) -> list[ChunkRange]:
+    """Every survey chunk's range, by survey and first id."""
+    return [
+        ChunkRange(int(s), int(c), f, last, bool(d)) for s, c, f, last, d in conn.execute(_RANGES)
+    ]
 
 
 def likelihood_state(conn: Tx, *, key: str) -> StoredState | None:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
-from sqlalchemy import Engine, delete, insert, inspect, select, update
+from sqlalchemy import Engine, delete, func, insert, inspect, select, update
 
 from app.bootstrap import create_app
 from app.cli import main as cli_main
@@ -378,20 +378,27 @@ def test_verify_detects_tampering(
         engine.dispose()
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
 @pytest.mark.parametrize("tamper_name", ["loss_upper+1", "delete-last-query"])
 def test_verify_command_exits_nonzero_after_tampering(
-    database_url: str, populated: dict[str, str], tamper_name: str
+    database_url: str, populated: dict[str, str], tamper_name: str, jobs: str
 ) -> None:
-    """The real ``python -m app.cli verify`` process, for the two classic tamperings."""
+    """The real ``python -m app.cli verify`` process, for the two classic tamperings.
+
+    ``--jobs 2``: the objects are checked in two processes, one id range each.
+    """
     kind, tamper = TAMPERS[tamper_name]
     engine = make_engine(database_url)
     try:
         with restored(engine, populated[kind]):
             with engine.begin() as conn:
                 tamper(conn, populated[kind])
-            done = run_cli("verify", database_url=database_url)
+            done = run_cli("verify", "--jobs", jobs, database_url=database_url)
             assert done.returncode != 0, (done.stdout, done.stderr)
             assert f"MISMATCH {populated[kind]}" in done.stdout
+            with engine.connect() as conn:
+                count = conn.execute(select(func.count()).select_from(ProtectedObject)).scalar()
+            assert f"verified {count} object(s)" in done.stdout  # every range checked once
     finally:
         engine.dispose()
 
