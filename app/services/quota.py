@@ -14,7 +14,7 @@ submit's transaction, behind the object's compare-and-set.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.engine.continuous.state import ContinuousState
@@ -36,7 +36,6 @@ from app.worker.pool import BoundWorker
 
 #: The problem type of a query the project's quota refuses (the object's own: budget-exhausted).
 QUOTA_EXHAUSTED = "quota-exhausted"
-BUDGET_EXHAUSTED = "budget-exhausted"
 
 
 @dataclass(frozen=True)
@@ -117,8 +116,18 @@ def load_quota(
 def quota_decision(
     quota: ProjectQuota, mech: Mechanism, worker: BoundWorker, *, tight: bool
 ) -> Decision:
-    """The quota's filter on ``mech`` (the second Bayesian filter, the same pipeline)."""
-    return decide(quota.snapshot, mech, worker, tight=tight)
+    """The quota's filter on ``mech`` (the second Bayesian filter, the same pipeline).
+
+    A refusal is a :class:`Decision` like the object's own, named ``quota-exhausted``.
+    """
+    return replace(decide(quota.snapshot, mech, worker, tight=tight), refusal=QUOTA_EXHAUSTED)
+
+
+def reported(decision: Decision, by_quota: Decision | None) -> Decision:
+    """The decision a query gets: the object's refusal first, else the quota's, else accepted."""
+    if not decision.accepted or by_quota is None or by_quota.accepted:
+        return decision
+    return by_quota
 
 
 def quota_view(quota: ProjectQuota, decision: Decision) -> dict[str, Any]:
