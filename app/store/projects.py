@@ -15,6 +15,7 @@ from sqlalchemy import Table, bindparam, delete, insert, select, update
 
 from app.db.models import Project, ProjectState
 from app.store.base import Tx
+from app.store.rows import Rows
 
 PROJECTS = cast(Table, Project.__table__)
 _STATES = cast(Table, ProjectState.__table__)
@@ -40,14 +41,9 @@ _COLUMNS = (
     PROJECTS.c.created_at,
     PROJECTS.c.updated_at,
 )
-_BY_NAME = select(*_COLUMNS).where(PROJECTS.c.name == bindparam("name"))
-_BY_ID = select(*_COLUMNS).where(PROJECTS.c.id == bindparam("project_id"))
-_PAGE = (
-    select(*_COLUMNS)
-    .where(PROJECTS.c.id > bindparam("after"))
-    .order_by(PROJECTS.c.id)
-    .limit(bindparam("limit"))
-)
+_ROWS = Rows(ProjectRow, _COLUMNS, id_=PROJECTS.c.id)
+_BY_NAME = _ROWS.by(PROJECTS.c.name)
+_BY_ID = _ROWS.by(PROJECTS.c.id)
 _SET_QUOTA = (
     update(PROJECTS)
     .where(PROJECTS.c.name == bindparam("where_name"))
@@ -69,19 +65,17 @@ def insert_project(
 
 def by_name(conn: Tx, *, name: str) -> ProjectRow | None:
     """The project named ``name``, or None."""
-    row = conn.execute(_BY_NAME, {"name": name}).one_or_none()
-    return None if row is None else ProjectRow(*row)
+    return _BY_NAME(conn, name)
 
 
 def by_id(conn: Tx, *, project_id: int) -> ProjectRow | None:
     """The project with id ``project_id``, or None."""
-    row = conn.execute(_BY_ID, {"project_id": project_id}).one_or_none()
-    return None if row is None else ProjectRow(*row)
+    return _BY_ID(conn, project_id)
 
 
 def page(conn: Tx, *, after: int, limit: int) -> list[ProjectRow]:
     """At most ``limit`` projects with ``id > after``, in id order."""
-    return [ProjectRow(*r) for r in conn.execute(_PAGE, {"after": after, "limit": limit})]
+    return _ROWS.page(conn, after=after, limit=limit)
 
 
 def set_quota(conn: Tx, *, name: str, quota: float, at: datetime) -> bool:
