@@ -108,6 +108,19 @@ def load_quota(
     project = store.by_id(conn, project_id=scope.project_id)
     if project is None:  # pragma: no cover - keys reference their project
         return None
+    return project_quota(conn, project, object_id, domain, limits, version_start=version_start)
+
+
+def project_quota(
+    conn: Tx,
+    project: ProjectRow,
+    object_id: str,
+    domain: Domain,
+    limits: EngineLimits,
+    *,
+    version_start: int,
+) -> ProjectQuota:
+    """``project``'s quota on the object: its sub-history of the current data version."""
     sub = sub_snapshot(conn, object_id, domain, limits, project, version_start=version_start)
     stored = store.sub_history(conn, object_id=object_id, project_id=project.id)
     return ProjectQuota(project, stored, sub.snapshot, sub.count, sub.history_hash)
@@ -155,9 +168,34 @@ def record_output(
     output_text: str,
 ) -> None:
     """Store the project's sub-history after an accepted query's output (same transaction)."""
+    state = sub_history_after(
+        quota,
+        decision,
+        mech,
+        output,
+        worker,
+        object_id=object_id,
+        query_text=query_text,
+        output_text=output_text,
+    )
+    store.put_sub_histories(conn, [state], new=quota.stored is None)
+
+
+def sub_history_after(
+    quota: ProjectQuota,
+    decision: Decision,
+    mech: Mechanism,
+    output: Output,
+    worker: BoundWorker,
+    *,
+    object_id: str,
+    query_text: str,
+    output_text: str,
+) -> SubHistory:
+    """The project's sub-history of the object once ``output`` is in it (what is stored)."""
     after = recorded(quota.snapshot, decision, mech, output, worker)
     loss = after.loss()
-    state = SubHistory(
+    return SubHistory(
         object_id=object_id,
         project_id=quota.project.id,
         accepted=quota.count + 1,
@@ -166,4 +204,3 @@ def record_output(
         loss_upper=loss.upper,
         basic_total=str(after.basic_total),
     )
-    store.put_sub_history(conn, state, new=quota.stored is None)

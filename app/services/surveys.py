@@ -28,7 +28,9 @@ from app.services.bodies import validated
 from app.services.errors import Busy, Forbidden, IdempotencyMismatch, NotFound, ServiceError
 from app.services.scope import Scope
 from app.services.survey_groups import (
+    GroupAccepted,
     ParsedQuery,
+    QuotaGroups,
     Refusal,
     StateMissing,
     decide_group,
@@ -37,6 +39,7 @@ from app.services.survey_groups import (
 )
 from app.store import Conflict, Database, Tx, reading, transaction
 from app.store import chunks as chunk_store
+from app.store import projects as project_store
 from app.store import surveys as survey_store
 from app.store import versions as version_store
 from app.store.chunks import MemberDecision
@@ -498,28 +501,45 @@ def _dry_run_once(
     with reading(engine) as conn:
         if request.ids is not None:
             _refuse_unknown(conn, request, scope)
-        collected: dict[tuple[GroupKey, bool], tuple[int, str]] = {}
+        # a project key's survey also passes its quota: members split by their sub-history
+        project = None if scope is None else project_store.by_id(conn, project_id=scope.project_id)
+        quotas = None if project is None else QuotaGroups(project, limits)
+        collected: dict[tuple[GroupKey, bool, str | None], tuple[int, str]] = {}
         groups_read = survey_store.cohort_groups(
-            conn, labels=request.labels, ids=request.ids or (), scope=_labels_of(scope)
+            conn,
+            labels=request.labels,
+            ids=request.ids or (),
+            scope=_labels_of(scope),
+            project_id=None if project is None else project.id,
         )
-        for key, retired, count, first in groups_read:
-            previous = collected.get((key, retired))
+        for key, retired, count, first, sub in groups_read:
+            previous = collected.get((key, retired, sub))
             if previous is not None:
                 count, first = previous[0] + count, min(previous[1], first)
-            collected[(key, retired)] = (count, first)
+            collected[(key, retired, sub)] = (count, first)
         members = sum(count for count, _ in collected.values())
         _refuse_empty_or_large(members, max_members)
-        _refuse_query_fitting_no_member({key.domain for key, _ in collected}, request.query, limits)
+        _refuse_query_fitting_no_member(
+            {key.domain for key, _, _ in collected}, request.query, limits
+        )
         versions = survey_store.versions(conn, [first for _, first in collected.values()])
-        for (key, retired), (count, first) in collected.items():
+        decided: dict[GroupKey, GroupAccepted | Refusal] = {}
+        for (key, retired, sub), (count, first) in collected.items():
             if retired:
                 refused[Refusal.RETIRED.value] += count
                 continue
             groups.add(key)
             version, start = versions[first]
-            group = decide_group(conn, key, (first, version, start), parsed, worker)
+            group = decided.get(key)
+            if group is None:
+                group = decide_group(conn, key, (first, version, start), parsed, worker)
+                decided[key] = group
             if isinstance(group, Refusal):
                 refused[group.value] += count
+            elif quotas is not None and not (
+                quotas.decide(conn, group, (key.domain, sub), (first, start), worker)[1].accepted
+            ):
+                refused[Refusal.QUOTA.value] += count
             else:
                 accepted += count
     return {

@@ -7,7 +7,7 @@ the small, composable filter every listing and cohort statement adds for a proje
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import cast
 
@@ -133,23 +133,45 @@ def all_sub_histories(conn: Tx) -> list[SubHistory]:
     return [SubHistory(*row) for row in conn.execute(_SUB.order_by(*_STATES.primary_key))]
 
 
-def put_sub_history(conn: Tx, state: SubHistory, *, new: bool) -> None:
-    """Store a sub-history after one more entry (``new``: its first)."""
-    values = {
-        "accepted": state.accepted,
-        "history_hash": state.history_hash,
-        "loss_lower": state.loss_lower,
-        "loss_upper": state.loss_upper,
-        "basic_total": state.basic_total,
-    }
+_SUB_VALUES = ("accepted", "history_hash", "loss_lower", "loss_upper", "basic_total")
+_INSERT_SUB = insert(_STATES)
+_UPDATE_SUB = (
+    update(_STATES)
+    .where(
+        _STATES.c.object_id == bindparam("where_object"),
+        _STATES.c.project_id == bindparam("where_project"),
+    )
+    .values({name: bindparam(name) for name in _SUB_VALUES})
+)
+
+
+def put_sub_histories(conn: Tx, states: Sequence[SubHistory], *, new: bool) -> None:
+    """Store sub-histories after one more entry each (``new``: their first; one statement)."""
+    if not states:
+        return
     if new:
-        conn.execute(
-            insert(_STATES),
-            {"object_id": state.object_id, "project_id": state.project_id, **values},
-        )
+        conn.execute(_INSERT_SUB, [asdict(state) for state in states])
         return
     conn.execute(
-        update(_STATES)
-        .where(_STATES.c.object_id == state.object_id, _STATES.c.project_id == state.project_id)
-        .values(**values)
+        _UPDATE_SUB,
+        [
+            {
+                "where_object": state.object_id,
+                "where_project": state.project_id,
+                **{name: getattr(state, name) for name in _SUB_VALUES},
+            }
+            for state in states
+        ],
     )
+
+
+def sub_hashes(conn: Tx, *, project_id: int, object_ids: Sequence[str]) -> dict[str, str]:
+    """The stored sub-history hash chain of each object of ``object_ids`` the project has one of."""
+    found: dict[str, str] = {}
+    for start in range(0, len(object_ids), 1000):
+        part = list(object_ids[start : start + 1000])
+        statement = select(_STATES.c.object_id, _STATES.c.history_hash).where(
+            _STATES.c.project_id == project_id, _STATES.c.object_id.in_(part)
+        )
+        found.update({str(o): str(h) for o, h in conn.execute(statement)})
+    return found

@@ -778,6 +778,8 @@ class SurveyRefusals(_Response):
     retired: int
     #: The version's filter accepted but the object's lifetime budget did not.
     lifetime_exhausted: int = Field(default=0, alias="lifetime-exhausted")
+    #: The object's filters accepted but the quota of the survey's project did not.
+    quota_exhausted: int = Field(default=0, alias="quota-exhausted")
 
 
 class SurveyProgress(_Response):
