@@ -110,3 +110,15 @@ def revoke(conn: Tx, *, key_id: int, at: datetime) -> bool:
     if is_postgres(conn):
         conn.execute(_LOCK_ADMINS)
     return conn.execute(_REVOKE, {"key_id": key_id, "at": at}).rowcount == 1
+
+
+def revoke_project(conn: Tx, *, project_id: int, at: datetime) -> list[int]:
+    """Revoke every active key of project ``project_id`` at ``at``; their ids, in order.
+
+    Project keys are never admin keys, so this can never revoke the last admin key.
+    """
+    active = (_KEYS.c.project_id == project_id) & _KEYS.c.revoked_at.is_(None)
+    ids = [int(i) for i in conn.scalars(select(_KEYS.c.id).where(active).order_by(_KEYS.c.id))]
+    if ids:
+        conn.execute(update(_KEYS).where(_KEYS.c.id.in_(ids)).values(revoked_at=at))
+    return ids

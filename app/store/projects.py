@@ -31,6 +31,8 @@ class ProjectRow:
     quota: float
     created_at: datetime
     updated_at: datetime
+    #: When it was deleted (None: a live project).
+    deleted_at: datetime | None = None
 
 
 _COLUMNS = (
@@ -40,14 +42,21 @@ _COLUMNS = (
     PROJECTS.c.quota,
     PROJECTS.c.created_at,
     PROJECTS.c.updated_at,
+    PROJECTS.c.deleted_at,
 )
-_ROWS = Rows(ProjectRow, _COLUMNS, id_=PROJECTS.c.id)
+#: Pages list live projects; a lookup finds a deleted one too (its sub-histories are kept).
+_ROWS = Rows(ProjectRow, _COLUMNS, id_=PROJECTS.c.id, listed=PROJECTS.c.deleted_at.is_(None))
 _BY_NAME = _ROWS.by(PROJECTS.c.name)
 _BY_ID = _ROWS.by(PROJECTS.c.id)
 _SET_QUOTA = (
     update(PROJECTS)
     .where(PROJECTS.c.name == bindparam("where_name"))
     .values(quota=bindparam("quota"), updated_at=bindparam("at"))
+)
+_DELETE = (
+    update(PROJECTS)
+    .where(PROJECTS.c.id == bindparam("where_id"), PROJECTS.c.deleted_at.is_(None))
+    .values(deleted_at=bindparam("at"), updated_at=bindparam("at"))
 )
 
 
@@ -74,7 +83,7 @@ def by_id(conn: Tx, *, project_id: int) -> ProjectRow | None:
 
 
 def page(conn: Tx, *, after: int, limit: int) -> list[ProjectRow]:
-    """At most ``limit`` projects with ``id > after``, in id order."""
+    """At most ``limit`` live projects with ``id > after``, in id order."""
     return _ROWS.page(conn, after=after, limit=limit)
 
 
@@ -83,6 +92,11 @@ def set_quota(conn: Tx, *, name: str, quota: float, at: datetime) -> bool:
     return bool(
         conn.execute(_SET_QUOTA, {"where_name": name, "quota": quota, "at": at}).rowcount == 1
     )
+
+
+def mark_deleted(conn: Tx, *, project_id: int, at: datetime) -> bool:
+    """Mark a live project deleted at ``at`` (its row kept); False if it was deleted already."""
+    return bool(conn.execute(_DELETE, {"where_id": project_id, "at": at}).rowcount == 1)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Column, bindparam, select
+from sqlalchemy import Column, ColumnElement, bindparam, select
 
 from app.store.base import Tx
 
@@ -19,12 +19,20 @@ T = TypeVar("T")
 class Rows(Generic[T]):
     """``make(*columns)`` of a table's rows: one by a unique column, or a page in id order."""
 
-    def __init__(self, make: Callable[..., T], columns: Sequence[Column[Any]], *, id_: Column[Any]):
+    def __init__(
+        self,
+        make: Callable[..., T],
+        columns: Sequence[Column[Any]],
+        *,
+        id_: Column[Any],
+        listed: ColumnElement[bool] | None = None,
+    ):
+        """``listed``: the condition a row must meet to be in a page (lookups see every row)."""
         self._make = make
         self.columns = tuple(columns)
         self._page = (
             select(*self.columns)
-            .where(id_ > bindparam("after"))
+            .where(id_ > bindparam("after"), *(() if listed is None else (listed,)))
             .order_by(id_)
             .limit(bindparam("limit"))
         )

@@ -246,6 +246,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/projects"): _admin("GET", "/v1/projects"),
     ("GET", "/v1/projects/{name}"): _admin("GET", "/v1/projects/{name}"),
     ("PATCH", "/v1/projects/{name}"): _admin("PATCH", "/v1/projects/{name}"),
+    ("DELETE", "/v1/projects/{name}"): _admin("DELETE", "/v1/projects/{name}"),
     ("POST", "/v1/loss"): _as_authz(("POST", "/v1/loss"), "STATELESS"),
     ("GET", "/v1/whoami"): _as_authz(("GET", "/v1/whoami"), "WHOAMI"),
     **{

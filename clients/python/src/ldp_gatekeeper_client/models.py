@@ -40,6 +40,7 @@ AuditKind = Literal[
     "survey.cancelled",
     "project.created",
     "project.quota_changed",
+    "project.deleted",
 ]
 SurveyStatus = Literal["queued", "running", "done", "cancelled", "failed"]
 #: What ``GET /v1/odometers?status=`` lists (``near_exhaustion`` includes the exhausted).
