@@ -160,6 +160,35 @@ BAD_PATCHES: list[tuple[str, Any, str]] = [
 ]
 
 
+def test_a_quota_above_every_budget_means_above_the_largest_budget_an_object_may_have(
+    client: TestClient,
+) -> None:
+    """Issue 25 bad input: "above every budget" is above ``MAX_BUDGET`` (10,000), the largest
+    ``budget.epsilon`` any object may be registered with — a fixed bound, not the budgets of the
+    objects registered now (which change). Exactly that bound is a quota; the next decimal
+    above it is refused naming ``quota.epsilon``, never echoing the value, storing nothing."""
+    at = project_body(quota={"epsilon": MAX_BUDGET})
+    r = client.post("/v1/projects", headers=ADMIN, json=at)
+    assert r.status_code == 201, r.text
+    assert r.json()["quota"] == {"epsilon": MAX_BUDGET}
+    above = 10000.000001
+    assert above > MAX_BUDGET
+    before = _counts(client)
+    r = client.post("/v1/projects", headers=ADMIN, json=project_body(quota={"epsilon": above}))
+    error = field_error(r, "quota.epsilon")
+    assert "10000.000001" not in r.text
+    assert error["errors"][0]["message"]
+    assert _counts(client) == before
+    r = client.patch(
+        f"/v1/projects/{at['name']}", headers=ADMIN, json={"quota": {"epsilon": above}}
+    )
+    field_error(r, "quota.epsilon")
+    assert "10000.000001" not in r.text
+    assert client.get(f"/v1/projects/{at['name']}", headers=ADMIN).json()["quota"] == {
+        "epsilon": MAX_BUDGET
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "field"), [(b, f) for _, b, f in BAD_PATCHES], ids=[i for i, _, _ in BAD_PATCHES]
 )
