@@ -58,6 +58,7 @@ from app.services.history import object_history
 from app.services.locks import ObjectLocks
 from app.services.objects import load_object, odometer_view, version_span
 from app.services.quota import (
+    Answer,
     ProjectQuota,
     load_quota,
     quota_decision,
@@ -495,17 +496,8 @@ def _record_acceptance(
         lost={row.state_hash: 1} if row.state_hash else {},
     )
     if quota is not None:  # the project's sub-history, behind the same compare-and-set
-        record_output(
-            conn,
-            quota[0],
-            quota[1],
-            mech,
-            output,
-            worker,
-            object_id=row.id,
-            query_text=query_text,
-            output_text=output_text,
-        )
+        answer = Answer(mech, output, query_text, output_text)
+        record_output(conn, quota[0], quota[1], answer, worker, object_id=row.id)
     body = {"query_id": query_id, **stored}
     audit.record(
         conn,

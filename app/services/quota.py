@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
@@ -155,51 +155,40 @@ def quota_view(quota: ProjectQuota, decision: Decision) -> dict[str, Any]:
     }
 
 
+class Answer(NamedTuple):
+    """An accepted query's output, with the texts the history stores of both."""
+
+    mech: Mechanism
+    output: Output
+    query_text: str
+    output_text: str
+
+
 def record_output(
     conn: Tx,
     quota: ProjectQuota,
     decision: Decision,
-    mech: Mechanism,
-    output: Output,
+    answer: Answer,
     worker: BoundWorker,
     *,
     object_id: str,
-    query_text: str,
-    output_text: str,
 ) -> None:
     """Store the project's sub-history after an accepted query's output (same transaction)."""
-    state = sub_history_after(
-        quota,
-        decision,
-        mech,
-        output,
-        worker,
-        object_id=object_id,
-        query_text=query_text,
-        output_text=output_text,
-    )
+    state = sub_history_after(quota, decision, answer, worker, object_id=object_id)
     store.put_sub_histories(conn, [state], new=quota.stored is None)
 
 
 def sub_history_after(
-    quota: ProjectQuota,
-    decision: Decision,
-    mech: Mechanism,
-    output: Output,
-    worker: BoundWorker,
-    *,
-    object_id: str,
-    query_text: str,
-    output_text: str,
+    quota: ProjectQuota, decision: Decision, answer: Answer, worker: BoundWorker, *, object_id: str
 ) -> SubHistory:
-    """The project's sub-history of the object once ``output`` is in it (what is stored)."""
-    after = recorded(quota.snapshot, decision, mech, output, worker)
+    """The project's sub-history of the object once ``answer`` is in it (what is stored)."""
+    after = recorded(quota.snapshot, decision, answer.mech, answer.output, worker)
     loss = after.loss()
     return SubHistory(
         object_id=object_id,
         project_id=quota.project.id,
         accepted=quota.count + 1,
-        history_hash=next_history_hash(quota.history_hash, query_text, output_text),
+        history_hash=next_history_hash(quota.history_hash, answer.query_text, answer.output_text),
         loss_lower=loss.lower,
         loss_upper=loss.upper,
         basic_total=str(after.basic_total),

@@ -25,7 +25,13 @@ from app.engine.mechanisms import Mechanism, Output, parse_query
 from app.engine.pipeline import ObjectSnapshot
 from app.services.decisions import decide
 from app.services.errors import NotFound
-from app.services.quota import ProjectQuota, project_quota, quota_decision, sub_history_after
+from app.services.quota import (
+    Answer,
+    ProjectQuota,
+    project_quota,
+    quota_decision,
+    sub_history_after,
+)
 from app.services.snapshots import snapshot_of
 from app.store import Tx
 from app.store.projects import ProjectRow, SubHistory
@@ -227,29 +233,12 @@ class QuotaGroups:
         return found
 
     def sub_history(
-        self,
-        sub: tuple[str, str | None],
-        mech: Mechanism,
-        output: Output,
-        worker: BoundWorker,
-        *,
-        object_id: str,
-        query_text: str,
-        output_text: str,
+        self, sub: tuple[str, str | None], answer: Answer, worker: BoundWorker, *, object_id: str
     ) -> SubHistory:
-        """A member's sub-history once ``output`` (accepted by :meth:`decide`) is in it."""
-        found = self.after.get((*sub, output))
+        """A member's sub-history once ``answer`` (accepted by :meth:`decide`) is in it."""
+        found = self.after.get((*sub, answer.output))
         if found is None:
             quota, decision = self.decided[sub]
-            found = sub_history_after(
-                quota,
-                decision,
-                mech,
-                output,
-                worker,
-                object_id=object_id,
-                query_text=query_text,
-                output_text=output_text,
-            )
-            self.after[(*sub, output)] = found
+            found = sub_history_after(quota, decision, answer, worker, object_id=object_id)
+            self.after[(*sub, answer.output)] = found
         return replace(found, object_id=object_id)

@@ -50,6 +50,7 @@ from app.engine.mechanisms import Mechanism, Output
 from app.engine.pipeline import accounts_after, losses_after
 from app.services import audit
 from app.services.decisions import recorded
+from app.services.quota import Answer
 from app.services.snapshots import (
     Advance,
     StateGone,
@@ -339,17 +340,10 @@ def _decide_rows(
         if quotas is not None and passed is not None:
             for output, answered in by_output.items():
                 output_text = json.dumps(mech.output_json(output))
+                answer = Answer(mech, output, query_text, output_text)
                 for row in answered:
                     sub = passed[row.id]
-                    state = quotas.sub_history(
-                        sub,
-                        mech,
-                        output,
-                        worker,
-                        object_id=row.id,
-                        query_text=query_text,
-                        output_text=output_text,
-                    )
+                    state = quotas.sub_history(sub, answer, worker, object_id=row.id)
                     work.sub_histories.append((state, sub[1] is None))
         outputs, counts = reports.setdefault(key.domain, (mech, [], []))[1:]
         outputs.extend(by_output)

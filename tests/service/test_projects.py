@@ -234,14 +234,20 @@ def test_0010_downgrades_and_upgrades_again(tmp_path: Path) -> None:
         engine.dispose()
 
 
-def test_gatekeeper_keys_create_in_a_project(tmp_path: Path) -> None:
-    """``gatekeeper keys create --project NAME``: a key of that project; an unknown one: exit 2."""
+def _database_with_a_project(tmp_path: Path) -> tuple[str, str]:
+    """A migrated SQLite database for the command line, with a project: its URL and name."""
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     upgrade(url)
     name = unique_id("cli")
     with TestClient(create_app(make_settings(url))) as client:
         r = client.post("/v1/projects", headers=ADMIN, json=project_body(name))
         assert r.status_code == 201, r.text
+    return url, name
+
+
+def test_gatekeeper_keys_create_in_a_project(tmp_path: Path) -> None:
+    """``gatekeeper keys create --project NAME``: a key of that project; an unknown one: exit 2."""
+    url, name = _database_with_a_project(tmp_path)
     done = run_cli("keys", "create", "--role", "viewer", "--project", name, database_url=url)
     assert done.returncode == 0, done.stderr
     secret = done.stdout.strip()
@@ -340,12 +346,8 @@ def test_unknown_projects_are_not_deleted(client: TestClient) -> None:
 
 def test_gatekeeper_projects_delete(tmp_path: Path) -> None:
     """``gatekeeper projects delete NAME``: its keys revoked (exit 0); unknown or again: exit 1."""
-    url = f"sqlite:///{tmp_path / 'cli.db'}"
-    upgrade(url)
-    name = unique_id("cli")
+    url, name = _database_with_a_project(tmp_path)
     with TestClient(create_app(make_settings(url))) as client:
-        r = client.post("/v1/projects", headers=ADMIN, json=project_body(name))
-        assert r.status_code == 201, r.text
         r = client.post("/v1/keys", headers=ADMIN, json={"role": "viewer", "project": name})
         secret = r.json()["key"]
     done = run_cli("projects", "delete", name, database_url=url)
