@@ -367,6 +367,21 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_projects_delete(args: argparse.Namespace) -> int:
+    """Delete a project by name (its keys revoked); an unknown or deleted one: exit 1."""
+    from app.services.errors import NotFound
+    from app.services.projects import delete_project
+
+    engine = _open_database(values=False)
+    try:
+        revoked = delete_project(engine=engine, name=args.name, actor_key_id=None)
+    except NotFound:
+        print(f"no project named {args.name!r}", file=sys.stderr)
+        return 1
+    print(f"project {args.name} deleted; {len(revoked)} key(s) revoked")
+    return 0
+
+
 def cmd_audit_export(args: argparse.Namespace) -> int:
     """Write the audit log as NDJSON to standard output, oldest first (resumable with --after)."""
     from app.services.audit import export_lines, parse_since
@@ -765,6 +780,13 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = keys_sub.add_parser("revoke", help="revoke a key (never the last active admin key)")
     revoke.add_argument("id", type=int, help="the key's id (see keys list)")
     revoke.set_defaults(func=cmd_keys_revoke)
+    projects = sub.add_parser("projects", help="manage projects (create them with the API)")
+    projects_sub = projects.add_subparsers(dest="projects_command", required=True)
+    drop = projects_sub.add_parser(
+        "delete", help="delete a project: its keys are revoked, its name and loss kept"
+    )
+    drop.add_argument("name", help="the project's name")
+    drop.set_defaults(func=cmd_projects_delete)
     audit = sub.add_parser("audit", help="the audit log")
     audit_sub = audit.add_subparsers(dest="audit_command", required=True)
     export = audit_sub.add_parser(

@@ -86,6 +86,8 @@ class Project(Base):
     quota: Mapped[float] = mapped_column(Float, nullable=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: When the project was deleted (its keys revoked; the row, name and loss kept). None: live.
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class ProjectState(Base):

@@ -49,6 +49,7 @@ class AuditKind(StrEnum):
     SURVEY_CANCELLED = "survey.cancelled"
     PROJECT_CREATED = "project.created"
     PROJECT_QUOTA_CHANGED = "project.quota_changed"
+    PROJECT_DELETED = "project.deleted"
 
 
 def record(

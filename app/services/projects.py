@@ -27,6 +27,7 @@ from app.services.schemas import (
 )
 from app.services.scope import Scope
 from app.store import Conflict, Database, Tx, reading, transaction
+from app.store import keys as key_store
 from app.store import projects as store
 from app.store.projects import ProjectRow
 
@@ -87,9 +88,9 @@ def create_project(
 
 
 def load_project(conn: Tx, name: str) -> ProjectRow:
-    """The project named ``name`` or :class:`NotFound`."""
+    """The live project named ``name`` or :class:`NotFound` (also for a deleted one)."""
     row = store.by_name(conn, name=name) if NAME_PATTERN.fullmatch(name) else None
-    if row is None:
+    if row is None or row.deleted_at is not None:
         raise NotFound("no project with that name")
     return row
 
@@ -128,12 +129,38 @@ def change_quota(
         return project_view(load_project(conn, name))
 
 
+def delete_project(*, engine: Database, name: str, actor_key_id: int | None) -> list[int]:
+    """Delete a project: its keys are revoked; its row, name and sub-histories are kept.
+
+    The project's keys then answer 401 like any revoked key; its name stays taken (admins'
+    odometers and the audit log keep naming it); its surveys already running finish under its
+    quota, as a revoked key's surveys do. The ids of the keys revoked (the caller forgets them
+    from its key cache). :class:`NotFound` for an unknown or already deleted project.
+    """
+    with transaction(engine) as conn:
+        row = load_project(conn, name)
+        at = datetime.now(UTC)
+        if not store.mark_deleted(conn, project_id=row.id, at=at):
+            raise NotFound("no project with that name")  # deleted concurrently
+        revoked = key_store.revoke_project(conn, project_id=row.id, at=at)
+        audit.record(
+            conn,
+            kind=audit.AuditKind.PROJECT_DELETED,
+            actor_key_id=actor_key_id,
+            object_id=None,
+            detail={"project": name, "revoked_keys": revoked},
+        )
+    return revoked
+
+
 def project_for_key(conn: Tx, name: Any, field: str) -> ProjectRow:
-    """The project a new key names (422 naming ``field``: unknown project, never a 404)."""
+    """The project a new key names (422 naming ``field``: unknown or deleted, never a 404)."""
     parsed = parse_name(name, field)
     row = store.by_name(conn, name=parsed)
     if row is None:
         raise InvalidInput(field, "names no project")
+    if row.deleted_at is not None:
+        raise InvalidInput(field, "names a deleted project (its keys are revoked)")
     return row
 
 

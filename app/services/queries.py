@@ -52,7 +52,6 @@ from app.services.errors import (
     Busy,
     IdempotencyMismatch,
     NotFound,
-    QuotaExhausted,
     Retired,
     ServiceError,
     refusal_error,
@@ -61,12 +60,13 @@ from app.services.history import object_history
 from app.services.locks import ObjectLocks
 from app.services.objects import load_object, odometer_view, version_span
 from app.services.quota import (
-    QUOTA_EXHAUSTED,
+    Answer,
     ProjectQuota,
     load_quota,
     quota_decision,
     quota_view,
     record_output,
+    reported,
 )
 from app.services.reuse import find_reusable, query_hash, reused_body
 from app.services.schemas import ID_PATTERN, HistoryItem, HistoryPage, SubmitResult
@@ -128,13 +128,6 @@ class _StoredRejection:
     refusal: str = "budget-exhausted"
 
 
-@dataclass(frozen=True)
-class _QuotaRefusal:
-    """The project's quota refused a query the object's own filter accepted."""
-
-    decision: Decision
-
-
 @functools.lru_cache(maxsize=1024)
 def _domain_of(text: str, limits: EngineLimits) -> Domain:
     """The parsed domain of a stored domain text (immutable, so shared by threads)."""
@@ -165,14 +158,11 @@ def dry_run(
         quota = load_quota(conn, scope, object_id, domain, limits, version_start=row.version_start)
         reusable = reuse and find_reusable(conn, row, query_hash(query), reuse_owner) is not None
     decision = decide(snapshot, mech, worker, tight=True)
-    answer = decision.to_json()
+    by_quota = None if quota is None else quota_decision(quota, mech, worker, tight=True)
+    answer = reported(decision, by_quota).to_json()
     answer["would_reuse"] = reusable
-    if quota is not None:
-        by_quota = quota_decision(quota, mech, worker, tight=True)
+    if quota is not None and by_quota is not None:
         answer["quota"] = quota_view(quota, by_quota)
-        if decision.accepted and not by_quota.accepted:
-            # the object's filters would accept: the quota's refusal is the answer
-            answer.update(decision="reject", reason=by_quota.reason, refusal=QUOTA_EXHAUSTED)
     return DecisionView(**answer)
 
 
@@ -314,9 +304,6 @@ def submit(
             if isinstance(outcome, _StoredRejection):
                 error = refusal_error(outcome.refusal)
                 raise error(outcome.detail, replayed=True, **outcome.extra)
-            if isinstance(outcome, _QuotaRefusal):  # the object's filters accepted
-                metrics.DECISIONS.labels(outcome.decision.filter.value, "reject").inc()
-                raise QuotaExhausted(outcome.decision.reason, **_rejection_extra(outcome.decision))
             if isinstance(outcome, Decision):
                 metrics.DECISIONS.labels(outcome.filter.value, "reject").inc()
                 error = refusal_error(outcome.refusal)
@@ -353,7 +340,7 @@ def _attempt(
     replay_first: bool,
     scope: Scope | None = None,
     reuse: tuple[bool, int | None] = (False, None),
-) -> SubmitOutcome | _Accepted | _StoredRejection | Decision | _QuotaRefusal:
+) -> SubmitOutcome | _Accepted | _StoredRejection | Decision:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
     On a first attempt (``replay_first`` false) the key is looked up only when the answer would
@@ -395,6 +382,7 @@ def _attempt(
                 else None
             )
             by_quota = None if quota is None else quota_decision(quota, mech, worker, tight=False)
+            decision = reported(decision, by_quota)
         except NotFound:
             # missing or out of scope: no key was stored for it by this caller, and looking one
             # up could answer another client's "key used" (a 422 telling the object exists)
@@ -404,20 +392,12 @@ def _attempt(
             if replay is not None:
                 return replay
             raise
-        if not decision.accepted:  # the object's own refusal is reported first
+        if not decision.accepted:  # budget-, lifetime- or quota-exhausted
             replay = stored_answer()
             if replay is not None:
                 return replay
             _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
             return decision
-        if by_quota is not None and not by_quota.accepted:
-            replay = stored_answer()
-            if replay is not None:
-                return replay
-            _record_rejection(
-                conn, row, mech, by_quota, analyst_key_id, key, print_, kind=QUOTA_EXHAUSTED
-            )
-            return _QuotaRefusal(by_quota)
         if not replay_first and rejection is not None:
             # a key whose submit was rejected before answers that rejection again (a later
             # history may accept the same query: it needs a new key); accepted keys are caught
@@ -446,19 +426,17 @@ def _record_rejection(
     analyst_key_id: int | None,
     key: str | None,
     print_: str,
-    *,
-    kind: str | None = None,
 ) -> None:
     """Count a rejected submit on the object, store its answer for ``key``, audit it.
 
-    ``kind``: which filter refused (``quota-exhausted``: the project's quota; by default the
-    decision's own refusal, ``budget-exhausted`` or ``lifetime-exhausted``).
+    The problem's type is the decision's refusal (``budget-exhausted``, ``lifetime-exhausted``
+    or ``quota-exhausted``).
 
     With a key, the answer is stored under the unique ``(object, key)``: a concurrent retry of
     the same key that also got here fails that constraint, rolls back and replays this answer,
     so a rejection is counted once whatever the retries.
     """
-    refusal = kind or decision.refusal
+    refusal = decision.refusal
     if key is not None:
         query_store.insert_rejection(
             conn,
@@ -588,17 +566,8 @@ def _record_acceptance(
     if query_id is None:
         raise _LostRace
     if quota is not None:  # the project's sub-history, behind the same compare-and-set
-        record_output(
-            conn,
-            quota[0],
-            quota[1],
-            mech,
-            output,
-            worker,
-            object_id=row.id,
-            query_text=query_text,
-            output_text=output_text,
-        )
+        answer = Answer(mech, output, query_text, output_text)
+        record_output(conn, quota[0], quota[1], answer, worker, object_id=row.id)
     body = SubmitResult(query_id=query_id, **{**stored, "odometer": odometer})
     return body, after
 

@@ -14,7 +14,8 @@ submit's transaction, behind the object's compare-and-set.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
@@ -36,7 +37,6 @@ from app.worker.pool import BoundWorker
 
 #: The problem type of a query the project's quota refuses (the object's own: budget-exhausted).
 QUOTA_EXHAUSTED = "quota-exhausted"
-BUDGET_EXHAUSTED = "budget-exhausted"
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,19 @@ def load_quota(
     project = store.by_id(conn, project_id=scope.project_id)
     if project is None:  # pragma: no cover - keys reference their project
         return None
+    return project_quota(conn, project, object_id, domain, limits, version_start=version_start)
+
+
+def project_quota(
+    conn: Tx,
+    project: ProjectRow,
+    object_id: str,
+    domain: Domain,
+    limits: EngineLimits,
+    *,
+    version_start: int,
+) -> ProjectQuota:
+    """``project``'s quota on the object: its sub-history of the current data version."""
     sub = sub_snapshot(conn, object_id, domain, limits, project, version_start=version_start)
     stored = store.sub_history(conn, object_id=object_id, project_id=project.id)
     return ProjectQuota(project, stored, sub.snapshot, sub.count, sub.history_hash)
@@ -117,8 +130,18 @@ def load_quota(
 def quota_decision(
     quota: ProjectQuota, mech: Mechanism, worker: BoundWorker, *, tight: bool
 ) -> Decision:
-    """The quota's filter on ``mech`` (the second Bayesian filter, the same pipeline)."""
-    return decide(quota.snapshot, mech, worker, tight=tight)
+    """The quota's filter on ``mech`` (the second Bayesian filter, the same pipeline).
+
+    A refusal is a :class:`Decision` like the object's own, named ``quota-exhausted``.
+    """
+    return replace(decide(quota.snapshot, mech, worker, tight=tight), refusal=QUOTA_EXHAUSTED)
+
+
+def reported(decision: Decision, by_quota: Decision | None) -> Decision:
+    """The decision a query gets: the object's refusal first, else the quota's, else accepted."""
+    if not decision.accepted or by_quota is None or by_quota.accepted:
+        return decision
+    return by_quota
 
 
 def quota_view(quota: ProjectQuota, decision: Decision) -> schemas.QuotaDecision:
@@ -133,28 +156,41 @@ def quota_view(quota: ProjectQuota, decision: Decision) -> schemas.QuotaDecision
     )
 
 
+class Answer(NamedTuple):
+    """An accepted query's output, with the texts the history stores of both."""
+
+    mech: Mechanism
+    output: Output
+    query_text: str
+    output_text: str
+
+
 def record_output(
     conn: Tx,
     quota: ProjectQuota,
     decision: Decision,
-    mech: Mechanism,
-    output: Output,
+    answer: Answer,
     worker: BoundWorker,
     *,
     object_id: str,
-    query_text: str,
-    output_text: str,
 ) -> None:
     """Store the project's sub-history after an accepted query's output (same transaction)."""
-    after = recorded(quota.snapshot, decision, mech, output, worker)
+    state = sub_history_after(quota, decision, answer, worker, object_id=object_id)
+    store.put_sub_histories(conn, [state], new=quota.stored is None)
+
+
+def sub_history_after(
+    quota: ProjectQuota, decision: Decision, answer: Answer, worker: BoundWorker, *, object_id: str
+) -> SubHistory:
+    """The project's sub-history of the object once ``answer`` is in it (what is stored)."""
+    after = recorded(quota.snapshot, decision, answer.mech, answer.output, worker)
     loss = after.loss()
-    state = SubHistory(
+    return SubHistory(
         object_id=object_id,
         project_id=quota.project.id,
         accepted=quota.count + 1,
-        history_hash=next_history_hash(quota.history_hash, query_text, output_text),
+        history_hash=next_history_hash(quota.history_hash, answer.query_text, answer.output_text),
         loss_lower=loss.lower,
         loss_upper=loss.upper,
         basic_total=str(after.basic_total),
     )
-    store.put_sub_history(conn, state, new=quota.stored is None)

@@ -204,15 +204,15 @@ def reusable_members(
     parsed: ParsedQuery,
     query: Any,
     owner: int | None,
-) -> Iterator[GroupKey]:
-    """For a survey dry-run: the group key of each member (of sorted ``ids``) it would reuse.
+) -> Iterator[tuple[str, GroupKey]]:
+    """For a survey dry-run: each member (of sorted ``ids``) it would reuse, with its group key.
 
     Reads the members' rows without locking them, in batches, as a run's chunks would.
     """
     qhash = query_hash(query)
     batch: list[str] = []
 
-    def flush() -> Iterator[GroupKey]:
+    def flush() -> Iterator[tuple[str, GroupKey]]:
         rows = {row.id: row for row in member_rows(conn, batch, lock=False) if not row.retired}
         if not rows:
             return
@@ -227,7 +227,7 @@ def reusable_members(
         for object_id in found:
             row = rows[object_id]
             if parsed.mech(row.key.domain) is not None:
-                yield row.key
+                yield object_id, row.key
 
     for object_id in ids:
         batch.append(object_id)

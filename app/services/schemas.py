@@ -1243,6 +1243,11 @@ class SurveyRefusals(_Open):
         alias="lifetime-exhausted",
         description="The version's filter accepted but the object's lifetime budget did not",
     )
+    quota_exhausted: int = Field(
+        default=0,
+        alias="quota-exhausted",
+        description="The object's filters accepted but the quota of the survey's project did not",
+    )
 
 
 class SurveyProgress(_Open):

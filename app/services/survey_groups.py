@@ -10,7 +10,7 @@ single submit takes. Nothing here reads a value.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -21,12 +21,20 @@ from app.engine.filters import Decision
 from app.engine.lifetime import Lifetime
 from app.engine.likelihood import LossBounds, exact_bounds
 from app.engine.limits import EngineLimits
-from app.engine.mechanisms import Mechanism, parse_query
+from app.engine.mechanisms import Mechanism, Output, parse_query
 from app.engine.pipeline import ObjectSnapshot
 from app.services.decisions import decide
 from app.services.errors import NotFound
+from app.services.quota import (
+    Answer,
+    ProjectQuota,
+    project_quota,
+    quota_decision,
+    sub_history_after,
+)
 from app.services.snapshots import snapshot_of
 from app.store import Tx
+from app.store.projects import ProjectRow, SubHistory
 from app.store.states import load_states
 from app.store.surveys import GroupKey, SurveyRow, get_survey
 from app.worker.pool import BoundWorker
@@ -40,6 +48,8 @@ class Refusal(StrEnum):
     RETIRED = "retired"
     #: The version's filter accepted, the object's lifetime budget did not.
     LIFETIME = "lifetime-exhausted"
+    #: The object's filters accepted, the quota of the survey's project did not.
+    QUOTA = "quota-exhausted"
 
 
 class StateMissing(LookupError):
@@ -175,3 +185,60 @@ def decide_group(
     if not decision.accepted:
         return Refusal.LIFETIME if decision.refusal == Refusal.LIFETIME.value else Refusal.BUDGET
     return GroupAccepted(mech, snapshot, decision)
+
+
+@dataclass
+class QuotaGroups:
+    """A project survey's quota (issue 25): the project's filter on each member's sub-history.
+
+    Exactly a single submit's check (:func:`app.services.quota.project_quota` and
+    :func:`~app.services.quota.quota_decision`), applied after the object's own filter accepted.
+    Members whose sub-histories are equal — the same domain and stored hash chain of the
+    project's outputs in the current data version (``project_states``; none: empty) — get one
+    decision, made on a representative's sub-history as read from its stored history; and one
+    sub-history after each output (:func:`~app.services.quota.sub_history_after`).
+    """
+
+    project: ProjectRow
+    limits: EngineLimits
+    decided: dict[tuple[str, str | None], tuple[ProjectQuota, Decision]] = field(
+        default_factory=dict
+    )
+    after: dict[tuple[str, str | None, Output], SubHistory] = field(default_factory=dict)
+
+    def decide(
+        self,
+        conn: Tx,
+        group: GroupAccepted,
+        sub: tuple[str, str | None],
+        member: tuple[str, int],
+        worker: BoundWorker,
+    ) -> tuple[ProjectQuota, Decision]:
+        """The quota's decision for members of sub-group ``sub`` (domain text, stored hash).
+
+        ``member``: a representative's id and the ``seq`` its current data version starts after.
+        """
+        found = self.decided.get(sub)
+        if found is None:
+            quota = project_quota(
+                conn,
+                self.project,
+                member[0],
+                group.snapshot.domain,
+                self.limits,
+                version_start=member[1],
+            )
+            found = (quota, quota_decision(quota, group.mech, worker, tight=False))
+            self.decided[sub] = found
+        return found
+
+    def sub_history(
+        self, sub: tuple[str, str | None], answer: Answer, worker: BoundWorker, *, object_id: str
+    ) -> SubHistory:
+        """A member's sub-history once ``answer`` (accepted by :meth:`decide`) is in it."""
+        found = self.after.get((*sub, answer.output))
+        if found is None:
+            quota, decision = self.decided[sub]
+            found = sub_history_after(quota, decision, answer, worker, object_id=object_id)
+            self.after[(*sub, answer.output)] = found
+        return replace(found, object_id=object_id)

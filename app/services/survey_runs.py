@@ -50,6 +50,7 @@ from app.engine.mechanisms import Mechanism, Output
 from app.engine.pipeline import accounts_after, losses_after
 from app.services import audit
 from app.services.decisions import recorded
+from app.services.quota import Answer
 from app.services.reuse import chunk_reusables, survey_reuse_owner
 from app.services.snapshots import (
     Advance,
@@ -62,6 +63,7 @@ from app.services.snapshots import (
 from app.services.survey_groups import (
     GroupAccepted,
     ParsedQuery,
+    QuotaGroups,
     Refusal,
     StateMissing,
     decide_group,
@@ -70,8 +72,10 @@ from app.services.survey_groups import (
 )
 from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import chunks as chunk_store
+from app.store import projects as project_store
 from app.store import surveys as survey_store
 from app.store.chunks import REFUSAL_CODES, Variant
+from app.store.projects import SubHistory
 from app.store.reuse import domain_texts, member_bounds
 from app.store.states import load_states
 from app.store.surveys import ACTIVE, Advanced, GroupKey, MemberRow, SurveyRow
@@ -150,6 +154,8 @@ class _Chunk:
     variants: list[Variant] = field(default_factory=list)
     advances: list[Advanced] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
+    #: A project survey's members' sub-histories after their answers: (state, its first).
+    sub_histories: list[tuple[SubHistory, bool]] = field(default_factory=list)
     gained: dict[str, tuple[StoredState, int]] = field(default_factory=dict)
     lost: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
@@ -196,7 +202,9 @@ def run_chunk(
             work = _Chunk(survey_id, chunk, datetime.now(UTC))
             rest = reuse_in_chunk(conn, survey, ids, cache.parsed, work) if survey.reuse else ids
             rows = survey_store.member_rows(conn, rest)
-            work = _decide_rows(conn, rows, cache, worker, work)
+            work = _decide_rows(
+                conn, rows, cache, worker, work, _quota_groups(conn, survey.analyst_key_id, limits)
+            )
             new_groups = cache.claim_groups(work.keys)
             work.groups = len(new_groups)
             _write(conn, ids, work, cache)
@@ -214,6 +222,40 @@ def run_chunk(
     metrics.SURVEY_GROUPS.inc(work.groups)
     metrics.REUSED.labels("survey").inc(work.reused)
     return ChunkOutcome(chunk, len(ids), accepted, work.groups)
+
+
+def _quota_groups(conn: Tx, key_id: int | None, limits: EngineLimits) -> QuotaGroups | None:
+    """The quota of the project whose key created the survey (None: an unscoped key).
+
+    Read per chunk, so a quota changed during a run applies from the next chunk on.
+    """
+    project_id = survey_store.project_of_key(conn, key_id)
+    project = None if project_id is None else project_store.by_id(conn, project_id=project_id)
+    return None if project is None else QuotaGroups(project, limits)
+
+
+def _within_quota(
+    conn: Tx,
+    group: GroupAccepted,
+    members: list[MemberRow],
+    quotas: QuotaGroups,
+    subs: dict[str, str],
+    worker: BoundWorker,
+    work: _Chunk,
+) -> dict[str, tuple[str, str | None]]:
+    """The members of an accepted group the project's quota accepts, with their sub-group.
+
+    The others are refused ``quota-exhausted`` (the object's filters accepted them).
+    """
+    passed: dict[str, tuple[str, str | None]] = {}
+    for row in members:
+        sub = (row.key.domain, subs.get(row.id))
+        decision = quotas.decide(conn, group, sub, (row.id, row.version_start), worker)[1]
+        if decision.accepted:
+            passed[row.id] = sub
+        else:
+            _refuse(work, row, Refusal.QUOTA)
+    return passed
 
 
 def _group_decision(
@@ -247,9 +289,18 @@ def _advance_of(
 
 
 def _decide_rows(
-    conn: Tx, rows: Sequence[MemberRow], cache: RunCache, worker: BoundWorker, work: _Chunk
+    conn: Tx,
+    rows: Sequence[MemberRow],
+    cache: RunCache,
+    worker: BoundWorker,
+    work: _Chunk,
+    quotas: QuotaGroups | None = None,
 ) -> _Chunk:
-    """Group the chunk's members, decide each group once, sample each accepted member."""
+    """Group the chunk's members, decide each group once, sample each accepted member.
+
+    With ``quotas`` (a project's survey), a member the object's filters accept must also pass
+    the project's quota on its sub-history, whose state after the answer is then stored.
+    """
     by_group: dict[GroupKey, list[MemberRow]] = defaultdict(list)
     for row in rows:
         if row.retired:
@@ -263,18 +314,39 @@ def _decide_rows(
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
     pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
+    subs = (
+        {}
+        if quotas is None
+        else project_store.sub_hashes(
+            conn, project_id=quotas.project.id, object_ids=[r.id for r in rows]
+        )
+    )
     for key, members in by_group.items():
         group = _group_decision(conn, key, members[0], cache, worker)
         if isinstance(group, Refusal):
             for row in members:
                 _refuse(work, row, group)
             continue
+        passed = None
+        if quotas is not None:
+            passed = _within_quota(conn, group, members, quotas, subs, worker, work)
+            members = [row for row in members if row.id in passed]
+            if not members:
+                continue
         mech = group.mech
         by_output: dict[Output, list[MemberRow]] = defaultdict(list)
         for row in members:
             by_output[mech.sample(json.loads(cipher.decrypt(row.sealed)))].append(row)
         work.domains.add(key.domain)
         query_text = json.dumps(mech.to_json())
+        if quotas is not None and passed is not None:
+            for output, answered in by_output.items():
+                output_text = json.dumps(mech.output_json(output))
+                answer = Answer(mech, output, query_text, output_text)
+                for row in answered:
+                    sub = passed[row.id]
+                    state = quotas.sub_history(sub, answer, worker, object_id=row.id)
+                    work.sub_histories.append((state, sub[1] is None))
         outputs, counts = reports.setdefault(key.domain, (mech, [], []))[1:]
         outputs.extend(by_output)
         counts.extend(len(answered) for answered in by_output.values())
@@ -439,7 +511,7 @@ def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
     work.refused[reason.value] += 1
     work.picks[row.id] = REFUSAL_CODES[reason.value]
     work.seqs[row.id] = 0
-    if reason in (Refusal.BUDGET, Refusal.LIFETIME):
+    if reason in (Refusal.BUDGET, Refusal.LIFETIME, Refusal.QUOTA):
         work.refusals.append(row.id)
 
 
@@ -450,6 +522,9 @@ def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
         if updated != len(work.advances):
             raise _LostRace
         move_state_refs(conn, gained=work.gained, lost=work.lost, stored=cache.stored)
+        for new in (True, False):  # behind the members' compare-and-set, as a single submit's
+            states = [state for state, first in work.sub_histories if first is new]
+            project_store.put_sub_histories(conn, states, new=new)
     survey_store.count_refusals(conn, work.refusals)
     if not chunk_store.mark_decided(
         conn,

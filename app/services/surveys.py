@@ -31,7 +31,9 @@ from app.services.errors import Busy, Forbidden, IdempotencyMismatch, NotFound, 
 from app.services.reuse import query_hash, reusable_members
 from app.services.scope import Scope
 from app.services.survey_groups import (
+    GroupAccepted,
     ParsedQuery,
+    QuotaGroups,
     Refusal,
     StateMissing,
     decide_group,
@@ -40,6 +42,7 @@ from app.services.survey_groups import (
 )
 from app.store import Conflict, Database, Tx, reading, transaction
 from app.store import chunks as chunk_store
+from app.store import projects as project_store
 from app.store import surveys as survey_store
 from app.store import versions as version_store
 from app.store.chunks import MemberDecision
@@ -539,7 +542,6 @@ def _dry_run_once(
     reuse_owner: int | None = None,
 ) -> schemas.SurveyDryRun:
     parsed = ParsedQuery(limits, request.query)
-    decided: dict[GroupKey, Refusal | None] = {}
     reused = 0
     members = accepted = 0
     refused: Counter[str] = Counter()
@@ -547,38 +549,72 @@ def _dry_run_once(
     with reading(engine) as conn:
         if request.ids is not None:
             _refuse_unknown(conn, request, scope)
-        collected: dict[tuple[GroupKey, bool], tuple[int, str]] = {}
+        # a project key's survey also passes its quota: members split by their sub-history
+        project = None if scope is None else project_store.by_id(conn, project_id=scope.project_id)
+        quotas = None if project is None else QuotaGroups(project, limits)
+        collected: dict[tuple[GroupKey, bool, str | None], tuple[int, str]] = {}
         groups_read = survey_store.cohort_groups(
-            conn, labels=request.labels, ids=request.ids or (), scope=_labels_of(scope)
+            conn,
+            labels=request.labels,
+            ids=request.ids or (),
+            scope=_labels_of(scope),
+            project_id=None if project is None else project.id,
         )
-        for key, retired, count, first in groups_read:
-            previous = collected.get((key, retired))
+        for key, retired, count, first, sub in groups_read:
+            previous = collected.get((key, retired, sub))
             if previous is not None:
                 count, first = previous[0] + count, min(previous[1], first)
-            collected[(key, retired)] = (count, first)
+            collected[(key, retired, sub)] = (count, first)
         members = sum(count for count, _ in collected.values())
         _refuse_empty_or_large(members, max_members)
-        _refuse_query_fitting_no_member({key.domain for key, _ in collected}, request.query, limits)
+        _refuse_query_fitting_no_member(
+            {key.domain for key, _, _ in collected}, request.query, limits
+        )
         versions = survey_store.versions(conn, [first for _, first in collected.values()])
-        for (key, retired), (count, first) in collected.items():
+        decided: dict[GroupKey, GroupAccepted | Refusal] = {}
+        # each (group, sub-history)'s refusal, None when it would accept (for reused members)
+        outcome: dict[tuple[GroupKey, str | None], Refusal | None] = {}
+        for (key, retired, sub), (count, first) in collected.items():
             if retired:
                 refused[Refusal.RETIRED.value] += count
                 continue
             groups.add(key)
             version, start = versions[first]
-            group = decide_group(conn, key, (first, version, start), parsed, worker)
+            group = decided.get(key)
+            if group is None:
+                group = decide_group(conn, key, (first, version, start), parsed, worker)
+                decided[key] = group
             if isinstance(group, Refusal):
                 refused[group.value] += count
-                decided[key] = group
+                outcome[(key, sub)] = group
+            elif quotas is not None and not (
+                quotas.decide(conn, group, (key.domain, sub), (first, start), worker)[1].accepted
+            ):
+                refused[Refusal.QUOTA.value] += count
+                outcome[(key, sub)] = Refusal.QUOTA
             else:
                 accepted += count
-                decided[key] = None
+                outcome[(key, sub)] = None
         if request.reuse:
-            for key in reusable_members(
-                conn, list(_member_ids(conn, request, scope)), parsed, request.query, reuse_owner
-            ):
+            found = list(
+                reusable_members(
+                    conn,
+                    list(_member_ids(conn, request, scope)),
+                    parsed,
+                    request.query,
+                    reuse_owner,
+                )
+            )
+            subs = (
+                {}
+                if project is None
+                else project_store.sub_hashes(
+                    conn, project_id=project.id, object_ids=[member for member, _ in found]
+                )
+            )
+            for member, key in found:
                 reused += 1
-                refusal = decided.get(key)
+                refusal = outcome.get((key, subs.get(member)))
                 if refusal is not None:  # its group would refuse: the reuse answers it
                     refused[refusal.value] -= 1
                     accepted += 1

@@ -51,6 +51,7 @@ REFUSAL_CODES = {
     "invalid-for-domain": -2,
     "retired": -3,
     "lifetime-exhausted": -4,
+    "quota-exhausted": -5,
 }
 REASONS = {code: reason for reason, code in REFUSAL_CODES.items()}
 

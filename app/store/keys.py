@@ -10,6 +10,7 @@ from sqlalchemy import Table, bindparam, func, insert, select, update
 
 from app.db.models import ApiKey
 from app.store.base import Tx, is_postgres
+from app.store.rows import Rows
 
 _KEYS = cast(Table, ApiKey.__table__)
 
@@ -36,15 +37,10 @@ _COLUMNS = (
     _KEYS.c.revoked_at,
     _KEYS.c.project_id,
 )
+_ROWS = Rows(KeyRow, _COLUMNS, id_=_KEYS.c.id)
 #: Every authenticated request that misses the key cache runs this one (built once).
-_BY_HASH = select(*_COLUMNS).where(_KEYS.c.key_hash == bindparam("key_hash"))
-_BY_ID = select(*_COLUMNS).where(_KEYS.c.id == bindparam("key_id"))
-_PAGE = (
-    select(*_COLUMNS)
-    .where(_KEYS.c.id > bindparam("after"))
-    .order_by(_KEYS.c.id)
-    .limit(bindparam("limit"))
-)
+_BY_HASH = _ROWS.by(_KEYS.c.key_hash)
+_BY_ID = _ROWS.by(_KEYS.c.id)
 _INSERT = insert(_KEYS)
 _ACTIVE_ADMINS = (_KEYS.c.role == "admin") & _KEYS.c.revoked_at.is_(None)
 _LOCK_ADMINS = select(_KEYS.c.id).where(_ACTIVE_ADMINS).with_for_update()
@@ -68,19 +64,17 @@ _REVOKE = (
 
 def by_hash(conn: Tx, *, key_hash: str) -> KeyRow | None:
     """The key whose secret hashes to ``key_hash`` (revoked or not), or None."""
-    row = conn.execute(_BY_HASH, {"key_hash": key_hash}).one_or_none()
-    return None if row is None else KeyRow(*row)
+    return _BY_HASH(conn, key_hash)
 
 
 def by_id(conn: Tx, *, key_id: int) -> KeyRow | None:
     """The key with id ``key_id``, or None."""
-    row = conn.execute(_BY_ID, {"key_id": key_id}).one_or_none()
-    return None if row is None else KeyRow(*row)
+    return _BY_ID(conn, key_id)
 
 
 def page(conn: Tx, *, after: int, limit: int) -> list[KeyRow]:
     """At most ``limit`` keys with ``id > after``, in id order."""
-    return [KeyRow(*r) for r in conn.execute(_PAGE, {"after": after, "limit": limit})]
+    return _ROWS.page(conn, after=after, limit=limit)
 
 
 def insert_key(
@@ -116,3 +110,15 @@ def revoke(conn: Tx, *, key_id: int, at: datetime) -> bool:
     if is_postgres(conn):
         conn.execute(_LOCK_ADMINS)
     return conn.execute(_REVOKE, {"key_id": key_id, "at": at}).rowcount == 1
+
+
+def revoke_project(conn: Tx, *, project_id: int, at: datetime) -> list[int]:
+    """Revoke every active key of project ``project_id`` at ``at``; their ids, in order.
+
+    Project keys are never admin keys, so this can never revoke the last admin key.
+    """
+    active = (_KEYS.c.project_id == project_id) & _KEYS.c.revoked_at.is_(None)
+    ids = [int(i) for i in conn.scalars(select(_KEYS.c.id).where(active).order_by(_KEYS.c.id))]
+    if ids:
+        conn.execute(update(_KEYS).where(_KEYS.c.id.in_(ids)).values(revoked_at=at))
+    return ids

@@ -7,7 +7,7 @@ the small, composable filter every listing and cohort statement adds for a proje
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import cast
 
@@ -15,6 +15,7 @@ from sqlalchemy import Table, bindparam, delete, insert, select, update
 
 from app.db.models import Project, ProjectState
 from app.store.base import Tx
+from app.store.rows import Rows
 
 PROJECTS = cast(Table, Project.__table__)
 _STATES = cast(Table, ProjectState.__table__)
@@ -30,6 +31,8 @@ class ProjectRow:
     quota: float
     created_at: datetime
     updated_at: datetime
+    #: When it was deleted (None: a live project).
+    deleted_at: datetime | None = None
 
 
 _COLUMNS = (
@@ -39,19 +42,21 @@ _COLUMNS = (
     PROJECTS.c.quota,
     PROJECTS.c.created_at,
     PROJECTS.c.updated_at,
+    PROJECTS.c.deleted_at,
 )
-_BY_NAME = select(*_COLUMNS).where(PROJECTS.c.name == bindparam("name"))
-_BY_ID = select(*_COLUMNS).where(PROJECTS.c.id == bindparam("project_id"))
-_PAGE = (
-    select(*_COLUMNS)
-    .where(PROJECTS.c.id > bindparam("after"))
-    .order_by(PROJECTS.c.id)
-    .limit(bindparam("limit"))
-)
+#: Pages list live projects; a lookup finds a deleted one too (its sub-histories are kept).
+_ROWS = Rows(ProjectRow, _COLUMNS, id_=PROJECTS.c.id, listed=PROJECTS.c.deleted_at.is_(None))
+_BY_NAME = _ROWS.by(PROJECTS.c.name)
+_BY_ID = _ROWS.by(PROJECTS.c.id)
 _SET_QUOTA = (
     update(PROJECTS)
     .where(PROJECTS.c.name == bindparam("where_name"))
     .values(quota=bindparam("quota"), updated_at=bindparam("at"))
+)
+_DELETE = (
+    update(PROJECTS)
+    .where(PROJECTS.c.id == bindparam("where_id"), PROJECTS.c.deleted_at.is_(None))
+    .values(deleted_at=bindparam("at"), updated_at=bindparam("at"))
 )
 
 
@@ -69,19 +74,17 @@ def insert_project(
 
 def by_name(conn: Tx, *, name: str) -> ProjectRow | None:
     """The project named ``name``, or None."""
-    row = conn.execute(_BY_NAME, {"name": name}).one_or_none()
-    return None if row is None else ProjectRow(*row)
+    return _BY_NAME(conn, name)
 
 
 def by_id(conn: Tx, *, project_id: int) -> ProjectRow | None:
     """The project with id ``project_id``, or None."""
-    row = conn.execute(_BY_ID, {"project_id": project_id}).one_or_none()
-    return None if row is None else ProjectRow(*row)
+    return _BY_ID(conn, project_id)
 
 
 def page(conn: Tx, *, after: int, limit: int) -> list[ProjectRow]:
-    """At most ``limit`` projects with ``id > after``, in id order."""
-    return [ProjectRow(*r) for r in conn.execute(_PAGE, {"after": after, "limit": limit})]
+    """At most ``limit`` live projects with ``id > after``, in id order."""
+    return _ROWS.page(conn, after=after, limit=limit)
 
 
 def set_quota(conn: Tx, *, name: str, quota: float, at: datetime) -> bool:
@@ -89,6 +92,11 @@ def set_quota(conn: Tx, *, name: str, quota: float, at: datetime) -> bool:
     return bool(
         conn.execute(_SET_QUOTA, {"where_name": name, "quota": quota, "at": at}).rowcount == 1
     )
+
+
+def mark_deleted(conn: Tx, *, project_id: int, at: datetime) -> bool:
+    """Mark a live project deleted at ``at`` (its row kept); False if it was deleted already."""
+    return bool(conn.execute(_DELETE, {"where_id": project_id, "at": at}).rowcount == 1)
 
 
 @dataclass(frozen=True)
@@ -139,23 +147,45 @@ def all_sub_histories(conn: Tx) -> list[SubHistory]:
     return [SubHistory(*row) for row in conn.execute(_SUB.order_by(*_STATES.primary_key))]
 
 
-def put_sub_history(conn: Tx, state: SubHistory, *, new: bool) -> None:
-    """Store a sub-history after one more entry (``new``: its first)."""
-    values = {
-        "accepted": state.accepted,
-        "history_hash": state.history_hash,
-        "loss_lower": state.loss_lower,
-        "loss_upper": state.loss_upper,
-        "basic_total": state.basic_total,
-    }
+_SUB_VALUES = ("accepted", "history_hash", "loss_lower", "loss_upper", "basic_total")
+_INSERT_SUB = insert(_STATES)
+_UPDATE_SUB = (
+    update(_STATES)
+    .where(
+        _STATES.c.object_id == bindparam("where_object"),
+        _STATES.c.project_id == bindparam("where_project"),
+    )
+    .values({name: bindparam(name) for name in _SUB_VALUES})
+)
+
+
+def put_sub_histories(conn: Tx, states: Sequence[SubHistory], *, new: bool) -> None:
+    """Store sub-histories after one more entry each (``new``: their first; one statement)."""
+    if not states:
+        return
     if new:
-        conn.execute(
-            insert(_STATES),
-            {"object_id": state.object_id, "project_id": state.project_id, **values},
-        )
+        conn.execute(_INSERT_SUB, [asdict(state) for state in states])
         return
     conn.execute(
-        update(_STATES)
-        .where(_STATES.c.object_id == state.object_id, _STATES.c.project_id == state.project_id)
-        .values(**values)
+        _UPDATE_SUB,
+        [
+            {
+                "where_object": state.object_id,
+                "where_project": state.project_id,
+                **{name: getattr(state, name) for name in _SUB_VALUES},
+            }
+            for state in states
+        ],
     )
+
+
+def sub_hashes(conn: Tx, *, project_id: int, object_ids: Sequence[str]) -> dict[str, str]:
+    """The stored sub-history hash chain of each object of ``object_ids`` the project has one of."""
+    found: dict[str, str] = {}
+    for start in range(0, len(object_ids), 1000):
+        part = list(object_ids[start : start + 1000])
+        statement = select(_STATES.c.object_id, _STATES.c.history_hash).where(
+            _STATES.c.project_id == project_id, _STATES.c.object_id.in_(part)
+        )
+        found.update({str(o): str(h) for o, h in conn.execute(statement)})
+    return found

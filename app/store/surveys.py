@@ -31,7 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 
-from app.db.models import ApiKey, ProtectedObject, Survey
+from app.db.models import ApiKey, ProjectState, ProtectedObject, Survey
 from app.store import bulk
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
@@ -40,6 +40,7 @@ from app.store.objects import ScopeLabels, label_conditions, scope_conditions
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
 _KEYS = cast(Table, ApiKey.__table__)
+_PROJECT_STATES = cast(Table, ProjectState.__table__)
 #: ``objects``' domain text (the same expression as ``app.services.domains.DOMAIN_TEXT``).
 #: Ids looked up per statement when reading an ids cohort.
 _ID_CHUNK = 1000
@@ -428,6 +429,8 @@ class CohortGroup(NamedTuple):
     members: int
     #: The least id among them (a representative).
     first: str
+    #: With a project: the hash chain of its stored sub-history of these objects (None: empty).
+    sub_history: str | None = None
 
 
 _RETIRED = _OBJECTS.c.retired_at.is_not(None).label("retired")
@@ -436,19 +439,40 @@ _GROUPED = select(
 ).group_by(*_KEY_COLUMNS, _RETIRED)
 
 
+def _grouped(project_id: int | None) -> Select[Any]:
+    """Cohort groups; with a project, also by its stored sub-history (``project_states``)."""
+    if project_id is None:
+        return _GROUPED
+    sub = _PROJECT_STATES.c.history_hash
+    joined = _OBJECTS.outerjoin(
+        _PROJECT_STATES,
+        and_(
+            _PROJECT_STATES.c.object_id == _OBJECTS.c.id,
+            _PROJECT_STATES.c.project_id == project_id,
+        ),
+    )
+    return (
+        select(*_KEY_COLUMNS, _RETIRED, func.count().label("n"), func.min(_OBJECTS.c.id), sub)
+        .select_from(joined)
+        .group_by(*_KEY_COLUMNS, _RETIRED, sub)
+    )
+
+
 def cohort_groups(
     conn: Tx,
     *,
     labels: Mapping[str, str] | None = None,
     ids: Sequence[str] = (),
     scope: ScopeLabels = None,
+    project_id: int | None = None,
 ) -> Iterator[CohortGroup]:
     """The groups of the objects carrying ``labels`` (when given) or of ``ids`` (SQL GROUP BY).
 
-    Only objects in ``scope`` count. An ids cohort is read ``1000`` ids a statement: a group
-    may come once per statement.
+    Only objects in ``scope`` count; with ``project_id``, groups are also split by the
+    project's stored sub-history of their objects. An ids cohort is read ``1000`` ids a
+    statement: a group may come once per statement.
     """
-    grouped = _GROUPED.where(*scope_conditions(scope))
+    grouped = _grouped(project_id).where(*scope_conditions(scope))
     if labels is not None:
         rows: Iterator[Any] = iter(conn.execute(grouped.where(_labelled(labels))))
     else:
@@ -460,6 +484,7 @@ def cohort_groups(
             bool(values[_KEY_SIZE]),
             int(values[_KEY_SIZE + 1]),
             str(values[_KEY_SIZE + 2]),
+            None if project_id is None else values[_KEY_SIZE + 3],
         )
 
 

@@ -57,6 +57,7 @@ OPERATIONS = {
     "list_projects": "projects.all",
     "get_project": "projects.get",
     "change_project_quota": "projects.set_quota",
+    "delete_project": "projects.delete",
     "healthz": "health",
     "readyz": "ready",
 }

@@ -194,6 +194,7 @@ ROWS: dict[tuple[str, str], Row] = {
     ("GET", "/v1/projects"): Row(ADMINS, 200, _fixed("/v1/projects")),
     ("GET", "/v1/projects/{name}"): Row(ADMINS, 200, _project()),
     ("PATCH", "/v1/projects/{name}"): Row(ADMINS, 200, _project({"quota": {"epsilon": 2}})),
+    ("DELETE", "/v1/projects/{name}"): Row(ADMINS, 204, _project()),
     ("GET", "/healthz"): Row(PUBLIC, 200, _fixed("/healthz")),
     ("GET", "/readyz"): Row(PUBLIC, 200, _fixed("/readyz")),
     ("GET", "/metrics"): Row(PUBLIC, 200, _fixed("/metrics")),

@@ -811,6 +811,7 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
         "refused": {
             "budget-exhausted": 4,
             "lifetime-exhausted": 0,
+            "quota-exhausted": 0,
             "invalid-for-domain": 0,
             "retired": 0,
         },
@@ -818,7 +819,7 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
     # the list: the progress bar and the refusals by reason are the JSON's
     check_progress(progress_of(browser, f"#surveys tr[data-id='{grr}'] .progress"), progress)
     cells = browser.evaluate(f"[...{row}.querySelectorAll('td.num')].map(td => td.dataset.value)")
-    assert cells == ["60", "0", "4", "0", "0", "0"]  # accepted, reused, refused by reason
+    assert cells == ["60", "0", "4", "0", "0", "0", "0"]  # accepted, reused, refused by reason
     assert browser.evaluate(f"{row}.cells[1].textContent") == "grr on flu, ε = 2"
     assert browser.evaluate(f"{row}.querySelector('.progress-text').textContent") == (
         "64 / 64 (100%)"
@@ -838,6 +839,7 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
         "survey-reused": "0",
         "survey-refused-budget-exhausted": "4",
         "survey-refused-lifetime-exhausted": "0",
+        "survey-refused-quota-exhausted": "0",
         "survey-refused-invalid-for-domain": "0",
         "survey-refused-retired": "0",
         "survey-pending": "0",
@@ -851,6 +853,7 @@ def test_surveys_progress_refusals_and_estimates_equal_the_json(
     assert refusals == [
         ["budget-exhausted", "4"],
         ["lifetime-exhausted", "0"],
+        ["quota-exhausted", "0"],
         ["invalid-for-domain", "0"],
         ["retired", "0"],
     ]

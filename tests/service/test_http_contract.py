@@ -328,3 +328,16 @@ def test_revoke_any_key_id_is_a_problem_never_a_5xx(client: TestClient, key_id: 
     problem = assert_problem(response, response.status_code)
     if response.status_code == 422:
         assert "key_id" in problem["detail"], problem
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.text(min_size=1, max_size=100))
+@pytest.mark.slow
+def test_delete_any_project_name_is_a_problem_never_a_5xx(client: TestClient, name: str) -> None:
+    """``DELETE /v1/projects/{name}`` with 1,000 arbitrary names (no project has them: the
+    module's projects are named ``<prefix>-<hex>``, the text here is drawn, never one of
+    those): 404 problem+json (or 405 for a path that is no route), never a 5xx, nothing
+    deleted."""
+    response = client.delete(f"/v1/projects/{quote(name, safe='')}", headers=auth(ADMIN_KEY))
+    assert response.status_code in (404, 405), (response.status_code, response.text)
+    assert_problem(response, response.status_code)

@@ -160,6 +160,35 @@ BAD_PATCHES: list[tuple[str, Any, str]] = [
 ]
 
 
+def test_a_quota_above_every_budget_means_above_the_largest_budget_an_object_may_have(
+    client: TestClient,
+) -> None:
+    """Issue 25 bad input: "above every budget" is above ``MAX_BUDGET`` (10,000), the largest
+    ``budget.epsilon`` any object may be registered with — a fixed bound, not the budgets of the
+    objects registered now (which change). Exactly that bound is a quota; the next decimal
+    above it is refused naming ``quota.epsilon``, never echoing the value, storing nothing."""
+    at = project_body(quota={"epsilon": MAX_BUDGET})
+    r = client.post("/v1/projects", headers=ADMIN, json=at)
+    assert r.status_code == 201, r.text
+    assert r.json()["quota"] == {"epsilon": MAX_BUDGET}
+    above = 10000.000001
+    assert above > MAX_BUDGET
+    before = _counts(client)
+    r = client.post("/v1/projects", headers=ADMIN, json=project_body(quota={"epsilon": above}))
+    error = field_error(r, "quota.epsilon")
+    assert "10000.000001" not in r.text
+    assert error["errors"][0]["message"]
+    assert _counts(client) == before
+    r = client.patch(
+        f"/v1/projects/{at['name']}", headers=ADMIN, json={"quota": {"epsilon": above}}
+    )
+    field_error(r, "quota.epsilon")
+    assert "10000.000001" not in r.text
+    assert client.get(f"/v1/projects/{at['name']}", headers=ADMIN).json()["quota"] == {
+        "epsilon": MAX_BUDGET
+    }
+
+
 @pytest.mark.parametrize(
     ("body", "field"), [(b, f) for _, b, f in BAD_PATCHES], ids=[i for i, _, _ in BAD_PATCHES]
 )
@@ -205,14 +234,20 @@ def test_0010_downgrades_and_upgrades_again(tmp_path: Path) -> None:
         engine.dispose()
 
 
-def test_gatekeeper_keys_create_in_a_project(tmp_path: Path) -> None:
-    """``gatekeeper keys create --project NAME``: a key of that project; an unknown one: exit 2."""
+def _database_with_a_project(tmp_path: Path) -> tuple[str, str]:
+    """A migrated SQLite database for the command line, with a project: its URL and name."""
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     upgrade(url)
     name = unique_id("cli")
     with TestClient(create_app(make_settings(url))) as client:
         r = client.post("/v1/projects", headers=ADMIN, json=project_body(name))
         assert r.status_code == 201, r.text
+    return url, name
+
+
+def test_gatekeeper_keys_create_in_a_project(tmp_path: Path) -> None:
+    """``gatekeeper keys create --project NAME``: a key of that project; an unknown one: exit 2."""
+    url, name = _database_with_a_project(tmp_path)
     done = run_cli("keys", "create", "--role", "viewer", "--project", name, database_url=url)
     assert done.returncode == 0, done.stderr
     secret = done.stdout.strip()
@@ -224,3 +259,102 @@ def test_gatekeeper_keys_create_in_a_project(tmp_path: Path) -> None:
     assert unknown.returncode == 2
     assert "project: names no project" in unknown.stderr
     assert unknown.stdout == ""
+
+
+def _object_in(client: TestClient, labels: dict[str, str]) -> str:
+    oid = unique_id("del")
+    body = {
+        "id": oid,
+        "domain": {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 1}]},
+        "value": {"x": 1},
+        "budget": {"epsilon": 10},
+        "labels": labels,
+    }
+    assert client.post("/v1/objects", headers=ADMIN, json=body).status_code == 201
+    return oid
+
+
+def test_a_deleted_project_revokes_its_keys_and_keeps_its_name_and_loss(
+    client: TestClient,
+) -> None:
+    """DELETE /v1/projects/{name}: 204; its keys 401 like any revoked key; name and loss kept."""
+    study = unique_id("st")
+    body = project_body(scope={"labels": {"study": study}})
+    name = body["name"]
+    assert client.post("/v1/projects", headers=ADMIN, json=body).status_code == 201
+    keys = {}
+    for role in ("analyst", "viewer"):
+        r = client.post("/v1/keys", headers=ADMIN, json={"role": role, "project": name})
+        keys[role] = r.json()
+    analyst = auth(keys["analyst"]["key"])
+    oid = _object_in(client, {"study": study})
+    query = {
+        "mechanism": "binary_rr",
+        "epsilon": 0.5,
+        "predicate": {"attribute": "x", "op": "==", "value": 1},
+    }
+    r = client.post(f"/v1/objects/{oid}/queries", headers=analyst, json={"query": query})
+    assert r.status_code == 201, r.text
+    assert client.get("/v1/whoami", headers=analyst).status_code == 200  # cached: forgotten below
+
+    r = client.delete(f"/v1/projects/{name}", headers=ADMIN)
+    assert r.status_code == 204, r.text
+    assert r.content == b""
+    for role in ("analyst", "viewer"):
+        headers = auth(keys[role]["key"])
+        for url in ("/v1/whoami", f"/v1/objects/{oid}"):
+            r = client.get(url, headers=headers)
+            assert r.status_code == 401, (role, url, r.text)
+    listed = {k["id"]: k for k in client.get("/v1/keys", headers=ADMIN).json()["items"]}
+    for role in ("analyst", "viewer"):
+        assert listed[keys[role]["id"]]["revoked_at"] is not None
+        assert listed[keys[role]["id"]]["project"] == name
+    # gone from the projects API: not found, not listed, not patched, not deleted twice
+    assert client.get(f"/v1/projects/{name}", headers=ADMIN).status_code == 404
+    projects = client.get("/v1/projects", params={"limit": 1000}, headers=ADMIN).json()
+    assert name not in [p["name"] for p in projects["items"]]
+    r = client.patch(f"/v1/projects/{name}", headers=ADMIN, json={"quota": {"epsilon": 2}})
+    assert r.status_code == 404
+    r = client.delete(f"/v1/projects/{name}", headers=ADMIN)
+    assert r.status_code == 404
+    assert r.json()["type"] == "not-found"
+    # its name stays taken; no new key in it
+    assert client.post("/v1/projects", headers=ADMIN, json=body).status_code == 409
+    r = client.post("/v1/keys", headers=ADMIN, json={"role": "analyst", "project": name})
+    error = field_error(r, "project")
+    assert error["errors"][0]["message"] == "names a deleted project (its keys are revoked)"
+    # admins' odometers keep the project's sub-history loss
+    odometer = client.get(f"/v1/objects/{oid}/odometer", headers=ADMIN).json()
+    (entry,) = odometer["projects"]
+    assert entry["project"] == name
+    assert entry["accepted"] == 1
+    assert entry["realized_loss"]["upper"] == 0.5
+    events = client.get(
+        "/v1/audit", params={"limit": 1000, "kind": "project.deleted"}, headers=ADMIN
+    ).json()["events"]
+    deleted = [e for e in events if e["detail"]["project"] == name]
+    assert len(deleted) == 1
+    assert sorted(deleted[0]["detail"]["revoked_keys"]) == sorted(keys[role]["id"] for role in keys)
+
+
+def test_unknown_projects_are_not_deleted(client: TestClient) -> None:
+    for name in ("no-such-project", "bad%20name"):
+        r = client.delete(f"/v1/projects/{name}", headers=ADMIN)
+        assert r.status_code == 404, r.text
+        assert r.json()["type"] == "not-found"
+
+
+def test_gatekeeper_projects_delete(tmp_path: Path) -> None:
+    """``gatekeeper projects delete NAME``: its keys revoked (exit 0); unknown or again: exit 1."""
+    url, name = _database_with_a_project(tmp_path)
+    with TestClient(create_app(make_settings(url))) as client:
+        r = client.post("/v1/keys", headers=ADMIN, json={"role": "viewer", "project": name})
+        secret = r.json()["key"]
+    done = run_cli("projects", "delete", name, database_url=url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"project {name} deleted; 1 key(s) revoked"
+    with TestClient(create_app(make_settings(url))) as client:
+        assert client.get("/v1/whoami", headers=auth(secret)).status_code == 401
+    again = run_cli("projects", "delete", name, database_url=url)
+    assert again.returncode == 1
+    assert f"no project named {name!r}" in again.stderr

@@ -94,6 +94,10 @@ def test_accepted_count_is_the_exact_bayesian_filter_on_the_projects_sub_history
     assert dry["quota"]["project"] == project
     assert dry["quota"]["decision"] == "reject"
     assert dry["quota"]["realized_loss"]["upper"] == 0.3
+    # its top level is the refusing filter's, as the 409's is: the sub-history against the quota
+    assert dry["budget"] == 0.3
+    assert dry["realized_loss"] == dry["quota"]["realized_loss"]
+    assert dry["worst_case_after"] == dry["quota"]["worst_case_after"]
     # the unscoped analyst is still accepted (only the object's own filter applies)
     assert _submit(client, oid, unscoped).status_code == 201
     # admins' odometer lists the project's sub-history

@@ -56,7 +56,9 @@ STATEFUL_EXAMPLES = 100
 #: is a role enum and a label; ``DELETE /v1/objects/{object_id}`` one fuzzed case, the fuzzer
 #: filling the path from ids it saw, and ``DELETE /v1/surveys/{survey_id}`` about 40 for the same
 #: reason; ``DELETE /v1/keys/{key_id}`` about 30 on PostgreSQL, the run's own key id being
-#: filtered out; the arbitrary ids of these are fuzzed in test_http_contract.py).
+#: filtered out; ``DELETE /v1/projects/{name}`` 21 on SQLite, its only input the path's name;
+#: the arbitrary ids of these are fuzzed in test_http_contract.py, and a project's deletion is
+#: tested in test_projects.py).
 FEW_CASES = {
     "GET /healthz",
     "GET /metrics",
@@ -65,6 +67,7 @@ FEW_CASES = {
     "DELETE /v1/objects/{object_id}",
     "DELETE /v1/keys/{key_id}",
     "DELETE /v1/surveys/{survey_id}",
+    "DELETE /v1/projects/{name}",
 }
 #: Reads that stay 200 after a successful DELETE of the same path, by contract: ``DELETE`` on a
 #: survey cancels it (contract.md "Population surveys": members not yet decided are not queried,

@@ -246,6 +246,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", "/v1/projects"): _admin("GET", "/v1/projects"),
     ("GET", "/v1/projects/{name}"): _admin("GET", "/v1/projects/{name}"),
     ("PATCH", "/v1/projects/{name}"): _admin("PATCH", "/v1/projects/{name}"),
+    ("DELETE", "/v1/projects/{name}"): _admin("DELETE", "/v1/projects/{name}"),
     ("POST", "/v1/loss"): _as_authz(("POST", "/v1/loss"), "STATELESS"),
     ("GET", "/v1/whoami"): _as_authz(("GET", "/v1/whoami"), "WHOAMI"),
     **{
@@ -410,3 +411,30 @@ def test_out_of_scope_and_missing_take_the_same_time(client: TestClient, world: 
         sorted(latencies[OUT])[200],
         sorted(latencies[MISSING])[200],
     )
+
+
+@pytest.mark.parametrize("path", ["/v1/surveys", "/v1/surveys/dry-run"])
+def test_a_cohort_mixing_ids_in_and_out_of_scope_names_only_the_unknown(
+    client: TestClient, world: World, path: str
+) -> None:
+    """Issue 25 bad input: an ids cohort with an id out of scope is refused exactly as with a
+    missing id — 422 ``invalid-cohort`` naming ``cohort.ids``, ``unknown_ids`` the one id — and
+    the id in scope is not mentioned; nothing is created."""
+    before = client.get("/v1/surveys", params={"limit": 200}, headers=auth(world.viewer)).json()
+    answers = {}
+    for variant in (OUT, MISSING):
+        ids = [world.ids[IN], world.ids[variant]]
+        body = {"name": "mixed", "query": QUERY, "cohort": {"ids": ids}}
+        r = client.post(path, headers=auth(world.analyst), json=body)
+        assert r.status_code == 422, r.text
+        problem = r.json()
+        assert problem["type"] == "invalid-cohort"
+        assert problem["errors"] == [
+            {"field": "cohort.ids", "message": "names objects that do not exist"}
+        ]
+        assert problem["unknown_ids"] == [world.ids[variant]]
+        assert world.ids[IN] not in r.text
+        answers[variant] = r
+    _same_answer(answers[OUT], answers[MISSING], world)
+    after = client.get("/v1/surveys", params={"limit": 200}, headers=auth(world.viewer)).json()
+    assert after["items"] == before["items"]

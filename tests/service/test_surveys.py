@@ -231,6 +231,7 @@ def test_a_survey_queries_each_member_once_and_estimates(
             "invalid-for-domain": 0,
             "retired": 0,
             "lifetime-exhausted": 0,
+            "quota-exhausted": 0,
         },
         "groups": 1,
         "would_reuse": 0,
@@ -250,6 +251,7 @@ def test_a_survey_queries_each_member_once_and_estimates(
             "invalid-for-domain": 0,
             "retired": 0,
             "lifetime-exhausted": 0,
+            "quota-exhausted": 0,
         },
     }
     assert survey["groups"] == 1  # fresh objects: one public state, decided once
@@ -312,6 +314,7 @@ def test_refusals_by_reason_and_the_same_decision_as_a_submit(
         "invalid-for-domain": 1,
         "retired": 1,
         "lifetime-exhausted": 0,
+        "quota-exhausted": 0,
     }
     # after one grr of ε=1 a second exceeds the budget 1.5 for some outputs: the dry-run, the
     # survey and a single submit's dry-run agree member by member

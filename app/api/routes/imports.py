@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request, Response, status
+from fastapi import APIRouter, Depends, Header, Request, Response, status
 
 from app.api import examples
 from app.api.deps import AdminDep, RawBody, RuntimeDep, in_thread, parse_json
@@ -43,14 +44,46 @@ def ndjson_items(raw: bytes) -> list[Any]:
     return items
 
 
+@dataclass(frozen=True)
+class BulkBody:
+    """A bulk request's raw body, its Idempotency-Key and the fingerprint a replay must match."""
+
+    raw: bytes
+    idempotency_key: str | None
+    #: SHA-256 of the raw bytes (an NDJSON body is no JSON document to canonicalise).
+    fingerprint: str
+
+
+async def bulk_body(
+    raw: RawBody,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            max_length=255,
+            description="A retry with the same key and body returns the stored answer "
+            "(header Idempotent-Replayed: true) and changes nothing; without a key each "
+            "request is a new one",
+            json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
+        ),
+    ] = None,
+) -> BulkBody:
+    """The body of ``POST /v1/imports`` and ``/v1/versions``: a blank key or body is refused."""
+    if idempotency_key is not None and not idempotency_key.strip(" \t"):
+        raise BadHeader("Idempotency-Key", "must not be empty")
+    if not raw.strip():
+        raise InvalidInput("body", "is required")
+    return BulkBody(raw, idempotency_key, hashlib.sha256(raw).hexdigest())
+
+
+BulkDep = Annotated[BulkBody, Depends(bulk_body)]
+
+
 def parse_import(raw: bytes, content_type: str, limits: EngineLimits) -> list[Registration]:
     """The registrations of an import body, ``{"objects": [...]}`` or NDJSON lines.
 
     The JSON document is a :class:`schemas.ImportRequest`; each NDJSON line a
     :class:`schemas.RegisterRequest`, validated line by line (the first bad line is reported).
     """
-    if not raw.strip():
-        raise InvalidInput("body", "is required (a JSON document or NDJSON lines)")
     if content_type.split(";")[0].strip().lower() == NDJSON:
         return import_service.parse_items(ndjson_items(raw), limits)
     body = validated(schemas.ImportRequest, parse_json(raw))
@@ -76,16 +109,7 @@ async def import_objects(
     caller: AdminDep,
     request: Request,
     response: Response,
-    raw: RawBody,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            max_length=255,
-            description="A retry with the same key and body returns the stored answer "
-            "(header Idempotent-Replayed: true)",
-            json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
-        ),
-    ] = None,
+    body: BulkDep,
 ) -> schemas.ImportResult:
     """Register up to 10,000 objects (admin), all or nothing.
 
@@ -93,20 +117,18 @@ async def import_objects(
     application/x-ndjson`, one registration a line). An id already registered identically
     counts as existing; registered differently, it is a 409 and nothing is stored.
     """
-    if idempotency_key is not None and not idempotency_key.strip(" \t"):
-        raise BadHeader("Idempotency-Key", "must not be empty")
     # the body as raw bytes (NDJSON is no JSON document; the fingerprint is of the bytes), read
     # like typed_body's in a worker thread: 10,000 registrations take a while to validate
     registrations = await in_thread(
-        runtime, parse_import, raw, request.headers.get("content-type", ""), runtime.limits
+        runtime, parse_import, body.raw, request.headers.get("content-type", ""), runtime.limits
     )
     result = await in_thread(
         runtime,
         import_service.import_objects,
         engine=runtime.engine,
         registrations=registrations,
-        fingerprint=hashlib.sha256(raw).hexdigest(),
-        idempotency_key=idempotency_key,
+        fingerprint=body.fingerprint,
+        idempotency_key=body.idempotency_key,
         actor_key_id=caller.key_id,
     )
     if result.replayed:
@@ -132,17 +154,7 @@ async def import_versions(
     runtime: RuntimeDep,
     caller: AdminDep,
     response: Response,
-    raw: RawBody,
-    idempotency_key: Annotated[
-        str | None,
-        Header(
-            max_length=255,
-            description="A retry with the same key and body returns the stored answer "
-            "(header Idempotent-Replayed: true) and makes no new versions; without a key "
-            "each request makes new versions",
-            json_schema_extra={"minLength": 1, "pattern": "[^ \t]"},
-        ),
-    ] = None,
+    body: BulkDep,
 ) -> schemas.VersionsResult:
     """New values for up to 10,000 objects (admin), all or nothing.
 
@@ -150,11 +162,7 @@ async def import_versions(
     closed (its history kept) and the new value answers from now on under a fresh per-version
     filter. A bad item is a 422 naming `versions[i].field`, never echoing a value.
     """
-    if idempotency_key is not None and not idempotency_key.strip(" \t"):
-        raise BadHeader("Idempotency-Key", "must not be empty")
-    if not raw.strip():
-        raise InvalidInput("body", "is required (a JSON document)")
-    items = version_service.parse_bulk(parse_json(raw))
+    items = version_service.parse_bulk(parse_json(body.raw))
     replayed: list[bool] = []
 
     def run() -> schemas.VersionsResult:
@@ -164,12 +172,12 @@ async def import_versions(
             items=items,
             actor_key_id=caller.key_id,
             bulk=True,
-            fingerprint=hashlib.sha256(raw).hexdigest(),
-            idempotency_key=idempotency_key,
+            fingerprint=body.fingerprint,
+            idempotency_key=body.idempotency_key,
             replayed=replayed,
         )
 
-    body = await in_thread(runtime, run)
+    answer = await in_thread(runtime, run)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    return body
+    return answer

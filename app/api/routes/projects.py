@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, status
+from fastapi import APIRouter, Path, Query, Response, status
 
 from app.api import examples
 from app.api.deps import AdminDep, RuntimeDep, in_thread, typed_body
@@ -83,3 +83,23 @@ async def change_project_quota(
         request=body,
         actor_key_id=caller.key_id,
     )
+
+
+@router.delete(
+    "/{name}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses=_NOT_FOUND,
+)
+async def delete_project(runtime: RuntimeDep, caller: AdminDep, name: ProjectName) -> Response:
+    """Delete a project (admin): its keys are revoked; its name and its loss stay on record."""
+    revoked = await in_thread(
+        runtime,
+        project_service.delete_project,
+        engine=runtime.engine,
+        name=name,
+        actor_key_id=caller.key_id,
+    )
+    for key_id in revoked:  # other processes: within AUTH_CACHE_SECONDS (KeyCache)
+        runtime.keys.forget(key_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -32,6 +32,7 @@ export function isActive(survey) {
 export const REASONS = [
   ["budget-exhausted", "budget exhausted", "an answer could take the object's realized loss over its budget: the filter refused (nothing released, nothing spent)"],
   ["lifetime-exhausted", "lifetime exhausted", "an answer could take the loss summed over the object's data versions over its lifetime budget: refused (nothing released, nothing spent)"],
+  ["quota-exhausted", "quota exhausted", "an answer could take the realized loss of the survey's project's own sub-history of the object over the project's quota: refused (nothing released, nothing spent)"],
   ["invalid-for-domain", "invalid for domain", "the query does not apply to the object's domain (e.g. an attribute it does not have)"],
   ["retired", "retired", "the object was retired when the survey reached it"],
 ];

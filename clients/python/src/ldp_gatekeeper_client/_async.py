@@ -505,6 +505,10 @@ class AsyncProjects:
         """Change a project's quota (its scope is fixed)."""
         return await self._c._run(_ops.set_quota(name, quota))
 
+    async def delete(self, name: str) -> None:
+        """Delete a project: its keys are revoked; its name stays taken, its loss on record."""
+        await self._c._run(_ops.delete_project(name))
+
     def all(self, *, page_size: int = 1000) -> AsyncIterator[models.ProjectView]:
         """Every project, in creation order."""
         return self._c._iterate(_ops.projects(page_size))

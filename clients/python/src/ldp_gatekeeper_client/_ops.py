@@ -535,6 +535,15 @@ def set_quota(name: str, quota: float) -> Call[models.ProjectView]:
     return Call("PATCH", _project(name), parser(models.ProjectView), content=encode(body))
 
 
+def _no_content(response: httpx.Response) -> None:
+    """A ``204 No Content`` answer: nothing to parse."""
+
+
+def delete_project(name: str) -> Call[None]:
+    """``DELETE /v1/projects/{name}`` (admin): its keys are revoked; not retried once sent."""
+    return Call("DELETE", _project(name), _no_content, safe=False)
+
+
 def _split_projects(page: models.ProjectPage) -> tuple[list[models.ProjectView], int | None]:
     return page.items, page.next_after
 

@@ -538,6 +538,10 @@ class Projects:
         """Change a project's quota (its scope is fixed)."""
         return self._c._run(_ops.set_quota(name, quota))
 
+    def delete(self, name: str) -> None:
+        """Delete a project: its keys are revoked; its name stays taken, its loss on record."""
+        self._c._run(_ops.delete_project(name))
+
     def all(self, *, page_size: int = 1000) -> Iterator[models.ProjectView]:
         """Every project, in creation order."""
         return self._c._iterate(_ops.projects(page_size))

@@ -40,6 +40,7 @@ AuditKind = Literal[
     "survey.cancelled",
     "project.created",
     "project.quota_changed",
+    "project.deleted",
 ]
 SurveyStatus = Literal["queued", "running", "done", "cancelled", "failed"]
 #: What ``GET /v1/odometers?status=`` lists (``near_exhaustion`` includes the exhausted).
@@ -790,6 +791,8 @@ class SurveyRefusals(_Response):
     retired: int
     #: The version's filter accepted but the object's lifetime budget did not.
     lifetime_exhausted: int = Field(default=0, alias="lifetime-exhausted")
+    #: The object's filters accepted but the quota of the survey's project did not.
+    quota_exhausted: int = Field(default=0, alias="quota-exhausted")
 
 
 class SurveyProgress(_Response):
