@@ -112,9 +112,8 @@ def _variant(submit: store.StoredSubmit) -> Variant:
 
 def reused_body(row: ObjectState, found: Reusable, odometer: Odometer) -> SubmitResult:
     """The 200 answer of a reused submit: the stored output, the odometer as it is."""
-    return SubmitResult(
+    answer = SubmitResult(
         query_id=found.query_id,
-        survey_id=found.survey_id,
         object_id=row.id,
         seq=found.seq,
         version=row.data_version,
@@ -123,6 +122,9 @@ def reused_body(row: ObjectState, found: Reusable, odometer: Odometer) -> Submit
         odometer=odometer,
         reused=True,
     )
+    if found.survey_id is None:  # a single submit's answer: no survey_id on the wire
+        return answer
+    return answer.model_copy(update={"survey_id": found.survey_id})
 
 
 def chunk_reusables(

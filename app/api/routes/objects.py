@@ -167,17 +167,24 @@ def _reuse_owner(caller: Caller) -> int | None:
     status_code=status.HTTP_201_CREATED,
     **answers(schemas.SubmitResult),
     openapi_extra=body_doc(schemas.QueryRequest, examples.QUERY),
-    responses=problems(
-        *WITH_BODY,
-        404,
-        409,
-        s404="No such object",
-        s409="budget-exhausted: the object's filter rejected the query (with the loss now and "
-        "the worst case after); quota-exhausted: a project key's quota rejected it on the "
-        "project's own sub-history; or object-retired",
-        s503="busy: too much contention on the object, or the database is unavailable; retry "
-        "after Retry-After",
-    ),
+    responses={
+        200: {
+            "model": schemas.SubmitResult,
+            "description": 'With `"reuse": true`: a stored identical answer of the current data '
+            'version (`"reused": true`), nothing charged or recorded',
+        },
+        **problems(
+            *WITH_BODY,
+            404,
+            409,
+            s404="No such object",
+            s409="budget-exhausted: the object's filter rejected the query (with the loss now and "
+            "the worst case after); quota-exhausted: a project key's quota rejected it on the "
+            "project's own sub-history; or object-retired",
+            s503="busy: too much contention on the object, or the database is unavailable; retry "
+            "after Retry-After",
+        ),
+    },
 )
 async def submit(
     runtime: RuntimeDep,
