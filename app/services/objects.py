@@ -504,6 +504,7 @@ def odometer_history(
             object_id=object_id,
             budget=row.budget,
             version=number,
+            created_at=_iso(_version_created(conn, row, number)),
             points=points,
             rejections=[
                 schemas.Rejection(after_accepted=accepted - start, at=at)
@@ -513,6 +514,13 @@ def odometer_history(
             ],
             next_after=next_after,
         )
+
+
+def _version_created(conn: Tx, row: ObjectRecord, number: int) -> datetime | None:
+    """When data version ``number`` began: registration, or its predecessor's closing."""
+    if number == 1:
+        return row.created_at
+    return version_store.closed_at(conn, object_id=row.id, data_version=number - 1)
 
 
 #: Rejections listed with one page of odometer history, at most.

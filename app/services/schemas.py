@@ -1054,6 +1054,11 @@ class OdometerHistory(_Open):
     object_id: str
     budget: float
     version: int = Field(description="The data version of these points")
+    created_at: Timestamp | None = Field(
+        default=None,
+        description="When this data version began: the registration for version 1, "
+        "the new version's creation otherwise",
+    )
     points: list[OdometerPoint]
     rejections: list[Rejection]
     next_after: int | None

@@ -95,6 +95,10 @@ _RANGE = select(VERSIONS.c.seq_start, VERSIONS.c.seq_end).where(
     VERSIONS.c.object_id == bindparam("object_id"),
     VERSIONS.c.data_version == bindparam("data_version"),
 )
+_CLOSED_AT = select(VERSIONS.c.closed_at).where(
+    VERSIONS.c.object_id == bindparam("object_id"),
+    VERSIONS.c.data_version == bindparam("data_version"),
+)
 _LOOKUP_CHUNK = 1000
 
 
@@ -195,6 +199,14 @@ def version_range(conn: Tx, *, object_id: str, data_version: int) -> tuple[int, 
     """The ``seq`` range ``(start, end]`` of a closed version, or None if it is not closed."""
     found = conn.execute(_RANGE, {"object_id": object_id, "data_version": data_version}).first()
     return None if found is None else (int(found[0]), int(found[1]))
+
+
+def closed_at(conn: Tx, *, object_id: str, data_version: int) -> datetime | None:
+    """When a version was closed (its successor opened), or None if it is not closed."""
+    found = conn.execute(
+        _CLOSED_AT, {"object_id": object_id, "data_version": data_version}
+    ).scalar_one_or_none()
+    return cast(datetime | None, found)
 
 
 def closed_versions(conn: Tx, *, object_id: str) -> list[ClosedVersion]:

@@ -12,6 +12,7 @@ Chromium is Debian's ``chromium`` package: without it these tests are skipped, e
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import secrets
@@ -1331,3 +1332,138 @@ def test_a_histogram_over_many_values_draws_the_largest_and_lists_all(
     assert len(lines) == k + 2  # header, k rows, the final line break
     assert lines[1].split(",")[:2] == ["0", repr(shares["0"])]
     assert "Local-hashing shares sum to 1 only on average" in drawn["notes"]
+
+
+# --- data versions (issue 24) -------------------------------------------------------------------
+
+
+def test_an_objects_versions_are_stacked_against_its_lifetime_budget(
+    server: Server, browser: Browser
+) -> None:
+    http = httpx.Client(base_url=server.url, timeout=30)
+    viewer = new_key(http, "viewer")
+    analyst = new_key(http, "analyst")
+    oid = unique_id("versions")
+    r = http.post(
+        "/v1/objects",
+        headers=auth(ADMIN_KEY),
+        json={
+            "id": oid,
+            "domain": DOMAIN,
+            "value": {"x": 2, "disease": "flu"},
+            "budget": {"epsilon": 0.5},
+            "lifetime": {"epsilon": 1.2},
+        },
+    )
+    assert r.status_code == 201, r.text
+    # version 1: two queries; version 2: one; version 3 (current): one
+    for query in (GRR_X, BINARY):
+        submit(http, analyst, oid, query)
+    for value, queries in (
+        ({"x": 1, "disease": "none"}, [GRR_X]),
+        ({"x": 3, "disease": "covid"}, [BINARY]),
+    ):
+        r = http.post(f"/v1/objects/{oid}/versions", headers=auth(ADMIN_KEY), json={"value": value})
+        assert r.status_code == 201, r.text
+        for query in queries:
+            submit(http, analyst, oid, query)
+    odometer = http.get(f"/v1/objects/{oid}/odometer", headers=auth(viewer)).json()
+    assert odometer["version"] == 3
+    expected = []
+    for version in (1, 2, 3):
+        page = http.get(
+            f"/v1/objects/{oid}/odometer/history",
+            params={"version": version},
+            headers=auth(viewer),
+        ).json()
+        assert page["version"] == version, page
+        assert page["created_at"], page
+        last = page["points"][-1]
+        expected.append((version, page["created_at"], last["accepted"], last["realized_loss"]))
+    # the versions' losses add up to the lifetime's (bounds add)
+    assert math.isclose(
+        sum(e[3]["upper"] for e in expected), odometer["lifetime"]["realized_loss"]["upper"]
+    )
+
+    browser.navigate(f"{server.url}/dashboard/?poll=1#/objects/{oid}")
+    sign_in(browser, viewer)
+    browser.wait_for(
+        "!document.getElementById('versions').hidden"
+        " && document.querySelectorAll('#versions-chart rect.segment').length === 3"
+    )
+    segments = browser.evaluate(
+        "[...document.querySelectorAll('#versions-chart rect.segment')]"
+        ".map(r => [r.dataset.version, r.dataset.upper, r.classList.contains('current'),"
+        " Number(r.getAttribute('x')), Number(r.getAttribute('width'))])"
+    )
+    assert [s[:3] for s in segments] == [
+        [str(v), repr(float(loss["upper"])), v == 3] for v, _, _, loss in expected
+    ]
+    # stacked: each segment starts where the one before ends, widths in proportion to the loss
+    for before, after in itertools.pairwise(segments):
+        assert after[3] == pytest.approx(before[3] + before[4], abs=0.02)
+    # pixels per unit of loss, from the whole stack (coordinates are drawn to 0.01 px)
+    total = sum(loss["upper"] for _, _, _, loss in expected)
+    scale = (segments[-1][3] + segments[-1][4] - segments[0][3]) / total
+    for segment, (_, _, _, loss) in zip(segments, expected, strict=True):
+        assert segment[4] == pytest.approx(loss["upper"] * scale, abs=0.05)
+    # the lifetime line at ε_L on the same scale
+    line = browser.evaluate(
+        "Number(document.querySelector('#versions-chart line.lifetime').getAttribute('x1'))"
+    )
+    assert line == pytest.approx(segments[0][3] + 1.2 * scale, abs=0.05)
+    legend = browser.evaluate("document.getElementById('versions-legend').textContent")
+    assert "current version (3)" in legend
+    assert "ε_L = 1.2" in legend
+    # the table, newest first, with the API's exact numbers
+    rows = browser.evaluate(
+        "[...document.querySelectorAll('#versions-table tbody tr')].map(tr => ["
+        "tr.dataset.version, tr.cells[1].textContent,"
+        " ...[...tr.querySelectorAll('td.num')].slice(1).map(td => td.dataset.value)])"
+    )
+    created = browser.evaluate(
+        f"{json.dumps([e[1] for e in reversed(expected)])}"
+        ".map(iso => new Date(iso).toLocaleString())"
+    )
+    assert rows == [
+        [str(v), shown, str(accepted), repr(float(loss["lower"])), repr(float(loss["upper"]))]
+        for (v, _, accepted, loss), shown in zip(reversed(expected), created, strict=True)
+    ]
+    # the text alternative says what the bar shows
+    caption = browser.evaluate("document.getElementById('versions-summary').textContent")
+    lifetime = odometer["lifetime"]
+    assert caption.startswith("Realized privacy loss of each of 3 data versions, stacked:")
+    assert f"lifetime budget of {js_num(1.2)}" in caption
+    assert f"{js_num(lifetime['remaining'])} remaining" in caption
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.screenshot(ARTIFACTS / "dashboard-versions.png")
+
+    # a new version while the page is open: a fourth segment, the history starts again
+    r = http.post(
+        f"/v1/objects/{oid}/versions",
+        headers=auth(ADMIN_KEY),
+        json={"value": {"x": 0, "disease": "none"}},
+    )
+    assert r.status_code == 201, r.text
+    browser.wait_for(
+        "document.querySelectorAll('#versions-chart rect.segment').length === 4"
+        " && document.querySelector('#versions-chart rect.segment.current').dataset.version === '4'"
+        " && document.querySelectorAll('#history tbody tr').length === 0"
+    )
+    assert browser.problems() == []
+
+
+def test_an_object_with_one_version_and_no_lifetime_shows_no_versions_card(
+    server: Server, browser: Browser
+) -> None:
+    http = httpx.Client(base_url=server.url, timeout=30)
+    viewer = new_key(http, "viewer")
+    oid = unique_id("oneversion")
+    register(http, oid, 0.5)
+    submit(http, new_key(http, "analyst"), oid, GRR_X)
+    browser.navigate(f"{server.url}/dashboard/?poll=1#/objects/{oid}")
+    sign_in(browser, viewer)
+    browser.wait_for("document.querySelectorAll('#history tbody tr').length === 1")
+    assert browser.evaluate("document.getElementById('versions').hidden") is True
+    assert browser.problems() == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,35 @@ def test_a_new_version_closes_the_old_one_and_keeps_its_history(
     chart = client.get(f"/v1/objects/{oid}/odometer/history", headers=ADMIN).json()
     assert [p["accepted"] for p in chart["points"]] == [1]
     check_verify(database_url)
+
+
+def test_the_odometer_history_says_when_each_version_began(
+    client: TestClient, analyst: dict[str, str]
+) -> None:
+    oid = register(client, budget=1.0)
+    registered = client.get(f"/v1/objects/{oid}", headers=ADMIN).json()["created_at"]
+    assert submit(client, analyst, oid, rr(0.2)).status_code == 201
+    assert new_version(client, oid, {"b": 0}).status_code == 201
+    assert submit(client, analyst, oid, rr(0.2)).status_code == 201
+    assert new_version(client, oid, {"b": 1}).status_code == 201
+
+    def page(version: int | None) -> dict[str, Any]:
+        query = "" if version is None else f"?version={version}"
+        r = client.get(f"/v1/objects/{oid}/odometer/history{query}", headers=ADMIN)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    first, second, third = page(1), page(2), page(None)
+    assert third["version"] == 3
+    assert third["points"] == []
+    # version 1 began at registration; each later one when it was created: after the last
+    # query of the version before it and before the first query of its own
+    assert first["created_at"] == registered
+    when = datetime.fromisoformat
+    assert when(first["points"][-1]["at"]) <= when(second["created_at"])
+    assert when(second["created_at"]) <= when(second["points"][0]["at"])
+    assert when(second["points"][-1]["at"]) <= when(third["created_at"])
+    assert page(3)["created_at"] == third["created_at"]
 
 
 def test_lifetime_ties_are_accepted_and_the_sum_refuses_past_it(

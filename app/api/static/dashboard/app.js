@@ -1,7 +1,7 @@
 // The dashboard: sign-in, the list of objects, one object's chart, reading and history, and
 // the population surveys. Everything shown comes from the JSON API (GET /v1/whoami,
-// /v1/odometers, /v1/objects/{id}/odometer, /odometer/history and, for analysts and admins,
-// /queries; GET /v1/surveys and /v1/surveys/{id}).
+// /v1/odometers, /v1/objects/{id}/odometer, /odometer/history (?version=v for the earlier data
+// versions) and, for analysts and admins, /queries; GET /v1/surveys and /v1/surveys/{id}).
 
 import { ApiError, Poller, describeError, getJson, postJson } from "./api.js";
 import { renderChart } from "./chart.js";
@@ -9,12 +9,16 @@ import { describeQuery, fmtTime, num } from "./format.js";
 import { parseFilter } from "./filter.js";
 import { MAX_LABEL_FILTERS, labelChips, labelQuery, labelsFromHash, listHash, parseLabel } from "./labels.js";
 import { renderReading } from "./reading.js";
+import { renderVersions } from "./versions.js";
 import { clearSurvey, isActive, refreshSurveys, renderSurvey, renderSurveyList } from "./surveys.js";
 
 const STORAGE_KEY = "gatekeeper.apiKey";
 // Rows per page of the list: the service searches, filters, counts and pages (by keyset), so
 // the page never holds more than this many objects, however many there are.
 const PAGE = 250;
+// Points per page when reading a closed data version's odometer history (the API's largest
+// page): only its last point, the version's final loss, is kept.
+const VERSION_PAGE = 10000;
 // An id prefix the service can be asked for (the characters of an id: app/services/objects.py).
 const ID_PREFIX = /^[A-Za-z0-9._:@-]{1,128}$/;
 const $ = (id) => document.getElementById(id);
@@ -474,6 +478,11 @@ function newDetail(id) {
     queries: new Map(),
     drawn: "",
     read: "",
+    // the current data version's start, and each closed version's final accounting (a closed
+    // version never changes, so each is read once)
+    created: null,
+    closed: new Map(),
+    drawnVersions: "",
     prior: 0.5,
   };
 }
@@ -482,6 +491,15 @@ async function loadDetail() {
   const d = state.detail;
   const base = `v1/objects/${encode(d.id)}`;
   const odometer = await getJson(`${base}/odometer`, state.key);
+  if (d.odometer !== null && d.odometer.version !== odometer.version) {
+    // a new data version: its history (points, rejections, queries) starts again
+    d.points = [];
+    d.rejections = [];
+    d.queries = new Map();
+    d.rejectedSeen = -1;
+    d.created = null;
+    d.drawn = "";
+  }
   if (d.meta === null) {
     // object metadata (its domain) is for analysts and admins, as GET /v1/objects/{id} is
     d.meta = mayReadQueries() ? await getJson(base, state.key) : { domain: null };
@@ -496,6 +514,9 @@ async function loadDetail() {
     d.rejections = d.rejections.filter((r) => r.after_accepted < before);
     for (;;) {
       const page = await getJson(`${base}/odometer/history?limit=${PAGE}&after=${after}`, state.key);
+      if (page.version === odometer.version) {
+        d.created = page.created_at ?? null;
+      }
       d.rejections.push(...(page.rejections || []));
       for (const p of page.points) {
         d.points.push({
@@ -526,9 +547,76 @@ async function loadDetail() {
       }
     }
   }
+  if (d.created === null && d.points.length === 0) {
+    // the current version's start, when no page was read above
+    const page = await getJson(`${base}/odometer/history?limit=1&after=0`, state.key);
+    d.created = page.version === odometer.version ? (page.created_at ?? null) : null;
+  }
+  await loadClosedVersions(d, base, odometer.version);
   d.odometer = odometer;
   d.rejectedSeen = odometer.rejected;
   renderDetail();
+}
+
+// Each closed data version's start and final loss: the last point of its odometer history.
+async function loadClosedVersions(d, base, current) {
+  for (let version = 1; version < current; version += 1) {
+    if (d.closed.has(version)) {
+      continue;
+    }
+    let after = 0;
+    let last = null;
+    let created = null;
+    for (;;) {
+      const page = await getJson(
+        `${base}/odometer/history?version=${version}&limit=${VERSION_PAGE}&after=${after}`,
+        state.key,
+      );
+      created = page.created_at ?? null;
+      if (page.points.length) {
+        last = page.points[page.points.length - 1];
+      }
+      if (page.next_after === null || page.next_after === undefined) {
+        break;
+      }
+      after = page.next_after;
+    }
+    d.closed.set(version, {
+      version,
+      created_at: created,
+      accepted: last ? last.accepted : 0,
+      lower: last ? last.realized_loss.lower : 0,
+      upper: last ? last.realized_loss.upper : 0,
+    });
+  }
+}
+
+// The data versions card: shown for an object with more than one version or a lifetime budget.
+function renderVersionsCard(d) {
+  const odometer = d.odometer;
+  const card = $("versions");
+  card.hidden = odometer.version <= 1 && !odometer.lifetime;
+  if (card.hidden) {
+    return;
+  }
+  const versions = [...d.closed.values()].filter((v) => v.version < odometer.version);
+  versions.sort((a, b) => a.version - b.version);
+  versions.push({
+    version: odometer.version,
+    created_at: d.created,
+    accepted: odometer.accepted,
+    lower: odometer.realized_loss.lower,
+    upper: odometer.realized_loss.upper,
+  });
+  const drawn = JSON.stringify([versions, odometer.lifetime ?? null]);
+  if (drawn === d.drawnVersions) {
+    return;
+  }
+  renderVersions(
+    { svg: $("versions-chart"), legend: $("versions-legend"), table: $("versions-table"), caption: $("versions-summary") },
+    { lifetime: odometer.lifetime ?? null, current: odometer.version, versions },
+  );
+  d.drawnVersions = drawn;
 }
 
 function describeAttribute(attribute) {
@@ -722,6 +810,7 @@ function renderDetail() {
   $("detail-meta").textContent = known ? `· ${known.filter} filter · ${known.status}` : "";
   renderDetailLabels(d.meta && d.meta.labels ? d.meta.labels : known ? known.labels : null);
   renderNumbers(odometer);
+  renderVersionsCard(d);
   const drawn = `${d.points.length}:${d.rejections.length}:${odometer.realized_loss.upper}:${odometer.budget}`;
   if (drawn !== d.drawn) {
     renderChart($("chart"), $("chart-legend"), {

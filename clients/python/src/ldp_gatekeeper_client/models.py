@@ -555,6 +555,9 @@ class OdometerHistory(_Response):
     budget: float
     #: The data version of these points.
     version: int
+    #: When this data version began: the registration for version 1, the new version's
+    #: creation otherwise.
+    created_at: datetime | None = None
     points: list[OdometerPoint]
     rejections: list[Rejection]
     next_after: int | None
