@@ -31,7 +31,17 @@ import re
 from collections.abc import Callable
 from enum import StrEnum
 from functools import cache, partial
-from typing import Annotated, Any, Generic, Literal, Self, TypeVar, get_args, get_origin
+from typing import (
+    Annotated,
+    Any,
+    Generic,
+    Literal,
+    NotRequired,
+    Self,
+    TypeVar,
+    get_args,
+    get_origin,
+)
 
 from pydantic import (
     BaseModel,
@@ -50,7 +60,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 from pydantic_core import PydanticCustomError
-from typing_extensions import NotRequired, TypedDict
+from typing_extensions import TypedDict
 
 from app.engine.approx import MIN_DELTA, NEEDS_FINITE_DOMAIN, parse_delta_value
 from app.engine.calculator import DEFAULT_TOLERANCE, MAX_GROUPING, MAX_NODES, MAX_TIME_LIMIT
