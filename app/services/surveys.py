@@ -471,8 +471,9 @@ def list_responses(
             item["output"] = json.loads(d.variant.output) if d.variant is not None else None
         items.append(item)
     full = len(items) == limit
-    # a page of up to 1,000 members: validated at once (one call into pydantic-core), which is
-    # cheaper than a model per member (docs/benchmarks.md, "Response validation")
+    # a page of up to 1,000 members: validated at once (one call into pydantic-core), its
+    # members as validated dicts (SurveyResponse), cheaper than a model per member
+    # (docs/benchmarks.md, "Response validation: the survey responses page")
     return schemas.SurveyResponsePage.model_validate(
         {"items": items, "next_after": items[-1]["object_id"] if full else None}
     )
