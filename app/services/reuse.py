@@ -36,6 +36,7 @@ from app.services.schemas import Odometer, SubmitResult
 from app.store import Tx
 from app.store import reuse as store
 from app.store.chunks import Variant, chunks_covering, load_chunks
+from app.store.history import HistoryItem
 from app.store.objects import ObjectState
 from app.store.surveys import GroupKey, member_rows
 
@@ -98,7 +99,7 @@ def find_reusable(conn: Tx, row: ObjectState, qhash: str, owner: int | None) -> 
     return best
 
 
-def _variant(submit: store.StoredSubmit) -> Variant:
+def _variant(submit: HistoryItem) -> Variant:
     return Variant(
         query=submit.query,
         output=submit.output,

@@ -13,12 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Select, String, Table, any_, bindparam, select
+from sqlalchemy import ColumnElement, Row, Select, String, Table, any_, bindparam, select
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from app.db.models import ApiKey, DomainRecord, ProtectedObject, QueryRecord, Survey
 from app.store.base import Tx, is_postgres
 from app.store.chunks import CHUNKS, Chunk, decode
+from app.store.history import HistoryItem, submitted
 
 _QUERIES = cast(Table, QueryRecord.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
@@ -102,21 +103,6 @@ def key_reach(conn: Tx, key_id: int) -> tuple[str | None, int | None]:
     return (None, None) if row is None else (row.role, row.project_id)
 
 
-@dataclass(frozen=True)
-class StoredSubmit:
-    """A single submit's answer that an identical query may reuse."""
-
-    query_id: int
-    seq: int
-    query: str
-    output: str
-    epsilon: float
-    epsilon_exact: str
-    loss_lower: float
-    loss_upper: float
-    basic_after: float
-
-
 _SUBMIT_COLUMNS = (
     _QUERIES.c.id,
     _QUERIES.c.object_id,
@@ -128,6 +114,8 @@ _SUBMIT_COLUMNS = (
     _QUERIES.c.loss_lower,
     _QUERIES.c.loss_upper,
     _QUERIES.c.basic_after,
+    _QUERIES.c.created_at,
+    _QUERIES.c.survey_id,
     _QUERIES.c.analyst_key_id,
 )
 _SUBMITS = (
@@ -148,23 +136,9 @@ _SUBMITS_OF_IDS = _both(
 )
 
 
-def _stored(r: Any) -> StoredSubmit:
-    return StoredSubmit(
-        query_id=int(r.id),
-        seq=int(r.seq),
-        query=r.query,
-        output=r.output,
-        epsilon=r.epsilon,
-        epsilon_exact=r.epsilon_exact,
-        loss_lower=r.loss_lower,
-        loss_upper=r.loss_upper,
-        basic_after=r.basic_after,
-    )
-
-
 def first_submit(
     conn: Tx, *, object_id: str, fingerprint: str, after: int, upto: int, owner: int | None
-) -> StoredSubmit | None:
+) -> HistoryItem | None:
     """The earliest single submit of the object numbered in ``(after, upto]`` with that hash.
 
     ``owner``: only a submit of that key (None: anyone's).
@@ -175,21 +149,21 @@ def first_submit(
     )
     for row in rows:
         if owner is None or row.analyst_key_id == owner:
-            return _stored(row)
+            return submitted(cast(Row[Any], row))
     return None
 
 
 def submits_of(
     conn: Tx, *, ids: Sequence[str], fingerprint: str, owner: int | None
-) -> dict[str, list[StoredSubmit]]:
+) -> dict[str, list[HistoryItem]]:
     """Per object of ``ids``: its single submits with that hash (``owner``: that key's only)."""
-    found: dict[str, list[StoredSubmit]] = {}
+    found: dict[str, list[HistoryItem]] = {}
     statement = _SUBMITS_OF_IDS[is_postgres(conn)]
     for start in range(0, len(ids), _IDS_PER_STATEMENT):
         part = list(ids[start : start + _IDS_PER_STATEMENT])
         for row in conn.execute(statement, {"ids": part, "fingerprint": fingerprint}):
             if owner is None or row.analyst_key_id == owner:
-                found.setdefault(row.object_id, []).append(_stored(row))
+                found.setdefault(row.object_id, []).append(submitted(row))
     return found
 
 
