@@ -291,10 +291,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def fresh_database(*, keep: bool = False, migrate: bool = True) -> Iterator[tuple[str, str]]:
+def fresh_database(
+    *, keep: bool = False, migrate: bool = True, name: str | None = None
+) -> Iterator[tuple[str, str]]:
     """A new migrated database with the bootstrap admin key; dropped afterwards unless ``keep``.
 
     ``migrate=False``: an empty database (an older tree's command migrates it to its own head).
+    ``name``: the database's name (default: ``gk_bench_`` and a random suffix); one of that
+    name left by an interrupted run is dropped first.
     """
     import psycopg
 
@@ -303,8 +307,10 @@ def fresh_database(*, keep: bool = False, migrate: bool = True) -> Iterator[tupl
     from app.services.auth import ensure_bootstrap_admin
 
     admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
-    name = "gk_bench_" + secrets.token_hex(6)
+    if name is None:
+        name = "gk_bench_" + secrets.token_hex(6)
     with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         url = admin.rsplit("/", 1)[0] + "/" + name

@@ -42,6 +42,9 @@ from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from app import crypto, metrics
 from app.engine.estimates import tally_outputs
 from app.engine.likelihood import LikelihoodState
@@ -121,6 +124,8 @@ class RunCache:
     max_entries: int = 200_000
     #: Guards ``seen``: a group is counted by the one chunk that commits it first.
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: ``"reuse": true``: per domain hash, its text and the query parsed there (None: invalid).
+    reuse_mechs: dict[str, tuple[str, Mechanism | None]] = field(default_factory=dict)
 
     def claim_groups(self, keys: set[GroupKey]) -> set[GroupKey]:
         """The groups of ``keys`` not counted yet, now reserved for the caller's chunk."""
@@ -165,6 +170,19 @@ class _Chunk:
     groups: int = 0
     #: Members answered by reuse (``"reuse": true``): accepted, but no history entry.
     reused: int = 0
+    #: Their picks and (negative) seqs, by position in the chunk's ids.
+    reuse: _Reused | None = None
+
+
+@dataclass(frozen=True)
+class _Reused:
+    """A chunk's members answered by reuse, as arrays by position in the chunk's ids."""
+
+    hit: npt.NDArray[np.bool_]
+    #: Per member, its variant's index in the chunk (meaningful where ``hit``).
+    picks: npt.NDArray[np.int64]
+    #: Per member, ``-seq`` of the stored answer it repeats (meaningful where ``hit``).
+    seqs: npt.NDArray[np.int64]
 
 
 def new_run_cache(query: dict[str, Any], limits: EngineLimits) -> RunCache:
@@ -200,7 +218,7 @@ def run_chunk(
             if ids is None:
                 return ChunkOutcome(chunk, 0, 0, 0)
             work = _Chunk(survey_id, chunk, datetime.now(UTC))
-            rest = reuse_in_chunk(conn, survey, ids, cache.parsed, work) if survey.reuse else ids
+            rest = reuse_in_chunk(conn, survey, ids, cache, work) if survey.reuse else ids
             rows = survey_store.member_rows(conn, rest)
             work = _decide_rows(
                 conn, rows, cache, worker, work, _quota_groups(conn, survey.analyst_key_id, limits)
@@ -453,7 +471,7 @@ def _answer(
 
 
 def reuse_in_chunk(
-    conn: Tx, survey: SurveyRow, ids: list[str], parsed: ParsedQuery, work: _Chunk
+    conn: Tx, survey: SurveyRow, ids: list[str], cache: RunCache, work: _Chunk
 ) -> list[str]:
     """Answer the members that have a stored identical answer; the ids left to decide.
 
@@ -461,50 +479,58 @@ def reuse_in_chunk(
     as ``-seq``): accepted and tallied, but its object, history and state are untouched, so its
     row is read without a lock: the answer is the earliest of the version current when the row
     was read (entries up to its ``accepted`` had committed; a version created later lands
-    after, as for a single submit's reuse). Retired members and members whose domain does not
+    after, as for a single submit's reuse). Nothing of a reused member's value is read (no
+    decryption) and no filter decides it. Retired members and members whose domain does not
     parse the query are left to the usual decision (which refuses them), their rows locked.
+    The members are matched as arrays (:func:`~app.services.reuse.chunk_reusables`), kept on
+    ``work`` as such (:class:`_Reused`), never one object per member.
     """
     if survey.query_hash is None:
         return ids
-    live = {row.id: row for row in member_bounds(conn, ids) if not row.retired}
-    if not live:
+    bounds = member_bounds(conn, ids)
+    missing = [h for h in bounds.domain_hashes if h not in cache.reuse_mechs]
+    for domain_hash, text in domain_texts(conn, set(missing)).items():
+        cache.reuse_mechs[domain_hash] = (text, cache.parsed.mech(text))
+    domains = [cache.reuse_mechs[h] for h in bounds.domain_hashes]
+    parses = np.array([mech is not None for _, mech in domains] + [False], np.bool_)
+    # a domain the query does not parse for is decided (refused) as usual, as are the retired
+    # and members without a row (the decision names them)
+    live = bounds.found & ~bounds.retired & parses[np.where(bounds.found, bounds.domain, -1)]
+    if not live.any():
         return ids
-    texts = domain_texts(conn, {row.domain_hash for row in live.values()})
     found = chunk_reusables(
         conn,
         ids=ids,
-        bounds={row.id: (row.version_start, row.accepted) for row in live.values()},
+        after=np.where(live, bounds.version_start, 0),
+        upto=np.where(live, bounds.accepted, 0),
         qhash=survey.query_hash,
         owner=survey_reuse_owner(conn, survey.analyst_key_id),
         exclude_survey=survey.id,
     )
-    mechs = {h: parsed.mech(text) for h, text in texts.items()}
-    picks: dict[Variant, int] = {}
-    answered: Counter[tuple[str, int]] = Counter()  # (domain hash, pick) -> members
-    for object_id, (seq, variant) in found.items():
-        domain = live[object_id].domain_hash
-        if mechs.get(domain) is None:
-            continue  # the query does not parse for this domain: decided (refused) as usual
-        pick = picks.get(variant)
-        if pick is None:
-            pick = picks[variant] = len(work.variants)
-            work.variants.append(variant)
-        work.picks[object_id] = pick
-        work.seqs[object_id] = -seq
-        answered[(domain, pick)] += 1
-    work.reused = answered.total()
+    hit = found.hit
+    reused = int(hit.sum())
+    if not reused:
+        return ids
+    offset = len(work.variants)
+    work.variants.extend(found.variants)
+    work.reuse = _Reused(hit, found.picks + offset, -found.seqs)
+    work.reused = reused
     # the tally in one batch per domain, one parsed output per distinct answer
-    reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
-    for (domain, pick), count in answered.items():
-        mech = mechs[domain]
-        assert mech is not None  # noqa: S101 - skipped above
-        work.domains.add(texts[domain])
-        _, outputs, counts = reports.setdefault(domain, (mech, [], []))
-        outputs.append(mech.parse_output(json.loads(work.variants[pick].output), "output"))
-        counts.append(count)
-    for mech, outputs, counts in reports.values():
-        work.tally.update(tally_outputs(mech, outputs, counts))
-    return [object_id for object_id in ids if object_id not in work.picks]
+    pairs, counts = np.unique(
+        bounds.domain[hit] * len(found.variants) + found.picks[hit], return_counts=True
+    )
+    reports: dict[int, tuple[Mechanism, list[Output], list[int]]] = {}
+    for pair, count in zip(pairs.tolist(), counts.tolist(), strict=True):
+        domain, pick = divmod(pair, len(found.variants))
+        text, mech = domains[domain]
+        assert mech is not None  # noqa: S101 - a live member's domain parses the query
+        work.domains.add(text)
+        _, outputs, tallied = reports.setdefault(domain, (mech, [], []))
+        outputs.append(mech.parse_output(json.loads(found.variants[pick].output), "output"))
+        tallied.append(count)
+    for mech, outputs, tallied in reports.values():
+        work.tally.update(tally_outputs(mech, outputs, tallied))
+    return [ids[at] for at in np.flatnonzero(~hit).tolist()]
 
 
 def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
@@ -513,6 +539,16 @@ def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
     work.seqs[row.id] = 0
     if reason in (Refusal.BUDGET, Refusal.LIFETIME, Refusal.QUOTA):
         work.refusals.append(row.id)
+
+
+def _decided(ids: list[str], work: _Chunk) -> dict[str, list[int]]:
+    """Every member's pick and seq, in the chunk's order (reused members' from the arrays)."""
+    if work.reuse is None:
+        return {"picks": [work.picks[i] for i in ids], "seqs": [work.seqs[i] for i in ids]}
+    picks, seqs = work.reuse.picks.tolist(), work.reuse.seqs.tolist()
+    for at in np.flatnonzero(~work.reuse.hit).tolist():
+        picks[at], seqs[at] = work.picks[ids[at]], work.seqs[ids[at]]
+    return {"picks": picks, "seqs": seqs}
 
 
 def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
@@ -531,8 +567,7 @@ def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
         survey_id=work.survey_id,
         chunk=work.chunk,
         decided_at=work.now,
-        picks=[work.picks[i] for i in ids],
-        seqs=[work.seqs[i] for i in ids],
+        **_decided(ids, work),
         variants=work.variants,
     ):
         raise _LostRace
