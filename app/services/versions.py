@@ -53,10 +53,9 @@ from app.services.schemas import (
 from app.services.snapshots import move_state_refs, pending_entries
 from app.store import Conflict, Database, Tx, Unavailable, transaction
 from app.store import imports as answers
-from app.store import projects as project_store
 from app.store import versions as store
-from app.store.objects import ObjectState
 from app.store.states import load_states
+from app.store.versions import ClosingRow
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +107,7 @@ def parse_bulk(body: Any) -> list[NewValue]:
 
 def closing_loss(
     conn: Tx,
-    row: ObjectState,
+    row: ClosingRow,
     domain: Domain,
     states: dict[str, tuple[bytes, float]],
     known: dict[str, LossBounds] | None = None,
@@ -241,10 +240,11 @@ def _create_once(
                 if replayed_flag is not None:
                     replayed_flag.append(True)
                 return VersionsResult.model_validate(json.loads(stored.response))
-        rows = {row.id: row for row in store.object_rows(conn, [i.object_id for i in items])}
-        values = _checked_values(items, rows, bulk)
+        rows = {row.id: row for row in store.closing_rows(conn, [i.object_id for i in items])}
+        domains = store.domain_texts(conn, (row.domain_hash for row in rows.values()))
+        values = _checked_values(items, rows, domains, bulk)
         now = datetime.now(UTC)
-        created = _close_and_open(conn, [rows[i.object_id] for i in items], values, now)
+        created = _close_and_open(conn, [rows[i.object_id] for i in items], values, domains, now)
         metrics.VERSIONS_CREATED.inc(len(created))
         if not bulk:
             object_id, version = created[0]
@@ -281,9 +281,9 @@ def _create_once(
 
 
 def _checked_values(
-    items: Sequence[NewValue], rows: dict[str, ObjectState], bulk: bool
+    items: Sequence[NewValue], rows: dict[str, ClosingRow], domains: dict[str, str], bulk: bool
 ) -> list[str]:
-    """Each new value's canonical JSON, checked against its object's domain."""
+    """Each new value's canonical JSON, checked against its object's domain (text by hash)."""
     values = []
     # a population's values repeat: each distinct (domain, value) is parsed once (the key is
     # the repr of decoded JSON, equal exactly for equal JSON, as in app.services.objects)
@@ -295,10 +295,11 @@ def _checked_values(
             raise NotFound(f"{where}no object with that id")
         if row.retired_at is not None:
             raise Retired(f"{where}the object is retired and takes no new version")
-        key = (row.domain, repr(item.value))
+        key = (row.domain_hash, repr(item.value))
         text = parsed.get(key)
         if text is None:
-            text = json.dumps(_domain(row.domain).parse_value(item.value, item.field))
+            domain = _domain(domains[row.domain_hash])
+            text = json.dumps(domain.parse_value(item.value, item.field))
             parsed[key] = text
         values.append(text)
     return values
@@ -322,66 +323,60 @@ def _lifetime_after(
 
 
 def _close_and_open(
-    conn: Tx, rows: Sequence[ObjectState], values: Sequence[str], now: datetime
+    conn: Tx,
+    rows: Sequence[ClosingRow],
+    values: Sequence[str],
+    domains: dict[str, str],
+    now: datetime,
 ) -> list[tuple[str, int]]:
-    """Close every row's version and open the next with its value; ``[(id, new version)]``."""
+    """Close every row's version and open the next with its value; ``[(id, new version)]``.
+
+    The closing loss and the lifetime sums after it are computed once per distinct accounting
+    (a population's objects mostly share one: no history yet, or one survey's); an object
+    with pending survey entries has its own.
+    """
     states = load_states(conn, {r.state_hash for r in rows if r.state_hash is not None})
-    closed: list[dict[str, Any]] = []
-    opened: list[dict[str, Any]] = []
+    new: list[store.NewVersion] = []
     lost: dict[str, int] = {}
     known: dict[str, LossBounds] = {}
+    # (loss lower, upper, exact text, lifetime exact text, lower, upper) by accounting
+    accounts: dict[tuple[Any, ...], tuple[float, float, str | None, str | None, float, float]] = {}
     for row, value in zip(rows, values, strict=True):
-        loss = closing_loss(conn, row, _domain(row.domain), states, known)
-        life = _lifetime_after(
+        account = (
+            row.domain_hash,
+            row.state_hash,
+            row.accepted == row.version_start,
+            row.loss_lower,
+            row.loss_upper,
             row.lifetime_exact,
             row.lifetime_lower,
             row.lifetime_upper,
-            loss.lower,
-            loss.upper,
-            loss.value,
         )
-        closed.append(
-            {
-                "object_id": row.id,
-                "data_version": row.data_version,
-                "seq_start": row.version_start,
-                "seq_end": row.accepted,
-                "loss_lower": loss.lower,
-                "loss_upper": loss.upper,
-                "loss_exact": None if loss.value is None else str(loss.value),
-                "basic_total": row.basic_total,
-                "rejected": row.rejected,
-                "closed_at": now,
-            }
-        )
-        opened.append(
-            {
-                "where_id": row.id,
-                "where_version": row.version,
-                "value": value,
-                "version": row.version + 1,
-                "data_version": row.data_version + 1,
-                "version_start": row.accepted,
-                "state_hash": None,
-                "state_pending": 0,
-                "history_hash": None,
-                "loss_lower": 0.0,
-                "loss_upper": 0.0,
-                "basic_total": "0",
-                "f0_account": "0",
-                "rejected": 0,
-                "lifetime_exact": None if life.value is None else str(life.value),
-                "lifetime_lower": life.lower,
-                "lifetime_upper": life.upper,
-                "updated_at": now,
-            }
-        )
+        found = accounts.get(account) if row.state_pending == 0 else None
+        if found is None:
+            loss = closing_loss(conn, row, _domain(domains[row.domain_hash]), states, known)
+            life = _lifetime_after(
+                row.lifetime_exact,
+                row.lifetime_lower,
+                row.lifetime_upper,
+                loss.lower,
+                loss.upper,
+                loss.value,
+            )
+            found = (
+                loss.lower,
+                loss.upper,
+                None if loss.value is None else str(loss.value),
+                None if life.value is None else str(life.value),
+                life.lower,
+                life.upper,
+            )
+            if row.state_pending == 0:
+                accounts[account] = found
+        new.append(store.NewVersion(row.id, row.version, value, *found))
         if row.state_hash is not None:
             lost[row.state_hash] = lost.get(row.state_hash, 0) + 1
-    store.close_versions(conn, closed)  # copies the closing values before they are replaced
-    if store.open_versions(conn, opened) != len(opened):
+    if store.replace_versions(conn, new, now=now) != len(new):
         raise _LostRace
     move_state_refs(conn, gained={}, lost=lost)
-    # quotas apply per version: every project's sub-history starts afresh with the new one
-    project_store.drop_sub_histories(conn, object_ids=[row.id for row in rows])
     return [(row.id, row.data_version + 1) for row in rows]
