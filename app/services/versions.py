@@ -33,7 +33,9 @@ from fractions import Fraction
 from typing import Any, Literal, overload
 
 from app import metrics
+from app.crypto import active
 from app.engine.domain import Domain, parse_domain
+from app.engine.errors import InvalidInput
 from app.engine.jsonfields import path
 from app.engine.lifetime import add_losses
 from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
@@ -51,7 +53,7 @@ from app.services.schemas import (
     VersionsResult,
 )
 from app.services.snapshots import move_state_refs, pending_entries
-from app.store import Conflict, Database, Tx, Unavailable, transaction
+from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import imports as answers
 from app.store import versions as store
 from app.store.states import load_states
@@ -78,6 +80,26 @@ class NewValue:
     object_id: str
     value: Any
     field: str
+
+
+@dataclass(frozen=True)
+class SealedBatch:
+    """A bulk request checked and encrypted ahead, off the storing process.
+
+    ``gatekeeper import --versions`` has worker processes run :func:`seal_bulk` on the next
+    batches while it stores the current one: each value checked against its object's domain
+    (``domain_hashes``, in the request's order) and its canonical JSON encrypted (``values``,
+    ciphertexts). The storing transaction checks again that each object exists, is not
+    retired and has that domain; the values are not parsed again.
+    """
+
+    ids: list[str]
+    domain_hashes: list[str]
+    values: list[str]
+
+
+class StaleSeal(Exception):
+    """A :class:`SealedBatch` cannot be stored as it is: check and encrypt the request here."""
 
 
 class _LostRace(Exception):
@@ -147,6 +169,30 @@ def closing_loss(
     return LossBounds(row.loss_lower, row.loss_upper)
 
 
+def seal_bulk(engine: Database, items: Sequence[NewValue]) -> SealedBatch | None:
+    """Check each value against its object's domain and encrypt it (a worker's job).
+
+    None when the request cannot be stored as it is (an unknown or retired object, a value
+    outside its domain) or the database encrypts values by the column type (SQLite): the
+    storing process then runs the whole check itself, which names the first bad item.
+    """
+    with reading(engine) as conn:
+        if not store.seals_values(conn):
+            return None
+        rows = {row.id: row for row in store.closing_rows(conn, [i.object_id for i in items])}
+        domains = store.domain_texts(conn, (row.domain_hash for row in rows.values()))
+    try:
+        texts = _checked_values(items, rows, domains, bulk=True)
+    except (NotFound, Retired, InvalidInput):
+        return None
+    cipher = active()
+    return SealedBatch(
+        ids=[item.object_id for item in items],
+        domain_hashes=[rows[item.object_id].domain_hash for item in items],
+        values=[cipher.encrypt(text) for text in texts],
+    )
+
+
 @overload
 def create_versions(
     *,
@@ -167,7 +213,7 @@ def create_versions(
     *,
     engine: Database,
     locks: ObjectLocks | None,
-    items: Sequence[NewValue],
+    items: Sequence[NewValue] | SealedBatch,
     actor_key_id: int | None,
     bulk: Literal[True],
     fingerprint: str | None = None,
@@ -181,7 +227,7 @@ def create_versions(
     *,
     engine: Database,
     locks: ObjectLocks | None,
-    items: Sequence[NewValue],
+    items: Sequence[NewValue] | SealedBatch,
     actor_key_id: int | None,
     bulk: bool,
     fingerprint: str | None = None,
@@ -195,8 +241,10 @@ def create_versions(
     repeated ``Idempotency-Key`` with the same body, which appends True to ``replayed``).
     Raises ``NotFound`` (404) / ``Retired`` (409) for an unknown or retired object (bulk: naming
     ``versions[i].id``), ``InvalidInput`` (422) for a value outside the domain, never echoing it.
+    ``items`` may be a :class:`SealedBatch` (bulk only): :class:`StaleSeal` if it cannot be
+    stored as it is.
     """
-    ids = [item.object_id for item in items]
+    ids = items.ids if isinstance(items, SealedBatch) else [item.object_id for item in items]
     # the lock of a single object only saves wasted work (the compare-and-set is what counts)
     hold = locks.hold(ids[0]) if locks is not None and not bulk else _nothing()
     with hold:
@@ -222,7 +270,7 @@ class _nothing:  # noqa: N801 - a context manager that holds nothing
 
 def _create_once(
     engine: Database,
-    items: Sequence[NewValue],
+    items: Sequence[NewValue] | SealedBatch,
     actor_key_id: int | None,
     bulk: bool,
     fingerprint: str | None,
@@ -240,11 +288,16 @@ def _create_once(
                 if replayed_flag is not None:
                     replayed_flag.append(True)
                 return VersionsResult.model_validate(json.loads(stored.response))
-        rows = {row.id: row for row in store.closing_rows(conn, [i.object_id for i in items])}
+        sealed = isinstance(items, SealedBatch)
+        ids = items.ids if isinstance(items, SealedBatch) else [i.object_id for i in items]
+        rows = {row.id: row for row in store.closing_rows(conn, ids)}
         domains = store.domain_texts(conn, (row.domain_hash for row in rows.values()))
-        values = _checked_values(items, rows, domains, bulk)
+        if isinstance(items, SealedBatch):
+            values = _sealed_values(conn, items, rows)
+        else:
+            values = _checked_values(items, rows, domains, bulk)
         now = datetime.now(UTC)
-        created = _close_and_open(conn, [rows[i.object_id] for i in items], values, domains, now)
+        created = _close_and_open(conn, [rows[i] for i in ids], values, domains, now, sealed=sealed)
         metrics.VERSIONS_CREATED.inc(len(created))
         if not bulk:
             object_id, version = created[0]
@@ -305,6 +358,21 @@ def _checked_values(
     return values
 
 
+def _sealed_values(conn: Tx, batch: SealedBatch, rows: dict[str, ClosingRow]) -> list[str]:
+    """A sealed batch's ciphertexts, once each object is found live with the domain checked."""
+    if not store.seals_values(conn):
+        raise StaleSeal("this database encrypts values by the column type")
+    for i, (object_id, domain_hash) in enumerate(zip(batch.ids, batch.domain_hashes, strict=True)):
+        row = rows.get(object_id)
+        if row is None:
+            raise NotFound(f"versions[{i}].id: no object with that id")
+        if row.retired_at is not None:
+            raise Retired(f"versions[{i}].id: the object is retired and takes no new version")
+        if row.domain_hash != domain_hash:
+            raise StaleSeal(f"versions[{i}]: checked against another domain")
+    return batch.values
+
+
 @functools.lru_cache(maxsize=4096)
 def _lifetime_after(
     exact: str | None,
@@ -328,8 +396,12 @@ def _close_and_open(
     values: Sequence[str],
     domains: dict[str, str],
     now: datetime,
+    *,
+    sealed: bool = False,
 ) -> list[tuple[str, int]]:
     """Close every row's version and open the next with its value; ``[(id, new version)]``.
+
+    ``values``: the new values' canonical JSON, or their ciphertexts when ``sealed``.
 
     The closing loss and the lifetime sums after it are computed once per distinct accounting
     (a population's objects mostly share one: no history yet, or one survey's); an object
@@ -376,7 +448,7 @@ def _close_and_open(
         new.append(store.NewVersion(row.id, row.version, value, *found))
         if row.state_hash is not None:
             lost[row.state_hash] = lost.get(row.state_hash, 0) + 1
-    if store.replace_versions(conn, new, now=now) != len(new):
+    if store.replace_versions(conn, new, now=now, sealed=sealed) != len(new):
         raise _LostRace
     move_state_refs(conn, gained={}, lost=lost)
     return [(row.id, row.data_version + 1) for row in rows]

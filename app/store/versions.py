@@ -247,6 +247,15 @@ def domain_texts(conn: Tx, hashes: Iterable[str]) -> dict[str, str]:
     return {str(h): str(t) for h, t in conn.execute(_DOMAIN_TEXTS, {"hashes": wanted})}
 
 
+def seals_values(conn: Tx) -> bool:
+    """Whether :func:`replace_versions` takes values encrypted ahead.
+
+    PostgreSQL's statement bypasses the column type; SQLite's goes through it, which encrypts
+    the plaintext.
+    """
+    return is_postgres(conn)
+
+
 def replace_versions(
     conn: Tx, rows: Sequence[NewVersion], *, now: datetime, sealed: bool = False
 ) -> int:
