@@ -593,6 +593,7 @@ def _import_versions(args: argparse.Namespace) -> int:
                 try:
                     if sealed is None:
                         raise StaleSeal("not sealed ahead")
+                    # a batch stored already comes as an empty SealedBatch: replayed by its key
                     body = _store_versions(engine, numbered, *sealed, flag)
                 except StaleSeal:
                     body = _store_versions(engine, numbered, *_versions_batch(numbered), flag)
@@ -608,6 +609,10 @@ def _import_versions(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"created={created}, already={replayed}")
     print(json.dumps({"created": created, "already": replayed}))
     return 0
+
+
+#: The Idempotency-Key of a batch of ``import --versions``: this and its lines' fingerprint.
+_VERSIONS_KEY = "gatekeeper-import-versions:"
 
 
 class _BadBatch(Exception):
@@ -633,7 +638,7 @@ def _store_versions(
             actor_key_id=None,
             bulk=True,
             fingerprint=fingerprint,
-            idempotency_key="gatekeeper-import-versions:" + fingerprint,
+            idempotency_key=_VERSIONS_KEY + fingerprint,
             replayed=flag,
         )
     except InvalidInput as exc:
@@ -682,12 +687,15 @@ def _seal_versions_batch(numbered: list[tuple[int, bytes]]) -> tuple[str, Any] |
     None when the batch cannot be sealed as it is (the storing process checks it again and
     names the first bad line). Module level, so that a spawned process can run it.
     """
-    from app.services.versions import seal_bulk
+    from app.services.versions import SealedBatch, answered, seal_bulk
 
     try:
         fingerprint, items = _versions_batch(numbered)
     except _BadBatch:
         return None
+    if answered(_WORKER_ENGINE, key=_VERSIONS_KEY + fingerprint, fingerprint=fingerprint):
+        # replayed by its key: nothing to check nor encrypt (StaleSeal if the answer is gone)
+        return fingerprint, SealedBatch(ids=[], domain_hashes=[], values=[])
     sealed = seal_bulk(_WORKER_ENGINE, items)
     return None if sealed is None else (fingerprint, sealed)
 

@@ -279,15 +279,11 @@ def _create_once(
 ) -> VersionCreated | VersionsResult:
     with transaction(engine) as conn:
         if bulk and key is not None:
-            stored = answers.stored_answer(conn, owner_key_id=actor_key_id, key=key, scope=_SCOPE)
-            if stored is not None:
-                if stored.fingerprint != fingerprint:
-                    raise IdempotencyMismatch(
-                        "this Idempotency-Key was used with a different request body"
-                    )
+            replayed = _stored(conn, actor_key_id, key, fingerprint)
+            if replayed is not None:
                 if replayed_flag is not None:
                     replayed_flag.append(True)
-                return VersionsResult.model_validate(json.loads(stored.response))
+                return replayed
         sealed = isinstance(items, SealedBatch)
         ids = items.ids if isinstance(items, SealedBatch) else [i.object_id for i in items]
         rows = {row.id: row for row in store.closing_rows(conn, ids)}
@@ -358,10 +354,35 @@ def _checked_values(
     return values
 
 
+def _stored(
+    conn: Tx, actor_key_id: int | None, key: str, fingerprint: str | None
+) -> VersionsResult | None:
+    """The answer stored for this key's earlier request with the same body, or None."""
+    stored = answers.stored_answer(conn, owner_key_id=actor_key_id, key=key, scope=_SCOPE)
+    if stored is None:
+        return None
+    if stored.fingerprint != fingerprint:
+        raise IdempotencyMismatch("this Idempotency-Key was used with a different request body")
+    return VersionsResult.model_validate(json.loads(stored.response))
+
+
+def answered(engine: Database, *, key: str, fingerprint: str) -> bool:
+    """Whether bulk versions under ``key`` (of no API key: the CLI's) are stored already.
+
+    A worker of ``import --versions`` asks before sealing a batch: a batch already stored is
+    replayed by its key, and its values need not be checked nor encrypted again.
+    """
+    with reading(engine) as conn:
+        stored = answers.stored_answer(conn, owner_key_id=None, key=key, scope=_SCOPE)
+    return stored is not None and stored.fingerprint == fingerprint
+
+
 def _sealed_values(conn: Tx, batch: SealedBatch, rows: dict[str, ClosingRow]) -> list[str]:
     """A sealed batch's ciphertexts, once each object is found live with the domain checked."""
     if not store.seals_values(conn):
         raise StaleSeal("this database encrypts values by the column type")
+    if not batch.ids:  # sealed as already stored, and no answer is stored
+        raise StaleSeal("an empty batch")
     for i, (object_id, domain_hash) in enumerate(zip(batch.ids, batch.domain_hashes, strict=True)):
         row = rows.get(object_id)
         if row is None:
