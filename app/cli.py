@@ -645,25 +645,31 @@ def _store_versions(
         raise _BadBatch(_line_of(exc.field, numbered, exc.errors[0].message)) from None
 
 
-def _versions_batch(numbered: list[tuple[int, bytes]]) -> tuple[str, Any]:
-    """A batch's fingerprint (SHA-256 of its numbered lines) and its parsed request items."""
+def _fingerprint(numbered: list[tuple[int, bytes]]) -> str:
+    """A batch's fingerprint: the SHA-256 of its numbered lines (its key's second part)."""
     import hashlib
 
+    digest = hashlib.sha256()
+    for number, line in numbered:
+        digest.update(f"{number}:".encode() + line.rstrip(b"\r\n") + b"\n")
+    return digest.hexdigest()
+
+
+def _versions_batch(numbered: list[tuple[int, bytes]]) -> tuple[str, Any]:
+    """A batch's fingerprint and its parsed request items (:class:`_BadBatch` names a line)."""
     import orjson
 
     from app.engine.errors import InvalidInput
     from app.services.versions import parse_bulk
 
-    digest = hashlib.sha256()
     items = []
     for number, line in numbered:
-        digest.update(f"{number}:".encode() + line.rstrip(b"\r\n") + b"\n")
         try:
             items.append(orjson.loads(line))
         except orjson.JSONDecodeError:
             raise _BadBatch(f"line {number}: not valid JSON") from None
     try:
-        return digest.hexdigest(), parse_bulk({"versions": items})
+        return _fingerprint(numbered), parse_bulk({"versions": items})
     except InvalidInput as exc:
         raise _BadBatch(_line_of(exc.field, numbered, exc.errors[0].message)) from None
 
@@ -689,13 +695,15 @@ def _seal_versions_batch(numbered: list[tuple[int, bytes]]) -> tuple[str, Any] |
     """
     from app.services.versions import SealedBatch, answered, seal_bulk
 
+    fingerprint = _fingerprint(numbered)
+    if answered(_WORKER_ENGINE, key=_VERSIONS_KEY + fingerprint, fingerprint=fingerprint):
+        # replayed by its key: nothing to parse, check nor encrypt (StaleSeal if the answer
+        # is gone by the time it is stored)
+        return fingerprint, SealedBatch(ids=[], domain_hashes=[], values=[])
     try:
-        fingerprint, items = _versions_batch(numbered)
+        _, items = _versions_batch(numbered)
     except _BadBatch:
         return None
-    if answered(_WORKER_ENGINE, key=_VERSIONS_KEY + fingerprint, fingerprint=fingerprint):
-        # replayed by its key: nothing to check nor encrypt (StaleSeal if the answer is gone)
-        return fingerprint, SealedBatch(ids=[], domain_hashes=[], values=[])
     sealed = seal_bulk(_WORKER_ENGINE, items)
     return None if sealed is None else (fingerprint, sealed)
 
