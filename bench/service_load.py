@@ -292,12 +292,16 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def fresh_database(
-    *, keep: bool = False, migrate: bool = True, name: str | None = None
+    *,
+    keep: bool = False,
+    migrate: bool = True,
+    name: str | None = None,
+    prefix: str = "gk_bench_",
 ) -> Iterator[tuple[str, str]]:
     """A new migrated database with the bootstrap admin key; dropped afterwards unless ``keep``.
 
     ``migrate=False``: an empty database (an older tree's command migrates it to its own head).
-    ``name``: the database's name (default: ``gk_bench_`` and a random suffix); one of that
+    ``name``: the database's name (default: ``prefix`` and a random suffix); one of that
     name left by an interrupted run is dropped first.
     """
     import psycopg
@@ -308,7 +312,7 @@ def fresh_database(
 
     admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
     if name is None:
-        name = "gk_bench_" + secrets.token_hex(6)
+        name = prefix + secrets.token_hex(6)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
