@@ -343,6 +343,20 @@ class OptimizedLocalHashing(_TwoLevel):
         seed, bucket = _pair(output)
         return {"seed": str(seed), "bucket": bucket}
 
+    def output_text(self, output: Output) -> str:
+        """``json.dumps`` of :meth:`output_json`, written directly (a survey writes one a member).
+
+        >>> from app.engine.domain import parse_domain
+        >>> domain = parse_domain({"attributes": [{"name": "v", "type": "integer", "low": 0,
+        ...                                        "high": 9}]})
+        >>> from app.engine.mechanisms import parse_query
+        >>> parse_query({"mechanism": "olh", "attribute": "v", "epsilon": 1}, domain).output_text(
+        ...     (2**64 - 1, 3))
+        '{"seed": "18446744073709551615", "bucket": 3}'
+        """
+        seed, bucket = _pair(output)
+        return f'{{"seed": "{int(seed)}", "bucket": {int(bucket)}}}'
+
     def listed_output(self, j: int) -> Output:
         """Seed ``j // g``, bucket ``j mod g``."""
         return (j // self.g, j % self.g)
@@ -399,6 +413,36 @@ class OptimizedLocalHashing(_TwoLevel):
         other = sampling.randbelow(self.g - 1)
         other += other >= own
         return (seed, own if keep else other)
+
+    def sample_many(self, values: Sequence[Mapping[str, Scalar]]) -> list[Output]:
+        """:meth:`sample` for every value at once, with the same exact distribution.
+
+        :meth:`sample` draws, per value, a seed (one uniform 64-bit word), the keep event
+        (:class:`~app.engine.sampling.RealProbability`) and a uniform other bucket in
+        ``[0, g−1)``, each independent of the others and of the value. Here the seeds are the
+        words of one :func:`~app.engine.sampling.words` call (uniform on ``[0, 2^64)``, as
+        ``randbelow(2^64)``), the keep events one
+        :meth:`~app.engine.sampling.RealProbability.draw_many` and the other buckets one
+        :func:`~app.engine.sampling.randbelow_array` (exact rejection sampling), all
+        independent; ``h_seed(v)`` is :func:`olh_hash` (uint64, exact: equal to
+        :func:`olh_hash_value`). So each ``(seed, bucket)`` has :meth:`sample`'s distribution
+        and the outputs are independent; the work does not depend on the values.
+        """
+        count = len(values)
+        if not count:
+            return []
+        name = self.attribute.name
+        indexes = np.array(
+            [self.attribute.index_of(value[name], name) for value in values], dtype=np.uint64
+        )
+        seeds = sampling.words(count)
+        a, b = hash_coefficients_array(seeds)
+        own = olh_hash(a, b, indexes, self.g)
+        keep = self._keep.draw_many(count)
+        other = sampling.randbelow_array(self.g - 1, count)
+        other += (other >= own).astype(np.uint64)
+        buckets = np.where(keep, own, other)
+        return list(zip(seeds.tolist(), buckets.tolist(), strict=True))
 
     @cached_property
     def _keep(self) -> RealProbability:
