@@ -408,7 +408,8 @@ def _fold_pending(
         return by_group
     rows = [row for key in folding for row in by_group[key]]
     histories = object_histories(conn, {row.id: row.accepted for row in rows})
-    regrouped = {k: v for k, v in by_group.items() if k not in set(folding)}
+    folded_keys = set(folding)
+    regrouped = {k: v for k, v in by_group.items() if k not in folded_keys}
     for key in folding:
         mech = cache.parsed.mech(key.domain)
         assert mech is not None  # noqa: S101 - filtered above
@@ -432,11 +433,25 @@ def _fold_pending(
 
 
 def _state_digest(snapshot: ObjectSnapshot) -> str:
-    """A digest of a finite snapshot's likelihood state: its array, exact form and error."""
+    """A digest of a finite snapshot's likelihood state: its array, exact form and error.
+
+    What :meth:`LikelihoodState.to_bytes` stores (the array's float64 bytes; the exact form's
+    groups and integer counts per attribute) plus the error, each part framed by its length:
+    equal digests, equal states. Hashed from the arrays' bytes (the stored form's JSON of the
+    counts cost a millisecond a member).
+    """
     state = snapshot.state
     assert isinstance(state, LikelihoodState)  # noqa: S101 - pending entries: a finite domain
-    hasher = hashlib.blake2b(state.to_bytes(), digest_size=16)
-    hasher.update(float(state.err).hex().encode())
+    parts = [state.logp.astype("<f8").tobytes(), float(state.err).hex().encode()]
+    exact = state.exact
+    if exact is not None:
+        groups = [(g.epsilon.numerator, g.epsilon.denominator) for g in exact.groups]
+        parts.append(repr((exact.shape, groups, sorted(exact.counts))).encode())
+        parts.extend(exact.counts[a].astype("<i8").tobytes() for a in sorted(exact.counts))
+    hasher = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        hasher.update(len(part).to_bytes(8, "little"))
+        hasher.update(part)
     return hasher.hexdigest()
 
 
