@@ -1,4 +1,4 @@
-"""A survey after an ``olh`` survey (issue 26): histories read per chunk, equal folded states grouped.
+"""A survey after an ``olh`` survey (issue 26): histories read per chunk, folded states grouped.
 
 After an ``olh`` answer each member's history is its own (``objects.state_pending``), so a later
 survey used to decide each member alone, reading its history with four statements. Now a
