@@ -29,6 +29,7 @@ lease expires (:func:`resumable_surveys`) and resume at the first pending chunk.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -40,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -50,9 +51,10 @@ from app.engine.estimates import tally_outputs
 from app.engine.likelihood import LikelihoodState
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, Output
-from app.engine.pipeline import accounts_after, losses_after
+from app.engine.pipeline import ObjectSnapshot, accounts_after, losses_after
 from app.services import audit
 from app.services.decisions import recorded
+from app.services.history import object_histories
 from app.services.quota import Answer
 from app.services.reuse import chunk_reusables, survey_reuse_owner
 from app.services.snapshots import (
@@ -70,6 +72,8 @@ from app.services.survey_groups import (
     Refusal,
     StateMissing,
     decide_group,
+    decide_snapshot,
+    group_snapshot,
     load_survey,
     survey_totals,
 )
@@ -328,6 +332,7 @@ def _decide_rows(
     states = cache.parsed.states
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
+    by_group = _fold_pending(conn, by_group, cache, worker)
     work.keys = set(by_group)
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
@@ -339,6 +344,7 @@ def _decide_rows(
             conn, project_id=quotas.project.id, object_ids=[r.id for r in rows]
         )
     )
+    accepted: list[_Sampling] = []
     for key, members in by_group.items():
         group = _group_decision(conn, key, members[0], cache, worker)
         if isinstance(group, Refusal):
@@ -351,10 +357,11 @@ def _decide_rows(
             members = [row for row in members if row.id in passed]
             if not members:
                 continue
+        accepted.append(_Sampling(key, group, members, passed))
+    for (key, group, _, passed), by_output in zip(
+        accepted, _sample_groups(accepted, cipher), strict=True
+    ):
         mech = group.mech
-        by_output: dict[Output, list[MemberRow]] = defaultdict(list)
-        for row in members:
-            by_output[mech.sample(json.loads(cipher.decrypt(row.sealed)))].append(row)
         work.domains.add(key.domain)
         query_text = json.dumps(mech.to_json())
         if quotas is not None and passed is not None:
@@ -391,6 +398,113 @@ def _decide_rows(
     return work
 
 
+#: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
+FOLDED = "folded:"
+
+
+def _fold_pending(
+    conn: Tx,
+    by_group: dict[GroupKey, list[MemberRow]],
+    cache: RunCache,
+    worker: BoundWorker,
+) -> dict[GroupKey, list[MemberRow]]:
+    """The chunk's groups, members with pending entries regrouped by their folded state.
+
+    A member with pending entries (``objects.state_pending``, since an ``olh`` answer) has a
+    history of its own, so its public state key is its own: it used to be a group of one that
+    read its history with four statements. Here the histories of all such members of the
+    chunk are read at once (:func:`~app.services.history.object_histories`), each member's
+    state is folded (its stored array plus its pending entries, as a single submit would
+    fold it), and members whose folded states are equal — same array and exact form, same
+    budget, filter, totals and lifetime: every input of a decision — form one group, decided
+    once (and remembered for the run under that key). Its key is the members' own with the
+    history and state columns replaced by a digest of the folded state; each member's own
+    columns are still what its answer writes (:func:`_record_pending`).
+    """
+    folding = [k for k in by_group if k.state_pending and cache.parsed.mech(k.domain) is not None]
+    if not folding:
+        return by_group
+    rows = [row for key in folding for row in by_group[key]]
+    histories = object_histories(conn, {row.id: row.accepted for row in rows})
+    folded_keys = set(folding)
+    regrouped = {k: v for k, v in by_group.items() if k not in folded_keys}
+    for key in folding:
+        mech = cache.parsed.mech(key.domain)
+        assert mech is not None  # noqa: S101 - filtered above
+        for row in by_group[key]:
+            snapshot = group_snapshot(
+                conn,
+                key,
+                (row.id, row.version, row.version_start),
+                cache.parsed,
+                history=histories[row.id],
+            )
+            folded = key._replace(
+                history_hash=FOLDED + _state_digest(snapshot),
+                state_hash=None,
+                state_pending=max(1, key.state_pending),
+            )
+            if folded not in cache.decisions:
+                cache.decisions[folded] = decide_snapshot(mech, snapshot, worker)
+            regrouped.setdefault(folded, []).append(row)
+    return regrouped
+
+
+def _state_digest(snapshot: ObjectSnapshot) -> str:
+    """A digest of a finite snapshot's likelihood state: its array, exact form and error.
+
+    What :meth:`LikelihoodState.to_bytes` stores (the array's float64 bytes; the exact form's
+    groups and integer counts per attribute) plus the error, each part framed by its length:
+    equal digests, equal states. Hashed from the arrays' bytes (the stored form's JSON of the
+    counts cost a millisecond a member).
+    """
+    state = snapshot.state
+    assert isinstance(state, LikelihoodState)  # noqa: S101 - pending entries: a finite domain
+    parts = [state.logp.astype("<f8").tobytes(), float(state.err).hex().encode()]
+    exact = state.exact
+    if exact is not None:
+        groups = [(g.epsilon.numerator, g.epsilon.denominator) for g in exact.groups]
+        parts.append(repr((exact.shape, groups, sorted(exact.counts))).encode())
+        parts.extend(exact.counts[a].astype("<i8").tobytes() for a in sorted(exact.counts))
+    hasher = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        hasher.update(len(part).to_bytes(8, "little"))
+        hasher.update(part)
+    return hasher.hexdigest()
+
+
+class _Sampling(NamedTuple):
+    """An accepted group's members to sample (with their quota sub-groups, if any)."""
+
+    key: GroupKey
+    group: GroupAccepted
+    members: list[MemberRow]
+    passed: dict[str, tuple[str, str | None]] | None
+
+
+def _sample_groups(
+    accepted: Sequence[_Sampling], cipher: crypto.ValueCipher
+) -> list[dict[Output, list[MemberRow]]]:
+    """Each accepted group's members by the output drawn for them (aligned with ``accepted``).
+
+    The values are decrypted here (the only read of a value) and sampled with one
+    :meth:`~app.engine.mechanisms.base.Mechanism.sample_many` per domain: every member of the
+    chunk asked the same query there, whatever its group (an ``olh`` chunk draws its 5,000
+    seeds in one generator call instead of in 1,000 groups of five).
+    """
+    batches: dict[str, list[int]] = defaultdict(list)
+    for n, item in enumerate(accepted):
+        batches[item.key.domain].append(n)
+    found: list[dict[Output, list[MemberRow]]] = [defaultdict(list) for _ in accepted]
+    for indexes in batches.values():
+        mech = accepted[indexes[0]].group.mech
+        members = [(n, row) for n in indexes for row in accepted[n].members]
+        values = [json.loads(cipher.decrypt(row.sealed)) for _, row in members]
+        for (n, row), output in zip(members, mech.sample_many(values), strict=True):
+            found[n][output].append(row)
+    return found
+
+
 def _pending(key: GroupKey, group: GroupAccepted) -> bool:
     """Whether the group's answers keep their arrays unstored (``objects.state_pending``).
 
@@ -425,21 +539,45 @@ def _record_pending(
         )
     )
     query_text = json.dumps(mech.to_json())
-    for key, group, by_output in groups:
+    for _, group, by_output in groups:
         basic, account = accounts_after(group.snapshot, mech)
+        totals = (str(basic), str(account), float(basic))  # the group's, not one a member
         for output, answered in by_output.items():
-            output_text = json.dumps(mech.output_json(output))
-            columns = pending_columns(
-                state_hash=key.state_hash,
-                pending=key.state_pending,
-                history_hash=key.history_hash,
-                query_text=query_text,
-                output_text=output_text,
-                loss=next(losses),
-                basic_total=basic,
-                f0_account=account,
-            )
-            _answer(work, mech, query_text, output_text, columns, answered)
+            output_text = mech.output_text(output)
+            loss = next(losses)
+            pick = None
+            # each member's own columns (a group of folded states holds several histories)
+            for own, rows in _by_key(answered).items():
+                columns = pending_columns(
+                    state_hash=own.state_hash,
+                    pending=own.state_pending,
+                    history_hash=own.history_hash,
+                    query_text=query_text,
+                    output_text=output_text,
+                    loss=loss,
+                    basic_total=totals[0],
+                    f0_account=totals[1],
+                )
+                pick = _answer(
+                    work,
+                    mech,
+                    query_text,
+                    output_text,
+                    columns,
+                    rows,
+                    basic_after=totals[2],
+                    pick=pick,
+                )
+
+
+def _by_key(rows: list[MemberRow]) -> dict[GroupKey, list[MemberRow]]:
+    """``rows`` by their own public state key, in order."""
+    if len(rows) == 1:
+        return {rows[0].key: rows}
+    found: dict[GroupKey, list[MemberRow]] = defaultdict(list)
+    for row in rows:
+        found[row.key].append(row)
+    return found
 
 
 def _answer(
@@ -449,25 +587,36 @@ def _answer(
     output_text: str,
     columns: dict[str, Any],
     answered: list[MemberRow],
-) -> None:
-    """One distinct answer of the chunk (a variant) and the members who drew it."""
-    pick = len(work.variants)
-    work.variants.append(
-        Variant(
-            query=query_text,
-            output=output_text,
-            epsilon=mech.epsilon,
-            epsilon_exact=str(mech.epsilon_exact),
-            loss_lower=columns["loss_lower"],
-            loss_upper=columns["loss_upper"],
-            basic_after=float(Fraction(columns["basic_total"])),
+    *,
+    basic_after: float | None = None,
+    pick: int | None = None,
+) -> int:
+    """One distinct answer of the chunk (a variant) and the members who drew it; its number.
+
+    ``basic_after``: ``float(Fraction(columns["basic_total"]))`` when the caller has it;
+    ``pick``: the variant, when stored already for other members (with other columns).
+    """
+    if pick is None:
+        pick = len(work.variants)
+        work.variants.append(
+            Variant(
+                query=query_text,
+                output=output_text,
+                epsilon=mech.epsilon,
+                epsilon_exact=str(mech.epsilon_exact),
+                loss_lower=columns["loss_lower"],
+                loss_upper=columns["loss_upper"],
+                basic_after=float(Fraction(columns["basic_total"]))
+                if basic_after is None
+                else basic_after,
+            )
         )
-    )
     for row in answered:
         seq = row.accepted + 1
         work.picks[row.id] = pick
         work.seqs[row.id] = seq
         work.advances.append(Advanced(row.id, row.version, seq, columns))
+    return pick
 
 
 def reuse_in_chunk(
