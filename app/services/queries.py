@@ -79,7 +79,15 @@ from app.services.snapshots import (
     remember,
     snapshot_of,
 )
-from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
+from app.store import (
+    Conflict,
+    Database,
+    Tx,
+    Unavailable,
+    begin_writes,
+    reading,
+    submitting,
+)
 from app.store import objects as object_store
 from app.store import queries as query_store
 from app.store import submits as submit_store
@@ -347,7 +355,9 @@ def _attempt(
     not be an accepted submit: a retry of a stored submit gets the stored answer, whatever
     changed since (the object retired, the budget spent by later queries).
     """
-    with transaction(engine) as conn:
+    # PostgreSQL: the reads run before BEGIN, which goes out with the writes (one round trip
+    # with the accepted submit's COMMIT); the compare-and-set decides, as in a transaction
+    with submitting(engine) as conn:
 
         def stored_answer() -> SubmitOutcome | _StoredRejection | None:
             if replay_first:  # already looked up at the start of this transaction
@@ -396,6 +406,7 @@ def _attempt(
             replay = stored_answer()
             if replay is not None:
                 return replay
+            begin_writes(conn)
             _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
             return decision
         if not replay_first and rejection is not None:
@@ -562,6 +573,8 @@ def _record_acceptance(
         else submit_store.NewState(change.stored.key, change.stored.state, change.stored.err),
         old_state=row.state_hash,
         event=event,
+        # with a project's sub-history still to write, the block commits after it
+        commit=quota is None,
     )
     if query_id is None:
         raise _LostRace

@@ -24,8 +24,10 @@ from app.store.base import (
     Database,
     Tx,
     Unavailable,
+    begin_writes,
     is_postgres,
     reading,
+    submitting,
     transaction,
 )
 
@@ -34,7 +36,9 @@ __all__ = [
     "Database",
     "Tx",
     "Unavailable",
+    "begin_writes",
     "is_postgres",
     "reading",
+    "submitting",
     "transaction",
 ]
