@@ -5,20 +5,20 @@ How to run (from the project root, PostgreSQL and Redis reachable)::
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/submit_cpu.py --trees BASE,NEW --rounds 3
     .venv/bin/python bench/submit_cpu.py --trees BASE,NEW --scenario binary_rr --submits 400
 
-``bench/service_load.py`` measures the service as clients see it, but on a machine whose two
-cores are shared with other work its rates and even its CPU per submit move by half between
-rounds of the same code. This script measures what a code change does to one submit's CPU in
-the server process with fewer moving parts: for each tree (a folder of the code, put first on
-``PYTHONPATH`` of a child process; the order alternates by round) a child builds the app
-(:func:`app.bootstrap.create_app`, the server's composition root, Redis locks on) on one
-PostgreSQL database (``submit_cpu_<random>``, migrated, dropped at the end), registers
-``--objects`` objects of ``service_load``'s scenario (a 1,000-point domain, ε = 0.5 ``grr`` or
-``binary_rr`` queries), sends ``--warmup`` untimed submits and then ``--submits`` timed ones
-through the whole ASGI app (``httpx.ASGITransport``: authentication, middleware, the JSON access log at INFO, the
-thread hand-off, the submit, serialisation — not uvicorn's HTTP parsing), ``--clients`` at a time,
-each with a fresh ``Idempotency-Key``. It reports per timed submit: the child's CPU
-(``time.process_time``, all threads, user + system), the CPU of the database's backends (from
-``/proc``, the pool's connections) and the wall time, and the load average beside each round.
+``bench/service_load.py`` measures the service as clients see it, but on a machine whose two cores
+are shared with other work its rates and even its CPU per submit move by half between rounds of the
+same code. This script measures what a code change does to one submit's CPU in the server process
+with fewer moving parts: for each tree (a folder of the code, put first on ``PYTHONPATH`` of a child
+process; the order alternates by round) a child builds the app (:func:`app.bootstrap.create_app`,
+the server's composition root, Redis locks on) on one PostgreSQL database (``submit_cpu_<random>``,
+migrated, dropped at the end), registers ``--objects`` objects of ``service_load``'s scenario (a
+1,000-point domain, ε = 0.5 ``grr`` or ``binary_rr`` queries), sends ``--warmup`` untimed submits
+and then ``--submits`` timed ones through the whole ASGI app (``httpx.ASGITransport``:
+authentication, middleware, the JSON access log at INFO, the thread hand-off, the submit,
+serialisation — not uvicorn's HTTP parsing), ``--clients`` at a time, each with a fresh
+``Idempotency-Key``. It reports per timed submit: the child's CPU (``time.process_time``, all
+threads, user + system), the CPU of the database's backends (from ``/proc``, the pool's connections)
+and the wall time, and the load average beside each round.
 """
 
 from __future__ import annotations

@@ -8,12 +8,14 @@ rule :func:`app.services.snapshots.move_state_refs` applies to any number of obj
 the decision's audit event (:mod:`app.store.audit`). Each was its own round trip: six of a
 submit's ten (the profile in docs/benchmarks.md).
 
-On PostgreSQL they go out together in psycopg's pipeline mode — the same statements, compiled
-once from those modules' SQLAlchemy constructs, run in order in the caller's transaction, with
-one network round trip — and the results are read after. Elsewhere (SQLite, the embedded
-default) the modules' own functions run them one by one. Either way the compare-and-set's row
-count decides: a lost race returns None and the caller rolls the transaction back, so nothing of
-it stays; a unique constraint raises :class:`~app.store.Conflict` and a failed database
+On PostgreSQL they go out together in psycopg's pipeline mode — the same statements, compiled once
+from those modules' SQLAlchemy constructs, run in order in the caller's transaction, with one
+network round trip — and the results are read after; on a :func:`app.store.submitting` connection
+the transaction's ``BEGIN`` and ``COMMIT`` go in the same pipeline, so the compare-and-set is a
+statement that fails when it hits no row (the transaction aborts before its ``COMMIT``). Elsewhere
+(SQLite, the embedded default) the modules' own functions run them one by one. Either way the
+compare-and-set decides: a lost race returns None and the caller rolls the transaction back, so
+nothing of it stays; a unique constraint raises :class:`~app.store.Conflict` and a failed database
 :class:`~app.store.Unavailable`, as from any other statement of this package.
 """
 
