@@ -30,6 +30,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,51 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(asyncio.run(run())), flush=True)
 
 
+def child_command(
+    args: argparse.Namespace, tree: Path, url: str, submits: int, seed: int
+) -> list[str]:
+    """The command line of a child that measures ``tree``."""
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        *("--url", url, "--redis", args.redis, "--trees", str(tree)),
+        *("--submits", str(submits), "--warmup", str(args.warmup)),
+        *("--objects", str(args.objects), "--clients", str(args.clients)),
+        *("--scenario", args.scenario, "--seed", str(seed)),
+    ]
+
+
+def child_env(tree: Path) -> dict[str, str]:
+    """The environment of a child: ``tree``'s code first on the path."""
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{tree}:{tree / 'clients' / 'python' / 'src'}",
+        "OPENBLAS_NUM_THREADS": "1",
+    }
+
+
+def syscalls(args: argparse.Namespace, tree: Path, url: str, submits: int) -> dict[str, int]:
+    """System calls of a child's whole run (all threads), by name, from ``strace -f -c``."""
+    with tempfile.NamedTemporaryFile(suffix=".strace") as out:
+        subprocess.run(  # noqa: S603 - our own script under strace
+            [
+                *("strace", "-f", "-c", "-o", out.name),
+                *child_command(args, tree, url, submits, args.seed),
+            ],
+            env=child_env(tree),
+            cwd=tree,
+            capture_output=True,
+            check=True,
+        )
+        counts = {}
+        for line in Path(out.name).read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 5 and fields[0][0].isdigit() and fields[-1] != "total":
+                counts[fields[-1]] = int(fields[3])
+        return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--trees", required=True, help="comma-separated source folders")
@@ -157,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get(
             "GATEKEEPER_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
         ),
+    )
+    parser.add_argument(
+        "--strace",
+        action="store_true",
+        help="instead: system calls per submit, each tree's child under strace -f -c, once with "
+        "--submits and once with twice as many (the difference over --submits)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -182,26 +234,30 @@ def main(argv: list[str] | None = None) -> int:
             f"database {name}",
             flush=True,
         )
+        if args.strace:
+            for tree in trees:
+                counts = [
+                    syscalls(args, tree, url, submits)
+                    for submits in (args.submits, 2 * args.submits)
+                ]
+                per = {
+                    name: (counts[1].get(name, 0) - counts[0].get(name, 0)) / args.submits
+                    for name in set(counts[0]) | set(counts[1])
+                }
+                shown = ", ".join(
+                    f"{name} {per[name]:.1f}"
+                    for name in sorted(per, key=lambda n: -per[n])
+                    if per[name] >= 0.5
+                )
+                print(f"{tree.name:<12} per submit: {sum(per.values()):.1f} calls: {shown}")
+            return 0
         print(f"{'tree':<12} {'round':>5} {'cpu ms':>7} {'pg ms':>6} {'wall ms':>7}  loadavg")
         for r in range(args.rounds):
             order = trees if r % 2 == 0 else trees[::-1]
             for tree in order:
-                env = {
-                    **os.environ,
-                    "PYTHONPATH": f"{tree}:{tree / 'clients' / 'python' / 'src'}",
-                    "OPENBLAS_NUM_THREADS": "1",
-                }
                 out = subprocess.run(  # noqa: S603 - our own script
-                    [
-                        sys.executable,
-                        str(Path(__file__).resolve()),
-                        "--child",
-                        *("--url", url, "--redis", args.redis, "--trees", str(tree)),
-                        *("--submits", str(args.submits), "--warmup", str(args.warmup)),
-                        *("--objects", str(args.objects), "--clients", str(args.clients)),
-                        *("--scenario", args.scenario, "--seed", str(args.seed + r)),
-                    ],
-                    env=env,
+                    child_command(args, tree, url, args.submits, args.seed + r),
+                    env=child_env(tree),
                     cwd=tree,
                     capture_output=True,
                     text=True,
