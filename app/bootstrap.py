@@ -129,7 +129,7 @@ def _runtime(
     celery: tuple[Any, Any] | None = None,
 ) -> Runtime:
     """The runtime around a bound worker and a survey job runner (in process or Celery)."""
-    from anyio import CapacityLimiter
+    from concurrent.futures import ThreadPoolExecutor
 
     from app.api.deps import Runtime
     from app.services.auth import KeyCache
@@ -143,7 +143,7 @@ def _runtime(
         limits=DEFAULT_LIMITS,
         redis=redis_client,
         keys=KeyCache(settings.auth_cache_seconds),
-        threads=CapacityLimiter(settings.db_pool_size),
+        threads=ThreadPoolExecutor(settings.db_pool_size, thread_name_prefix="request"),
         surveys=surveys,
         celery=celery,
     )

@@ -399,6 +399,9 @@ class Server:
             "REDIS_URL": REDIS_URL,
             "GATEKEEPER_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
             "BOUND_PROCESSES": str(bound),
+            # one key for every tree's server and for verify (else each tree's folder gets its
+            # own ./data/encryption.key and verify, run from this one, finds none)
+            "GATEKEEPER_ENCRYPTION_KEY_FILE": str(log_path.parent / "encryption.key"),
             # the server runs the code of ``tree`` (``--trees``: several in one run)
             "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'clients' / 'python' / 'src'}",
             **(extra_env or {}),
@@ -934,7 +937,12 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     server.stop()
         if not args.no_verify:
-            env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": ""}
+            env = {
+                **os.environ,
+                "DATABASE_URL": url,
+                "REDIS_URL": "",
+                "GATEKEEPER_ENCRYPTION_KEY_FILE": str(log_dir / "encryption.key"),
+            }
             done = subprocess.run(
                 [sys.executable, "-m", "app.cli", "verify"],
                 cwd=ROOT,
@@ -944,7 +952,7 @@ def main(argv: list[str] | None = None) -> int:
                 check=False,
             )
             verify_rc = done.returncode
-            tail = done.stdout.strip().splitlines()[-1:] or ["(no output)"]
+            tail = (done.stdout.strip() or done.stderr.strip()).splitlines()[-1:] or ["(no output)"]
             print(f"gatekeeper verify: exit {verify_rc}, {tail[0]}")
         if args.pgbench:
             pgbench = pgbench_side(url, name, args.pgbench)

@@ -16,13 +16,14 @@ value, a query) the engine parses from :meth:`written <app.services.schemas._Bod
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import functools
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
-import anyio.to_thread
-from anyio import CapacityLimiter
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
@@ -58,8 +59,8 @@ class Runtime:
     limits: EngineLimits
     redis: Any | None
     keys: KeyCache
-    #: Blocking work of requests runs in at most this many threads at once (= DB_POOL_SIZE).
-    threads: CapacityLimiter
+    #: Blocking work of requests runs in this pool's threads, as many as DB_POOL_SIZE.
+    threads: ThreadPoolExecutor
     #: Where surveys run (in this process by default).
     surveys: SurveyJobs
     #: The Celery app and its settings when ``BROKER_URL`` is set (None: all work in process).
@@ -77,11 +78,18 @@ async def in_thread(
 
     Bounding the threads to the connection pool keeps the pool from opening and closing overflow
     connections under load (each new PostgreSQL connection is a backend process) and keeps the
-    threads that contend for the GIL few; requests beyond it wait on the event loop.
+    threads that contend for the GIL few; requests beyond it wait in the pool's queue.
+
+    The pool is the runtime's own ``ThreadPoolExecutor`` (its queue a C ``SimpleQueue``), not
+    anyio's worker threads: anyio's hand-off (a ``queue.Queue`` whose ``put`` wakes the thread
+    through a Python ``Condition``, a capacity limiter and a cancel scope per call) was 11.5% of
+    a single submit's Python CPU (docs/benchmarks.md, "The single submit"). The call runs in a
+    copy of the request's context (its request id for the logs), as anyio's did. Cancelling the
+    request does not stop a call that has started: it runs to its end, as before.
     """
-    return await anyio.to_thread.run_sync(
-        functools.partial(func, *args, **kwargs), limiter=runtime.threads
-    )
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
+    return await loop.run_in_executor(runtime.threads, call)
 
 
 @dataclass(frozen=True)

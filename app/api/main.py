@@ -55,6 +55,7 @@ def create_app(settings: Settings, build_runtime: Callable[[Settings], Runtime])
             except Conflict:  # another uvicorn worker registered it at the same moment
                 log.info("bootstrap admin key registered by another worker")
         yield
+        runtime.threads.shutdown(wait=True)  # the requests' threads have nothing left to run
         runtime.surveys.close()
         runtime.worker.close()
         runtime.engine.dispose()

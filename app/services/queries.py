@@ -4,7 +4,10 @@ Submit protocol (one accepted query per object at a time, nothing double-spent):
 
 1. hold the object's lock (in-process; plus Redis across replicas when configured) — only to
    avoid wasted work;
-2. in one transaction: read the object and its version ``v``; decide with the filter (never
+2. in one transaction (:func:`app.store.submitting`: on PostgreSQL the reads run before ``BEGIN``,
+   which goes out with the first write — under READ COMMITTED each statement reads its own
+   snapshot either way, and step 3's compare-and-set is what protects the write): read the
+   object and its version ``v``; decide with the filter (never
    reading the value); on rejection (or an error) first replay a stored response if the
    ``Idempotency-Key`` was seen (422 if the body differs), else count the rejection, store its
    answer under the key (when one was sent: a retry replays it and counts nothing) and answer
@@ -20,9 +23,10 @@ discarded unseen — and the submit starts again at step 2, now looking the key 
 retry of the same key finds the stored response. A fresh key, the common case, thus costs no
 lookup of its own: one ``SELECT`` reads the object with the rejection stored under the key (if
 any), and the accepted submit's writes — query row, compare-and-set, likelihood-state references,
-audit event — go to PostgreSQL in one pipeline (:mod:`app.store.submits`; the statements are
-:mod:`app.store.objects`', :mod:`app.store.queries`', :mod:`app.store.states`' and
-:mod:`app.store.audit`', built once).
+audit event — go to PostgreSQL in one pipeline with the transaction's ``BEGIN`` and ``COMMIT``
+(:mod:`app.store.submits`; the statements are :mod:`app.store.objects`',
+:mod:`app.store.queries`', :mod:`app.store.states`' and :mod:`app.store.audit`', built once):
+two round trips to PostgreSQL per accepted submit, the load and the write.
 """
 
 from __future__ import annotations
@@ -79,7 +83,15 @@ from app.services.snapshots import (
     remember,
     snapshot_of,
 )
-from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
+from app.store import (
+    Conflict,
+    Database,
+    Tx,
+    Unavailable,
+    begin_writes,
+    reading,
+    submitting,
+)
 from app.store import objects as object_store
 from app.store import queries as query_store
 from app.store import submits as submit_store
@@ -347,7 +359,9 @@ def _attempt(
     not be an accepted submit: a retry of a stored submit gets the stored answer, whatever
     changed since (the object retired, the budget spent by later queries).
     """
-    with transaction(engine) as conn:
+    # PostgreSQL: the reads run before BEGIN, which goes out with the writes (one round trip
+    # with the accepted submit's COMMIT); the compare-and-set decides, as in a transaction
+    with submitting(engine) as conn:
 
         def stored_answer() -> SubmitOutcome | _StoredRejection | None:
             if replay_first:  # already looked up at the start of this transaction
@@ -396,6 +410,7 @@ def _attempt(
             replay = stored_answer()
             if replay is not None:
                 return replay
+            begin_writes(conn)
             _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
             return decision
         if not replay_first and rejection is not None:
@@ -562,6 +577,8 @@ def _record_acceptance(
         else submit_store.NewState(change.stored.key, change.stored.state, change.stored.err),
         old_state=row.state_hash,
         event=event,
+        # with a project's sub-history still to write, the block commits after it
+        commit=quota is None,
     )
     if query_id is None:
         raise _LostRace

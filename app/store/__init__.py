@@ -1,14 +1,16 @@
 """Persistence: every SQL statement, dialect branch and row shape, behind typed functions.
 
-``app/services`` orchestrates (load → decide → persist) and never writes SQL: it opens a
-transaction with :func:`transaction` (or reads with :func:`reading`) and calls the repository
-functions of this package with the connection it got. The conventions every module here follows:
+``app/services`` orchestrates (load → decide → persist) and never writes SQL: it opens a transaction
+with :func:`transaction` (or reads with :func:`reading`; a single submit uses :func:`submitting`,
+whose ``BEGIN`` goes out with its first write on PostgreSQL) and calls the repository functions of
+this package with the connection it got. The conventions every module here follows:
 
 - **One persistence style**: SQLAlchemy Core on a :data:`Tx` (a ``Connection``); no ORM sessions.
   Statements that run on the hot path are built once at import time (bound parameters), not per
   call, so the compiled cache keeps them. One exception, on PostgreSQL only: an accepted single
   submit's writes go through the ``Tx``'s psycopg connection in pipeline mode
-  (:mod:`app.store.submits`), as the same statements compiled once from their modules' constructs.
+  (:mod:`app.store.submits`), as the same statements compiled once from their modules' constructs,
+  with the ``BEGIN`` and ``COMMIT`` of a :func:`submitting` block in the same round trip.
 - **Typed**: functions are keyword-only after the connection and return frozen dataclasses (the
   row shapes, defined beside the statements that read them), plain values or ``None`` — never a
   ``Row`` or a mapping the caller must know the columns of.
@@ -24,8 +26,10 @@ from app.store.base import (
     Database,
     Tx,
     Unavailable,
+    begin_writes,
     is_postgres,
     reading,
+    submitting,
     transaction,
 )
 
@@ -34,7 +38,9 @@ __all__ = [
     "Database",
     "Tx",
     "Unavailable",
+    "begin_writes",
     "is_postgres",
     "reading",
+    "submitting",
     "transaction",
 ]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
+import psycopg
+from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError as Conflict
 from sqlalchemy.exc import OperationalError as Unavailable
@@ -14,7 +17,17 @@ Database = Engine
 #: One open connection, inside a transaction when it came from :func:`transaction`.
 Tx = Connection
 
-__all__ = ["Conflict", "Database", "Tx", "Unavailable", "is_postgres", "reading", "transaction"]
+__all__ = [
+    "Conflict",
+    "Database",
+    "Tx",
+    "Unavailable",
+    "begin_writes",
+    "is_postgres",
+    "reading",
+    "submitting",
+    "transaction",
+]
 
 
 @contextmanager
@@ -29,6 +42,63 @@ def reading(db: Database) -> Iterator[Tx]:
     """A connection for reads only (nothing to commit; closed when the block ends)."""
     with db.connect() as conn:
         yield conn
+
+
+@contextmanager
+def submitting(db: Database) -> Iterator[Tx]:
+    """A transaction whose ``BEGIN`` goes out with its first write (a single submit's).
+
+    On PostgreSQL the connection runs in autocommit until :func:`begin_writes` (or
+    :func:`app.store.submits.record_accepted`, which sends ``BEGIN``, its writes and ``COMMIT``
+    in one round trip) opens the transaction: the reads before it run each on its own, which
+    under READ COMMITTED (the isolation every transaction here runs at) is what they were
+    inside the transaction too — every statement takes its own snapshot, so the write must not
+    trust them and does not (the compare-and-set on the object's version). ``BEGIN`` alone
+    was a round trip of its own before the first read. The block's end commits what is still
+    open and rolls it back if the block raises. Elsewhere (SQLite) this is :func:`transaction`.
+    """
+    if db.dialect.name != "postgresql":
+        with db.begin() as conn:
+            yield conn
+        return
+    with db.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        raw = conn.connection.driver_connection
+        try:
+            yield conn
+        except BaseException:
+            _end(conn, raw, commit=False)
+            raise
+        _end(conn, raw, commit=True)
+
+
+def _end(conn: Tx, raw: Any, *, commit: bool) -> None:
+    """COMMIT (or ROLLBACK) the transaction a :func:`submitting` block opened, if any is open."""
+    status = raw.info.transaction_status
+    if status == TransactionStatus.IDLE:
+        return
+    try:
+        if commit and status == TransactionStatus.INTRANS:
+            raw.commit()
+        else:
+            raw.rollback()
+    except psycopg.IntegrityError as exc:
+        raise Conflict("COMMIT", None, exc, hide_parameters=True) from exc
+    except psycopg.Error as exc:
+        if raw.broken or raw.closed:  # the pool must not hand this connection out again
+            conn.invalidate()
+        raise Unavailable("COMMIT" if commit else "ROLLBACK", None, exc) from exc
+
+
+def begin_writes(conn: Tx) -> None:
+    """Open a :func:`submitting` block's transaction before its writes (nothing elsewhere)."""
+    if not is_postgres(conn):
+        return
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
+        raise TypeError("begin_writes needs a psycopg connection")
+    if raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE:
+        conn.exec_driver_sql("BEGIN")
 
 
 def is_postgres(conn: Tx) -> bool:

@@ -8,12 +8,14 @@ rule :func:`app.services.snapshots.move_state_refs` applies to any number of obj
 the decision's audit event (:mod:`app.store.audit`). Each was its own round trip: six of a
 submit's ten (the profile in docs/benchmarks.md).
 
-On PostgreSQL they go out together in psycopg's pipeline mode — the same statements, compiled
-once from those modules' SQLAlchemy constructs, run in order in the caller's transaction, with
-one network round trip — and the results are read after. Elsewhere (SQLite, the embedded
-default) the modules' own functions run them one by one. Either way the compare-and-set's row
-count decides: a lost race returns None and the caller rolls the transaction back, so nothing of
-it stays; a unique constraint raises :class:`~app.store.Conflict` and a failed database
+On PostgreSQL they go out together in psycopg's pipeline mode — the same statements, compiled once
+from those modules' SQLAlchemy constructs, run in order in the caller's transaction, with one
+network round trip — and the results are read after; on a :func:`app.store.submitting` connection
+the transaction's ``BEGIN`` and ``COMMIT`` go in the same pipeline, so the compare-and-set is a
+statement that fails when it hits no row (the transaction aborts before its ``COMMIT``). Elsewhere
+(SQLite, the embedded default) the modules' own functions run them one by one. Either way the
+compare-and-set decides: a lost race returns None and the caller rolls the transaction back, so
+nothing of it stays; a unique constraint raises :class:`~app.store.Conflict` and a failed database
 :class:`~app.store.Unavailable`, as from any other statement of this package.
 """
 
@@ -25,7 +27,22 @@ from datetime import datetime
 from typing import Any, cast
 
 import psycopg
-from sqlalchemy import ClauseElement, bindparam, insert
+import psycopg.errors
+from psycopg.pq import TransactionStatus
+from sqlalchemy import (
+    ClauseElement,
+    Integer,
+    Text,
+    bindparam,
+    case,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    type_coerce,
+)
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from app.store import audit as audit_store
@@ -102,14 +119,38 @@ _ADD_EVENT = _sql(audit_store.ADD_FOR_QUERY)
 _CAS: dict[frozenset[str], _Compiled] = {}
 
 
+#: The message of the error that aborts a pipelined submit whose compare-and-set hit no row.
+LOST_RACE = "gatekeeper: lost race"
+
+
 def _compare_and_set_sql(columns: frozenset[str]) -> _Compiled:
+    """The compare-and-set as one statement that fails when it hits no row.
+
+    With ``COMMIT`` in the same pipeline nothing may commit after a lost race, so the miss must
+    abort the transaction itself: the ``UPDATE`` runs in a data-modifying CTE and the statement
+    casts ``'gatekeeper: lost race N'`` to an integer unless it updated N = 1 row (an error
+    whose text says why; the cast is not folded at plan time, it depends on ``count(*)``).
+    Under READ COMMITTED the ``UPDATE`` waits for a concurrent writer of the row and then
+    rechecks the version on the row it committed, as a plain ``UPDATE`` does.
+    """
     text = _CAS.get(columns)
     if text is None:
-        statement = object_store.COMPARE_AND_SET.values(
-            {name: bindparam(name) for name in sorted(columns)}
+        cte = (
+            object_store.COMPARE_AND_SET.values({name: bindparam(name) for name in sorted(columns)})
+            .returning(literal_column("1"))
+            .cte("cas")
         )
-        text = _CAS[columns] = _sql(statement)
+        hit = func.count()
+        miss = type_coerce(literal(f"{LOST_RACE} "), Text) + sql_cast(hit, Text)
+        guarded = select(case((hit == 1, 1), else_=sql_cast(miss, Integer))).select_from(cte)
+        text = _CAS[columns] = _sql(guarded)
     return text
+
+
+def _lost_race(exc: psycopg.Error) -> bool:
+    """Whether ``exc`` is the guarded compare-and-set's miss (not any other failed cast)."""
+    message = exc.diag.message_primary or ""
+    return isinstance(exc, psycopg.errors.InvalidTextRepresentation) and LOST_RACE in message
 
 
 def record_accepted(
@@ -121,6 +162,7 @@ def record_accepted(
     new_state: NewState | None,
     old_state: str | None,
     event: audit_store.QueryEvent,
+    commit: bool = False,
 ) -> int | None:
     """Write an accepted submit: query row, compare-and-set, state references, audit event.
 
@@ -131,6 +173,12 @@ def record_accepted(
     event (:func:`app.services.audit.query_event`: its detail gets the query row's id, so it
     goes out with the rest). The new query's id, or None when
     another writer advanced the object first (the caller must roll back).
+
+    On a :func:`app.store.submitting` connection with no transaction open yet, ``BEGIN`` goes
+    out in the same pipeline, and with ``commit`` ``COMMIT`` too: the whole write is one round
+    trip (a lost race or a conflict leaves the transaction aborted; the block rolls it back).
+    Without ``commit`` the transaction stays open for more writes, which the block commits.
+    In a transaction of the caller's (or on SQLite) ``commit`` changes nothing.
     """
     if new_state is not None and new_state.key == old_state:
         raise ValueError("an accepted query always changes the history's state key")
@@ -141,14 +189,17 @@ def record_accepted(
     raw = conn.connection.driver_connection
     if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
         raise TypeError("record_accepted needs a psycopg connection")
+    # a submitting() block's transaction, not opened yet: BEGIN (and COMMIT) go in the pipeline
+    own = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
     try:
         with raw.pipeline():
+            if own:
+                raw.cursor().execute(b"BEGIN", prepare=False)
             inserted = raw.cursor()
             values = {n: getattr(query, n) for n in _QUERY_COLUMNS}
             inserted.execute(_INSERT_QUERY.text, _INSERT_QUERY.params(values))
-            updated = raw.cursor()
             compare_and_set = _compare_and_set_sql(frozenset(columns) | {"version"})
-            updated.execute(compare_and_set.text, compare_and_set.params(cas))
+            raw.cursor().execute(compare_and_set.text, compare_and_set.params(cas))
             if new_state is not None:
                 state = {"hash": new_state.key, "state": new_state.state, "err": new_state.err}
                 raw.cursor().execute(_INSERT_STATE.text, _INSERT_STATE.params({**state, "refs": 1}))
@@ -158,12 +209,20 @@ def record_accepted(
                 raw.cursor().execute(_DROP_UNUSED.text, _DROP_UNUSED.params(old))
             params = audit_store.query_event_params(event)
             raw.cursor().execute(_ADD_EVENT.text, _ADD_EVENT.params(params))
+            if own and commit:
+                raw.cursor().execute(b"COMMIT", prepare=False)
+    except psycopg.errors.InvalidTextRepresentation as exc:
+        if _lost_race(exc):
+            return None
+        raise
     except psycopg.IntegrityError as exc:
         raise Conflict(_INSERT_QUERY.text, None, exc, hide_parameters=True) from exc
     except psycopg.OperationalError as exc:
+        if raw.broken or raw.closed:  # the pool must not hand this connection out again
+            conn.invalidate()
         raise Unavailable("accepted submit", None, exc, hide_parameters=True) from exc
     row = inserted.fetchone()
-    if updated.rowcount != 1 or row is None:
+    if row is None:
         return None
     return int(row[0])
 

@@ -4,8 +4,10 @@ On PostgreSQL the query row, the compare-and-set and the state references go out
 pipeline mode; these tests hold both dialects to the same outcomes: every stored likelihood array
 is named by exactly ``refs`` objects and none is left unnamed (the states' garbage rule); a
 lost compare-and-set returns None and the rolled-back transaction leaves nothing; a used
-``(object, seq)`` is a :class:`~app.store.Conflict` that leaves the connection usable; and the
-keyed rejection read with the object's row is replayed, never a second decision.
+``(object, seq)`` is a :class:`~app.store.Conflict` that leaves the connection usable; a
+:func:`~app.store.submitting` block, whose pipeline carries BEGIN and COMMIT with the writes on
+PostgreSQL, commits nothing after a lost compare-and-set; and the keyed rejection read with the
+object's row is replayed, never a second decision.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from sqlalchemy import Engine, text
 from app.bootstrap import create_app
 from app.db.session import make_engine
 from app.services import audit
-from app.store import Conflict, transaction
+from app.store import Conflict, begin_writes, submitting, transaction
 from app.store.objects import load_for_submit, load_state
 from app.store.submits import AcceptedQuery, NewState, record_accepted
 from tests.service import factories
@@ -204,6 +206,97 @@ def test_a_used_seq_is_a_conflict_and_the_connection_stays_usable(
     assert _submit(client, key, oid, f"{oid}-2").status_code == 201
     with engine.connect() as conn:
         assert conn.execute(text("SELECT 1")).scalar_one() == 1
+
+
+@pytest.mark.parametrize("raise_after", [True, False])
+def test_a_lost_race_in_one_round_trip_commits_nothing(
+    client: TestClient, engine: Engine, raise_after: bool
+) -> None:
+    """A ``submitting`` block's pipelined BEGIN … COMMIT: the missed compare-and-set aborts it.
+
+    The COMMIT went out with the writes, so the miss itself must stop it: nothing of the
+    query row, the state references or the audit event stays, whether the caller then raises
+    (as the service does) or, on PostgreSQL, leaves the block normally; the pooled connection
+    is usable after.
+    """
+    if not raise_after and engine.dialect.name != "postgresql":
+        pytest.skip("on SQLite the caller must roll back (the service does): no pipeline to abort")
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    assert _submit(client, key, oid, f"{oid}-1").status_code == 201
+    refs_before, _ = _states(engine)
+    with engine.connect() as conn:
+        row = load_state(conn, object_id=oid)
+        assert row is not None
+    found: list[int | None] = []
+
+    def lose() -> None:
+        with submitting(engine) as conn:
+            found.append(
+                record_accepted(
+                    conn,
+                    query=_query(oid, row.accepted + 1),
+                    version=row.version - 1,  # stale: another writer "won"
+                    columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
+                    new_state=NewState("lost-" + oid[-20:], b"\x00" * 8, 0.0),
+                    old_state=row.state_hash,
+                    event=_event(oid, row.accepted + 1),
+                    commit=True,
+                )
+            )
+            if raise_after:
+                raise RuntimeError("roll back, as the service does on a lost race")
+
+    if raise_after:
+        with pytest.raises(RuntimeError):
+            lose()
+    else:
+        lose()
+    assert found == [None]
+    with engine.connect() as conn:
+        after = load_state(conn, object_id=oid)
+        count = conn.execute(
+            text("SELECT count(*) FROM queries WHERE object_id = :o"), {"o": oid}
+        ).scalar_one()
+        events = conn.execute(
+            text("SELECT count(*) FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.accepted"},
+        ).scalar_one()
+    assert after == row
+    assert (count, events) == (1, 1)
+    assert _states(engine)[0] == refs_before
+    # the pool's connections are back in transactions of their own, and submits still accept
+    with transaction(engine) as conn:
+        conn.execute(text("SELECT 1"))
+        if engine.dialect.name == "postgresql":
+            assert not conn.connection.driver_connection.autocommit
+    assert _submit(client, key, oid, f"{oid}-2").status_code == 201
+
+
+def test_a_submitting_block_commits_what_it_wrote_and_only_on_success(engine: Engine) -> None:
+    """Writes after :func:`begin_writes` commit at the block's end, and roll back on an error."""
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS submit_block_probe (n INTEGER)"))
+    try:
+        with submitting(engine) as conn:
+            conn.execute(text("SELECT count(*) FROM submit_block_probe"))  # a read first
+            begin_writes(conn)
+            conn.execute(text("INSERT INTO submit_block_probe VALUES (1)"))
+
+        def fail_after_a_write() -> None:
+            with submitting(engine) as conn:
+                begin_writes(conn)
+                conn.execute(text("INSERT INTO submit_block_probe VALUES (2)"))
+                raise RuntimeError("the block fails after its write")
+
+        with pytest.raises(RuntimeError):
+            fail_after_a_write()
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT n FROM submit_block_probe")).scalars().all()
+        assert rows == [1]
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE submit_block_probe"))
 
 
 def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engine) -> None:
