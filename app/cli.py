@@ -204,6 +204,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     configure(get_settings().log_level)
     settings, engine = _prepare_database()
     _encrypt_legacy_values(engine)
+    _fold_object_counts(engine)
     engine.dispose()
     workers = args.workers or settings.web_workers
     print(
@@ -283,6 +284,15 @@ def _encrypt_legacy_values(engine: Any) -> None:
         print(
             f"gatekeeper: encrypted {changed} private value(s) stored in plaintext", file=sys.stderr
         )
+
+
+def _fold_object_counts(engine: Any) -> None:
+    """Fold the per-process rows of ``object_counts`` into one (PostgreSQL; sums unchanged)."""
+    from app.services.objects import fold_object_counts
+
+    folded = fold_object_counts(engine=engine)
+    if folded:
+        print(f"gatekeeper: folded {folded} row(s) of object_counts into one", file=sys.stderr)
 
 
 def cmd_encryption_new_key(args: argparse.Namespace) -> int:
@@ -419,6 +429,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         raise Refused("--jobs: at least 1 process")
     engine = _open_database(values=True)
     started = time.monotonic()
+    _fold_object_counts(engine)
     with tqdm(
         total=count_objects(engine),
         unit=" objects",

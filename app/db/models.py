@@ -208,9 +208,11 @@ class ObjectCount(Base):
     imports, versions, retirement, a repair by hand). The counts are the sums over every row;
     on PostgreSQL a statement writes the row ``slot = pg_backend_pid()``: no two live
     connections share one, so concurrent transactions never wait for one another's row (nor
-    deadlock through it); a row's counts alone can be negative. The statuses are
-    :mod:`app.store.objects`' conditions; ``gatekeeper verify`` compares the sums with a count
-    of the objects.
+    deadlock through it); a row's counts alone can be negative. ``gatekeeper serve`` (at
+    start-up) and ``gatekeeper verify`` fold the rows into ``slot = 0``
+    (:func:`app.store.objects.fold_counts`), which connection churn would otherwise grow. The
+    statuses are :mod:`app.store.objects`' conditions; ``gatekeeper verify`` compares the sums
+    with a count of the objects.
     """
 
     __tablename__ = "object_counts"

@@ -700,3 +700,14 @@ def object_counts(*, engine: Database) -> ObjectCounts:
         states=states,
         surveys=surveys,
     )
+
+
+def fold_object_counts(*, engine: Database) -> int:
+    """Fold ``object_counts``'s rows into one (slot 0), in one transaction; answer how many.
+
+    On PostgreSQL each server process that ever changed an object owns a row, and nothing else
+    removes them: ``gatekeeper serve`` folds them at start-up and ``gatekeeper verify`` before
+    it checks (:func:`app.store.objects.fold_counts`: safe while writers run, the sums exact).
+    """
+    with transaction(engine) as conn:
+        return store.fold_counts(conn)

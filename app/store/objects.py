@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     bindparam,
     case,
+    delete,
     func,
     literal,
     select,
@@ -28,7 +29,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.expression import Executable
 from sqlalchemy.sql.util import ClauseAdapter
 
 from app.db.models import ObjectCount, ProtectedObject, RejectionRecord
@@ -487,6 +490,58 @@ def _totals(counts: Iterable[int], include_retired: bool) -> ObjectTotals:
 def kept_totals(conn: Tx, *, include_retired: bool = False) -> ObjectTotals:
     """Every object's totals as ``object_counts`` keeps them (a sum over its few rows)."""
     return _totals(conn.execute(KEPT_TOTALS).one(), include_retired)
+
+
+#: The key of the transaction-level advisory lock that runs folds of ``object_counts`` one at a
+#: time ("gk_count" in ASCII): two folds never wait for each other's rows.
+_FOLD_LOCK = 0x676B5F636F756E74
+
+
+def _fold_statement() -> Executable:
+    """Every row but slot 0 that no open transaction holds, deleted and added to slot 0."""
+    names = list(ROW_COUNTS)
+    free = select(COUNTS.c.slot).where(COUNTS.c.slot != 0).with_for_update(skip_locked=True)
+    gone = (
+        delete(COUNTS)
+        .where(COUNTS.c.slot.in_(free))
+        .returning(*(COUNTS.c[name] for name in names))
+        .cte("gone")
+    )
+    sums = (
+        select(literal(0), *(func.sum(gone.c[name]) for name in names))
+        .select_from(gone)
+        .having(func.count() > 0)
+    )
+    add = pg_insert(COUNTS).from_select(["slot", *names], sums)
+    add = add.on_conflict_do_update(
+        index_elements=[COUNTS.c.slot],
+        set_={name: COUNTS.c[name] + add.excluded[name] for name in names},
+    )
+    return select(func.count()).select_from(gone).add_cte(add.cte("added"))
+
+
+_FOLD = _fold_statement()
+
+
+def fold_counts(conn: Tx) -> int:
+    """Fold the rows of ``object_counts`` into the row ``slot = 0``; answer how many were folded.
+
+    On PostgreSQL a writer adds to the row of its backend's process id (migration 0014), so the
+    table gains a row per process that ever wrote. One statement deletes every other row and adds
+    their sums to slot 0 (created if a ``TRUNCATE`` of ``objects`` removed it), in the caller's
+    transaction: a reader, which sums every row in one snapshot, sees the counts before or after,
+    never a part. A row that an open transaction has written (its writer's backend is alive) is
+    skipped (``FOR UPDATE SKIP LOCKED``) and left for a later fold, so a fold never waits for a
+    writer, and a writer whose row it is deleting waits only for this statement (then writes its
+    row anew): no deadlock between them. Folds run one at a time (an advisory lock). A row
+    updated by a transaction that committed after the statement began is deleted with its newest
+    counts (PostgreSQL re-reads a locked row's newest version). SQLite keeps one row (slot 0):
+    nothing to fold.
+    """
+    if not is_postgres(conn):
+        return 0
+    conn.execute(select(func.pg_advisory_xact_lock(_FOLD_LOCK)))
+    return int(conn.execute(_FOLD).scalar_one())
 
 
 def scanned_totals(conn: Tx, where: ObjectFilter | None = None) -> ObjectTotals:

@@ -1,8 +1,8 @@
 """The client's retries against a live server that fails: never a second spend.
 
 * A uvicorn worker is SIGKILLed after a submit committed and before it answered
-  (``hooks/sitecustomize.py`` does it inside the server, exactly once): the client sees the
-  connection drop, sends the submit again with the same Idempotency-Key, and gets the output
+  (``tests/hooks/sitecustomize.py`` does it inside the server, exactly once): the client sees
+  the connection drop, sends the submit again with the same Idempotency-Key, and gets the output
   the dead worker stored — one history row, on SQLite and on PostgreSQL.
 * With ``RATE_LIMIT_PER_SECOND`` set, a client going faster gets ``429`` with ``Retry-After``:
   it waits at least that long, resends with the same key, and every call succeeds once.
@@ -26,7 +26,7 @@ from tests.service.factories import run_cli
 
 pytestmark = pytest.mark.slow
 
-HOOKS = Path(__file__).parent / "hooks"
+HOOKS = Path(__file__).parents[1] / "hooks"
 QUERY = GrrQuery(attribute="disease", epsilon=0.5)
 #: enough patience for uvicorn to start a new worker on a loaded machine
 PATIENT = RetryPolicy(backoff=0.2, max_backoff=2.0, max_retries=8)
