@@ -57,6 +57,7 @@ from app.services.snapshots import (
     StateGone,
     StoredState,
     advance,
+    advance_from,
     move_state_refs,
     pending_columns,
 )
@@ -258,9 +259,24 @@ def _within_quota(
     return passed
 
 
+def decision_key(key: GroupKey, parsed: ParsedQuery) -> GroupKey:
+    """The part of a member's public state its decision reads (issue 27: canonical groups).
+
+    A finite object's decision reads its stored array (named by content when exact:
+    :func:`~app.services.snapshots.content_key`), never its history hash — so members whose
+    histories hold the same outputs in another order are one decision group. A continuous
+    object's history, and the entries a finite array lacks (``state_pending``), are read from
+    the representative's own history: those keep their history hash.
+    """
+    if key.state_pending or not parsed.domain(key.domain).is_finite:
+        return key
+    return key._replace(history_hash=None)
+
+
 def _group_decision(
     conn: Tx, key: GroupKey, first: MemberRow, cache: RunCache, worker: BoundWorker
 ) -> GroupAccepted | Refusal:
+    """The decision of decision group ``key`` (:func:`decision_key`), once per run."""
     found = cache.decisions.get(key)
     if found is None:
         found = decide_group(
@@ -271,21 +287,39 @@ def _group_decision(
 
 
 def _advance_of(
-    key: GroupKey, group: GroupAccepted, output: Output, cache: RunCache, worker: BoundWorker
+    key: GroupKey,
+    decided: GroupKey,
+    group: GroupAccepted,
+    output: Output,
+    cache: RunCache,
+    worker: BoundWorker,
 ) -> Advance:
-    found = cache.advances.get((key, output))
+    """The columns and state after ``output`` for members with public state ``key``.
+
+    The next state is computed once per decision group ``decided`` and output; each history's
+    columns follow from it (:func:`~app.services.snapshots.advance_from`).
+    """
+    mech = group.mech
+    found = cache.advances.get((decided, output))
     if found is None:
-        mech, snapshot, decision = group
-        after = recorded(snapshot, decision, mech, output, worker)
+        after = recorded(group.snapshot, group.decision, mech, output, worker)
         found = advance(
             after,
-            domain_text=key.domain,
-            history_hash=key.history_hash,
+            domain_text=decided.domain,
+            history_hash=decided.history_hash,
             query_text=json.dumps(mech.to_json()),
             output_text=json.dumps(mech.output_json(output)),
         )
-        cache.advances[(key, output)] = found
-    return found
+        cache.advances[(decided, output)] = found
+    if key.history_hash == decided.history_hash:
+        return found
+    return advance_from(
+        found,
+        domain_text=key.domain,
+        history_hash=key.history_hash,
+        query_text=json.dumps(mech.to_json()),
+        output_text=json.dumps(mech.output_json(output)),
+    )
 
 
 def _decide_rows(
@@ -310,7 +344,8 @@ def _decide_rows(
     states = cache.parsed.states
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
-    work.keys = set(by_group)
+    decided = {key: decision_key(key, cache.parsed) for key in by_group}
+    work.keys = set(decided.values())
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
     pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
@@ -322,7 +357,7 @@ def _decide_rows(
         )
     )
     for key, members in by_group.items():
-        group = _group_decision(conn, key, members[0], cache, worker)
+        group = _group_decision(conn, decided[key], members[0], cache, worker)
         if isinstance(group, Refusal):
             for row in members:
                 _refuse(work, row, group)
@@ -354,7 +389,7 @@ def _decide_rows(
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
         for output, answered in by_output.items():
-            change = _advance_of(key, group, output, cache, worker)
+            change = _advance_of(key, decided[key], group, output, cache, worker)
             columns = change.columns
             if change.stored is not None:
                 work.gained[change.stored.key] = (

@@ -60,6 +60,20 @@ def insert_state(conn: Tx, *, key: str, state: bytes, err: float, refs: int) -> 
     )
 
 
+def insert_states(conn: Tx, rows: Sequence[tuple[str, bytes, float, int]]) -> None:
+    """:func:`insert_state` for many ``(key, state, err, refs)`` at once (distinct keys).
+
+    One ``executemany`` (batched into multi-row statements on PostgreSQL): a survey chunk
+    storing a thousand new states pays a few round trips, not one per state.
+    """
+    if not rows:
+        return
+    conn.execute(
+        INSERT_STATE[is_postgres(conn)],
+        [{"hash": key, "state": state, "err": err, "refs": refs} for key, state, err, refs in rows],
+    )
+
+
 def add_refs(conn: Tx, changes: Sequence[tuple[str, int]]) -> int:
     """Add ``count`` to the references of each ``(key, count)``; how many rows it hit.
 
