@@ -291,10 +291,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def fresh_database(*, keep: bool = False, migrate: bool = True) -> Iterator[tuple[str, str]]:
+def fresh_database(
+    *, keep: bool = False, migrate: bool = True, prefix: str = "gk_bench_"
+) -> Iterator[tuple[str, str]]:
     """A new migrated database with the bootstrap admin key; dropped afterwards unless ``keep``.
 
     ``migrate=False``: an empty database (an older tree's command migrates it to its own head).
+    Its name is ``prefix`` and a random suffix.
     """
     import psycopg
 
@@ -303,7 +306,7 @@ def fresh_database(*, keep: bool = False, migrate: bool = True) -> Iterator[tupl
     from app.services.auth import ensure_bootstrap_admin
 
     admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
-    name = "gk_bench_" + secrets.token_hex(6)
+    name = prefix + secrets.token_hex(6)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
