@@ -122,6 +122,22 @@ class RunCache:
     max_entries: int = 200_000
     #: Guards ``seen``: a group is counted by the one chunk that commits it first.
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The stored JSON texts of the query (output None) and its outputs, per domain text.
+    texts: dict[tuple[str, Output | None], str] = field(default_factory=dict)
+
+    def query_text(self, domain: str, mech: Mechanism) -> str:
+        """``json.dumps(mech.to_json())``, once per domain."""
+        found = self.texts.get((domain, None))
+        if found is None:
+            found = self.texts[(domain, None)] = json.dumps(mech.to_json())
+        return found
+
+    def output_text(self, domain: str, mech: Mechanism, output: Output) -> str:
+        """``json.dumps(mech.output_json(output))``, once per domain and output."""
+        found = self.texts.get((domain, output))
+        if found is None:
+            found = self.texts[(domain, output)] = json.dumps(mech.output_json(output))
+        return found
 
     def claim_groups(self, keys: set[GroupKey]) -> set[GroupKey]:
         """The groups of ``keys`` not counted yet, now reserved for the caller's chunk."""
@@ -141,6 +157,7 @@ class RunCache:
             self.decisions.clear()
             self.advances.clear()
             self.parsed.states.clear()
+            self.texts.clear()
 
 
 @dataclass
@@ -307,8 +324,8 @@ def _advance_of(
             after,
             domain_text=decided.domain,
             history_hash=decided.history_hash,
-            query_text=json.dumps(mech.to_json()),
-            output_text=json.dumps(mech.output_json(output)),
+            query_text=cache.query_text(key.domain, mech),
+            output_text=cache.output_text(key.domain, mech, output),
         )
         cache.advances[(decided, output)] = found
     if key.history_hash == decided.history_hash:
@@ -317,8 +334,8 @@ def _advance_of(
         found,
         domain_text=key.domain,
         history_hash=key.history_hash,
-        query_text=json.dumps(mech.to_json()),
-        output_text=json.dumps(mech.output_json(output)),
+        query_text=cache.query_text(key.domain, mech),
+        output_text=cache.output_text(key.domain, mech, output),
     )
 
 
@@ -373,7 +390,7 @@ def _decide_rows(
         for row in members:
             by_output[mech.sample(json.loads(cipher.decrypt(row.sealed)))].append(row)
         work.domains.add(key.domain)
-        query_text = json.dumps(mech.to_json())
+        query_text = cache.query_text(key.domain, mech)
         if quotas is not None and passed is not None:
             for output, answered in by_output.items():
                 output_text = json.dumps(mech.output_json(output))
@@ -398,7 +415,8 @@ def _decide_rows(
                 )
             if key.state_hash is not None:
                 work.lost[key.state_hash] += len(answered)
-            _answer(work, mech, query_text, json.dumps(mech.output_json(output)), columns, answered)
+            output_text = cache.output_text(key.domain, mech, output)
+            _answer(work, mech, query_text, output_text, columns, answered)
     for groups in pending.values():
         _record_pending(groups, work)
     # the chunk's tally in one batch per domain: olh and hadamard decode all its reports at
