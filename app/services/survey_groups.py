@@ -1,10 +1,12 @@
 """What every survey operation shares: refusals, the survey row, and decision groups.
 
 A **decision group** is the set of members whose public state is identical — domain, budget,
-filter, exact ``Σ ε``, history hash (and the stored loss bounds, which a continuous snapshot is
-seeded with). Such members get the same decision from the filter, so it is computed once, on a
-snapshot built from one representative, through :mod:`app.services.decisions` — the road every
-single submit takes. Nothing here reads a value.
+filter, exact ``Σ ε``, stored state (an exact finite history's named by its content, so any
+order of the same outputs; issue 27), the history hash where the decision reads the history
+itself (continuous objects, pending entries), and the stored loss bounds, which a continuous
+snapshot is seeded with. Such members get the same decision from the filter, so it is
+computed once, on a snapshot built from one representative, through
+:mod:`app.services.decisions` — the road every single submit takes. Nothing here reads a value.
 """
 
 from __future__ import annotations

@@ -7,12 +7,15 @@ chunk:
    ``FOR UPDATE`` on PostgreSQL, so a concurrent single submit waits, then loses its
    compare-and-set and decides again on the committed history, and a second worker on the same
    chunk waits, then finds it decided;
-2. groups them by public state (:mod:`app.services.survey_groups`) and decides each group once —
-   remembered for the rest of the run (:class:`RunCache`), since equal public state means an
-   equal decision;
+2. groups them by what their decision reads (:func:`decision_key`: the public state without
+   a finite history's hash — an exact array is named by its content, so histories holding the
+   same outputs in another order are one group, issue 27) and decides each group once (through
+   :mod:`app.services.survey_groups`) — remembered for the rest of the run (:class:`RunCache`),
+   since equal public state means an equal decision;
 3. decrypts and samples each accepted member (the only read of a value); the next snapshot is
-   computed once per (group, output), also remembered, so a million members with ten histories
-   compute twenty states, and store each once (:mod:`app.services.snapshots`);
+   computed once per (decision group, output), also remembered, so a million members with ten
+   histories compute twenty states, and store each once (:mod:`app.services.snapshots`); each
+   history's own hash follows (:func:`~app.services.snapshots.advance_from`);
 4. writes in a handful of statements (:mod:`app.store.bulk`): a compare-and-set on every
    accepted object's version, the members' decisions and answers packed in the chunk's row
    (only from pending: a member is decided at most once; the answers are in the objects'
@@ -108,10 +111,11 @@ class ChunkOutcome:
 class RunCache:
     """What a run remembers across its chunks (all of it public, none of it a value).
 
-    ``decisions``: per group key, the filter's decision; ``advances``: per (group key, output),
-    the object columns and state row after it; ``stored``: state keys this run has stored (later
-    chunks only count references to them); ``seen``: groups of committed chunks (the survey's
-    ``groups``). Emptied when it grows past ``max_entries``.
+    ``decisions``: per decision key (:func:`decision_key`), the filter's decision;
+    ``advances``: per (decision key, output), the object columns and state row after it;
+    ``stored``: state keys this run has stored (later chunks only count references to them);
+    ``seen``: decision groups of committed chunks (the survey's ``groups``). Emptied when it
+    grows past ``max_entries``.
     """
 
     parsed: ParsedQuery

@@ -1,6 +1,7 @@
 """Stored likelihood arrays (table ``likelihood_states``), shared by reference count.
 
-A finite object's ``state_hash`` names one row here; ``refs`` counts the objects naming it
+A finite object's ``state_hash`` names one row here (by content for an exact history, else by
+history: :func:`app.services.snapshots.content_key`); ``refs`` counts the objects naming it
 (:func:`app.services.snapshots.move_state_refs` keeps the count) and a row at zero is deleted.
 """
 
