@@ -71,6 +71,7 @@ from app.services.survey_groups import (
     Refusal,
     StateMissing,
     decide_group,
+    decision_key,
     load_survey,
     survey_totals,
 )
@@ -278,20 +279,6 @@ def _within_quota(
         else:
             _refuse(work, row, Refusal.QUOTA)
     return passed
-
-
-def decision_key(key: GroupKey, parsed: ParsedQuery) -> GroupKey:
-    """The part of a member's public state its decision reads (issue 27: canonical groups).
-
-    A finite object's decision reads its stored array (named by content when exact:
-    :func:`~app.services.snapshots.content_key`), never its history hash — so members whose
-    histories hold the same outputs in another order are one decision group. A continuous
-    object's history, and the entries a finite array lacks (``state_pending``), are read from
-    the representative's own history: those keep their history hash.
-    """
-    if key.state_pending or not parsed.domain(key.domain).is_finite:
-        return key
-    return key._replace(history_hash=None)
 
 
 def _group_decision(

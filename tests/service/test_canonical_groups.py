@@ -20,9 +20,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.bootstrap import create_app
+from app.engine.limits import EngineLimits
 from app.engine.mechanisms.base import Output
 from app.engine.mechanisms.randomized_response import GeneralizedRR
-from app.services import snapshots, survey_runs
+from app.services import snapshots, survey_groups, survey_runs, surveys
 from app.store.surveys import GroupKey
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 from tests.service.test_surveys import all_responses, verify_clean, wait_done
@@ -88,10 +89,15 @@ def _run(
     for attribute in SEQUENCE:
         query = {"mechanism": "grr", "attribute": attribute, "epsilon": 0.5}
         body = {"name": attribute, "query": query, "cohort": {"labels": {"study": study}}}
+        dry = client.post("/v1/surveys/dry-run", headers=analyst, json=body)
+        assert dry.status_code == 200, dry.text
         r = client.post("/v1/surveys", headers=analyst, json=body)
         assert r.status_code == 202, r.text
         view = wait_done(client, analyst, r.json()["id"])
         assert view["status"] == "done", view
+        # the dry-run decides the same groups, as the run does
+        assert dry.json()["would_accept"] == view["progress"]["accepted"]
+        assert dry.json()["groups"] == view["groups"]
         responses = {
             item["object_id"]: {k: v for k, v in item.items() if k != "object_id"}
             for item in all_responses(client, analyst, view["id"])
@@ -126,6 +132,7 @@ def test_canonical_groups_decide_as_the_ordered_ones(
     canonical = _run(client, analyst, unique_id("canon"), monkeypatch)
     with monkeypatch.context() as old:
         old.setattr(survey_runs, "decision_key", lambda key, parsed: key)
+        old.setattr(surveys, "decision_key", lambda key, parsed: key)
         old.setattr(snapshots, "content_key", lambda domain_text, state: None)
         ordered = _run(client, analyst, unique_id("order"), monkeypatch)
     for (view, answers), (old_view, old_answers) in zip(
@@ -144,8 +151,8 @@ def test_canonical_groups_decide_as_the_ordered_ones(
 
 
 def test_the_decision_key_ignores_only_a_finite_history_hash() -> None:
-    parsed = survey_runs.ParsedQuery(
-        limits=survey_runs.EngineLimits(),
+    parsed = survey_groups.ParsedQuery(
+        limits=EngineLimits(),
         query={"mechanism": "grr", "attribute": "sex", "epsilon": 0.5},
     )
     finite = json.dumps(DOMAIN)
@@ -153,8 +160,8 @@ def test_the_decision_key_ignores_only_a_finite_history_hash() -> None:
     base = GroupKey(
         finite, 2.0, "bayesian", "1/2", "h1", "s1", 0, 0.5, 0.5, None, "0", None, None, 0.0, 0.0
     )
-    assert survey_runs.decision_key(base, parsed) == base._replace(history_hash=None)
+    assert survey_groups.decision_key(base, parsed) == base._replace(history_hash=None)
     pending = base._replace(state_pending=1)
-    assert survey_runs.decision_key(pending, parsed) == pending
+    assert survey_groups.decision_key(pending, parsed) == pending
     other = base._replace(domain=continuous, state_hash=None)
-    assert survey_runs.decision_key(other, parsed) == other
+    assert survey_groups.decision_key(other, parsed) == other
