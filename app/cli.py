@@ -565,48 +565,40 @@ def _import_versions(args: argparse.Namespace) -> int:
 
     Each batch is one all-or-nothing bulk version request whose Idempotency-Key is the SHA-256
     of its numbered lines: running the same file again after an interruption replays the
-    batches already stored (no second version) and carries on with the rest.
+    batches already stored (no second version) and carries on with the rest. On PostgreSQL
+    ``--jobs`` worker processes parse, check and encrypt the next batches
+    (:func:`~app.services.versions.seal_bulk`) while this process stores the current one; a
+    batch they could not seal (a bad line, an unknown object) is parsed and checked again here,
+    which names the first bad line.
     """
-    import hashlib
-
-    import orjson
-
-    from app.engine.errors import InvalidInput
     from app.services.errors import ServiceError
     from app.services.schemas import MAX_VERSIONS
-    from app.services.versions import create_versions, parse_bulk
+    from app.services.versions import StaleSeal
 
     if not 1 <= args.batch_size <= MAX_VERSIONS:
         print(f"--batch-size must be 1..{MAX_VERSIONS}", file=sys.stderr)
         return 2
+    if args.jobs < 0:
+        print("--jobs must be 0 or more", file=sys.stderr)
+        return 2
     engine = _open_database(values=True)
+    # SQLite encrypts values by the column type: nothing for workers to seal ahead
+    jobs = args.jobs if engine.dialect.name == "postgresql" else 0
     created = replayed = 0
     with _ndjson_input(args, "versions") as (source, bar):
-        for (first, last, size), numbered in _numbered_batches(source, args.batch_size):
-            digest = hashlib.sha256()
-            items = []
-            for number, line in numbered:
-                digest.update(f"{number}:".encode() + line.rstrip(b"\r\n") + b"\n")
-                try:
-                    items.append(orjson.loads(line))
-                except orjson.JSONDecodeError:
-                    return _fail(f"line {number}: not valid JSON")
-            fingerprint = digest.hexdigest()
-            key = "gatekeeper-import-versions:" + fingerprint
+        batches = _numbered_batches(source, args.batch_size)
+        for (first, last, size), numbered, sealed in _sealed_batches(batches, jobs, engine):
             flag: list[bool] = []
             try:
-                body = create_versions(
-                    engine=engine,
-                    locks=None,
-                    items=parse_bulk({"versions": items}),
-                    actor_key_id=None,
-                    bulk=True,
-                    fingerprint=fingerprint,
-                    idempotency_key=key,
-                    replayed=flag,
-                )
-            except InvalidInput as exc:
-                return _fail(_line_of(exc.field, numbered, exc.errors[0].message))
+                try:
+                    if sealed is None:
+                        raise StaleSeal("not sealed ahead")
+                    # a batch stored already comes as an empty SealedBatch: replayed by its key
+                    body = _store_versions(engine, numbered, *sealed, flag)
+                except StaleSeal:
+                    body = _store_versions(engine, numbered, *_versions_batch(numbered), flag)
+            except _BadBatch as exc:
+                return _fail(exc.message)
             except ServiceError as exc:
                 return _fail(f"lines {first}-{last}: {exc.detail}")
             if flag:
@@ -617,6 +609,141 @@ def _import_versions(args: argparse.Namespace) -> int:
             bar.set_postfix_str(f"created={created}, already={replayed}")
     print(json.dumps({"created": created, "already": replayed}))
     return 0
+
+
+#: The Idempotency-Key of a batch of ``import --versions``: this and its lines' fingerprint.
+_VERSIONS_KEY = "gatekeeper-import-versions:"
+
+
+class _BadBatch(Exception):
+    """A batch of ``import --versions`` that cannot be stored; ``message`` names the line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _store_versions(
+    engine: Any, numbered: list[tuple[int, bytes]], fingerprint: str, items: Any, flag: list[bool]
+) -> Any:
+    """One batch as one bulk version request, its key the fingerprint of its numbered lines."""
+    from app.engine.errors import InvalidInput
+    from app.services.versions import create_versions
+
+    try:
+        return create_versions(
+            engine=engine,
+            locks=None,
+            items=items,
+            actor_key_id=None,
+            bulk=True,
+            fingerprint=fingerprint,
+            idempotency_key=_VERSIONS_KEY + fingerprint,
+            replayed=flag,
+        )
+    except InvalidInput as exc:
+        raise _BadBatch(_line_of(exc.field, numbered, exc.errors[0].message)) from None
+
+
+def _fingerprint(numbered: list[tuple[int, bytes]]) -> str:
+    """A batch's fingerprint: the SHA-256 of its numbered lines (its key's second part)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for number, line in numbered:
+        digest.update(f"{number}:".encode() + line.rstrip(b"\r\n") + b"\n")
+    return digest.hexdigest()
+
+
+def _versions_batch(numbered: list[tuple[int, bytes]]) -> tuple[str, Any]:
+    """A batch's fingerprint and its parsed request items (:class:`_BadBatch` names a line)."""
+    import orjson
+
+    from app.engine.errors import InvalidInput
+    from app.services.versions import parse_bulk
+
+    items = []
+    for number, line in numbered:
+        try:
+            items.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            raise _BadBatch(f"line {number}: not valid JSON") from None
+    try:
+        return _fingerprint(numbered), parse_bulk({"versions": items})
+    except InvalidInput as exc:
+        raise _BadBatch(_line_of(exc.field, numbered, exc.errors[0].message)) from None
+
+
+#: A worker process's database (``import --versions``), opened by its initializer.
+_WORKER_ENGINE: Any = None
+
+
+def _init_versions_worker(url: str) -> None:
+    """A worker process of ``import --versions``: the values' cipher and a database engine."""
+    global _WORKER_ENGINE
+    from app.db.session import make_engine
+
+    _init_import_worker()
+    _WORKER_ENGINE = make_engine(url, pool_size=1, max_overflow=0)
+
+
+def _seal_versions_batch(numbered: list[tuple[int, bytes]]) -> tuple[str, Any] | None:
+    """A worker's job: a batch's fingerprint and its values checked and encrypted, or None.
+
+    None when the batch cannot be sealed as it is (the storing process checks it again and
+    names the first bad line). Module level, so that a spawned process can run it.
+    """
+    from app.services.versions import SealedBatch, answered, seal_bulk
+
+    fingerprint = _fingerprint(numbered)
+    if answered(_WORKER_ENGINE, key=_VERSIONS_KEY + fingerprint, fingerprint=fingerprint):
+        # replayed by its key: nothing to parse, check nor encrypt (StaleSeal if the answer
+        # is gone by the time it is stored)
+        return fingerprint, SealedBatch(ids=[], domain_hashes=[], values=[])
+    try:
+        _, items = _versions_batch(numbered)
+    except _BadBatch:
+        return None
+    sealed = seal_bulk(_WORKER_ENGINE, items)
+    return None if sealed is None else (fingerprint, sealed)
+
+
+def _sealed_batches(
+    batches: Iterator[_Batch], jobs: int, engine: Any
+) -> Iterator[tuple[tuple[int, int, int], list[tuple[int, bytes]], tuple[str, Any] | None]]:
+    """Each batch with what ``jobs`` worker processes sealed of it ahead, in file order.
+
+    ``jobs == 0``: nothing sealed (None: the batch is parsed and checked by the caller). At
+    most ``2 * jobs`` batches are in flight, so memory stays bounded on a file of any size.
+    """
+    if jobs == 0:
+        for report, batch in batches:
+            yield report, batch, None
+        return
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import Future, ProcessPoolExecutor
+
+    url = engine.url.render_as_string(hide_password=False)
+    pending: deque[tuple[_Batch, Future[tuple[str, Any] | None]]] = deque()
+    with ProcessPoolExecutor(
+        jobs,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_versions_worker,
+        initargs=(url,),
+    ) as pool:
+        try:
+            for item in batches:
+                pending.append((item, pool.submit(_seal_versions_batch, item[1])))
+                if len(pending) >= 2 * jobs:
+                    (report, batch), future = pending.popleft()
+                    yield report, batch, future.result()
+            while pending:
+                (report, batch), future = pending.popleft()
+                yield report, batch, future.result()
+        finally:
+            for _, future in pending:
+                future.cancel()
 
 
 def _line_of(field: str, numbered: list[tuple[int, bytes]], message: str) -> str:
@@ -817,7 +944,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=min(2, os.cpu_count() or 1),
-        help="worker processes validating batches ahead of the one being stored "
+        help="worker processes validating (--versions: and encrypting) batches ahead of the one "
+        "being stored "
         "(default: min(2, CPUs); 0: none)",
     )
     imports.set_defaults(func=cmd_import)

@@ -13,6 +13,14 @@ For each population size (``--objects``, several allowed), in one run: a fresh d
 Prints a table::
 
     .venv/bin/python bench/reuse_bench.py --objects 100000 200000
+
+``--baseline DIR``: side by side with another tree (a worktree of main) on the same data. The
+reuse survey is then run ``--rounds`` times per tree in ABBA order (baseline, this tree, this
+tree, baseline, …), each by a fresh ``gatekeeper serve`` of that tree, and deleted afterwards
+(so each finds only the first survey's answers); wall seconds, the server process's CPU
+seconds and the load average are printed per run::
+
+    .venv/bin/python bench/reuse_bench.py --objects 200000 --baseline /work/wt/main-base
 """
 
 from __future__ import annotations
@@ -59,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         "--redis-url",
         default=os.environ.get("GATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/3"),
     )
+    parser.add_argument("--baseline", type=Path, default=None, help="another tree, side by side")
+    parser.add_argument("--rounds", type=int, default=1, help="ABBA rounds with --baseline")
+    parser.add_argument("--database", default=None, help="the database's name (default: random)")
     args = parser.parse_args(argv)
     from cryptography.fernet import Fernet
 
@@ -72,25 +83,38 @@ def main(argv: list[str] | None = None) -> int:
         KEY_FILE.unlink(missing_ok=True)
     print()
     print(
-        f"{'members':>9} | {'first survey s':>14} {'members/s':>10} | {'reuse survey s':>14} "
-        f"{'members/s':>10} {'reused':>9} | {'objects table MiB before/after reuse':>36} "
-        f"| history rows"
+        f"{'members':>9} | {'first survey s':>14} {'members/s':>10} | {'tree':>8} "
+        f"{'reuse survey s':>14} {'server CPU s':>12} {'members/s':>10} {'reused':>9} "
+        f"{'load':>5} | {'objects table MiB before/after reuse':>36} | history rows"
     )
     ok = True
-    for n, first, reuse, reused, before, after, rows_before, rows_after in results:
-        print(
-            f"{n:>9,} | {first:>14.1f} {n / first:>10,.0f} | {reuse:>14.1f} {n / reuse:>10,.0f} "
-            f"{reused:>9,} | {before / 2**20:>17.1f} / {after / 2**20:<16.1f} "
-            f"| {rows_before:,} -> {rows_after:,}"
-        )
-        ok &= reused == n and rows_before == rows_after
+    for n, first, runs, before, after, rows_before, rows_after in results:
+        for tree, reuse, cpu, reused, load in runs:
+            print(
+                f"{n:>9,} | {first:>14.1f} {n / first:>10,.0f} | {tree:>8} {reuse:>14.1f} "
+                f"{cpu:>12.1f} {n / reuse:>10,.0f} {reused:>9,} {load:>5.1f} "
+                f"| {before / 2**20:>17.1f} / {after / 2**20:<16.1f} "
+                f"| {rows_before:,} -> {rows_after:,}"
+            )
+            ok &= reused == n
+        ok &= rows_before == rows_after and before == after
     print(f"load after: {os.getloadavg()}")
     return 0 if ok else 1
 
 
-def _one(n: int, args: argparse.Namespace) -> tuple[int, float, float, int, int, int, int, int]:
+Run = tuple[str, float, float, int, float]
+
+
+def _one(n: int, args: argparse.Namespace) -> tuple[int, float, list[Run], int, int, int, int]:
     query = SURVEYS[0]
-    with fresh_database() as (url, _name), tempfile.TemporaryDirectory() as tmp:
+    trees = [("this", ROOT)]
+    if args.baseline is not None:
+        this, base = ("this", ROOT), ("baseline", args.baseline.resolve())
+        trees = [tree for _ in range(args.rounds) for tree in (base, this, this, base)]
+    with (
+        fresh_database(name=args.database) as (url, _name),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         population = Path(tmp) / "population.ndjson"
         write_population(population, n, args.seed)
         done = cli(url, "import", str(population), "--quiet")
@@ -101,26 +125,49 @@ def _one(n: int, args: argparse.Namespace) -> tuple[int, float, float, int, int,
             "BOUND_PROCESSES": "1",
             "REDIS_URL": args.redis_url,
         }
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         server = Server(url, 1, 1, Path(tmp) / "server.log", env)
         try:
             with httpx.Client(base_url=server.url, timeout=120) as http:
-                headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
                 view, first = run_survey_body(http, headers, query, "bench", reuse=False)
                 _check_done(view)
-                answers = _answers(url)
-                before = int(sql(url, "SELECT pg_total_relation_size('objects')"))
-                view, reuse = run_survey_body(http, headers, query, "bench", reuse=True)
-                _check_done(view)
-                after = int(sql(url, "SELECT pg_total_relation_size('objects')"))
-                reused = int(view["progress"]["reused"])
-                print(
-                    f"{n:,} members: first {first:.1f} s, reuse {reuse:.1f} s "
-                    f"(reused {reused:,}, accepted {view['progress']['accepted']:,})",
-                    flush=True,
-                )
         finally:
             server.stop()
-        return n, first, reuse, reused, before, after, answers, _answers(url)
+        answers = _answers(url)
+        before = int(sql(url, "SELECT pg_total_relation_size('objects')"))
+        runs: list[Run] = []
+        for label, tree in trees:
+            server = Server(url, 1, 1, Path(tmp) / f"{label}.log", env, tree=tree)
+            try:
+                with httpx.Client(base_url=server.url, timeout=120) as http:
+                    cpu = server.cpu()
+                    view, reuse = run_survey_body(http, headers, query, "bench", reuse=True)
+                    cpu = server.cpu() - cpu
+                    load = os.getloadavg()[0]
+                    _check_done(view)
+            finally:
+                server.stop()
+            reused = int(view["progress"]["reused"])
+            runs.append((label, reuse, cpu, reused, load))
+            print(
+                f"{n:,} members, {label}: first {first:.1f} s, reuse {reuse:.1f} s, "
+                f"server CPU {cpu:.1f} s (reused {reused:,}, accepted "
+                f"{view['progress']['accepted']:,}), load {load:.1f}",
+                flush=True,
+            )
+            if len(trees) > 1:  # the next run finds only the first survey's answers
+                _delete_survey(url, int(view["id"]))
+        after = int(sql(url, "SELECT pg_total_relation_size('objects')"))
+        return n, first, runs, before, after, answers, _answers(url)
+
+
+def _delete_survey(url: str, survey_id: int) -> None:
+    """Delete a reuse survey (its chunks and row) so the next run finds what this one found."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        conn.execute("DELETE FROM survey_chunks WHERE survey_id = %s", (survey_id,))
+        conn.execute("DELETE FROM surveys WHERE id = %s", (survey_id,))
 
 
 def _check_done(view: dict[str, Any]) -> None:

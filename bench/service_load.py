@@ -292,12 +292,17 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def fresh_database(
-    *, keep: bool = False, migrate: bool = True, prefix: str = "gk_bench_"
+    *,
+    keep: bool = False,
+    migrate: bool = True,
+    name: str | None = None,
+    prefix: str = "gk_bench_",
 ) -> Iterator[tuple[str, str]]:
     """A new migrated database with the bootstrap admin key; dropped afterwards unless ``keep``.
 
     ``migrate=False``: an empty database (an older tree's command migrates it to its own head).
-    Its name is ``prefix`` and a random suffix.
+    ``name``: the database's name (default: ``prefix`` and a random suffix); one of that
+    name left by an interrupted run is dropped first.
     """
     import psycopg
 
@@ -306,8 +311,10 @@ def fresh_database(
     from app.services.auth import ensure_bootstrap_admin
 
     admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
-    name = prefix + secrets.token_hex(6)
+    if name is None:
+        name = prefix + secrets.token_hex(6)
     with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         url = admin.rsplit("/", 1)[0] + "/" + name

@@ -1,28 +1,60 @@
 """Bulk data versions on PostgreSQL: ``gatekeeper import --versions`` of N objects, timed.
 
-Registers N objects (``gatekeeper import``, no query history yet), then times ``gatekeeper
-import --versions FILE`` (batches of 10,000, one transaction each) and the same file again (every
-batch replayed by its key), and reports the bytes per closed version (``object_versions``' heap
-and index per row, and the value's ciphertext among them). Prints a table::
+For each tree (``--baseline DIR``, e.g. a worktree of main, then this one; ``--rounds`` times,
+interleaved, so both see the same machine): a fresh database, N objects registered
+(``gatekeeper import``), then
+
+1. with ``--survey``: a survey of the whole population (``grr`` ε = 1 on ``region``, through
+   ``gatekeeper serve``), the first on the fresh population;
+2. ``gatekeeper import --versions FILE`` (batches of 10,000, one transaction each): wall time,
+   CPU of the command and its worker processes, CPU of the PostgreSQL backends serving it;
+3. the same file again (every batch replayed by its key);
+4. with ``--survey``: the same survey right after the bulk version;
+5. the bytes per closed version (``object_versions``' heap and index per row, and the value's
+   ciphertext among them) and the growth of the whole database over the bulk version.
+
+The load average is printed beside every figure (the machine is shared)::
 
     .venv/bin/python bench/versions_bench.py --objects 100000
+    .venv/bin/python bench/versions_bench.py --objects 200000 --survey --baseline /work/main
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.service_load import fresh_database  # noqa: E402
-from bench.survey_load import KEY_FILE, REGIONS, cli, sql, write_population  # noqa: E402
+from bench.service_load import (  # noqa: E402
+    ADMIN_KEY,
+    BackendSampler,
+    Server,
+    fresh_database,
+    proc_cpu,
+)
+from bench.survey_load import (  # noqa: E402
+    KEY_FILE,
+    REGIONS,
+    SURVEYS,
+    cli,
+    db_size,
+    run_survey,
+    sql,
+    write_population,
+)
 
 
 def write_versions(path: Path, n: int, seed: int) -> None:
@@ -37,53 +69,171 @@ def write_versions(path: Path, n: int, seed: int) -> None:
             out.write(json.dumps({"id": f"p{i:07d}", "value": value}) + "\n")
 
 
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's finished children (and the processes they waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of a live process and its live descendants."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            parents[int(entry.name)] = int(stat[1])
+    wanted, total = [pid], 0.0
+    while wanted:
+        current = wanted.pop()
+        total += proc_cpu(current)
+        wanted.extend(child for child, parent in parents.items() if parent == current)
+    return total
+
+
+def timed_cli(url: str, name: str, tree: Path, *args: str) -> tuple[dict[str, Any], str]:
+    """``gatekeeper ARGS`` from ``tree``: wall, its CPU (with workers), the backends' CPU."""
+    sampler = BackendSampler(name)
+    cpu = children_cpu()
+    start = time.perf_counter()
+    done = cli(url, *args, tree=tree)
+    seconds = time.perf_counter() - start
+    figures = {
+        "seconds": seconds,
+        "cpu": children_cpu() - cpu,
+        "pg_cpu": sampler.stop(),
+        "load": load(),
+    }
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return figures, done.stdout.strip()
+
+
+def timed_survey(
+    http: httpx.Client, server: Server, name: str, study: str = "bench"
+) -> dict[str, Any]:
+    """The first of ``survey_load``'s surveys on the whole population, start to done."""
+    sampler = BackendSampler(name)
+    cpu = tree_cpu(server.process.pid)
+    view, seconds = run_survey(http, {"Authorization": f"Bearer {ADMIN_KEY}"}, SURVEYS[0], study)
+    return {
+        "seconds": seconds,
+        "cpu": tree_cpu(server.process.pid) - cpu,
+        "pg_cpu": sampler.stop(),
+        "load": load(),
+        "status": view["status"],
+        "decided": view["progress"]["decided"],
+        "accepted": view["progress"]["accepted"],
+    }
+
+
+def run_tree(args: argparse.Namespace, label: str, tree: Path) -> dict[str, Any]:
+    """One tree's whole run on its own fresh database."""
+    found: dict[str, Any] = {"tree": label}
+    with (
+        fresh_database(migrate=False, prefix=f"bulkv_{label}_") as (url, name),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        migrated = cli(url, "migrate", tree=tree)  # each tree to its own head
+        if migrated.returncode != 0:
+            raise RuntimeError(migrated.stderr[-2000:])
+        population = Path(tmp) / "population.ndjson"
+        write_population(population, args.objects, args.seed)
+        found["import"], _ = timed_cli(url, name, tree, "import", str(population), "--quiet")
+        versions = Path(tmp) / "versions.ndjson"
+        write_versions(versions, args.objects, args.seed + 1)
+        batch = ("--quiet", "--batch-size", "10000")
+
+        def with_server(step: Callable[[httpx.Client, Server], None]) -> None:
+            env = {"GATEKEEPER_ENCRYPTION_KEY_FILE": str(KEY_FILE), "BOUND_PROCESSES": "1"}
+            server = Server(url, 1, 1, Path(tmp) / "server.log", env, tree=tree)
+            try:
+                with httpx.Client(base_url=server.url, timeout=60) as http:
+                    step(http, server)
+            finally:
+                server.stop()
+
+        if args.survey:
+            with_server(
+                lambda http, server: found.__setitem__(
+                    "survey_fresh", timed_survey(http, server, name)
+                )
+            )
+        size = db_size(url)
+        found["versions"], found["answer"] = timed_cli(
+            url, name, tree, "import", "--versions", str(versions), *batch
+        )
+        found["growth"] = db_size(url) - size
+        found["replayed"], found["replayed_answer"] = timed_cli(
+            url, name, tree, "import", "--versions", str(versions), *batch
+        )
+        if args.survey:
+            with_server(
+                lambda http, server: found.__setitem__(
+                    "survey_after", timed_survey(http, server, name)
+                )
+            )
+        count = int(sql(url, "SELECT count(*) FROM object_versions"))
+        found["rows"] = count
+        found["heap"] = int(sql(url, "SELECT pg_relation_size('object_versions')")) / count
+        found["total"] = int(sql(url, "SELECT pg_total_relation_size('object_versions')")) / count
+        found["cipher"] = float(sql(url, "SELECT avg(octet_length(value)) FROM object_versions"))
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--survey", action="store_true", help="a survey before and after")
+    parser.add_argument(
+        "--baseline", type=Path, help="another tree (e.g. a worktree of main), run alternately"
+    )
     args = parser.parse_args(argv)
     from cryptography.fernet import Fernet
 
     KEY_FILE.write_text(Fernet.generate_key().decode())
+    trees = [("this", ROOT)]
+    if args.baseline is not None:
+        trees.insert(0, ("base", args.baseline.resolve()))
+    print(f"{os.cpu_count()} cpus, load {load()}", flush=True)
+    results = []
     try:
-        return _run(args)
+        for _ in range(args.rounds):
+            for label, tree in trees:
+                results.append(run_tree(args, label, tree))
+                print(json.dumps(results[-1]), flush=True)
     finally:
         KEY_FILE.unlink(missing_ok=True)
-
-
-def _run(args: argparse.Namespace) -> int:
-    with fresh_database() as (url, _name), tempfile.TemporaryDirectory() as tmp:
-        population = Path(tmp) / "population.ndjson"
-        write_population(population, args.objects, args.seed)
-        done = cli(url, "import", str(population), "--quiet")
-        if done.returncode != 0:
-            print(done.stderr, file=sys.stderr)
-            return 1
-        versions = Path(tmp) / "versions.ndjson"
-        write_versions(versions, args.objects, args.seed + 1)
-        rows = []
-        for label in ("versions", "same file again (replayed)"):
-            start = time.perf_counter()
-            done = cli(
-                url, "import", "--versions", str(versions), "--quiet", "--batch-size", "10000"
+    n = args.objects
+    print()
+    print("| tree | step | wall s | objects/s | CPU s (command) | CPU s (PostgreSQL) | load |")
+    print("|---|---|---|---|---|---|---|")
+    for found in results:
+        for step in ("import", "survey_fresh", "versions", "replayed", "survey_after"):
+            if step not in found:
+                continue
+            f = found[step]
+            print(
+                f"| {found['tree']} | {step} | {f['seconds']:.1f} | {n / f['seconds']:,.0f} | "
+                f"{f['cpu']:.1f} | {f['pg_cpu']:.1f} | {f['load']} |"
             )
-            seconds = time.perf_counter() - start
-            if done.returncode != 0:
-                print(done.stderr, file=sys.stderr)
-                return 1
-            rows.append((label, seconds, done.stdout.strip()))
-        heap = int(sql(url, "SELECT pg_relation_size('object_versions')"))
-        total = int(sql(url, "SELECT pg_total_relation_size('object_versions')"))
-        cipher = float(sql(url, "SELECT avg(octet_length(value)) FROM object_versions"))
-        count = int(sql(url, "SELECT count(*) FROM object_versions"))
-    print(f"{'run':<28} {'objects':>9} {'seconds':>8} {'objects/s':>10}  answer")
-    for label, seconds, answer in rows:
-        rate = args.objects / seconds
-        print(f"{label:<28} {args.objects:>9,} {seconds:>8.1f} {rate:>10,.0f}  {answer}")
-    print(
-        f"object_versions: {count:,} rows, heap {heap / count:.0f} B/row, with index "
-        f"{total / count:.0f} B/row, of which value ciphertext {cipher:.0f} B"
-    )
+    print()
+    for found in results:
+        heap, total, cipher = found["heap"], found["total"], found["cipher"]
+        print(
+            f"{found['tree']}: object_versions {found['rows']:,} rows, heap {heap:.0f} B/row, "
+            f"with index {total:.0f} B/row, value ciphertext {cipher:.0f} B (beyond it: heap "
+            f"{heap - cipher:.0f} B, with index {total - cipher:.0f} B); database grew "
+            f"{found['growth'] / n:.0f} B per object-version; {found['answer']}"
+        )
     return 0
 
 

@@ -309,12 +309,13 @@ def subset_losses(
         ([p.up for p in profiles], np.minimum),
     ):
         probed = np.stack([order[:width] for order in orders])[owners]
-        found = _first_extremes(bases[owners], steps, hits, rows, probed, width == k, pick)
+        found = _first_extremes(bases, owners, steps, hits, rows, probed, width == k, pick)
         for row in np.flatnonzero(found == _UNKNOWN).tolist():  # rare: look at every value
             owner = int(owners[row])
             single = np.array([row])
             found[row] = _first_extremes(
-                bases[owner][None, :],
+                bases,
+                owners[single],
                 steps[single],
                 hits,
                 single,
@@ -337,7 +338,8 @@ def subset_losses(
 
 
 def _first_extremes(
-    base: IntArray,
+    bases: IntArray,
+    owners: IntArray,
     step: IntArray,
     hits: SubsetHits,
     rows: IntArray,
@@ -348,14 +350,15 @@ def _first_extremes(
     """``pick(extreme over S + step, extreme over S^c)`` per row, from ``order``'s first hits.
 
     Row ``i`` of ``order`` sorts (some of) the values so that the first member of output
-    ``rows[i]``'s subset holds its extreme (and likewise the first non-member); ``base[i]`` is
-    that output's ``V``. A row whose ``order`` has no member or no non-member is settled only
-    when ``complete`` (``order`` holds every value: that side is empty); else it is
-    :data:`_UNKNOWN`.
+    ``rows[i]``'s subset holds its extreme (and likewise the first non-member);
+    ``bases[owners[i]]`` is that output's ``V`` (only the values ``order`` names are read: a
+    chunk's 5,000 outputs over k = 1,000 values gather 5,000 × 64, not 5,000 × 1,000). A
+    row whose ``order`` has no member or no non-member is settled only when ``complete``
+    (``order`` holds every value: that side is empty); else it is :data:`_UNKNOWN`.
     """
     inside = np.asarray(hits(rows, order), dtype=bool)
     has_in, has_out = inside.any(axis=1), (~inside).any(axis=1)
-    ordered = np.take_along_axis(base, order, axis=1)
+    ordered = bases[owners[:, None], order]
     index = np.arange(order.shape[0])
     at_in = ordered[index, inside.argmax(axis=1)] + step
     at_out = ordered[index, (~inside).argmax(axis=1)]

@@ -405,8 +405,12 @@ def losses_after(
             histories, [outputs[i] for i in fast], [renumber[owners[i]] for i in fast]
         )
         if losses is not None:
+            bounds: dict[Fraction, LossBounds] = {}  # few distinct losses: each bracketed once
             for i, loss in zip(fast, losses, strict=True):
-                found[i] = exact_bounds(loss)
+                bracket = bounds.get(loss)
+                if bracket is None:
+                    bracket = bounds[loss] = exact_bounds(loss)
+                found[i] = bracket
     return [
         bounds
         if bounds is not None

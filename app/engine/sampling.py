@@ -33,7 +33,12 @@ import threading
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
+import numpy as np
+import numpy.typing as npt
+
 from app.engine.numerics import exp_bracket
+
+U64 = npt.NDArray[np.uint64]
 
 #: Bytes read from the operating system's generator at a time (512 words of 64 bits).
 BLOCK = 4096
@@ -90,6 +95,46 @@ def randbelow(n: int) -> int:
             u >>= have - bits
         if u < n:
             return u
+
+
+def words(count: int) -> U64:
+    """``count`` independent uniform 64-bit words from **one** ``secrets.token_bytes`` call.
+
+    For a survey chunk's draws at once (:func:`randbelow_array`, :meth:`RealProbability.draw_many`):
+    each word is 8 bytes of the operating system's generator, every byte uniform and
+    independent, so each word is uniform on ``[0, 2^64)`` and the words are independent of
+    each other and of every other draw (no byte is read twice).
+    """
+    if count < 0:
+        raise ValueError("count must be non-negative")
+    return np.frombuffer(secrets.token_bytes(8 * count), dtype="<u8").astype(np.uint64)
+
+
+def randbelow_array(n: int, count: int) -> U64:
+    """``count`` independent integers, each uniform on ``0..n-1`` exactly (``1 <= n <= 2^63``).
+
+    :func:`randbelow`'s rejection sampling, vectorised: each try takes the top
+    ``b = (n - 1).bit_length()`` bits of a fresh word from :func:`words`, uniform on
+    ``[0, 2^b)``, and keeps it if below ``n``. Conditioned on being kept a try is uniform on
+    ``[0, n)`` (every kept value has probability ``2^-b`` before conditioning), the tries are
+    independent, and a position's result is its first kept try (``2^b < 2n``: fewer than two
+    tries on average; the positions still rejected draw again, all in one call). Whether a
+    position is kept depends only on its own word, never on another position's value.
+    """
+    if not 1 <= n <= 1 << 63:
+        raise ValueError("n must lie in [1, 2^63]")
+    out = np.zeros(count, dtype=np.uint64)
+    bits = (n - 1).bit_length()
+    if bits == 0:
+        return out
+    todo = np.arange(count)
+    shift, bound = np.uint64(64 - bits), np.uint64(n)
+    while todo.size:
+        tries = words(todo.size) >> shift
+        kept = tries < bound
+        out[todo[kept]] = tries[kept]
+        todo = todo[~kept]
+    return out
 
 
 def bernoulli(p: Fraction) -> bool:
@@ -166,9 +211,31 @@ class RealProbability:
 
     def draw(self) -> bool:
         """True with probability exactly ``p``."""
+        return self._settle(randbelow(1 << FIRST_BITS))
+
+    def draw_many(self, count: int) -> npt.NDArray[np.bool_]:
+        """``count`` independent draws (each True with probability exactly ``p``), at once.
+
+        The first 64 bits of every draw's ``U`` are one word of a single :func:`words` call;
+        each draw is then settled exactly as :meth:`draw` settles it (the first-bracket
+        comparisons vectorised: ``U < p`` when ``word < lo``, ``U >= p`` when ``word >= hi``),
+        and the rare word inside the bracket is refined with fresh words by the same loop, so
+        each result has :meth:`draw`'s distribution and the draws are independent.
+        """
+        lo, hi = self.first
+        first = words(count)
+        top = 1 << FIRST_BITS  # lo and hi lie in [0, 2^64]; a word lies below 2^64
+        below = first < np.uint64(lo) if lo < top else np.ones(count, dtype=bool)
+        above = first >= np.uint64(hi) if hi < top else np.zeros(count, dtype=bool)
+        drawn = below.copy()
+        for i in np.flatnonzero(~(below | above)).tolist():
+            drawn[i] = self._settle(int(first[i]))
+        return drawn
+
+    def _settle(self, u: int) -> bool:
+        """``U < p`` for ``U``'s first 64 bits ``u``, drawing more bits while undecided."""
         lo, hi = self.first
         bits = FIRST_BITS
-        u = randbelow(1 << FIRST_BITS)
         while True:
             if u + 1 <= lo:
                 return True

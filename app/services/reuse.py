@@ -32,6 +32,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
+
 from app.services.schemas import Odometer, SubmitResult
 from app.store import Tx
 from app.store import reuse as store
@@ -128,61 +131,106 @@ def reused_body(row: ObjectState, found: Reusable, odometer: Odometer) -> Submit
     return answer.model_copy(update={"survey_id": found.survey_id})
 
 
+@dataclass(frozen=True)
+class ChunkReuse:
+    """The earliest reusable answer of each member of a chunk, by position in its ids.
+
+    Arrays, not a pair per member: a chunk has 5,000 members and a survey up to millions.
+    """
+
+    #: The member has a reusable answer.
+    hit: npt.NDArray[np.bool_]
+    #: The answer's number in the member's history (0: none).
+    seqs: npt.NDArray[np.int64]
+    #: The answer's entry, an index into ``variants`` (-1: none).
+    picks: npt.NDArray[np.int64]
+    #: The distinct entries the answers are.
+    variants: list[Variant]
+
+
 def chunk_reusables(
     conn: Tx,
     *,
     ids: list[str],
-    bounds: dict[str, tuple[int, int]],
+    after: npt.NDArray[np.int64],
+    upto: npt.NDArray[np.int64],
     qhash: str,
     owner: int | None,
     exclude_survey: int,
-) -> dict[str, tuple[int, Variant]]:
+) -> ChunkReuse:
     """For a survey chunk's members (sorted ``ids``): the earliest reusable answer of each.
 
-    Per member: the answer's ``seq`` and its history entry (a plain pair: a chunk makes
-    thousands).
-
-    ``bounds``: per member, its current version's ``(version_start, accepted)``. Reads the
+    ``after`` and ``upto``: per member (by position), its current version's entries are
+    numbered ``(after, upto]`` (an empty range for a member that may not reuse). Reads the
     single submits by ``ix_queries_reuse`` and, per earlier survey of the same query, its chunks
-    overlapping the chunk's id range — a few rows, not one lookup per member.
+    overlapping the chunk's id range — a few rows, not one lookup per member — and matches each
+    such chunk against the members in one pass over its arrays.
     """
-    found: dict[str, tuple[int, Variant]] = {}
+    n = len(ids)
+    best = np.zeros(n, np.int64)  # the earliest answer's seq so far (0: none; seqs start at 1)
+    source = np.full(n, -1, np.int64)  # its entry, an index into ``candidates``
+    candidates: list[Variant] = []
 
-    def offer(object_id: str, seq: int, variant: Variant) -> None:
-        after, upto = bounds[object_id]
-        if after < seq <= upto:
-            held = found.get(object_id)
-            if held is None or seq < held[0]:
-                found[object_id] = (seq, variant)
+    def offer(
+        at: npt.NDArray[np.int64], seqs: npt.NDArray[np.int64], picks: npt.NDArray[np.int64]
+    ) -> None:
+        """Answers numbered ``seqs`` of the members at ``at``, entries ``candidates[picks]``."""
+        keep = (after[at] < seqs) & (seqs <= upto[at])  # of the member's current version
+        at, seqs, picks = at[keep], seqs[keep], picks[keep]
+        # the earliest per member first, then only what beats what it holds
+        order = np.lexsort((seqs, at))
+        at, seqs, picks = at[order], seqs[order], picks[order]
+        first = np.ones(len(at), np.bool_)
+        first[1:] = at[1:] != at[:-1]
+        at, seqs, picks = at[first], seqs[first], picks[first]
+        better = (best[at] == 0) | (seqs < best[at])
+        best[at[better]] = seqs[better]
+        source[at[better]] = picks[better]
 
-    for object_id, submits in store.submits_of(
-        conn, ids=ids, fingerprint=qhash, owner=owner
-    ).items():
-        for submit in submits:
-            offer(object_id, submit.seq, _variant(submit))
+    submits = store.submits_of(conn, ids=ids, fingerprint=qhash, owner=owner)
+    if submits:
+        items = [(object_id, item) for object_id, found in submits.items() for item in found]
+        offer(
+            store.positions(ids, [object_id for object_id, _ in items]),
+            np.array([item.seq for _, item in items], np.int64),
+            np.arange(len(items), dtype=np.int64) + len(candidates),
+        )
+        candidates.extend(_variant(item) for _, item in items)
     surveys = store.surveys_asking(conn, query_hash=qhash, owner=owner) - {exclude_survey}
+    ours: npt.NDArray[np.str_] | None = None
     for survey_id in sorted(surveys):
         for chunk in store.chunks_overlapping(
             conn, survey_id=survey_id, first=ids[0], last=ids[-1]
         ):
             if chunk.picks is None or chunk.seqs is None:
                 continue
-            variants: dict[int, Variant] = {}
-            stored = len(chunk.variants)
-            for object_id, pick, seq in zip(chunk.members, chunk.picks, chunk.seqs, strict=False):
-                if pick < 0 or seq <= 0 or pick >= stored:
-                    continue  # refused, itself a reuse, or damaged
-                span = bounds.get(object_id)
-                if span is None or not span[0] < seq <= span[1]:
-                    continue  # not a member of this chunk, or of another version
-                held = found.get(object_id)
-                if held is not None and held[0] < seq:
-                    continue
-                variant = variants.get(pick)
-                if variant is None:
-                    variant = variants[pick] = Variant(**chunk.variants[pick])
-                found[object_id] = (seq, variant)
-    return found
+            size = min(len(chunk.members), len(chunk.picks), len(chunk.seqs))  # damaged: less
+            picks = np.asarray(chunk.picks[:size], np.int64)
+            seqs = np.asarray(chunk.seqs[:size], np.int64)
+            # refused (pick < 0), itself a reuse (seq < 0), or damaged (no such entry)
+            answered = (picks >= 0) & (seqs > 0) & (picks < len(chunk.variants))
+            if chunk.members[:size] == ids:  # the same cohort cut the same way: position = index
+                at = np.arange(size, dtype=np.int64)
+            else:  # where each of its members is among ours (not every one need be)
+                if ours is None:
+                    ours = np.asarray(ids)
+                theirs = np.asarray(chunk.members[:size])
+                at = np.minimum(np.searchsorted(ours, theirs), n - 1).astype(np.int64)
+                answered &= ours[at] == theirs
+            offer(at[answered], seqs[answered], picks[answered] + len(candidates))
+            candidates.extend(Variant(**variant) for variant in chunk.variants)
+    hit = best > 0
+    picks_out = np.full(n, -1, np.int64)
+    variants: list[Variant] = []
+    if hit.any():
+        used, inverse = np.unique(source[hit], return_inverse=True)
+        index: dict[Variant, int] = {}  # equal entries of different sources: one variant
+        renumber = np.array(
+            [index.setdefault(candidates[c], len(index)) for c in used.tolist()], np.int64
+        )
+        picks_out[hit] = renumber[inverse]
+        variants = list(index)
+    return ChunkReuse(hit, best, picks_out, variants)
 
 
 def reuse_owner(key_id: int | None, *, admin: bool, scoped: bool) -> int | None:
@@ -219,18 +267,20 @@ def reusable_members(
         rows = {row.id: row for row in member_rows(conn, batch, lock=False) if not row.retired}
         if not rows:
             return
+        held = [rows.get(object_id) for object_id in batch]
         found = chunk_reusables(
             conn,
             ids=batch,
-            bounds={row.id: (row.version_start, row.accepted) for row in rows.values()},
+            after=np.array([0 if r is None else r.version_start for r in held], np.int64),
+            upto=np.array([0 if r is None else r.accepted for r in held], np.int64),
             qhash=qhash,
             owner=owner,
             exclude_survey=0,
         )
-        for object_id in found:
-            row = rows[object_id]
+        for at in np.flatnonzero(found.hit).tolist():
+            row = rows[batch[at]]
             if parsed.mech(row.key.domain) is not None:
-                yield object_id, row.key
+                yield row.id, row.key
 
     for object_id in ids:
         batch.append(object_id)

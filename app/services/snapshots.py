@@ -18,7 +18,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
@@ -38,6 +38,7 @@ from app.engine.pipeline import (
 )
 from app.services.history import HistoryMismatch, object_history
 from app.store import Database, Tx
+from app.store.history import HistoryItem
 from app.store.states import add_refs, drop_unused, insert_states
 
 #: Continuous history terms kept in the cache, all objects together (a term is a few hundred
@@ -188,11 +189,15 @@ def snapshot_of(
     domain: Domain,
     limits: EngineLimits,
     lifetime: Lifetime | None = None,
+    *,
+    history: Sequence[HistoryItem] | None = None,
 ) -> ObjectSnapshot:
     """The object's public state as the engine decides on it. Never reads the value.
 
     The state is the current data version's; ``lifetime`` (:func:`lifetime_of` the row) adds
-    the object's lifetime budget.
+    the object's lifetime budget. ``history``: the object's whole history when the caller read
+    it already (a survey chunk reads its members' at once,
+    :func:`~app.services.history.object_histories`): the pending entries are its tail.
     """
     state: LikelihoodState | ContinuousState
     if domain.is_finite:
@@ -202,7 +207,7 @@ def snapshot_of(
             state = LikelihoodState.from_bytes(domain, row.state, row.state_err)
         if row.state_pending:
             assert isinstance(state, LikelihoodState)  # noqa: S101 - a finite domain
-            for entry in pending_entries(conn, row.id, row.state_pending, domain):
+            for entry in pending_entries(conn, row.id, row.state_pending, domain, history):
                 state.apply(entry.mechanism.term(entry.output))
     else:
         database = database_of(conn.engine)
@@ -227,13 +232,20 @@ def snapshot_of(
     )
 
 
-def pending_entries(conn: Tx, object_id: str, pending: int, domain: Domain) -> list[HistoryEntry]:
+def pending_entries(
+    conn: Tx,
+    object_id: str,
+    pending: int,
+    domain: Domain,
+    history: Sequence[HistoryItem] | None = None,
+) -> list[HistoryEntry]:
     """The last ``pending`` entries of the object's history, parsed (the array lacks them).
 
     Folded onto the stored array in order, they give the array of the whole history bit for
     bit: :meth:`LikelihoodState.apply` is what :func:`~app.engine.pipeline.record` computes.
+    ``history``: the whole history, already read (else read here).
     """
-    items = object_history(conn, object_id)
+    items = object_history(conn, object_id) if history is None else history
     if len(items) < pending:
         raise HistoryMismatch(f"{object_id}: {pending} pending entries, {len(items)} stored")
     tail = items[len(items) - pending :]
@@ -380,8 +392,8 @@ def pending_columns(
     query_text: str,
     output_text: str,
     loss: LossBounds,
-    basic_total: Fraction,
-    f0_account: Fraction,
+    basic_total: Fraction | str,
+    f0_account: Fraction | str,
 ) -> dict[str, Any]:
     """The ``objects`` columns after one more accepted query whose array is not stored.
 

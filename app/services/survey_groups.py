@@ -12,6 +12,7 @@ computed once, on a snapshot built from one representative, through
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
@@ -36,6 +37,7 @@ from app.services.quota import (
 )
 from app.services.snapshots import snapshot_of
 from app.store import Tx
+from app.store.history import HistoryItem
 from app.store.projects import ProjectRow, SubHistory
 from app.store.states import load_states
 from app.store.surveys import GroupKey, SurveyRow, get_survey
@@ -163,6 +165,28 @@ def decide_group(
     mech = parsed.mech(key.domain)
     if mech is None:
         return Refusal.INVALID
+    return decide_snapshot(mech, group_snapshot(conn, key, representative, parsed), worker)
+
+
+def decide_snapshot(
+    mech: Mechanism, snapshot: ObjectSnapshot, worker: BoundWorker
+) -> GroupAccepted | Refusal:
+    """:func:`decide_group`'s decision on a snapshot already built (:func:`group_snapshot`)."""
+    decision = decide(snapshot, mech, worker, tight=False)
+    if not decision.accepted:
+        return Refusal.LIFETIME if decision.refusal == Refusal.LIFETIME.value else Refusal.BUDGET
+    return GroupAccepted(mech, snapshot, decision)
+
+
+def group_snapshot(
+    conn: Tx,
+    key: GroupKey,
+    representative: tuple[str, int, int],
+    parsed: ParsedQuery,
+    *,
+    history: Sequence[HistoryItem] | None = None,
+) -> ObjectSnapshot:
+    """The snapshot :func:`decide_group` decides on (``history``: the representative's, read)."""
     domain = parsed.domain(key.domain)
     state, err = None, 0.0
     if key.state_hash is not None:
@@ -196,11 +220,7 @@ def decide_group(
             else LossBounds(key.lifetime_lower, key.lifetime_upper)
         )
         lifetime = Lifetime(key.lifetime_budget, closed)
-    snapshot = snapshot_of(conn, row, domain, parsed.limits, lifetime)
-    decision = decide(snapshot, mech, worker, tight=False)
-    if not decision.accepted:
-        return Refusal.LIFETIME if decision.refusal == Refusal.LIFETIME.value else Refusal.BUDGET
-    return GroupAccepted(mech, snapshot, decision)
+    return snapshot_of(conn, row, domain, parsed.limits, lifetime, history=history)
 
 
 @dataclass

@@ -32,6 +32,7 @@ lease expires (:func:`resumable_surveys`) and resume at the first pending chunk.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -43,16 +44,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from app import crypto, metrics
 from app.engine.estimates import tally_outputs
 from app.engine.likelihood import LikelihoodState
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, Output
-from app.engine.pipeline import accounts_after, losses_after
+from app.engine.pipeline import ObjectSnapshot, accounts_after, losses_after
 from app.services import audit
 from app.services.decisions import recorded
+from app.services.history import object_histories
 from app.services.quota import Answer
 from app.services.reuse import chunk_reusables, survey_reuse_owner
 from app.services.snapshots import (
@@ -71,7 +76,9 @@ from app.services.survey_groups import (
     Refusal,
     StateMissing,
     decide_group,
+    decide_snapshot,
     decision_key,
+    group_snapshot,
     load_survey,
     survey_totals,
 )
@@ -144,6 +151,9 @@ class RunCache:
             found = self.texts[(domain, output)] = json.dumps(mech.output_json(output))
         return found
 
+    #: ``"reuse": true``: per domain hash, its text and the query parsed there (None: invalid).
+    reuse_mechs: dict[str, tuple[str, Mechanism | None]] = field(default_factory=dict)
+
     def claim_groups(self, keys: set[GroupKey]) -> set[GroupKey]:
         """The groups of ``keys`` not counted yet, now reserved for the caller's chunk."""
         with self.lock:
@@ -188,6 +198,19 @@ class _Chunk:
     groups: int = 0
     #: Members answered by reuse (``"reuse": true``): accepted, but no history entry.
     reused: int = 0
+    #: Their picks and (negative) seqs, by position in the chunk's ids.
+    reuse: _Reused | None = None
+
+
+@dataclass(frozen=True)
+class _Reused:
+    """A chunk's members answered by reuse, as arrays by position in the chunk's ids."""
+
+    hit: npt.NDArray[np.bool_]
+    #: Per member, its variant's index in the chunk (meaningful where ``hit``).
+    picks: npt.NDArray[np.int64]
+    #: Per member, ``-seq`` of the stored answer it repeats (meaningful where ``hit``).
+    seqs: npt.NDArray[np.int64]
 
 
 def new_run_cache(query: dict[str, Any], limits: EngineLimits) -> RunCache:
@@ -223,7 +246,7 @@ def run_chunk(
             if ids is None:
                 return ChunkOutcome(chunk, 0, 0, 0)
             work = _Chunk(survey_id, chunk, datetime.now(UTC))
-            rest = reuse_in_chunk(conn, survey, ids, cache.parsed, work) if survey.reuse else ids
+            rest = reuse_in_chunk(conn, survey, ids, cache, work) if survey.reuse else ids
             rows = survey_store.member_rows(conn, rest)
             work = _decide_rows(
                 conn, rows, cache, worker, work, _quota_groups(conn, survey.analyst_key_id, limits)
@@ -352,6 +375,7 @@ def _decide_rows(
     states = cache.parsed.states
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
+    by_group = _fold_pending(conn, by_group, cache, worker)
     decided = {key: decision_key(key, cache.parsed) for key in by_group}
     work.keys = set(decided.values())
     cipher = crypto.active()
@@ -364,6 +388,7 @@ def _decide_rows(
             conn, project_id=quotas.project.id, object_ids=[r.id for r in rows]
         )
     )
+    accepted: list[_Sampling] = []
     for key, members in by_group.items():
         group = _group_decision(conn, decided[key], members[0], cache, worker)
         if isinstance(group, Refusal):
@@ -376,10 +401,11 @@ def _decide_rows(
             members = [row for row in members if row.id in passed]
             if not members:
                 continue
+        accepted.append(_Sampling(key, group, members, passed))
+    for (key, group, _, passed), by_output in zip(
+        accepted, _sample_groups(accepted, cipher), strict=True
+    ):
         mech = group.mech
-        by_output: dict[Output, list[MemberRow]] = defaultdict(list)
-        for row in members:
-            by_output[mech.sample(json.loads(cipher.decrypt(row.sealed)))].append(row)
         work.domains.add(key.domain)
         query_text = cache.query_text(key.domain, mech)
         if quotas is not None and passed is not None:
@@ -417,6 +443,113 @@ def _decide_rows(
     return work
 
 
+#: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
+FOLDED = "folded:"
+
+
+def _fold_pending(
+    conn: Tx,
+    by_group: dict[GroupKey, list[MemberRow]],
+    cache: RunCache,
+    worker: BoundWorker,
+) -> dict[GroupKey, list[MemberRow]]:
+    """The chunk's groups, members with pending entries regrouped by their folded state.
+
+    A member with pending entries (``objects.state_pending``, since an ``olh`` answer) has a
+    history of its own, so its public state key is its own: it used to be a group of one that
+    read its history with four statements. Here the histories of all such members of the
+    chunk are read at once (:func:`~app.services.history.object_histories`), each member's
+    state is folded (its stored array plus its pending entries, as a single submit would
+    fold it), and members whose folded states are equal — same array and exact form, same
+    budget, filter, totals and lifetime: every input of a decision — form one group, decided
+    once (and remembered for the run under that key). Its key is the members' own with the
+    history and state columns replaced by a digest of the folded state; each member's own
+    columns are still what its answer writes (:func:`_record_pending`).
+    """
+    folding = [k for k in by_group if k.state_pending and cache.parsed.mech(k.domain) is not None]
+    if not folding:
+        return by_group
+    rows = [row for key in folding for row in by_group[key]]
+    histories = object_histories(conn, {row.id: row.accepted for row in rows})
+    folded_keys = set(folding)
+    regrouped = {k: v for k, v in by_group.items() if k not in folded_keys}
+    for key in folding:
+        mech = cache.parsed.mech(key.domain)
+        assert mech is not None  # noqa: S101 - filtered above
+        for row in by_group[key]:
+            snapshot = group_snapshot(
+                conn,
+                key,
+                (row.id, row.version, row.version_start),
+                cache.parsed,
+                history=histories[row.id],
+            )
+            folded = key._replace(
+                history_hash=FOLDED + _state_digest(snapshot),
+                state_hash=None,
+                state_pending=max(1, key.state_pending),
+            )
+            if folded not in cache.decisions:
+                cache.decisions[folded] = decide_snapshot(mech, snapshot, worker)
+            regrouped.setdefault(folded, []).append(row)
+    return regrouped
+
+
+def _state_digest(snapshot: ObjectSnapshot) -> str:
+    """A digest of a finite snapshot's likelihood state: its array, exact form and error.
+
+    What :meth:`LikelihoodState.to_bytes` stores (the array's float64 bytes; the exact form's
+    groups and integer counts per attribute) plus the error, each part framed by its length:
+    equal digests, equal states. Hashed from the arrays' bytes (the stored form's JSON of the
+    counts cost a millisecond a member).
+    """
+    state = snapshot.state
+    assert isinstance(state, LikelihoodState)  # noqa: S101 - pending entries: a finite domain
+    parts = [state.logp.astype("<f8").tobytes(), float(state.err).hex().encode()]
+    exact = state.exact
+    if exact is not None:
+        groups = [(g.epsilon.numerator, g.epsilon.denominator) for g in exact.groups]
+        parts.append(repr((exact.shape, groups, sorted(exact.counts))).encode())
+        parts.extend(exact.counts[a].astype("<i8").tobytes() for a in sorted(exact.counts))
+    hasher = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        hasher.update(len(part).to_bytes(8, "little"))
+        hasher.update(part)
+    return hasher.hexdigest()
+
+
+class _Sampling(NamedTuple):
+    """An accepted group's members to sample (with their quota sub-groups, if any)."""
+
+    key: GroupKey
+    group: GroupAccepted
+    members: list[MemberRow]
+    passed: dict[str, tuple[str, str | None]] | None
+
+
+def _sample_groups(
+    accepted: Sequence[_Sampling], cipher: crypto.ValueCipher
+) -> list[dict[Output, list[MemberRow]]]:
+    """Each accepted group's members by the output drawn for them (aligned with ``accepted``).
+
+    The values are decrypted here (the only read of a value) and sampled with one
+    :meth:`~app.engine.mechanisms.base.Mechanism.sample_many` per domain: every member of the
+    chunk asked the same query there, whatever its group (an ``olh`` chunk draws its 5,000
+    seeds in one generator call instead of in 1,000 groups of five).
+    """
+    batches: dict[str, list[int]] = defaultdict(list)
+    for n, item in enumerate(accepted):
+        batches[item.key.domain].append(n)
+    found: list[dict[Output, list[MemberRow]]] = [defaultdict(list) for _ in accepted]
+    for indexes in batches.values():
+        mech = accepted[indexes[0]].group.mech
+        members = [(n, row) for n in indexes for row in accepted[n].members]
+        values = [json.loads(cipher.decrypt(row.sealed)) for _, row in members]
+        for (n, row), output in zip(members, mech.sample_many(values), strict=True):
+            found[n][output].append(row)
+    return found
+
+
 def _pending(key: GroupKey, group: GroupAccepted) -> bool:
     """Whether the group's answers keep their arrays unstored (``objects.state_pending``).
 
@@ -451,21 +584,45 @@ def _record_pending(
         )
     )
     query_text = json.dumps(mech.to_json())
-    for key, group, by_output in groups:
+    for _, group, by_output in groups:
         basic, account = accounts_after(group.snapshot, mech)
+        totals = (str(basic), str(account), float(basic))  # the group's, not one a member
         for output, answered in by_output.items():
-            output_text = json.dumps(mech.output_json(output))
-            columns = pending_columns(
-                state_hash=key.state_hash,
-                pending=key.state_pending,
-                history_hash=key.history_hash,
-                query_text=query_text,
-                output_text=output_text,
-                loss=next(losses),
-                basic_total=basic,
-                f0_account=account,
-            )
-            _answer(work, mech, query_text, output_text, columns, answered)
+            output_text = mech.output_text(output)
+            loss = next(losses)
+            pick = None
+            # each member's own columns (a group of folded states holds several histories)
+            for own, rows in _by_key(answered).items():
+                columns = pending_columns(
+                    state_hash=own.state_hash,
+                    pending=own.state_pending,
+                    history_hash=own.history_hash,
+                    query_text=query_text,
+                    output_text=output_text,
+                    loss=loss,
+                    basic_total=totals[0],
+                    f0_account=totals[1],
+                )
+                pick = _answer(
+                    work,
+                    mech,
+                    query_text,
+                    output_text,
+                    columns,
+                    rows,
+                    basic_after=totals[2],
+                    pick=pick,
+                )
+
+
+def _by_key(rows: list[MemberRow]) -> dict[GroupKey, list[MemberRow]]:
+    """``rows`` by their own public state key, in order."""
+    if len(rows) == 1:
+        return {rows[0].key: rows}
+    found: dict[GroupKey, list[MemberRow]] = defaultdict(list)
+    for row in rows:
+        found[row.key].append(row)
+    return found
 
 
 def _answer(
@@ -475,29 +632,40 @@ def _answer(
     output_text: str,
     columns: dict[str, Any],
     answered: list[MemberRow],
-) -> None:
-    """One distinct answer of the chunk (a variant) and the members who drew it."""
-    pick = len(work.variants)
-    work.variants.append(
-        Variant(
-            query=query_text,
-            output=output_text,
-            epsilon=mech.epsilon,
-            epsilon_exact=str(mech.epsilon_exact),
-            loss_lower=columns["loss_lower"],
-            loss_upper=columns["loss_upper"],
-            basic_after=float(Fraction(columns["basic_total"])),
+    *,
+    basic_after: float | None = None,
+    pick: int | None = None,
+) -> int:
+    """One distinct answer of the chunk (a variant) and the members who drew it; its number.
+
+    ``basic_after``: ``float(Fraction(columns["basic_total"]))`` when the caller has it;
+    ``pick``: the variant, when stored already for other members (with other columns).
+    """
+    if pick is None:
+        pick = len(work.variants)
+        work.variants.append(
+            Variant(
+                query=query_text,
+                output=output_text,
+                epsilon=mech.epsilon,
+                epsilon_exact=str(mech.epsilon_exact),
+                loss_lower=columns["loss_lower"],
+                loss_upper=columns["loss_upper"],
+                basic_after=float(Fraction(columns["basic_total"]))
+                if basic_after is None
+                else basic_after,
+            )
         )
-    )
     for row in answered:
         seq = row.accepted + 1
         work.picks[row.id] = pick
         work.seqs[row.id] = seq
         work.advances.append(Advanced(row.id, row.version, seq, columns))
+    return pick
 
 
 def reuse_in_chunk(
-    conn: Tx, survey: SurveyRow, ids: list[str], parsed: ParsedQuery, work: _Chunk
+    conn: Tx, survey: SurveyRow, ids: list[str], cache: RunCache, work: _Chunk
 ) -> list[str]:
     """Answer the members that have a stored identical answer; the ids left to decide.
 
@@ -505,50 +673,58 @@ def reuse_in_chunk(
     as ``-seq``): accepted and tallied, but its object, history and state are untouched, so its
     row is read without a lock: the answer is the earliest of the version current when the row
     was read (entries up to its ``accepted`` had committed; a version created later lands
-    after, as for a single submit's reuse). Retired members and members whose domain does not
+    after, as for a single submit's reuse). Nothing of a reused member's value is read (no
+    decryption) and no filter decides it. Retired members and members whose domain does not
     parse the query are left to the usual decision (which refuses them), their rows locked.
+    The members are matched as arrays (:func:`~app.services.reuse.chunk_reusables`), kept on
+    ``work`` as such (:class:`_Reused`), never one object per member.
     """
     if survey.query_hash is None:
         return ids
-    live = {row.id: row for row in member_bounds(conn, ids) if not row.retired}
-    if not live:
+    bounds = member_bounds(conn, ids)
+    missing = [h for h in bounds.domain_hashes if h not in cache.reuse_mechs]
+    for domain_hash, text in domain_texts(conn, set(missing)).items():
+        cache.reuse_mechs[domain_hash] = (text, cache.parsed.mech(text))
+    domains = [cache.reuse_mechs[h] for h in bounds.domain_hashes]
+    parses = np.array([mech is not None for _, mech in domains] + [False], np.bool_)
+    # a domain the query does not parse for is decided (refused) as usual, as are the retired
+    # and members without a row (the decision names them)
+    live = bounds.found & ~bounds.retired & parses[np.where(bounds.found, bounds.domain, -1)]
+    if not live.any():
         return ids
-    texts = domain_texts(conn, {row.domain_hash for row in live.values()})
     found = chunk_reusables(
         conn,
         ids=ids,
-        bounds={row.id: (row.version_start, row.accepted) for row in live.values()},
+        after=np.where(live, bounds.version_start, 0),
+        upto=np.where(live, bounds.accepted, 0),
         qhash=survey.query_hash,
         owner=survey_reuse_owner(conn, survey.analyst_key_id),
         exclude_survey=survey.id,
     )
-    mechs = {h: parsed.mech(text) for h, text in texts.items()}
-    picks: dict[Variant, int] = {}
-    answered: Counter[tuple[str, int]] = Counter()  # (domain hash, pick) -> members
-    for object_id, (seq, variant) in found.items():
-        domain = live[object_id].domain_hash
-        if mechs.get(domain) is None:
-            continue  # the query does not parse for this domain: decided (refused) as usual
-        pick = picks.get(variant)
-        if pick is None:
-            pick = picks[variant] = len(work.variants)
-            work.variants.append(variant)
-        work.picks[object_id] = pick
-        work.seqs[object_id] = -seq
-        answered[(domain, pick)] += 1
-    work.reused = answered.total()
+    hit = found.hit
+    reused = int(hit.sum())
+    if not reused:
+        return ids
+    offset = len(work.variants)
+    work.variants.extend(found.variants)
+    work.reuse = _Reused(hit, found.picks + offset, -found.seqs)
+    work.reused = reused
     # the tally in one batch per domain, one parsed output per distinct answer
-    reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
-    for (domain, pick), count in answered.items():
-        mech = mechs[domain]
-        assert mech is not None  # noqa: S101 - skipped above
-        work.domains.add(texts[domain])
-        _, outputs, counts = reports.setdefault(domain, (mech, [], []))
-        outputs.append(mech.parse_output(json.loads(work.variants[pick].output), "output"))
-        counts.append(count)
-    for mech, outputs, counts in reports.values():
-        work.tally.update(tally_outputs(mech, outputs, counts))
-    return [object_id for object_id in ids if object_id not in work.picks]
+    pairs, counts = np.unique(
+        bounds.domain[hit] * len(found.variants) + found.picks[hit], return_counts=True
+    )
+    reports: dict[int, tuple[Mechanism, list[Output], list[int]]] = {}
+    for pair, count in zip(pairs.tolist(), counts.tolist(), strict=True):
+        domain, pick = divmod(pair, len(found.variants))
+        text, mech = domains[domain]
+        assert mech is not None  # noqa: S101 - a live member's domain parses the query
+        work.domains.add(text)
+        _, outputs, tallied = reports.setdefault(domain, (mech, [], []))
+        outputs.append(mech.parse_output(json.loads(found.variants[pick].output), "output"))
+        tallied.append(count)
+    for mech, outputs, tallied in reports.values():
+        work.tally.update(tally_outputs(mech, outputs, tallied))
+    return [ids[at] for at in np.flatnonzero(~hit).tolist()]
 
 
 def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
@@ -557,6 +733,16 @@ def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
     work.seqs[row.id] = 0
     if reason in (Refusal.BUDGET, Refusal.LIFETIME, Refusal.QUOTA):
         work.refusals.append(row.id)
+
+
+def _decided(ids: list[str], work: _Chunk) -> dict[str, list[int]]:
+    """Every member's pick and seq, in the chunk's order (reused members' from the arrays)."""
+    if work.reuse is None:
+        return {"picks": [work.picks[i] for i in ids], "seqs": [work.seqs[i] for i in ids]}
+    picks, seqs = work.reuse.picks.tolist(), work.reuse.seqs.tolist()
+    for at in np.flatnonzero(~work.reuse.hit).tolist():
+        picks[at], seqs[at] = work.picks[ids[at]], work.seqs[ids[at]]
+    return {"picks": picks, "seqs": seqs}
 
 
 def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
@@ -575,8 +761,7 @@ def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
         survey_id=work.survey_id,
         chunk=work.chunk,
         decided_at=work.now,
-        picks=[work.picks[i] for i in ids],
-        seqs=[work.seqs[i] for i in ids],
+        **_decided(ids, work),
         variants=work.variants,
     ):
         raise _LostRace

@@ -33,7 +33,9 @@ from fractions import Fraction
 from typing import Any, Literal, overload
 
 from app import metrics
+from app.crypto import active
 from app.engine.domain import Domain, parse_domain
+from app.engine.errors import InvalidInput
 from app.engine.jsonfields import path
 from app.engine.lifetime import add_losses
 from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
@@ -51,12 +53,11 @@ from app.services.schemas import (
     VersionsResult,
 )
 from app.services.snapshots import move_state_refs, pending_entries
-from app.store import Conflict, Database, Tx, Unavailable, transaction
+from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import imports as answers
-from app.store import projects as project_store
 from app.store import versions as store
-from app.store.objects import ObjectState
 from app.store.states import load_states
+from app.store.versions import ClosingRow
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,26 @@ class NewValue:
     object_id: str
     value: Any
     field: str
+
+
+@dataclass(frozen=True)
+class SealedBatch:
+    """A bulk request checked and encrypted ahead, off the storing process.
+
+    ``gatekeeper import --versions`` has worker processes run :func:`seal_bulk` on the next
+    batches while it stores the current one: each value checked against its object's domain
+    (``domain_hashes``, in the request's order) and its canonical JSON encrypted (``values``,
+    ciphertexts). The storing transaction checks again that each object exists, is not
+    retired and has that domain; the values are not parsed again.
+    """
+
+    ids: list[str]
+    domain_hashes: list[str]
+    values: list[str]
+
+
+class StaleSeal(Exception):
+    """A :class:`SealedBatch` cannot be stored as it is: check and encrypt the request here."""
 
 
 class _LostRace(Exception):
@@ -108,7 +129,7 @@ def parse_bulk(body: Any) -> list[NewValue]:
 
 def closing_loss(
     conn: Tx,
-    row: ObjectState,
+    row: ClosingRow,
     domain: Domain,
     states: dict[str, tuple[bytes, float]],
     known: dict[str, LossBounds] | None = None,
@@ -148,6 +169,30 @@ def closing_loss(
     return LossBounds(row.loss_lower, row.loss_upper)
 
 
+def seal_bulk(engine: Database, items: Sequence[NewValue]) -> SealedBatch | None:
+    """Check each value against its object's domain and encrypt it (a worker's job).
+
+    None when the request cannot be stored as it is (an unknown or retired object, a value
+    outside its domain) or the database encrypts values by the column type (SQLite): the
+    storing process then runs the whole check itself, which names the first bad item.
+    """
+    with reading(engine) as conn:
+        if not store.seals_values(conn):
+            return None
+        rows = {row.id: row for row in store.closing_rows(conn, [i.object_id for i in items])}
+        domains = store.domain_texts(conn, (row.domain_hash for row in rows.values()))
+    try:
+        texts = _checked_values(items, rows, domains, bulk=True)
+    except (NotFound, Retired, InvalidInput):
+        return None
+    cipher = active()
+    return SealedBatch(
+        ids=[item.object_id for item in items],
+        domain_hashes=[rows[item.object_id].domain_hash for item in items],
+        values=[cipher.encrypt(text) for text in texts],
+    )
+
+
 @overload
 def create_versions(
     *,
@@ -168,7 +213,7 @@ def create_versions(
     *,
     engine: Database,
     locks: ObjectLocks | None,
-    items: Sequence[NewValue],
+    items: Sequence[NewValue] | SealedBatch,
     actor_key_id: int | None,
     bulk: Literal[True],
     fingerprint: str | None = None,
@@ -182,7 +227,7 @@ def create_versions(
     *,
     engine: Database,
     locks: ObjectLocks | None,
-    items: Sequence[NewValue],
+    items: Sequence[NewValue] | SealedBatch,
     actor_key_id: int | None,
     bulk: bool,
     fingerprint: str | None = None,
@@ -196,8 +241,10 @@ def create_versions(
     repeated ``Idempotency-Key`` with the same body, which appends True to ``replayed``).
     Raises ``NotFound`` (404) / ``Retired`` (409) for an unknown or retired object (bulk: naming
     ``versions[i].id``), ``InvalidInput`` (422) for a value outside the domain, never echoing it.
+    ``items`` may be a :class:`SealedBatch` (bulk only): :class:`StaleSeal` if it cannot be
+    stored as it is.
     """
-    ids = [item.object_id for item in items]
+    ids = items.ids if isinstance(items, SealedBatch) else [item.object_id for item in items]
     # the lock of a single object only saves wasted work (the compare-and-set is what counts)
     hold = locks.hold(ids[0]) if locks is not None and not bulk else _nothing()
     with hold:
@@ -223,7 +270,7 @@ class _nothing:  # noqa: N801 - a context manager that holds nothing
 
 def _create_once(
     engine: Database,
-    items: Sequence[NewValue],
+    items: Sequence[NewValue] | SealedBatch,
     actor_key_id: int | None,
     bulk: bool,
     fingerprint: str | None,
@@ -232,19 +279,21 @@ def _create_once(
 ) -> VersionCreated | VersionsResult:
     with transaction(engine) as conn:
         if bulk and key is not None:
-            stored = answers.stored_answer(conn, owner_key_id=actor_key_id, key=key, scope=_SCOPE)
-            if stored is not None:
-                if stored.fingerprint != fingerprint:
-                    raise IdempotencyMismatch(
-                        "this Idempotency-Key was used with a different request body"
-                    )
+            replayed = _stored(conn, actor_key_id, key, fingerprint)
+            if replayed is not None:
                 if replayed_flag is not None:
                     replayed_flag.append(True)
-                return VersionsResult.model_validate(json.loads(stored.response))
-        rows = {row.id: row for row in store.object_rows(conn, [i.object_id for i in items])}
-        values = _checked_values(items, rows, bulk)
+                return replayed
+        sealed = isinstance(items, SealedBatch)
+        ids = items.ids if isinstance(items, SealedBatch) else [i.object_id for i in items]
+        rows = {row.id: row for row in store.closing_rows(conn, ids)}
+        domains = store.domain_texts(conn, (row.domain_hash for row in rows.values()))
+        if isinstance(items, SealedBatch):
+            values = _sealed_values(conn, items, rows)
+        else:
+            values = _checked_values(items, rows, domains, bulk)
         now = datetime.now(UTC)
-        created = _close_and_open(conn, [rows[i.object_id] for i in items], values, now)
+        created = _close_and_open(conn, [rows[i] for i in ids], values, domains, now, sealed=sealed)
         metrics.VERSIONS_CREATED.inc(len(created))
         if not bulk:
             object_id, version = created[0]
@@ -281,9 +330,9 @@ def _create_once(
 
 
 def _checked_values(
-    items: Sequence[NewValue], rows: dict[str, ObjectState], bulk: bool
+    items: Sequence[NewValue], rows: dict[str, ClosingRow], domains: dict[str, str], bulk: bool
 ) -> list[str]:
-    """Each new value's canonical JSON, checked against its object's domain."""
+    """Each new value's canonical JSON, checked against its object's domain (text by hash)."""
     values = []
     # a population's values repeat: each distinct (domain, value) is parsed once (the key is
     # the repr of decoded JSON, equal exactly for equal JSON, as in app.services.objects)
@@ -295,13 +344,54 @@ def _checked_values(
             raise NotFound(f"{where}no object with that id")
         if row.retired_at is not None:
             raise Retired(f"{where}the object is retired and takes no new version")
-        key = (row.domain, repr(item.value))
+        key = (row.domain_hash, repr(item.value))
         text = parsed.get(key)
         if text is None:
-            text = json.dumps(_domain(row.domain).parse_value(item.value, item.field))
+            domain = _domain(domains[row.domain_hash])
+            text = json.dumps(domain.parse_value(item.value, item.field))
             parsed[key] = text
         values.append(text)
     return values
+
+
+def _stored(
+    conn: Tx, actor_key_id: int | None, key: str, fingerprint: str | None
+) -> VersionsResult | None:
+    """The answer stored for this key's earlier request with the same body, or None."""
+    stored = answers.stored_answer(conn, owner_key_id=actor_key_id, key=key, scope=_SCOPE)
+    if stored is None:
+        return None
+    if stored.fingerprint != fingerprint:
+        raise IdempotencyMismatch("this Idempotency-Key was used with a different request body")
+    return VersionsResult.model_validate(json.loads(stored.response))
+
+
+def answered(engine: Database, *, key: str, fingerprint: str) -> bool:
+    """Whether bulk versions under ``key`` (of no API key: the CLI's) are stored already.
+
+    A worker of ``import --versions`` asks before sealing a batch: a batch already stored is
+    replayed by its key, and its values need not be checked nor encrypted again.
+    """
+    with reading(engine) as conn:
+        stored = answers.stored_answer(conn, owner_key_id=None, key=key, scope=_SCOPE)
+    return stored is not None and stored.fingerprint == fingerprint
+
+
+def _sealed_values(conn: Tx, batch: SealedBatch, rows: dict[str, ClosingRow]) -> list[str]:
+    """A sealed batch's ciphertexts, once each object is found live with the domain checked."""
+    if not store.seals_values(conn):
+        raise StaleSeal("this database encrypts values by the column type")
+    if not batch.ids:  # sealed as already stored, and no answer is stored
+        raise StaleSeal("an empty batch")
+    for i, (object_id, domain_hash) in enumerate(zip(batch.ids, batch.domain_hashes, strict=True)):
+        row = rows.get(object_id)
+        if row is None:
+            raise NotFound(f"versions[{i}].id: no object with that id")
+        if row.retired_at is not None:
+            raise Retired(f"versions[{i}].id: the object is retired and takes no new version")
+        if row.domain_hash != domain_hash:
+            raise StaleSeal(f"versions[{i}]: checked against another domain")
+    return batch.values
 
 
 @functools.lru_cache(maxsize=4096)
@@ -322,66 +412,64 @@ def _lifetime_after(
 
 
 def _close_and_open(
-    conn: Tx, rows: Sequence[ObjectState], values: Sequence[str], now: datetime
+    conn: Tx,
+    rows: Sequence[ClosingRow],
+    values: Sequence[str],
+    domains: dict[str, str],
+    now: datetime,
+    *,
+    sealed: bool = False,
 ) -> list[tuple[str, int]]:
-    """Close every row's version and open the next with its value; ``[(id, new version)]``."""
+    """Close every row's version and open the next with its value; ``[(id, new version)]``.
+
+    ``values``: the new values' canonical JSON, or their ciphertexts when ``sealed``.
+
+    The closing loss and the lifetime sums after it are computed once per distinct accounting
+    (a population's objects mostly share one: no history yet, or one survey's); an object
+    with pending survey entries has its own.
+    """
     states = load_states(conn, {r.state_hash for r in rows if r.state_hash is not None})
-    closed: list[dict[str, Any]] = []
-    opened: list[dict[str, Any]] = []
+    new: list[store.NewVersion] = []
     lost: dict[str, int] = {}
     known: dict[str, LossBounds] = {}
+    # (loss lower, upper, exact text, lifetime exact text, lower, upper) by accounting
+    accounts: dict[tuple[Any, ...], tuple[float, float, str | None, str | None, float, float]] = {}
     for row, value in zip(rows, values, strict=True):
-        loss = closing_loss(conn, row, _domain(row.domain), states, known)
-        life = _lifetime_after(
+        account = (
+            row.domain_hash,
+            row.state_hash,
+            row.accepted == row.version_start,
+            row.loss_lower,
+            row.loss_upper,
             row.lifetime_exact,
             row.lifetime_lower,
             row.lifetime_upper,
-            loss.lower,
-            loss.upper,
-            loss.value,
         )
-        closed.append(
-            {
-                "object_id": row.id,
-                "data_version": row.data_version,
-                "seq_start": row.version_start,
-                "seq_end": row.accepted,
-                "loss_lower": loss.lower,
-                "loss_upper": loss.upper,
-                "loss_exact": None if loss.value is None else str(loss.value),
-                "basic_total": row.basic_total,
-                "rejected": row.rejected,
-                "closed_at": now,
-            }
-        )
-        opened.append(
-            {
-                "where_id": row.id,
-                "where_version": row.version,
-                "value": value,
-                "version": row.version + 1,
-                "data_version": row.data_version + 1,
-                "version_start": row.accepted,
-                "state_hash": None,
-                "state_pending": 0,
-                "history_hash": None,
-                "loss_lower": 0.0,
-                "loss_upper": 0.0,
-                "basic_total": "0",
-                "f0_account": "0",
-                "rejected": 0,
-                "lifetime_exact": None if life.value is None else str(life.value),
-                "lifetime_lower": life.lower,
-                "lifetime_upper": life.upper,
-                "updated_at": now,
-            }
-        )
+        found = accounts.get(account) if row.state_pending == 0 else None
+        if found is None:
+            loss = closing_loss(conn, row, _domain(domains[row.domain_hash]), states, known)
+            life = _lifetime_after(
+                row.lifetime_exact,
+                row.lifetime_lower,
+                row.lifetime_upper,
+                loss.lower,
+                loss.upper,
+                loss.value,
+            )
+            found = (
+                loss.lower,
+                loss.upper,
+                None if loss.value is None else str(loss.value),
+                None if life.value is None else str(life.value),
+                life.lower,
+                life.upper,
+            )
+            if row.state_pending == 0:
+                accounts[account] = found
+        new.append(store.NewVersion(row.id, row.version, value, *found))
         if row.state_hash is not None:
             lost[row.state_hash] = lost.get(row.state_hash, 0) + 1
-    store.close_versions(conn, closed)  # copies the closing values before they are replaced
-    if store.open_versions(conn, opened) != len(opened):
+    if store.replace_versions(conn, new, now=now, sealed=sealed) != len(new):
         raise _LostRace
     move_state_refs(conn, gained={}, lost=lost)
-    # quotas apply per version: every project's sub-history starts afresh with the new one
-    project_store.drop_sub_histories(conn, object_ids=[row.id for row in rows])
     return [(row.id, row.data_version + 1) for row in rows]

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import orjson
 from sqlalchemy import String, Table, bindparam, insert, select, true, tuple_, update
@@ -212,6 +212,28 @@ _PROBE = (
     .select_from(_SURVEYS.join(_LAST_STARTING, true()))
     .where(_LAST_STARTING.c.decided_at.is_not(None), _LAST_STARTING.c.last_id >= _ID)
 )
+
+
+class ChunkSpan(NamedTuple):
+    """A decided chunk's key and the range of ids it covers."""
+
+    survey_id: int
+    chunk: int
+    first_id: str
+    last_id: str
+
+
+def chunks_overlapping(conn: Tx, low: str, high: str) -> list[ChunkSpan]:
+    """The decided chunks whose id range meets ``[low, high]`` (one statement).
+
+    :func:`chunks_covering` for a run of ids at once (a survey chunk's members): every chunk
+    covering one of them is among these (its range meets the run's); which of them covers
+    which id is for the caller to compare (ids compare bytewise, as Python compares ``str``).
+    """
+    statement = select(
+        CHUNKS.c.survey_id, CHUNKS.c.chunk, CHUNKS.c.first_id, CHUNKS.c.last_id
+    ).where(CHUNKS.c.decided_at.is_not(None), CHUNKS.c.first_id <= high, CHUNKS.c.last_id >= low)
+    return [ChunkSpan(int(s), int(c), f, last) for s, c, f, last in conn.execute(statement)]
 
 
 def load_chunks(conn: Tx, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], Chunk]:

@@ -8,7 +8,7 @@ Survey answers live in their chunks (:mod:`app.store.chunks`);
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -89,6 +89,29 @@ def submits(
     if limit is not None:
         statement = statement.limit(limit)
     return [submitted(r) for r in conn.execute(statement)]
+
+
+#: Objects whose submits one statement of :func:`submits_of` reads.
+_MANY = 5000
+
+
+def submits_of(conn: Tx, object_ids: Sequence[str]) -> dict[str, list[HistoryItem]]:
+    """Every stored single submit of each object, by number: one statement per 5,000 objects.
+
+    :func:`submits` of many objects at once (a survey chunk's members); objects without a
+    submit are absent.
+    """
+    found: dict[str, list[HistoryItem]] = {}
+    ids = sorted(set(object_ids))
+    for start in range(0, len(ids), _MANY):
+        statement = (
+            select(_QUERIES)
+            .where(_QUERIES.c.object_id.in_(ids[start : start + _MANY]))
+            .order_by(_QUERIES.c.object_id, _QUERIES.c.seq)
+        )
+        for r in conn.execute(statement):
+            found.setdefault(r.object_id, []).append(submitted(r))
+    return found
 
 
 def submitted(r: Row[Any]) -> HistoryItem:

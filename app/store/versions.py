@@ -2,95 +2,161 @@
 
 Closing copies the version's value as stored (its ciphertext, never decrypted) and its final
 accounting into ``object_versions``; opening writes the new value and resets the object's
-accounting columns with the same compare-and-set on ``objects.version`` that a submit uses. Both
-are one statement for a whole batch on PostgreSQL (:mod:`app.store.bulk`'s JSON recordsets),
-an ``executemany`` on SQLite.
+accounting columns with the same compare-and-set on ``objects.version`` that a submit uses, and
+drops the projects' sub-histories of the object. On PostgreSQL the three writes of a whole batch
+are one statement, its rows one JSON text (:func:`replace_versions`; measured in
+docs/benchmarks.md, "Bulk versions"); on SQLite an ``executemany`` each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Any, cast
+from typing import NamedTuple, cast
 
-from sqlalchemy import Table, bindparam, func, literal, select, text
+import orjson
+from sqlalchemy import Table, bindparam, func, insert, select, text, update
 
-from app.db.models import ObjectVersion
-from app.store import bulk
+from app.crypto import active
+from app.db.models import DomainRecord, ObjectVersion
 from app.store.base import Tx, is_postgres
-from app.store.domains import DOMAIN_TEXT
-from app.store.objects import OBJECTS, ObjectState
+from app.store.objects import OBJECTS
+from app.store.projects import drop_sub_histories
 
 VERSIONS = cast(Table, ObjectVersion.__table__)
+DOMAINS = cast(Table, DomainRecord.__table__)
 
-#: Columns of a closed version's row other than its value (copied from the object's row).
-_CLOSED_TYPES = {
-    "object_id": "text",
-    "data_version": "int",
-    "seq_start": "int",
-    "seq_end": "int",
-    "loss_lower": "float8",
-    "loss_upper": "float8",
-    "loss_exact": "text",
-    "basic_total": "text",
-    "rejected": "int",
-    "closed_at": "timestamptz",
-}
-_CLOSE_PG = text(
-    "INSERT INTO object_versions (value, "  # noqa: S608 - names from the models
-    + ", ".join(_CLOSED_TYPES)
-    + ") SELECT o.value, "
-    + ", ".join(f"v.{c}" for c in _CLOSED_TYPES)
-    + " FROM json_to_recordset(CAST(:rows AS json)) AS v("
-    + ", ".join(f"{c} {t}" for c, t in _CLOSED_TYPES.items())
-    + ") JOIN objects AS o ON o.id = v.object_id"
+
+class ClosingRow(NamedTuple):
+    """What closing an object's version reads of its row (by position: no value, no labels).
+
+    The closed version's other columns (its seq range, Σε, rejections) and the next version's
+    counters are copied from the row in SQL, under the compare-and-set on ``version``.
+    """
+
+    id: str
+    version: int
+    data_version: int
+    domain_hash: str
+    retired_at: datetime | None
+    accepted: int
+    version_start: int
+    state_hash: str | None
+    state_pending: int
+    loss_lower: float
+    loss_upper: float
+    lifetime_exact: str | None
+    lifetime_lower: float
+    lifetime_upper: float
+
+
+class NewVersion(NamedTuple):
+    """One object's new version: the closing loss and the lifetime sums after it, its value.
+
+    ``value`` is the new value's JSON in plaintext, or its ciphertext when ``sealed`` is
+    passed to :func:`replace_versions`.
+    """
+
+    object_id: str
+    where_version: int
+    value: str
+    loss_lower: float
+    loss_upper: float
+    loss_exact: str | None
+    lifetime_exact: str | None
+    lifetime_lower: float
+    lifetime_upper: float
+
+
+_CLOSING = select(*(OBJECTS.c[name] for name in ClosingRow._fields))
+_CLOSING_IN = _CLOSING.where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
+_CLOSING_ANY = _CLOSING.where(OBJECTS.c.id == func.any(bindparam("ids")))
+_DOMAIN_TEXTS = select(DOMAINS.c.hash, DOMAINS.c.text).where(
+    DOMAINS.c.hash.in_(bindparam("hashes", expanding=True))
 )
-_CLOSE_SQLITE = text(
-    "INSERT INTO object_versions (value, "  # noqa: S608 - names from the models
-    + ", ".join(_CLOSED_TYPES)
-    + ") SELECT o.value, "
-    + ", ".join(f":{c}" for c in _CLOSED_TYPES)
-    + " FROM objects AS o WHERE o.id = :object_id"
-).bindparams(bindparam("closed_at", type_=VERSIONS.c.closed_at.type))
 
-#: The columns a new version sets on the object (``where_id``/``where_version`` select it).
-_OPEN_TYPES = {
-    "where_id": "text",
-    "where_version": "int",
-    "value": "text",
-    "version": "int",
-    "data_version": "int",
-    "version_start": "int",
-    "state_hash": "text",
-    "state_pending": "int",
-    "history_hash": "text",
-    "loss_lower": "float8",
-    "loss_upper": "float8",
-    "basic_total": "text",
-    "f0_account": "text",
-    "rejected": "int",
-    "lifetime_exact": "text",
-    "lifetime_lower": "float8",
-    "lifetime_upper": "float8",
-    "updated_at": "timestamptz",
-}
+#: PostgreSQL: every write of a batch of new versions in one statement, its rows one JSON text.
+#: The sub-statements of a ``WITH`` share one snapshot, so the ``INSERT`` copies each row's
+#: value and accounting as they were before the ``UPDATE`` replaces them; both select the row
+#: only at the version read (the compare-and-set), and the ``UPDATE``'s count says whether every
+#: row was still there (a concurrent writer makes it short: the caller rolls back and retries).
+_REPLACE_PG = text(
+    "WITH v AS MATERIALIZED (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS v("
+    "object_id text, where_version int, value text, loss_lower float8, loss_upper float8, "
+    "loss_exact text, lifetime_exact text, lifetime_lower float8, lifetime_upper float8)), "
+    "closed AS (INSERT INTO object_versions (object_id, data_version, value, seq_start, "
+    "seq_end, loss_lower, loss_upper, loss_exact, basic_total, rejected, closed_at) "
+    "SELECT o.id, o.data_version, o.value, o.version_start, o.accepted, v.loss_lower, "
+    "v.loss_upper, v.loss_exact, o.basic_total, o.rejected, :now "
+    "FROM v JOIN objects AS o ON o.id = v.object_id AND o.version = v.where_version), "
+    "dropped AS (DELETE FROM project_states AS p USING v WHERE p.object_id = v.object_id), "
+    "opened AS (UPDATE objects AS o SET value = v.value, version = o.version + 1, "
+    "data_version = o.data_version + 1, version_start = o.accepted, state_hash = NULL, "
+    "state_pending = 0, history_hash = NULL, loss_lower = 0, loss_upper = 0, "
+    "basic_total = '0', f0_account = '0', rejected = 0, lifetime_exact = v.lifetime_exact, "
+    "lifetime_lower = v.lifetime_lower, lifetime_upper = v.lifetime_upper, updated_at = :now "
+    "FROM v WHERE o.id = v.object_id AND o.version = v.where_version RETURNING 1) "
+    "SELECT count(*) FROM opened"
+).bindparams(bindparam("now", type_=VERSIONS.c.closed_at.type))
 
-#: An object's row as a new version reads it (no likelihood array: loaded once per state).
-_ROW_FIELDS = [f.name for f in fields(ObjectState) if f.name not in {"state", "state_err"}]
-#: The value is not read (a closing version's ciphertext is copied in SQL; nothing decrypted).
-_ROWS = select(
-    *(
-        DOMAIN_TEXT
-        if n == "domain"
-        else literal("").label("value")
-        if n == "value"
-        else OBJECTS.c[n]
-        for n in _ROW_FIELDS
+#: SQLite: the same writes, an ``executemany`` each (the value encrypted by its column type).
+_CLOSE_SQLITE = insert(VERSIONS).from_select(
+    [
+        "object_id",
+        "data_version",
+        "value",
+        "seq_start",
+        "seq_end",
+        "loss_lower",
+        "loss_upper",
+        "loss_exact",
+        "basic_total",
+        "rejected",
+        "closed_at",
+    ],
+    select(
+        OBJECTS.c.id,
+        OBJECTS.c.data_version,
+        OBJECTS.c.value,
+        OBJECTS.c.version_start,
+        OBJECTS.c.accepted,
+        bindparam("closed_lower", type_=VERSIONS.c.loss_lower.type),
+        bindparam("closed_upper", type_=VERSIONS.c.loss_upper.type),
+        bindparam("closed_exact", type_=VERSIONS.c.loss_exact.type),
+        OBJECTS.c.basic_total,
+        OBJECTS.c.rejected,
+        bindparam("now", type_=VERSIONS.c.closed_at.type),
+    ).where(
+        OBJECTS.c.id == bindparam("object_id"),
+        OBJECTS.c.version == bindparam("where_version"),
+    ),
+)
+_OPEN_SQLITE = (
+    update(OBJECTS)
+    .where(
+        OBJECTS.c.id == bindparam("object_id"),
+        OBJECTS.c.version == bindparam("where_version"),
+    )
+    .values(
+        value=bindparam("value", type_=OBJECTS.c.value.type),
+        version=OBJECTS.c.version + 1,
+        data_version=OBJECTS.c.data_version + 1,
+        version_start=OBJECTS.c.accepted,
+        state_hash=None,
+        state_pending=0,
+        history_hash=None,
+        loss_lower=0.0,
+        loss_upper=0.0,
+        basic_total="0",
+        f0_account="0",
+        rejected=0,
+        lifetime_exact=bindparam("lifetime_exact", type_=OBJECTS.c.lifetime_exact.type),
+        lifetime_lower=bindparam("lifetime_lower", type_=OBJECTS.c.lifetime_lower.type),
+        lifetime_upper=bindparam("lifetime_upper", type_=OBJECTS.c.lifetime_upper.type),
+        updated_at=bindparam("now", type_=OBJECTS.c.updated_at.type),
     )
 )
-_ROWS_IN = _ROWS.where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
-_ROWS_ANY = _ROWS.where(OBJECTS.c.id == func.any(bindparam("ids")))
 _RANGE = select(VERSIONS.c.seq_start, VERSIONS.c.seq_end).where(
     VERSIONS.c.object_id == bindparam("object_id"),
     VERSIONS.c.data_version == bindparam("data_version"),
@@ -159,40 +225,81 @@ _CLOSED = select(*(VERSIONS.c[f.name] for f in fields(ClosedVersion))).where(
 )
 
 
-def object_rows(conn: Tx, ids: Sequence[str]) -> list[ObjectState]:
-    """The objects among ``ids`` as a decision reads them, without values or likelihood arrays.
-
-    ``value`` is empty (never decrypted) and ``state`` None: :func:`app.store.states.load_states`
-    loads each distinct array once.
-    """
+def closing_rows(conn: Tx, ids: Sequence[str]) -> list[ClosingRow]:
+    """The objects among ``ids`` as closing a version reads them (one statement on PostgreSQL)."""
     postgres = is_postgres(conn)
-    statement = _ROWS_ANY if postgres else _ROWS_IN
+    statement = _CLOSING_ANY if postgres else _CLOSING_IN
     chunk = max(len(ids), 1) if postgres else _LOOKUP_CHUNK
-    found = []
+    found: list[ClosingRow] = []
     for start in range(0, len(ids), chunk):
-        for row in conn.execute(statement, {"ids": list(ids[start : start + chunk])}):
-            found.append(ObjectState(**row._mapping, state=None, state_err=0.0))
+        found.extend(
+            ClosingRow._make(row)
+            for row in conn.execute(statement, {"ids": list(ids[start : start + chunk])})
+        )
     return found
 
 
-def close_versions(conn: Tx, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Insert the closed versions (keys of ``_CLOSED_TYPES``), each copying its object's value."""
-    if not rows:
-        return
-    if is_postgres(conn):
-        conn.execute(_CLOSE_PG, {"rows": bulk.rows_json(rows, list(_CLOSED_TYPES))})
-    else:
-        conn.execute(_CLOSE_SQLITE, [dict(row) for row in rows])
+def domain_texts(conn: Tx, hashes: Iterable[str]) -> dict[str, str]:
+    """The stored domains' texts by hash (a population's objects mostly share one)."""
+    wanted = sorted(set(hashes))
+    if not wanted:
+        return {}
+    return {str(h): str(t) for h, t in conn.execute(_DOMAIN_TEXTS, {"hashes": wanted})}
 
 
-def open_versions(conn: Tx, rows: Sequence[Mapping[str, Any]]) -> int:
-    """Write each object's new version if it is still at ``where_version``; rows updated.
+def seals_values(conn: Tx) -> bool:
+    """Whether :func:`replace_versions` takes values encrypted ahead.
 
-    ``value`` is the new value in plaintext (encrypted here or by the column type).
+    PostgreSQL's statement bypasses the column type; SQLite's goes through it, which encrypts
+    the plaintext.
     """
-    where = {"where_id": "id", "where_version": "version"}
-    values = dict(_OPEN_TYPES)
-    return bulk.update_rows(conn, OBJECTS, rows, where=where, values=values, encrypted=("value",))
+    return is_postgres(conn)
+
+
+def replace_versions(
+    conn: Tx, rows: Sequence[NewVersion], *, now: datetime, sealed: bool = False
+) -> int:
+    """Close each row's object's version and open the next with its value; rows updated.
+
+    Each object is written only if it is still at ``where_version`` (the compare-and-set): the
+    closed version copies its value (the ciphertext, never decrypted) and accounting into
+    ``object_versions``, the object gets the new value, its counters start afresh at its
+    accepted count and every project's sub-history of it is dropped. Fewer rows than given
+    means a concurrent writer came first: the caller must roll back. ``sealed``: the values are
+    already encrypted with the process's cipher (else they are encrypted here).
+    """
+    if not rows:
+        return 0
+    if is_postgres(conn):
+        if not sealed:
+            cipher = active()
+            rows = [row._replace(value=cipher.encrypt(row.value)) for row in rows]
+        # orjson: the C encoder (docs/benchmarks.md, "Import: before and after")
+        payload = orjson.dumps([row._asdict() for row in rows]).decode()
+        return int(conn.execute(_REPLACE_PG, {"rows": payload, "now": now}).scalar_one())
+    if sealed:
+        raise ValueError("SQLite encrypts values by the column type: pass them in plaintext")
+    # the closing loss under names that are no column of ``objects`` (an executemany's keys
+    # named like a column would be added to the UPDATE's SET clause)
+    params = [
+        {
+            "object_id": row.object_id,
+            "where_version": row.where_version,
+            "value": row.value,
+            "closed_lower": row.loss_lower,
+            "closed_upper": row.loss_upper,
+            "closed_exact": row.loss_exact,
+            "lifetime_exact": row.lifetime_exact,
+            "lifetime_lower": row.lifetime_lower,
+            "lifetime_upper": row.lifetime_upper,
+            "now": now,
+        }
+        for row in rows
+    ]
+    conn.execute(_CLOSE_SQLITE, params)
+    updated = int(conn.execute(_OPEN_SQLITE, params).rowcount)
+    drop_sub_histories(conn, object_ids=[row.object_id for row in rows])
+    return updated
 
 
 def version_range(conn: Tx, *, object_id: str, data_version: int) -> tuple[int, int] | None:

@@ -398,3 +398,98 @@ def test_reused_answers_are_counted_in_metrics_and_audit_nothing(
     r = client.post("/v1/surveys", headers=analyst, json=body)
     assert wait_done(client, analyst, r.json()["id"])["progress"]["reused"] == 1
     assert _reused_metric(client, "survey") == before + 1
+
+
+@pytest.fixture(scope="module")
+def small_chunks(database_url: str) -> Iterator[TestClient]:
+    """A client whose surveys cut their members in chunks of 4 (several chunks per test)."""
+    settings = make_settings(database_url, survey_chunk_size=4)
+    with TestClient(create_app(settings)) as test_client:
+        yield test_client
+
+
+def _earliest(client: TestClient, oid: str, headers: dict[str, str], epsilon: float) -> Any:
+    """The earliest ``rr(epsilon)`` entry of the object's current version among those the
+    caller can read (an analyst: its own key's), from the history the API shows — the oracle."""
+    r = client.get(f"/v1/objects/{oid}/queries", headers=headers, params={"limit": 100})
+    assert r.status_code == 200, r.text
+    same = [i for i in r.json()["items"] if i["query"]["epsilon"] == epsilon]
+    return min(same, key=lambda i: i["seq"], default=None)
+
+
+def test_reuse_in_chunks_cut_differently_mixes_hits_and_misses(
+    small_chunks: TestClient, database_url: str
+) -> None:
+    """Chunks of 4 where the earlier survey cut its (other) cohort differently: per member, the
+    earliest answer its key asked in its current version, whether from a single submit or a
+    survey, and a fresh answer for the rest — retired members refused, new versions missed."""
+    client = small_chunks
+    analyst = auth(new_key(client, "analyst"))
+    study = unique_id("mixed")
+    ids = sorted(register(client, labels={"study": study}) for _ in range(13))
+    assert submit(client, analyst, ids[0], rr()).status_code == 201  # single submits first
+    assert submit(client, analyst, ids[3], rr()).status_code == 201
+    # another query's answer: a survey answer of another member matched to this one by mistake
+    # would fall in its range
+    assert submit(client, analyst, ids[4], rr(0.5)).status_code == 201
+    odd = {"name": "odd", "query": rr(), "cohort": {"ids": ids[1::2]}}  # chunks [1,3,5,7] [9,11]
+    r = client.post("/v1/surveys", headers=analyst, json=odd)
+    assert r.status_code == 202, r.text
+    first = wait_done(client, analyst, r.json()["id"])
+    assert first["progress"]["accepted"] == 6
+    assert submit(client, analyst, ids[1], rr()).status_code == 201  # after the survey's answer
+    new = client.post(f"/v1/objects/{ids[5]}/versions", headers=ADMIN, json={"value": {"b": 0}})
+    assert new.status_code == 201  # its survey answer is of a closed version now
+    assert client.delete(f"/v1/objects/{ids[9]}", headers=ADMIN).status_code == 200  # retired
+    expected = {oid: _earliest(client, oid, analyst, 0.3) for oid in ids}
+    assert expected[ids[4]] is None
+    assert expected[ids[0]] is not None
+    assert expected[ids[5]] is None
+    assert expected[ids[1]]["survey_id"] == first["id"]  # not the later single submit's
+    assert expected[ids[3]]["survey_id"] is None  # the single submit, before the survey's
+    rows = {oid: object_row(database_url, oid) for oid in ids}
+    body = {"name": "all", "query": rr(), "cohort": {"labels": {"study": study}}, "reuse": True}
+    dry = client.post("/v1/surveys/dry-run", headers=analyst, json=body)
+    hits = [oid for oid in ids if expected[oid] is not None and oid != ids[9]]
+    assert dry.json()["would_reuse"] == len(hits) == 5  # 0, 1, 3 (its single submit), 7, 11
+    r = client.post("/v1/surveys", headers=analyst, json=body)  # chunks [0..3] [4..7] ...
+    second = wait_done(client, analyst, r.json()["id"])
+    progress = second["progress"]
+    assert (progress["reused"], progress["accepted"], progress["decided"]) == (5, 12, 13)
+    assert {k: n for k, n in progress["refused"].items() if n} == {"retired": 1}
+    items = {
+        i["object_id"]: i
+        for i in client.get(
+            f"/v1/surveys/{second['id']}/responses", headers=analyst, params={"limit": 100}
+        ).json()["items"]
+    }
+    for oid in ids:
+        item = items[oid]
+        if oid == ids[9]:
+            assert (item["decision"], item["reason"]) == ("refused", "retired")
+        elif oid in hits:
+            assert item["output"] == expected[oid]["output"], oid
+            assert object_row(database_url, oid) == rows[oid]  # nothing charged or recorded
+        else:  # no earlier answer of this version: decided and answered afresh
+            assert item["decision"] == "accepted"
+            assert object_row(database_url, oid) != rows[oid]
+    verify(database_url)
+
+
+def test_a_survey_reuses_only_its_own_keys_survey_answers(small_chunks: TestClient) -> None:
+    """An analyst's reusing survey takes no answer another analyst's survey drew; the
+    unscoped admin's takes them all."""
+    client = small_chunks
+    first, second = auth(new_key(client, "analyst")), auth(new_key(client, "analyst"))
+    study = unique_id("scoped")
+    for _ in range(6):
+        register(client, labels={"study": study})
+    body = {"name": "s", "query": rr(), "cohort": {"labels": {"study": study}}}
+    r = client.post("/v1/surveys", headers=first, json=body)
+    assert wait_done(client, first, r.json()["id"])["progress"]["accepted"] == 6
+    r = client.post("/v1/surveys", headers=second, json={**body, "reuse": True})
+    other = wait_done(client, second, r.json()["id"])["progress"]
+    assert (other["reused"], other["accepted"]) == (0, 6)  # fresh answers, charged
+    r = client.post("/v1/surveys", headers=ADMIN, json={**body, "reuse": True})
+    admin = wait_done(client, ADMIN, r.json()["id"])["progress"]
+    assert (admin["reused"], admin["accepted"]) == (6, 6)

@@ -12,6 +12,7 @@ Only :meth:`Mechanism.sample` ever sees the true value; everything a filter deci
 from __future__ import annotations
 
 import abc
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -127,6 +128,10 @@ class Mechanism(abc.ABC):
     def output_json(self, output: Output) -> Any:
         """The JSON form of an internal output."""
 
+    def output_text(self, output: Output) -> str:
+        """``json.dumps(self.output_json(output))``: the output as a history stores it."""
+        return json.dumps(self.output_json(output))
+
     def listed_output(self, j: int) -> Output:
         """The ``j``-th output in listing order: the index itself by default.
 
@@ -182,6 +187,14 @@ class Mechanism(abc.ABC):
     @abc.abstractmethod
     def sample(self, value: Mapping[str, Scalar]) -> Output:
         """Draw an output for the true ``value`` with the exact CSPRNG sampler."""
+
+    def sample_many(self, values: Sequence[Mapping[str, Scalar]]) -> list[Output]:
+        """One independent :meth:`sample` per value, in order (a survey chunk's members).
+
+        A mechanism may draw them all at once (``olh``: one generator call per chunk); each
+        output keeps :meth:`sample`'s exact distribution.
+        """
+        return [self.sample(value) for value in values]
 
 
 class TabulatedMechanism(Mechanism):

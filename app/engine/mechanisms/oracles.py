@@ -343,6 +343,20 @@ class OptimizedLocalHashing(_TwoLevel):
         seed, bucket = _pair(output)
         return {"seed": str(seed), "bucket": bucket}
 
+    def output_text(self, output: Output) -> str:
+        """``json.dumps`` of :meth:`output_json`, written directly (a survey writes one a member).
+
+        >>> from app.engine.domain import parse_domain
+        >>> domain = parse_domain({"attributes": [{"name": "v", "type": "integer", "low": 0,
+        ...                                        "high": 9}]})
+        >>> from app.engine.mechanisms import parse_query
+        >>> parse_query({"mechanism": "olh", "attribute": "v", "epsilon": 1}, domain).output_text(
+        ...     (2**64 - 1, 3))
+        '{"seed": "18446744073709551615", "bucket": 3}'
+        """
+        seed, bucket = _pair(output)
+        return f'{{"seed": "{int(seed)}", "bucket": {int(bucket)}}}'
+
     def listed_output(self, j: int) -> Output:
         """Seed ``j // g``, bucket ``j mod g``."""
         return (j // self.g, j % self.g)
@@ -381,7 +395,12 @@ class OptimizedLocalHashing(_TwoLevel):
             hashed = olh_hash(a[rows, None], b[rows, None], indexes, self.g)
             return hashed == buckets[rows, None]
 
-        return subset_losses(profiles, np.asarray(owners, dtype=np.int64), hits)
+        # each probed value is in a report's subset with probability about 1/g: 8·g values
+        # hold a member but with probability (1 − 1/g)^(8g) < e^-8 (that report is then
+        # looked at over all k values, exactly), and hashing 8·g values instead of 64 halves
+        # a chunk's pass at the default g = 4 (80 → 38 ms for 5,000 reports, k = 1,000)
+        probe = min(self.k, max(16, 8 * self.g))
+        return subset_losses(profiles, np.asarray(owners, dtype=np.int64), hits, probe)
 
     def witness(self, inside: int | None, outside: int | None) -> Output:
         """The first seed separating the pair, and ``inside``'s bucket under it."""
@@ -399,6 +418,36 @@ class OptimizedLocalHashing(_TwoLevel):
         other = sampling.randbelow(self.g - 1)
         other += other >= own
         return (seed, own if keep else other)
+
+    def sample_many(self, values: Sequence[Mapping[str, Scalar]]) -> list[Output]:
+        """:meth:`sample` for every value at once, with the same exact distribution.
+
+        :meth:`sample` draws, per value, a seed (one uniform 64-bit word), the keep event
+        (:class:`~app.engine.sampling.RealProbability`) and a uniform other bucket in
+        ``[0, g−1)``, each independent of the others and of the value. Here the seeds are the
+        words of one :func:`~app.engine.sampling.words` call (uniform on ``[0, 2^64)``, as
+        ``randbelow(2^64)``), the keep events one
+        :meth:`~app.engine.sampling.RealProbability.draw_many` and the other buckets one
+        :func:`~app.engine.sampling.randbelow_array` (exact rejection sampling), all
+        independent; ``h_seed(v)`` is :func:`olh_hash` (uint64, exact: equal to
+        :func:`olh_hash_value`). So each ``(seed, bucket)`` has :meth:`sample`'s distribution
+        and the outputs are independent; the work does not depend on the values.
+        """
+        count = len(values)
+        if not count:
+            return []
+        name = self.attribute.name
+        indexes = np.array(
+            [self.attribute.index_of(value[name], name) for value in values], dtype=np.uint64
+        )
+        seeds = sampling.words(count)
+        a, b = hash_coefficients_array(seeds)
+        own = olh_hash(a, b, indexes, self.g)
+        keep = self._keep.draw_many(count)
+        other = sampling.randbelow_array(self.g - 1, count)
+        other += (other >= own).astype(np.uint64)
+        buckets = np.where(keep, own, other)
+        return list(zip(seeds.tolist(), buckets.tolist(), strict=True))
 
     @cached_property
     def _keep(self) -> RealProbability:
