@@ -33,6 +33,7 @@ object: minutes at 10^6).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -49,7 +50,12 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.service_load import ADMIN_KEY, Server, fresh_database  # noqa: E402
+from bench.service_load import (  # noqa: E402
+    ADMIN_KEY,
+    BackendSampler,
+    Server,
+    fresh_database,
+)
 
 REGIONS = [f"r{i:02d}" for i in range(15)]
 DOMAIN = {
@@ -70,6 +76,17 @@ SURVEYS = [
     {"mechanism": "grr", "attribute": "age", "epsilon": 1.0},
     {"mechanism": "grr", "attribute": "region", "epsilon": 1.0},
 ]
+#: Issue 27 item 3: ``--surveys N`` runs the first N of grr ε = 0.5 on region, age, sex, region,
+#: age, sex, region, ... — histories diverge with every answer (the order of the outputs differs
+#: between members), while their contents (the multiset of outputs) diverge much more slowly.
+SERIES = ["region", "age", "sex"]
+
+
+def series_query(i: int) -> dict[str, Any]:
+    """The ``i``-th survey (from 0) of the ``--surveys`` sequence."""
+    return {"mechanism": "grr", "attribute": SERIES[i % len(SERIES)], "epsilon": 0.5}
+
+
 LINEAR = {
     "mechanism": "linear",
     "weights": {"x": 0.5, "y": 0.5},
@@ -271,6 +288,86 @@ def single_submits() -> float | None:
 KEY_FILE = Path(tempfile.gettempdir()) / f"gk-bench-{os.getpid()}.key"
 
 
+def states_size(database_url: str) -> tuple[int, float]:
+    """Stored likelihood states: how many, and their table's size with indexes and TOAST (MiB)."""
+    count = int(sql(database_url, "SELECT count(*) FROM likelihood_states"))
+    size = int(sql(database_url, "SELECT pg_total_relation_size('likelihood_states')"))
+    return count, size / 2**20
+
+
+def survey_series(args: argparse.Namespace) -> int:
+    """``--surveys N``: the issue's diverging sequence, per tree, interleaved survey by survey.
+
+    One database and one server per tree (this one, then each ``--baseline``), the same
+    population imported into each; survey ``i`` runs on every tree before survey ``i + 1``
+    (alternating which goes first), so the trees share the machine's load. Per survey and tree:
+    wall time, members/s, decision groups, likelihood states stored and their MiB, the server's
+    CPU seconds and its PostgreSQL backends' CPU seconds, and the load average.
+    """
+    trees = [ROOT, *args.baseline]
+    names = ["branch" if t == ROOT else f"base {t}" for t in trees]
+    ok = True
+    rows: list[tuple[int, str, str]] = []
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        population = Path(tmp) / "population.ndjson"
+        write_population(population, args.objects, args.seed)
+        urls, servers, dbnames = [], [], []
+        for n, tree in enumerate(trees):
+            url, dbname = stack.enter_context(
+                fresh_database(keep=args.keep_database, prefix=args.db_prefix)
+            )
+            start = time.perf_counter()
+            done = cli(url, "import", str(population), "--quiet")
+            if done.returncode != 0:
+                print(done.stderr)
+                return 1
+            print(
+                f"{names[n]}: imported {args.objects} in {time.perf_counter() - start:.1f} s",
+                flush=True,
+            )
+            env = {"GATEKEEPER_ENCRYPTION_KEY_FILE": str(KEY_FILE), "BOUND_PROCESSES": "1"}
+            server = Server(url, 1, 1, Path(tmp) / f"server{n}.log", env, tree=tree)
+            stack.callback(server.stop)
+            urls.append(url)
+            servers.append(server)
+            dbnames.append(dbname)
+        headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        print(
+            "| survey | tree | wall s | members/s | groups | states | states MiB | "
+            "server CPU s | PG CPU s | load |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for i in range(args.surveys):
+            query = series_query(i)
+            order = list(range(len(trees)))
+            if i % 2:
+                order.reverse()
+            for n in order:
+                with httpx.Client(base_url=servers[n].url, timeout=60) as http:
+                    cpu = servers[n].cpu()
+                    backends = BackendSampler(dbnames[n])
+                    view, seconds = run_survey(http, headers, query, "bench")
+                    pg_cpu = backends.stop()
+                    cpu = servers[n].cpu() - cpu
+                states, mib = states_size(urls[n])
+                members = view["progress"]["decided"]
+                line = (
+                    f"| {i + 1} ({query['attribute']}) | {names[n]} | {seconds:.1f} | "
+                    f"{members / seconds:,.0f} | {view['groups']} | {states} | {mib:,.1f} | "
+                    f"{cpu:.1f} | {pg_cpu:.1f} | {os.getloadavg()[0]:.2f} |"
+                )
+                ok &= view["status"] == "done" and members == args.objects
+                rows.append((i, names[n], line))
+                print(line, flush=True)
+        for n, url in enumerate(urls):
+            print(f"{names[n]}: largest tables (MiB) {table_sizes(url)}", flush=True)
+            if not args.no_verify:
+                done = cli(url, "verify", tree=trees[n])
+                print(f"{names[n]}: verify: {done.stdout.strip().splitlines()[-1]}", flush=True)
+                ok &= done.returncode == 0
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--objects", type=int, default=1_000_000)
@@ -292,13 +389,37 @@ def main(argv: list[str] | None = None) -> int:
         help="run `gatekeeper import` from the source in this directory (an older commit's "
         "worktree, to compare it with this one on the same machine)",
     )
+    parser.add_argument(
+        "--surveys",
+        type=int,
+        default=0,
+        help="run the first N surveys of issue 27's diverging sequence (grr ε = 0.5 on region, "
+        "age, sex, region, ...) instead of the default three, printing groups, states, their "
+        "MiB and time per survey",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        action="append",
+        default=[],
+        help="with --surveys: also serve a database from this tree (a worktree of an older "
+        "commit), surveys interleaved with this tree's",
+    )
+    parser.add_argument("--db-prefix", default="gk_bench_", help="the databases' name prefix")
     args = parser.parse_args(argv)
+    if args.baseline and not args.surveys:
+        parser.error("--baseline needs --surveys")
     if args.tree != ROOT and not args.import_only:
         parser.error("--tree times an older tree's import: use it with --import-only")
     from cryptography.fernet import Fernet
 
     KEY_FILE.write_text(Fernet.generate_key().decode())
     print(f"machine: {platform.node()} {os.cpu_count()} cpus, load {os.getloadavg()}")
+    if args.surveys:
+        try:
+            return survey_series(args)
+        finally:
+            KEY_FILE.unlink(missing_ok=True)
     rows: list[tuple[str, str]] = []
     ok = True
     with (

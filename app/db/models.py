@@ -11,8 +11,9 @@
 * :class:`Project` — a tenant: a label scope and an ε quota its keys inherit (issue 25).
 * :class:`DomainRecord` — a domain's canonical JSON, stored once and named by its hash in every
   object registered with it (a million objects of one study share one ~250-byte text).
-* :class:`LikelihoodStateRecord` — a finite likelihood array, stored once per (domain, history)
-  and shared by every object with that history (storage grows with distinct histories).
+* :class:`LikelihoodStateRecord` — a finite likelihood array, stored once per content (exact
+  histories: any order of the same outputs) or per (domain, history), and shared by every
+  object with it (storage grows with distinct contents).
 * :class:`Survey` and :class:`SurveyChunk` — a population survey, and its fixed membership cut
   into chunks, each holding its members' decisions and answers packed (issue #13).
 
@@ -253,7 +254,7 @@ class ObjectVersion(Base):
 
 
 class LikelihoodStateRecord(Base):
-    """A finite history's ``log P`` array and its rounding error, by (domain, history) hash.
+    """A finite history's ``log P`` array and its rounding error, by content or history hash.
 
     ``refs`` counts the objects whose ``state_hash`` names it; at zero the row is deleted.
     """

@@ -224,13 +224,36 @@ class ExactLoss:
         counts = {int(a): np.asarray(rows, dtype=np.int64) for a, rows in doc["c"].items()}
         return cls(shape, groups, counts)
 
+    def canonical_bytes(self) -> bytes:
+        """The form's content whatever the order of its history (a stored state's key).
+
+        Groups sorted by ε, each attribute's count rows in that order: two histories with
+        the same multiset of randomized-response outputs (per attribute and written ε) have
+        the same counts, hence the same canonical bytes — and the same decision, since a
+        decision on an exact history reads these counts and nothing else of the state.
+        """
+        order = sorted(range(len(self.groups)), key=lambda g: self.groups[g].epsilon)
+        doc = {
+            "s": list(self.shape),
+            "g": [
+                [self.groups[g].epsilon.numerator, self.groups[g].epsilon.denominator]
+                for g in order
+            ],
+            "c": {str(a): arr[order].tolist() for a, arr in sorted(self.counts.items())},
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
     def same_as(self, other: ExactLoss | None) -> bool:
-        """Equal counts and groups (``verify``)."""
-        if other is None or other.groups != self.groups:
+        """Equal counts per group, whatever order the groups came in (``verify``).
+
+        A stored state is shared by every history with its content (:meth:`canonical_bytes`),
+        so its groups are in the order of the history that stored it first.
+        """
+        if other is None or set(other.groups) != set(self.groups):
             return False
-        if set(other.counts) != set(self.counts):
+        if len(other.groups) != len(self.groups) or set(other.counts) != set(self.counts):
             return False
-        return all(np.array_equal(other.counts[a], arr) for a, arr in self.counts.items())
+        return other.canonical_bytes() == self.canonical_bytes()
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """An object's row as the engine's :class:`~app.engine.pipeline.ObjectSnapshot`, and back.
 
-Finite objects: the stored likelihood array, kept once per (domain, history) in
-``likelihood_states`` and named by :func:`state_key` (objects with the same history share it),
+Finite objects: the stored likelihood array, kept once per content in ``likelihood_states``:
+an exact (randomized-response) history's array is named by :func:`content_key`, so histories
+with the same outputs in any order share it; any other by its history (:func:`state_key`);
 plus the last ``state_pending`` entries of the history when a survey did not store the array its
 answers made (:func:`pending_columns`: an ``olh`` answer's array would be its member's alone).
 Continuous objects: the stored history's parsed terms, seeded with the certified bounds stored
@@ -38,7 +39,7 @@ from app.engine.pipeline import (
 from app.services.history import HistoryMismatch, object_history
 from app.store import Database, Tx
 from app.store.history import HistoryItem
-from app.store.states import add_refs, drop_unused, insert_state
+from app.store.states import add_refs, drop_unused, insert_states
 
 #: Continuous history terms kept in the cache, all objects together (a term is a few hundred
 #: bytes: the default holds about 100 MB).
@@ -279,8 +280,30 @@ def next_history_hash(previous: str | None, query_text: str, output_text: str) -
 
 
 def state_key(domain_text: str, history_hash: str) -> str:
-    """The key of a finite history's likelihood array in ``likelihood_states``."""
+    """The key of a finite history's likelihood array in ``likelihood_states`` by its history.
+
+    The key of arrays without an exact form (a history with a query that is not randomized
+    response), and of every array stored before :func:`content_key` existed.
+    """
     return _digest(domain_text, history_hash)
+
+
+def content_key(domain_text: str, state: LikelihoodState) -> str | None:
+    """The key of an exact history's array by its content (None: the state has no exact form).
+
+    The domain and the exact form's canonical bytes (:meth:`ExactLoss.canonical_bytes
+    <app.engine.exact.ExactLoss.canonical_bytes>`): histories with the same multiset of
+    randomized-response outputs — in any order — share one stored array and get one decision.
+    Their float arrays differ only by rounding (certified by each one's ``err`` for the same
+    real log-likelihood), and an exact history's decisions read the exact form alone.
+    """
+    if state.exact is None:
+        return None
+    hasher = hashlib.blake2b(digest_size=16, person=b"exact-state")
+    hasher.update(domain_text.encode())
+    hasher.update(b"\x1f")
+    hasher.update(state.exact.canonical_bytes())
+    return hasher.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -298,6 +321,8 @@ class Advance:
 
     columns: dict[str, Any]
     stored: StoredState | None
+    #: ``stored`` is named by its content (:func:`content_key`), whatever the history.
+    by_content: bool = False
 
 
 def advance(
@@ -310,14 +335,19 @@ def advance(
 ) -> Advance:
     """The ``objects`` columns of ``after`` (the snapshot past one more accepted query).
 
-    ``history_hash`` is the row's hash before the query; the finite state is named by the new
-    one (:func:`state_key`), so objects reaching the same history share one stored array.
+    ``history_hash`` is the row's hash before the query. The finite state is named by its
+    content when exact (:func:`content_key`: objects whose histories hold the same outputs, in
+    any order, share one stored array), else by the new history hash (:func:`state_key`).
     """
     loss = after.loss()
     new_history = next_history_hash(history_hash, query_text, output_text)
     stored = None
+    by_content = False
     if isinstance(after.state, LikelihoodState):
-        key = state_key(domain_text, new_history)
+        key = content_key(domain_text, after.state)
+        by_content = key is not None
+        if key is None:
+            key = state_key(domain_text, new_history)
         stored = StoredState(key, after.state.to_bytes(), after.state.err)
     columns = {
         "state_hash": stored.key if stored else None,
@@ -328,7 +358,30 @@ def advance(
         "basic_total": str(after.basic_total),
         "f0_account": str(after.f0_account),
     }
-    return Advance(columns, stored)
+    return Advance(columns, stored, by_content)
+
+
+def advance_from(
+    change: Advance,
+    *,
+    domain_text: str,
+    history_hash: str | None,
+    query_text: str,
+    output_text: str,
+) -> Advance:
+    """:func:`advance` for another history whose snapshot is the one ``change`` was made on.
+
+    A survey decides the members whose states are equal once (their histories may differ in
+    order): the state after the answer, its loss and accounts are the same for all of them,
+    only the history hash differs — and with it the key of an array stored by history.
+    """
+    new_history = next_history_hash(history_hash, query_text, output_text)
+    columns = {**change.columns, "history_hash": new_history}
+    stored = change.stored
+    if stored is not None and not change.by_content:
+        stored = StoredState(state_key(domain_text, new_history), stored.state, stored.err)
+        columns["state_hash"] = stored.key
+    return Advance(columns, stored, change.by_content)
 
 
 def pending_columns(
@@ -383,9 +436,7 @@ def move_state_refs(
     for key, count in lost.items():
         net[key] = net.get(key, 0) - count
     new = sorted(key for key, count in net.items() if count > 0 and key not in stored)
-    for key in new:
-        state = gained[key][0]
-        insert_state(conn, key=key, state=state.state, err=state.err, refs=net[key])
+    insert_states(conn, [(key, gained[key][0].state, gained[key][0].err, net[key]) for key in new])
     known = sorted((key, count) for key, count in net.items() if key in stored and count > 0)
     if add_refs(conn, known) != len(known):
         raise StateGone

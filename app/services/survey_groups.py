@@ -1,10 +1,12 @@
 """What every survey operation shares: refusals, the survey row, and decision groups.
 
 A **decision group** is the set of members whose public state is identical — domain, budget,
-filter, exact ``Σ ε``, history hash (and the stored loss bounds, which a continuous snapshot is
-seeded with). Such members get the same decision from the filter, so it is computed once, on a
-snapshot built from one representative, through :mod:`app.services.decisions` — the road every
-single submit takes. Nothing here reads a value.
+filter, exact ``Σ ε``, stored state (an exact finite history's named by its content, so any
+order of the same outputs; issue 27), the history hash where the decision reads the history
+itself (continuous objects, pending entries), and the stored loss bounds, which a continuous
+snapshot is seeded with. Such members get the same decision from the filter, so it is
+computed once, on a snapshot built from one representative, through
+:mod:`app.services.decisions` — the road every single submit takes. Nothing here reads a value.
 """
 
 from __future__ import annotations
@@ -132,6 +134,20 @@ class _SnapshotRow(NamedTuple):
     budget_delta: float | None
     f0_account: str
     version_start: int
+
+
+def decision_key(key: GroupKey, parsed: ParsedQuery) -> GroupKey:
+    """The part of a member's public state its decision reads (issue 27: canonical groups).
+
+    A finite object's decision reads its stored array (named by content when exact:
+    :func:`~app.services.snapshots.content_key`), never its history hash — so members whose
+    histories hold the same outputs in another order are one decision group. A continuous
+    object's history, and the entries a finite array lacks (``state_pending``), are read from
+    the representative's own history: those keep their history hash.
+    """
+    if key.state_pending or not parsed.domain(key.domain).is_finite:
+        return key
+    return key._replace(history_hash=None)
 
 
 def decide_group(

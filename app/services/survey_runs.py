@@ -7,12 +7,15 @@ chunk:
    ``FOR UPDATE`` on PostgreSQL, so a concurrent single submit waits, then loses its
    compare-and-set and decides again on the committed history, and a second worker on the same
    chunk waits, then finds it decided;
-2. groups them by public state (:mod:`app.services.survey_groups`) and decides each group once —
-   remembered for the rest of the run (:class:`RunCache`), since equal public state means an
-   equal decision;
+2. groups them by what their decision reads (:func:`decision_key`: the public state without
+   a finite history's hash — an exact array is named by its content, so histories holding the
+   same outputs in another order are one group, issue 27) and decides each group once (through
+   :mod:`app.services.survey_groups`) — remembered for the rest of the run (:class:`RunCache`),
+   since equal public state means an equal decision;
 3. decrypts and samples each accepted member (the only read of a value); the next snapshot is
-   computed once per (group, output), also remembered, so a million members with ten histories
-   compute twenty states, and store each once (:mod:`app.services.snapshots`);
+   computed once per (decision group, output), also remembered, so a million members with ten
+   histories compute twenty states, and store each once (:mod:`app.services.snapshots`); each
+   history's own hash follows (:func:`~app.services.snapshots.advance_from`);
 4. writes in a handful of statements (:mod:`app.store.bulk`): a compare-and-set on every
    accepted object's version, the members' decisions and answers packed in the chunk's row
    (only from pending: a member is decided at most once; the answers are in the objects'
@@ -62,6 +65,7 @@ from app.services.snapshots import (
     StateGone,
     StoredState,
     advance,
+    advance_from,
     move_state_refs,
     pending_columns,
 )
@@ -73,6 +77,7 @@ from app.services.survey_groups import (
     StateMissing,
     decide_group,
     decide_snapshot,
+    decision_key,
     group_snapshot,
     load_survey,
     survey_totals,
@@ -114,10 +119,11 @@ class ChunkOutcome:
 class RunCache:
     """What a run remembers across its chunks (all of it public, none of it a value).
 
-    ``decisions``: per group key, the filter's decision; ``advances``: per (group key, output),
-    the object columns and state row after it; ``stored``: state keys this run has stored (later
-    chunks only count references to them); ``seen``: groups of committed chunks (the survey's
-    ``groups``). Emptied when it grows past ``max_entries``.
+    ``decisions``: per decision key (:func:`decision_key`), the filter's decision;
+    ``advances``: per (decision key, output), the object columns and state row after it;
+    ``stored``: state keys this run has stored (later chunks only count references to them);
+    ``seen``: decision groups of committed chunks (the survey's ``groups``). Emptied when it
+    grows past ``max_entries``.
     """
 
     parsed: ParsedQuery
@@ -128,6 +134,23 @@ class RunCache:
     max_entries: int = 200_000
     #: Guards ``seen``: a group is counted by the one chunk that commits it first.
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The stored JSON texts of the query (output None) and its outputs, per domain text.
+    texts: dict[tuple[str, Output | None], str] = field(default_factory=dict)
+
+    def query_text(self, domain: str, mech: Mechanism) -> str:
+        """``json.dumps(mech.to_json())``, once per domain."""
+        found = self.texts.get((domain, None))
+        if found is None:
+            found = self.texts[(domain, None)] = json.dumps(mech.to_json())
+        return found
+
+    def output_text(self, domain: str, mech: Mechanism, output: Output) -> str:
+        """``json.dumps(mech.output_json(output))``, once per domain and output."""
+        found = self.texts.get((domain, output))
+        if found is None:
+            found = self.texts[(domain, output)] = json.dumps(mech.output_json(output))
+        return found
+
     #: ``"reuse": true``: per domain hash, its text and the query parsed there (None: invalid).
     reuse_mechs: dict[str, tuple[str, Mechanism | None]] = field(default_factory=dict)
 
@@ -149,6 +172,7 @@ class RunCache:
             self.decisions.clear()
             self.advances.clear()
             self.parsed.states.clear()
+            self.texts.clear()
 
 
 @dataclass
@@ -283,6 +307,7 @@ def _within_quota(
 def _group_decision(
     conn: Tx, key: GroupKey, first: MemberRow, cache: RunCache, worker: BoundWorker
 ) -> GroupAccepted | Refusal:
+    """The decision of decision group ``key`` (:func:`decision_key`), once per run."""
     found = cache.decisions.get(key)
     if found is None:
         found = decide_group(
@@ -293,21 +318,39 @@ def _group_decision(
 
 
 def _advance_of(
-    key: GroupKey, group: GroupAccepted, output: Output, cache: RunCache, worker: BoundWorker
+    key: GroupKey,
+    decided: GroupKey,
+    group: GroupAccepted,
+    output: Output,
+    cache: RunCache,
+    worker: BoundWorker,
 ) -> Advance:
-    found = cache.advances.get((key, output))
+    """The columns and state after ``output`` for members with public state ``key``.
+
+    The next state is computed once per decision group ``decided`` and output; each history's
+    columns follow from it (:func:`~app.services.snapshots.advance_from`).
+    """
+    mech = group.mech
+    found = cache.advances.get((decided, output))
     if found is None:
-        mech, snapshot, decision = group
-        after = recorded(snapshot, decision, mech, output, worker)
+        after = recorded(group.snapshot, group.decision, mech, output, worker)
         found = advance(
             after,
-            domain_text=key.domain,
-            history_hash=key.history_hash,
-            query_text=json.dumps(mech.to_json()),
-            output_text=json.dumps(mech.output_json(output)),
+            domain_text=decided.domain,
+            history_hash=decided.history_hash,
+            query_text=cache.query_text(key.domain, mech),
+            output_text=cache.output_text(key.domain, mech, output),
         )
-        cache.advances[(key, output)] = found
-    return found
+        cache.advances[(decided, output)] = found
+    if key.history_hash == decided.history_hash:
+        return found
+    return advance_from(
+        found,
+        domain_text=key.domain,
+        history_hash=key.history_hash,
+        query_text=cache.query_text(key.domain, mech),
+        output_text=cache.output_text(key.domain, mech, output),
+    )
 
 
 def _decide_rows(
@@ -333,7 +376,8 @@ def _decide_rows(
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
     by_group = _fold_pending(conn, by_group, cache, worker)
-    work.keys = set(by_group)
+    decided = {key: decision_key(key, cache.parsed) for key in by_group}
+    work.keys = set(decided.values())
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
     pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
@@ -346,7 +390,7 @@ def _decide_rows(
     )
     accepted: list[_Sampling] = []
     for key, members in by_group.items():
-        group = _group_decision(conn, key, members[0], cache, worker)
+        group = _group_decision(conn, decided[key], members[0], cache, worker)
         if isinstance(group, Refusal):
             for row in members:
                 _refuse(work, row, group)
@@ -363,7 +407,7 @@ def _decide_rows(
     ):
         mech = group.mech
         work.domains.add(key.domain)
-        query_text = json.dumps(mech.to_json())
+        query_text = cache.query_text(key.domain, mech)
         if quotas is not None and passed is not None:
             for output, answered in by_output.items():
                 output_text = json.dumps(mech.output_json(output))
@@ -379,7 +423,7 @@ def _decide_rows(
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
         for output, answered in by_output.items():
-            change = _advance_of(key, group, output, cache, worker)
+            change = _advance_of(key, decided[key], group, output, cache, worker)
             columns = change.columns
             if change.stored is not None:
                 work.gained[change.stored.key] = (
@@ -388,7 +432,8 @@ def _decide_rows(
                 )
             if key.state_hash is not None:
                 work.lost[key.state_hash] += len(answered)
-            _answer(work, mech, query_text, json.dumps(mech.output_json(output)), columns, answered)
+            output_text = cache.output_text(key.domain, mech, output)
+            _answer(work, mech, query_text, output_text, columns, answered)
     for groups in pending.values():
         _record_pending(groups, work)
     # the chunk's tally in one batch per domain: olh and hadamard decode all its reports at

@@ -37,6 +37,7 @@ from app.services.survey_groups import (
     Refusal,
     StateMissing,
     decide_group,
+    decision_key,
     load_survey,
     survey_totals,
 )
@@ -46,6 +47,7 @@ from app.store import projects as project_store
 from app.store import surveys as survey_store
 from app.store import versions as version_store
 from app.store.chunks import MemberDecision
+from app.store.states import load_states
 from app.store.surveys import ACTIVE, GroupKey, SurveyRow, SurveyStatus
 from app.worker.pool import BoundWorker
 
@@ -572,6 +574,10 @@ def _dry_run_once(
             {key.domain for key, _, _ in collected}, request.query, limits
         )
         versions = survey_store.versions(conn, [first for _, first in collected.values()])
+        # the groups' stored arrays in a few statements, not one per group
+        parsed.states.update(
+            load_states(conn, {k.state_hash for k, _, _ in collected if k.state_hash is not None})
+        )
         decided: dict[GroupKey, GroupAccepted | Refusal] = {}
         # each (group, sub-history)'s refusal, None when it would accept (for reused members)
         outcome: dict[tuple[GroupKey, str | None], Refusal | None] = {}
@@ -579,12 +585,13 @@ def _dry_run_once(
             if retired:
                 refused[Refusal.RETIRED.value] += count
                 continue
-            groups.add(key)
+            same = decision_key(key, parsed)  # what the run decides once (issue 27)
+            groups.add(same)
             version, start = versions[first]
-            group = decided.get(key)
+            group = decided.get(same)
             if group is None:
-                group = decide_group(conn, key, (first, version, start), parsed, worker)
-                decided[key] = group
+                group = decide_group(conn, same, (first, version, start), parsed, worker)
+                decided[same] = group
             if isinstance(group, Refusal):
                 refused[group.value] += count
                 outcome[(key, sub)] = group

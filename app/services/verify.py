@@ -3,7 +3,8 @@
 For each object the accepted queries are replayed in sequence order and compared with what is
 stored: sequence numbers ``1..n`` with no gaps, ``accepted == n``, the exact basic-composition
 total, the history hash chain, and the realized-loss bounds (finite domains: the whole ``log P``
-array too, found under the key the history names — the history but its last ``state_pending``
+array too, found under the key the history names (an exact history's: its content's key, or
+the history's for arrays stored before issue 27) — the history but its last ``state_pending``
 entries, which a survey did not fold into a stored array). Shared likelihood states must be counted
 by exactly the objects that use them. An object's history includes its survey answers (packed in
 their chunks, :mod:`app.services.history`), so a survey answer lost, added or doubled shows as a
@@ -45,7 +46,7 @@ from app.engine.pipeline import HistoryEntry, fold_history, history_account, his
 from app.services.history import stored_entries
 from app.services.objects import stored_domain
 from app.services.quota import sub_snapshot
-from app.services.snapshots import next_history_hash, state_key
+from app.services.snapshots import content_key, next_history_hash, state_key
 from app.store import Database, Tx, reading
 from app.store import objects as object_store
 from app.store import projects as project_store
@@ -101,6 +102,8 @@ class _Replay:
     basic: Fraction
     chain: str | None
     expected_key: str | None
+    #: The key of the held array by its content (exact histories, :func:`content_key`).
+    content_key: str | None
     #: Positions (in the version's history) of entries whose stored ε differs from the query's.
     bad_epsilon: list[int]
     loss: LossBounds
@@ -190,6 +193,11 @@ def _replay(domain: Domain, domain_text: str, held: int, records: Sequence[Recor
         basic=basic,
         chain=chain,
         expected_key=state_key(domain_text, held_chain) if held_chain is not None else None,
+        content_key=(
+            content_key(domain_text, held_state)
+            if held_state is not None and held_chain is not None
+            else None
+        ),
         bad_epsilon=bad_epsilon,
         loss=loss,
         held_state=held_state,
@@ -273,7 +281,10 @@ def check_object(
     loss = replay.loss
     report.checked += 1
     if replay.held_state is not None:
-        if row.state_hash != replay.expected_key:
+        # an exact history's array is stored by content (before issue 27, by history)
+        if row.state_hash != replay.expected_key and (
+            replay.content_key is None or row.state_hash != replay.content_key
+        ):
             report.problems.append(f"{row.id}: likelihood state key differs from the history's")
         if row.state_hash is not None or held:
             found = replay.arrays.get(row.state_hash)

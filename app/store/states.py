@@ -1,6 +1,7 @@
 """Stored likelihood arrays (table ``likelihood_states``), shared by reference count.
 
-A finite object's ``state_hash`` names one row here; ``refs`` counts the objects naming it
+A finite object's ``state_hash`` names one row here (by content for an exact history, else by
+history: :func:`app.services.snapshots.content_key`); ``refs`` counts the objects naming it
 (:func:`app.services.snapshots.move_state_refs` keeps the count) and a row at zero is deleted.
 """
 
@@ -57,6 +58,20 @@ def insert_state(conn: Tx, *, key: str, state: bytes, err: float, refs: int) -> 
     conn.execute(
         INSERT_STATE[is_postgres(conn)],
         {"hash": key, "state": state, "err": err, "refs": refs},
+    )
+
+
+def insert_states(conn: Tx, rows: Sequence[tuple[str, bytes, float, int]]) -> None:
+    """:func:`insert_state` for many ``(key, state, err, refs)`` at once (distinct keys).
+
+    One ``executemany`` (batched into multi-row statements on PostgreSQL): a survey chunk
+    storing a thousand new states pays a few round trips, not one per state.
+    """
+    if not rows:
+        return
+    conn.execute(
+        INSERT_STATE[is_postgres(conn)],
+        [{"hash": key, "state": state, "err": err, "refs": refs} for key, state, err, refs in rows],
     )
 
 
