@@ -22,12 +22,19 @@ keys. See README, "Encryption at rest".
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 log = logging.getLogger("gatekeeper")
 
@@ -46,7 +53,11 @@ class ValueCipher:
             raise EncryptionKeyError("no encryption key")
         try:
             self._fernet = MultiFernet([Fernet(k) for k in keys])
-        except (ValueError, TypeError):
+            # (signing key, encryption key) of each Fernet key, in order (decrypt_many)
+            self._halves = [
+                (raw[:16], raw[16:]) for raw in (base64.urlsafe_b64decode(k) for k in keys)
+            ]
+        except (ValueError, TypeError, binascii.Error):
             raise EncryptionKeyError(
                 "an encryption key is not a valid Fernet key (32 url-safe base64-encoded bytes; "
                 "`gatekeeper encryption new-key` prints one)"
@@ -66,6 +77,75 @@ class ValueCipher:
             raise EncryptionKeyError(
                 "a stored value does not decrypt with any configured key"
             ) from None
+
+    def decrypt_many(self, stored: Sequence[str]) -> list[str]:
+        """The plaintexts of many stored values: :meth:`decrypt` of each, in one pass.
+
+        A survey chunk decrypts 5,000 values; through ``MultiFernet.decrypt`` each costs about
+        25 µs, mostly building a new AES-CBC context per token. Here each token is checked
+        exactly as Fernet checks it (version byte ``0x80``, length, HMAC-SHA256 of everything
+        before the tag under the signing half of the first key that verifies it, compared in
+        constant time — before anything is decrypted), then the ciphertexts of all the tokens
+        verified under one key are decrypted together. CBC decryption is
+        ``P_i = D_K(C_i) ⊕ C_{i−1}`` with ``C_0 = IV``: the block decryptions ``D_K`` of every
+        block of every token are one AES-ECB pass, and the chaining is one XOR of that buffer
+        with the buffer of each block's predecessor (the token's IV before its first block).
+        PKCS7 padding is then checked and removed as Fernet's unpadder does. Any failure raises
+        :class:`EncryptionKeyError` like :meth:`decrypt`. (Tested against ``decrypt`` on tokens
+        of every padding length, rotated keys and tampered tokens.)
+        """
+        prefix = len(PREFIX)
+        plain = [""] * len(stored)  # every token is placed in exactly one batch below
+        # per key: the indexes, and the buffers of ciphertext blocks and of their predecessors
+        batches: list[tuple[list[int], list[bytes], list[bytes]]] = [
+            ([], [], []) for _ in self._halves
+        ]
+        for n, text in enumerate(stored):
+            if not text.startswith(PREFIX):
+                raise EncryptionKeyError("a stored value is not encrypted (run `gatekeeper serve`)")
+            try:
+                data = base64.urlsafe_b64decode(text[prefix:])
+            except (binascii.Error, ValueError):
+                raise self._undecryptable() from None
+            body = len(data) - 57  # version 1 + timestamp 8 + IV 16 + tag 32
+            if body <= 0 or body % 16 or data[0] != 0x80:
+                raise self._undecryptable()
+            signed, tag = data[:-32], data[-32:]
+            for (sign, _), batch in zip(self._halves, batches, strict=True):
+                if hmac.compare_digest(hmac.digest(sign, signed, hashlib.sha256), tag):
+                    batch[0].append(n)
+                    batch[1].append(data[25:-32])
+                    batch[2].append(data[9:-48])  # IV, then every ciphertext block but the last
+                    break
+            else:
+                raise self._undecryptable()
+        for (_, key), (indexes, blocks, previous) in zip(self._halves, batches, strict=True):
+            if not indexes:
+                continue
+            # ECB here is only D_K block by block, the first half of CBC decryption (the
+            # chaining XOR follows); nothing is ever encrypted in this mode
+            decryptor = Cipher(algorithms.AES(key), modes.ECB()).decryptor()  # noqa: S305
+            decrypted = decryptor.update(b"".join(blocks)) + decryptor.finalize()
+            chained = (
+                np.frombuffer(decrypted, dtype=np.uint8)
+                ^ np.frombuffer(b"".join(previous), dtype=np.uint8)
+            ).tobytes()
+            start = 0
+            for n, block in zip(indexes, blocks, strict=True):
+                padded = chained[start : start + len(block)]
+                start += len(block)
+                pad = padded[-1]
+                if not 1 <= pad <= 16 or padded[-pad:] != bytes([pad]) * pad:
+                    raise self._undecryptable()
+                try:
+                    plain[n] = padded[:-pad].decode()
+                except UnicodeDecodeError:
+                    raise self._undecryptable() from None
+        return plain
+
+    @staticmethod
+    def _undecryptable() -> EncryptionKeyError:
+        return EncryptionKeyError("a stored value does not decrypt with any configured key")
 
 
 def new_key() -> str:

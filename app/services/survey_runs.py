@@ -532,7 +532,8 @@ def _sample_groups(
 ) -> list[dict[Output, list[MemberRow]]]:
     """Each accepted group's members by the output drawn for them (aligned with ``accepted``).
 
-    The values are decrypted here (the only read of a value) and sampled with one
+    The values are decrypted here (the only read of a value, all of a domain's at once:
+    :meth:`~app.crypto.ValueCipher.decrypt_many`) and sampled with one
     :meth:`~app.engine.mechanisms.base.Mechanism.sample_many` per domain: every member of the
     chunk asked the same query there, whatever its group (an ``olh`` chunk draws its 5,000
     seeds in one generator call instead of in 1,000 groups of five).
@@ -544,7 +545,7 @@ def _sample_groups(
     for indexes in batches.values():
         mech = accepted[indexes[0]].group.mech
         members = [(n, row) for n in indexes for row in accepted[n].members]
-        values = [json.loads(cipher.decrypt(row.sealed)) for _, row in members]
+        values = [json.loads(text) for text in cipher.decrypt_many([r.sealed for _, r in members])]
         for (n, row), output in zip(members, mech.sample_many(values), strict=True):
             found[n][output].append(row)
     return found
