@@ -724,34 +724,52 @@ def _sealed_batches(
 ) -> Iterator[tuple[tuple[int, int, int], list[tuple[int, bytes]], tuple[str, Any] | None]]:
     """Each batch with what ``jobs`` worker processes sealed of it ahead, in file order.
 
-    ``jobs == 0``: nothing sealed (None: the batch is parsed and checked by the caller). At
-    most ``2 * jobs`` batches are in flight, so memory stays bounded on a file of any size.
+    ``jobs == 0``: nothing sealed (None: the batch is parsed and checked by the caller).
     """
     if jobs == 0:
         for report, batch in batches:
             yield report, batch, None
         return
+    url = engine.url.render_as_string(hide_password=False)
+    for (report, batch), sealed in _ahead(
+        batches, jobs, _seal_versions_batch, _init_versions_worker, (url,)
+    ):
+        yield report, batch, sealed
+
+
+def _ahead(
+    batches: Iterator[_Batch],
+    jobs: int,
+    job: Callable[[list[tuple[int, bytes]]], Any],
+    initializer: Callable[..., None],
+    initargs: tuple[Any, ...] = (),
+) -> Iterator[tuple[_Batch, Any]]:
+    """Each batch with ``job``'s result on it, run by ``jobs`` processes ahead of the caller.
+
+    In file order; at most ``2 * jobs`` batches are in flight, so memory stays bounded on a
+    file of any size. A job's exception is raised when its batch's turn comes, so every batch
+    before it has been handled.
+    """
     import multiprocessing
     from collections import deque
     from concurrent.futures import Future, ProcessPoolExecutor
 
-    url = engine.url.render_as_string(hide_password=False)
-    pending: deque[tuple[_Batch, Future[tuple[str, Any] | None]]] = deque()
+    pending: deque[tuple[_Batch, Future[Any]]] = deque()
     with ProcessPoolExecutor(
         jobs,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=_init_versions_worker,
-        initargs=(url,),
+        initializer=initializer,
+        initargs=initargs,
     ) as pool:
         try:
             for item in batches:
-                pending.append((item, pool.submit(_seal_versions_batch, item[1])))
+                pending.append((item, pool.submit(job, item[1])))
                 if len(pending) >= 2 * jobs:
-                    (report, batch), future = pending.popleft()
-                    yield report, batch, future.result()
+                    done, future = pending.popleft()
+                    yield done, future.result()
             while pending:
-                (report, batch), future = pending.popleft()
-                yield report, batch, future.result()
+                done, future = pending.popleft()
+                yield done, future.result()
         finally:
             for _, future in pending:
                 future.cancel()
@@ -817,26 +835,8 @@ def _parsed_batches(
         for report, batch in batches:
             yield report, _parse_batch(batch, seal=False)  # encrypted in bulk by the import
         return
-    import multiprocessing
-    from collections import deque
-    from concurrent.futures import Future, ProcessPoolExecutor
-
-    pending: deque[tuple[tuple[int, int, int], Future[list[Any]]]] = deque()
-    with ProcessPoolExecutor(
-        jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_import_worker
-    ) as pool:
-        try:
-            for report, batch in batches:
-                pending.append((report, pool.submit(_parse_batch, batch)))
-                if len(pending) >= 2 * jobs:
-                    done, future = pending.popleft()
-                    yield done, future.result()
-            while pending:
-                done, future = pending.popleft()
-                yield done, future.result()
-        finally:
-            for _, future in pending:
-                future.cancel()
+    for (report, _), registrations in _ahead(batches, jobs, _parse_batch, _init_import_worker):
+        yield report, registrations
 
 
 def _fail(message: str) -> int:

@@ -87,8 +87,9 @@ from app.store import chunks as chunk_store
 from app.store import projects as project_store
 from app.store import surveys as survey_store
 from app.store.chunks import REFUSAL_CODES, Variant
+from app.store.domains import domain_texts
 from app.store.projects import SubHistory
-from app.store.reuse import domain_texts, member_bounds
+from app.store.reuse import member_bounds
 from app.store.states import load_states
 from app.store.surveys import ACTIVE, Advanced, GroupKey, MemberRow, SurveyRow
 from app.worker.pool import BoundWorker
@@ -145,10 +146,10 @@ class RunCache:
         return found
 
     def output_text(self, domain: str, mech: Mechanism, output: Output) -> str:
-        """``json.dumps(mech.output_json(output))``, once per domain and output."""
+        """``mech.output_text(output)``, once per domain and output."""
         found = self.texts.get((domain, output))
         if found is None:
-            found = self.texts[(domain, output)] = json.dumps(mech.output_json(output))
+            found = self.texts[(domain, output)] = mech.output_text(output)
         return found
 
     #: ``"reuse": true``: per domain hash, its text and the query parsed there (None: invalid).
@@ -410,7 +411,7 @@ def _decide_rows(
         query_text = cache.query_text(key.domain, mech)
         if quotas is not None and passed is not None:
             for output, answered in by_output.items():
-                output_text = json.dumps(mech.output_json(output))
+                output_text = cache.output_text(key.domain, mech, output)
                 answer = Answer(mech, output, query_text, output_text)
                 for row in answered:
                     sub = passed[row.id]

@@ -56,6 +56,7 @@ from app.services.snapshots import move_state_refs, pending_entries
 from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import imports as answers
 from app.store import versions as store
+from app.store.domains import domain_texts
 from app.store.states import load_states
 from app.store.versions import ClosingRow
 
@@ -180,7 +181,7 @@ def seal_bulk(engine: Database, items: Sequence[NewValue]) -> SealedBatch | None
         if not store.seals_values(conn):
             return None
         rows = {row.id: row for row in store.closing_rows(conn, [i.object_id for i in items])}
-        domains = store.domain_texts(conn, (row.domain_hash for row in rows.values()))
+        domains = domain_texts(conn, (row.domain_hash for row in rows.values()))
     try:
         texts = _checked_values(items, rows, domains, bulk=True)
     except (NotFound, Retired, InvalidInput):
@@ -287,7 +288,7 @@ def _create_once(
         sealed = isinstance(items, SealedBatch)
         ids = items.ids if isinstance(items, SealedBatch) else [i.object_id for i in items]
         rows = {row.id: row for row in store.closing_rows(conn, ids)}
-        domains = store.domain_texts(conn, (row.domain_hash for row in rows.values()))
+        domains = domain_texts(conn, (row.domain_hash for row in rows.values()))
         if isinstance(items, SealedBatch):
             values = _sealed_values(conn, items, rows)
         else:

@@ -17,7 +17,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import cast
 
-from sqlalchemy import Table
+from sqlalchemy import Table, bindparam, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -54,3 +54,16 @@ def store_domains(conn: Tx, texts: Iterable[str]) -> None:
     if not rows:
         return
     conn.execute(_STORE[is_postgres(conn)], rows)
+
+
+_TEXTS = select(_DOMAINS.c.hash, _DOMAINS.c.text).where(
+    _DOMAINS.c.hash.in_(bindparam("hashes", expanding=True))
+)
+
+
+def domain_texts(conn: Tx, hashes: Iterable[str]) -> dict[str, str]:
+    """The stored domains' texts by hash (a population's objects mostly share one)."""
+    wanted = sorted(set(hashes))
+    if not wanted:
+        return {}
+    return {str(h): str(t) for h, t in conn.execute(_TEXTS, {"hashes": wanted})}

@@ -19,7 +19,7 @@ from sqlalchemy import ColumnElement, Row, Select, String, Table, any_, bindpara
 from sqlalchemy import cast as cast_
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from app.db.models import ApiKey, DomainRecord, ProtectedObject, QueryRecord, Survey
+from app.db.models import ApiKey, ProtectedObject, QueryRecord, Survey
 from app.store.base import Tx, is_postgres
 from app.store.chunks import CHUNKS, Chunk, decode
 from app.store.history import HistoryItem, submitted
@@ -28,19 +28,6 @@ _QUERIES = cast(Table, QueryRecord.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _KEYS = cast(Table, ApiKey.__table__)
-_DOMAINS = cast(Table, DomainRecord.__table__)
-_TEXTS = select(_DOMAINS.c.hash, _DOMAINS.c.text).where(
-    _DOMAINS.c.hash.in_(bindparam("hashes", expanding=True))
-)
-
-
-def domain_texts(conn: Tx, hashes: set[str]) -> dict[str, str]:
-    """The domains' texts by hash."""
-    if not hashes:
-        return {}
-    return {str(h): str(t) for h, t in conn.execute(_TEXTS, {"hashes": sorted(hashes)})}
-
-
 #: Ids per statement (a survey chunk's members in one or two).
 _IDS_PER_STATEMENT = 5000
 
@@ -111,8 +98,8 @@ class MemberBounds:
     version_start: npt.NDArray[np.int64]
     accepted: npt.NDArray[np.int64]
     retired: npt.NDArray[np.bool_]
-    #: The member's domain, an index into ``domain_hashes`` (:func:`domain_texts` reads the
-    #: texts, one per distinct domain).
+    #: The member's domain, an index into ``domain_hashes`` (the texts:
+    #: :func:`app.store.domains.domain_texts`, one per distinct domain).
     domain: npt.NDArray[np.int64]
     domain_hashes: list[str]
 

@@ -10,7 +10,7 @@ docs/benchmarks.md, "Bulk versions"); on SQLite an ``executemany`` each.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import NamedTuple, cast
@@ -19,13 +19,12 @@ import orjson
 from sqlalchemy import Table, bindparam, func, insert, select, text, update
 
 from app.crypto import active
-from app.db.models import DomainRecord, ObjectVersion
+from app.db.models import ObjectVersion
 from app.store.base import Tx, is_postgres
 from app.store.objects import OBJECTS
 from app.store.projects import drop_sub_histories
 
 VERSIONS = cast(Table, ObjectVersion.__table__)
-DOMAINS = cast(Table, DomainRecord.__table__)
 
 
 class ClosingRow(NamedTuple):
@@ -72,9 +71,6 @@ class NewVersion(NamedTuple):
 _CLOSING = select(*(OBJECTS.c[name] for name in ClosingRow._fields))
 _CLOSING_IN = _CLOSING.where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
 _CLOSING_ANY = _CLOSING.where(OBJECTS.c.id == func.any(bindparam("ids")))
-_DOMAIN_TEXTS = select(DOMAINS.c.hash, DOMAINS.c.text).where(
-    DOMAINS.c.hash.in_(bindparam("hashes", expanding=True))
-)
 
 #: PostgreSQL: every write of a batch of new versions in one statement, its rows one JSON text.
 #: The sub-statements of a ``WITH`` share one snapshot, so the ``INSERT`` copies each row's
@@ -237,14 +233,6 @@ def closing_rows(conn: Tx, ids: Sequence[str]) -> list[ClosingRow]:
             for row in conn.execute(statement, {"ids": list(ids[start : start + chunk])})
         )
     return found
-
-
-def domain_texts(conn: Tx, hashes: Iterable[str]) -> dict[str, str]:
-    """The stored domains' texts by hash (a population's objects mostly share one)."""
-    wanted = sorted(set(hashes))
-    if not wanted:
-        return {}
-    return {str(h): str(t) for h, t in conn.execute(_DOMAIN_TEXTS, {"hashes": wanted})}
 
 
 def seals_values(conn: Tx) -> bool:
