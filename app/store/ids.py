@@ -8,7 +8,8 @@ with :func:`rows_among` (or binds :func:`parameter` itself), so the rule is writ
   :data:`PG_PER_STATEMENT` keys a statement. Measured on 5,000 ids (client CPU per statement,
   same run): joined text 1.2 ms, a ``text[]`` parameter 3.3 ms (psycopg dumps an array
   element by element), an expanding ``IN`` of 5,000 placeholders 18–37 ms (SQLAlchemy renders
-  and psycopg parses a ~100 KB statement every time). Keys never hold a newline: object ids
+  and psycopg parses a ~100 KB statement every time; ``bench/ids_param.py`` prints the three side
+  by side). Keys never hold a newline: object ids
   match ``OBJECT_ID_PATTERN`` (no control characters) and hashes are hex.
 - **SQLite**: an expanding ``IN``, :data:`SQLITE_PER_STATEMENT` keys a statement (below the
   999 host parameters of old SQLite builds).
