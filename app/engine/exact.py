@@ -416,3 +416,172 @@ def _axis_losses(base: IntArray, step: int, query: ExactQuery) -> list[int]:
     within = max(int(base[i]) for i in top_i) - min(int(base[i]) for i in low_i)
     across = max(int(base[v]) - int(base[w]) for v in top_i for w in low_i if v != w)
     return [max(within, across + step)]
+
+
+# --- many histories at once (a survey chunk's members deciding alone) ---------------------------
+
+
+@dataclass(frozen=True)
+class ExactStack:
+    """Exact histories with the same groups, stacked: each touched axis's ``V`` per history.
+
+    ``values[a]`` has shape ``(n, shape[a])``, in units of ``1/denominator`` (``int64``: a
+    stack is only built when every value and ``step`` certainly fit); ``step`` is the extra
+    group's ε (or its own group's, when present) in those units, 0 without one. What
+    :meth:`ExactLoss.values` and :meth:`ExactLoss._scale` give each history, for all at once.
+    """
+
+    denominator: int
+    step: int
+    values: dict[int, IntArray]
+
+    @classmethod
+    def of(cls, histories: Sequence[ExactLoss], extra: Group | None = None) -> ExactStack | None:
+        """The stack of ``histories`` (all with the same ``groups``), or None past ``int64``."""
+        first = histories[0]
+        groups = first.groups
+        if extra is not None and extra not in groups:
+            denominator, scaled = _in_units([*groups, extra])
+            step = scaled[-1]
+        else:
+            denominator, scaled = _in_units(list(groups))
+            step = scaled[groups.index(extra)] if extra is not None else 0
+        weights = np.asarray(scaled[: len(groups)], dtype=np.int64)
+        total = sum(abs(w) for w in scaled[: len(groups)])
+        values: dict[int, IntArray] = {}
+        span = 2 * abs(step)  # bounds every sum of ranges (and a moved one) computed from it
+        for axis in sorted({a for h in histories for a in h.counts}):
+            k = first.shape[axis]
+            empty = np.zeros((len(groups), k), dtype=np.int64)
+            counts = np.stack([h.counts.get(axis, empty) for h in histories])
+            top = int(np.abs(counts).max()) if counts.size else 0
+            span += 2 * total * max(1, top)
+            if span >= _SAFE:
+                return None
+            values[axis] = np.asarray(np.einsum("g,ngk->nk", weights, counts), dtype=np.int64)
+        if span >= _SAFE:
+            return None
+        return cls(denominator, step, values)
+
+    def ranges(self, count: int, skip: int | None = None) -> IntArray:
+        """``Σ_a (max V_a − min V_a)`` per history, over the axes other than ``skip``."""
+        total = np.zeros(count, dtype=np.int64)
+        for axis, v in self.values.items():
+            if axis != skip:
+                total += v.max(axis=1) - v.min(axis=1)
+        return total
+
+    def axis_values(self, count: int, axis: int, k: int) -> IntArray:
+        """``V_axis`` per history (zeros when no history touched the axis)."""
+        found = self.values.get(axis)
+        return found if found is not None else np.zeros((count, k), dtype=np.int64)
+
+
+def _stacks(
+    histories: Sequence[ExactLoss], extra: Group | None = None
+) -> list[tuple[list[int], ExactStack | None]]:
+    """The histories' positions by their groups, and each such batch's stack."""
+    batches: dict[tuple[Group, ...], list[int]] = {}
+    for n, history in enumerate(histories):
+        batches.setdefault(history.groups, []).append(n)
+    return [
+        (members, ExactStack.of([histories[n] for n in members], extra))
+        for members in batches.values()
+    ]
+
+
+def fractions_of(
+    units: IntArray, denominator: int, cache: dict[tuple[int, int], Fraction]
+) -> list[Fraction]:
+    """``Fraction(u, denominator)`` per unit count, each distinct one built once."""
+    found = []
+    for u in units.tolist():
+        loss = cache.get((u, denominator))
+        if loss is None:
+            loss = cache[(u, denominator)] = Fraction(u, denominator)
+        found.append(loss)
+    return found
+
+
+def losses_many(histories: Sequence[ExactLoss]) -> list[Fraction]:
+    """``h.loss()`` of every history, computed together (and remembered on each).
+
+    Histories with the same groups are stacked (:class:`ExactStack`); one past ``int64`` is
+    computed alone.
+    """
+    found: list[Fraction | None] = [None] * len(histories)
+    cache: dict[tuple[int, int], Fraction] = {}
+    for members, stack in _stacks(histories):
+        if stack is None:
+            for n in members:
+                found[n] = histories[n].loss()
+            continue
+        losses = fractions_of(stack.ranges(len(members)), stack.denominator, cache)
+        for n, loss in zip(members, losses, strict=True):
+            histories[n].__dict__.setdefault("_loss", loss)  # the cached_property's slot
+            found[n] = histories[n].loss()
+    return [loss for loss in found if loss is not None]
+
+
+def _moved(base: IntArray, step: int, query: ExactQuery) -> IntArray | None:
+    """``max − min`` of each row of ``base`` moved by each output: shape ``(n, outputs)``.
+
+    The vectorised :func:`_axis_losses` for ``grr`` (top two and bottom two per row) and
+    ``table`` queries; None for other kinds.
+    """
+    n, k = base.shape
+    if query.kind == "table":
+        assert query.table is not None  # noqa: S101 - a table query carries its table
+        moved = base[:, :, None] + np.int64(step) * query.table.astype(np.int64)[None, :, :]
+        return np.asarray(moved.max(axis=1) - moved.min(axis=1), dtype=np.int64)
+    if query.kind != "grr":
+        return None
+    if k == 1:
+        return np.zeros((n, 1), dtype=np.int64)
+    rows = np.arange(n)
+    top = base.argmax(axis=1)
+    bottom = base.argmin(axis=1)
+    masked = base.copy()
+    masked[rows, top] = np.iinfo(np.int64).min
+    second_top = masked.max(axis=1)
+    masked[rows, top] = base[rows, top]
+    masked[rows, bottom] = np.iinfo(np.int64).max
+    second_bottom = masked.min(axis=1)
+    values = np.arange(k)[None, :]
+    other_hi = np.where(values == top[:, None], second_top[:, None], base[rows, top][:, None])
+    other_lo = np.where(
+        values == bottom[:, None], second_bottom[:, None], base[rows, bottom][:, None]
+    )
+    hit = base + np.int64(step)
+    return np.asarray(np.maximum(hit, other_hi) - np.minimum(hit, other_lo), dtype=np.int64)
+
+
+def moved_losses_many(
+    histories: Sequence[ExactLoss], query: ExactQuery
+) -> list[tuple[list[int], IntArray | None, int]] | None:
+    """The exact loss after every output of ``query``, for many histories at once.
+
+    Returns, per batch of histories with the same groups, their positions, the losses in
+    units of ``1/denominator`` (shape ``(histories, outputs)``, outputs in
+    :meth:`ExactLoss.candidate_losses`'s order; None for a batch past ``int64``, whose
+    histories the caller computes alone) and the denominator. None overall when the query's
+    kind has no vectorised form (``ue``).
+    """
+    if query.kind not in ("grr", "table"):
+        return None
+    found: list[tuple[list[int], IntArray | None, int]] = []
+    for members, stack in _stacks(histories, query.group):
+        if stack is None:
+            found.append((members, None, 0))
+            continue
+        count = len(members)
+        k = histories[members[0]].shape[query.axis]
+        base = stack.axis_values(count, query.axis, k)
+        if int(np.abs(base).max(initial=0)) + abs(stack.step) >= _SAFE:
+            found.append((members, None, 0))
+            continue
+        moved = _moved(base, stack.step, query)
+        assert moved is not None  # noqa: S101 - kinds checked above
+        others = stack.ranges(count, skip=query.axis)[:, None]
+        found.append((members, moved + others, stack.denominator))
+    return found

@@ -23,8 +23,15 @@ import numpy as np
 
 from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
-from app.engine.exact import ExactLoss, ExactQuery, ExactTerm
-from app.engine.likelihood import LikelihoodState, Term, losses_from_table
+from app.engine.exact import (
+    MAX_GROUPS,
+    ExactLoss,
+    ExactQuery,
+    ExactTerm,
+    fractions_of,
+    moved_losses_many,
+)
+from app.engine.likelihood import LikelihoodState, Term, TermRows, losses_from_table
 from app.engine.limits import EXACT_EPSILON_BITS, EngineLimits
 from app.engine.numerics import (
     FloatArray,
@@ -157,6 +164,13 @@ class Mechanism(abc.ABC):
     def term(self, output: Output) -> Term:
         """``log Pr(M(x) = output)`` over the domain's grid."""
 
+    def terms_many(self, outputs: Sequence[Output]) -> TermRows:
+        """:meth:`term` of every output (at least one), as rows.
+
+        For :func:`~app.engine.likelihood.fold_many`; a mechanism may compute them at once.
+        """
+        return TermRows.of([self.term(output) for output in outputs])
+
     @abc.abstractmethod
     def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
         """Realized loss of ``state`` extended by each possible output (without mutating it)."""
@@ -180,8 +194,42 @@ class Mechanism(abc.ABC):
         ``histories[o].with_term(self.exact_term(y)).loss()`` for every output, computed
         without building the states; None when the mechanism has no such shortcut (the caller
         records each output instead) or a history's exact form would not survive the output.
+
+        By default, for queries whose outputs are indexes moving one axis as ``grr`` (ε on the
+        output's value) or a table (``binary_rr``): the loss after output ``y`` is the
+        candidate loss of ``y`` (:meth:`~app.engine.exact.ExactLoss.candidate_losses`),
+        computed for every history at once (:func:`~app.engine.exact.moved_losses_many`).
         """
-        return None
+        query = self.exact_query()
+        if query is None or query.kind not in ("grr", "table") or not histories:
+            return None
+        if any(query.group not in h.groups and len(h.groups) >= MAX_GROUPS for h in histories):
+            return None  # that history's exact form ends with the output
+        batches = moved_losses_many(histories, query)
+        if batches is None:
+            return None
+        columns = np.array([output_index(y) for y in outputs], dtype=np.int64)
+        owner_of = np.asarray(owners, dtype=np.int64)
+        found: list[Fraction | None] = [None] * len(outputs)
+        cache: dict[tuple[int, int], Fraction] = {}
+        by_owner: dict[int, list[int]] = {}
+        for i, owner in enumerate(owner_of.tolist()):
+            by_owner.setdefault(owner, []).append(i)
+        for members, units, denominator in batches:
+            picks = [i for m in members for i in by_owner.get(m, [])]
+            if not picks:
+                continue
+            if units is None:  # past int64: each recorded output's history alone
+                for i in picks:
+                    history = histories[int(owner_of[i])]
+                    found[i] = history.candidate_losses(query)[int(columns[i])]
+                continue
+            row_of = {m: r for r, m in enumerate(members)}
+            rows = np.array([row_of[int(owner_of[i])] for i in picks], dtype=np.int64)
+            picked = units[rows, columns[picks]]
+            for i, loss in zip(picks, fractions_of(picked, denominator, cache), strict=True):
+                found[i] = loss
+        return [loss for loss in found if loss is not None]
 
     # --- sampling ----------------------------------------------------------------------------
     @abc.abstractmethod

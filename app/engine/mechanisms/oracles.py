@@ -59,7 +59,7 @@ from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
 from app.engine.exact import ExactLoss, ExactQuery, ExactTerm, Group, subset_losses
 from app.engine.jsonfields import as_integer, as_object, check_keys, path
-from app.engine.likelihood import LikelihoodState, Term
+from app.engine.likelihood import LikelihoodState, Term, TermRows
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms.base import (
     CandidateLosses,
@@ -255,6 +255,19 @@ class _TwoLevel(Mechanism):
         error = written_epsilon_error(max(abs(hit), abs(miss)))
         return Term((self.axis,), values, error, exact=ExactTerm(self.axis, self._group, hits))
 
+    def hits_many(self, outputs: Sequence[Output]) -> npt.NDArray[np.int64]:
+        """:meth:`hits` of every output, one row each."""
+        return np.stack([self.hits(output) for output in outputs])
+
+    def terms_many(self, outputs: Sequence[Output]) -> TermRows:
+        """:meth:`term` of every output at once (the hits of all of them: :meth:`hits_many`)."""
+        hit, miss = self._levels
+        hits = self.hits_many(outputs)
+        values = np.where(hits == 1, hit, miss).astype(np.float64)
+        magnitudes = np.abs(values).max(axis=1, initial=0.0)
+        extra = np.full(len(outputs), written_epsilon_error(max(abs(hit), abs(miss))))
+        return TermRows((self.axis,), values, magnitudes, extra, self.axis, self._group, hits)
+
     def exact_term(self, output: Output) -> ExactTerm:
         """``ε`` on ``S_output`` (the ratio of the two levels is exactly ``e^ε``)."""
         return ExactTerm(self.axis, self._group, self.hits(output))
@@ -370,6 +383,15 @@ class OptimizedLocalHashing(_TwoLevel):
         seed, bucket = _pair(output)
         hit: npt.NDArray[np.int64] = (olh_hashes(seed, self.k, self.g) == bucket).astype(np.int64)
         return hit
+
+    def hits_many(self, outputs: Sequence[Output]) -> npt.NDArray[np.int64]:
+        """:meth:`hits` of every output: all seeds' hashes of the k values in one pass."""
+        pairs = [_pair(output) for output in outputs]
+        seeds = np.array([seed for seed, _ in pairs], dtype=np.uint64)
+        buckets = np.array([bucket for _, bucket in pairs], dtype=np.uint64)
+        a, b = hash_coefficients_array(seeds)
+        hashed = olh_hash(a[:, None], b[:, None], np.arange(self.k, dtype=np.uint64), self.g)
+        return np.asarray(hashed == buckets[:, None], dtype=np.int64)
 
     def exact_losses_after(
         self, histories: Sequence[ExactLoss], outputs: Sequence[Output], owners: Sequence[int]
