@@ -523,22 +523,16 @@ def losses_many(histories: Sequence[ExactLoss]) -> list[Fraction]:
     return [loss for loss in found if loss is not None]
 
 
-def _moved(base: IntArray, step: int, query: ExactQuery) -> IntArray | None:
-    """``max − min`` of each row of ``base`` moved by each output: shape ``(n, outputs)``.
+#: Elements of a block of rows :func:`_moved` works on at once (its temporaries stay in cache).
+_BLOCK = 1 << 15
 
-    The vectorised :func:`_axis_losses` for ``grr`` (top two and bottom two per row) and
-    ``table`` queries; None for other kinds.
+
+def _two_extremes(base: IntArray) -> tuple[IntArray, ...]:
+    """The two largest and two smallest entries of each row (of at least two entries).
+
+    Per row: the largest's index and value, the largest of the others; likewise the smallest.
     """
-    n, k = base.shape
-    if query.kind == "table":
-        assert query.table is not None  # noqa: S101 - a table query carries its table
-        moved = base[:, :, None] + np.int64(step) * query.table.astype(np.int64)[None, :, :]
-        return np.asarray(moved.max(axis=1) - moved.min(axis=1), dtype=np.int64)
-    if query.kind != "grr":
-        return None
-    if k == 1:
-        return np.zeros((n, 1), dtype=np.int64)
-    rows = np.arange(n)
+    rows = np.arange(base.shape[0])
     top = base.argmax(axis=1)
     bottom = base.argmin(axis=1)
     masked = base.copy()
@@ -547,13 +541,101 @@ def _moved(base: IntArray, step: int, query: ExactQuery) -> IntArray | None:
     masked[rows, top] = base[rows, top]
     masked[rows, bottom] = np.iinfo(np.int64).max
     second_bottom = masked.min(axis=1)
-    values = np.arange(k)[None, :]
-    other_hi = np.where(values == top[:, None], second_top[:, None], base[rows, top][:, None])
-    other_lo = np.where(
-        values == bottom[:, None], second_bottom[:, None], base[rows, bottom][:, None]
-    )
-    hit = base + np.int64(step)
+    return top, base[rows, top], second_top, bottom, base[rows, bottom], second_bottom
+
+
+def _moved(
+    base: IntArray, step: int, query: ExactQuery, columns: IntArray | None = None
+) -> IntArray:
+    """``max − min`` of each row of ``base`` moved by each output: shape ``(n, outputs)``.
+
+    With ``columns``, by output ``columns[i]`` on row ``i`` only: shape ``(n,)``. The
+    vectorised :func:`_axis_losses` for ``grr`` (the top two and bottom two of each row) and
+    ``table`` queries, computed in blocks of rows.
+    """
+    n, k = base.shape
+    if columns is None:
+        outputs = k if query.kind == "grr" else 0
+        if query.kind == "table":
+            assert query.table is not None  # noqa: S101 - a table query carries its table
+            outputs = query.table.shape[1]
+        found: IntArray = np.empty((n, outputs), dtype=np.int64)
+    else:
+        found = np.empty(n, dtype=np.int64)
+    rows = max(1, _BLOCK // max(1, k))
+    for start in range(0, n, rows):
+        part = slice(start, start + rows)
+        at = None if columns is None else columns[part]
+        found[part] = _moved_block(base[part], np.int64(step), query, at)
+    return found
+
+
+def _moved_block(
+    base: IntArray, step: np.int64, query: ExactQuery, columns: IntArray | None
+) -> IntArray:
+    """:func:`_moved` of one block of rows."""
+    n, k = base.shape
+    if query.kind == "table":
+        assert query.table is not None  # noqa: S101 - a table query carries its table
+        table = query.table.astype(np.int64)
+        if columns is not None:
+            moved = base + step * table[:, columns].T
+            return np.asarray(moved.max(axis=1) - moved.min(axis=1), dtype=np.int64)
+        moved = base[:, :, None] + step * table[None, :, :]
+        return np.asarray(moved.max(axis=1) - moved.min(axis=1), dtype=np.int64)
+    if k == 1:
+        return np.zeros(n if columns is not None else (n, 1), dtype=np.int64)
+    top, top_value, second_top, bottom, bottom_value, second_bottom = _two_extremes(base)
+    if columns is not None:
+        hit = base[np.arange(n), columns] + step
+        other_hi = np.where(columns == top, second_top, top_value)
+        other_lo = np.where(columns == bottom, second_bottom, bottom_value)
+    else:
+        values = np.arange(k)[None, :]
+        other_hi = np.where(values == top[:, None], second_top[:, None], top_value[:, None])
+        other_lo = np.where(
+            values == bottom[:, None], second_bottom[:, None], bottom_value[:, None]
+        )
+        hit = base + step
     return np.asarray(np.maximum(hit, other_hi) - np.minimum(hit, other_lo), dtype=np.int64)
+
+
+def moved_losses_at(
+    histories: Sequence[ExactLoss], query: ExactQuery, owners: IntArray, columns: IntArray
+) -> list[Fraction]:
+    """The exact loss after output ``columns[i]`` of ``query`` on ``histories[owners[i]]``.
+
+    ``history.candidate_losses(query)[column]`` for each, for ``grr`` and ``table`` queries
+    (:func:`_moved` on the histories stacked: :class:`ExactStack`); a history past ``int64``
+    is computed alone.
+    """
+    found: list[Fraction | None] = [None] * len(owners)
+    cache: dict[tuple[int, int], Fraction] = {}
+    by_owner: dict[int, list[int]] = {}
+    for i, owner in enumerate(np.asarray(owners).tolist()):
+        by_owner.setdefault(owner, []).append(i)
+    for members, stack in _stacks(histories, query.group):
+        picks = [i for m in members for i in by_owner.get(m, [])]
+        if not picks:
+            continue
+        k = histories[members[0]].shape[query.axis]
+        base = None
+        if stack is not None:
+            base = stack.axis_values(len(members), query.axis, k)
+            if int(np.abs(base).max(initial=0)) + abs(stack.step) >= _SAFE:
+                base = None
+        if stack is None or base is None:
+            for i in picks:
+                found[i] = histories[int(owners[i])].candidate_losses(query)[int(columns[i])]
+            continue
+        row_of = {m: r for r, m in enumerate(members)}
+        rows = np.array([row_of[int(owners[i])] for i in picks], dtype=np.int64)
+        at = np.asarray(columns, dtype=np.int64)[picks]
+        units = _moved(base[rows], stack.step, query, at)
+        units += stack.ranges(len(members), skip=query.axis)[rows]
+        for i, loss in zip(picks, fractions_of(units, stack.denominator, cache), strict=True):
+            found[i] = loss
+    return [loss for loss in found if loss is not None]
 
 
 def moved_losses_many(
@@ -581,7 +663,6 @@ def moved_losses_many(
             found.append((members, None, 0))
             continue
         moved = _moved(base, stack.step, query)
-        assert moved is not None  # noqa: S101 - kinds checked above
         others = stack.ranges(count, skip=query.axis)[:, None]
         found.append((members, moved + others, stack.denominator))
     return found

@@ -28,8 +28,7 @@ from app.engine.exact import (
     ExactLoss,
     ExactQuery,
     ExactTerm,
-    fractions_of,
-    moved_losses_many,
+    moved_losses_at,
 )
 from app.engine.likelihood import LikelihoodState, Term, TermRows, losses_from_table
 from app.engine.limits import EXACT_EPSILON_BITS, EngineLimits
@@ -205,31 +204,8 @@ class Mechanism(abc.ABC):
             return None
         if any(query.group not in h.groups and len(h.groups) >= MAX_GROUPS for h in histories):
             return None  # that history's exact form ends with the output
-        batches = moved_losses_many(histories, query)
-        if batches is None:
-            return None
         columns = np.array([output_index(y) for y in outputs], dtype=np.int64)
-        owner_of = np.asarray(owners, dtype=np.int64)
-        found: list[Fraction | None] = [None] * len(outputs)
-        cache: dict[tuple[int, int], Fraction] = {}
-        by_owner: dict[int, list[int]] = {}
-        for i, owner in enumerate(owner_of.tolist()):
-            by_owner.setdefault(owner, []).append(i)
-        for members, units, denominator in batches:
-            picks = [i for m in members for i in by_owner.get(m, [])]
-            if not picks:
-                continue
-            if units is None:  # past int64: each recorded output's history alone
-                for i in picks:
-                    history = histories[int(owner_of[i])]
-                    found[i] = history.candidate_losses(query)[int(columns[i])]
-                continue
-            row_of = {m: r for r, m in enumerate(members)}
-            rows = np.array([row_of[int(owner_of[i])] for i in picks], dtype=np.int64)
-            picked = units[rows, columns[picks]]
-            for i, loss in zip(picks, fractions_of(picked, denominator, cache), strict=True):
-                found[i] = loss
-        return [loss for loss in found if loss is not None]
+        return moved_losses_at(histories, query, np.asarray(owners, dtype=np.int64), columns)
 
     # --- sampling ----------------------------------------------------------------------------
     @abc.abstractmethod

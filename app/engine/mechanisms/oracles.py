@@ -219,6 +219,10 @@ def separating_column(inside: int, outside: int) -> int:
     return (only_r & -only_r) | (s & -s)
 
 
+#: Hashes computed per block by :meth:`OptimizedLocalHashing.hits_many`.
+_HASH_BLOCK = 1 << 15
+
+
 class _TwoLevel(Mechanism):
     """A finite attribute, a written ε, and outputs that each add ε on a subset of its values."""
 
@@ -390,8 +394,14 @@ class OptimizedLocalHashing(_TwoLevel):
         seeds = np.array([seed for seed, _ in pairs], dtype=np.uint64)
         buckets = np.array([bucket for _, bucket in pairs], dtype=np.uint64)
         a, b = hash_coefficients_array(seeds)
-        hashed = olh_hash(a[:, None], b[:, None], np.arange(self.k, dtype=np.uint64), self.g)
-        return np.asarray(hashed == buckets[:, None], dtype=np.int64)
+        indexes = np.arange(self.k, dtype=np.uint64)
+        found = np.empty((len(pairs), self.k), dtype=np.int64)
+        rows = max(1, _HASH_BLOCK // max(1, self.k))  # temporaries that stay in cache
+        for start in range(0, len(pairs), rows):
+            part = slice(start, start + rows)
+            hashed = olh_hash(a[part, None], b[part, None], indexes, self.g)
+            found[part] = hashed == buckets[part, None]
+        return found
 
     def exact_losses_after(
         self, histories: Sequence[ExactLoss], outputs: Sequence[Output], owners: Sequence[int]
