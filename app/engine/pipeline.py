@@ -378,6 +378,7 @@ def evaluate_many(snapshots: Sequence[ObjectSnapshot], mechanism: Mechanism) -> 
         losses_many(exact)
     found: list[Decision | None] = [None] * len(snapshots)
     basic: dict[tuple[Fraction, int], CandidateEvaluation] = {}
+    quicks: dict[tuple[Any, ...], Decision] = {}
     rest: list[int] = []
     for n, snapshot in enumerate(snapshots):
         listed = snapshot.limits.max_listed_outputs
@@ -385,7 +386,11 @@ def evaluate_many(snapshots: Sequence[ObjectSnapshot], mechanism: Mechanism) -> 
         if evaluation is None:
             evaluation = basic_evaluation(mechanism, snapshot.basic_total, listed)
             basic[(snapshot.basic_total, listed)] = evaluation
-        quick = with_lifetime(snapshot, _decide(snapshot, evaluation))
+        # every input of basic composition's decision: equal inputs, the same (frozen) decision
+        key = _decision_inputs(snapshot, evaluation)
+        quick = quicks.get(key)
+        if quick is None:
+            quick = quicks[key] = with_lifetime(snapshot, _decide(snapshot, evaluation))
         if quick.accepted:
             found[n] = quick
         else:
@@ -394,6 +399,31 @@ def evaluate_many(snapshots: Sequence[ObjectSnapshot], mechanism: Mechanism) -> 
     for n, candidate in zip(rest, candidates, strict=True):
         found[n] = _evaluated(snapshots[n], mechanism, candidate)
     return [decision for decision in found if decision is not None]
+
+
+def _decision_inputs(snapshot: ObjectSnapshot, candidate: CandidateEvaluation) -> tuple[Any, ...]:
+    """What :func:`_decide` and :func:`with_lifetime` read of a snapshot, with the candidate.
+
+    The filter, budget, δ_g and domain (F₀'s size), the exact ``Σ ε_i`` and F₀'s account, the
+    realized loss's bounds and exact value (:class:`LossBounds` compares only the bounds), the
+    lifetime budget and its closed losses (exact value too), and the candidate (by identity).
+    """
+    loss = snapshot.loss()
+    lifetime = snapshot.lifetime
+    closed = None if lifetime is None else (lifetime, lifetime.closed.value)
+    return (
+        snapshot.filter,
+        snapshot.budget,
+        snapshot.delta,
+        id(snapshot.domain),
+        snapshot.basic_total,
+        snapshot.f0_account,
+        loss.lower,
+        loss.upper,
+        loss.value,
+        closed,
+        id(candidate),
+    )
 
 
 def _exact_candidates(

@@ -574,17 +574,23 @@ def _state_digest(snapshot: ObjectSnapshot) -> str:
     """
     state = snapshot.state
     assert isinstance(state, LikelihoodState)  # noqa: S101 - pending entries: a finite domain
-    parts = [state.logp.astype("<f8").tobytes(), float(state.err).hex().encode()]
+    # the arrays' bytes are hashed where they lie (no copy unless not little-endian/contiguous)
+    parts: list[Any] = [_bytes_of(state.logp, "<f8"), float(state.err).hex().encode()]
     exact = state.exact
     if exact is not None:
         groups = [(g.epsilon.numerator, g.epsilon.denominator) for g in exact.groups]
         parts.append(repr((exact.shape, groups, sorted(exact.counts))).encode())
-        parts.extend(exact.counts[a].astype("<i8").tobytes() for a in sorted(exact.counts))
+        parts.extend(_bytes_of(exact.counts[a], "<i8") for a in sorted(exact.counts))
     hasher = hashlib.blake2b(digest_size=16)
     for part in parts:
         hasher.update(len(part).to_bytes(8, "little"))
         hasher.update(part)
     return hasher.hexdigest()
+
+
+def _bytes_of(array: npt.NDArray[Any], dtype: str) -> memoryview:
+    """The array's bytes as ``dtype`` in C order, as ``astype(dtype).tobytes()`` gives them."""
+    return np.ascontiguousarray(array, dtype=dtype).data.cast("B")
 
 
 class _Sampling(NamedTuple):

@@ -267,7 +267,7 @@ class _TwoLevel(Mechanism):
         """:meth:`term` of every output at once (the hits of all of them: :meth:`hits_many`)."""
         hit, miss = self._levels
         hits = self.hits_many(outputs)
-        values = np.where(hits == 1, hit, miss).astype(np.float64)
+        values = np.where(hits == 1, np.float64(hit), np.float64(miss))
         magnitudes = np.abs(values).max(axis=1, initial=0.0)
         extra = np.full(len(outputs), written_epsilon_error(max(abs(hit), abs(miss))))
         return TermRows((self.axis,), values, magnitudes, extra, self.axis, self._group, hits)
