@@ -481,9 +481,12 @@ def _stacks(
     histories: Sequence[ExactLoss], extra: Group | None = None
 ) -> list[tuple[list[int], ExactStack | None]]:
     """The histories' positions by their groups, and each such batch's stack."""
-    batches: dict[tuple[Group, ...], list[int]] = {}
+    by_object: dict[int, list[int]] = {}  # histories folded together share their groups' tuple
     for n, history in enumerate(histories):
-        batches.setdefault(history.groups, []).append(n)
+        by_object.setdefault(id(history.groups), []).append(n)
+    batches: dict[tuple[Group, ...], list[int]] = {}
+    for members in by_object.values():
+        batches.setdefault(histories[members[0]].groups, []).extend(members)
     return [
         (members, ExactStack.of([histories[n] for n in members], extra))
         for members in batches.values()
@@ -611,12 +614,18 @@ def moved_losses_at(
     """
     found: list[Fraction | None] = [None] * len(owners)
     cache: dict[tuple[int, int], Fraction] = {}
-    by_owner: dict[int, list[int]] = {}
-    for i, owner in enumerate(np.asarray(owners).tolist()):
-        by_owner.setdefault(owner, []).append(i)
-    for members, stack in _stacks(histories, query.group):
-        picks = [i for m in members for i in by_owner.get(m, [])]
-        if not picks:
+    owners = np.asarray(owners, dtype=np.int64)
+    columns = np.asarray(columns, dtype=np.int64)
+    batch_of = np.empty(len(histories), dtype=np.int64)  # each history's batch and row in it
+    row_of = np.empty(len(histories), dtype=np.int64)
+    stacks = _stacks(histories, query.group)
+    for b, (members, _) in enumerate(stacks):
+        batch_of[members] = b
+        row_of[members] = np.arange(len(members))
+    owner_batch = batch_of[owners]
+    for b, (members, stack) in enumerate(stacks):
+        picks = np.flatnonzero(owner_batch == b)
+        if not picks.size:
             continue
         k = histories[members[0]].shape[query.axis]
         base = None
@@ -625,15 +634,15 @@ def moved_losses_at(
             if int(np.abs(base).max(initial=0)) + abs(stack.step) >= _SAFE:
                 base = None
         if stack is None or base is None:
-            for i in picks:
+            for i in picks.tolist():
                 found[i] = histories[int(owners[i])].candidate_losses(query)[int(columns[i])]
             continue
-        row_of = {m: r for r, m in enumerate(members)}
-        rows = np.array([row_of[int(owners[i])] for i in picks], dtype=np.int64)
-        at = np.asarray(columns, dtype=np.int64)[picks]
-        units = _moved(base[rows], stack.step, query, at)
+        rows = row_of[owners[picks]]
+        whole = rows.size == len(members) and bool((rows == np.arange(rows.size)).all())
+        units = _moved(base if whole else base[rows], stack.step, query, columns[picks])
         units += stack.ranges(len(members), skip=query.axis)[rows]
-        for i, loss in zip(picks, fractions_of(units, stack.denominator, cache), strict=True):
+        losses = fractions_of(units, stack.denominator, cache)
+        for i, loss in zip(picks.tolist(), losses, strict=True):
             found[i] = loss
     return [loss for loss in found if loss is not None]
 
