@@ -269,6 +269,44 @@ class SubsetProfile:
     up: IntArray
 
 
+def subset_profiles(
+    histories: Sequence[ExactLoss], axis: int, group: Group
+) -> list[SubsetProfile | None]:
+    """:meth:`ExactLoss.subset_profile` of every history, those with the same groups at once.
+
+    The same profiles (and remembered on each history alike): the values and both stable
+    orders of a whole batch are computed on the stacked values (:class:`ExactStack`), row by
+    row as each history's own; a batch past ``int64`` is computed history by history.
+    """
+    found: list[SubsetProfile | None] = [None] * len(histories)
+    todo = [n for n, h in enumerate(histories) if (axis, group) not in h._profiles]
+    for n in set(range(len(histories))) - set(todo):
+        found[n] = histories[n]._profiles[(axis, group)]
+    picked = [histories[n] for n in todo]
+    for members, stack in _stacks(picked, group) if picked else []:
+        first = picked[members[0]]
+        dropped = group not in first.groups and len(first.groups) >= MAX_GROUPS
+        base = None
+        if stack is not None and not dropped:  # (a dropped form: every one's profile is None)
+            base = stack.axis_values(len(members), axis, first.shape[axis])
+            if int(np.abs(base).max(initial=0)) + stack.step >= _SAFE:
+                base = None
+        if stack is None or base is None:
+            for m in members:
+                found[todo[m]] = picked[m].subset_profile(axis, group)
+            continue
+        down = np.argsort(-base, axis=1, kind="stable")
+        up = np.argsort(base, axis=1, kind="stable")
+        others = stack.ranges(len(members), skip=axis).tolist()
+        for row, m in enumerate(members):
+            profile = SubsetProfile(
+                stack.denominator, stack.step, others[row], base[row], down[row], up[row]
+            )
+            picked[m]._profiles[(axis, group)] = profile
+            found[todo[m]] = profile
+    return found
+
+
 #: ``hits(rows, values)``: the 0/1 matrix ``[values[i, j] ∈ S_rows[i]]`` of several outputs'
 #: subsets (``values`` has one row of value indexes per output).
 SubsetHits = Callable[[IntArray, IntArray], IntArray]

@@ -139,7 +139,23 @@ def test_exact_losses_after_grr_and_binary_rr_equal_with_term(seed: int) -> None
                 state.apply(mech.term(_draw(rng, mech, k)))
             assert state.exact is not None
             histories.append(state.exact)
-        for kinds in (["grr"], ["binary_rr"]):
+        # olh's profiles (values, both stable orders, the other axes) computed for all at once
+        copies = [exact_module.ExactLoss.from_bytes(h.shape, h.to_bytes()) for h in histories]
+        group = exact_module.Group(Fraction(1, 2))
+        for got_profile, history in zip(
+            exact_module.subset_profiles(copies, 0, group), histories, strict=True
+        ):
+            want_profile = history._profile(0, group)
+            assert (got_profile is None) == (want_profile is None)
+            if got_profile is not None and want_profile is not None:
+                assert (got_profile.denominator, got_profile.step, got_profile.others) == (
+                    want_profile.denominator,
+                    want_profile.step,
+                    want_profile.others,
+                )
+                for name in ("base", "down", "up"):
+                    assert np.array_equal(getattr(got_profile, name), getattr(want_profile, name))
+        for kinds in (["grr"], ["binary_rr"], ["olh"]):
             mech = parse_query(_query(rng, k, kinds), domain)
             outputs = [_draw(rng, mech, k) for _ in range(2 * len(histories))]
             owners = [rng.randrange(len(histories)) for _ in outputs]

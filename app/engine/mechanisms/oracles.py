@@ -57,7 +57,14 @@ import numpy.typing as npt
 from app.engine import sampling
 from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
-from app.engine.exact import ExactLoss, ExactQuery, ExactTerm, Group, subset_losses
+from app.engine.exact import (
+    ExactLoss,
+    ExactQuery,
+    ExactTerm,
+    Group,
+    subset_losses,
+    subset_profiles,
+)
 from app.engine.jsonfields import as_integer, as_object, check_keys, path
 from app.engine.likelihood import LikelihoodState, Term, TermRows
 from app.engine.limits import EngineLimits
@@ -412,8 +419,7 @@ class OptimizedLocalHashing(_TwoLevel):
         only at the few values that decide the extremes of its history.
         """
         profiles = []
-        for history in histories:
-            profile = history.subset_profile(self.axis, self._group)
+        for profile in subset_profiles(histories, self.axis, self._group):
             if profile is None:
                 return None
             profiles.append(profile)
