@@ -492,11 +492,14 @@ class ExactStack:
             k = first.shape[axis]
             empty = np.zeros((len(groups), k), dtype=np.int64)
             counts = np.stack([h.counts.get(axis, empty) for h in histories])
-            top = int(np.abs(counts).max()) if counts.size else 0
+            top = max(int(counts.max()), -int(counts.min())) if counts.size else 0
             span += 2 * total * max(1, top)
             if span >= _SAFE:
                 return None
-            values[axis] = np.asarray(np.einsum("g,ngk->nk", weights, counts), dtype=np.int64)
+            found = np.zeros((len(histories), k), dtype=np.int64)
+            for g, weight in enumerate(weights.tolist()):  # a few groups: one pass each
+                found += weight * counts[:, g, :]
+            values[axis] = found
         if span >= _SAFE:
             return None
         return cls(denominator, step, values)
