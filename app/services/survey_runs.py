@@ -52,7 +52,7 @@ import numpy.typing as npt
 from app import crypto, metrics
 from app.engine.estimates import tally_outputs
 from app.engine.likelihood import LikelihoodState, fold_many
-from app.engine.limits import EngineLimits, for_history
+from app.engine.limits import DEFAULT_LIMITS, EngineLimits, for_history
 from app.engine.mechanisms import Mechanism, Output, parse_query
 from app.engine.pipeline import ObjectSnapshot, accounts_after, losses_after
 from app.services import audit
@@ -159,14 +159,18 @@ class RunCache:
     history_mechs: dict[tuple[str, str], Mechanism] = field(default_factory=dict)
 
     def history_mech(self, domain: str, text: str) -> Mechanism:
-        """A stored history query parsed as :func:`~app.engine.pipeline.history_entry` does."""
+        """A stored history query parsed as :func:`~app.engine.pipeline.history_entry` does.
+
+        With its limits (:data:`~app.engine.limits.DEFAULT_LIMITS` for a history), as a single
+        submit folds the entries (:func:`~app.services.snapshots.pending_entries`).
+        """
         found = self.history_mechs.get((domain, text))
         if found is None:
             found = parse_query(
                 json.loads(text),
                 self.parsed.domain(domain),
                 "history.query",
-                limits=for_history(self.parsed.limits),
+                limits=for_history(DEFAULT_LIMITS),
             )
             self.history_mechs[(domain, text)] = found
         return found
