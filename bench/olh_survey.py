@@ -10,11 +10,11 @@ What it does: a database named ``--database`` (default ``olh_bench``; dropped an
 dropped again at the end unless ``--keep``), ``--n`` objects over one integer attribute of
 ``--k`` values (Zipf(1.1) values, budget ``--budget``, default 4: basic composition certifies
 two surveys; 1.5 leaves the second to the Bayesian filter) registered through the import use
-case, then the surveys of ``--mechanisms`` (ε = 1 each) over all of them in turn. Each survey
-is created by the use case and its chunks decided by :func:`app.services.survey_runs.run_chunk` one after
-the other in this thread (the service runs ``SURVEY_THREADS`` of them at once; one thread here
-keeps CPU time and the profile exact). Per survey: wall seconds, this process's CPU seconds,
-members/s, the decision groups, the likelihood states stored; ``--profile MECH`` prints
+case, then the surveys of ``--mechanisms`` (ε = 1 each) over all of them in turn. Each survey is
+created by the use case and its chunks decided by :func:`app.services.survey_runs.run_chunk` one
+after the other in this thread (the service runs ``SURVEY_THREADS`` of them at once; one thread
+here keeps CPU time and the profile exact). Per survey: wall seconds, this process's CPU
+seconds, members/s, the decision groups, the likelihood states stored; ``--profile MECH`` prints
 cProfile's top functions (cumulative) for the surveys of that mechanism.
 
 The survey service bench is ``bench/large_domain.py --survey N`` (through ``gatekeeper serve``).
