@@ -129,9 +129,7 @@ COMPARE_AND_SET = update(OBJECTS).where(
 #: version opened, and a new version that read the row before it misses its own compare-and-set.
 _COUNT_REJECTION = (
     update(OBJECTS)
-    .where(
-        OBJECTS.c.id == bindparam("where_id"), OBJECTS.c.version == bindparam("where_version")
-    )
+    .where(OBJECTS.c.id == bindparam("where_id"), OBJECTS.c.version == bindparam("where_version"))
     .values(rejected=OBJECTS.c.rejected + 1, version=OBJECTS.c.version + 1)
 )
 _ACCEPTED = select(OBJECTS.c.accepted).where(OBJECTS.c.id == bindparam("object_id"))
