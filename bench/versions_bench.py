@@ -10,7 +10,8 @@ interleaved, so both see the same machine): a fresh database, N objects register
    CPU of the command and its worker processes, CPU of the PostgreSQL backends serving it;
 3. the same file again (every batch replayed by its key);
 4. with ``--survey``: the same survey right after the bulk version;
-5. the bytes per closed version: the growth of every table over the bulk version
+5. with ``--verify``: ``gatekeeper verify`` (every object, every version, one process);
+6. the bytes per closed version: the growth of every table over the bulk version
    (``pg_total_relation_size``: heap, TOAST and all indexes, each table before and after),
    per object-version, beside the value's ciphertext; ``object_versions``' heap and index per
    row when a tree stores one row per closed version; and the database's growth.
@@ -186,6 +187,10 @@ def run_tree(args: argparse.Namespace, label: str, tree: Path) -> dict[str, Any]
                     "survey_after", timed_survey(http, server, name)
                 )
             )
+        if args.verify:
+            found["verify"], found["verify_answer"] = timed_cli(
+                url, name, tree, "verify", "--quiet"
+            )
         count = int(sql(url, "SELECT count(*) FROM object_versions"))
         found["rows"] = count
         if count:
@@ -200,7 +205,7 @@ def relation_sizes(url: str) -> dict[str, int]:
     """Every table's ``pg_total_relation_size`` (heap, TOAST, indexes), by name."""
     found = sql(
         url,
-        "SELECT json_object_agg(relname, pg_total_relation_size(oid)) FROM pg_class "
+        "SELECT CAST(json_object_agg(relname, pg_total_relation_size(oid)) AS text) FROM pg_class "
         "WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace",
     )
     return {str(k): int(v) for k, v in json.loads(found).items()}
@@ -226,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--survey", action="store_true", help="a survey before and after")
+    parser.add_argument("--verify", action="store_true", help="gatekeeper verify at the end")
     parser.add_argument(
         "--baseline", type=Path, help="another tree (e.g. a worktree of main), run alternately"
     )
@@ -250,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| tree | step | wall s | objects/s | CPU s (command) | CPU s (PostgreSQL) | load |")
     print("|---|---|---|---|---|---|---|")
     for found in results:
-        for step in ("import", "survey_fresh", "versions", "replayed", "survey_after"):
+        for step in ("import", "survey_fresh", "versions", "replayed", "survey_after", "verify"):
             if step not in found:
                 continue
             f = found[step]
