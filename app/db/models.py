@@ -196,9 +196,9 @@ class ProtectedObject(Base):
     lifetime_exact: Mapped[str | None] = mapped_column(Text, default="0", server_default="0")
     lifetime_lower: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     lifetime_upper: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
-    #: Where the closed versions packed by bulk versions are (:class:`VersionBatch`): one
-    #: ``data_version:batch:position`` per packed version, comma-separated, oldest first (None:
-    #: none). The row is rewritten by every new version anyway; ~10 bytes a packed version.
+    #: Where the closed versions packed by bulk versions are: the ids of the
+    #: :class:`VersionBatch` rows holding them, comma-separated, oldest first (None: none). The
+    #: row is rewritten by every new version anyway; a few bytes a packed version.
     packed_versions: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -262,10 +262,10 @@ class ObjectVersion(Base):
 class VersionBatch(Base):
     """The closed versions of one bulk version request, packed into one row (migration 0016).
 
-    A batch of up to 10,000 objects' closed versions costs about 20 bytes per version beyond
+    A batch of up to 10,000 objects' closed versions costs about 15 bytes per version beyond
     the value's ciphertext, where one :class:`ObjectVersion` row costs 126 (measured:
     docs/benchmarks.md, "Packed closed versions"). The format is :mod:`app.store.versions`':
-    ``accounts`` JSON (the objects' ids, the distinct final accountings and each position's
+    ``accounts`` JSON (the objects' ids in order, the distinct final accountings and each one's
     index into them), ``rejected`` (per position, comma-separated) and ``ciphertexts`` (per
     position, the closed value's ciphertext as it was stored, newline-separated). An object
     finds its packed versions through ``objects.packed_versions`` (no per-version index entry).

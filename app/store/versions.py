@@ -11,28 +11,32 @@ Two layouts of a closed version, one reader (:func:`closed_versions_among`):
 
 * a single version (``POST /v1/objects/{id}/versions``) is one ``object_versions`` row;
 * a bulk request's closed versions are packed into one ``version_batches`` row (migration
-  0016): ``accounts`` is JSON ``{"ids": ids joined by newlines, "variants": [[data_version,
+  0016), its objects in id order: ``accounts`` is JSON ``{"ids": the ids, sorted as Python
+  sorts them, joined by newlines, "variants": [[data_version,
   seq_start, seq_end, repr(loss_lower), repr(loss_upper), loss_exact or null, basic_total],
   ...], "picks": [index into variants per position]}`` (a population's objects share a few
   accountings), ``rejected`` the rejection counts joined by commas and ``ciphertexts`` the
-  closed values as stored joined by newlines. The object's row names each of its packed
-  versions in ``packed_versions``: ``data_version:batch:position``, comma-separated — written by
-  the same statement that opens the new version (the row is rewritten anyway), so no
-  per-version index entry exists. About 20 bytes per version beyond the ciphertext instead of
-  126 (docs/benchmarks.md, "Packed closed versions").
+  closed values as stored joined by newlines. The object's row names the batches holding its
+  packed versions in ``packed_versions``, their ids comma-separated, oldest first (its position
+  in a batch is found by bisecting the ids) — written by the same statement that opens the new
+  version (the row is rewritten anyway), a few bytes per version so that PostgreSQL's update
+  of the row still fits in its page as often as before (HOT), and no per-version index entry.
+  About 15 bytes per version beyond the ciphertext instead of 126 (docs/benchmarks.md,
+  "Packed closed versions").
 
->>> refs = format_ref(1, 7, 42) + "," + format_ref(2, 9, 0)
->>> refs, parse_refs(refs)
-('1:7:42,2:9:0', [(1, 7, 42), (2, 9, 0)])
+>>> parse_refs("7,9")
+[7, 9]
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
+from itertools import pairwise
 from typing import Any, NamedTuple, cast
 
 import orjson
@@ -179,8 +183,8 @@ _OPEN_SQLITE = (
 #: ``version_batches`` row. As :data:`_REPLACE_PG`, one statement and one snapshot: the batch
 #: copies each object's value (its ciphertext) and rejection count in the request's order
 #: (``pos``), and only if every object is still at the version read (``HAVING``: else no batch
-#: and no row updated, which the caller rolls back); each opened row names its closed version
-#: ``data_version:batch:position`` at the end of ``packed_versions``.
+#: and no row updated, which the caller rolls back); each opened row adds the batch's id at the
+#: end of ``packed_versions``. ``pos``: the object's position in the batch (id order).
 _PACK_PG = text(
     "WITH v AS MATERIALIZED (SELECT * FROM json_to_recordset(CAST(:rows AS json)) AS v("
     "object_id text, where_version int, pos int, value text, lifetime_exact text, "
@@ -197,8 +201,7 @@ _PACK_PG = text(
     "state_pending = 0, history_hash = NULL, loss_lower = 0, loss_upper = 0, "
     "basic_total = '0', f0_account = '0', rejected = 0, lifetime_exact = v.lifetime_exact, "
     "lifetime_lower = v.lifetime_lower, lifetime_upper = v.lifetime_upper, updated_at = :now, "
-    "packed_versions = coalesce(o.packed_versions || ',', '') || "
-    "CAST(o.data_version AS text) || ':' || CAST(b.id AS text) || ':' || CAST(v.pos AS text) "
+    "packed_versions = coalesce(o.packed_versions || ',', '') || CAST(b.id AS text) "
     "FROM v, batch AS b WHERE o.id = v.object_id AND o.version = v.where_version RETURNING 1) "
     "SELECT count(*) FROM opened"
 ).bindparams(bindparam("now", type_=BATCHES.c.closed_at.type))
@@ -229,20 +232,9 @@ class ClosedVersion:
     closed_at: datetime
 
 
-def format_ref(data_version: int, batch: int, position: int) -> str:
-    """A packed version's reference in ``objects.packed_versions``."""
-    return f"{data_version}:{batch}:{position}"
-
-
-def parse_refs(stored: str | None) -> list[tuple[int, int, int]]:
-    """``objects.packed_versions`` as ``[(data_version, batch, position)]``, oldest first."""
-    if not stored:
-        return []
-    found = []
-    for ref in stored.split(","):
-        number, batch, position = ref.split(":")
-        found.append((int(number), int(batch), int(position)))
-    return found
+def parse_refs(stored: str | None) -> list[int]:
+    """The batches ``objects.packed_versions`` names (its packed versions'), oldest first."""
+    return [int(batch) for batch in stored.split(",")] if stored else []
 
 
 #: A packed accounting: data_version, seq_start, seq_end, loss_lower, loss_upper, loss_exact,
@@ -251,7 +243,7 @@ Account = tuple[int, int, int, float, float, str | None, str]
 
 
 def pack_accounts(rows: Sequence[ClosingRow], new: Sequence[NewVersion]) -> str:
-    """A batch's ``accounts`` text: each row's closing accounting at its position."""
+    """A batch's ``accounts`` text: each row's closing accounting at its position (id order)."""
     accounts: list[Account] = []
     for row, version in zip(rows, new, strict=True):
         if row.id != version.object_id:
@@ -273,8 +265,8 @@ def pack_accounts(rows: Sequence[ClosingRow], new: Sequence[NewVersion]) -> str:
 def encode_accounts(ids: Sequence[str], accounts: Sequence[Account]) -> str:
     r"""The ``accounts`` text of a batch holding ``accounts[i]`` of object ``ids[i]``.
 
-    Equal accountings are written once; the loss bounds as ``repr`` texts (an exact round
-    trip, infinities included).
+    ``ids`` sorted (Python's order, each once: a batch is bisected). Equal accountings are
+    written once; the loss bounds as ``repr`` texts (an exact round trip, infinities included).
 
     >>> text = encode_accounts(["a", "b"], [(1, 0, 2, 0.5, 0.5, "1/2", "1")] * 2)
     >>> print(text)
@@ -284,6 +276,8 @@ def encode_accounts(ids: Sequence[str], accounts: Sequence[Account]) -> str:
     >>> [(v.object_id, v.loss_upper, v.rejected) for v in batch.rows()]
     [('a', 0.5, 0), ('b', 0.5, 3)]
     """
+    if any(a >= b for a, b in pairwise(ids)):
+        raise ValueError("a batch's ids must be sorted and distinct")
     variants: dict[tuple[Any, ...], int] = {}
     picks = []
     for n, start, end, lower, upper, exact, basic in accounts:
@@ -326,11 +320,18 @@ class PackedBatch:
             counts = [int(r) for r in rejected.split(",")]
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"version batch {batch} is malformed ({type(exc).__name__})") from None
-        if not len(ids) == len(picks) == len(counts) or any(
-            not 0 <= p < len(variants) for p in picks
+        if (
+            not len(ids) == len(picks) == len(counts)
+            or any(not 0 <= p < len(variants) for p in picks)
+            or any(a >= b for a, b in pairwise(ids))
         ):
             raise ValueError(f"version batch {batch}: its columns do not fit together")
         return cls(batch, closed, ids, variants, picks, counts)
+
+    def position_of(self, object_id: str) -> int | None:
+        """Where the object's closed version is in the batch, or None if it is not there."""
+        at = bisect.bisect_left(self.ids, object_id)
+        return at if at < len(self.ids) and self.ids[at] == object_id else None
 
     def version(self, position: int) -> ClosedVersion:
         """The closed version at ``position``."""
@@ -438,30 +439,27 @@ def packed_versions(
     """The packed closed versions ``objects.packed_versions`` names, by object id.
 
     ``refs``: each object's ``packed_versions`` text; ``only``: just that data version. The
-    second item lists every reference that does not lead to its object's version of that
-    number (a missing or malformed batch, a position past its end or naming another object).
+    second item lists every reference that does not lead to a version of its object (a missing
+    or malformed batch, a batch without the object).
     """
     parsed = {oid: parse_refs(text) for oid, text in refs.items()}
-    if only is not None:
-        parsed = {oid: [r for r in found if r[0] == only] for oid, found in parsed.items()}
     batches, problems = load_batches(
-        conn, [batch for found in parsed.values() for _, batch, _ in found], cache
+        conn, [batch for found in parsed.values() for batch in found], cache
     )
     versions: dict[str, list[ClosedVersion]] = {}
     for oid, found in parsed.items():
-        for number, batch, position in found:
+        for batch in found:
             packed = batches.get(batch)
             if packed is None:
-                problems.append(f"{oid}: version {number}: its batch {batch} is not readable")
+                problems.append(f"{oid}: its version batch {batch} is not readable")
                 continue
-            if not 0 <= position < len(packed.ids) or packed.ids[position] != oid:
-                problems.append(f"{oid}: version {number}: batch {batch} has not it at {position}")
+            position = packed.position_of(oid)
+            if position is None:
+                problems.append(f"{oid}: version batch {batch} has no version of it")
                 continue
             version = packed.version(position)
-            if version.data_version != number:
-                problems.append(f"{oid}: version {number}: batch {batch} holds another version")
-                continue
-            versions.setdefault(oid, []).append(version)
+            if only is None or version.data_version == only:
+                versions.setdefault(oid, []).append(version)
     return versions, problems
 
 
@@ -571,11 +569,15 @@ def replace_versions(
     came first: the caller must roll back. ``sealed``: the values are already encrypted with
     the process's cipher (else they are encrypted here). ``packed``: the objects' closing rows
     as read in this transaction, in ``rows``' order — the closed versions go into one
-    ``version_batches`` row (else one ``object_versions`` row each).
+    ``version_batches`` row, in id order (else one ``object_versions`` row each).
     """
     if not rows:
         return 0
-    accounts = None if packed is None else pack_accounts(packed, rows)
+    accounts = None
+    if packed is not None:  # a batch holds its objects in id order (it is bisected)
+        order = sorted(range(len(rows)), key=lambda i: rows[i].object_id)
+        rows, packed = [rows[i] for i in order], [packed[i] for i in order]
+        accounts = pack_accounts(packed, rows)
     if is_postgres(conn):
         if not sealed:
             cipher = active()
@@ -611,8 +613,8 @@ def replace_versions(
         batch = _insert_batch_sqlite(conn, rows, accounts, now)
         if batch is None:
             return 0
-        for pos, (param, row) in enumerate(zip(params, packed, strict=True)):
-            param["ref"] = format_ref(row.data_version, batch, pos)
+        for param in params:
+            param["ref"] = str(batch)
         updated = int(conn.execute(_OPEN_PACKED_SQLITE, params).rowcount)
     else:
         conn.execute(_CLOSE_SQLITE, params)

@@ -2,9 +2,9 @@
 
 A bulk version request's closed versions are stored as one ``version_batches`` row (the format
 is :mod:`app.store.versions`'), and each object names its packed versions in
-``objects.packed_versions`` (``data_version:batch:position``, comma-separated, oldest first),
-instead of one ``object_versions`` row and primary-key entry each: about 20 bytes per version
-beyond the value's ciphertext instead of 126 (docs/benchmarks.md, "Packed closed versions").
+``objects.packed_versions`` (the batches' ids, comma-separated, oldest first), instead of one
+``object_versions`` row and primary-key entry each: about 15 bytes per version beyond the
+value's ciphertext instead of 126 (docs/benchmarks.md, "Packed closed versions").
 
 Upgrade packs every existing ``object_versions`` row: the rows closed at one instant (one bulk
 request; a single version alone) become batches of at most 10,000, their values copied as
@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from app.db.types import UTCDateTime
-from app.store.versions import Account, PackedBatch, encode_accounts, format_ref, parse_refs
+from app.store.versions import Account, PackedBatch, encode_accounts, parse_refs
 
 revision = "0016"
 down_revision = "0015"
@@ -80,7 +80,7 @@ def upgrade() -> None:
         # the ciphertexts are random base64: not worth a compression attempt (TOAST stores
         # them out of line as they are)
         op.execute("ALTER TABLE version_batches ALTER COLUMN ciphertexts SET STORAGE EXTERNAL")
-    refs: dict[str, list[tuple[int, int, int]]] = {}
+    refs: dict[str, list[tuple[int, int]]] = {}
     statement = sa.select(_ROWS).order_by(
         _ROWS.c.closed_at, _ROWS.c.object_id, _ROWS.c.data_version
     )
@@ -94,8 +94,8 @@ def upgrade() -> None:
             groups.pop()  # it may go on in the next page
         for rows in groups:
             batch = _insert_batch(conn, rows)
-            for position, row in enumerate(rows):
-                refs.setdefault(row.object_id, []).append((row.data_version, batch, position))
+            for row in rows:
+                refs.setdefault(row.object_id, []).append((row.data_version, batch))
             conn.execute(delete, [{"oid": r.object_id, "n": r.data_version} for r in rows])
     _write_refs(conn, refs)
 
@@ -110,7 +110,8 @@ def _groups(rows: list[Any]) -> list[list[Any]]:
             ids = set()
         groups[-1].append(row)
         ids.add(row.object_id)
-    return groups
+    # a batch holds its objects in Python's id order (it is bisected), whatever the collation
+    return [sorted(group, key=lambda row: str(row.object_id)) for group in groups]
 
 
 def _insert_batch(conn: Any, rows: list[Any]) -> int:
@@ -140,10 +141,10 @@ def _insert_batch(conn: Any, rows: list[Any]) -> int:
     return int(inserted.scalar_one())
 
 
-def _write_refs(conn: Any, refs: dict[str, list[tuple[int, int, int]]]) -> None:
+def _write_refs(conn: Any, refs: dict[str, list[tuple[int, int]]]) -> None:
     """Each object's ``packed_versions``, oldest first (set-based on PostgreSQL)."""
     items = [
-        {"id": oid, "refs": ",".join(format_ref(*ref) for ref in sorted(found))}
+        {"id": oid, "refs": ",".join(str(batch) for _, batch in sorted(found))}
         for oid, found in sorted(refs.items())
     ]
     for start in range(0, len(items), BATCH):
@@ -182,12 +183,12 @@ def downgrade() -> None:
         op.execute("ALTER TABLE objects DROP COLUMN packed_versions")
 
 
-def _references(conn: Any) -> set[tuple[str, int, int, int]]:
-    """Every ``(object id, data_version, batch, position)`` the objects name."""
+def _references(conn: Any) -> set[tuple[str, int]]:
+    """Every ``(object id, batch)`` the objects name."""
     found = set()
     statement = sa.text("SELECT id, packed_versions FROM objects WHERE packed_versions IS NOT NULL")
     for oid, text in conn.execute(statement):
-        found.update((str(oid), *ref) for ref in parse_refs(text))
+        found.update((str(oid), batch) for batch in parse_refs(text))
     return found
 
 
@@ -198,15 +199,15 @@ def _unpack(
     accounts: str,
     rejected: str,
     ciphertexts: str,
-    referenced: set[tuple[str, int, int, int]],
+    referenced: set[tuple[str, int]],
 ) -> None:
     packed = PackedBatch.decode(batch, closed_at, accounts, rejected)
     values = ciphertexts.split("\n")
     if len(values) != len(packed.ids):
         raise RuntimeError(f"cannot downgrade below 0016: version batch {batch} is malformed")
     rows = []
-    for position, (version, value) in enumerate(zip(packed.rows(), values, strict=True)):
-        if (version.object_id, version.data_version, batch, position) not in referenced:
+    for version, value in zip(packed.rows(), values, strict=True):
+        if (version.object_id, batch) not in referenced:
             raise RuntimeError(
                 f"cannot downgrade below 0016: {version.object_id} does not name its version "
                 f"{version.data_version} in batch {batch}"
