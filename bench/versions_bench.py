@@ -10,6 +10,8 @@ interleaved, so both see the same machine): a fresh database, N objects register
    CPU of the command and its worker processes, CPU of the PostgreSQL backends serving it;
 3. the same file again (every batch replayed by its key);
 4. with ``--survey``: the same survey right after the bulk version;
+   (with ``--vacuum``, after a ``VACUUM ANALYZE``: the objects' pages pruned, whatever
+   autovacuum did before — else the update of a page not pruned yet may not fit in it);
 5. with ``--verify``: ``gatekeeper verify`` (every object, every version, one process);
 6. the bytes per closed version: the growth of every table over the bulk version
    (``pg_total_relation_size``: heap, TOAST and all indexes, each table before and after),
@@ -168,6 +170,8 @@ def run_tree(args: argparse.Namespace, label: str, tree: Path) -> dict[str, Any]
                     "survey_fresh", timed_survey(http, server, name)
                 )
             )
+        if args.vacuum:
+            vacuum(url)
         size, tables = db_size(url), relation_sizes(url)
         found["versions"], found["answer"] = timed_cli(
             url, name, tree, "import", "--versions", str(versions), *batch
@@ -201,6 +205,14 @@ def run_tree(args: argparse.Namespace, label: str, tree: Path) -> dict[str, Any]
     return found
 
 
+def vacuum(url: str) -> None:
+    """``VACUUM ANALYZE`` every table: the pages pruned, the statistics fresh."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
 def relation_sizes(url: str) -> dict[str, int]:
     """Every table's ``pg_total_relation_size`` (heap, TOAST, indexes), by name."""
     found = sql(
@@ -232,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--survey", action="store_true", help="a survey before and after")
     parser.add_argument("--verify", action="store_true", help="gatekeeper verify at the end")
+    parser.add_argument(
+        "--vacuum", action="store_true", help="VACUUM ANALYZE before the bulk version"
+    )
     parser.add_argument(
         "--baseline", type=Path, help="another tree (e.g. a worktree of main), run alternately"
     )
