@@ -262,7 +262,7 @@ class ObjectVersion(Base):
 class VersionBatch(Base):
     """The closed versions of one bulk version request, packed into one row (migration 0016).
 
-    A batch of up to 10,000 objects' closed versions costs about 15 bytes per version beyond
+    A batch of up to 10,000 objects' closed versions costs about 16 bytes per version beyond
     the value's ciphertext, where one :class:`ObjectVersion` row costs 126 (measured:
     docs/benchmarks.md, "Packed closed versions"). The format is :mod:`app.store.versions`':
     ``accounts`` JSON (the objects' ids in order, the distinct final accountings and each one's

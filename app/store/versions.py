@@ -21,7 +21,7 @@ Two layouts of a closed version, one reader (:func:`closed_versions_among`):
   in a batch is found by bisecting the ids) — written by the same statement that opens the new
   version (the row is rewritten anyway), a few bytes per version so that PostgreSQL's update
   of the row still fits in its page as often as before (HOT), and no per-version index entry.
-  About 15 bytes per version beyond the ciphertext instead of 126 (docs/benchmarks.md,
+  About 16 bytes per version beyond the ciphertext instead of 131 (docs/benchmarks.md,
   "Packed closed versions").
 
 >>> parse_refs("7,9")

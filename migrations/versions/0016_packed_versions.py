@@ -3,7 +3,7 @@
 A bulk version request's closed versions are stored as one ``version_batches`` row (the format
 is :mod:`app.store.versions`'), and each object names its packed versions in
 ``objects.packed_versions`` (the batches' ids, comma-separated, oldest first), instead of one
-``object_versions`` row and primary-key entry each: about 15 bytes per version beyond the
+``object_versions`` row and primary-key entry each: about 16 bytes per version beyond the
 value's ciphertext instead of 126 (docs/benchmarks.md, "Packed closed versions").
 
 Upgrade packs every existing ``object_versions`` row: the rows closed at one instant (one bulk
