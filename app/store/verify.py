@@ -18,7 +18,6 @@ from sqlalchemy import Table, bindparam, func, select
 from app.db.models import (
     DomainRecord,
     LikelihoodStateRecord,
-    ObjectVersion,
     ProtectedObject,
     QueryRecord,
     Survey,
@@ -29,14 +28,13 @@ from app.store import ids as ids_
 from app.store.base import Tx
 from app.store.history import HistoryItem
 from app.store.history import submitted as history_item
-from app.store.versions import ClosedVersion
+from app.store.versions import BatchCache, ClosedVersion, closed_versions_among
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _STATES = cast(Table, LikelihoodStateRecord.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
 _CHUNKS = cast(Table, SurveyChunk.__table__)
 _DOMAINS = cast(Table, DomainRecord.__table__)
-_VERSIONS = cast(Table, ObjectVersion.__table__)
 _QUERIES = cast(Table, QueryRecord.__table__)
 
 
@@ -213,19 +211,14 @@ def submits_of(conn: Tx, ids: Sequence[str]) -> dict[str, list[HistoryItem]]:
     return found
 
 
-_CLOSED_FIELDS = [_VERSIONS.c[name] for name in ClosedVersion.__dataclass_fields__]
-_CLOSED_OF = ids_.where_among(
-    select(*_CLOSED_FIELDS).order_by(_VERSIONS.c.object_id, _VERSIONS.c.data_version),
-    _VERSIONS.c.object_id,
-)
+def closed_versions_of(
+    conn: Tx, ids: Sequence[str], cache: BatchCache | None = None
+) -> tuple[dict[str, list[ClosedVersion]], list[str]]:
+    """The closed data versions of the objects ``ids``, by object, oldest first.
 
-
-def closed_versions_of(conn: Tx, ids: Sequence[str]) -> dict[str, list[ClosedVersion]]:
-    """The closed data versions of the objects ``ids``, by object, oldest first."""
-    found: dict[str, list[ClosedVersion]] = {}
-    for row in ids_.rows_among(conn, _CLOSED_OF, ids):
-        found.setdefault(row.object_id, []).append(ClosedVersion(**row._mapping))
-    return found
+    And the broken references to packed ones (:func:`app.store.versions.closed_versions_among`).
+    """
+    return closed_versions_among(conn, ids, cache)
 
 
 _STATES_OF = ids_.where_among(
