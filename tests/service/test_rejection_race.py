@@ -27,6 +27,7 @@ from sqlalchemy import text
 from app.bootstrap import create_app
 from app.db.session import make_engine
 from app.services import queries as query_service
+from app.store.versions import closed_versions_among
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 
 BINARY = {"attributes": [{"name": "b", "type": "integer", "low": 0, "high": 1}]}
@@ -75,13 +76,10 @@ def _counts(postgres_url: str, oid: str) -> tuple[dict[int, int], dict[int, int]
     engine = make_engine(postgres_url)
     try:
         with engine.connect() as conn:
-            counted = {
-                int(v): int(n)
-                for v, n in conn.execute(
-                    text("SELECT data_version, rejected FROM object_versions WHERE object_id = :o"),
-                    {"o": oid},
-                )
-            }
+            # closed versions in both layouts (object_versions rows, packed batches)
+            closed, problems = closed_versions_among(conn, [oid])
+            assert not problems, problems
+            counted = {v.data_version: v.rejected for v in closed.get(oid, [])}
             current, rejected = conn.execute(
                 text("SELECT data_version, rejected FROM objects WHERE id = :o"), {"o": oid}
             ).one()
