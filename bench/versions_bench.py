@@ -10,8 +10,13 @@ interleaved, so both see the same machine): a fresh database, N objects register
    CPU of the command and its worker processes, CPU of the PostgreSQL backends serving it;
 3. the same file again (every batch replayed by its key);
 4. with ``--survey``: the same survey right after the bulk version;
-5. the bytes per closed version (``object_versions``' heap and index per row, and the value's
-   ciphertext among them) and the growth of the whole database over the bulk version.
+   (with ``--vacuum``, after a ``VACUUM ANALYZE``: the objects' pages pruned, whatever
+   autovacuum did before — else the update of a page not pruned yet may not fit in it);
+5. with ``--verify``: ``gatekeeper verify`` (every object, every version, one process);
+6. the bytes per closed version: the growth of every table over the bulk version
+   (``pg_total_relation_size``: heap, TOAST and all indexes, each table before and after),
+   per object-version, beside the value's ciphertext; ``object_versions``' heap and index per
+   row when a tree stores one row per closed version; and the database's growth.
 
 The load average is printed beside every figure (the machine is shared)::
 
@@ -165,11 +170,18 @@ def run_tree(args: argparse.Namespace, label: str, tree: Path) -> dict[str, Any]
                     "survey_fresh", timed_survey(http, server, name)
                 )
             )
-        size = db_size(url)
+        if args.vacuum:
+            vacuum(url)
+        size, tables = db_size(url), relation_sizes(url)
         found["versions"], found["answer"] = timed_cli(
             url, name, tree, "import", "--versions", str(versions), *batch
         )
         found["growth"] = db_size(url) - size
+        after = relation_sizes(url)
+        found["tables"] = {
+            t: after[t] - tables.get(t, 0) for t in after if after[t] != tables.get(t, 0)
+        }
+        found["cipher"] = closed_ciphertext(url)
         found["replayed"], found["replayed_answer"] = timed_cli(
             url, name, tree, "import", "--versions", str(versions), *batch
         )
@@ -179,12 +191,50 @@ def run_tree(args: argparse.Namespace, label: str, tree: Path) -> dict[str, Any]
                     "survey_after", timed_survey(http, server, name)
                 )
             )
+        if args.verify:
+            found["verify"], found["verify_answer"] = timed_cli(
+                url, name, tree, "verify", "--quiet"
+            )
         count = int(sql(url, "SELECT count(*) FROM object_versions"))
         found["rows"] = count
-        found["heap"] = int(sql(url, "SELECT pg_relation_size('object_versions')")) / count
-        found["total"] = int(sql(url, "SELECT pg_total_relation_size('object_versions')")) / count
-        found["cipher"] = float(sql(url, "SELECT avg(octet_length(value)) FROM object_versions"))
+        if count:
+            found["heap"] = int(sql(url, "SELECT pg_relation_size('object_versions')")) / count
+            found["total"] = (
+                int(sql(url, "SELECT pg_total_relation_size('object_versions')")) / count
+            )
     return found
+
+
+def vacuum(url: str) -> None:
+    """``VACUUM ANALYZE`` every table: the pages pruned, the statistics fresh."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
+def relation_sizes(url: str) -> dict[str, int]:
+    """Every table's ``pg_total_relation_size`` (heap, TOAST, indexes), by name."""
+    found = sql(
+        url,
+        "SELECT CAST(json_object_agg(relname, pg_total_relation_size(oid)) AS text) FROM pg_class "
+        "WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace",
+    )
+    return {str(k): int(v) for k, v in json.loads(found).items()}
+
+
+def closed_ciphertext(url: str) -> float:
+    """The mean length of a closed version's value as stored (either layout)."""
+    packed = sql(url, "SELECT to_regclass('version_batches') IS NOT NULL")
+    if packed == "True" and int(sql(url, "SELECT count(*) FROM version_batches")):
+        return float(
+            sql(
+                url,
+                "SELECT (sum(octet_length(ciphertexts)) - sum(size - 1)) / sum(size) "
+                "FROM version_batches",
+            )
+        )
+    return float(sql(url, "SELECT avg(octet_length(value)) FROM object_versions"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--survey", action="store_true", help="a survey before and after")
+    parser.add_argument("--verify", action="store_true", help="gatekeeper verify at the end")
+    parser.add_argument(
+        "--vacuum", action="store_true", help="VACUUM ANALYZE before the bulk version"
+    )
     parser.add_argument(
         "--baseline", type=Path, help="another tree (e.g. a worktree of main), run alternately"
     )
@@ -217,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| tree | step | wall s | objects/s | CPU s (command) | CPU s (PostgreSQL) | load |")
     print("|---|---|---|---|---|---|---|")
     for found in results:
-        for step in ("import", "survey_fresh", "versions", "replayed", "survey_after"):
+        for step in ("import", "survey_fresh", "versions", "replayed", "survey_after", "verify"):
             if step not in found:
                 continue
             f = found[step]
@@ -227,13 +281,23 @@ def main(argv: list[str] | None = None) -> int:
             )
     print()
     for found in results:
-        heap, total, cipher = found["heap"], found["total"], found["cipher"]
-        print(
-            f"{found['tree']}: object_versions {found['rows']:,} rows, heap {heap:.0f} B/row, "
-            f"with index {total:.0f} B/row, value ciphertext {cipher:.0f} B (beyond it: heap "
-            f"{heap - cipher:.0f} B, with index {total - cipher:.0f} B); database grew "
-            f"{found['growth'] / n:.0f} B per object-version; {found['answer']}"
+        cipher = found["cipher"]
+        grown = sum(found["tables"].values())
+        tables = ", ".join(
+            f"{t} {b / n:.1f}" for t, b in sorted(found["tables"].items(), key=lambda i: -i[1])
         )
+        print(
+            f"{found['tree']}: tables grew {grown / n:.1f} B per object-version ({tables}), "
+            f"value ciphertext {cipher:.1f} B: **{grown / n - cipher:.1f} B beyond it**; "
+            f"database grew {found['growth'] / n:.0f} B per object-version; {found['answer']}"
+        )
+        if found["rows"]:
+            heap, total = found["heap"], found["total"]
+            print(
+                f"  object_versions {found['rows']:,} rows, heap {heap:.0f} B/row, with index "
+                f"{total:.0f} B/row (beyond the ciphertext: {heap - cipher:.0f} B, "
+                f"{total - cipher:.0f} B)"
+            )
     return 0
 
 

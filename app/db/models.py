@@ -14,6 +14,8 @@
 * :class:`LikelihoodStateRecord` — a finite likelihood array, stored once per content (exact
   histories: any order of the same outputs) or per (domain, history), and shared by every
   object with it (storage grows with distinct contents).
+* :class:`ObjectVersion` and :class:`VersionBatch` — closed data versions: one row each (single
+  versions), or packed per bulk request.
 * :class:`Survey` and :class:`SurveyChunk` — a population survey, and its fixed membership cut
   into chunks, each holding its members' decisions and answers packed (issue #13).
 
@@ -194,6 +196,10 @@ class ProtectedObject(Base):
     lifetime_exact: Mapped[str | None] = mapped_column(Text, default="0", server_default="0")
     lifetime_lower: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     lifetime_upper: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    #: Where the closed versions packed by bulk versions are: the ids of the
+    #: :class:`VersionBatch` rows holding them, comma-separated, oldest first (None: none). The
+    #: row is rewritten by every new version anyway; a few bytes a packed version.
+    packed_versions: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -251,6 +257,30 @@ class ObjectVersion(Base):
     basic_total: Mapped[str] = mapped_column(Text, nullable=False)
     rejected: Mapped[int] = mapped_column(Integer, nullable=False)
     closed_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+
+
+class VersionBatch(Base):
+    """The closed versions of one bulk version request, packed into one row (migration 0016).
+
+    A batch of up to 10,000 objects' closed versions costs about 16 bytes per version beyond
+    the value's ciphertext, where one :class:`ObjectVersion` row costs 126 (measured:
+    docs/benchmarks.md, "Packed closed versions"). The format is :mod:`app.store.versions`':
+    ``accounts`` JSON (the objects' ids in order, the distinct final accountings and each one's
+    index into them), ``rejected`` (per position, comma-separated) and ``ciphertexts`` (per
+    position, the closed value's ciphertext as it was stored, newline-separated). An object
+    finds its packed versions through ``objects.packed_versions`` (no per-version index entry).
+    Immutable once written, but for ``gatekeeper encryption rotate`` re-encrypting
+    ``ciphertexts``.
+    """
+
+    __tablename__ = "version_batches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    closed_at: Mapped[datetime] = mapped_column(UTCDateTime, nullable=False)
+    size: Mapped[int] = mapped_column(Integer, nullable=False)
+    accounts: Mapped[str] = mapped_column(Text, nullable=False)
+    rejected: Mapped[str] = mapped_column(Text, nullable=False)
+    ciphertexts: Mapped[str] = mapped_column(Text, nullable=False)
 
 
 class LikelihoodStateRecord(Base):

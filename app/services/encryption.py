@@ -10,6 +10,7 @@ from __future__ import annotations
 from app.crypto import PREFIX, active
 from app.store import Tx
 from app.store.objects import stored_values, write_value
+from app.store.versions import recrypt_closed_values
 
 
 def encrypt_plaintext_rows(conn: Tx) -> int:
@@ -23,9 +24,14 @@ def encrypt_plaintext_rows(conn: Tx) -> int:
 
 
 def rotate_rows(conn: Tx) -> int:
-    """Re-encrypt every stored value with the first key; returns how many rows."""
+    """Re-encrypt every stored value with the first key; returns how many values.
+
+    The objects' values and their closed versions' (one row each, or packed per bulk request:
+    :func:`app.store.versions.recrypt_closed_values`).
+    """
     cipher = active()
     rows = stored_values(conn)
     for row in rows:
         write_value(conn, object_id=row.object_id, value=cipher.decrypt(row.stored))
-    return len(rows)
+    closed = recrypt_closed_values(conn, lambda stored: cipher.encrypt(cipher.decrypt(stored)))
+    return len(rows) + closed

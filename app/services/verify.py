@@ -219,10 +219,12 @@ def verify_object(
     :mod:`app.services.history`), closed versions and likelihood array, then
     :func:`check_object`.
     """
+    closed, broken = version_store.closed_versions_among(conn, [row.id])
+    report.problems.extend(broken)
     check_object(
         row,
         [recorded(item) for item in stored_entries(conn, row.id, chunks=chunks)],
-        version_store.closed_versions(conn, object_id=row.id),
+        closed.get(row.id, []),
         lambda key: store.likelihood_state(conn, key=key),
         report,
         Replays(capacity=1),
@@ -542,13 +544,15 @@ def verify_objects(
         domain_texts = store.domains(conn)
         answers = _SurveyAnswers(store.chunk_ranges(conn))
         read_states: set[str] = set()  # keys whose array some replay has been compared with
+        batches = version_store.BatchCache()  # packed closed versions, met page after page
         while page := store.object_page(
             conn, after=after, upto=upto, size=page_size, domain_texts=domain_texts
         ):
             after = page[-1].id
             ids = [row.id for row in page]
             submits = store.submits_of(conn, ids)
-            closed = store.closed_versions_of(conn, ids)
+            closed, broken = store.closed_versions_of(conn, ids, batches)
+            report.problems.extend(broken)
             surveyed = answers.of_page(conn, ids)
             wanted = {row.state_hash for row in page if row.state_hash} - read_states
             states = store.likelihood_states(conn, sorted(wanted)) if wanted else {}

@@ -7,10 +7,11 @@ A new version closes the current one and opens a fresh per-version filter, in on
 1. the objects' rows are read (one statement for a batch) and each distinct likelihood array
    once; a closed version's realized loss is its exact loss when the history is randomized
    response (:mod:`app.engine.exact`), else the certified bounds stored on the row;
-2. the closed versions are written to ``object_versions`` (each copying its value's ciphertext
-   and its final accounting, set-based) and their losses folded into the object's lifetime
-   sums (:func:`app.engine.lifetime.add_losses`: exact while every closed loss is, else bounds
-   rounded outward);
+2. the closed versions are written — a single version as one ``object_versions`` row, a bulk
+   request's packed into one ``version_batches`` row (:mod:`app.store.versions`), each copying
+   its value's ciphertext and its final accounting, set-based — and their losses folded into
+   the object's lifetime sums (:func:`app.engine.lifetime.add_losses`: exact while every
+   closed loss is, else bounds rounded outward);
 3. each object gets its new value and an empty accounting (no likelihood state, loss 0, Σε 0,
    F₀'s account 0, no rejection) under the same compare-and-set on ``objects.version`` that a
    submit and a survey use, so a concurrent submit either lands in the closed version before the
@@ -294,7 +295,9 @@ def _create_once(
         else:
             values = _checked_values(items, rows, domains, bulk)
         now = datetime.now(UTC)
-        created = _close_and_open(conn, [rows[i] for i in ids], values, domains, now, sealed=sealed)
+        created = _close_and_open(
+            conn, [rows[i] for i in ids], values, domains, now, sealed=sealed, packed=bulk
+        )
         metrics.VERSIONS_CREATED.inc(len(created))
         if not bulk:
             object_id, version = created[0]
@@ -420,10 +423,12 @@ def _close_and_open(
     now: datetime,
     *,
     sealed: bool = False,
+    packed: bool = False,
 ) -> list[tuple[str, int]]:
     """Close every row's version and open the next with its value; ``[(id, new version)]``.
 
     ``values``: the new values' canonical JSON, or their ciphertexts when ``sealed``.
+    ``packed``: the closed versions go into one batch row (a bulk request), else a row each.
 
     The closing loss and the lifetime sums after it are computed once per distinct accounting
     (a population's objects mostly share one: no history yet, or one survey's); an object
@@ -470,7 +475,8 @@ def _close_and_open(
         new.append(store.NewVersion(row.id, row.version, value, *found))
         if row.state_hash is not None:
             lost[row.state_hash] = lost.get(row.state_hash, 0) + 1
-    if store.replace_versions(conn, new, now=now, sealed=sealed) != len(new):
+    closing = rows if packed else None
+    if store.replace_versions(conn, new, now=now, sealed=sealed, packed=closing) != len(new):
         raise _LostRace
     move_state_refs(conn, gained={}, lost=lost)
     return [(row.id, row.data_version + 1) for row in rows]
