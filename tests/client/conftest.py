@@ -14,6 +14,8 @@ from ldp_gatekeeper_client import Client, RetryPolicy
 from tests.service.conftest import (  # noqa: F401 - fixtures shared with the service tests
     ADMIN_KEY,
     Server,
+    _postgres_template,
+    _sqlite_template,
     database_url,
     postgres_url,
     sqlite_url,

@@ -4,14 +4,19 @@ PostgreSQL and Redis come from ``GATEKEEPER_TEST_POSTGRES_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``) and ``GATEKEEPER_TEST_REDIS_URL`` (default
 ``redis://127.0.0.1:6379/15``). Each test module gets a fresh PostgreSQL database (created from
 the admin URL, migrated with Alembic like production, dropped afterwards) and a fresh SQLite
-file, so tests never see each other's rows. When a service is unreachable the tests that need
-it are skipped with instructions — except under ``CI=true``, where they fail.
+file, so tests never see each other's rows. Each test process migrates one PostgreSQL database
+and one SQLite file, and the modules' databases are copies of them (``CREATE DATABASE ...
+TEMPLATE``, a file copy): the same migrated schema without migrating again for every module
+(``tests/service/test_migrations.py`` migrates fresh databases itself). When a service is
+unreachable the tests that need it are skipped with instructions — except under ``CI=true``,
+where they fail.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -56,9 +61,20 @@ def _reachable(url: str, default_port: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    """A fresh, migrated PostgreSQL database for this module."""
+def _admin_url() -> str:
+    return POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+
+
+@pytest.fixture(scope="session")
+def _postgres_template() -> Iterator[str]:
+    """A PostgreSQL database migrated once per test process: the module databases' template.
+
+    ``CREATE DATABASE ... TEMPLATE`` copies it file by file (about 0.05 s) where a migration of
+    a new database took 0.3-0.9 s of wall time (PostgreSQL's catalog work included); the copy
+    holds exactly what the migration wrote (schema, indexes, ``alembic_version``). Nothing ever
+    connects to the template after its migration (PostgreSQL refuses to copy a database in
+    use), so it is dropped when the process's tests end.
+    """
     if not _reachable(POSTGRES_URL, 5432):
         _unavailable(
             f"PostgreSQL at {POSTGRES_URL}",
@@ -66,12 +82,28 @@ def postgres_url() -> Iterator[str]:
         )
     import psycopg
 
-    admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
-    name = "gk_test_" + secrets.token_hex(6)
+    admin = _admin_url()
+    name = "gk_template_" + secrets.token_hex(6)
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        upgrade(admin.rsplit("/", 1)[0] + "/" + name)  # disposes its engine when done
+        yield name
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def postgres_url(_postgres_template: str) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database for this module (a copy of the migrated template)."""
+    import psycopg
+
+    admin = _admin_url()
+    name = "gk_test_" + secrets.token_hex(6)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{_postgres_template}"')
     url = admin.rsplit("/", 1)[0] + "/" + name
-    upgrade(url)
     yield url
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -91,12 +123,29 @@ def redis_url() -> Iterator[str]:
     client.close()
 
 
+@pytest.fixture(scope="session")
+def _sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated once per test process: the module files are copies of it.
+
+    A copy of the closed file is byte for byte what the migration wrote (the 15 migrations
+    rebuild tables in batch mode: 0.15-0.2 s each time quiet, seconds under load). The
+    migration's engine is disposed when it ends, which checkpoints and removes the WAL, so the
+    main file holds everything; a leftover ``-wal`` would be copied along.
+    """
+    path = tmp_path_factory.mktemp("template") / "gatekeeper.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
 @pytest.fixture(scope="module")
-def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A fresh, migrated SQLite file for this module."""
-    url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'gatekeeper.db'}"
-    upgrade(url)
-    return url
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory, _sqlite_template: Path) -> str:
+    """A fresh, migrated SQLite file for this module (a copy of the migrated template)."""
+    path = tmp_path_factory.mktemp("db") / "gatekeeper.db"
+    shutil.copyfile(_sqlite_template, path)
+    wal = _sqlite_template.with_name(_sqlite_template.name + "-wal")
+    if wal.exists():
+        shutil.copyfile(wal, path.with_name(path.name + "-wal"))
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

@@ -59,7 +59,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
-from scipy.optimize import minimize
 
 from app.engine.continuous.line import maximize_line
 from app.engine.continuous.lp_bound import RESOLUTION, Relaxation, relax, tighten
@@ -443,6 +442,9 @@ class _Search:
         for start in (self.best_x.copy(), mid.copy())[: 2 if centre else 1]:
             if self.remaining() <= 0.0:
                 break
+            # imported on first use, as highs._scipy imports linprog (process start-up time)
+            from scipy.optimize import minimize
+
             try:
                 res = minimize(
                     negative,

@@ -22,7 +22,6 @@ from typing import Literal
 
 import highspy
 import numpy as np
-from scipy.optimize import linprog
 
 from app.engine.numerics import FloatArray
 
@@ -177,6 +176,10 @@ def _scipy(
     hi: FloatArray,
     time_limit: float | None,
 ) -> LpResult:
+    # imported here, on the first SciPy solve: scipy.optimize adds about 0.16 s of CPU to the
+    # start of every process that imports the engine (each CLI command, server worker, test)
+    from scipy.optimize import linprog
+
     res = linprog(
         cost,
         A_ub=A,

@@ -38,10 +38,10 @@ from enum import Enum
 
 import numpy as np
 import numpy.typing as npt
-from scipy.special import expit
 
 from app.engine.numerics import (
     FloatArray,
+    expit,
     response_coefficients,
     response_log_prob,
     response_log_prob_with,

@@ -26,7 +26,6 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
-from scipy.special import expit
 
 from app.engine.domain import Domain, Scalar
 from app.engine.errors import InvalidInput
@@ -40,6 +39,7 @@ from app.engine.numerics import (
     exact_affine,
     exact_fraction,
     exact_lifted_dot,
+    expit,
     float_down,
     float_up,
     log1p_exp,

@@ -1,0 +1,126 @@
+"""Process start-up, two checkouts side by side: a ``gatekeeper`` command and a 4-worker server.
+
+Each round runs, in each tree (alternating which goes first), ``python -m app.cli keys list``
+and ``python -m app.cli serve --workers 4`` until ``/readyz`` answers (then SIGTERM), each tree
+on its own migrated SQLite file, and reports wall times and the children's CPU
+(``getrusage(RUSAGE_CHILDREN)``). Usage::
+
+    python bench/startup_bench.py --tree main=/path/to/main --tree branch=. --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ADMIN = "bench-admin-" + "k" * 40
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def environment(tree: str, database_url: str, key: str) -> dict[str, str]:
+    return {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": tree,
+        "DATABASE_URL": database_url,
+        "GATEKEEPER_ENCRYPTION_KEYS": key,
+        "GATEKEEPER_BOOTSTRAP_ADMIN_KEY": ADMIN,
+        "OPENBLAS_NUM_THREADS": "1",
+        "BOUND_PROCESSES": "0",
+    }
+
+
+def command(tree: str, env: dict[str, str]) -> tuple[float, float]:
+    cpu, wall = children_cpu(), time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "keys", "list"],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    return time.perf_counter() - wall, children_cpu() - cpu
+
+
+def server(tree: str, env: dict[str, str]) -> tuple[float, float, int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    cpu, wall = children_cpu(), time.perf_counter()
+    process = subprocess.Popen(  # noqa: S603 - this interpreter, our own CLI
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", "4"],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    ready = None
+    while ready is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                ready = time.perf_counter() - wall
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    process.terminate()
+    out = process.communicate(timeout=60)[0]
+    return ready, children_cpu() - cpu, out.count("Application startup complete")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tree", action="append", required=True, help="NAME=PATH (repeat)")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    trees = dict(item.split("=", 1) for item in args.tree)
+    key = subprocess.run(
+        [sys.executable, "-c", "from app import crypto; print(crypto.new_key())"],
+        cwd=next(iter(trees.values())),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    folder = Path(tempfile.mkdtemp(prefix="startup_bench_"))
+    urls = {name: f"sqlite:///{folder / name}.db" for name in trees}
+    for name, tree in trees.items():
+        subprocess.run(  # noqa: S603 - this interpreter
+            [sys.executable, "-c", f"from app.db.migrate import upgrade; upgrade({urls[name]!r})"],
+            cwd=tree,
+            env=environment(tree, urls[name], key),
+            check=True,
+        )
+    commands: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+    servers: dict[str, list[tuple[float, float, int]]] = {name: [] for name in trees}
+    order = list(trees)
+    for r in range(args.rounds):
+        for name in order if r % 2 == 0 else order[::-1]:
+            env = environment(trees[name], urls[name], key)
+            commands[name].append(command(trees[name], env))
+            servers[name].append(server(trees[name], env))
+    print(f"load at the end: {os.getloadavg()}")
+    for name in trees:
+        c, s = commands[name], servers[name]
+        median = sorted(w for w, _ in c)[len(c) // 2]
+        print(
+            f"{name}: keys list x{len(c)}: wall median {median:.2f} s,"
+            f" CPU mean {sum(x for _, x in c) / len(c):.2f} s | serve --workers 4 to /readyz:"
+            f" wall median {sorted(w for w, _, _ in s)[len(s) // 2]:.2f} s, CPU (parent and"
+            f" workers, to stop) mean {sum(x for _, x, _ in s) / len(s):.2f} s,"
+            f" workers up {[n for *_, n in s]}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""What a process imports at start-up: neither SciPy nor Alembic (issue 27 item 5, CI time).
+
+Every ``gatekeeper`` command, server worker and Celery worker imports ``app.cli`` or
+``app.bootstrap`` and the app; the suite starts hundreds of them. SciPy (``scipy.special``,
+``scipy.optimize``: about 0.35 s of CPU) and Alembic with Mako and Pygments (about 0.25 s) are
+imported where they are used (:func:`app.engine.numerics.expit`, the SciPy LP and L-BFGS-B
+calls, :func:`app.bootstrap.prepare_database`), so a process that never evaluates a logistic,
+solves an LP or migrates does not pay for them. This keeps a new module-level import from
+bringing them back unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("scipy", "alembic", "mako", "pygments")
+
+
+def _loaded_after(statement: str) -> list[str]:
+    probe = (
+        f"{statement}\nimport json, sys\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
+    )
+    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed program
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_a_command_and_a_server_worker_start_without_scipy_or_alembic() -> None:
+    assert _loaded_after("import app.cli") == []
+    # what a uvicorn worker imports: the factory's module and the web application
+    assert _loaded_after("import app.bootstrap, app.api.main") == []
+
+
+def test_the_probe_sees_them_when_they_are_used() -> None:
+    # the check above can fail: the same probe reports the modules once they are used
+    loaded = _loaded_after(
+        "from app.engine.numerics import expit\nexpit(0.0)\nimport app.db.migrate"
+    )
+    assert "scipy.special" in loaded
+    assert "alembic" in loaded
