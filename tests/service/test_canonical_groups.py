@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from app.bootstrap import create_app
+from app.db.session import make_engine
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms.base import Output
 from app.engine.mechanisms.randomized_response import GeneralizedRR
@@ -74,7 +76,11 @@ def _population(client: TestClient, study: str) -> list[str]:
 
 
 def _run(
-    client: TestClient, analyst: dict[str, str], study: str, monkeypatch: pytest.MonkeyPatch
+    client: TestClient,
+    analyst: dict[str, str],
+    study: str,
+    monkeypatch: pytest.MonkeyPatch,
+    database_url: str,
 ) -> dict[str, Any]:
     """The seven surveys on ``study``, outputs drawn from a stream seeded the same for each run."""
     stream = random.Random(2027)
@@ -111,7 +117,31 @@ def _run(
         odometers[oid.split("-")[-1]] = {
             k: v for k, v in r.json().items() if k not in ("object_id", "updated_at")
         }
-    return {"surveys": surveys, "odometers": odometers, "groups": states}
+    return {
+        "surveys": surveys,
+        "odometers": odometers,
+        "groups": states,
+        "columns": _columns(database_url, study),
+    }
+
+
+def _columns(database_url: str, study: str) -> dict[str, tuple[Any, ...]]:
+    """Each object's stored accounting columns and its array's row (by the object's number)."""
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT o.id, o.state_hash, o.state_pending, o.loss_lower, o.loss_upper, "
+                    "o.basic_total, o.f0_account, s.state, s.err FROM objects o "
+                    "LEFT JOIN likelihood_states s ON s.hash = o.state_hash "
+                    "WHERE o.id LIKE :prefix"
+                ),
+                {"prefix": f"{study}-%"},
+            ).all()
+    finally:
+        engine.dispose()
+    return {row[0].split("-")[-1]: tuple(row[1:]) for row in rows}
 
 
 def _comparable(view: dict[str, Any]) -> dict[str, Any]:
@@ -129,12 +159,45 @@ def test_canonical_groups_decide_as_the_ordered_ones(
     client: TestClient, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     analyst = auth(new_key(client, "analyst"))
-    canonical = _run(client, analyst, unique_id("canon"), monkeypatch)
+    named: list[int] = []  # (group, output) pairs named by content before any array is built
+    fast = survey_runs._exact_advance
+
+    def counted(*args: Any) -> Any:
+        found = fast(*args)
+        named.append(found is not None)
+        return found
+
+    with monkeypatch.context() as counting:
+        counting.setattr(survey_runs, "_exact_advance", counted)
+        canonical = _run(client, analyst, unique_id("canon"), monkeypatch, database_url)
+    # not vacuous: every (group, output) pair of the sequence took the named path (all are
+    # exact histories)
+    assert named
+    assert all(named), len(named)
+    # the per-pair path (h/canon): every (group, output) recorded and its array serialised,
+    # no content named before its array is built
+    with monkeypatch.context() as per_pair:
+        per_pair.setattr(survey_runs, "_exact_advance", lambda *args: None)
+        recorded = _run(client, analyst, unique_id("pair"), monkeypatch, database_url)
+    for (view, answers), (pair_view, pair_answers) in zip(
+        canonical["surveys"], recorded["surveys"], strict=True
+    ):
+        assert view["groups"] == pair_view["groups"]
+        assert _comparable(view) == _comparable(pair_view)
+        assert _by_number(answers) == _by_number(pair_answers)
+    assert canonical["odometers"] == recorded["odometers"]
+    # every object's columns and state key; the arrays themselves are the ones the per-pair
+    # path stores, bit for bit (this population's first member of each content is the same)
+    assert canonical["columns"].keys() == recorded["columns"].keys()
+    for number, columns in canonical["columns"].items():
+        assert columns[:6] == recorded["columns"][number][:6], number
+        assert columns[6] is not None, number
+        assert columns[6] == recorded["columns"][number][6], number
     with monkeypatch.context() as old:
         old.setattr(survey_runs, "decision_key", lambda key, parsed: key)
         old.setattr(surveys, "decision_key", lambda key, parsed: key)
         old.setattr(snapshots, "content_key", lambda domain_text, state: None)
-        ordered = _run(client, analyst, unique_id("order"), monkeypatch)
+        ordered = _run(client, analyst, unique_id("order"), monkeypatch, database_url)
     for (view, answers), (old_view, old_answers) in zip(
         canonical["surveys"], ordered["surveys"], strict=True
     ):
