@@ -221,6 +221,8 @@ class _Chunk:
     picks: dict[str, int] = field(default_factory=dict)
     seqs: dict[str, int] = field(default_factory=dict)
     variants: list[Variant] = field(default_factory=list)
+    #: The variants' numbers by what they hold (:func:`_answer`).
+    entries: dict[tuple[Any, ...], int] = field(default_factory=dict)
     advances: list[Advanced] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     #: A project survey's members' sub-histories after their answers: (state, its first).
@@ -754,22 +756,37 @@ def _answer(
 
     ``basic_after``: ``float(Fraction(columns["basic_total"]))`` when the caller has it;
     ``pick``: the variant, when stored already for other members (with other columns).
+    Answers whose entries are equal — the same query and output, loss bounds and ``Σ ε`` after
+    it, from any decision group — share one variant (a diverged survey's chunk otherwise
+    stored one per history and output, nearly one per member).
     """
     if pick is None:
-        pick = len(work.variants)
-        work.variants.append(
-            Variant(
-                query=query_text,
-                output=output_text,
-                epsilon=mech.epsilon,
-                epsilon_exact=str(mech.epsilon_exact),
-                loss_lower=columns["loss_lower"],
-                loss_upper=columns["loss_upper"],
-                basic_after=float(Fraction(columns["basic_total"]))
-                if basic_after is None
-                else basic_after,
-            )
+        entry = (
+            query_text,
+            output_text,
+            mech.epsilon,
+            columns["loss_lower"],
+            columns["loss_upper"],
+            columns["basic_total"],
+            basic_after,
         )
+        found = work.entries.get(entry)
+        if found is None:
+            found = work.entries[entry] = len(work.variants)
+            work.variants.append(
+                Variant(
+                    query=query_text,
+                    output=output_text,
+                    epsilon=mech.epsilon,
+                    epsilon_exact=str(mech.epsilon_exact),
+                    loss_lower=columns["loss_lower"],
+                    loss_upper=columns["loss_upper"],
+                    basic_after=float(Fraction(columns["basic_total"]))
+                    if basic_after is None
+                    else basic_after,
+                )
+            )
+        pick = found
     for row in answered:
         seq = row.accepted + 1
         work.picks[row.id] = pick
