@@ -51,6 +51,7 @@ import numpy.typing as npt
 
 from app import crypto, metrics
 from app.engine.estimates import tally_outputs
+from app.engine.exact import MAGIC, ExactLoss
 from app.engine.likelihood import LikelihoodState, Term, exact_after, exact_bounds
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, Output
@@ -162,12 +163,20 @@ class RunCache:
     after: dict[GroupKey, _GroupAfter] = field(default_factory=dict)
     #: The query's term per domain text and output.
     terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
+    magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
 
     def term(self, domain: str, mech: Mechanism, output: Output) -> Term:
         """``mech.term(output)``, once per domain and output."""
         found = self.terms.get((domain, output))
         if found is None:
             found = self.terms[(domain, output)] = mech.term(output)
+        return found
+
+    def magnitude(self, domain: str, term: Term) -> float:
+        """``term.magnitude`` of a term of :meth:`term`, once per domain and term."""
+        found = self.magnitudes.get((domain, id(term)))
+        if found is None:
+            found = self.magnitudes[(domain, id(term))] = term.magnitude
         return found
 
     def forget_states(self) -> None:
@@ -209,6 +218,7 @@ class RunCache:
             self.contents.clear()
             self.after.clear()
             self.terms.clear()
+            self.magnitudes.clear()
 
 
 @dataclass
@@ -221,6 +231,8 @@ class _Chunk:
     picks: dict[str, int] = field(default_factory=dict)
     seqs: dict[str, int] = field(default_factory=dict)
     variants: list[Variant] = field(default_factory=list)
+    #: New exact states named in this chunk, their arrays to compute (:func:`_build_states`).
+    building: dict[str, _Build] = field(default_factory=dict)
     #: The variants' numbers by what they hold (:func:`_answer`).
     entries: dict[tuple[Any, ...], int] = field(default_factory=dict)
     advances: list[Advanced] = field(default_factory=list)
@@ -362,18 +374,20 @@ def _advance_of(
     output: Output,
     cache: RunCache,
     worker: BoundWorker,
+    work: _Chunk | None = None,
 ) -> Advance:
     """The columns and state after ``output`` for members with public state ``key``.
 
     The next state is computed once per decision group ``decided`` and output; each history's
     columns follow from it (:func:`~app.services.snapshots.advance_from`). An exact history's
     next state is named by its content first (:func:`_exact_advance`): its array is computed
-    only for a content this run has not met yet.
+    only for a content this run has not met yet (with ``work``, with the chunk's other new
+    arrays: :func:`_build_states`).
     """
     mech = group.mech
     found = cache.advances.get((decided, output))
     if found is None:
-        found = _exact_advance(decided, group, output, cache, worker)
+        found = _exact_advance(decided, group, output, cache, worker, work)
         if found is None:
             after = recorded(group.snapshot, group.decision, mech, output, worker)
             found = advance(
@@ -411,6 +425,7 @@ def _exact_advance(
     output: Output,
     cache: RunCache,
     worker: BoundWorker,
+    work: _Chunk | None = None,
 ) -> Advance | None:
     """:func:`advance` of :func:`recorded`, for an exact history: the same columns and key.
 
@@ -419,8 +434,9 @@ def _exact_advance(
     its loss is that form's exact loss (for ``grr``, every output's at once, per group), its
     accounts are the group's (:func:`~app.engine.pipeline.accounts_after`). Only a content
     this run has not met is recorded (:func:`~app.services.decisions.recorded`: its array and
-    bytes, :attr:`RunCache.contents`). None: not an exact history (or its exact form would not
-    survive the output), left to :func:`advance` of :func:`recorded`.
+    bytes, :attr:`RunCache.contents`) — with ``work``, later, with the chunk's other new
+    arrays in one pass (:func:`_build_states`). None: not an exact history (or its exact form
+    would not survive the output), left to :func:`advance` of :func:`recorded`.
     """
     snapshot, mech = group.snapshot, group.mech
     state = snapshot.state
@@ -442,7 +458,13 @@ def _exact_advance(
         shared = cache.after[decided] = _GroupAfter(losses, str(basic), str(account))
     key = exact_content_key(decided.domain, exact)
     stored = cache.contents.get(key)
-    if stored is None:
+    if stored is None and work is not None:
+        build = work.building.get(key)
+        if build is None:
+            err = state.error_after(cache.magnitude(decided.domain, term), term.extra_error)
+            build = work.building[key] = _Build(key, state, term, exact, err)
+        stored = StoredState(key, b"", build.err)
+    elif stored is None:
         after = recorded(snapshot, group.decision, mech, output, worker)
         assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
         stored = cache.contents[key] = StoredState(key, after.state.to_bytes(), after.state.err)
@@ -535,7 +557,7 @@ def _decide_rows(
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
         for output, answered in by_output.items():
-            change = _advance_of(key, decided[key], group, output, cache, worker)
+            change = _advance_of(key, decided[key], group, output, cache, worker, work)
             columns = change.columns
             stored = change.stored
             if stored is not None:
@@ -549,6 +571,7 @@ def _decide_rows(
                 work.lost[key.state_hash] += len(answered)
             output_text = cache.output_text(key.domain, mech, output)
             _answer(work, mech, query_text, output_text, columns, answered)
+    _build_states(work, cache)
     for groups in pending.values():
         _record_pending(groups, work)
     # the chunk's tally in one batch per domain: olh and hadamard decode all its reports at
@@ -556,6 +579,49 @@ def _decide_rows(
     for mech, outputs, counts in reports.values():
         work.tally.update(tally_outputs(mech, outputs, counts))
     return work
+
+
+class _Build(NamedTuple):
+    """A new exact state of a chunk whose array is still to compute (:func:`_build_states`)."""
+
+    key: str
+    #: The decision group's state, and the output's term recorded on it.
+    state: LikelihoodState
+    term: Term
+    #: The new state's exact form and error bound (:meth:`LikelihoodState.applied`'s).
+    exact: ExactLoss
+    err: float
+
+
+def _build_states(work: _Chunk, cache: RunCache) -> None:
+    """Compute the arrays of the chunk's new exact states, those with one term axis at once.
+
+    Each is :meth:`LikelihoodState.applied` of its group's state and the output's term: the
+    sum, shifted by its maximum (``max`` does not round, so the batch's row maxima are
+    ``applied``'s, and every array is the same, bit for bit — tested against the per-pair
+    path). Its bytes (:meth:`LikelihoodState.to_bytes`) join :attr:`RunCache.contents` and
+    the chunk's gained states.
+    """
+    if not work.building:
+        return
+    batches: dict[tuple[tuple[int, ...], tuple[int, ...]], list[_Build]] = defaultdict(list)
+    for build in work.building.values():
+        batches[(build.state.logp.shape, build.term.axes)].append(build)
+    for (shape, axes), builds in batches.items():
+        logp = np.stack([b.state.logp for b in builds])
+        terms = np.stack([b.term.values for b in builds])
+        spread = [len(builds)] + [1] * len(shape)
+        for axis in axes:
+            spread[axis + 1] = shape[axis]
+        logp += terms.reshape(spread)
+        logp -= logp.reshape(len(builds), -1).max(axis=1).reshape([len(builds)] + [1] * len(shape))
+        for build, array in zip(builds, logp, strict=True):
+            data = array.astype("<f8").tobytes() + MAGIC + build.exact.to_bytes()
+            cache.contents[build.key] = StoredState(build.key, data, build.err)
+    for key, (state, count) in work.gained.items():
+        if not state.state and key in work.building:
+            work.gained[key] = (cache.contents[key], count)
+    work.building.clear()
 
 
 #: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
