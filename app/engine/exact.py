@@ -249,14 +249,14 @@ class ExactLoss:
         written = ",".join(
             f"[{groups[g].epsilon.numerator},{groups[g].epsilon.denominator}]" for g in order
         )
-        counts = []
-        for axis in sorted(self.counts):
-            arr = self.counts[axis]
-            rows = (arr if identity else arr[order]).tolist()
-            body = ",".join("[" + ",".join(map(str, row)) + "]" for row in rows)
-            counts.append(f'"{axis}":[{body}]')
+        # a list of integers prints as its JSON but for the spaces after the commas
+        counts = ",".join(
+            f'"{axis}":'
+            + str((self.counts[axis] if identity else self.counts[axis][order]).tolist())
+            for axis in sorted(self.counts)
+        ).replace(" ", "")
         shape = ",".join(map(str, self.shape))
-        return f'{{"s":[{shape}],"g":[{written}],"c":{{{",".join(counts)}}}}}'.encode()
+        return f'{{"s":[{shape}],"g":[{written}],"c":{{{counts}}}}}'.encode()
 
     def same_as(self, other: ExactLoss | None) -> bool:
         """Equal counts per group, whatever order the groups came in (``verify``).
