@@ -22,11 +22,12 @@ from sqlalchemy import text
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
-from app.engine.limits import EngineLimits
+from app.engine.limits import DEFAULT_LIMITS, EngineLimits
 from app.engine.mechanisms.base import Output
 from app.engine.mechanisms.randomized_response import GeneralizedRR
 from app.services import snapshots, survey_groups, survey_runs, surveys
 from app.store.surveys import GroupKey
+from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 from tests.service.test_surveys import all_responses, verify_clean, wait_done
 
@@ -228,3 +229,66 @@ def test_the_decision_key_ignores_only_a_finite_history_hash() -> None:
     assert survey_groups.decision_key(pending, parsed) == pending
     other = base._replace(domain=continuous, state_hash=None)
     assert survey_groups.decision_key(other, parsed) == other
+
+
+def test_a_state_stored_and_forgotten_meanwhile_is_not_written_without_its_array(
+    client: TestClient, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committed chunk's states keep only their keys in the run's cache (not their bytes).
+
+    If the run forgets them meanwhile (another thread's chunk lost a race: a state may have
+    been deleted), a chunk holding a cached answer that names one must not store it without
+    its array: it fails (``StateGone``), forgets, and is decided again with the array built.
+    """
+    monkeypatch.setattr(GeneralizedRR, "sample", lambda self, value: 1)  # every answer "b"
+    study = unique_id("gone")
+    _population(client, study)
+    engine = make_engine(database_url)
+    worker = BoundWorker(WorkerSettings(processes=0))
+    request = surveys.parse_request(
+        {
+            "name": "gone",
+            "query": {"mechanism": "grr", "attribute": "region", "epsilon": 0.5},
+            "cohort": {"labels": {"study": study}},
+        },
+        max_members=MEMBERS,
+    )
+    try:
+        view, _ = surveys.create_survey(
+            engine=engine,
+            request=request,
+            fingerprint="f",
+            idempotency_key=None,
+            analyst_key_id=None,
+            max_members=MEMBERS,
+            limits=DEFAULT_LIMITS,
+            chunk_size=40,
+        )
+        cache = survey_runs.new_run_cache(request.query, DEFAULT_LIMITS)
+        run = {"engine": engine, "worker": worker, "survey_id": view.id, "limits": DEFAULT_LIMITS}
+        assert survey_runs.run_chunk(chunk=0, cache=cache, **run).accepted == 40
+        (key,) = cache.stored  # one state: every member answered "b" on an empty history
+        assert cache.contents[key].state == b""  # stored: its bytes dropped
+        cache.stored.clear()  # as a concurrent chunk's forget, seen half-way
+        with pytest.raises(snapshots.StateGone):
+            survey_runs.run_chunk(chunk=1, cache=cache, **run)
+        assert not cache.contents  # forgotten: built again
+        assert not cache.advances
+        for chunk in range(1, MEMBERS // 40):
+            assert survey_runs.run_chunk(chunk=chunk, cache=cache, **run).accepted == 40
+    finally:
+        worker.close()
+        engine.dispose()
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT length(state), refs FROM likelihood_states WHERE hash = :key"),
+                {"key": key},
+            ).all()
+    finally:
+        engine.dispose()
+    assert len(rows) == 1
+    assert rows[0][0] > 0
+    assert rows[0][1] == MEMBERS
+    verify_clean(database_url)
