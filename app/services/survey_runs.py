@@ -233,6 +233,8 @@ class _Chunk:
     variants: list[Variant] = field(default_factory=list)
     #: New exact states named in this chunk, their arrays to compute (:func:`_build_states`).
     building: dict[str, _Build] = field(default_factory=dict)
+    #: Answers naming one of those, shared with the run once the arrays are built.
+    advances_built: dict[tuple[GroupKey, Output], Advance] = field(default_factory=dict)
     #: The variants' numbers by what they hold (:func:`_answer`).
     entries: dict[tuple[Any, ...], int] = field(default_factory=dict)
     advances: list[Advanced] = field(default_factory=list)
@@ -386,6 +388,8 @@ def _advance_of(
     """
     mech = group.mech
     found = cache.advances.get((decided, output))
+    if found is None and work is not None:
+        found = work.advances_built.get((decided, output))
     if found is None:
         found = _exact_advance(decided, group, output, cache, worker, work)
         if found is None:
@@ -397,7 +401,11 @@ def _advance_of(
                 query_text=cache.query_text(key.domain, mech),
                 output_text=cache.output_text(key.domain, mech, output),
             )
-        cache.advances[(decided, output)] = found
+        if work is not None and found.stored is not None and found.stored.key in work.building:
+            # shared once its array is built: another thread's chunk would find no bytes
+            work.advances_built[(decided, output)] = found
+        else:
+            cache.advances[(decided, output)] = found
     if key.history_hash == decided.history_hash:
         return found
     return advance_from(
@@ -622,6 +630,8 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
         if not state.state and key in work.building:
             work.gained[key] = (cache.contents[key], count)
     work.building.clear()
+    cache.advances.update(work.advances_built)
+    work.advances_built.clear()
 
 
 #: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
