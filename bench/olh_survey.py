@@ -8,12 +8,13 @@ How to run (from the project root, PostgreSQL reachable)::
 
 What it does: a database named ``--database`` (default ``olh_bench``; dropped and created, and
 dropped again at the end unless ``--keep``), ``--n`` objects over one integer attribute of
-``--k`` values (Zipf(1.1) values, budget 4) registered through the import use case, then the
-surveys of ``--mechanisms`` (ε = 1 each) over all of them in turn. Each survey is created by
-the use case and its chunks decided by :func:`app.services.survey_runs.run_chunk` one after
-the other in this thread (the service runs ``SURVEY_THREADS`` of them at once; one thread here
-keeps CPU time and the profile exact). Per survey: wall seconds, this process's CPU seconds,
-members/s, the decision groups, the likelihood states stored; ``--profile MECH`` prints
+``--k`` values (Zipf(1.1) values, budget ``--budget``, default 4: basic composition certifies
+two surveys; 1.5 leaves the second to the Bayesian filter) registered through the import use
+case, then the surveys of ``--mechanisms`` (ε = 1 each) over all of them in turn. Each survey is
+created by the use case and its chunks decided by :func:`app.services.survey_runs.run_chunk` one
+after the other in this thread (the service runs ``SURVEY_THREADS`` of them at once; one thread
+here keeps CPU time and the profile exact). Per survey: wall seconds, this process's CPU
+seconds, members/s, the decision groups, the likelihood states stored; ``--profile MECH`` prints
 cProfile's top functions (cumulative) for the surveys of that mechanism.
 
 The survey service bench is ``bench/large_domain.py --survey N`` (through ``gatekeeper serve``).
@@ -46,7 +47,7 @@ def _population(n: int, k: int) -> np.ndarray:
     return rng.choice(k, size=n, p=weights / weights.sum())
 
 
-def _import(url: str, n: int, k: int) -> None:
+def _import(url: str, n: int, k: int, budget: float = 4.0) -> None:
     from app.db.session import make_engine
     from app.engine.limits import DEFAULT_LIMITS
     from app.services.imports import import_objects, parse_items
@@ -58,7 +59,7 @@ def _import(url: str, n: int, k: int) -> None:
     for first in range(0, n, 10_000):
         items = [
             {"id": f"o{i:07d}", "domain": domain, "value": {"v": int(values[i])},
-             "budget": {"epsilon": 4}, "labels": {"study": "oracles"}}
+             "budget": {"epsilon": budget}, "labels": {"study": "oracles"}}
             for i in range(first, min(n, first + 10_000))
         ]  # fmt: skip
         import_objects(
@@ -94,6 +95,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=1000)
     parser.add_argument("--mechanisms", default="grr,olh")
     parser.add_argument("--chunk", type=int, default=5000)
+    parser.add_argument(
+        "--budget", type=float, default=4.0, help="every object's budget (ε = 1 per survey)"
+    )
     parser.add_argument("--database", default="olh_bench")
     parser.add_argument("--profile", default="", help="a mechanism whose surveys to profile")
     parser.add_argument("--top", type=int, default=40)
@@ -127,7 +131,7 @@ def main() -> None:
     print(f"load average {_load()}; code {Path(app.__file__).parents[1]}; template: {have}")
     if not have:
         upgrade(url)
-        _import(url, args.n, args.k)
+        _import(url, args.n, args.k, args.budget)
         if args.template:
             with psycopg.connect(admin, autocommit=True) as conn:
                 conn.execute(f'CREATE DATABASE "{args.template}" TEMPLATE "{args.database}"')

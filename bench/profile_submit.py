@@ -5,6 +5,7 @@ in the ``dev`` extra)::
 
     .venv/bin/python bench/profile_submit.py                       # grr, bayesian, 2 workers
     .venv/bin/python bench/profile_submit.py --raw /tmp/submit.raw --seconds 20
+    .venv/bin/python bench/profile_submit.py --summarize /tmp/submit.raw --functions 25
 
 It starts ``bench/service_load.py --scenarios grr --filters bayesian --workers 2`` (pgbench and
 verify skipped), waits ``--delay`` seconds for the server to start and the warm-up to pass, then
@@ -78,6 +79,41 @@ def summarize(raw: Path) -> str:
     return "\n".join(lines)
 
 
+def _function(frame: str) -> str:
+    """``name (file`` of a py-spy frame ``name (path:line)``, the path from the package on."""
+    name, _, where = frame.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    for cut in ("site-packages/", "/python3.11/", "/python3.12/", "/python3.13/"):
+        path = path.split(cut)[-1]
+    return f"{name} ({path})"
+
+
+def by_function(raw: Path, top: int) -> str:
+    """The ``top`` functions by their own samples (the stack's last frame), and inclusive."""
+    own: dict[str, int] = {}
+    within: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        if not line.strip():
+            continue
+        stack, _, count = line.rpartition(" ")
+        frames = [
+            _function(f) for f in stack.split(";") if " (" in f and not f.startswith("process ")
+        ]
+        total += int(count)
+        if frames:
+            own[frames[-1]] = own.get(frames[-1], 0) + int(count)
+        for f in set(frames):
+            within[f] = within.get(f, 0) + int(count)
+    lines = [f"{'self':>6}  {'incl':>6}  function (of {total} samples)"]
+    for name in sorted(own, key=lambda n: -own[n])[:top]:
+        lines.append(
+            f"{100 * own[name] / max(1, total):5.1f}%  {100 * within[name] / max(1, total):5.1f}%"
+            f"  {name}"
+        )
+    return "\n".join(lines)
+
+
 def server_pid(parent: int, deadline: float) -> int:
     """The ``app.cli serve`` process the benchmark started."""
     while time.monotonic() < deadline:
@@ -107,7 +143,18 @@ def main(argv: list[str] | None = None) -> int:
         help="sample only threads holding the GIL (Python's CPU, not the waits)",
     )
     parser.add_argument("--trees", default="", help="passed to service_load (one tree)")
+    parser.add_argument(
+        "--functions", type=int, default=0, help="also the N functions with most own samples"
+    )
+    parser.add_argument(
+        "--summarize", type=Path, help="only summarize these collapsed stacks (no benchmark)"
+    )
     args = parser.parse_args(argv)
+    if args.summarize is not None:
+        print(summarize(args.summarize))
+        if args.functions:
+            print(by_function(args.summarize, args.functions))
+        return 0
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     raw = args.raw or Path(tempfile.mkdtemp(prefix="gk_spy_")) / "submit.raw"
     duration = args.delay + args.seconds + 15
@@ -150,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     gil = " --gil" if args.gil else ""
     print(f"py-spy record --subprocesses{gil} -r {args.rate} -d {args.seconds} (stacks: {raw})")
     print(summarize(raw))
+    if args.functions:
+        print(by_function(raw, args.functions))
     return bench.returncode
 
 

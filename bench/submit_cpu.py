@@ -19,6 +19,10 @@ serialisation — not uvicorn's HTTP parsing), ``--clients`` at a time, each wit
 ``Idempotency-Key``. It reports per timed submit: the child's CPU (``time.process_time``, all
 threads, user + system), the CPU of the database's backends (from ``/proc``, the pool's connections)
 and the wall time, and the load average beside each round.
+
+``--direct`` leaves HTTP out: the child calls the service's submit
+(:func:`app.services.queries.submit`, with the app's own engine, bound worker and locks) one at a
+time, so the CPU per submit is the service layer's and the database access's alone.
 """
 
 from __future__ import annotations
@@ -98,9 +102,33 @@ def child(args: argparse.Namespace) -> None:
                 ids.append(oid)
             counter = iter(range(10**9))
 
+            from app.services import queries as query_service
+
+            runtime = app.state.runtime
+            owner = None
+            if args.direct:
+                from app.services.auth import authenticate
+
+                found = authenticate(engine=runtime.engine, secret=key["Authorization"].split()[1])
+                assert found is not None  # noqa: S101 - the key was just made
+                owner = found[0].id
+
             async def one(worker: int) -> None:
                 i = next(counter)
                 oid = ids[(worker + i) % len(ids)]
+                if args.direct:  # the service's submit, in this thread: no HTTP, no hand-off
+                    query_service.submit(
+                        engine=runtime.engine,
+                        worker=runtime.worker,
+                        locks=runtime.locks,
+                        object_id=oid,
+                        query=queries[i % len(queries)],
+                        idempotency_key=secrets.token_hex(16),
+                        analyst_key_id=owner,
+                        limits=runtime.limits,
+                        attempts=runtime.settings.submit_attempts,
+                    )
+                    return
                 headers = {**key, "Idempotency-Key": secrets.token_hex(16)}
                 body = {"query": queries[i % len(queries)]}
                 r = await client.post(f"/v1/objects/{oid}/queries", json=body, headers=headers)
@@ -151,6 +179,7 @@ def child_command(
         *("--submits", str(submits), "--warmup", str(args.warmup)),
         *("--objects", str(args.objects), "--clients", str(args.clients)),
         *("--scenario", args.scenario, "--seed", str(seed)),
+        *(["--direct"] if args.direct else []),
     ]
 
 
@@ -209,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead: system calls per submit, each tree's child under strace -f -c, once with "
         "--submits and once with twice as many (the difference over --submits)",
+    )
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="call the service's submit directly, one at a time (no HTTP, no ASGI, no threads)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)

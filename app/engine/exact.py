@@ -297,6 +297,44 @@ class SubsetProfile:
     up: IntArray
 
 
+def subset_profiles(
+    histories: Sequence[ExactLoss], axis: int, group: Group
+) -> list[SubsetProfile | None]:
+    """:meth:`ExactLoss.subset_profile` of every history, those with the same groups at once.
+
+    The same profiles (and remembered on each history alike): the values and both stable
+    orders of a whole batch are computed on the stacked values (:class:`ExactStack`), row by
+    row as each history's own; a batch past ``int64`` is computed history by history.
+    """
+    found: list[SubsetProfile | None] = [None] * len(histories)
+    todo = [n for n, h in enumerate(histories) if (axis, group) not in h._profiles]
+    for n in set(range(len(histories))) - set(todo):
+        found[n] = histories[n]._profiles[(axis, group)]
+    picked = [histories[n] for n in todo]
+    for members, stack in _stacks(picked, group) if picked else []:
+        first = picked[members[0]]
+        dropped = group not in first.groups and len(first.groups) >= MAX_GROUPS
+        base = None
+        if stack is not None and not dropped:  # (a dropped form: every one's profile is None)
+            base = stack.axis_values(len(members), axis, first.shape[axis])
+            if int(np.abs(base).max(initial=0)) + stack.step >= _SAFE:
+                base = None
+        if stack is None or base is None:
+            for m in members:
+                found[todo[m]] = picked[m].subset_profile(axis, group)
+            continue
+        down = np.argsort(-base, axis=1, kind="stable")
+        up = np.argsort(base, axis=1, kind="stable")
+        others = stack.ranges(len(members), skip=axis).tolist()
+        for row, m in enumerate(members):
+            profile = SubsetProfile(
+                stack.denominator, stack.step, others[row], base[row], down[row], up[row]
+            )
+            picked[m]._profiles[(axis, group)] = profile
+            found[todo[m]] = profile
+    return found
+
+
 #: ``hits(rows, values)``: the 0/1 matrix ``[values[i, j] ∈ S_rows[i]]`` of several outputs'
 #: subsets (``values`` has one row of value indexes per output).
 SubsetHits = Callable[[IntArray, IntArray], IntArray]
@@ -444,3 +482,265 @@ def _axis_losses(base: IntArray, step: int, query: ExactQuery) -> list[int]:
     within = max(int(base[i]) for i in top_i) - min(int(base[i]) for i in low_i)
     across = max(int(base[v]) - int(base[w]) for v in top_i for w in low_i if v != w)
     return [max(within, across + step)]
+
+
+# --- many histories at once (a survey chunk's members deciding alone) ---------------------------
+
+
+@dataclass(frozen=True)
+class ExactStack:
+    """Exact histories with the same groups, stacked: each touched axis's ``V`` per history.
+
+    ``values[a]`` has shape ``(n, shape[a])``, in units of ``1/denominator`` (``int64``: a
+    stack is only built when every value and ``step`` certainly fit); ``step`` is the extra
+    group's ε (or its own group's, when present) in those units, 0 without one. What
+    :meth:`ExactLoss.values` and :meth:`ExactLoss._scale` give each history, for all at once.
+    """
+
+    denominator: int
+    step: int
+    values: dict[int, IntArray]
+
+    @classmethod
+    def of(cls, histories: Sequence[ExactLoss], extra: Group | None = None) -> ExactStack | None:
+        """The stack of ``histories`` (all with the same ``groups``), or None past ``int64``."""
+        first = histories[0]
+        groups = first.groups
+        if extra is not None and extra not in groups:
+            denominator, scaled = _in_units([*groups, extra])
+            step = scaled[-1]
+        else:
+            denominator, scaled = _in_units(list(groups))
+            step = scaled[groups.index(extra)] if extra is not None else 0
+        weights = np.asarray(scaled[: len(groups)], dtype=np.int64)
+        total = sum(abs(w) for w in scaled[: len(groups)])
+        values: dict[int, IntArray] = {}
+        span = 2 * abs(step)  # bounds every sum of ranges (and a moved one) computed from it
+        for axis in sorted({a for h in histories for a in h.counts}):
+            k = first.shape[axis]
+            empty = np.zeros((len(groups), k), dtype=np.int64)
+            counts = np.stack([h.counts.get(axis, empty) for h in histories])
+            top = max(int(counts.max()), -int(counts.min())) if counts.size else 0
+            span += 2 * total * max(1, top)
+            if span >= _SAFE:
+                return None
+            found = np.zeros((len(histories), k), dtype=np.int64)
+            for g, weight in enumerate(weights.tolist()):  # a few groups: one pass each
+                found += weight * counts[:, g, :]
+            values[axis] = found
+        if span >= _SAFE:
+            return None
+        return cls(denominator, step, values)
+
+    def ranges(self, count: int, skip: int | None = None) -> IntArray:
+        """``Σ_a (max V_a − min V_a)`` per history, over the axes other than ``skip``."""
+        total = np.zeros(count, dtype=np.int64)
+        for axis, v in self.values.items():
+            if axis != skip:
+                total += v.max(axis=1) - v.min(axis=1)
+        return total
+
+    def axis_values(self, count: int, axis: int, k: int) -> IntArray:
+        """``V_axis`` per history (zeros when no history touched the axis)."""
+        found = self.values.get(axis)
+        return found if found is not None else np.zeros((count, k), dtype=np.int64)
+
+
+def _stacks(
+    histories: Sequence[ExactLoss], extra: Group | None = None
+) -> list[tuple[list[int], ExactStack | None]]:
+    """The histories' positions by their groups, and each such batch's stack."""
+    by_object: dict[int, list[int]] = {}  # histories folded together share their groups' tuple
+    for n, history in enumerate(histories):
+        by_object.setdefault(id(history.groups), []).append(n)
+    batches: dict[tuple[Group, ...], list[int]] = {}
+    for members in by_object.values():
+        batches.setdefault(histories[members[0]].groups, []).extend(members)
+    return [
+        (members, ExactStack.of([histories[n] for n in members], extra))
+        for members in batches.values()
+    ]
+
+
+def fractions_of(
+    units: IntArray, denominator: int, cache: dict[tuple[int, int], Fraction]
+) -> list[Fraction]:
+    """``Fraction(u, denominator)`` per unit count, each distinct one built once."""
+    found = []
+    for u in units.tolist():
+        loss = cache.get((u, denominator))
+        if loss is None:
+            loss = cache[(u, denominator)] = Fraction(u, denominator)
+        found.append(loss)
+    return found
+
+
+def losses_many(histories: Sequence[ExactLoss]) -> list[Fraction]:
+    """``h.loss()`` of every history, computed together (and remembered on each).
+
+    Histories with the same groups are stacked (:class:`ExactStack`); one past ``int64`` is
+    computed alone.
+    """
+    found: list[Fraction | None] = [None] * len(histories)
+    cache: dict[tuple[int, int], Fraction] = {}
+    for members, stack in _stacks(histories):
+        if stack is None:
+            for n in members:
+                found[n] = histories[n].loss()
+            continue
+        losses = fractions_of(stack.ranges(len(members)), stack.denominator, cache)
+        for n, loss in zip(members, losses, strict=True):
+            histories[n].__dict__.setdefault("_loss", loss)  # the cached_property's slot
+            found[n] = histories[n].loss()
+    return [loss for loss in found if loss is not None]
+
+
+#: Elements of a block of rows :func:`_moved` works on at once (its temporaries stay in cache).
+_BLOCK = 1 << 15
+
+
+def _two_extremes(base: IntArray) -> tuple[IntArray, ...]:
+    """The two largest and two smallest entries of each row (of at least two entries).
+
+    Per row: the largest's index and value, the largest of the others; likewise the smallest.
+    """
+    rows = np.arange(base.shape[0])
+    top = base.argmax(axis=1)
+    bottom = base.argmin(axis=1)
+    masked = base.copy()
+    masked[rows, top] = np.iinfo(np.int64).min
+    second_top = masked.max(axis=1)
+    masked[rows, top] = base[rows, top]
+    masked[rows, bottom] = np.iinfo(np.int64).max
+    second_bottom = masked.min(axis=1)
+    return top, base[rows, top], second_top, bottom, base[rows, bottom], second_bottom
+
+
+def _moved(
+    base: IntArray, step: int, query: ExactQuery, columns: IntArray | None = None
+) -> IntArray:
+    """``max − min`` of each row of ``base`` moved by each output: shape ``(n, outputs)``.
+
+    With ``columns``, by output ``columns[i]`` on row ``i`` only: shape ``(n,)``. The
+    vectorised :func:`_axis_losses` for ``grr`` (the top two and bottom two of each row) and
+    ``table`` queries, computed in blocks of rows.
+    """
+    n, k = base.shape
+    if columns is None:
+        outputs = k if query.kind == "grr" else 0
+        if query.kind == "table":
+            assert query.table is not None  # noqa: S101 - a table query carries its table
+            outputs = query.table.shape[1]
+        found: IntArray = np.empty((n, outputs), dtype=np.int64)
+    else:
+        found = np.empty(n, dtype=np.int64)
+    rows = max(1, _BLOCK // max(1, k))
+    for start in range(0, n, rows):
+        part = slice(start, start + rows)
+        at = None if columns is None else columns[part]
+        found[part] = _moved_block(base[part], np.int64(step), query, at)
+    return found
+
+
+def _moved_block(
+    base: IntArray, step: np.int64, query: ExactQuery, columns: IntArray | None
+) -> IntArray:
+    """:func:`_moved` of one block of rows."""
+    n, k = base.shape
+    if query.kind == "table":
+        assert query.table is not None  # noqa: S101 - a table query carries its table
+        table = query.table.astype(np.int64)
+        if columns is not None:
+            moved = base + step * table[:, columns].T
+            return np.asarray(moved.max(axis=1) - moved.min(axis=1), dtype=np.int64)
+        moved = base[:, :, None] + step * table[None, :, :]
+        return np.asarray(moved.max(axis=1) - moved.min(axis=1), dtype=np.int64)
+    if k == 1:
+        return np.zeros(n if columns is not None else (n, 1), dtype=np.int64)
+    top, top_value, second_top, bottom, bottom_value, second_bottom = _two_extremes(base)
+    if columns is not None:
+        hit = base[np.arange(n), columns] + step
+        other_hi = np.where(columns == top, second_top, top_value)
+        other_lo = np.where(columns == bottom, second_bottom, bottom_value)
+    else:
+        values = np.arange(k)[None, :]
+        other_hi = np.where(values == top[:, None], second_top[:, None], top_value[:, None])
+        other_lo = np.where(
+            values == bottom[:, None], second_bottom[:, None], bottom_value[:, None]
+        )
+        hit = base + step
+    return np.asarray(np.maximum(hit, other_hi) - np.minimum(hit, other_lo), dtype=np.int64)
+
+
+def moved_losses_at(
+    histories: Sequence[ExactLoss], query: ExactQuery, owners: IntArray, columns: IntArray
+) -> list[Fraction]:
+    """The exact loss after output ``columns[i]`` of ``query`` on ``histories[owners[i]]``.
+
+    ``history.candidate_losses(query)[column]`` for each, for ``grr`` and ``table`` queries
+    (:func:`_moved` on the histories stacked: :class:`ExactStack`); a history past ``int64``
+    is computed alone.
+    """
+    found: list[Fraction | None] = [None] * len(owners)
+    cache: dict[tuple[int, int], Fraction] = {}
+    owners = np.asarray(owners, dtype=np.int64)
+    columns = np.asarray(columns, dtype=np.int64)
+    batch_of = np.empty(len(histories), dtype=np.int64)  # each history's batch and row in it
+    row_of = np.empty(len(histories), dtype=np.int64)
+    stacks = _stacks(histories, query.group)
+    for b, (members, _) in enumerate(stacks):
+        batch_of[members] = b
+        row_of[members] = np.arange(len(members))
+    owner_batch = batch_of[owners]
+    for b, (members, stack) in enumerate(stacks):
+        picks = np.flatnonzero(owner_batch == b)
+        if not picks.size:
+            continue
+        k = histories[members[0]].shape[query.axis]
+        base = None
+        if stack is not None:
+            base = stack.axis_values(len(members), query.axis, k)
+            if int(np.abs(base).max(initial=0)) + abs(stack.step) >= _SAFE:
+                base = None
+        if stack is None or base is None:
+            for i in picks.tolist():
+                found[i] = histories[int(owners[i])].candidate_losses(query)[int(columns[i])]
+            continue
+        rows = row_of[owners[picks]]
+        whole = rows.size == len(members) and bool((rows == np.arange(rows.size)).all())
+        units = _moved(base if whole else base[rows], stack.step, query, columns[picks])
+        units += stack.ranges(len(members), skip=query.axis)[rows]
+        losses = fractions_of(units, stack.denominator, cache)
+        for i, loss in zip(picks.tolist(), losses, strict=True):
+            found[i] = loss
+    return [loss for loss in found if loss is not None]
+
+
+def moved_losses_many(
+    histories: Sequence[ExactLoss], query: ExactQuery
+) -> list[tuple[list[int], IntArray | None, int]] | None:
+    """The exact loss after every output of ``query``, for many histories at once.
+
+    Returns, per batch of histories with the same groups, their positions, the losses in
+    units of ``1/denominator`` (shape ``(histories, outputs)``, outputs in
+    :meth:`ExactLoss.candidate_losses`'s order; None for a batch past ``int64``, whose
+    histories the caller computes alone) and the denominator. None overall when the query's
+    kind has no vectorised form (``ue``).
+    """
+    if query.kind not in ("grr", "table"):
+        return None
+    found: list[tuple[list[int], IntArray | None, int]] = []
+    for members, stack in _stacks(histories, query.group):
+        if stack is None:
+            found.append((members, None, 0))
+            continue
+        count = len(members)
+        k = histories[members[0]].shape[query.axis]
+        base = stack.axis_values(count, query.axis, k)
+        if int(np.abs(base).max(initial=0)) + abs(stack.step) >= _SAFE:
+            found.append((members, None, 0))
+            continue
+        moved = _moved(base, stack.step, query)
+        others = stack.ranges(count, skip=query.axis)[:, None]
+        found.append((members, moved + others, stack.denominator))
+    return found

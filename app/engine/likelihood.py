@@ -20,8 +20,11 @@ from typing import Any
 import numpy as np
 
 from app.engine.domain import Domain
-from app.engine.exact import MAGIC, MAX_GROUPS, ExactLoss, ExactTerm
+from app.engine.exact import MAGIC, MAX_GROUPS, ExactLoss, ExactTerm, Group, IntArray
 from app.engine.numerics import FloatArray, decimal_fraction, float_up, update_error
+
+#: Elements of the stacked arrays :func:`fold_many` works on at once (32 MiB of float64).
+FOLD_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -265,6 +268,123 @@ class LikelihoodState:
             exact = ExactLoss.from_bytes(domain.shape, data[size + len(MAGIC) :])
         logp = np.frombuffer(data[:size], dtype="<f8").reshape(domain.shape)
         return cls(domain, logp, err, exact)
+
+
+@dataclass(frozen=True)
+class TermRows:
+    """The terms of several outputs of one mechanism: row ``i`` is ``term(outputs[i])``.
+
+    ``values`` has shape ``(n, *cells)`` over ``axes``; ``magnitudes`` and ``extra_errors``
+    are each term's :attr:`Term.magnitude` and :attr:`Term.extra_error`; the exact forms, when
+    every term has one, are ``ε`` of ``group`` times ``coeff[i]`` on ``exact_axis``.
+    """
+
+    axes: tuple[int, ...]
+    values: FloatArray
+    magnitudes: FloatArray
+    extra_errors: FloatArray
+    exact_axis: int | None = None
+    exact_group: Group | None = None
+    exact_coeff: IntArray | None = None
+
+    @classmethod
+    def of(cls, terms: list[Term]) -> TermRows:
+        """The rows of terms computed one by one (all of one mechanism: the same axes)."""
+        values = np.stack([t.values for t in terms])
+        magnitudes = np.abs(values.reshape(len(terms), -1)).max(axis=1, initial=0.0)
+        extra = np.array([t.extra_error for t in terms], dtype=np.float64)
+        exact = [t.exact for t in terms]
+        if not terms or any(e is None for e in exact):
+            return cls(terms[0].axes if terms else (), values, magnitudes, extra)
+        first = exact[0]
+        assert first is not None  # noqa: S101 - checked above
+        coeff = np.stack([np.asarray(e.coeff, dtype=np.int64) for e in exact if e is not None])
+        return cls(terms[0].axes, values, magnitudes, extra, first.axis, first.group, coeff)
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+
+def fold_many(base: LikelihoodState, steps: list[TermRows]) -> list[LikelihoodState]:
+    """Member ``i``'s state: ``base`` with row ``i`` of every step applied in order.
+
+    Bit for bit what ``s = base.copy()`` then ``s.apply(term)`` for each of the member's terms
+    gives (a survey chunk's members with pending entries, each folded alone before): the same
+    float additions, shifts by the exact maximum, error bounds (:func:`update_error` on the
+    same operands, elementwise) and exact counts (:meth:`ExactLoss.with_term`, the groups in
+    the same order, dropped past :data:`MAX_GROUPS`) — on members stacked in slices of at most
+    :data:`FOLD_ELEMENTS` array elements. Every step has one row per member.
+    """
+    count = len(steps[0]) if steps else 1
+    size = max(1, int(base.logp.size))
+    width = max(1, FOLD_ELEMENTS // size)
+    found: list[LikelihoodState] = []
+    for start in range(0, count, width):
+        stop = min(count, start + width)
+        found.extend(_fold_slice(base, steps, start, stop))
+    return found
+
+
+def _fold_slice(
+    base: LikelihoodState, steps: list[TermRows], start: int, stop: int
+) -> list[LikelihoodState]:
+    """:func:`fold_many` for members ``start:stop``."""
+    n = stop - start
+    logp = np.repeat(base.logp[None], n, axis=0)
+    err = np.full(n, base.err, dtype=np.float64)
+    low = np.full(n, base._min, dtype=np.float64)
+    exact = base.exact
+    groups = exact.groups if exact is not None else ()
+    counts = (
+        {a: np.repeat(arr[None], n, axis=0) for a, arr in exact.counts.items()}
+        if exact is not None
+        else {}
+    )
+    alive = exact is not None
+    ndim = base.logp.ndim
+    for step in steps:
+        err = err + update_error(-low, step.magnitudes[start:stop]) + step.extra_errors[start:stop]
+        if alive and step.exact_coeff is not None and step.exact_group is not None:
+            group, axis = step.exact_group, step.exact_axis
+            assert axis is not None  # noqa: S101 - set with the coefficients
+            if group not in groups:
+                if len(groups) >= MAX_GROUPS:
+                    alive = False
+                else:
+                    groups = (*groups, group)
+                    counts = {
+                        a: np.concatenate([c, np.zeros((n, 1, c.shape[2]), dtype=np.int64)], 1)
+                        for a, c in counts.items()
+                    }
+            if alive:
+                if axis not in counts:
+                    counts[axis] = np.zeros((n, len(groups), base.domain.shape[axis]), np.int64)
+                counts[axis][:, groups.index(group), :] += step.exact_coeff[start:stop]
+        else:
+            alive = False
+        shape = [n] + [1] * ndim
+        for a in step.axes:
+            shape[a + 1] = base.domain.shape[a]
+        logp += step.values[start:stop].reshape(shape)
+        flat = logp.reshape(n, -1)
+        top = flat.max(axis=1)
+        logp -= top.reshape([n] + [1] * ndim)
+        low = flat.min(axis=1)
+    states = []
+    for i in range(n):
+        state = object.__new__(LikelihoodState)
+        state.domain = base.domain
+        state.logp = logp[i]
+        state.err = float(err[i])
+        state.exact = (
+            ExactLoss(exact.shape, groups, {a: c[i] for a, c in counts.items()})
+            if alive and exact is not None
+            else None
+        )
+        state._min = float(low[i])
+        state._extremes = {}
+        states.append(state)
+    return states
 
 
 def _reduce_to(array: FloatArray, keep: tuple[int, ...], fn: Any) -> FloatArray:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -63,8 +64,12 @@ def written_epsilon_error(magnitude: float) -> float:
     return UNIT_ROUNDOFF * (1.0 + magnitude)
 
 
-def update_error(state_range: float, term_range: float) -> float:
-    r"""Rounding error added to a likelihood state by one update.
+@overload
+def update_error(state_range: float, term_range: float) -> float: ...
+@overload
+def update_error(state_range: FloatArray, term_range: FloatArray) -> FloatArray: ...
+def update_error(state_range: Any, term_range: Any) -> Any:
+    r"""Rounding error added to a likelihood state by one update (elementwise on arrays).
 
     .. math::
 

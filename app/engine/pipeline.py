@@ -39,15 +39,19 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+
 from app.engine.approx import OutputIndependentFilter
 from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.continuous.candidate import evaluate_continuous
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
+from app.engine.exact import fractions_of, losses_many, moved_losses_many
 from app.engine.filters import (
     CandidateEvaluation,
     Decision,
     FilterKind,
+    OutputLoss,
     basic_evaluation,
     decide,
     evaluate_candidate,
@@ -331,11 +335,142 @@ def evaluate(snapshot: ObjectSnapshot, mechanism: Mechanism, *, tight: bool = Fa
         quick = basic_decision(snapshot, mechanism)
         if quick.accepted:
             return quick
-    target = snapshot.budget - DECISION_MARGIN
-    if (lifetime := snapshot.lifetime) is not None:  # searches certify the lifetime's room
-        target = min(target, lifetime.budget - lifetime.closed.upper - DECISION_MARGIN)
-    decision = _decide(snapshot, candidate_bounds(snapshot, mechanism, target=target))
-    return with_lifetime(snapshot, decision)
+    return _evaluated(snapshot, mechanism)
+
+
+def _evaluated(
+    snapshot: ObjectSnapshot, mechanism: Mechanism, candidate: CandidateEvaluation | None = None
+) -> Decision:
+    """The filter on the per-output bounds (``candidate``, computed here when None)."""
+    if candidate is None:
+        target = snapshot.budget - DECISION_MARGIN
+        if (lifetime := snapshot.lifetime) is not None:  # searches certify the lifetime's room
+            target = min(target, lifetime.budget - lifetime.closed.upper - DECISION_MARGIN)
+        candidate = candidate_bounds(snapshot, mechanism, target=target)
+    return with_lifetime(snapshot, _decide(snapshot, candidate))
+
+
+def evaluate_many(snapshots: Sequence[ObjectSnapshot], mechanism: Mechanism) -> list[Decision]:
+    """:func:`evaluate` (not ``tight``) of every snapshot, finite histories computed together.
+
+    A survey chunk's members that decide alone (each history its own since an ``olh``
+    answer) were each decided by :func:`evaluate`. Here, with the same filter code
+    (:func:`_decide`, :func:`with_lifetime`) on the same inputs:
+
+    * the realized losses of exact histories are computed at once
+      (:func:`~app.engine.exact.losses_many`);
+    * basic composition's evaluation is built once per ``Σ ε_i`` (it depends on nothing
+      else) and decides every snapshot it certifies;
+    * for the others, on exact histories and a ``grr`` or table (``binary_rr``) query, the
+      exact loss after every output of every history is one array (members × outputs,
+      :func:`~app.engine.exact.moved_losses_many`: the top two and bottom two per member for
+      ``grr``). The evaluation lists the worst output only (the first in output order): the
+      decision, its reason, the worst case and the exact charge are :func:`evaluate`'s, but
+      not its list of per-output bounds, which a survey never shows. Every other snapshot is
+      evaluated alone (:func:`candidate_bounds`).
+    """
+    exact = [
+        s.state.exact
+        for s in snapshots
+        if isinstance(s.state, LikelihoodState) and s.state.exact is not None
+    ]
+    if exact:
+        losses_many(exact)
+    found: list[Decision | None] = [None] * len(snapshots)
+    basic: dict[tuple[Fraction, int], CandidateEvaluation] = {}
+    quicks: dict[tuple[Any, ...], Decision] = {}
+    rest: list[int] = []
+    for n, snapshot in enumerate(snapshots):
+        listed = snapshot.limits.max_listed_outputs
+        evaluation = basic.get((snapshot.basic_total, listed))
+        if evaluation is None:
+            evaluation = basic_evaluation(mechanism, snapshot.basic_total, listed)
+            basic[(snapshot.basic_total, listed)] = evaluation
+        # every input of basic composition's decision: equal inputs, the same (frozen) decision
+        key = _decision_inputs(snapshot, evaluation)
+        quick = quicks.get(key)
+        if quick is None:
+            quick = quicks[key] = with_lifetime(snapshot, _decide(snapshot, evaluation))
+        if quick.accepted:
+            found[n] = quick
+        else:
+            rest.append(n)
+    candidates = _exact_candidates([snapshots[n] for n in rest], mechanism)
+    for n, candidate in zip(rest, candidates, strict=True):
+        found[n] = _evaluated(snapshots[n], mechanism, candidate)
+    return [decision for decision in found if decision is not None]
+
+
+def _decision_inputs(snapshot: ObjectSnapshot, candidate: CandidateEvaluation) -> tuple[Any, ...]:
+    """What :func:`_decide` and :func:`with_lifetime` read of a snapshot, with the candidate.
+
+    The filter, budget, δ_g and domain (F₀'s size), the exact ``Σ ε_i`` and F₀'s account, the
+    realized loss's bounds and exact value (:class:`LossBounds` compares only the bounds), the
+    lifetime budget and its closed losses (exact value too), and the candidate (by identity).
+    """
+    loss = snapshot.loss()
+    lifetime = snapshot.lifetime
+    closed = None if lifetime is None else (lifetime, lifetime.closed.value)
+    return (
+        snapshot.filter,
+        snapshot.budget,
+        snapshot.delta,
+        id(snapshot.domain),
+        snapshot.basic_total,
+        snapshot.f0_account,
+        loss.lower,
+        loss.upper,
+        loss.value,
+        closed,
+        id(candidate),
+    )
+
+
+def _exact_candidates(
+    snapshots: Sequence[ObjectSnapshot], mechanism: Mechanism
+) -> list[CandidateEvaluation | None]:
+    """The worst output's exact bounds of each exact history, for ``grr``/table queries.
+
+    None for a snapshot whose state is not exact (or past ``int64``), or for every one when
+    the query has no vectorised exact form.
+    """
+    found: list[CandidateEvaluation | None] = [None] * len(snapshots)
+    query = mechanism.exact_query()
+    picked = [
+        n
+        for n, s in enumerate(snapshots)
+        if isinstance(s.state, LikelihoodState) and s.state.exact is not None
+    ]
+    if query is None or not picked:
+        return found
+    histories = [snapshots[n].state.exact for n in picked]  # type: ignore[union-attr]
+    batches = moved_losses_many([h for h in histories if h is not None], query)
+    if batches is None:
+        return found
+    cache: dict[tuple[int, int], Fraction] = {}
+    for members, units, denominator in batches:
+        if units is None:
+            continue
+        worst_at = units.argmax(axis=1)
+        worst = fractions_of(units[np.arange(len(members)), worst_at], denominator, cache)
+        for row, m in enumerate(members):
+            history = histories[m]
+            assert history is not None  # noqa: S101 - picked above
+            loss = worst[row]
+            bounds = exact_bounds(loss)
+            output = OutputLoss(
+                mechanism.output_json(int(worst_at[row])), bounds.lower, bounds.upper
+            )
+            found[picked[m]] = CandidateEvaluation(
+                mechanism.epsilon,
+                mechanism.epsilon_exact,
+                (output,),
+                float(loss),
+                False,
+                exact_worst=loss,
+                exact_charged=history.loss() + mechanism.epsilon_exact,
+            )
+    return found
 
 
 def record(

@@ -9,6 +9,7 @@ deadline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from app import metrics
@@ -20,6 +21,7 @@ from app.engine.pipeline import (
     ObjectSnapshot,
     basic_decision,
     evaluate,
+    evaluate_many,
     loss_without_search,
     record,
     with_lifetime,
@@ -50,6 +52,28 @@ def decide(
     # the worker decides the version's filter (snapshots travel without their lifetime)
     decision = worker.evaluate(snapshot, mech, fallback=lambda: basic_decision(snapshot, mech))
     return with_lifetime(snapshot, decision)
+
+
+def decide_many(
+    snapshots: Sequence[ObjectSnapshot], mech: Mechanism, worker: BoundWorker
+) -> list[Decision]:
+    """:func:`decide` (not ``tight``) of every snapshot; finite ones together.
+
+    A survey chunk's members that decide alone: :func:`app.engine.pipeline.evaluate_many`
+    for the finite snapshots (the same filter code on the same inputs, their arrays computed
+    together), :func:`decide` for the others.
+    """
+    finite = [n for n, s in enumerate(snapshots) if isinstance(s.state, LikelihoodState)]
+    found: list[Decision | None] = [None] * len(snapshots)
+    if finite:
+        with _ACCOUNTANT_SECONDS.time():
+            decided = evaluate_many([snapshots[n] for n in finite], mech)
+        for n, decision in zip(finite, decided, strict=True):
+            found[n] = decision
+    return [
+        decision if decision is not None else decide(snapshot, mech, worker, tight=False)
+        for snapshot, decision in zip(snapshots, found, strict=True)
+    ]
 
 
 def recorded(

@@ -131,6 +131,15 @@ class _Accepted:
 
 
 @dataclass(frozen=True)
+class _Rejected:
+    """A rejection counted under the compare-and-set: the decision and the version it left."""
+
+    decision: Decision
+    version: int
+    snapshot: ObjectSnapshot
+
+
+@dataclass(frozen=True)
 class _StoredRejection:
     """The stored 409 answer of a rejected submit that carried the same Idempotency-Key."""
 
@@ -316,10 +325,12 @@ def submit(
             if isinstance(outcome, _StoredRejection):
                 error = refusal_error(outcome.refusal)
                 raise error(outcome.detail, replayed=True, **outcome.extra)
-            if isinstance(outcome, Decision):
-                metrics.DECISIONS.labels(outcome.filter.value, "reject").inc()
-                error = refusal_error(outcome.refusal)
-                raise error(outcome.reason, **_rejection_extra(outcome))
+            if isinstance(outcome, _Rejected):  # the state is unchanged, at the next version
+                remember(engine, object_id, outcome.version, outcome.snapshot)
+                rejected = outcome.decision
+                metrics.DECISIONS.labels(rejected.filter.value, "reject").inc()
+                error = refusal_error(rejected.refusal)
+                raise error(rejected.reason, **_rejection_extra(rejected))
             if isinstance(outcome, _Accepted):  # committed: the next decision starts from it
                 remember(engine, object_id, outcome.version, outcome.snapshot)
                 outcome = outcome.outcome
@@ -352,7 +363,7 @@ def _attempt(
     replay_first: bool,
     scope: Scope | None = None,
     reuse: tuple[bool, int | None] = (False, None),
-) -> SubmitOutcome | _Accepted | _StoredRejection | Decision:
+) -> SubmitOutcome | _Accepted | _StoredRejection | _Rejected:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
     On a first attempt (``replay_first`` false) the key is looked up only when the answer would
@@ -412,7 +423,7 @@ def _attempt(
                 return replay
             begin_writes(conn)
             _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
-            return decision
+            return _Rejected(decision, row.version + 1, snapshot)
         if not replay_first and rejection is not None:
             # a key whose submit was rejected before answers that rejection again (a later
             # history may accept the same query: it needs a new key); accepted keys are caught
@@ -444,6 +455,10 @@ def _record_rejection(
 ) -> None:
     """Count a rejected submit on the object, store its answer for ``key``, audit it.
 
+    The count is a compare-and-set on the version the decision read, like an accepted query's
+    (:class:`_LostRace` if another writer advanced the object first — a new data version, say:
+    the rejection is then decided again against it, never counted in a version it did not see).
+
     The problem's type is the decision's refusal (``budget-exhausted``, ``lifetime-exhausted``
     or ``quota-exhausted``).
 
@@ -452,6 +467,8 @@ def _record_rejection(
     so a rejection is counted once whatever the retries.
     """
     refusal = decision.refusal
+    if not object_store.count_rejection(conn, object_id=row.id, version=row.version):
+        raise _LostRace
     if key is not None:
         query_store.insert_rejection(
             conn,
@@ -464,7 +481,6 @@ def _record_rejection(
             ),
             created_at=datetime.now(UTC),
         )
-    object_store.count_rejection(conn, object_id=row.id)
     audit.record(
         conn,
         kind=audit.AuditKind.DECISION_REJECTED,

@@ -26,7 +26,7 @@ from app.engine.likelihood import LossBounds, exact_bounds
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import Mechanism, Output, parse_query
 from app.engine.pipeline import ObjectSnapshot
-from app.services.decisions import decide
+from app.services.decisions import decide, decide_many
 from app.services.errors import NotFound
 from app.services.quota import (
     Answer,
@@ -176,6 +176,24 @@ def decide_snapshot(
     if not decision.accepted:
         return Refusal.LIFETIME if decision.refusal == Refusal.LIFETIME.value else Refusal.BUDGET
     return GroupAccepted(mech, snapshot, decision)
+
+
+def decide_snapshots(
+    mech: Mechanism, snapshots: Sequence[ObjectSnapshot], worker: BoundWorker
+) -> list[GroupAccepted | Refusal]:
+    """:func:`decide_snapshot` of every snapshot.
+
+    Finite ones are decided together (:func:`~app.services.decisions.decide_many`).
+    """
+    found: list[GroupAccepted | Refusal] = []
+    for snapshot, decision in zip(snapshots, decide_many(snapshots, mech, worker), strict=True):
+        if decision.accepted:
+            found.append(GroupAccepted(mech, snapshot, decision))
+        elif decision.refusal == Refusal.LIFETIME.value:
+            found.append(Refusal.LIFETIME)
+        else:
+            found.append(Refusal.BUDGET)
+    return found
 
 
 def group_snapshot(

@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-from sqlalchemy import Table, bindparam, func, text, update
+from sqlalchemy import Table, bindparam, text, update
 
 from app.crypto import active
+from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 
 
@@ -135,18 +136,9 @@ def increment(conn: Tx, table: Table, column: str, ids: Sequence[str]) -> None:
     if not ids:
         return
     target = table.c[column]
-    if is_postgres(conn):
-        conn.execute(
-            update(table)
-            .where(table.c.id == func.any(bindparam("ids")))
-            .values({target: target + 1}),
-            {"ids": list(ids)},
-        )
-        return
-    for start in range(0, len(ids), 500):
-        conn.execute(
-            update(table)
-            .where(table.c.id.in_(bindparam("ids", expanding=True)))
-            .values({target: target + 1}),
-            {"ids": list(ids[start : start + 500])},
-        )
+    postgres = is_postgres(conn)
+    statement = (
+        update(table).where(ids_.among(table.c.id, postgres=postgres)).values({target: target + 1})
+    )
+    for part in ids_.batches(ids, size=ids_.per_statement(postgres)):
+        conn.execute(statement, {"ids": ids_.parameter(part, postgres=postgres)})

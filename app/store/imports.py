@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, insert, select
+from sqlalchemy import Table, bindparam, insert, select
 
 from app.db.models import IdempotentRequest, ProtectedObject
 from app.store import bulk
+from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 
 #: Ids looked up per statement on SQLite (a parameter list well within its limits).
-_LOOKUP_CHUNK = 1000
 #: The scope of an import's stored answers among the idempotent requests.
 _SCOPE = "imports"
 
@@ -84,8 +84,7 @@ _REGISTERED = select(
     _OBJECTS.c.labels,
     _OBJECTS.c.lifetime_budget,
 )
-_EXISTING = _REGISTERED.where(_OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
-_EXISTING_ANY = _REGISTERED.where(_OBJECTS.c.id == func.any(bindparam("ids")))
+_EXISTING = ids_.where_among(_REGISTERED, _OBJECTS.c.id)
 _STORED = select(_REQUESTS.c.fingerprint, _REQUESTS.c.response).where(
     _REQUESTS.c.scope == bindparam("scope"),
     # IS NOT DISTINCT FROM: the command line's requests have no owner key (NULL)
@@ -97,14 +96,8 @@ _STORE = insert(_REQUESTS)
 
 def registered(conn: Tx, *, ids: Sequence[str]) -> Iterator[Registered]:
     """The objects among ``ids`` that are registered (in no particular order)."""
-    # PostgreSQL: one array parameter (an expanded IN list of 1,000 placeholders costs more to
-    # render and parse than the lookup itself)
-    postgres = is_postgres(conn)
-    statement = _EXISTING_ANY if postgres else _EXISTING
-    chunk = max(len(ids), 1) if postgres else _LOOKUP_CHUNK
-    for start in range(0, len(ids), chunk):
-        for row in conn.execute(statement, {"ids": list(ids[start : start + chunk])}):
-            yield Registered(*row)
+    for row in ids_.rows_among(conn, _EXISTING, ids):
+        yield Registered(*row)
 
 
 def insert_objects(

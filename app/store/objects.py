@@ -124,10 +124,13 @@ _LOAD_FOR_SUBMIT = (
 COMPARE_AND_SET = update(OBJECTS).where(
     OBJECTS.c.id == bindparam("where_id"), OBJECTS.c.version == bindparam("where_version")
 )
+#: A rejection is counted under the same compare-and-set as an accepted query (and bumps the
+#: version too): counted on the version its decision read, never on one a concurrent new data
+#: version opened, and a new version that read the row before it misses its own compare-and-set.
 _COUNT_REJECTION = (
     update(OBJECTS)
-    .where(OBJECTS.c.id == bindparam("where_id"))
-    .values(rejected=OBJECTS.c.rejected + 1)
+    .where(OBJECTS.c.id == bindparam("where_id"), OBJECTS.c.version == bindparam("where_version"))
+    .values(rejected=OBJECTS.c.rejected + 1, version=OBJECTS.c.version + 1)
 )
 _ACCEPTED = select(OBJECTS.c.accepted).where(OBJECTS.c.id == bindparam("object_id"))
 
@@ -195,9 +198,16 @@ def compare_and_set(
     return bool(result.rowcount == 1)
 
 
-def count_rejection(conn: Tx, *, object_id: str) -> None:
-    """Count one more rejected submit on the object."""
-    conn.execute(_COUNT_REJECTION, {"where_id": object_id})
+def count_rejection(conn: Tx, *, object_id: str, version: int) -> bool:
+    """Count one more rejected submit on the object if it is still at ``version``.
+
+    The version becomes ``version + 1`` (so a writer that read the row before, such as a new
+    data version closing this one with its rejection count, misses its compare-and-set and
+    retries). False when another writer advanced the object first (no row hit): the caller rolls
+    back and decides again.
+    """
+    result = conn.execute(_COUNT_REJECTION, {"where_id": object_id, "where_version": version})
+    return bool(result.rowcount == 1)
 
 
 def accepted_count(conn: Tx, *, object_id: str) -> int:

@@ -9,18 +9,18 @@ found by ``ix_queries_reuse`` ``(object_id, fingerprint)``; a survey stores the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import ColumnElement, Row, Select, String, Table, any_, bindparam, func, select
+from sqlalchemy import ColumnElement, Row, String, Table, bindparam, func, select
 from sqlalchemy import cast as cast_
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from app.db.models import ApiKey, ProtectedObject, QueryRecord, Survey
-from app.store.base import Tx, is_postgres
+from app.store import ids as ids_
+from app.store.base import Tx
 from app.store.chunks import CHUNKS, Chunk, decode
 from app.store.history import HistoryItem, submitted
 
@@ -28,33 +28,6 @@ _QUERIES = cast(Table, QueryRecord.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _KEYS = cast(Table, ApiKey.__table__)
-#: Ids per statement (a survey chunk's members in one or two).
-_IDS_PER_STATEMENT = 5000
-
-
-def _among_ids(column: ColumnElement[str], postgres: bool) -> ColumnElement[bool]:
-    """``column`` is one of the ids in the ``ids`` parameter (:func:`_ids_parameter`).
-
-    On PostgreSQL one text parameter, the ids joined by newlines and split by
-    ``string_to_array`` in the database: an expanding ``IN`` of 5,000 parameters took ~0.3 s a
-    statement to render and bind, and a ``text[]`` parameter ~23 ms to dump in psycopg (a regex
-    per element), one string ~0.1 ms. Ids never hold a newline (a chunk stores its members
-    joined by newlines). An expanding ``IN`` elsewhere.
-    """
-    if postgres:
-        split = func.string_to_array(bindparam("ids", type_=String), "\n", type_=ARRAY(String))
-        return column == any_(split)
-    return column.in_(bindparam("ids", expanding=True))
-
-
-def _ids_parameter(ids: list[str], postgres: bool) -> str | list[str]:
-    """The ``ids`` parameter of :func:`_among_ids`."""
-    return "\n".join(ids) if postgres else ids
-
-
-def _both(build: Callable[[bool], Select[Any]]) -> dict[bool, Select[Any]]:
-    """A statement built once per dialect family (keyed by "is PostgreSQL")."""
-    return {postgres: build(postgres) for postgres in (True, False)}
 
 
 def _joined(column: ColumnElement[Any], postgres: bool) -> ColumnElement[str]:
@@ -69,7 +42,7 @@ def _joined(column: ColumnElement[Any], postgres: bool) -> ColumnElement[str]:
 #: retired) with the ids and numbers joined in texts — two or three rows for a chunk of 5,000
 #: members, where a row per member cost ~5 µs each to fetch and convert. The aggregates of one
 #: group read its rows in one pass, so the three texts list the members in the same order.
-_BOUNDS = _both(
+_BOUNDS = ids_.both(
     lambda postgres: (
         select(
             _OBJECTS.c.domain_hash,
@@ -79,7 +52,7 @@ _BOUNDS = _both(
             _joined(_OBJECTS.c.version_start, postgres),
             _joined(_OBJECTS.c.accepted, postgres),
         )
-        .where(_among_ids(_OBJECTS.c.id, postgres))
+        .where(ids_.among(_OBJECTS.c.id, postgres=postgres))
         .group_by(_OBJECTS.c.domain_hash, _OBJECTS.c.retired_at.is_not(None))
     )
 )
@@ -109,8 +82,6 @@ def member_bounds(conn: Tx, ids: Sequence[str]) -> MemberBounds:
 
     A reuse writes nothing, so nothing is locked.
     """
-    postgres = is_postgres(conn)
-    statement = _BOUNDS[postgres]
     n = len(ids)
     bounds = MemberBounds(
         found=np.zeros(n, np.bool_),
@@ -121,16 +92,13 @@ def member_bounds(conn: Tx, ids: Sequence[str]) -> MemberBounds:
         domain_hashes=[],
     )
     codes: dict[str, int] = {}
-    for start in range(0, n, _IDS_PER_STATEMENT):
-        part = list(ids[start : start + _IDS_PER_STATEMENT])
-        rows = conn.execute(statement, {"ids": _ids_parameter(part, postgres)}).all()
-        for domain_hash, retired, members, starts, accepted in rows:
-            at = positions(ids, members.split("\n"))
-            bounds.found[at] = True
-            bounds.version_start[at] = np.array(starts.split("\n"), np.int64)
-            bounds.accepted[at] = np.array(accepted.split("\n"), np.int64)
-            bounds.retired[at] = bool(retired)
-            bounds.domain[at] = codes.setdefault(domain_hash, len(codes))
+    for domain_hash, retired, members, starts, accepted in ids_.rows_among(conn, _BOUNDS, ids):
+        at = positions(ids, members.split("\n"))
+        bounds.found[at] = True
+        bounds.version_start[at] = np.array(starts.split("\n"), np.int64)
+        bounds.accepted[at] = np.array(accepted.split("\n"), np.int64)
+        bounds.retired[at] = bool(retired)
+        bounds.domain[at] = codes.setdefault(domain_hash, len(codes))
     bounds.domain_hashes.extend(codes)
     return bounds
 
@@ -176,11 +144,9 @@ _SUBMITS = (
     )
     .order_by(_QUERIES.c.seq)
 )
-_SUBMITS_OF_IDS = _both(
-    lambda postgres: select(*_SUBMIT_COLUMNS).where(
-        _among_ids(_QUERIES.c.object_id, postgres),
-        _QUERIES.c.fingerprint == bindparam("fingerprint"),
-    )
+_SUBMITS_OF_IDS = ids_.where_among(
+    select(*_SUBMIT_COLUMNS).where(_QUERIES.c.fingerprint == bindparam("fingerprint")),
+    _QUERIES.c.object_id,
 )
 
 
@@ -206,13 +172,10 @@ def submits_of(
 ) -> dict[str, list[HistoryItem]]:
     """Per object of ``ids``: its single submits with that hash (``owner``: that key's only)."""
     found: dict[str, list[HistoryItem]] = {}
-    postgres = is_postgres(conn)
-    statement = _SUBMITS_OF_IDS[postgres]
-    for start in range(0, len(ids), _IDS_PER_STATEMENT):
-        part = _ids_parameter(list(ids[start : start + _IDS_PER_STATEMENT]), postgres)
-        for row in conn.execute(statement, {"ids": part, "fingerprint": fingerprint}):
-            if owner is None or row.analyst_key_id == owner:
-                found.setdefault(row.object_id, []).append(submitted(row))
+    rows = ids_.rows_among(conn, _SUBMITS_OF_IDS, ids, params={"fingerprint": fingerprint})
+    for row in rows:
+        if owner is None or row.analyst_key_id == owner:
+            found.setdefault(row.object_id, []).append(submitted(row))
     return found
 
 

@@ -193,24 +193,27 @@ def record_accepted(
     own = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
     try:
         with raw.pipeline():
+            # one cursor for every statement whose result is not read (a cursor costs its own
+            # adaptation context); the INSERT's has the new row's id
+            rest = raw.cursor()
             if own:
-                raw.cursor().execute(b"BEGIN", prepare=False)
+                rest.execute(b"BEGIN", prepare=False)
             inserted = raw.cursor()
             values = {n: getattr(query, n) for n in _QUERY_COLUMNS}
             inserted.execute(_INSERT_QUERY.text, _INSERT_QUERY.params(values))
             compare_and_set = _compare_and_set_sql(frozenset(columns) | {"version"})
-            raw.cursor().execute(compare_and_set.text, compare_and_set.params(cas))
+            rest.execute(compare_and_set.text, compare_and_set.params(cas))
             if new_state is not None:
                 state = {"hash": new_state.key, "state": new_state.state, "err": new_state.err}
-                raw.cursor().execute(_INSERT_STATE.text, _INSERT_STATE.params({**state, "refs": 1}))
+                rest.execute(_INSERT_STATE.text, _INSERT_STATE.params({**state, "refs": 1}))
             if old_state is not None:
                 old = {"key": old_state}
-                raw.cursor().execute(_ADD_REFS.text, _ADD_REFS.params({**old, "count": -1}))
-                raw.cursor().execute(_DROP_UNUSED.text, _DROP_UNUSED.params(old))
+                rest.execute(_ADD_REFS.text, _ADD_REFS.params({**old, "count": -1}))
+                rest.execute(_DROP_UNUSED.text, _DROP_UNUSED.params(old))
             params = audit_store.query_event_params(event)
-            raw.cursor().execute(_ADD_EVENT.text, _ADD_EVENT.params(params))
+            rest.execute(_ADD_EVENT.text, _ADD_EVENT.params(params))
             if own and commit:
-                raw.cursor().execute(b"COMMIT", prepare=False)
+                rest.execute(b"COMMIT", prepare=False)
     except psycopg.errors.InvalidTextRepresentation as exc:
         if _lost_race(exc):
             return None

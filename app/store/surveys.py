@@ -17,14 +17,11 @@ from enum import StrEnum
 from typing import Any, NamedTuple, cast
 
 from sqlalchemy import (
-    ARRAY,
     ColumnElement,
     Select,
-    String,
     Table,
     Text,
     and_,
-    any_,
     bindparam,
     func,
     insert,
@@ -36,6 +33,7 @@ from sqlalchemy import cast as sql_cast
 
 from app.db.models import ApiKey, ProjectState, ProtectedObject, Survey
 from app.store import bulk
+from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
 from app.store.objects import ScopeLabels, label_conditions, scope_conditions
@@ -44,9 +42,6 @@ _OBJECTS = cast(Table, ProtectedObject.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
 _KEYS = cast(Table, ApiKey.__table__)
 _PROJECT_STATES = cast(Table, ProjectState.__table__)
-#: ``objects``' domain text (the same expression as ``app.services.domains.DOMAIN_TEXT``).
-#: Ids looked up per statement when reading an ids cohort.
-_ID_CHUNK = 1000
 
 
 class SurveyStatus(StrEnum):
@@ -368,24 +363,11 @@ def _labelled(labels: Mapping[str, str]) -> ColumnElement[bool]:
     return and_(*label_conditions(labels))
 
 
-def _in_ids() -> ColumnElement[bool]:
-    return _OBJECTS.c.id.in_(bindparam("ids", expanding=True))
-
-
-def _by_id_chunks(
-    conn: Tx, statement: Select[Any], ids: Sequence[str], size: int = _ID_CHUNK
-) -> Iterator[Any]:
-    """The rows of ``statement`` (filtered by the ``ids`` parameter), ``size`` ids at a time."""
-    for start in range(0, len(ids), size):
-        yield from conn.execute(statement, {"ids": list(ids[start : start + size])})
-
-
-_KNOWN = select(_OBJECTS.c.id).where(_in_ids())
-
-
 def unknown_ids(conn: Tx, ids: Sequence[str], scope: ScopeLabels = None) -> list[str]:
     """The ids of ``ids`` that name no registered object (in ``scope``), in their order."""
-    known = {row.id for row in _by_id_chunks(conn, _KNOWN.where(*scope_conditions(scope)), ids)}
+    statement = select(_OBJECTS.c.id).where(*scope_conditions(scope))
+    statements = ids_.where_among(statement, _OBJECTS.c.id)
+    known = {row.id for row in ids_.rows_among(conn, statements, ids)}
     return [i for i in ids if i not in known]
 
 
@@ -421,7 +403,8 @@ def cohort_domains(
     statement = select(DOMAIN_TEXT).distinct().where(*scope_conditions(scope))
     if labels is not None:
         return set(conn.execute(statement.where(_labelled(labels))).scalars())
-    return {row[0] for row in _by_id_chunks(conn, statement.where(_in_ids()), ids)}
+    statements = ids_.where_among(statement, _OBJECTS.c.id)
+    return {row[0] for row in ids_.rows_among(conn, statements, ids)}
 
 
 class CohortGroup(NamedTuple):
@@ -472,14 +455,14 @@ def cohort_groups(
     """The groups of the objects carrying ``labels`` (when given) or of ``ids`` (SQL GROUP BY).
 
     Only objects in ``scope`` count; with ``project_id``, groups are also split by the
-    project's stored sub-history of their objects. An ids cohort is read ``1000`` ids a
-    statement: a group may come once per statement.
+    project's stored sub-history of their objects. An ids cohort is read in statements of
+    :func:`app.store.ids.per_statement` ids: a group may come once per statement.
     """
     grouped = _grouped(project_id).where(*scope_conditions(scope))
     if labels is not None:
         rows: Iterator[Any] = iter(conn.execute(grouped.where(_labelled(labels))))
     else:
-        rows = _by_id_chunks(conn, grouped.where(_in_ids()), ids)
+        rows = ids_.rows_among(conn, ids_.where_among(grouped, _OBJECTS.c.id), ids)
     for row in rows:
         values = tuple(row)
         yield CohortGroup(
@@ -491,12 +474,14 @@ def cohort_groups(
         )
 
 
-_VERSIONS = select(_OBJECTS.c.id, _OBJECTS.c.version, _OBJECTS.c.version_start).where(_in_ids())
+_VERSIONS = ids_.where_among(
+    select(_OBJECTS.c.id, _OBJECTS.c.version, _OBJECTS.c.version_start), _OBJECTS.c.id
+)
 
 
 def versions(conn: Tx, ids: Sequence[str]) -> dict[str, tuple[int, int]]:
     """The current row version of each object of ``ids``, and where its data version starts."""
-    return {str(i): (int(v), int(s)) for i, v, s in _by_id_chunks(conn, _VERSIONS, ids)}
+    return {str(i): (int(v), int(s)) for i, v, s in ids_.rows_among(conn, _VERSIONS, ids)}
 
 
 # ------------------------------------------------------------------------------ a chunk's members
@@ -524,16 +509,13 @@ _MEMBER_COLUMNS = select(
     sql_cast(_OBJECTS.c.value, Text).label("sealed"),
     *_KEY_COLUMNS,
 ).order_by(_OBJECTS.c.id)
-_MEMBERS = _MEMBER_COLUMNS.where(_in_ids())
-#: PostgreSQL: the ids as one array parameter (``id = ANY(:ids)``), not 5,000 parameters of an
-#: ``IN`` list, whose statement text (~100 KB) the driver parsed again for every chunk: 9% of
-#: an ``olh`` survey's client time in a profile (docs/benchmarks.md).
-_MEMBERS_ANY = _MEMBER_COLUMNS.where(_OBJECTS.c.id == any_(bindparam("ids", type_=ARRAY(String))))
-_MEMBERS_LOCKED = _MEMBERS_ANY.with_for_update(of=_OBJECTS)
+_MEMBERS = ids_.where_among(_MEMBER_COLUMNS, _OBJECTS.c.id)
+_MEMBERS_LOCKED = {
+    postgres: statement.with_for_update(of=_OBJECTS) if postgres else statement
+    for postgres, statement in _MEMBERS.items()
+}
 #: Where the group key's columns start in a :data:`_MEMBERS` row (they end it).
 _KEY_START = 6
-#: Member objects read (and locked) per statement.
-_READ_BATCH = 5000
 
 
 def member_rows(conn: Tx, ids: Sequence[str], *, lock: bool = True) -> list[MemberRow]:
@@ -541,11 +523,9 @@ def member_rows(conn: Tx, ids: Sequence[str], *, lock: bool = True) -> list[Memb
 
     ``lock`` False: read only (a dry-run). Raises LookupError naming members without a row.
     """
-    postgres = is_postgres(conn)
-    statement = (_MEMBERS_LOCKED if lock else _MEMBERS_ANY) if postgres else _MEMBERS
     rows = [
         MemberRow(r[0], r[1], r[2], r[3], r[4] is not None, r[5], GroupKey._make(r[_KEY_START:]))
-        for r in _by_id_chunks(conn, statement, ids, _READ_BATCH)
+        for r in ids_.rows_among(conn, _MEMBERS_LOCKED if lock else _MEMBERS, ids)
     ]
     if len(rows) != len(ids):
         missing = sorted(set(ids) - {row.id for row in rows})[:5]

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import cast
 
-from sqlalchemy import ARRAY, String, Table, bindparam, func, select
+from sqlalchemy import Table, bindparam, func, select
 
 from app.db.models import (
     DomainRecord,
@@ -25,7 +25,8 @@ from app.db.models import (
     SurveyChunk,
     domain_text_of,
 )
-from app.store.base import Tx, is_postgres
+from app.store import ids as ids_
+from app.store.base import Tx
 from app.store.history import HistoryItem
 from app.store.history import submitted as history_item
 from app.store.versions import ClosedVersion
@@ -199,50 +200,43 @@ def ids_at(conn: Tx, positions: Sequence[int]) -> list[str]:
     return found
 
 
-def _among(column: Any, conn: Tx, ids: Sequence[str]) -> Any:
-    """``column`` is one of ``ids`` (PostgreSQL: one array parameter)."""
-    if is_postgres(conn):
-        return column == func.any(bindparam("ids", type_=ARRAY(String)))
-    return column.in_(bindparam("ids", expanding=True))
+_SUBMITS_OF = ids_.where_among(
+    select(_QUERIES).order_by(_QUERIES.c.object_id, _QUERIES.c.seq), _QUERIES.c.object_id
+)
 
 
 def submits_of(conn: Tx, ids: Sequence[str]) -> dict[str, list[HistoryItem]]:
     """Every stored single submit of the objects ``ids``, by object, in ``seq`` order."""
     found: dict[str, list[HistoryItem]] = {}
-    statement = (
-        select(_QUERIES)
-        .where(_among(_QUERIES.c.object_id, conn, ids))
-        .order_by(_QUERIES.c.object_id, _QUERIES.c.seq)
-    )
-    for row in conn.execute(statement, {"ids": list(ids)}):
+    for row in ids_.rows_among(conn, _SUBMITS_OF, ids):
         found.setdefault(row.object_id, []).append(history_item(row))
     return found
 
 
 _CLOSED_FIELDS = [_VERSIONS.c[name] for name in ClosedVersion.__dataclass_fields__]
+_CLOSED_OF = ids_.where_among(
+    select(*_CLOSED_FIELDS).order_by(_VERSIONS.c.object_id, _VERSIONS.c.data_version),
+    _VERSIONS.c.object_id,
+)
 
 
 def closed_versions_of(conn: Tx, ids: Sequence[str]) -> dict[str, list[ClosedVersion]]:
     """The closed data versions of the objects ``ids``, by object, oldest first."""
     found: dict[str, list[ClosedVersion]] = {}
-    statement = (
-        select(*_CLOSED_FIELDS)
-        .where(_among(_VERSIONS.c.object_id, conn, ids))
-        .order_by(_VERSIONS.c.object_id, _VERSIONS.c.data_version)
-    )
-    for row in conn.execute(statement, {"ids": list(ids)}):
+    for row in ids_.rows_among(conn, _CLOSED_OF, ids):
         found.setdefault(row.object_id, []).append(ClosedVersion(**row._mapping))
     return found
 
 
+_STATES_OF = ids_.where_among(
+    select(_STATES.c.hash, _STATES.c.state, _STATES.c.err), _STATES.c.hash
+)
+
+
 def likelihood_states(conn: Tx, keys: Sequence[str]) -> dict[str, StoredState]:
     """The likelihood arrays stored under ``keys`` (the ones that exist), by key."""
-    statement = select(_STATES.c.hash, _STATES.c.state, _STATES.c.err).where(
-        _among(_STATES.c.hash, conn, keys)
-    )
-    return {
-        h: StoredState(state, err) for h, state, err in conn.execute(statement, {"ids": list(keys)})
-    }
+    rows = ids_.rows_among(conn, _STATES_OF, keys)
+    return {h: StoredState(state, err) for h, state, err in rows}
 
 
 @dataclass(frozen=True)

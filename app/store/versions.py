@@ -16,10 +16,11 @@ from datetime import datetime
 from typing import NamedTuple, cast
 
 import orjson
-from sqlalchemy import Table, bindparam, func, insert, select, text, update
+from sqlalchemy import Table, bindparam, insert, select, text, update
 
 from app.crypto import active
 from app.db.models import ObjectVersion
+from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 from app.store.objects import OBJECTS
 from app.store.projects import drop_sub_histories
@@ -69,8 +70,7 @@ class NewVersion(NamedTuple):
 
 
 _CLOSING = select(*(OBJECTS.c[name] for name in ClosingRow._fields))
-_CLOSING_IN = _CLOSING.where(OBJECTS.c.id.in_(bindparam("ids", expanding=True)))
-_CLOSING_ANY = _CLOSING.where(OBJECTS.c.id == func.any(bindparam("ids")))
+_CLOSING_AMONG = ids_.where_among(_CLOSING, OBJECTS.c.id)
 
 #: PostgreSQL: every write of a batch of new versions in one statement, its rows one JSON text.
 #: The sub-statements of a ``WITH`` share one snapshot, so the ``INSERT`` copies each row's
@@ -161,7 +161,6 @@ _CLOSED_AT = select(VERSIONS.c.closed_at).where(
     VERSIONS.c.object_id == bindparam("object_id"),
     VERSIONS.c.data_version == bindparam("data_version"),
 )
-_LOOKUP_CHUNK = 1000
 
 
 @dataclass(frozen=True)
@@ -184,6 +183,8 @@ _CURRENT = select(OBJECTS.c.id, OBJECTS.c.data_version, OBJECTS.c.version_start)
 _SPANS = select(
     VERSIONS.c.object_id, VERSIONS.c.data_version, VERSIONS.c.seq_start, VERSIONS.c.seq_end
 )
+_CURRENT_AMONG = ids_.where_among(_CURRENT, OBJECTS.c.id)
+_SPANS_AMONG = ids_.where_among(_SPANS, VERSIONS.c.object_id)
 
 
 def versions_answered(conn: Tx, answers: Sequence[tuple[str, int]]) -> dict[str, int]:
@@ -196,12 +197,10 @@ def versions_answered(conn: Tx, answers: Sequence[tuple[str, int]]) -> dict[str,
     ids = sorted({object_id for object_id, _ in answers})
     current: dict[str, tuple[int, int]] = {}
     spans: dict[str, list[tuple[int, int, int]]] = {}
-    for start in range(0, len(ids), _LOOKUP_CHUNK):
-        part = ids[start : start + _LOOKUP_CHUNK]
-        for oid, number, version_start in conn.execute(_CURRENT.where(OBJECTS.c.id.in_(part))):
-            current[str(oid)] = (int(number), int(version_start))
-        for oid, number, first, last in conn.execute(_SPANS.where(VERSIONS.c.object_id.in_(part))):
-            spans.setdefault(str(oid), []).append((int(number), int(first), int(last)))
+    for oid, number, version_start in ids_.rows_among(conn, _CURRENT_AMONG, ids):
+        current[str(oid)] = (int(number), int(version_start))
+    for oid, number, first, last in ids_.rows_among(conn, _SPANS_AMONG, ids):
+        spans.setdefault(str(oid), []).append((int(number), int(first), int(last)))
     found: dict[str, int] = {}
     for object_id, seq in answers:
         if object_id not in current:
@@ -223,16 +222,7 @@ _CLOSED = select(*(VERSIONS.c[f.name] for f in fields(ClosedVersion))).where(
 
 def closing_rows(conn: Tx, ids: Sequence[str]) -> list[ClosingRow]:
     """The objects among ``ids`` as closing a version reads them (one statement on PostgreSQL)."""
-    postgres = is_postgres(conn)
-    statement = _CLOSING_ANY if postgres else _CLOSING_IN
-    chunk = max(len(ids), 1) if postgres else _LOOKUP_CHUNK
-    found: list[ClosingRow] = []
-    for start in range(0, len(ids), chunk):
-        found.extend(
-            ClosingRow._make(row)
-            for row in conn.execute(statement, {"ids": list(ids[start : start + chunk])})
-        )
-    return found
+    return [ClosingRow._make(row) for row in ids_.rows_among(conn, _CLOSING_AMONG, ids)]
 
 
 def seals_values(conn: Tx) -> bool:

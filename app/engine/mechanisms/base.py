@@ -23,8 +23,14 @@ import numpy as np
 
 from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
-from app.engine.exact import ExactLoss, ExactQuery, ExactTerm
-from app.engine.likelihood import LikelihoodState, Term, losses_from_table
+from app.engine.exact import (
+    MAX_GROUPS,
+    ExactLoss,
+    ExactQuery,
+    ExactTerm,
+    moved_losses_at,
+)
+from app.engine.likelihood import LikelihoodState, Term, TermRows, losses_from_table
 from app.engine.limits import EXACT_EPSILON_BITS, EngineLimits
 from app.engine.numerics import (
     FloatArray,
@@ -157,6 +163,13 @@ class Mechanism(abc.ABC):
     def term(self, output: Output) -> Term:
         """``log Pr(M(x) = output)`` over the domain's grid."""
 
+    def terms_many(self, outputs: Sequence[Output]) -> TermRows:
+        """:meth:`term` of every output (at least one), as rows.
+
+        For :func:`~app.engine.likelihood.fold_many`; a mechanism may compute them at once.
+        """
+        return TermRows.of([self.term(output) for output in outputs])
+
     @abc.abstractmethod
     def candidate_losses(self, state: LikelihoodState) -> CandidateLosses:
         """Realized loss of ``state`` extended by each possible output (without mutating it)."""
@@ -180,8 +193,19 @@ class Mechanism(abc.ABC):
         ``histories[o].with_term(self.exact_term(y)).loss()`` for every output, computed
         without building the states; None when the mechanism has no such shortcut (the caller
         records each output instead) or a history's exact form would not survive the output.
+
+        By default, for queries whose outputs are indexes moving one axis as ``grr`` (ε on the
+        output's value) or a table (``binary_rr``): the loss after output ``y`` is the
+        candidate loss of ``y`` (:meth:`~app.engine.exact.ExactLoss.candidate_losses`),
+        computed for every history at once (:func:`~app.engine.exact.moved_losses_many`).
         """
-        return None
+        query = self.exact_query()
+        if query is None or query.kind not in ("grr", "table") or not histories:
+            return None
+        if any(query.group not in h.groups and len(h.groups) >= MAX_GROUPS for h in histories):
+            return None  # that history's exact form ends with the output
+        columns = np.array([output_index(y) for y in outputs], dtype=np.int64)
+        return moved_losses_at(histories, query, np.asarray(owners, dtype=np.int64), columns)
 
     # --- sampling ----------------------------------------------------------------------------
     @abc.abstractmethod

@@ -57,9 +57,16 @@ import numpy.typing as npt
 from app.engine import sampling
 from app.engine.domain import Attribute, Domain, Scalar
 from app.engine.errors import InvalidInput
-from app.engine.exact import ExactLoss, ExactQuery, ExactTerm, Group, subset_losses
+from app.engine.exact import (
+    ExactLoss,
+    ExactQuery,
+    ExactTerm,
+    Group,
+    subset_losses,
+    subset_profiles,
+)
 from app.engine.jsonfields import as_integer, as_object, check_keys, path
-from app.engine.likelihood import LikelihoodState, Term
+from app.engine.likelihood import LikelihoodState, Term, TermRows
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms.base import (
     CandidateLosses,
@@ -219,6 +226,10 @@ def separating_column(inside: int, outside: int) -> int:
     return (only_r & -only_r) | (s & -s)
 
 
+#: Hashes computed per block by :meth:`OptimizedLocalHashing.hits_many`.
+_HASH_BLOCK = 1 << 15
+
+
 class _TwoLevel(Mechanism):
     """A finite attribute, a written ε, and outputs that each add ε on a subset of its values."""
 
@@ -254,6 +265,19 @@ class _TwoLevel(Mechanism):
         values = np.where(hits == 1, hit, miss).astype(np.float64)
         error = written_epsilon_error(max(abs(hit), abs(miss)))
         return Term((self.axis,), values, error, exact=ExactTerm(self.axis, self._group, hits))
+
+    def hits_many(self, outputs: Sequence[Output]) -> npt.NDArray[np.int64]:
+        """:meth:`hits` of every output, one row each."""
+        return np.stack([self.hits(output) for output in outputs])
+
+    def terms_many(self, outputs: Sequence[Output]) -> TermRows:
+        """:meth:`term` of every output at once (the hits of all of them: :meth:`hits_many`)."""
+        hit, miss = self._levels
+        hits = self.hits_many(outputs)
+        values = np.where(hits == 1, np.float64(hit), np.float64(miss))
+        magnitudes = np.abs(values).max(axis=1, initial=0.0)
+        extra = np.full(len(outputs), written_epsilon_error(max(abs(hit), abs(miss))))
+        return TermRows((self.axis,), values, magnitudes, extra, self.axis, self._group, hits)
 
     def exact_term(self, output: Output) -> ExactTerm:
         """``ε`` on ``S_output`` (the ratio of the two levels is exactly ``e^ε``)."""
@@ -371,6 +395,21 @@ class OptimizedLocalHashing(_TwoLevel):
         hit: npt.NDArray[np.int64] = (olh_hashes(seed, self.k, self.g) == bucket).astype(np.int64)
         return hit
 
+    def hits_many(self, outputs: Sequence[Output]) -> npt.NDArray[np.int64]:
+        """:meth:`hits` of every output: all seeds' hashes of the k values in one pass."""
+        pairs = [_pair(output) for output in outputs]
+        seeds = np.array([seed for seed, _ in pairs], dtype=np.uint64)
+        buckets = np.array([bucket for _, bucket in pairs], dtype=np.uint64)
+        a, b = hash_coefficients_array(seeds)
+        indexes = np.arange(self.k, dtype=np.uint64)
+        found = np.empty((len(pairs), self.k), dtype=np.int64)
+        rows = max(1, _HASH_BLOCK // max(1, self.k))  # temporaries that stay in cache
+        for start in range(0, len(pairs), rows):
+            part = slice(start, start + rows)
+            hashed = olh_hash(a[part, None], b[part, None], indexes, self.g)
+            found[part] = hashed == buckets[part, None]
+        return found
+
     def exact_losses_after(
         self, histories: Sequence[ExactLoss], outputs: Sequence[Output], owners: Sequence[int]
     ) -> list[Fraction] | None:
@@ -380,8 +419,7 @@ class OptimizedLocalHashing(_TwoLevel):
         only at the few values that decide the extremes of its history.
         """
         profiles = []
-        for history in histories:
-            profile = history.subset_profile(self.axis, self._group)
+        for profile in subset_profiles(histories, self.axis, self._group):
             if profile is None:
                 return None
             profiles.append(profile)

@@ -12,7 +12,7 @@ exact loss (:mod:`app.engine.exact`) charges.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -24,7 +24,7 @@ from app.engine.domain import Domain, Scalar
 from app.engine.errors import InvalidInput
 from app.engine.exact import ExactQuery, ExactTerm, Group
 from app.engine.jsonfields import as_integer, check_keys, path
-from app.engine.likelihood import LikelihoodState, Term
+from app.engine.likelihood import LikelihoodState, Term, TermRows
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms.base import (
     CandidateLosses,
@@ -80,6 +80,21 @@ class GeneralizedRR(Mechanism):
         values[output_index(output)] = self.log_hit
         error = written_epsilon_error(max(abs(self.log_hit), abs(self.log_miss)))
         return Term((self.axis,), values, error, exact=self.exact_term(output))
+
+    def terms_many(self, outputs: Sequence[Output]) -> TermRows:
+        """:meth:`term` of every output at once: ``log_hit`` at each output's value."""
+        count = len(outputs)
+        rows = np.arange(count)
+        columns = np.array([output_index(y) for y in outputs], dtype=np.int64)
+        values = np.full((count, self.k), self.log_miss)
+        values[rows, columns] = self.log_hit
+        coeff = np.zeros((count, self.k), dtype=np.int64)
+        coeff[rows, columns] = 1
+        magnitudes = np.abs(values).max(axis=1, initial=0.0)
+        error = written_epsilon_error(max(abs(self.log_hit), abs(self.log_miss)))
+        group = Group(decimal_fraction(self.eps))
+        extra = np.full(count, error)
+        return TermRows((self.axis,), values, magnitudes, extra, self.axis, group, coeff)
 
     def exact_term(self, output: Output) -> ExactTerm:
         """``ε`` on the output's value, 0 elsewhere (plus a constant, dropped)."""
