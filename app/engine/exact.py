@@ -231,17 +231,32 @@ class ExactLoss:
         the same multiset of randomized-response outputs (per attribute and written ε) have
         the same counts, hence the same canonical bytes — and the same decision, since a
         decision on an exact history reads these counts and nothing else of the state.
+        The bytes are the compact JSON ``{"s": shape, "g": [[num, den], ...], "c": {axis:
+        rows}}`` (:func:`canonical_json`, the definition), written here without building the
+        document (a survey keys every new state by them) and computed once per form.
         """
-        order = sorted(range(len(self.groups)), key=lambda g: self.groups[g].epsilon)
-        doc = {
-            "s": list(self.shape),
-            "g": [
-                [self.groups[g].epsilon.numerator, self.groups[g].epsilon.denominator]
-                for g in order
-            ],
-            "c": {str(a): arr[order].tolist() for a, arr in sorted(self.counts.items())},
-        }
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return self._canonical
+
+    @cached_property
+    def _canonical(self) -> bytes:
+        groups = self.groups
+        order = (
+            list(range(len(groups)))
+            if len(groups) < 2
+            else sorted(range(len(groups)), key=lambda g: groups[g].epsilon)
+        )
+        identity = order == list(range(len(groups)))
+        written = ",".join(
+            f"[{groups[g].epsilon.numerator},{groups[g].epsilon.denominator}]" for g in order
+        )
+        # a list of integers prints as its JSON but for the spaces after the commas
+        counts = ",".join(
+            f'"{axis}":'
+            + str((self.counts[axis] if identity else self.counts[axis][order]).tolist())
+            for axis in sorted(self.counts)
+        ).replace(" ", "")
+        shape = ",".join(map(str, self.shape))
+        return f'{{"s":[{shape}],"g":[{written}],"c":{{{counts}}}}}'.encode()
 
     def same_as(self, other: ExactLoss | None) -> bool:
         """Equal counts per group, whatever order the groups came in (``verify``).
@@ -250,6 +265,19 @@ class ExactLoss:
         so its groups are in the order of the history that stored it first.
         """
         return other is not None and other.canonical_bytes() == self.canonical_bytes()
+
+
+def canonical_json(exact: ExactLoss) -> bytes:
+    """:meth:`ExactLoss.canonical_bytes` by its definition (``json.dumps`` of the document)."""
+    order = sorted(range(len(exact.groups)), key=lambda g: exact.groups[g].epsilon)
+    doc = {
+        "s": list(exact.shape),
+        "g": [
+            [exact.groups[g].epsilon.numerator, exact.groups[g].epsilon.denominator] for g in order
+        ],
+        "c": {str(a): arr[order].tolist() for a, arr in sorted(exact.counts.items())},
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 @dataclass(frozen=True)

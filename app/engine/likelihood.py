@@ -95,6 +95,15 @@ def _exact_after(exact: ExactLoss | None, term: Term) -> ExactLoss | None:
     return exact.with_term(term.exact)
 
 
+def exact_after(exact: ExactLoss | None, term: Term) -> ExactLoss | None:
+    """The exact form :meth:`LikelihoodState.applied` gives a state with ``exact`` after ``term``.
+
+    Without the array: a survey keys the state after each of its groups' outputs by this
+    form's content and builds the array only for a content not seen yet.
+    """
+    return _exact_after(exact, term)
+
+
 @dataclass(frozen=True)
 class Term:
     """``log Pr(M(x) = y)`` for one output ``y`` as a function of the point.

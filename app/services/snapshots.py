@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
+from app.engine.exact import ExactLoss
 from app.engine.filters import FilterKind
 from app.engine.lifetime import Lifetime
 from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
@@ -299,10 +300,15 @@ def content_key(domain_text: str, state: LikelihoodState) -> str | None:
     """
     if state.exact is None:
         return None
+    return exact_content_key(domain_text, state.exact)
+
+
+def exact_content_key(domain_text: str, exact: ExactLoss) -> str:
+    """:func:`content_key` of a state whose exact form is ``exact`` (the array not needed)."""
     hasher = hashlib.blake2b(digest_size=16, person=b"exact-state")
     hasher.update(domain_text.encode())
     hasher.update(b"\x1f")
-    hasher.update(state.exact.canonical_bytes())
+    hasher.update(exact.canonical_bytes())
     return hasher.hexdigest()
 
 

@@ -51,9 +51,11 @@ import numpy.typing as npt
 
 from app import crypto, metrics
 from app.engine.estimates import tally_outputs
-from app.engine.likelihood import LikelihoodState, fold_many
+from app.engine.exact import MAGIC, ExactLoss
+from app.engine.likelihood import LikelihoodState, Term, exact_after, exact_bounds, fold_many
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits, for_history
 from app.engine.mechanisms import Mechanism, Output, parse_query
+from app.engine.mechanisms.base import output_index
 from app.engine.pipeline import ObjectSnapshot, accounts_after, losses_after
 from app.services import audit
 from app.services.decisions import recorded
@@ -66,7 +68,9 @@ from app.services.snapshots import (
     StoredState,
     advance,
     advance_from,
+    exact_content_key,
     move_state_refs,
+    next_history_hash,
     pending_columns,
 )
 from app.services.survey_groups import (
@@ -133,7 +137,7 @@ class RunCache:
     advances: dict[tuple[GroupKey, Output], Advance] = field(default_factory=dict)
     stored: set[str] = field(default_factory=set)
     seen: set[GroupKey] = field(default_factory=set)
-    max_entries: int = 200_000
+    max_entries: int = 1_000_000
     #: Guards ``seen``: a group is counted by the one chunk that commits it first.
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: The stored JSON texts of the query (output None) and its outputs, per domain text.
@@ -152,6 +156,43 @@ class RunCache:
         if found is None:
             found = self.texts[(domain, output)] = mech.output_text(output)
         return found
+
+    #: Exact states met by this run, by content key (:func:`_exact_advance`): the array's
+    #: bytes until a chunk storing it committed, then none (``b""``: it is in ``stored``).
+    contents: dict[str, StoredState] = field(default_factory=dict)
+    #: Per accepted exact decision group, what all its outputs share (:class:`_GroupAfter`).
+    after: dict[GroupKey, _GroupAfter] = field(default_factory=dict)
+    #: The query's term per domain text and output.
+    terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
+    magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def term(self, domain: str, mech: Mechanism, output: Output) -> Term:
+        """``mech.term(output)``, once per domain and output."""
+        found = self.terms.get((domain, output))
+        if found is None:
+            found = self.terms[(domain, output)] = mech.term(output)
+        return found
+
+    def magnitude(self, domain: str, term: Term) -> float:
+        """``term.magnitude`` of a term of :meth:`term`, once per domain and term."""
+        found = self.magnitudes.get((domain, id(term)))
+        if found is None:
+            found = self.magnitudes[(domain, id(term))] = term.magnitude
+        return found
+
+    def forget_states(self) -> None:
+        """Forget every state this run stored or computed (one may have been deleted since)."""
+        self.stored.clear()
+        self.contents.clear()
+        self.advances.clear()
+
+    def stored_committed(self, gained: dict[str, tuple[StoredState, int]]) -> None:
+        """A chunk storing ``gained`` committed: keep their keys, drop the arrays' bytes."""
+        self.stored |= set(gained)
+        for key in gained:
+            found = self.contents.get(key)
+            if found is not None and found.state:
+                self.contents[key] = StoredState(key, b"", found.err)
 
     #: ``"reuse": true``: per domain hash, its text and the query parsed there (None: invalid).
     reuse_mechs: dict[str, tuple[str, Mechanism | None]] = field(default_factory=dict)
@@ -194,6 +235,10 @@ class RunCache:
             self.advances.clear()
             self.parsed.states.clear()
             self.texts.clear()
+            self.contents.clear()
+            self.after.clear()
+            self.terms.clear()
+            self.magnitudes.clear()
             self.history_mechs.clear()
 
 
@@ -207,6 +252,12 @@ class _Chunk:
     picks: dict[str, int] = field(default_factory=dict)
     seqs: dict[str, int] = field(default_factory=dict)
     variants: list[Variant] = field(default_factory=list)
+    #: New exact states named in this chunk, their arrays to compute (:func:`_build_states`).
+    building: dict[str, _Build] = field(default_factory=dict)
+    #: Answers naming one of those, shared with the run once the arrays are built.
+    advances_built: dict[tuple[GroupKey, Output], Advance] = field(default_factory=dict)
+    #: The variants' numbers by what they hold (:func:`_answer`).
+    entries: dict[tuple[Any, ...], int] = field(default_factory=dict)
     advances: list[Advanced] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     #: A project survey's members' sub-histories after their answers: (state, its first).
@@ -281,9 +332,9 @@ def run_chunk(
         if cache is not None:
             cache.release_groups(new_groups)
             if isinstance(exc, (_LostRace, StateGone, StateMissing)):
-                cache.stored.clear()  # a state this run stored may have been dropped meanwhile
+                cache.forget_states()  # a state this run stored may have been dropped meanwhile
         raise
-    cache.stored |= set(work.gained)
+    cache.stored_committed(work.gained)
     cache.trim()
     metrics.SURVEY_MEMBERS.labels("accepted").inc(accepted)
     metrics.SURVEY_MEMBERS.labels("refused").inc(len(ids) - accepted)
@@ -346,24 +397,36 @@ def _advance_of(
     output: Output,
     cache: RunCache,
     worker: BoundWorker,
+    work: _Chunk | None = None,
 ) -> Advance:
     """The columns and state after ``output`` for members with public state ``key``.
 
     The next state is computed once per decision group ``decided`` and output; each history's
-    columns follow from it (:func:`~app.services.snapshots.advance_from`).
+    columns follow from it (:func:`~app.services.snapshots.advance_from`). An exact history's
+    next state is named by its content first (:func:`_exact_advance`): its array is computed
+    only for a content this run has not met yet (with ``work``, with the chunk's other new
+    arrays: :func:`_build_states`).
     """
     mech = group.mech
     found = cache.advances.get((decided, output))
+    if found is None and work is not None:
+        found = work.advances_built.get((decided, output))
     if found is None:
-        after = recorded(group.snapshot, group.decision, mech, output, worker)
-        found = advance(
-            after,
-            domain_text=decided.domain,
-            history_hash=decided.history_hash,
-            query_text=cache.query_text(key.domain, mech),
-            output_text=cache.output_text(key.domain, mech, output),
-        )
-        cache.advances[(decided, output)] = found
+        found = _exact_advance(decided, group, output, cache, worker, work)
+        if found is None:
+            after = recorded(group.snapshot, group.decision, mech, output, worker)
+            found = advance(
+                after,
+                domain_text=decided.domain,
+                history_hash=decided.history_hash,
+                query_text=cache.query_text(key.domain, mech),
+                output_text=cache.output_text(key.domain, mech, output),
+            )
+        if work is not None and found.stored is not None and found.stored.key in work.building:
+            # shared once its array is built: another thread's chunk would find no bytes
+            work.advances_built[(decided, output)] = found
+        else:
+            cache.advances[(decided, output)] = found
     if key.history_hash == decided.history_hash:
         return found
     return advance_from(
@@ -373,6 +436,84 @@ def _advance_of(
         query_text=cache.query_text(key.domain, mech),
         output_text=cache.output_text(key.domain, mech, output),
     )
+
+
+class _GroupAfter(NamedTuple):
+    """What every output of an accepted exact decision group shares (:func:`_exact_advance`)."""
+
+    #: The exact loss after each output (by output index), when the query has them all at
+    #: once (``grr``: :meth:`~app.engine.exact.ExactLoss.candidate_losses`); else None.
+    losses: list[Fraction] | None
+    basic_total: str
+    f0_account: str
+
+
+def _exact_advance(
+    decided: GroupKey,
+    group: GroupAccepted,
+    output: Output,
+    cache: RunCache,
+    worker: BoundWorker,
+    work: _Chunk | None = None,
+) -> Advance | None:
+    """:func:`advance` of :func:`recorded`, for an exact history: the same columns and key.
+
+    The state after the output is named by its exact form's content
+    (:func:`~app.engine.likelihood.exact_after`, :func:`~app.services.snapshots.content_key`),
+    its loss is that form's exact loss (for ``grr``, every output's at once, per group), its
+    accounts are the group's (:func:`~app.engine.pipeline.accounts_after`). Only a content
+    this run has not met is recorded (:func:`~app.services.decisions.recorded`: its array and
+    bytes, :attr:`RunCache.contents`) — with ``work``, later, with the chunk's other new
+    arrays in one pass (:func:`_build_states`). None: not an exact history (or its exact form
+    would not survive the output), left to :func:`advance` of :func:`recorded`.
+    """
+    snapshot, mech = group.snapshot, group.mech
+    state = snapshot.state
+    if not isinstance(state, LikelihoodState) or state.exact is None:
+        return None
+    term = cache.term(decided.domain, mech, output)
+    exact = exact_after(state.exact, term)
+    if exact is None:
+        return None
+    shared = cache.after.get(decided)
+    if shared is None:
+        basic, account = accounts_after(snapshot, mech)
+        query = mech.exact_query()
+        losses = (
+            state.exact.candidate_losses(query)
+            if query is not None and query.kind == "grr"
+            else None
+        )
+        shared = cache.after[decided] = _GroupAfter(losses, str(basic), str(account))
+    key = exact_content_key(decided.domain, exact)
+    stored = cache.contents.get(key)
+    if stored is None and work is not None:
+        build = work.building.get(key)
+        if build is None:
+            err = state.error_after(cache.magnitude(decided.domain, term), term.extra_error)
+            build = work.building[key] = _Build(key, state, term, exact, err)
+        stored = StoredState(key, b"", build.err)
+    elif stored is None:
+        after = recorded(snapshot, group.decision, mech, output, worker)
+        assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
+        stored = cache.contents[key] = StoredState(key, after.state.to_bytes(), after.state.err)
+    loss = exact_bounds(
+        shared.losses[output_index(output)] if shared.losses is not None else exact.loss()
+    )
+    columns = {
+        "state_hash": key,
+        "state_pending": 0,
+        "history_hash": next_history_hash(
+            decided.history_hash,
+            cache.query_text(decided.domain, mech),
+            cache.output_text(decided.domain, mech, output),
+        ),
+        "loss_lower": loss.lower,
+        "loss_upper": loss.upper,
+        "basic_total": shared.basic_total,
+        "f0_account": shared.f0_account,
+    }
+    return Advance(columns, StoredState(key, b"", stored.err), by_content=True)
 
 
 def _decide_rows(
@@ -445,17 +586,21 @@ def _decide_rows(
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
         for output, answered in by_output.items():
-            change = _advance_of(key, decided[key], group, output, cache, worker)
+            change = _advance_of(key, decided[key], group, output, cache, worker, work)
             columns = change.columns
-            if change.stored is not None:
-                work.gained[change.stored.key] = (
-                    change.stored,
-                    work.gained.get(change.stored.key, (change.stored, 0))[1] + len(answered),
+            stored = change.stored
+            if stored is not None:
+                if change.by_content:  # its bytes, unless a committed chunk stored it
+                    stored = cache.contents.get(stored.key, stored)
+                work.gained[stored.key] = (
+                    stored,
+                    work.gained.get(stored.key, (stored, 0))[1] + len(answered),
                 )
             if key.state_hash is not None:
                 work.lost[key.state_hash] += len(answered)
             output_text = cache.output_text(key.domain, mech, output)
             _answer(work, mech, query_text, output_text, columns, answered)
+    _build_states(work, cache)
     for groups in pending.values():
         _record_pending(groups, work)
     # the chunk's tally in one batch per domain: olh and hadamard decode all its reports at
@@ -463,6 +608,51 @@ def _decide_rows(
     for mech, outputs, counts in reports.values():
         work.tally.update(tally_outputs(mech, outputs, counts))
     return work
+
+
+class _Build(NamedTuple):
+    """A new exact state of a chunk whose array is still to compute (:func:`_build_states`)."""
+
+    key: str
+    #: The decision group's state, and the output's term recorded on it.
+    state: LikelihoodState
+    term: Term
+    #: The new state's exact form and error bound (:meth:`LikelihoodState.applied`'s).
+    exact: ExactLoss
+    err: float
+
+
+def _build_states(work: _Chunk, cache: RunCache) -> None:
+    """Compute the arrays of the chunk's new exact states, those with one term axis at once.
+
+    Each is :meth:`LikelihoodState.applied` of its group's state and the output's term: the
+    sum, shifted by its maximum (``max`` does not round, so the batch's row maxima are
+    ``applied``'s, and every array is the same, bit for bit — tested against the per-pair
+    path). Its bytes (:meth:`LikelihoodState.to_bytes`) join :attr:`RunCache.contents` and
+    the chunk's gained states.
+    """
+    if not work.building:
+        return
+    batches: dict[tuple[tuple[int, ...], tuple[int, ...]], list[_Build]] = defaultdict(list)
+    for build in work.building.values():
+        batches[(build.state.logp.shape, build.term.axes)].append(build)
+    for (shape, axes), builds in batches.items():
+        logp = np.stack([b.state.logp for b in builds])
+        terms = np.stack([b.term.values for b in builds])
+        spread = [len(builds)] + [1] * len(shape)
+        for axis in axes:
+            spread[axis + 1] = shape[axis]
+        logp += terms.reshape(spread)
+        logp -= logp.reshape(len(builds), -1).max(axis=1).reshape([len(builds)] + [1] * len(shape))
+        for build, array in zip(builds, logp, strict=True):
+            data = array.astype("<f8").tobytes() + MAGIC + build.exact.to_bytes()
+            cache.contents[build.key] = StoredState(build.key, data, build.err)
+    for key, (state, count) in work.gained.items():
+        if not state.state and key in work.building:
+            work.gained[key] = (cache.contents[key], count)
+    work.building.clear()
+    cache.advances.update(work.advances_built)
+    work.advances_built.clear()
 
 
 #: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
@@ -720,22 +910,37 @@ def _answer(
 
     ``basic_after``: ``float(Fraction(columns["basic_total"]))`` when the caller has it;
     ``pick``: the variant, when stored already for other members (with other columns).
+    Answers whose entries are equal — the same query and output, loss bounds and ``Σ ε`` after
+    it, from any decision group — share one variant (a diverged survey's chunk otherwise
+    stored one per history and output, nearly one per member).
     """
     if pick is None:
-        pick = len(work.variants)
-        work.variants.append(
-            Variant(
-                query=query_text,
-                output=output_text,
-                epsilon=mech.epsilon,
-                epsilon_exact=str(mech.epsilon_exact),
-                loss_lower=columns["loss_lower"],
-                loss_upper=columns["loss_upper"],
-                basic_after=float(Fraction(columns["basic_total"]))
-                if basic_after is None
-                else basic_after,
-            )
+        entry = (
+            query_text,
+            output_text,
+            mech.epsilon,
+            columns["loss_lower"],
+            columns["loss_upper"],
+            columns["basic_total"],
+            basic_after,
         )
+        found = work.entries.get(entry)
+        if found is None:
+            found = work.entries[entry] = len(work.variants)
+            work.variants.append(
+                Variant(
+                    query=query_text,
+                    output=output_text,
+                    epsilon=mech.epsilon,
+                    epsilon_exact=str(mech.epsilon_exact),
+                    loss_lower=columns["loss_lower"],
+                    loss_upper=columns["loss_upper"],
+                    basic_after=float(Fraction(columns["basic_total"]))
+                    if basic_after is None
+                    else basic_after,
+                )
+            )
+        pick = found
     for row in answered:
         seq = row.accepted + 1
         work.picks[row.id] = pick
@@ -831,7 +1036,10 @@ def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
         updated = survey_store.advance_members(conn, work.advances, updated_at=work.now)
         if updated != len(work.advances):
             raise _LostRace
-        move_state_refs(conn, gained=work.gained, lost=work.lost, stored=cache.stored)
+        stored = frozenset(cache.stored)  # one view: another thread may change the set
+        if any(not state.state and key not in stored for key, (state, _) in work.gained.items()):
+            raise StateGone  # its bytes were dropped when stored, and it was forgotten since
+        move_state_refs(conn, gained=work.gained, lost=work.lost, stored=stored)
         for new in (True, False):  # behind the members' compare-and-set, as a single submit's
             states = [state for state, first in work.sub_histories if first is new]
             project_store.put_sub_histories(conn, states, new=new)

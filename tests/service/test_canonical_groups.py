@@ -18,13 +18,16 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from app.bootstrap import create_app
-from app.engine.limits import EngineLimits
+from app.db.session import make_engine
+from app.engine.limits import DEFAULT_LIMITS, EngineLimits
 from app.engine.mechanisms.base import Output
 from app.engine.mechanisms.randomized_response import GeneralizedRR
 from app.services import snapshots, survey_groups, survey_runs, surveys
 from app.store.surveys import GroupKey
+from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 from tests.service.test_surveys import all_responses, verify_clean, wait_done
 
@@ -74,7 +77,11 @@ def _population(client: TestClient, study: str) -> list[str]:
 
 
 def _run(
-    client: TestClient, analyst: dict[str, str], study: str, monkeypatch: pytest.MonkeyPatch
+    client: TestClient,
+    analyst: dict[str, str],
+    study: str,
+    monkeypatch: pytest.MonkeyPatch,
+    database_url: str,
 ) -> dict[str, Any]:
     """The seven surveys on ``study``, outputs drawn from a stream seeded the same for each run."""
     stream = random.Random(2027)
@@ -111,7 +118,31 @@ def _run(
         odometers[oid.split("-")[-1]] = {
             k: v for k, v in r.json().items() if k not in ("object_id", "updated_at")
         }
-    return {"surveys": surveys, "odometers": odometers, "groups": states}
+    return {
+        "surveys": surveys,
+        "odometers": odometers,
+        "groups": states,
+        "columns": _columns(database_url, study),
+    }
+
+
+def _columns(database_url: str, study: str) -> dict[str, tuple[Any, ...]]:
+    """Each object's stored accounting columns and its array's row (by the object's number)."""
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT o.id, o.state_hash, o.state_pending, o.loss_lower, o.loss_upper, "
+                    "o.basic_total, o.f0_account, s.state, s.err FROM objects o "
+                    "LEFT JOIN likelihood_states s ON s.hash = o.state_hash "
+                    "WHERE o.id LIKE :prefix"
+                ),
+                {"prefix": f"{study}-%"},
+            ).all()
+    finally:
+        engine.dispose()
+    return {row[0].split("-")[-1]: tuple(row[1:]) for row in rows}
 
 
 def _comparable(view: dict[str, Any]) -> dict[str, Any]:
@@ -129,12 +160,45 @@ def test_canonical_groups_decide_as_the_ordered_ones(
     client: TestClient, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     analyst = auth(new_key(client, "analyst"))
-    canonical = _run(client, analyst, unique_id("canon"), monkeypatch)
+    named: list[int] = []  # (group, output) pairs named by content before any array is built
+    fast = survey_runs._exact_advance
+
+    def counted(*args: Any) -> Any:
+        found = fast(*args)
+        named.append(found is not None)
+        return found
+
+    with monkeypatch.context() as counting:
+        counting.setattr(survey_runs, "_exact_advance", counted)
+        canonical = _run(client, analyst, unique_id("canon"), monkeypatch, database_url)
+    # not vacuous: every (group, output) pair of the sequence took the named path (all are
+    # exact histories)
+    assert named
+    assert all(named), len(named)
+    # the per-pair path (h/canon): every (group, output) recorded and its array serialised,
+    # no content named before its array is built
+    with monkeypatch.context() as per_pair:
+        per_pair.setattr(survey_runs, "_exact_advance", lambda *args: None)
+        recorded = _run(client, analyst, unique_id("pair"), monkeypatch, database_url)
+    for (view, answers), (pair_view, pair_answers) in zip(
+        canonical["surveys"], recorded["surveys"], strict=True
+    ):
+        assert view["groups"] == pair_view["groups"]
+        assert _comparable(view) == _comparable(pair_view)
+        assert _by_number(answers) == _by_number(pair_answers)
+    assert canonical["odometers"] == recorded["odometers"]
+    # every object's columns and state key; the arrays themselves are the ones the per-pair
+    # path stores, bit for bit (this population's first member of each content is the same)
+    assert canonical["columns"].keys() == recorded["columns"].keys()
+    for number, columns in canonical["columns"].items():
+        assert columns[:6] == recorded["columns"][number][:6], number
+        assert columns[6] is not None, number
+        assert columns[6] == recorded["columns"][number][6], number
     with monkeypatch.context() as old:
         old.setattr(survey_runs, "decision_key", lambda key, parsed: key)
         old.setattr(surveys, "decision_key", lambda key, parsed: key)
         old.setattr(snapshots, "content_key", lambda domain_text, state: None)
-        ordered = _run(client, analyst, unique_id("order"), monkeypatch)
+        ordered = _run(client, analyst, unique_id("order"), monkeypatch, database_url)
     for (view, answers), (old_view, old_answers) in zip(
         canonical["surveys"], ordered["surveys"], strict=True
     ):
@@ -165,3 +229,66 @@ def test_the_decision_key_ignores_only_a_finite_history_hash() -> None:
     assert survey_groups.decision_key(pending, parsed) == pending
     other = base._replace(domain=continuous, state_hash=None)
     assert survey_groups.decision_key(other, parsed) == other
+
+
+def test_a_state_stored_and_forgotten_meanwhile_is_not_written_without_its_array(
+    client: TestClient, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committed chunk's states keep only their keys in the run's cache (not their bytes).
+
+    If the run forgets them meanwhile (another thread's chunk lost a race: a state may have
+    been deleted), a chunk holding a cached answer that names one must not store it without
+    its array: it fails (``StateGone``), forgets, and is decided again with the array built.
+    """
+    monkeypatch.setattr(GeneralizedRR, "sample", lambda self, value: 1)  # every answer "b"
+    study = unique_id("gone")
+    _population(client, study)
+    engine = make_engine(database_url)
+    worker = BoundWorker(WorkerSettings(processes=0))
+    request = surveys.parse_request(
+        {
+            "name": "gone",
+            "query": {"mechanism": "grr", "attribute": "region", "epsilon": 0.5},
+            "cohort": {"labels": {"study": study}},
+        },
+        max_members=MEMBERS,
+    )
+    try:
+        view, _ = surveys.create_survey(
+            engine=engine,
+            request=request,
+            fingerprint="f",
+            idempotency_key=None,
+            analyst_key_id=None,
+            max_members=MEMBERS,
+            limits=DEFAULT_LIMITS,
+            chunk_size=40,
+        )
+        cache = survey_runs.new_run_cache(request.query, DEFAULT_LIMITS)
+        run = {"engine": engine, "worker": worker, "survey_id": view.id, "limits": DEFAULT_LIMITS}
+        assert survey_runs.run_chunk(chunk=0, cache=cache, **run).accepted == 40
+        (key,) = cache.stored  # one state: every member answered "b" on an empty history
+        assert cache.contents[key].state == b""  # stored: its bytes dropped
+        cache.stored.clear()  # as a concurrent chunk's forget, seen half-way
+        with pytest.raises(snapshots.StateGone):
+            survey_runs.run_chunk(chunk=1, cache=cache, **run)
+        assert not cache.contents  # forgotten: built again
+        assert not cache.advances
+        for chunk in range(1, MEMBERS // 40):
+            assert survey_runs.run_chunk(chunk=chunk, cache=cache, **run).accepted == 40
+    finally:
+        worker.close()
+        engine.dispose()
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT length(state), refs FROM likelihood_states WHERE hash = :key"),
+                {"key": key},
+            ).all()
+    finally:
+        engine.dispose()
+    assert len(rows) == 1
+    assert rows[0][0] > 0
+    assert rows[0][1] == MEMBERS
+    verify_clean(database_url)

@@ -1,0 +1,130 @@
+"""The pieces a survey uses to name an exact state before building its array (issue 27 item 3).
+
+A survey chunk names the state after each (decision group, output) by its exact form
+(:func:`~app.engine.likelihood.exact_after`, keyed by :meth:`ExactLoss.canonical_bytes`) and
+takes its loss from the group's :meth:`ExactLoss.candidate_losses` — these must be what
+recording the output (:meth:`LikelihoodState.applied`) gives, on many random histories,
+including several ε's, negative counts, ties and values far beyond ``int64``-safe sums.
+"""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.engine.domain import parse_domain
+from app.engine.exact import MAX_GROUPS, ExactLoss, Group, canonical_json
+from app.engine.likelihood import LikelihoodState, exact_after
+from app.engine.mechanisms import parse_query
+from app.engine.mechanisms.base import output_index
+from app.engine.pipeline import fold_history, history_entry
+
+DOMAIN = {
+    "attributes": [
+        {"name": "age", "type": "integer", "low": 0, "high": 5},
+        {"name": "sex", "type": "integer", "low": 0, "high": 1},
+        {"name": "region", "type": "categorical", "values": ["a", "b", "c", "d", "e", "f", "g"]},
+    ]
+}
+EPSILONS = [0.5, 0.25, 1.0, 0.1, 0.3, 2.0]
+
+
+def _query(rng: random.Random, attribute: str | None = None) -> dict[str, Any]:
+    attribute = attribute or rng.choice(["age", "sex", "region"])
+    if rng.random() < 0.2:
+        return {
+            "mechanism": "binary_rr",
+            "epsilon": rng.choice(EPSILONS),
+            "predicate": {"attribute": "age", "op": ">=", "value": rng.randrange(6)},
+        }
+    return {"mechanism": "grr", "attribute": attribute, "epsilon": rng.choice(EPSILONS)}
+
+
+def _history(rng: random.Random, length: int) -> LikelihoodState:
+    domain = parse_domain(DOMAIN)
+    entries = []
+    for _ in range(length):
+        mech = parse_query(_query(rng), domain)
+        entries.append(history_entry(domain, mech.to_json(), mech.output_json(_output(rng, mech))))
+    state, _ = fold_history(domain, entries)
+    assert isinstance(state, LikelihoodState)
+    return state
+
+
+def _output(rng: random.Random, mech: Any) -> Any:
+    return mech.parse_output(mech.output_json(rng.randrange(mech.output_count)), "output")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_named_state_and_loss_equal_the_recorded_ones(seed: int) -> None:
+    rng = random.Random(seed)
+    domain = parse_domain(DOMAIN)
+    for _ in range(60):
+        state = _history(rng, rng.randrange(0, 9))
+        mech = parse_query(_query(rng, "region"), domain)
+        query = mech.exact_query()
+        assert state.exact is not None
+        assert query is not None
+        losses = state.exact.candidate_losses(query)
+        for output in range(mech.output_count):
+            term = mech.term(output)
+            after = state.applied(term)
+            named = exact_after(state.exact, term)
+            assert named is not None
+            assert after.exact is not None
+            assert named.canonical_bytes() == after.exact.canonical_bytes()
+            assert named.loss() == after.exact.loss() == after.loss().value
+            if query.kind == "grr":
+                assert losses[output_index(output)] == after.exact.loss()
+
+
+def test_named_state_drops_the_exact_form_as_applied_does() -> None:
+    """Past :data:`MAX_GROUPS` distinct ε's the form is dropped by both (the float rule)."""
+    domain = parse_domain(DOMAIN)
+    groups = tuple(Group(Fraction(n, 1000)) for n in range(1, MAX_GROUPS + 1))
+    counts = {2: np.ones((MAX_GROUPS, 7), dtype=np.int64)}
+    state = LikelihoodState(domain, exact=ExactLoss((6, 2, 7), groups, counts))
+    mech = parse_query({"mechanism": "grr", "attribute": "region", "epsilon": 0.77}, domain)
+    term = mech.term(3)
+    assert exact_after(state.exact, term) is None
+    assert state.applied(term).exact is None
+
+
+def test_canonical_bytes_are_the_json_document() -> None:
+    """The hand-written bytes equal ``json.dumps`` of the definition, whatever the form."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        groups = tuple(
+            dict.fromkeys(
+                Group(Fraction(rng.randint(1, 30), rng.choice([1, 2, 3, 7, 10, 1000])))
+                for _ in range(rng.randint(0, 4))
+            )
+        )
+        shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
+        counts = {
+            axis: np.array(
+                [
+                    [
+                        rng.choice([rng.randint(-3, 5), rng.randint(-(2**60), 2**60)])
+                        for _ in range(k)
+                    ]
+                    for _ in groups
+                ],
+                dtype=np.int64,
+            ).reshape(len(groups), k)
+            for axis, k in enumerate(shape)
+            if rng.random() < 0.7
+        }
+        form = ExactLoss(shape, groups, counts)
+        assert form.canonical_bytes() == canonical_json(form)
+        # in any order of its groups: the same bytes
+        order = list(range(len(groups)))
+        rng.shuffle(order)
+        shuffled = ExactLoss(
+            shape, tuple(groups[g] for g in order), {a: c[order] for a, c in counts.items()}
+        )
+        assert shuffled.canonical_bytes() == form.canonical_bytes()
