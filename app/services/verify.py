@@ -134,6 +134,9 @@ class Replays:
         self.capacity = capacity
         self._held: OrderedDict[_Key, _Replay] = OrderedDict()
         self._domains: dict[str, Domain] = {}
+        self._closed: OrderedDict[tuple[str, tuple[Content, ...]], tuple[Fraction, LossBounds]] = (
+            OrderedDict()
+        )
         #: Replays computed, and objects checked against an earlier replay.
         self.folded = 0
         self.reused = 0
@@ -157,6 +160,28 @@ class Replays:
         self._held[key] = found
         if len(self._held) > self.capacity:
             self._held.popitem(last=False)
+        return found
+
+    def closed_fold(
+        self, domain_text: str, contents: Sequence[Content]
+    ) -> tuple[Fraction, LossBounds]:
+        """A closed version's ``Σ ε_i`` and realized loss, replayed from its history.
+
+        ``contents``: the history's ``(query, output, ε)`` texts. Folded by the engine's replay
+        (:func:`fold_history`) once per distinct history and domain in this run.
+        """
+        key = (domain_text, tuple(contents))
+        found = self._closed.get(key)
+        if found is not None:
+            self._closed.move_to_end(key)
+            return found
+        domain = self.domain(domain_text)
+        entries = [history_entry(domain, json.loads(q), json.loads(o)) for q, o, _ in contents]
+        state, basic = fold_history(domain, entries)
+        loss = state.loss(basic) if entries else exact_bounds(Fraction(0))
+        found = self._closed[key] = (basic, loss)
+        if len(self._closed) > self.capacity:
+            self._closed.popitem(last=False)
         return found
 
 
@@ -251,7 +276,7 @@ def check_object(
     if row.accepted != n:
         report.problems.append(f"{row.id}: accepted={row.accepted} but {n} queries are stored")
     domain = replays.domain(row.domain)
-    _verify_versions(row, domain, all_records, closed, report)
+    _verify_versions(row, all_records, closed, report, replays)
     records = (
         all_records
         if row.version_start == 0
@@ -330,10 +355,10 @@ def _array_problems(state: LikelihoodState, found: StoredState | None) -> list[s
 
 def _verify_versions(
     row: StoredObject,
-    domain: Domain,
     records: Sequence[Recorded],
     closed: list[ClosedVersion],
     report: Report,
+    replays: Replays,
 ) -> None:
     """Check the closed data versions of an object.
 
@@ -347,17 +372,14 @@ def _verify_versions(
         if version.data_version != number or version.seq_start != end:
             report.problems.append(f"{label}: versions are not contiguous from 1")
         end = version.seq_end
-        entries = [
-            history_entry(domain, json.loads(query), json.loads(output))
-            for seq, (query, output, _) in records
-            if version.seq_start < seq <= version.seq_end
+        contents = [
+            content for seq, content in records if version.seq_start < seq <= version.seq_end
         ]
-        if len(entries) != version.seq_end - version.seq_start:
+        if len(contents) != version.seq_end - version.seq_start:
             report.problems.append(f"{label}: its history is not seq {version.seq_start + 1}..")
-        state, basic = fold_history(domain, entries)
+        basic, loss = replays.closed_fold(row.domain, contents)
         if Fraction(version.basic_total) != basic:
             report.problems.append(f"{label}: basic composition differs from its history's")
-        loss = state.loss(basic) if entries else exact_bounds(Fraction(0))
         if version.loss_exact is not None:
             if loss.value is None or Fraction(version.loss_exact) != loss.value:
                 report.problems.append(f"{label}: exact loss differs from its history's")
