@@ -573,7 +573,7 @@ def verify_objects(
             after = page[-1].id
             ids = [row.id for row in page]
             submits = store.submits_of(conn, ids)
-            closed, broken = store.closed_versions_of(conn, ids, batches)
+            closed, broken = version_store.closed_versions_among(conn, ids, batches)
             report.problems.extend(broken)
             surveyed = answers.of_page(conn, ids)
             wanted = {row.state_hash for row in page if row.state_hash} - read_states

@@ -136,9 +136,5 @@ def increment(conn: Tx, table: Table, column: str, ids: Sequence[str]) -> None:
     if not ids:
         return
     target = table.c[column]
-    postgres = is_postgres(conn)
-    statement = (
-        update(table).where(ids_.among(table.c.id, postgres=postgres)).values({target: target + 1})
-    )
-    for part in ids_.batches(ids, size=ids_.per_statement(postgres)):
-        conn.execute(statement, {"ids": ids_.parameter(part, postgres=postgres)})
+    statement = update(table).values({target: target + 1})
+    ids_.execute_among(conn, ids_.where_among(statement, table.c.id), ids)

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, String, Update, any_, bindparam, func
+from sqlalchemy import Delete, Select, String, Update, any_, bindparam, func
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.expression import ColumnElement, Executable
 
@@ -43,7 +43,7 @@ PG_PER_STATEMENT = 10_000
 SQLITE_PER_STATEMENT = 500
 
 T = TypeVar("T")
-S = TypeVar("S", Select[Any], Update)
+S = TypeVar("S", Select[Any], Update, Delete)
 
 
 def among(column: ColumnElement[Any], *, postgres: bool, name: str = "ids") -> ColumnElement[bool]:
@@ -100,3 +100,23 @@ def rows_among(
     for part in batches(keys, size=limit):
         values = {**(params or {}), name: parameter(part, postgres=postgres)}
         yield from conn.execute(statement, values)
+
+
+def execute_among(
+    conn: Tx,
+    statements: Mapping[bool, Executable],
+    keys: Sequence[str],
+    *,
+    name: str = "ids",
+    params: Mapping[str, Any] | None = None,
+) -> int:
+    """Run the dialect's writing statement (built with :func:`among`) for every key of ``keys``.
+
+    One statement per :func:`per_statement` keys; returns the rows it changed in all.
+    """
+    postgres = is_postgres(conn)
+    changed = 0
+    for part in batches(keys, size=per_statement(postgres)):
+        values = {**(params or {}), name: parameter(part, postgres=postgres)}
+        changed += int(conn.execute(statements[postgres], values).rowcount)
+    return changed

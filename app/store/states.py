@@ -14,12 +14,10 @@ from sqlalchemy import Executable, Table, bindparam, delete, func, select, text,
 from sqlalchemy.dialects import postgresql, sqlite
 
 from app.db.models import LikelihoodStateRecord
+from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 
 STATES = cast(Table, LikelihoodStateRecord.__table__)
-
-#: Keys per ``IN (...)`` list: well under SQLite's limit on bound parameters.
-_BATCH = 500
 
 
 def _insert_state(postgres: bool) -> Executable:
@@ -42,17 +40,10 @@ _ADD_REFS_MANY = text(
     "UPDATE likelihood_states AS t SET refs = t.refs + v.n FROM unnest(CAST(:keys AS text[]), "
     "CAST(:counts AS int[])) AS v(hash, n) WHERE t.hash = v.hash"
 )
-_DROP_UNUSED = delete(STATES).where(
-    STATES.c.hash.in_(bindparam("keys", expanding=True)), STATES.c.refs <= 0
-)
-_DROP_UNUSED_MANY = text(
-    "DELETE FROM likelihood_states WHERE hash = ANY(CAST(:keys AS text[])) AND refs <= 0"
-)
+_DROP_UNUSED = ids_.where_among(delete(STATES).where(STATES.c.refs <= 0), STATES.c.hash)
 #: One key's array deleted if no object uses it (an accepted submit's old state).
 DROP_UNUSED_ONE = delete(STATES).where(STATES.c.hash == bindparam("key"), STATES.c.refs <= 0)
-_LOAD_STATES = select(STATES.c.hash, STATES.c.state, STATES.c.err).where(
-    STATES.c.hash.in_(bindparam("keys", expanding=True))
-)
+_LOAD_STATES = ids_.where_among(select(STATES.c.hash, STATES.c.state, STATES.c.err), STATES.c.hash)
 _COUNT = select(func.count()).select_from(STATES)
 
 
@@ -97,26 +88,18 @@ def add_refs(conn: Tx, changes: Sequence[tuple[str, int]]) -> int:
 def drop_unused(conn: Tx, keys: Sequence[str]) -> None:
     """Delete the arrays among ``keys`` that no object uses any more.
 
-    PostgreSQL: one statement for all (``= ANY`` of an array: a survey chunk drops the states
-    of thousands of groups, once ten ``IN`` lists of 500, each a new statement text to parse
-    and plan); SQLite, and a single key (a submit's): ``IN`` lists of :data:`_BATCH`.
+    One statement per :func:`app.store.ids.per_statement` keys (a survey chunk drops the
+    states of thousands of groups at once).
     """
-    if len(keys) > 1 and is_postgres(conn):
-        conn.execute(_DROP_UNUSED_MANY, {"keys": list(keys)})
-        return
-    for start in range(0, len(keys), _BATCH):
-        conn.execute(_DROP_UNUSED, {"keys": list(keys[start : start + _BATCH])})
+    ids_.execute_among(conn, _DROP_UNUSED, keys)
 
 
 def load_states(conn: Tx, keys: set[str]) -> dict[str, tuple[bytes, float]]:
     """The stored arrays (and rounding errors) of the given state keys."""
-    found: dict[str, tuple[bytes, float]] = {}
-    ordered = sorted(keys)
-    for start in range(0, len(ordered), _BATCH):
-        rows = conn.execute(_LOAD_STATES, {"keys": ordered[start : start + _BATCH]})
-        for key, state, err in rows:
-            found[key] = (bytes(state), float(err))
-    return found
+    return {
+        key: (bytes(state), float(err))
+        for key, state, err in ids_.rows_among(conn, _LOAD_STATES, sorted(keys))
+    }
 
 
 def count_states(conn: Tx) -> int:

@@ -28,7 +28,6 @@ from app.store import ids as ids_
 from app.store.base import Tx
 from app.store.history import HistoryItem
 from app.store.history import submitted as history_item
-from app.store.versions import BatchCache, ClosedVersion, closed_versions_among
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _STATES = cast(Table, LikelihoodStateRecord.__table__)
@@ -209,16 +208,6 @@ def submits_of(conn: Tx, ids: Sequence[str]) -> dict[str, list[HistoryItem]]:
     for row in ids_.rows_among(conn, _SUBMITS_OF, ids):
         found.setdefault(row.object_id, []).append(history_item(row))
     return found
-
-
-def closed_versions_of(
-    conn: Tx, ids: Sequence[str], cache: BatchCache | None = None
-) -> tuple[dict[str, list[ClosedVersion]], list[str]]:
-    """The closed data versions of the objects ``ids``, by object, oldest first.
-
-    And the broken references to packed ones (:func:`app.store.versions.closed_versions_among`).
-    """
-    return closed_versions_among(conn, ids, cache)
 
 
 _STATES_OF = ids_.where_among(
