@@ -5,11 +5,11 @@ with :func:`rows_among` (or binds :func:`parameter` itself), so the rule is writ
 
 - **PostgreSQL**: one ``text`` parameter, the keys joined by newlines and split in the
   database by ``string_to_array`` (``column = ANY(string_to_array(:ids, E'\n'))``), up to
-  :data:`PG_PER_STATEMENT` keys a statement. Measured on 5,000 ids (client CPU per statement,
-  same run): joined text 1.2 ms, a ``text[]`` parameter 3.3 ms (psycopg dumps an array
-  element by element), an expanding ``IN`` of 5,000 placeholders 18–37 ms (SQLAlchemy renders
-  and psycopg parses a ~100 KB statement every time; ``bench/ids_param.py`` prints the three side
-  by side). Keys never hold a newline: object ids
+  :data:`PG_PER_STATEMENT` keys a statement. Client CPU per statement for 5,000 ids, median of
+  5, side by side in one run at load 15.4 (``bench/ids_param.py``): joined text 2.0 ms, a
+  ``text[]`` parameter 4.2 ms (psycopg dumps an array element by element), an expanding ``IN``
+  of 5,000 placeholders 20.9 ms (SQLAlchemy renders and psycopg parses a ~100 KB statement
+  every time). Keys never hold a newline: object ids
   match ``OBJECT_ID_PATTERN`` (no control characters) and hashes are hex.
 - **SQLite**: an expanding ``IN``, :data:`SQLITE_PER_STATEMENT` keys a statement (below the
   999 host parameters of old SQLite builds).
