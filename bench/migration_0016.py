@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,7 +20,15 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
-ADMIN = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-q", "-c"]
+SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432"
+
+
+def _admin(*statements: str) -> None:
+    engine = sa.create_engine(f"{SERVER}/test", isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        for statement in statements:
+            conn.execute(sa.text(statement))
+    engine.dispose()
 
 
 def _config(migrations: Path, url: str) -> Config:
@@ -67,9 +74,8 @@ def _populate(url: str, objects: int, versions: int, bulk: int) -> int:
 
 def _run(name: str, migrations: Path, args: argparse.Namespace) -> tuple[str, float, int, int]:
     database = f"bench_m16_{name}"
-    subprocess.run([*ADMIN, f"DROP DATABASE IF EXISTS {database}"], check=True)
-    subprocess.run([*ADMIN, f"CREATE DATABASE {database}"], check=True)
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{database}"
+    _admin(f"DROP DATABASE IF EXISTS {database}", f"CREATE DATABASE {database}")
+    url = f"{SERVER}/{database}"
     command.upgrade(_config(migrations, url), "0015")
     rows = _populate(url, args.objects, args.versions, args.bulk)
     started = time.perf_counter()
@@ -81,7 +87,7 @@ def _run(name: str, migrations: Path, args: argparse.Namespace) -> tuple[str, fl
         packed = conn.execute(sa.text("SELECT coalesce(sum(size), 0) FROM version_batches"))
         packed_rows = int(packed.scalar_one())
     engine.dispose()
-    subprocess.run([*ADMIN, f"DROP DATABASE {database}"], check=True)
+    _admin(f"DROP DATABASE {database}")
     if left or packed_rows != rows:
         raise SystemExit(f"{name}: {left} rows left, {packed_rows} of {rows} packed")
     return name, seconds, rows, packed_rows
