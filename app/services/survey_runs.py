@@ -68,8 +68,9 @@ from app.services.snapshots import (
     StoredState,
     advance,
     advance_from,
+    collect_states,
     exact_content_key,
-    move_state_refs,
+    keep_states,
     next_history_hash,
     pending_columns,
 )
@@ -263,7 +264,6 @@ class _Chunk:
     #: A project survey's members' sub-histories after their answers: (state, its first).
     sub_histories: list[tuple[SubHistory, bool]] = field(default_factory=list)
     gained: dict[str, tuple[StoredState, int]] = field(default_factory=dict)
-    lost: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
     tally: Counter[str] = field(default_factory=Counter)
     domains: set[str] = field(default_factory=set)
@@ -596,8 +596,6 @@ def _decide_rows(
                     stored,
                     work.gained.get(stored.key, (stored, 0))[1] + len(answered),
                 )
-            if key.state_hash is not None:
-                work.lost[key.state_hash] += len(answered)
             output_text = cache.output_text(key.domain, mech, output)
             _answer(work, mech, query_text, output_text, columns, answered)
     _build_states(work, cache)
@@ -1036,10 +1034,7 @@ def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
         updated = survey_store.advance_members(conn, work.advances, updated_at=work.now)
         if updated != len(work.advances):
             raise _LostRace
-        stored = frozenset(cache.stored)  # one view: another thread may change the set
-        if any(not state.state and key not in stored for key, (state, _) in work.gained.items()):
-            raise StateGone  # its bytes were dropped when stored, and it was forgotten since
-        move_state_refs(conn, gained=work.gained, lost=work.lost, stored=stored)
+        keep_states(conn, work.gained, cache.stored)
         for new in (True, False):  # behind the members' compare-and-set, as a single submit's
             states = [state for state, first in work.sub_histories if first is new]
             project_store.put_sub_histories(conn, states, new=new)
@@ -1314,6 +1309,9 @@ def _fail(engine: Database, survey_id: int, error: str) -> str:
 
 
 def _finish(engine: Database, survey_id: int, started: float) -> str:
+    # the states the members named before their answers, now named by none (most of them),
+    # deleted before the survey shows as done
+    collected = collect_states(engine)
     with transaction(engine) as conn:
         finished = survey_store.finish(conn, survey_id=survey_id, finished_at=datetime.now(UTC))
         row = load_survey(conn, survey_id)
@@ -1327,12 +1325,13 @@ def _finish(engine: Database, survey_id: int, started: float) -> str:
             )
     seconds = time.monotonic() - started
     log.info(
-        "survey %d: %s, %d members in %.1f s (%.0f/s), %d groups",
+        "survey %d: %s, %d members in %.1f s (%.0f/s), %d groups, %d unnamed states deleted",
         survey_id,
         row.status,
         row.decided,
         seconds,
         row.decided / seconds if seconds > 0 else math.inf,
         row.groups,
+        collected,
     )
     return str(row.status)

@@ -311,10 +311,10 @@ def _flip_state_byte(conn: Any, oid: str) -> None:
     conn.execute(update(states).where(states.c.hash == key).values(state=bytes(state)))
 
 
-def _count_state_twice(conn: Any, oid: str) -> None:
+def _delete_state(conn: Any, oid: str) -> None:
     objects, states = ProtectedObject.__table__, LikelihoodStateRecord.__table__
     key = conn.execute(select(objects.c.state_hash).where(objects.c.id == oid)).scalar_one()
-    conn.execute(update(states).where(states.c.hash == key).values(refs=states.c.refs + 1))
+    conn.execute(delete(states).where(states.c.hash == key))
 
 
 TAMPERS: dict[str, tuple[str, Callable[[Any, str], None]]] = {
@@ -325,7 +325,7 @@ TAMPERS: dict[str, tuple[str, Callable[[Any, str], None]]] = {
     "accepted+1": ("finite", _tamper_object(accepted=lambda t: t.c.accepted + 1)),
     "state-null": ("finite", _tamper_object(state_hash=None)),
     "state-byte": ("finite", _flip_state_byte),
-    "state-refs": ("finite", _count_state_twice),
+    "state-deleted": ("finite", _delete_state),
     "history-hash": ("finite", _tamper_object(history_hash="0" * 32)),
     "cont-history-hash": ("cont", _tamper_object(history_hash=None)),
     "delete-last-query": ("finite", _delete_query("last")),

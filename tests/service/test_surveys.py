@@ -19,13 +19,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from app.bootstrap import create_app
-from app.db.models import LikelihoodStateRecord
+from app.db.models import LikelihoodStateRecord, ProtectedObject
 from app.db.session import make_engine
 from app.engine.limits import DEFAULT_LIMITS
 from app.services import survey_runs
 from app.services import surveys as survey_service
 from app.services.history import object_history
 from app.services.verify import verify_all
+from app.store.states import count_unnamed
 from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 from tests.service.factories import run_cli
@@ -282,11 +283,25 @@ def test_a_survey_queries_each_member_once_and_estimates(
     try:
         with engine.connect() as conn:
             rows = sum(len(object_history(conn, oid)) for oid in ids)
-            states = conn.execute(select(LikelihoodStateRecord.refs)).scalars().all()
+            named = (
+                conn.execute(select(ProtectedObject.state_hash).where(ProtectedObject.id.in_(ids)))
+                .scalars()
+                .all()
+            )
+            stored = (
+                conn.execute(
+                    select(LikelihoodStateRecord.hash).where(LikelihoodStateRecord.hash.in_(named))
+                )
+                .scalars()
+                .all()
+            )
+            unnamed = count_unnamed(conn)
     finally:
         engine.dispose()
     assert rows == 90
-    assert sum(states) >= 45  # shared: 45 objects name at most 9 distinct arrays of this study
+    assert len(named) == 45
+    assert 1 <= len(set(stored)) == len(set(named)) <= 9  # 45 objects share at most 9 arrays
+    assert unnamed == 0  # the first survey's arrays: deleted at the second's end
     verify_clean(database_url)
 
 
