@@ -471,16 +471,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     engine.dispose()
     for line in report.problems:
         print(f"MISMATCH {line}")
-    print(
-        f"verified {report.checked} object(s) and {report.surveys} survey(s) in "
-        f"{time.monotonic() - started:.1f} s ({report.replays} distinct histories replayed): "
-        + ("ok" if report.ok else f"{len(report.problems)} mismatch(es)")
-    )
     if report.unnamed_states:
         print(
             f"{report.unnamed_states} stored likelihood state(s) no object names: deleted by "
             "the next collection (gatekeeper states collect)"
         )
+    print(
+        f"verified {report.checked} object(s) and {report.surveys} survey(s) in "
+        f"{time.monotonic() - started:.1f} s ({report.replays} distinct histories replayed): "
+        + ("ok" if report.ok else f"{len(report.problems)} mismatch(es)")
+    )
     return 0 if report.ok else 1
 
 

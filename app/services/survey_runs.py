@@ -1311,7 +1311,9 @@ def _fail(engine: Database, survey_id: int, error: str) -> str:
 def _finish(engine: Database, survey_id: int, started: float) -> str:
     # the states the members named before their answers, now named by none (most of them),
     # deleted before the survey shows as done
+    collecting = time.monotonic()
     collected = collect_states(engine)
+    collecting = time.monotonic() - collecting
     with transaction(engine) as conn:
         finished = survey_store.finish(conn, survey_id=survey_id, finished_at=datetime.now(UTC))
         row = load_survey(conn, survey_id)
@@ -1325,7 +1327,8 @@ def _finish(engine: Database, survey_id: int, started: float) -> str:
             )
     seconds = time.monotonic() - started
     log.info(
-        "survey %d: %s, %d members in %.1f s (%.0f/s), %d groups, %d unnamed states deleted",
+        "survey %d: %s, %d members in %.1f s (%.0f/s), %d groups, %d unnamed states deleted "
+        "in %.2f s",
         survey_id,
         row.status,
         row.decided,
@@ -1333,5 +1336,6 @@ def _finish(engine: Database, survey_id: int, started: float) -> str:
         row.decided / seconds if seconds > 0 else math.inf,
         row.groups,
         collected,
+        collecting,
     )
     return str(row.status)

@@ -211,6 +211,39 @@ def test_verify_exits_0_on_a_consistent_database(
     assert f"{checked}/{checked}" not in quiet.stderr
 
 
+def test_states_collect_deletes_the_unnamed_states_verify_counted(
+    database_url: str, populated: dict[str, str]
+) -> None:
+    """An unnamed state is no mismatch: verify counts it, ``states collect`` deletes it."""
+    engine = make_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(LikelihoodStateRecord.__table__),
+                [{"hash": "cli-unnamed", "state": b"\x00" * 8, "err": 0.0}],
+            )
+        done = run_cli("verify", "--quiet", database_url=database_url)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert "likelihood state(s) no object names" in done.stdout
+        assert done.stdout.strip().splitlines()[-1].endswith(": ok")
+        collected = run_cli("states", "collect", database_url=database_url)
+        assert collected.returncode == 0, (collected.stdout, collected.stderr)
+        deleted = int(collected.stdout.split()[1])
+        assert deleted >= 1
+        with engine.connect() as conn:
+            left = conn.execute(
+                select(func.count()).where(LikelihoodStateRecord.hash == "cli-unnamed")
+            ).scalar_one()
+        assert left == 0
+        done = run_cli("verify", "--quiet", database_url=database_url)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert "no object names" not in done.stdout
+        again = run_cli("states", "collect", database_url=database_url)
+        assert again.stdout.strip() == "deleted 0 likelihood state(s) no object names"
+    finally:
+        engine.dispose()
+
+
 def test_verify_on_a_freshly_migrated_sqlite_file(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     assert run_cli("migrate", database_url=url).returncode == 0
