@@ -403,7 +403,7 @@ def pending_columns(
 ) -> dict[str, Any]:
     """The ``objects`` columns after one more accepted query whose array is not stored.
 
-    The object keeps naming the array ``state_hash`` (no reference moves) and counts one more
+    The object keeps naming the array ``state_hash`` (no state row written) and counts one more
     history entry it lacks; the other columns are :func:`advance`'s (``loss`` from
     :func:`~app.engine.pipeline.losses_after`).
     """

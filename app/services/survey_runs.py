@@ -20,7 +20,8 @@ chunk:
    accepted object's version, the members' decisions and answers packed in the chunk's row
    (only from pending: a member is decided at most once; the answers are in the objects'
    histories from then on, :mod:`app.services.history`), refusals counted on their objects,
-   the shared states' reference counts, and the survey's counters and output tally — whose
+   the new shared states (inserted, or the stored rows locked against the collection of
+   unnamed states: :mod:`app.store.states`), and the survey's counters and output tally — whose
    row is locked last, and whose status is checked there: a survey cancelled
    meanwhile rolls the chunk back.
 
@@ -128,7 +129,7 @@ class RunCache:
 
     ``decisions``: per decision key (:func:`decision_key`), the filter's decision;
     ``advances``: per (decision key, output), the object columns and state row after it;
-    ``stored``: state keys this run has stored (later chunks only count references to them);
+    ``stored``: state keys this run has stored (later chunks only lock them, without bytes);
     ``seen``: decision groups of committed chunks (the survey's ``groups``). Emptied when it
     grows past ``max_entries``.
     """
@@ -834,7 +835,7 @@ def _record_pending(
 ) -> None:
     """Accept the members of a chunk's pending groups (one domain) without storing arrays.
 
-    Each member keeps naming its group's stored array (no reference moves, no state row
+    Each member keeps naming its group's stored array (no state row locked, none
     written) and counts one more pending entry; the losses after the answers come from
     :func:`~app.engine.pipeline.losses_after` — for ``olh`` on exact histories, every member of
     every group in one vectorised pass.
