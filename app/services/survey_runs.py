@@ -1311,9 +1311,14 @@ def _fail(engine: Database, survey_id: int, error: str) -> str:
 
 def _finish(engine: Database, survey_id: int, started: float) -> str:
     # the states the members named before their answers, now named by none (most of them),
-    # deleted before the survey shows as done
+    # deleted before the survey shows as done; garbage left by a failed collection is harmless
+    # (the next one deletes it), so it does not stop the survey from finishing
     collecting = time.monotonic()
-    collected = collect_states(engine)
+    try:
+        collected = collect_states(engine)
+    except Exception as exc:
+        log.warning("survey %d: unnamed states not collected (%s)", survey_id, type(exc).__name__)
+        collected = 0
     collecting = time.monotonic() - collecting
     with transaction(engine) as conn:
         finished = survey_store.finish(conn, survey_id=survey_id, finished_at=datetime.now(UTC))

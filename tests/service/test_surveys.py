@@ -305,6 +305,24 @@ def test_a_survey_queries_each_member_once_and_estimates(
     verify_clean(database_url)
 
 
+def test_a_failed_collection_of_states_does_not_stop_a_survey_finishing(
+    client: TestClient, analyst: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The collection at a survey's end may fail: its garbage waits, the survey is done."""
+
+    def fail(engine: object) -> int:
+        raise RuntimeError("the collection failed")
+
+    monkeypatch.setattr(survey_runs, "collect_states", fail)
+    study = unique_id("cf")
+    import_study(client, study, 6)
+    body = {"name": "flu", "query": GRR, "cohort": {"labels": {"study": study}}}
+    survey = client.post("/v1/surveys", headers=analyst, json=body).json()
+    done = wait_done(client, analyst, survey["id"])
+    assert done["status"] == "done"
+    assert done["progress"]["accepted"] == 6
+
+
 def test_refusals_by_reason_and_the_same_decision_as_a_submit(
     client: TestClient, analyst: dict[str, str], database_url: str
 ) -> None:
