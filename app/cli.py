@@ -205,6 +205,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings, engine = _prepare_database()
     _encrypt_legacy_values(engine)
     _fold_object_counts(engine)
+    _collect_states(engine)
     engine.dispose()
     workers = args.workers or settings.web_workers
     print(
@@ -284,6 +285,27 @@ def _encrypt_legacy_values(engine: Any) -> None:
         print(
             f"gatekeeper: encrypted {changed} private value(s) stored in plaintext", file=sys.stderr
         )
+
+
+def _collect_states(engine: Any) -> int:
+    """Delete the stored likelihood states no object names (:mod:`app.store.states`)."""
+    from app.services.snapshots import collect_states
+
+    collected = collect_states(engine)
+    if collected:
+        print(
+            f"gatekeeper: deleted {collected} likelihood state(s) no object names", file=sys.stderr
+        )
+    return collected
+
+
+def cmd_states_collect(args: argparse.Namespace) -> int:
+    """Delete the stored likelihood states no object names (safe beside a running service)."""
+    engine = _open_database(values=False)
+    collected = _collect_states(engine)
+    engine.dispose()
+    print(f"deleted {collected} likelihood state(s) no object names")
+    return 0
 
 
 def _fold_object_counts(engine: Any) -> None:
@@ -449,6 +471,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     engine.dispose()
     for line in report.problems:
         print(f"MISMATCH {line}")
+    if report.unnamed_states:
+        print(
+            f"{report.unnamed_states} stored likelihood state(s) no object names: deleted by "
+            "the next collection (gatekeeper states collect)"
+        )
     print(
         f"verified {report.checked} object(s) and {report.surveys} survey(s) in "
         f"{time.monotonic() - started:.1f} s ({report.replays} distinct histories replayed): "
@@ -960,6 +987,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: min(2, CPUs); 0: none)",
     )
     imports.set_defaults(func=cmd_import)
+    states = sub.add_parser("states", help="the stored likelihood states")
+    states_sub = states.add_subparsers(dest="states_command", required=True)
+    collect = states_sub.add_parser(
+        "collect",
+        help="delete the stored states no object names (serve does it at start, a survey at "
+        "its end; safe while the service runs)",
+    )
+    collect.set_defaults(func=cmd_states_collect)
     verify = sub.add_parser("verify", help="recompute every object's state from its history")
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
     verify.add_argument(

@@ -1,12 +1,11 @@
 """An accepted single submit's writes, sent to PostgreSQL in one round trip.
 
 An accepted submit writes its query record (:mod:`app.store.queries`), the object's
-compare-and-set (:mod:`app.store.objects`) and, for a finite object, moves one reference from
-the likelihood array it named to the one it names now (:mod:`app.store.states`: the new array is
-inserted or its count raised, the old one's count lowered and the array deleted at zero, the
-rule :func:`app.services.snapshots.move_state_refs` applies to any number of objects) and adds
-the decision's audit event (:mod:`app.store.audit`). Each was its own round trip: six of a
-submit's ten (the profile in docs/benchmarks.md).
+compare-and-set (:mod:`app.store.objects`) and, for a finite object, the likelihood array it
+names now (:mod:`app.store.states`: inserted, or the stored row locked until the commit; the
+array it named before is left to the collection of unnamed states) and adds the decision's
+audit event (:mod:`app.store.audit`). Each was its own round trip: six of a submit's ten (the
+profile in docs/benchmarks.md).
 
 On PostgreSQL they go out together in psycopg's pipeline mode — the same statements, compiled once
 from those modules' SQLAlchemy constructs, run in order in the caller's transaction, with one
@@ -89,8 +88,8 @@ _QUERY_COLUMNS = tuple(AcceptedQuery.__dataclass_fields__)
 class _Compiled:
     """A statement's PostgreSQL text and the values SQLAlchemy bound for its literals.
 
-    The text has ``%(name)s`` parameters (psycopg's style); a literal such as the ``0`` of
-    ``refs <= 0`` becomes a parameter of its own, whose value is kept here.
+    The text has ``%(name)s`` parameters (psycopg's style); a literal such as the ``1`` of
+    ``version + 1`` becomes a parameter of its own, whose value is kept here.
     """
 
     text: str
@@ -111,9 +110,7 @@ _INSERT_QUERY = _sql(
     .values({name: bindparam(name) for name in _QUERY_COLUMNS})
     .returning(query_store.QUERIES.c.id)
 )
-_INSERT_STATE = _sql(cast(ClauseElement, state_store.INSERT_STATE[True]))
-_ADD_REFS = _sql(state_store.ADD_REFS)
-_DROP_UNUSED = _sql(state_store.DROP_UNUSED_ONE)
+_NAME_STATE = _sql(cast(ClauseElement, state_store.NAME_STATE[True]))
 _ADD_EVENT = _sql(audit_store.ADD_FOR_QUERY)
 #: The compare-and-set's text by the set of columns it writes (one set on the hot path).
 _CAS: dict[frozenset[str], _Compiled] = {}
@@ -164,15 +161,16 @@ def record_accepted(
     event: audit_store.QueryEvent,
     commit: bool = False,
 ) -> int | None:
-    """Write an accepted submit: query row, compare-and-set, state references, audit event.
+    """Write an accepted submit: query row, compare-and-set, the state it names, audit event.
 
     ``version`` is the object's version the decision read (it becomes ``version + 1``);
     ``columns`` its new ``objects`` columns (:attr:`app.services.snapshots.Advance.columns`,
     with ``accepted`` and ``updated_at``); ``new_state`` the array it names now (None:
-    continuous), ``old_state`` the one it named (None: none); ``event`` the decision's audit
-    event (:func:`app.services.audit.query_event`: its detail gets the query row's id, so it
-    goes out with the rest). The new query's id, or None when
-    another writer advanced the object first (the caller must roll back).
+    continuous), ``old_state`` the one it named (None: none; nothing is written to it: a state
+    no object names is left to :func:`app.store.states.collect_unnamed`); ``event`` the
+    decision's audit event (:func:`app.services.audit.query_event`: its detail gets the query
+    row's id, so it goes out with the rest). The new query's id, or None when another writer
+    advanced the object first (the caller must roll back).
 
     On a :func:`app.store.submitting` connection with no transaction open yet, ``BEGIN`` goes
     out in the same pipeline, and with ``commit`` ``COMMIT`` too: the whole write is one round
@@ -183,7 +181,7 @@ def record_accepted(
     if new_state is not None and new_state.key == old_state:
         raise ValueError("an accepted query always changes the history's state key")
     if not is_postgres(conn):
-        return _record_one_by_one(conn, query, version, columns, new_state, old_state, event)
+        return _record_one_by_one(conn, query, version, columns, new_state, event)
     cas = {"where_id": query.object_id, "where_version": version, "version": version + 1}
     cas.update(columns)
     raw = conn.connection.driver_connection
@@ -205,11 +203,7 @@ def record_accepted(
             rest.execute(compare_and_set.text, compare_and_set.params(cas))
             if new_state is not None:
                 state = {"hash": new_state.key, "state": new_state.state, "err": new_state.err}
-                rest.execute(_INSERT_STATE.text, _INSERT_STATE.params({**state, "refs": 1}))
-            if old_state is not None:
-                old = {"key": old_state}
-                rest.execute(_ADD_REFS.text, _ADD_REFS.params({**old, "count": -1}))
-                rest.execute(_DROP_UNUSED.text, _DROP_UNUSED.params(old))
+                rest.execute(_NAME_STATE.text, _NAME_STATE.params(state))
             params = audit_store.query_event_params(event)
             rest.execute(_ADD_EVENT.text, _ADD_EVENT.params(params))
             if own and commit:
@@ -236,7 +230,6 @@ def _record_one_by_one(
     version: int,
     columns: Mapping[str, Any],
     new_state: NewState | None,
-    old_state: str | None,
     event: audit_store.QueryEvent,
 ) -> int | None:
     """:func:`record_accepted` as the modules' functions, one statement at a time."""
@@ -253,11 +246,6 @@ def _record_one_by_one(
     ):
         return None
     if new_state is not None:
-        state_store.insert_state(
-            conn, key=new_state.key, state=new_state.state, err=new_state.err, refs=1
-        )
-    if old_state is not None:
-        state_store.add_refs(conn, [(old_state, -1)])
-        state_store.drop_unused(conn, [old_state])
+        state_store.insert_state(conn, key=new_state.key, state=new_state.state, err=new_state.err)
     audit_store.add_for_query(conn, event)
     return query_id

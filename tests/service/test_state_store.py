@@ -1,35 +1,191 @@
-"""``likelihood_states`` statements a survey chunk runs on many keys at once (app.store.states)."""
+"""``likelihood_states`` kept while named and collected when not (app.store.states).
+
+The collection must never delete a state an object names — not even one a concurrent writer is
+about to name (PostgreSQL: the row locks of :mod:`app.store.states`, exercised here with two
+connections in both orders) — and must delete every state no object names.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Connection, Engine, text
+
 from app.db.session import make_engine
+from app.services.snapshots import StateGone, StoredState, collect_states, keep_states
 from app.store import transaction
-from app.store.states import add_refs, count_states, drop_unused, insert_states, load_states
+from app.store.states import (
+    collect_unnamed,
+    count_states,
+    count_unnamed,
+    insert_state,
+    load_states,
+    name_states,
+)
+from tests.service import factories
+from tests.service.conftest import new_key
+from tests.service.factories import grr_query, integer_domain
 
 
-def test_many_keys_are_counted_and_dropped_when_unused(database_url: str) -> None:
+@pytest.fixture(scope="module")
+def engine(database_url: str) -> Iterator[Engine]:
     engine = make_engine(database_url)
-    try:
-        keys = [f"canon2-{n:04d}" for n in range(1200)]  # more than one IN list (500)
+    yield engine
+    engine.dispose()
+
+
+def _object(client: TestClient) -> str:
+    return factories.register(
+        client, domain=integer_domain(4), value={"x": 1}, budget=100.0, prefix="states"
+    )
+
+
+def _name(engine: Engine, oid: str, key: str | None) -> None:
+    with transaction(engine) as conn:
+        conn.execute(text("UPDATE objects SET state_hash = :k WHERE id = :o"), {"k": key, "o": oid})
+
+
+def _named(conn: Connection, oid: str) -> str | None:
+    found = conn.execute(
+        text("SELECT state_hash FROM objects WHERE id = :o"), {"o": oid}
+    ).scalar_one()
+    return None if found is None else str(found)
+
+
+def test_many_keys_are_stored_once_and_known_ones_checked(engine: Engine) -> None:
+    keys = [f"many-{n:04d}" for n in range(1200)]  # more than one IN list (500)
+    with transaction(engine) as conn:
+        before = count_states(conn)
+        assert name_states(conn, [(key, key.encode(), 0.5) for key in keys]) == set()
+        # again, with other bytes: the stored arrays stay as they were (locked, not written)
+        assert name_states(conn, [(key, b"other", 0.25) for key in keys[:10]], keys) == set()
+        assert count_states(conn) == before + len(keys)
+        assert load_states(conn, {keys[1]}) == {keys[1]: (keys[1].encode(), 0.5)}
+        assert name_states(conn, [], [keys[0], "never-stored", keys[5]]) == {"never-stored"}
+        conn.execute(text("DELETE FROM likelihood_states WHERE hash LIKE 'many-%'"))
+
+
+def test_collection_deletes_exactly_the_unnamed_states(client: TestClient, engine: Engine) -> None:
+    """Submits leave their objects' old states unnamed; the collection deletes those alone."""
+    key = new_key(client, "analyst")
+    ids = [_object(client) for _ in range(3)]
+    for _ in range(3):
+        for oid in ids:
+            r = client.post(
+                f"/v1/objects/{oid}/queries",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"query": grr_query(0.5)},
+            )
+            assert r.status_code == 201, r.text
+    with transaction(engine) as conn:
+        insert_state(conn, key="unnamed-extra", state=b"\x00" * 8, err=0.0)
+        named = {_named(conn, oid) for oid in ids}
+        unnamed = count_unnamed(conn)
+        assert unnamed >= 2  # the extra row, and the states the objects moved on from
+        total = count_states(conn)
+    assert None not in named
+    assert collect_states(engine) == unnamed
+    with engine.connect() as conn:
+        assert count_unnamed(conn) == 0
+        assert count_states(conn) == total - unnamed
+        stored = load_states(conn, {k for k in named if k is not None})
+    assert set(stored) == named  # every state an object names is still there
+    assert collect_states(engine) == 0
+
+
+def _postgres(engine: Engine) -> None:
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite runs one writer at a time: no concurrent collection to race")
+
+
+def _collect_into(engine: Engine, collected: list[int]) -> None:
+    collected.append(collect_states(engine))
+
+
+def test_a_state_being_named_by_an_open_transaction_is_not_collected(
+    client: TestClient, engine: Engine
+) -> None:
+    """A writer locks an unnamed state and names it; a collection meanwhile must skip it.
+
+    The collection's snapshot does not see the writer's uncommitted object: without the lock it
+    would delete the row and the object would commit naming nothing.
+    """
+    _postgres(engine)
+    oid = _object(client)
+    for key, known in (("open-bytes", False), ("open-known", True)):
         with transaction(engine) as conn:
-            before = count_states(conn)
-            insert_states(conn, [(key, key.encode(), 0.5, 1) for key in keys])
-            # every other state loses its one user, the others keep it or gain one
-            add_refs(conn, [(key, -1) for key in keys[::2]])
-            add_refs(conn, [(key, 1) for key in keys[1::4]])
-            drop_unused(conn, keys)
-            kept = load_states(conn, set(keys))
-            assert set(kept) == set(keys[1::2])
-            assert kept[keys[1]] == (keys[1].encode(), 0.5)
-            assert count_states(conn) == before + len(keys) // 2
-            # a single key (a submit's: one user left, now none) and no key
-            add_refs(conn, [(keys[3], -1)])
-            drop_unused(conn, [keys[3]])
-            drop_unused(conn, [])
-            assert keys[3] not in load_states(conn, {keys[3]})
-            # two keys: one unused now, one with two users left (it gained one above)
-            add_refs(conn, [(keys[7], -1), (keys[5], -1)])
-            drop_unused(conn, [keys[7], keys[5]])
-            assert set(load_states(conn, {keys[7], keys[5]})) == {keys[5]}
-    finally:
-        engine.dispose()
+            insert_state(conn, key=key, state=b"\x01" * 8, err=0.0)
+        with transaction(engine) as writer:
+            if known:  # a survey chunk naming a state an earlier chunk stored
+                keep_states(writer, {key: (StoredState(key, b"", 0.0), 1)}, {key})
+            else:  # a submit's, or a chunk's new state: insert or lock
+                insert_state(writer, key=key, state=b"\x09" * 8, err=0.0)
+            writer.execute(
+                text("UPDATE objects SET state_hash = :k WHERE id = :o"), {"k": key, "o": oid}
+            )
+            collected: list[int] = []
+            thread = threading.Thread(target=_collect_into, args=(engine, collected))
+            thread.start()
+            thread.join(10)
+            assert not thread.is_alive()  # SKIP LOCKED: the collection does not wait
+        assert len(collected) == 1
+        with engine.connect() as conn:
+            assert load_states(conn, {key}) == {key: (b"\x01" * 8, 0.0)}  # kept, not rewritten
+            assert _named(conn, oid) == key
+    _name(engine, oid, None)
+
+
+def test_a_writer_after_a_collection_stores_the_state_again_or_fails(
+    client: TestClient, engine: Engine
+) -> None:
+    """The collection locked and deleted a state first: the writer waits, then sees it gone.
+
+    With the array's bytes it inserts it again (``ON CONFLICT`` retries the insert); without
+    them (a survey's known state) it is told the state is gone and must not name it.
+    """
+    _postgres(engine)
+    oid = _object(client)
+    for known in (False, True):
+        key = f"late-{known}"
+        with transaction(engine) as conn:
+            insert_state(conn, key=key, state=b"\x03" * 8, err=0.0)
+        outcome: list[str] = []
+
+        def write(key: str = key, known: bool = known, outcome: list[str] = outcome) -> None:
+            try:
+                with transaction(engine) as writer:
+                    if known:
+                        keep_states(writer, {key: (StoredState(key, b"", 0.0), 1)}, {key})
+                    else:
+                        insert_state(writer, key=key, state=b"\x04" * 8, err=0.0)
+                    writer.execute(
+                        text("UPDATE objects SET state_hash = :k WHERE id = :o"),
+                        {"k": key, "o": oid},
+                    )
+                outcome.append("committed")
+            except StateGone:
+                outcome.append("gone")
+
+        with transaction(engine) as collector:
+            assert collect_unnamed(collector) >= 1
+            thread = threading.Thread(target=write)
+            thread.start()
+            time.sleep(0.3)
+            assert thread.is_alive()  # waiting for the collection's lock
+        thread.join(10)
+        with engine.connect() as conn:
+            stored = load_states(conn, {key})
+            named = _named(conn, oid)
+        if known:
+            assert outcome == ["gone"]
+            assert stored == {}
+            assert named != key
+        else:
+            assert outcome == ["committed"]
+            assert stored == {key: (b"\x04" * 8, 0.0)}
+            assert named == key
+    _name(engine, oid, None)

@@ -1,9 +1,9 @@
 """An accepted submit's writes in one round trip (``app.store.submits``), SQLite and PostgreSQL.
 
-On PostgreSQL the query row, the compare-and-set and the state references go out in psycopg's
-pipeline mode; these tests hold both dialects to the same outcomes: every stored likelihood array
-is named by exactly ``refs`` objects and none is left unnamed (the states' garbage rule); a
-lost compare-and-set returns None and the rolled-back transaction leaves nothing; a used
+On PostgreSQL the query row, the compare-and-set and the named state go out in psycopg's
+pipeline mode; these tests hold both dialects to the same outcomes: every likelihood array an
+object names is stored, and once the collection ran none is left unnamed; a lost
+compare-and-set returns None and the rolled-back transaction leaves nothing; a used
 ``(object, seq)`` is a :class:`~app.store.Conflict` that leaves the connection usable; a
 :func:`~app.store.submitting` block, whose pipeline carries BEGIN and COMMIT with the writes on
 PostgreSQL, commits nothing after a lost compare-and-set; and the keyed rejection read with the
@@ -24,6 +24,7 @@ from sqlalchemy import Engine, text
 from app.bootstrap import create_app
 from app.db.session import make_engine
 from app.services import audit
+from app.services.snapshots import collect_states
 from app.store import Conflict, begin_writes, submitting, transaction
 from app.store.objects import load_for_submit, load_state
 from app.store.submits import AcceptedQuery, NewState, record_accepted
@@ -57,10 +58,10 @@ def _submit(client: TestClient, key: str, oid: str, idem: str, epsilon: float = 
     )
 
 
-def _states(engine: Engine) -> tuple[dict[str, int], dict[str, int]]:
-    """Each stored array's ``refs``, and how many objects name each array."""
+def _states(engine: Engine) -> tuple[set[str], dict[str, int]]:
+    """The stored arrays' keys, and how many objects name each array."""
     with engine.connect() as conn:
-        refs = dict(conn.execute(text("SELECT hash, refs FROM likelihood_states")).all())
+        refs = set(conn.execute(text("SELECT hash FROM likelihood_states")).scalars())
         named = dict(
             conn.execute(
                 text(
@@ -122,7 +123,7 @@ def test_the_accepted_event_names_the_query_row_it_was_written_with(
     assert details == [json.dumps(json.loads(d), sort_keys=True) for d in details]
 
 
-def test_submits_keep_every_array_counted_and_none_orphaned(
+def test_submits_keep_every_named_array_and_the_collection_deletes_the_rest(
     client: TestClient, engine: Engine
 ) -> None:
     key = new_key(client, "analyst")
@@ -131,10 +132,14 @@ def test_submits_keep_every_array_counted_and_none_orphaned(
         for oid in ids:
             r = _submit(client, key, oid, f"{oid}-{round_}")
             assert r.status_code == 201, r.text
-    refs, named = _states(engine)
-    # every object names an array whose count is the number of objects naming it, and every
-    # array stored is named (the old arrays were released and deleted)
-    assert refs == named
+    stored, named = _states(engine)
+    assert set(named) <= stored  # every array an object names is there
+    # the arrays of the objects' first three answers (at least one each: every current array
+    # holds four) are unnamed until the collection deletes them
+    assert len(stored - set(named)) >= 3
+    assert collect_states(engine) == len(stored - set(named))
+    stored, named = _states(engine)
+    assert stored == set(named)
     with engine.connect() as conn:
         for oid in ids:
             row = load_state(conn, object_id=oid)
@@ -149,7 +154,7 @@ def test_a_lost_compare_and_set_returns_none_and_leaves_nothing(
     key = new_key(client, "analyst")
     oid = _register(client)
     assert _submit(client, key, oid, f"{oid}-1").status_code == 201
-    refs_before, _ = _states(engine)
+    stored_before, _ = _states(engine)
     with transaction(engine) as conn:
         row = load_state(conn, object_id=oid)
         assert row is not None
@@ -180,7 +185,7 @@ def test_a_lost_compare_and_set_returns_none_and_leaves_nothing(
         ).scalar_one()
     assert after == row
     assert count == 1
-    assert _states(engine)[0] == refs_before
+    assert _states(engine)[0] == stored_before
 
 
 def test_a_used_seq_is_a_conflict_and_the_connection_stays_usable(
@@ -224,7 +229,7 @@ def test_a_lost_race_in_one_round_trip_commits_nothing(
     key = new_key(client, "analyst")
     oid = _register(client)
     assert _submit(client, key, oid, f"{oid}-1").status_code == 201
-    refs_before, _ = _states(engine)
+    stored_before, _ = _states(engine)
     with engine.connect() as conn:
         row = load_state(conn, object_id=oid)
         assert row is not None
@@ -264,7 +269,7 @@ def test_a_lost_race_in_one_round_trip_commits_nothing(
         ).scalar_one()
     assert after == row
     assert (count, events) == (1, 1)
-    assert _states(engine)[0] == refs_before
+    assert _states(engine)[0] == stored_before
     # the pool's connections are back in transactions of their own, and submits still accept
     with transaction(engine) as conn:
         conn.execute(text("SELECT 1"))
