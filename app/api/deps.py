@@ -40,6 +40,7 @@ from app.services.scope import Scope
 from app.settings import Settings
 from app.store import Database
 from app.worker.jobs import SurveyJobs
+from app.worker.periodic import Periodic
 from app.worker.pool import BoundWorker
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ class Runtime:
     surveys: SurveyJobs
     #: The Celery app and its settings when ``BROKER_URL`` is set (None: all work in process).
     celery: tuple[Celery, CelerySettings] | None = None
+    #: The periodic collection of unnamed likelihood states (None: ``STATES_COLLECT_SECONDS=0``).
+    housekeeping: Periodic | None = None
 
 
 P = ParamSpec("P")

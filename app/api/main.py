@@ -57,6 +57,8 @@ def create_app(settings: Settings, build_runtime: Callable[[Settings], Runtime])
         yield
         runtime.threads.shutdown(wait=True)  # the requests' threads have nothing left to run
         runtime.surveys.close()
+        if runtime.housekeeping is not None:
+            runtime.housekeeping.close()
         runtime.worker.close()
         runtime.engine.dispose()
         multiproc.mark_this_process_dead()

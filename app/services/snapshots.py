@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,8 @@ from app.services.history import HistoryMismatch, object_history
 from app.store import Database, Tx, transaction
 from app.store.history import HistoryItem
 from app.store.states import collect_unnamed, name_states
+
+log = logging.getLogger(__name__)
 
 #: Continuous history terms kept in the cache, all objects together (a term is a few hundred
 #: bytes: the default holds about 100 MB).
@@ -449,3 +452,27 @@ def collect_states(engine: Database) -> int:
     """Delete the stored states no object names, in a transaction of its own; how many."""
     with transaction(engine) as conn:
         return collect_unnamed(conn)
+
+
+#: The Redis key a periodic collection sets (``NX``, expiring after the interval): one process
+#: of a deployment collects per interval, not every web worker of every machine.
+COLLECTED_KEY = "gatekeeper:states:collected"
+
+
+def collect_states_periodically(engine: Database, *, redis: Any | None, seconds: float) -> int:
+    """A web process's periodic :func:`collect_states`; how many it deleted (0: skipped).
+
+    Without it a service taking only single submits would keep every state its objects named
+    before their latest answer until a survey ended or the service restarted. With Redis, a
+    process collects only if no process of the deployment did in the last ``seconds`` (a key
+    set ``NX`` with that expiry); two collections at once would be safe anyway (each skips the
+    rows the other has locked), only wasted. Without Redis each process collects on its own.
+    """
+    if redis is not None and not redis.set(
+        COLLECTED_KEY, b"1", nx=True, px=max(1, int(seconds * 1000))
+    ):
+        return 0
+    collected = collect_states(engine)
+    if collected:
+        log.info("deleted %d likelihood state(s) no object names", collected)
+    return collected

@@ -15,8 +15,16 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Connection, Engine, text
 
+from app.bootstrap import create_app
 from app.db.session import make_engine
-from app.services.snapshots import StateGone, StoredState, collect_states, keep_states
+from app.services.snapshots import (
+    COLLECTED_KEY,
+    StateGone,
+    StoredState,
+    collect_states,
+    collect_states_periodically,
+    keep_states,
+)
 from app.store import transaction
 from app.store.states import (
     collect_unnamed,
@@ -27,7 +35,7 @@ from app.store.states import (
     name_states,
 )
 from tests.service import factories
-from tests.service.conftest import new_key
+from tests.service.conftest import make_settings, new_key
 from tests.service.factories import grr_query, integer_domain
 
 
@@ -189,3 +197,68 @@ def test_a_writer_after_a_collection_stores_the_state_again_or_fails(
             assert stored == {key: (b"\x04" * 8, 0.0)}
             assert named == key
     _name(engine, oid, None)
+
+
+def _unnamed_after_submits(client: TestClient, engine: Engine) -> int:
+    key = new_key(client, "analyst")
+    oid = _object(client)
+    for _ in range(3):
+        r = client.post(
+            f"/v1/objects/{oid}/queries",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"query": grr_query(0.5)},
+        )
+        assert r.status_code == 201, r.text
+    with engine.connect() as conn:
+        return count_unnamed(conn)
+
+
+def test_a_service_taking_only_single_submits_collects_on_a_timer(database_url: str) -> None:
+    """``STATES_COLLECT_SECONDS``: the states submits leave unnamed go without a restart."""
+    engine = make_engine(database_url)
+    settings = make_settings(database_url, states_collect_seconds=0.2)
+    try:
+        with TestClient(create_app(settings)) as client:
+            _unnamed_after_submits(client, engine)  # states left unnamed, then the timer comes
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                with engine.connect() as conn:
+                    if count_unnamed(conn) == 0:
+                        break
+                time.sleep(0.1)
+            with engine.connect() as conn:
+                assert count_unnamed(conn) == 0
+        with TestClient(create_app(make_settings(database_url, states_collect_seconds=0))) as off:
+            left = _unnamed_after_submits(off, engine)
+            time.sleep(0.5)
+            with engine.connect() as conn:
+                assert left >= 2
+                assert count_unnamed(conn) == left  # no timer: nothing collected
+    finally:
+        collect_states(engine)
+        engine.dispose()
+
+
+def test_one_process_of_a_deployment_collects_per_interval(
+    client: TestClient, engine: Engine, redis_url: str
+) -> None:
+    """With Redis a second process finds the interval taken and leaves the states alone."""
+    import redis
+
+    shared = redis.Redis.from_url(redis_url)
+    shared.delete(COLLECTED_KEY)
+    try:
+        unnamed = _unnamed_after_submits(client, engine)
+        assert unnamed >= 2
+        assert collect_states_periodically(engine, redis=shared, seconds=30) == unnamed
+        left = _unnamed_after_submits(client, engine)
+        assert left >= 2
+        assert collect_states_periodically(engine, redis=shared, seconds=30) == 0  # taken
+        with engine.connect() as conn:
+            assert count_unnamed(conn) == left
+        shared.delete(COLLECTED_KEY)  # the interval over
+        assert collect_states_periodically(engine, redis=shared, seconds=30) == left
+        assert collect_states_periodically(engine, redis=None, seconds=30) == 0  # none left
+    finally:
+        shared.delete(COLLECTED_KEY)
+        shared.close()
