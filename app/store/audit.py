@@ -6,7 +6,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeAlias, cast
 
-from sqlalchemy import Integer, String, Table, Text, bindparam, insert, select
+from sqlalchemy import (
+    ColumnElement,
+    FromClause,
+    Insert,
+    Integer,
+    String,
+    Table,
+    Text,
+    bindparam,
+    insert,
+    select,
+)
 from sqlalchemy import cast as sql_cast
 
 from app.db.models import AuditEvent
@@ -84,20 +95,34 @@ class QueryEvent:
     tail: str
 
 
+def for_query_rows(rows: FromClause, *where: ColumnElement[bool]) -> Insert:
+    """The statement adding a :class:`QueryEvent` for the query rows of ``rows`` (and ``where``).
+
+    ``rows`` has the ``queries`` columns ``id`` and ``object_id`` (the table itself, or the
+    rows a data-modifying CTE inserted: :mod:`app.store.submits`); the detail is made around
+    the row's id.
+    """
+    return insert(_EVENTS).from_select(
+        ["at", "kind", "actor_key_id", "object_id", "detail"],
+        select(
+            bindparam("at", type_=UTCDateTime()),
+            bindparam("kind", type_=String()),
+            bindparam("actor_key_id", type_=Integer()),
+            rows.c.object_id,
+            (
+                bindparam("head", type_=Text())
+                + sql_cast(rows.c.id, Text())
+                + bindparam("tail", type_=Text())
+            ).label("detail"),
+        )
+        .select_from(rows)
+        .where(*where),
+    )
+
+
 #: :class:`QueryEvent`'s statement: the detail made around the query row's id.
-ADD_FOR_QUERY = insert(_EVENTS).from_select(
-    ["at", "kind", "actor_key_id", "object_id", "detail"],
-    select(
-        bindparam("at", type_=UTCDateTime()),
-        bindparam("kind", type_=String()),
-        bindparam("actor_key_id", type_=Integer()),
-        QUERIES.c.object_id,
-        (
-            bindparam("head", type_=Text())
-            + sql_cast(QUERIES.c.id, Text())
-            + bindparam("tail", type_=Text())
-        ).label("detail"),
-    ).where(QUERIES.c.object_id == bindparam("object_id"), QUERIES.c.seq == bindparam("seq")),
+ADD_FOR_QUERY = for_query_rows(
+    QUERIES, QUERIES.c.object_id == bindparam("object_id"), QUERIES.c.seq == bindparam("seq")
 )
 
 

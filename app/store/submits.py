@@ -106,44 +106,76 @@ def _sql(statement: ClauseElement) -> _Compiled:
     return _Compiled(str(compiled), literals)
 
 
-_INSERT_QUERY = _sql(
-    insert(query_store.QUERIES)
-    .values({name: bindparam(name) for name in _QUERY_COLUMNS})
-    .returning(query_store.QUERIES.c.id)
-)
 _INSERT_STATE = _sql(cast(ClauseElement, state_store.INSERT_STATE[True]))
 _ADD_REFS = _sql(state_store.ADD_REFS)
 _DROP_UNUSED = _sql(state_store.DROP_UNUSED_ONE)
-_ADD_EVENT = _sql(audit_store.ADD_FOR_QUERY)
-#: The compare-and-set's text by the set of columns it writes (one set on the hot path).
-_CAS: dict[frozenset[str], _Compiled] = {}
+#: The accepted write's statement by the set of ``objects`` columns it sets (one on the hot path).
+_ACCEPT: dict[frozenset[str], _Compiled] = {}
 
 
-#: The message of the error that aborts a pipelined submit whose compare-and-set hit no row.
+#: The prefix of the ``queries`` row's parameters in :func:`_accept_sql` (apart from the
+#: ``objects`` columns of the compare-and-set, some of which have the same names).
+_QUERY_PARAM = "query_"
+
+#: The message of the error that aborts a submit whose compare-and-set hit no row.
 LOST_RACE = "gatekeeper: lost race"
 
 
-def _compare_and_set_sql(columns: frozenset[str]) -> _Compiled:
-    """The compare-and-set as one statement that fails when it hits no row.
+def _accept_sql(columns: frozenset[str]) -> _Compiled:
+    """The compare-and-set, the query row and its audit event as one statement.
 
-    With ``COMMIT`` in the same pipeline nothing may commit after a lost race, so the miss must
-    abort the transaction itself: the ``UPDATE`` runs in a data-modifying CTE and the statement
-    casts ``'gatekeeper: lost race N'`` to an integer unless it updated N = 1 row (an error
-    whose text says why; the cast is not folded at plan time, it depends on ``count(*)``).
-    Under READ COMMITTED the ``UPDATE`` waits for a concurrent writer of the row and then
-    rechecks the version on the row it committed, as a plain ``UPDATE`` does.
+    Data-modifying CTEs, in order: the compare-and-set (``UPDATE objects … WHERE id = … AND
+    version = …``, :data:`app.store.objects.COMPARE_AND_SET`), the ``queries`` row inserted
+    once per row the compare-and-set hit (:data:`app.store.queries.QUERIES`), and the audit
+    event made around that row's id (:func:`app.store.audit.for_query_rows`). The statement
+    returns the new row's id — and when the compare-and-set hit no row it inserts nothing and
+    fails: it casts ``'gatekeeper: lost race N'`` to an integer unless N = 1 row was inserted
+    (an error whose text says why; not folded at plan time, it depends on ``count(*)``), so the
+    transaction is aborted and nothing after it (the state references, ``COMMIT``) takes effect.
+    With ``COMMIT`` in the same pipeline that is what a lost race must do. Under READ
+    COMMITTED the ``UPDATE`` waits for a concurrent writer of the row and then rechecks the
+    version on the row it committed, as a plain ``UPDATE`` does; a used idempotency key fails
+    the ``queries`` unique index (:class:`~app.store.Conflict`).
     """
-    text = _CAS.get(columns)
+    text = _ACCEPT.get(columns)
     if text is None:
-        cte = (
+        queries = query_store.QUERIES
+        cas = (
             object_store.COMPARE_AND_SET.values({name: bindparam(name) for name in sorted(columns)})
-            .returning(literal_column("1"))
+            .returning(object_store.OBJECTS.c.id)
             .cte("cas")
         )
+        row = (
+            insert(queries)
+            .from_select(
+                list(_QUERY_COLUMNS),
+                select(
+                    *(
+                        cas.c.id
+                        if name == "object_id"
+                        else bindparam(_QUERY_PARAM + name, type_=queries.c[name].type)
+                        for name in _QUERY_COLUMNS
+                    )
+                ),
+            )
+            .returning(queries.c.id, queries.c.object_id)
+            .cte("query_row")
+        )
+        add_event = audit_store.for_query_rows(row)
+        # one namespace of parameters: no objects column may take the event's or the row's
+        taken = set(audit_store.for_query_rows(queries).compile(dialect=_DIALECT).params)
+        clash = {n for n in columns if n in taken or n.startswith(_QUERY_PARAM)}
+        if clash:
+            raise ValueError(f"objects columns clash with the statement's parameters: {clash}")
+        event = add_event.cte("event")
         hit = func.count()
         miss = type_coerce(literal(f"{LOST_RACE} "), Text) + sql_cast(hit, Text)
-        guarded = select(case((hit == 1, 1), else_=sql_cast(miss, Integer))).select_from(cte)
-        text = _CAS[columns] = _sql(guarded)
+        guarded = (
+            select(case((hit == 1, func.max(row.c.id)), else_=sql_cast(miss, Integer)))
+            .select_from(row)
+            .add_cte(event)
+        )
+        text = _ACCEPT[columns] = _sql(guarded)
     return text
 
 
@@ -193,16 +225,17 @@ def record_accepted(
     own = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
     try:
         with raw.pipeline():
-            # one cursor for every statement whose result is not read (a cursor costs its own
-            # adaptation context); the INSERT's has the new row's id
+            # one cursor for the statements whose result is not read (a cursor costs its own
+            # adaptation context); the accepted write's has the new row's id
             rest = raw.cursor()
             if own:
                 rest.execute(b"BEGIN", prepare=False)
-            inserted = raw.cursor()
-            values = {n: getattr(query, n) for n in _QUERY_COLUMNS}
-            inserted.execute(_INSERT_QUERY.text, _INSERT_QUERY.params(values))
-            compare_and_set = _compare_and_set_sql(frozenset(columns) | {"version"})
-            rest.execute(compare_and_set.text, compare_and_set.params(cas))
+            accept = _accept_sql(frozenset(columns) | {"version"})
+            params = {_QUERY_PARAM + n: getattr(query, n) for n in _QUERY_COLUMNS}
+            params.update(audit_store.query_event_params(event))
+            params.update(cas)  # the objects columns' names (none is another's: _accept_sql)
+            accepted = raw.cursor()
+            accepted.execute(accept.text, accept.params(params))
             if new_state is not None:
                 state = {"hash": new_state.key, "state": new_state.state, "err": new_state.err}
                 rest.execute(_INSERT_STATE.text, _INSERT_STATE.params({**state, "refs": 1}))
@@ -210,8 +243,6 @@ def record_accepted(
                 old = {"key": old_state}
                 rest.execute(_ADD_REFS.text, _ADD_REFS.params({**old, "count": -1}))
                 rest.execute(_DROP_UNUSED.text, _DROP_UNUSED.params(old))
-            params = audit_store.query_event_params(event)
-            rest.execute(_ADD_EVENT.text, _ADD_EVENT.params(params))
             if own and commit:
                 rest.execute(b"COMMIT", prepare=False)
     except psycopg.errors.InvalidTextRepresentation as exc:
@@ -219,12 +250,12 @@ def record_accepted(
             return None
         raise
     except psycopg.IntegrityError as exc:
-        raise Conflict(_INSERT_QUERY.text, None, exc, hide_parameters=True) from exc
+        raise Conflict("accepted submit", None, exc, hide_parameters=True) from exc
     except psycopg.OperationalError as exc:
         if raw.broken or raw.closed:  # the pool must not hand this connection out again
             conn.invalidate()
         raise Unavailable("accepted submit", None, exc, hide_parameters=True) from exc
-    row = inserted.fetchone()
+    row = accepted.fetchone()
     if row is None:
         return None
     return int(row[0])
