@@ -36,6 +36,7 @@ from sqlalchemy.sql.util import ClauseAdapter
 
 from app.db.models import ObjectCount, ProtectedObject, RejectionRecord
 from app.engine.limits import MIN_EPSILON, NEAR_EXHAUSTION_FRACTION
+from app.store import compiled
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
 from app.store.queries import StoredAnswer
@@ -84,14 +85,15 @@ class ObjectState:
     labels: dict[str, str] | None = None
 
 
-_DECISION_COLUMNS = (
-    *(
-        DOMAIN_TEXT if f.name == "domain" else OBJECTS.c[f.name]
-        for f in fields(ObjectState)
-        if f.name not in {"state", "state_err"}
-    ),
-    STATES.c.state,
-    func.coalesce(STATES.c.err, 0.0).label("state_err"),
+_NOT_OBJECTS_COLUMNS: dict[str, ColumnElement[Any]] = {
+    "domain": DOMAIN_TEXT,
+    "state": STATES.c.state,
+    "state_err": func.coalesce(STATES.c.err, 0.0).label("state_err"),
+}
+#: The columns of :class:`ObjectState` in its fields' order: a row of them is its arguments.
+_DECISION_COLUMNS = tuple(
+    _NOT_OBJECTS_COLUMNS[f.name] if f.name in _NOT_OBJECTS_COLUMNS else OBJECTS.c[f.name]
+    for f in fields(ObjectState)
 )
 _WITH_STATE = OBJECTS.outerjoin(STATES, STATES.c.hash == OBJECTS.c.state_hash)
 #: The object's row and its stored likelihood array (finite domains), in one statement.
@@ -118,6 +120,10 @@ _LOAD_FOR_SUBMIT = (
     )
     .where(OBJECTS.c.id == bindparam("object_id"))
 )
+#: :data:`_LOAD_FOR_SUBMIT` run on psycopg directly (:mod:`app.store.compiled`): a single
+#: submit's load without SQLAlchemy's execution context and result (the columns' types still
+#: process the row: the value decrypted).
+_LOAD_FOR_SUBMIT_PG = compiled.Compiled.of(_LOAD_FOR_SUBMIT)
 # Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
 # cache on every call, which the profile showed (docs/benchmarks.md). The SET columns of the
 # compare-and-set come from the keys of the parameters passed at execution.
@@ -155,18 +161,20 @@ def load_for_submit(
 
     None when there is no such object (or it is outside ``scope``); without a key, no rejection.
     """
-    statement = (
-        _LOAD_FOR_SUBMIT if scope is None else _LOAD_FOR_SUBMIT.where(*label_conditions(scope))
-    )
-    found = conn.execute(statement, {"object_id": object_id, "key": key}).one_or_none()
-    if found is None:
+    params = {"object_id": object_id, "key": key}
+    if scope is None and is_postgres(conn):  # the hot path: psycopg's row, typed as below
+        row = compiled.fetch_one(conn, _LOAD_FOR_SUBMIT_PG, params)
+    else:
+        statement = (
+            _LOAD_FOR_SUBMIT if scope is None else _LOAD_FOR_SUBMIT.where(*label_conditions(scope))
+        )
+        found = conn.execute(statement, params).one_or_none()
+        row = None if found is None else tuple(found)
+    if row is None:
         return None
-    columns = dict(found._mapping)
-    owner = columns.pop("rejection_owner")
-    print_ = columns.pop("rejection_fingerprint")
-    response = columns.pop("rejection_response")
+    *columns, owner, print_, response = row
     rejection = None if print_ is None else StoredAnswer(owner, print_, response)
-    return ObjectState(**columns), rejection
+    return ObjectState(*columns), rejection
 
 
 def compare_and_set(

@@ -334,3 +334,46 @@ def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engi
 def client(database_url: str) -> Iterator[TestClient]:
     with TestClient(create_app(make_settings(database_url))) as test_client:
         yield test_client
+
+
+def test_the_submit_load_types_its_row_as_sqlalchemy_does(
+    client: TestClient, engine: Engine
+) -> None:
+    """On PostgreSQL the submit's load runs on psycopg directly (``app.store.compiled``).
+
+    Its row must come back as ``Connection.execute`` types it (``load_state`` and the scoped
+    load still go through SQLAlchemy): the value decrypted, datetimes aware, the labels a dict,
+    the likelihood array bytes — for a fresh object, one with a history, and a retired one.
+    """
+    key = new_key(client, "analyst")
+    fresh = _register(client)
+    used = _register(client)
+    labelled = factories.unique_id("store")
+    body = {
+        "id": labelled,
+        "domain": integer_domain(4),
+        "value": {"x": 2},
+        "budget": {"epsilon": 100.0},
+        "labels": {"team": "a", "unit": "b"},
+        "filter": "bayesian",
+    }
+    assert client.post("/v1/objects", headers=auth(factories.ADMIN_KEY), json=body).is_success
+    for i in range(3):
+        r = _submit(client, key, used, f"{used}-{i}")
+        assert r.status_code == 201, r.text
+    assert _submit(client, key, labelled, f"{labelled}-0").status_code == 201
+    retired = _register(client)
+    assert client.delete(f"/v1/objects/{retired}", headers=auth(factories.ADMIN_KEY)).is_success
+    for oid in (fresh, used, labelled, retired):
+        with engine.connect() as conn:
+            expected = load_state(conn, object_id=oid)
+            got = load_for_submit(conn, object_id=oid, key="none")
+            scoped = load_for_submit(conn, object_id=oid, key="none", scope=[])
+        assert expected is not None
+        assert got == scoped == (expected, None)
+        assert json.loads(got[0].value) == ({"x": 2} if oid == labelled else {"x": 1})
+        for name, value in vars(expected).items():  # the same types, not only equal values
+            assert type(getattr(got[0], name)) is type(value), name
+    assert got[0].retired_at is not None and got[0].retired_at.tzinfo is not None
+    with engine.connect() as conn:
+        assert load_for_submit(conn, object_id="store-missing", key=None) is None
