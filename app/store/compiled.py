@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import ClauseElement
 from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.types import TypeEngine
 
 from app.store.base import Tx
@@ -55,12 +55,14 @@ class Compiled:
 
     @classmethod
     def of(cls, statement: ClauseElement) -> Compiled:
+        """``statement`` compiled for PostgreSQL (psycopg), once."""
         compiled = statement.compile(dialect=DIALECT)
         literals = {name: value for name, value in compiled.params.items() if value is not None}
         types = tuple(column.type for column in getattr(compiled, "_result_columns", ()))
         return cls(str(compiled), literals, types)
 
     def params(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """The execution's parameters: ``given`` and the literals' values."""
         return {**self.literals, **given}
 
     def processors(self, cursor: psycopg.Cursor[Any]) -> tuple[_Processor | None, ...]:
@@ -88,7 +90,9 @@ def raw_connection(conn: Tx) -> psycopg.Connection[Any]:
     return raw
 
 
-def wrapped(conn: Tx, raw: psycopg.Connection[Any], text: str, exc: psycopg.Error) -> DBAPIError:
+def wrapped(
+    conn: Tx, raw: psycopg.Connection[Any], text: str, exc: psycopg.Error
+) -> StatementError:
     """``exc`` as ``Connection.execute`` would raise it (and ``conn`` invalidated if broken)."""
     if raw.broken or raw.closed:  # the pool must not hand this connection out again
         conn.invalidate()

@@ -38,18 +38,17 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    literal_column,
     select,
     type_coerce,
 )
 from sqlalchemy import cast as sql_cast
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from app.store import audit as audit_store
 from app.store import objects as object_store
 from app.store import queries as query_store
 from app.store import states as state_store
 from app.store.base import Conflict, Tx, Unavailable, is_postgres
+from app.store.compiled import DIALECT, Compiled
 
 
 @dataclass(frozen=True)
@@ -81,36 +80,15 @@ class NewState:
     err: float
 
 
-_DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
 _QUERY_COLUMNS = tuple(AcceptedQuery.__dataclass_fields__)
-
-
-@dataclass(frozen=True)
-class _Compiled:
-    """A statement's PostgreSQL text and the values SQLAlchemy bound for its literals.
-
-    The text has ``%(name)s`` parameters (psycopg's style); a literal such as the ``0`` of
-    ``refs <= 0`` becomes a parameter of its own, whose value is kept here.
-    """
-
-    text: str
-    literals: dict[str, Any]
-
-    def params(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        return {**self.literals, **given}
-
-
-def _sql(statement: ClauseElement) -> _Compiled:
-    compiled = statement.compile(dialect=_DIALECT)
-    literals = {name: value for name, value in compiled.params.items() if value is not None}
-    return _Compiled(str(compiled), literals)
+_sql = Compiled.of
 
 
 _INSERT_STATE = _sql(cast(ClauseElement, state_store.INSERT_STATE[True]))
 _ADD_REFS = _sql(state_store.ADD_REFS)
 _DROP_UNUSED = _sql(state_store.DROP_UNUSED_ONE)
 #: The accepted write's statement by the set of ``objects`` columns it sets (one on the hot path).
-_ACCEPT: dict[frozenset[str], _Compiled] = {}
+_ACCEPT: dict[frozenset[str], Compiled] = {}
 
 
 #: The prefix of the ``queries`` row's parameters in :func:`_accept_sql` (apart from the
@@ -121,7 +99,7 @@ _QUERY_PARAM = "query_"
 LOST_RACE = "gatekeeper: lost race"
 
 
-def _accept_sql(columns: frozenset[str]) -> _Compiled:
+def _accept_sql(columns: frozenset[str]) -> Compiled:
     """The compare-and-set, the query row and its audit event as one statement.
 
     Data-modifying CTEs, in order: the compare-and-set (``UPDATE objects … WHERE id = … AND
@@ -163,7 +141,7 @@ def _accept_sql(columns: frozenset[str]) -> _Compiled:
         )
         add_event = audit_store.for_query_rows(row)
         # one namespace of parameters: no objects column may take the event's or the row's
-        taken = set(audit_store.for_query_rows(queries).compile(dialect=_DIALECT).params)
+        taken = set(audit_store.for_query_rows(queries).compile(dialect=DIALECT).params)
         clash = {n for n in columns if n in taken or n.startswith(_QUERY_PARAM)}
         if clash:
             raise ValueError(f"objects columns clash with the statement's parameters: {clash}")

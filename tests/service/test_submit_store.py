@@ -374,6 +374,7 @@ def test_the_submit_load_types_its_row_as_sqlalchemy_does(
         assert json.loads(got[0].value) == ({"x": 2} if oid == labelled else {"x": 1})
         for name, value in vars(expected).items():  # the same types, not only equal values
             assert type(getattr(got[0], name)) is type(value), name
-    assert got[0].retired_at is not None and got[0].retired_at.tzinfo is not None
+    assert got[0].retired_at is not None
+    assert got[0].retired_at.tzinfo is not None
     with engine.connect() as conn:
         assert load_for_submit(conn, object_id="store-missing", key=None) is None
