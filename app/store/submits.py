@@ -8,15 +8,20 @@ rule :func:`app.services.snapshots.move_state_refs` applies to any number of obj
 the decision's audit event (:mod:`app.store.audit`). Each was its own round trip: six of a
 submit's ten (the profile in docs/benchmarks.md).
 
-On PostgreSQL they go out together in psycopg's pipeline mode — the same statements, compiled once
-from those modules' SQLAlchemy constructs, run in order in the caller's transaction, with one
-network round trip — and the results are read after; on a :func:`app.store.submitting` connection
-the transaction's ``BEGIN`` and ``COMMIT`` go in the same pipeline, so the compare-and-set is a
-statement that fails when it hits no row (the transaction aborts before its ``COMMIT``). Elsewhere
-(SQLite, the embedded default) the modules' own functions run them one by one. Either way the
-compare-and-set decides: a lost race returns None and the caller rolls the transaction back, so
-nothing of it stays; a unique constraint raises :class:`~app.store.Conflict` and a failed database
-:class:`~app.store.Unavailable`, as from any other statement of this package.
+On PostgreSQL they go out together in psycopg's pipeline mode, with one network round trip, and
+the results are read after. The compare-and-set, the query row and the audit event are one
+statement (data-modifying CTEs, :func:`_accept_sql`: the row is inserted only if the
+compare-and-set hit, and the statement fails when it did not); the state references follow as
+:mod:`app.store.states`' statements. All are compiled once from those modules' SQLAlchemy
+constructs (:mod:`app.store.compiled`). In the caller's transaction they run in it; on a
+:func:`app.store.submitting` connection with nothing open yet they are, with ``commit``, the
+protocol's implicit transaction — the statements up to the pipeline's one ``Sync``, committed at
+it if all succeeded, rolled back if one failed — and without ``commit`` a ``BEGIN`` goes first
+and the transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own
+functions run them one by one. Either way the compare-and-set decides: a lost race returns None
+and the caller rolls the transaction back, so nothing of it stays; a unique constraint raises
+:class:`~app.store.Conflict` and a failed database :class:`~app.store.Unavailable`, as from any
+other statement of this package.
 """
 
 from __future__ import annotations
@@ -47,8 +52,8 @@ from app.store import audit as audit_store
 from app.store import objects as object_store
 from app.store import queries as query_store
 from app.store import states as state_store
-from app.store.base import Conflict, Tx, Unavailable, is_postgres
-from app.store.compiled import DIALECT, Compiled
+from app.store.base import Tx, is_postgres
+from app.store.compiled import DIALECT, Compiled, wrapped
 
 
 @dataclass(frozen=True)
@@ -184,10 +189,10 @@ def record_accepted(
     goes out with the rest). The new query's id, or None when
     another writer advanced the object first (the caller must roll back).
 
-    On a :func:`app.store.submitting` connection with no transaction open yet, ``BEGIN`` goes
-    out in the same pipeline, and with ``commit`` ``COMMIT`` too: the whole write is one round
-    trip (a lost race or a conflict leaves the transaction aborted; the block rolls it back).
-    Without ``commit`` the transaction stays open for more writes, which the block commits.
+    On a :func:`app.store.submitting` connection with no transaction open yet, with ``commit``
+    the pipeline is the whole transaction (implicit: committed at its ``Sync``, and nothing of it
+    after a lost race or a conflict); without ``commit`` a ``BEGIN`` goes out in the same
+    pipeline and the transaction stays open for more writes, which the block commits.
     In a transaction of the caller's (or on SQLite) ``commit`` changes nothing.
     """
     if new_state is not None and new_state.key == old_state:
@@ -206,7 +211,7 @@ def record_accepted(
             # one cursor for the statements whose result is not read (a cursor costs its own
             # adaptation context); the accepted write's has the new row's id
             rest = raw.cursor()
-            if own:
+            if own and not commit:  # a transaction left open for the caller's further writes
                 rest.execute(b"BEGIN", prepare=False)
             accept = _accept_sql(frozenset(columns) | {"version"})
             params = {_QUERY_PARAM + n: getattr(query, n) for n in _QUERY_COLUMNS}
@@ -221,18 +226,16 @@ def record_accepted(
                 old = {"key": old_state}
                 rest.execute(_ADD_REFS.text, _ADD_REFS.params({**old, "count": -1}))
                 rest.execute(_DROP_UNUSED.text, _DROP_UNUSED.params(old))
-            if own and commit:
-                rest.execute(b"COMMIT", prepare=False)
+            # own and commit: no BEGIN and COMMIT of their own — in autocommit the statements
+            # up to the pipeline's one Sync (sent as it closes) are one implicit transaction,
+            # committed at the Sync if all succeeded and rolled back if one failed (the rest
+            # are then skipped): the protocol's own rule, two statements fewer to send and read
     except psycopg.errors.InvalidTextRepresentation as exc:
         if _lost_race(exc):
             return None
         raise
-    except psycopg.IntegrityError as exc:
-        raise Conflict("accepted submit", None, exc, hide_parameters=True) from exc
-    except psycopg.OperationalError as exc:
-        if raw.broken or raw.closed:  # the pool must not hand this connection out again
-            conn.invalidate()
-        raise Unavailable("accepted submit", None, exc, hide_parameters=True) from exc
+    except psycopg.Error as exc:  # SQLAlchemy's, as from Connection.execute: Conflict, ...
+        raise wrapped(conn, raw, "accepted submit", exc) from exc
     row = accepted.fetchone()
     if row is None:
         return None

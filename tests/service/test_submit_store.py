@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DataError
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
@@ -378,3 +379,48 @@ def test_the_submit_load_types_its_row_as_sqlalchemy_does(
     assert got[0].retired_at.tzinfo is not None
     with engine.connect() as conn:
         assert load_for_submit(conn, object_id="store-missing", key=None) is None
+
+
+def test_a_write_failing_after_the_compare_and_set_leaves_nothing(
+    client: TestClient, engine: Engine
+) -> None:
+    """A ``submitting`` block's accepted write is one transaction whichever statement fails.
+
+    On PostgreSQL the pipeline has no ``BEGIN`` or ``COMMIT`` of its own: its statements up to
+    the one ``Sync`` are the protocol's implicit transaction. Here the compare-and-set, the
+    query row and the audit event succeed and the array's ``INSERT`` after them fails (a hash
+    longer than its column): none of them may stay, and the pooled connection stays usable.
+    """
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite does not enforce a column's length (and runs no pipeline)")
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    assert _submit(client, key, oid, f"{oid}-1").status_code == 201
+    refs_before, _ = _states(engine)
+    with engine.connect() as conn:
+        row = load_state(conn, object_id=oid)
+        assert row is not None
+    with pytest.raises(DataError, match="too long"), submitting(engine) as conn:
+        record_accepted(
+            conn,
+            query=_query(oid, row.accepted + 1),
+            version=row.version,  # current: the compare-and-set hits
+            columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
+            new_state=NewState("x" * 300, b"\x00" * 8, 0.0),
+            old_state=row.state_hash,
+            event=_event(oid, row.accepted + 1),
+            commit=True,
+        )
+    with engine.connect() as conn:
+        after = load_state(conn, object_id=oid)
+        count = conn.execute(
+            text("SELECT count(*) FROM queries WHERE object_id = :o"), {"o": oid}
+        ).scalar_one()
+        events = conn.execute(
+            text("SELECT count(*) FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.accepted"},
+        ).scalar_one()
+    assert after == row
+    assert (count, events) == (1, 1)
+    assert _states(engine)[0] == refs_before
+    assert _submit(client, key, oid, f"{oid}-2").status_code == 201
