@@ -88,7 +88,6 @@ from app.store import (
     Database,
     Tx,
     Unavailable,
-    begin_writes,
     reading,
     submitting,
 )
@@ -219,13 +218,28 @@ def _stored_rejection(record: StoredAnswer, print_: str, owner: int | None) -> _
 
 
 def _replay(
-    conn: Tx, object_id: str, key: str | None, print_: str, owner: int | None
+    conn: Tx,
+    object_id: str,
+    key: str | None,
+    print_: str,
+    owner: int | None,
+    loaded: tuple[StoredAnswer | None] | None = None,
 ) -> SubmitOutcome | _StoredRejection | None:
-    """The stored answer for ``key``: an accepted submit's body or a rejection's problem."""
+    """The stored answer for ``key``: an accepted submit's body or a rejection's problem.
+
+    ``loaded``: the rejection stored under the key as read with the object's row in this
+    transaction (:func:`_load_for_submit`), so only an accepted answer is looked up (a key
+    has at most one of the two: a rejected key's retries replay it and are never accepted, an
+    accepted key's are never rejected).
+    """
     if key is None:
         return None
+    if loaded is not None and loaded[0] is not None:
+        return _stored_rejection(loaded[0], print_, owner)
     record = query_store.find_accepted(conn, object_id=object_id, key=key)
     if record is None:
+        if loaded is not None:  # no rejection under the key when the row was read
+            return None
         return _replay_rejection(conn, object_id, key, print_, owner)
     _check_owner(record, print_, owner)
     # the stored response lacks the query id, which the INSERT that stored it produced
@@ -373,11 +387,13 @@ def _attempt(
     # PostgreSQL: the reads run before BEGIN, which goes out with the writes (one round trip
     # with the accepted submit's COMMIT); the compare-and-set decides, as in a transaction
     with submitting(engine) as conn:
+        #: the rejection stored under the key, once read with the object's row
+        loaded: tuple[StoredAnswer | None] | None = None
 
         def stored_answer() -> SubmitOutcome | _StoredRejection | None:
             if replay_first:  # already looked up at the start of this transaction
                 return None
-            return _replay(conn, object_id, key, print_, analyst_key_id)
+            return _replay(conn, object_id, key, print_, analyst_key_id, loaded)
 
         if replay_first:
             if scope is not None:  # never answer a stored key's 422 for an object out of scope
@@ -388,6 +404,7 @@ def _attempt(
         try:
             # the rejection stored under the key comes with the row (one round trip)
             row, rejection = _load_for_submit(conn, object_id, key, scope)
+            loaded = (rejection,)
             if reuse[0]:  # a key's stored answer first, then an identical answer: no writes
                 replay = stored_answer()
                 if replay is not None:
@@ -421,7 +438,6 @@ def _attempt(
             replay = stored_answer()
             if replay is not None:
                 return replay
-            begin_writes(conn)
             _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
             return _Rejected(decision, row.version + 1, snapshot)
         if not replay_first and rejection is not None:
@@ -467,22 +483,17 @@ def _record_rejection(
     so a rejection is counted once whatever the retries.
     """
     refusal = decision.refusal
-    if not object_store.count_rejection(conn, object_id=row.id, version=row.version):
-        raise _LostRace
+    stored = None
     if key is not None:
-        query_store.insert_rejection(
-            conn,
-            object_id=row.id,
+        extra = _rejection_extra(decision)
+        stored = submit_store.StoredRejection(
             idempotency_key=key,
             analyst_key_id=analyst_key_id,
             fingerprint=print_,
-            response=json.dumps(
-                {"detail": decision.reason, "extra": _rejection_extra(decision), "type": refusal}
-            ),
+            response=json.dumps({"detail": decision.reason, "extra": extra, "type": refusal}),
             created_at=datetime.now(UTC),
         )
-    audit.record(
-        conn,
+    event = audit.new_event(
         kind=audit.AuditKind.DECISION_REJECTED,
         actor_key_id=analyst_key_id,
         object_id=row.id,
@@ -498,6 +509,11 @@ def _record_rejection(
             "worst_case_after": decision.worst_case_after,
         },
     )
+    # the count, the stored answer and the event: one statement (one round trip) on PostgreSQL
+    if not submit_store.record_rejected(
+        conn, object_id=row.id, version=row.version, stored=stored, event=event
+    ):
+        raise _LostRace
 
 
 def _record_acceptance(

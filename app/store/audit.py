@@ -95,6 +95,36 @@ class QueryEvent:
     tail: str
 
 
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to add (:func:`add`'s arguments; ``detail`` its JSON text)."""
+
+    at: datetime
+    kind: str
+    actor_key_id: int | None
+    object_id: str | None
+    detail: str
+
+
+def add_for(object_ids: ColumnElement[str], source: FromClause) -> Insert:
+    """:func:`add` once per row of ``source``, for its object id ``object_ids``.
+
+    The event's other columns are bound parameters named as :class:`NewEvent`'s fields (its
+    ``object_id`` is not used): :mod:`app.store.submits` writes a rejection's event only if
+    the rejection's count was written.
+    """
+    return insert(_EVENTS).from_select(
+        ["at", "kind", "actor_key_id", "object_id", "detail"],
+        select(
+            bindparam("at", type_=UTCDateTime()),
+            bindparam("kind", type_=String()),
+            bindparam("actor_key_id", type_=Integer()),
+            object_ids,
+            bindparam("detail", type_=Text()),
+        ).select_from(source),
+    )
+
+
 def for_query_rows(rows: FromClause, *where: ColumnElement[bool]) -> Insert:
     """The statement adding a :class:`QueryEvent` for the query rows of ``rows`` (and ``where``).
 

@@ -133,7 +133,7 @@ COMPARE_AND_SET = update(OBJECTS).where(
 #: A rejection is counted under the same compare-and-set as an accepted query (and bumps the
 #: version too): counted on the version its decision read, never on one a concurrent new data
 #: version opened, and a new version that read the row before it misses its own compare-and-set.
-_COUNT_REJECTION = (
+COUNT_REJECTION = (
     update(OBJECTS)
     .where(OBJECTS.c.id == bindparam("where_id"), OBJECTS.c.version == bindparam("where_version"))
     .values(rejected=OBJECTS.c.rejected + 1, version=OBJECTS.c.version + 1)
@@ -214,7 +214,7 @@ def count_rejection(conn: Tx, *, object_id: str, version: int) -> bool:
     retries). False when another writer advanced the object first (no row hit): the caller rolls
     back and decides again.
     """
-    result = conn.execute(_COUNT_REJECTION, {"where_id": object_id, "where_version": version})
+    result = conn.execute(COUNT_REJECTION, {"where_id": object_id, "where_version": version})
     return bool(result.rowcount == 1)
 
 

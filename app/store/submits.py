@@ -53,7 +53,7 @@ from app.store import objects as object_store
 from app.store import queries as query_store
 from app.store import states as state_store
 from app.store.base import Tx, is_postgres
-from app.store.compiled import DIALECT, Compiled, wrapped
+from app.store.compiled import DIALECT, Compiled, fetch_one, wrapped
 
 
 @dataclass(frozen=True)
@@ -273,3 +273,76 @@ def _record_one_by_one(
         state_store.drop_unused(conn, [old_state])
     audit_store.add_for_query(conn, event)
     return query_id
+
+
+@dataclass(frozen=True)
+class StoredRejection:
+    """A keyed rejection's answer (``rejections`` row): a retry of the key replays it."""
+
+    idempotency_key: str
+    analyst_key_id: int | None
+    fingerprint: str
+    response: str
+    created_at: datetime
+
+
+def _reject_sql(keyed: bool) -> Compiled:
+    """The rejection's count, its stored answer (``keyed``) and its audit event, one statement.
+
+    Data-modifying CTEs: the count under the compare-and-set
+    (:data:`app.store.objects.COUNT_REJECTION`, which also bumps the version), then the answer
+    (:func:`app.store.queries.insert_rejection_for`) and the event
+    (:func:`app.store.audit.add_for`), each inserted once per row the count hit; the statement
+    returns that number (0: a lost race, and nothing was written).
+    """
+    counted = object_store.COUNT_REJECTION.returning(object_store.OBJECTS.c.id).cte("counted")
+    statement = select(func.count()).select_from(counted)
+    if keyed:
+        statement = statement.add_cte(
+            query_store.insert_rejection_for(counted.c.id, counted).cte("stored")
+        )
+    return Compiled.of(statement.add_cte(audit_store.add_for(counted.c.id, counted).cte("event")))
+
+
+_REJECT = {keyed: _reject_sql(keyed) for keyed in (False, True)}
+
+
+def record_rejected(
+    conn: Tx,
+    *,
+    object_id: str,
+    version: int,
+    stored: StoredRejection | None,
+    event: audit_store.NewEvent,
+) -> bool:
+    """Count a rejected submit at ``version``, store its answer (keyed) and add its event.
+
+    The count is a compare-and-set on the version the decision read; ``stored`` is a keyed
+    submit's answer. False, and nothing written, when another writer advanced the object first
+    (the caller decides again); a used key is a :class:`~app.store.Conflict`. On PostgreSQL the
+    three are one statement (:func:`_reject_sql`): on a :func:`app.store.submitting`
+    connection with no transaction open it is a transaction of its own, one round trip with
+    nothing to commit after. Elsewhere the modules' own functions run them one by one in the
+    caller's transaction.
+    """
+    if not is_postgres(conn):
+        if not object_store.count_rejection(conn, object_id=object_id, version=version):
+            return False
+        if stored is not None:
+            query_store.insert_rejection(conn, object_id=object_id, **vars(stored))
+        audit_store.add(
+            conn,
+            at=event.at,
+            kind=event.kind,
+            actor_key_id=event.actor_key_id,
+            object_id=object_id,
+            detail=event.detail,
+        )
+        return True
+    params: dict[str, Any] = {"where_id": object_id, "where_version": version}
+    params.update(at=event.at, kind=event.kind, actor_key_id=event.actor_key_id)
+    params["detail"] = event.detail
+    if stored is not None:
+        params.update(vars(stored))
+    row = fetch_one(conn, _REJECT[stored is not None], params)
+    return row is not None and row[0] == 1

@@ -424,3 +424,48 @@ def test_a_write_failing_after_the_compare_and_set_leaves_nothing(
     assert (count, events) == (1, 1)
     assert _states(engine)[0] == refs_before
     assert _submit(client, key, oid, f"{oid}-2").status_code == 201
+
+
+def test_a_keyed_rejection_is_three_statements(
+    client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a rejected submit with a fresh key reads the object (with any rejection
+    stored under the key), looks for an accepted answer under the key, and writes its count,
+    its stored answer and its audit event in one statement: three statements, no ``BEGIN`` or
+    ``COMMIT`` (before: seven on the cursor — the load, two key lookups, ``BEGIN``, three
+    writes — and the connection's ``COMMIT``). What it wrote is all there, once; the key's
+    retry replays it."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("statements counted on psycopg's cursor")
+    import psycopg
+
+    key = new_key(client, "analyst")
+    oid = _register(client, budget=0.6)
+    assert _submit(client, key, oid, "first", 0.5).status_code == 201
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query)[:60])
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    rejected = _submit(client, key, oid, "second", 0.5)
+    monkeypatch.undo()
+    assert rejected.status_code == 409, rejected.text
+    assert len(sent) == 3, sent
+    with engine.connect() as conn:
+        found = load_for_submit(conn, object_id=oid, key="second")
+        events = conn.execute(
+            text("SELECT detail FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.rejected"},
+        ).all()
+    assert found is not None
+    assert found[0].rejected == 1
+    assert found[1] is not None
+    assert json.loads(found[1].response)["detail"] == rejected.json()["detail"]
+    assert len(events) == 1
+    assert json.loads(events[0][0])["refusal"] == "budget-exhausted"
+    again = _submit(client, key, oid, "second", 0.5)
+    assert again.json() == rejected.json()
+    assert again.headers.get("Idempotent-Replayed") == "true"
