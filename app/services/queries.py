@@ -22,11 +22,14 @@ idempotency key, when the key was used before), the transaction rolls back — t
 discarded unseen — and the submit starts again at step 2, now looking the key up *first*, so a
 retry of the same key finds the stored response. A fresh key, the common case, thus costs no
 lookup of its own: one ``SELECT`` reads the object with the rejection stored under the key (if
-any), and the accepted submit's writes — query row, compare-and-set, likelihood-state references,
-audit event — go to PostgreSQL in one pipeline with the transaction's ``BEGIN`` and ``COMMIT``
-(:mod:`app.store.submits`; the statements are :mod:`app.store.objects`',
-:mod:`app.store.queries`', :mod:`app.store.states`' and :mod:`app.store.audit`', built once):
-two round trips to PostgreSQL per accepted submit, the load and the write.
+any; run on psycopg directly: :mod:`app.store.compiled`), and the accepted submit's writes —
+compare-and-set, query row and audit event in one statement, then the likelihood-state
+references — go to PostgreSQL in one pipeline that is its own (implicit) transaction
+(:mod:`app.store.submits`; the statements are built once from :mod:`app.store.objects`',
+:mod:`app.store.queries`', :mod:`app.store.states`' and :mod:`app.store.audit`' constructs):
+two round trips to PostgreSQL per accepted submit, the load and the write. A rejection with a fresh
+key looks up an accepted answer under the key (the stored rejection came with the row) and writes
+its count, stored answer and audit event as one statement: three round trips.
 """
 
 from __future__ import annotations
@@ -384,8 +387,8 @@ def _attempt(
     not be an accepted submit: a retry of a stored submit gets the stored answer, whatever
     changed since (the object retired, the budget spent by later queries).
     """
-    # PostgreSQL: the reads run before BEGIN, which goes out with the writes (one round trip
-    # with the accepted submit's COMMIT); the compare-and-set decides, as in a transaction
+    # PostgreSQL: the reads run in autocommit, and the writes are one round trip that is its own
+    # transaction; the compare-and-set decides, as in a transaction
     with submitting(engine) as conn:
         #: the rejection stored under the key, once read with the object's row
         loaded: tuple[StoredAnswer | None] | None = None
