@@ -62,6 +62,7 @@ def child(args: argparse.Namespace) -> None:
     from app.bootstrap import create_app
     from app.services import queries as query_service
     from app.services.auth import authenticate
+    from app.services.errors import BudgetExhausted
     from app.settings import Settings
 
     app = create_app(
@@ -88,7 +89,7 @@ def child(args: argparse.Namespace) -> None:
                     "id": oid,
                     "domain": GRR_DOMAIN,
                     "value": grr_value(rng),
-                    "budget": {"epsilon": 10_000.0},
+                    "budget": {"epsilon": args.budget},
                     "filter": "bayesian",
                 }
                 r = await client.post("/v1/objects", json=body, headers=admin)
@@ -110,21 +111,27 @@ def child(args: argparse.Namespace) -> None:
     async def _serve(ids: list[str], owner: int) -> None:
         count = 0
 
-        def run(n: int) -> None:
+        def run(n: int) -> int:
+            """``n`` submits; how many were rejected (409)."""
             nonlocal count
+            rejected = 0
             for _ in range(n):
-                query_service.submit(
-                    engine=runtime.engine,
-                    worker=runtime.worker,
-                    locks=runtime.locks,
-                    object_id=ids[count % len(ids)],
-                    query=queries[count % len(queries)],
-                    idempotency_key=secrets.token_hex(16),
-                    analyst_key_id=owner,
-                    limits=runtime.limits,
-                    attempts=runtime.settings.submit_attempts,
-                )
+                try:
+                    query_service.submit(
+                        engine=runtime.engine,
+                        worker=runtime.worker,
+                        locks=runtime.locks,
+                        object_id=ids[count % len(ids)],
+                        query=queries[count % len(queries)],
+                        idempotency_key=secrets.token_hex(16),
+                        analyst_key_id=owner,
+                        limits=runtime.limits,
+                        attempts=runtime.settings.submit_attempts,
+                    )
+                except BudgetExhausted:
+                    rejected += 1
                 count += 1
+            return rejected
 
         run(args.warmup)
         with psycopg.connect(args.url, autocommit=True) as conn:
@@ -142,9 +149,11 @@ def child(args: argparse.Namespace) -> None:
             if n <= 0:
                 break
             cpu0, pg0 = time.process_time(), _backend_cpu(pids)
-            run(n)
+            rejected = run(n)
             cpu1, pg1 = time.process_time(), _backend_cpu(pids)
-            print(json.dumps({"cpu": cpu1 - cpu0, "pg": pg1 - pg0}), flush=True)
+            print(
+                json.dumps({"cpu": cpu1 - cpu0, "pg": pg1 - pg0, "rejected": rejected}), flush=True
+            )
 
     asyncio.run(start())
 
@@ -173,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=25, help="submits per block (25)")
     parser.add_argument("--warmup", type=int, default=100, help="untimed submits first (100)")
     parser.add_argument("--objects", type=int, default=10)
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=10_000.0,
+        help="each object's ε budget (10000: all accepted; 0.6: one accepted, then rejections)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--redis",
@@ -211,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(Path(__file__).resolve()),
                 *("--child", "--url", url, "--redis", args.redis),
                 *("--warmup", str(args.warmup), "--objects", str(args.objects)),
+                *("--budget", str(args.budget)),
                 *("--seed", str(args.seed + i)),
             ]
             env = {
@@ -251,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             f"submit_ab: grr, {args.blocks} blocks of {n} submits per tree, alternated "
             f"({args.warmup} warm-up, {args.objects} objects); load {load0} -> {load1}"
         )
-        print(f"{'tree':<14} {'cpu ms/submit: median':>22} {'IQR':>13} {'pg ms: mean':>12}")
+        print(
+            f"{'tree':<14} {'cpu ms/submit: median':>22} {'IQR':>13} {'pg ms: mean':>12} "
+            f"{'rejected':>9}"
+        )
         for tree, rows in zip(trees, results, strict=True):
             cpu = [1000 * r["cpu"] / n for r in rows]
             # the backends' CPU comes in clock ticks (10 ms): summed over all blocks
@@ -259,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
             q = statistics.quantiles(cpu, n=4)
             print(
                 f"{tree.name:<14} {statistics.median(cpu):>22.3f} "
-                f"{q[0]:>6.3f}-{q[2]:<6.3f} {pg:>12.3f}"
+                f"{q[0]:>6.3f}-{q[2]:<6.3f} {pg:>12.3f} "
+                f"{sum(r['rejected'] for r in rows) / (n * len(rows)):>9.0%}"
             )
         ratios = [b["cpu"] / a["cpu"] for a, b in zip(*results, strict=True)]
         print(
