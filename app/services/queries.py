@@ -20,16 +20,15 @@ Submit protocol (one accepted query per object at a time, nothing double-spent):
 If another writer won (the update hits no row, or a unique constraint fires — also the one on the
 idempotency key, when the key was used before), the transaction rolls back — the unused sample is
 discarded unseen — and the submit starts again at step 2, now looking the key up *first*, so a
-retry of the same key finds the stored response. A fresh key, the common case, thus costs no
-lookup of its own: one ``SELECT`` reads the object with the rejection stored under the key (if
-any; run on psycopg directly: :mod:`app.store.compiled`), and the accepted submit's writes —
+retry of the same key finds the stored response. A key thus costs no lookup of its own: one
+``SELECT`` reads the object with the answer stored under the key (accepted or rejected, if any;
+run on psycopg directly: :mod:`app.store.compiled`), and the accepted submit's writes —
 compare-and-set, query row and audit event in one statement, then the likelihood-state
 references — go to PostgreSQL in one pipeline that is its own (implicit) transaction
 (:mod:`app.store.submits`; the statements are built once from :mod:`app.store.objects`',
 :mod:`app.store.queries`', :mod:`app.store.states`' and :mod:`app.store.audit`' constructs):
-two round trips to PostgreSQL per accepted submit, the load and the write. A rejection with a fresh
-key looks up an accepted answer under the key (the stored rejection came with the row) and writes
-its count, stored answer and audit event as one statement: three round trips.
+two round trips to PostgreSQL per accepted submit, the load and the write. A rejection writes its
+count, stored answer and audit event as one statement: two round trips too.
 """
 
 from __future__ import annotations
@@ -221,29 +220,23 @@ def _stored_rejection(record: StoredAnswer, print_: str, owner: int | None) -> _
 
 
 def _replay(
-    conn: Tx,
-    object_id: str,
-    key: str | None,
-    print_: str,
-    owner: int | None,
-    loaded: tuple[StoredAnswer | None] | None = None,
+    conn: Tx, object_id: str, key: str | None, print_: str, owner: int | None
 ) -> SubmitOutcome | _StoredRejection | None:
-    """The stored answer for ``key``: an accepted submit's body or a rejection's problem.
-
-    ``loaded``: the rejection stored under the key as read with the object's row in this
-    transaction (:func:`_load_for_submit`), so only an accepted answer is looked up (a key
-    has at most one of the two: a rejected key's retries replay it and are never accepted, an
-    accepted key's are never rejected).
-    """
+    """The stored answer for ``key``: an accepted submit's body or a rejection's problem."""
     if key is None:
         return None
-    if loaded is not None and loaded[0] is not None:
-        return _stored_rejection(loaded[0], print_, owner)
     record = query_store.find_accepted(conn, object_id=object_id, key=key)
     if record is None:
-        if loaded is not None:  # no rejection under the key when the row was read
-            return None
         return _replay_rejection(conn, object_id, key, print_, owner)
+    return _stored_answer(record, print_, owner)
+
+
+def _stored_answer(
+    record: StoredAnswer, print_: str, owner: int | None
+) -> SubmitOutcome | _StoredRejection:
+    """A stored answer (accepted: ``query_id`` set; else a rejection), for its owner and body."""
+    if record.query_id is None:
+        return _stored_rejection(record, print_, owner)
     _check_owner(record, print_, owner)
     # the stored response lacks the query id, which the INSERT that stored it produced
     stored = {"query_id": record.query_id, **json.loads(record.response)}
@@ -274,7 +267,7 @@ def _active(row: ObjectState | None, scope: Scope | None) -> ObjectState:
 def _load_for_submit(
     conn: Tx, object_id: str, key: str | None, scope: Scope | None
 ) -> tuple[ObjectState, StoredAnswer | None]:
-    """:func:`_load_active` and the rejection stored under ``key``, in one statement."""
+    """:func:`_load_active` and the answer stored under ``key``, in one statement."""
     found = (
         object_store.load_for_submit(
             conn, object_id=object_id, key=key, scope=None if scope is None else scope.labels
@@ -282,8 +275,8 @@ def _load_for_submit(
         if ID_PATTERN.fullmatch(object_id)
         else None
     )
-    row, rejection = (None, None) if found is None else found
-    return _active(row, scope), rejection
+    row, answer = (None, None) if found is None else found
+    return _active(row, scope), answer
 
 
 def submit(
@@ -383,20 +376,19 @@ def _attempt(
 ) -> SubmitOutcome | _Accepted | _StoredRejection | _Rejected:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
-    On a first attempt (``replay_first`` false) the key is looked up only when the answer would
-    not be an accepted submit: a retry of a stored submit gets the stored answer, whatever
-    changed since (the object retired, the budget spent by later queries).
+    On a first attempt (``replay_first`` false) the answer stored under the key comes with the
+    object's row; if the row cannot be read (the object retired, say) the key is looked up on its
+    own: a retry of a stored submit gets the stored answer, whatever changed since.
     """
     # PostgreSQL: the reads run in autocommit, and the writes are one round trip that is its own
     # transaction; the compare-and-set decides, as in a transaction
     with submitting(engine) as conn:
-        #: the rejection stored under the key, once read with the object's row
-        loaded: tuple[StoredAnswer | None] | None = None
+        loaded = False  # whether the row was read, with the answer stored under the key
 
         def stored_answer() -> SubmitOutcome | _StoredRejection | None:
-            if replay_first:  # already looked up at the start of this transaction
+            if replay_first or loaded:  # looked up already in this transaction: none stored
                 return None
-            return _replay(conn, object_id, key, print_, analyst_key_id, loaded)
+            return _replay(conn, object_id, key, print_, analyst_key_id)
 
         if replay_first:
             if scope is not None:  # never answer a stored key's 422 for an object out of scope
@@ -405,9 +397,12 @@ def _attempt(
             if replay is not None:
                 return replay
         try:
-            # the rejection stored under the key comes with the row (one round trip)
-            row, rejection = _load_for_submit(conn, object_id, key, scope)
-            loaded = (rejection,)
+            # the answer stored under the key comes with the row (one round trip): replayed
+            # first, whatever changed since (the budget spent by later queries, say)
+            row, answer = _load_for_submit(conn, object_id, key, scope)
+            loaded = True
+            if answer is not None:  # (a 422 for another body or client: not looked up again)
+                return _stored_answer(answer, print_, analyst_key_id)
             if reuse[0]:  # a key's stored answer first, then an identical answer: no writes
                 replay = stored_answer()
                 if replay is not None:
@@ -443,11 +438,6 @@ def _attempt(
                 return replay
             _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
             return _Rejected(decision, row.version + 1, snapshot)
-        if not replay_first and rejection is not None:
-            # a key whose submit was rejected before answers that rejection again (a later
-            # history may accept the same query: it needs a new key); accepted keys are caught
-            # by the unique constraint of the INSERT below
-            return _stored_rejection(rejection, print_, analyst_key_id)
         body, after = _record_acceptance(
             conn,
             row,

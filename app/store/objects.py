@@ -39,7 +39,7 @@ from app.engine.limits import MIN_EPSILON, NEAR_EXHAUSTION_FRACTION
 from app.store import compiled
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
-from app.store.queries import StoredAnswer
+from app.store.queries import QUERIES, StoredAnswer
 from app.store.states import STATES
 
 OBJECTS = cast(Table, ProtectedObject.__table__)
@@ -107,15 +107,19 @@ _LOAD_STATE = (
 _LOAD_FOR_SUBMIT = (
     select(
         *_DECISION_COLUMNS,
-        _REJECTIONS.c.analyst_key_id.label("rejection_owner"),
-        _REJECTIONS.c.fingerprint.label("rejection_fingerprint"),
-        _REJECTIONS.c.response.label("rejection_response"),
+        QUERIES.c.id.label("answer_id"),
+        func.coalesce(QUERIES.c.analyst_key_id, _REJECTIONS.c.analyst_key_id).label("owner"),
+        func.coalesce(QUERIES.c.fingerprint, _REJECTIONS.c.fingerprint).label("fingerprint"),
+        func.coalesce(QUERIES.c.response, _REJECTIONS.c.response).label("response"),
     )
     .select_from(
         _WITH_STATE.outerjoin(
             _REJECTIONS,
             (_REJECTIONS.c.object_id == OBJECTS.c.id)
             & (_REJECTIONS.c.idempotency_key == bindparam("key")),
+        ).outerjoin(
+            QUERIES,
+            (QUERIES.c.object_id == OBJECTS.c.id) & (QUERIES.c.idempotency_key == bindparam("key")),
         )
     )
     .where(OBJECTS.c.id == bindparam("object_id"))
@@ -157,9 +161,12 @@ def load_state(
 def load_for_submit(
     conn: Tx, *, object_id: str, key: str | None, scope: Iterable[tuple[str, str]] | None = None
 ) -> tuple[ObjectState, StoredAnswer | None] | None:
-    """:func:`load_state` and the rejection stored under ``key`` (if any), in one ``SELECT``.
+    """:func:`load_state` and the answer stored under ``key`` (if any), in one ``SELECT``.
 
-    None when there is no such object (or it is outside ``scope``); without a key, no rejection.
+    The answer is an accepted query's (its ``query_id`` set) or a rejection's (``query_id``
+    None): a key has at most one (a rejected key's retries replay it and are never accepted, an
+    accepted key's are never rejected; each table is unique on ``(object, key)``). None when
+    there is no such object (or it is outside ``scope``); without a key, no answer.
     """
     params = {"object_id": object_id, "key": key}
     if scope is None and is_postgres(conn):  # the hot path: psycopg's row, typed as below
@@ -172,9 +179,9 @@ def load_for_submit(
         row = None if found is None else tuple(found)
     if row is None:
         return None
-    *columns, owner, print_, response = row
-    rejection = None if print_ is None else StoredAnswer(owner, print_, response)
-    return ObjectState(*columns), rejection
+    *columns, query_id, owner, print_, response = row
+    answer = None if print_ is None else StoredAnswer(owner, print_, response, query_id)
+    return ObjectState(*columns), answer
 
 
 def compare_and_set(

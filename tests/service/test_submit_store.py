@@ -300,7 +300,7 @@ def test_a_submitting_block_commits_what_it_wrote_and_only_on_success(engine: En
             conn.execute(text("DROP TABLE submit_block_probe"))
 
 
-def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engine) -> None:
+def test_the_keys_stored_answer_comes_with_the_row(client: TestClient, engine: Engine) -> None:
     key = new_key(client, "analyst")
     oid = _register(client, budget=0.6)
     assert _submit(client, key, oid, "first", 0.5).status_code == 201
@@ -308,17 +308,25 @@ def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engi
     assert rejected.status_code == 409, rejected.text
     with engine.connect() as conn:
         found = load_for_submit(conn, object_id=oid, key="second")
-        missing = load_for_submit(conn, object_id=oid, key="first")  # accepted, not rejected
+        accepted = load_for_submit(conn, object_id=oid, key="first")  # accepted, not rejected
         no_key = load_for_submit(conn, object_id=oid, key=None)
     assert found is not None
     assert found[1] is not None
     assert found[1].response
     assert found[1].fingerprint
-    assert missing is not None
-    assert missing[1] is None
+    assert found[1].query_id is None  # a rejection
+    assert accepted is not None
+    assert accepted[1] is not None  # the accepted query's answer, with its id
+    with engine.connect() as conn:
+        first_id = conn.execute(
+            text("SELECT id FROM queries WHERE object_id = :o AND idempotency_key = 'first'"),
+            {"o": oid},
+        ).scalar_one()
+    assert accepted[1].query_id == first_id
+    assert json.loads(accepted[1].response)["seq"] == 1
     assert no_key is not None
     assert no_key[1] is None
-    assert found[0] == missing[0] == no_key[0]
+    assert found[0] == accepted[0] == no_key[0]
     # the same key again replays the stored rejection and counts nothing
     again = _submit(client, key, oid, "second", 0.5)
     assert again.status_code == 409
@@ -426,15 +434,14 @@ def test_a_write_failing_after_the_compare_and_set_leaves_nothing(
     assert _submit(client, key, oid, f"{oid}-2").status_code == 201
 
 
-def test_a_keyed_rejection_is_three_statements(
+def test_a_keyed_rejection_is_two_statements(
     client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On PostgreSQL a rejected submit with a fresh key reads the object (with any rejection
-    stored under the key), looks for an accepted answer under the key, and writes its count,
-    its stored answer and its audit event in one statement: three statements, no ``BEGIN`` or
-    ``COMMIT`` (before: seven on the cursor — the load, two key lookups, ``BEGIN``, three
-    writes — and the connection's ``COMMIT``). What it wrote is all there, once; the key's
-    retry replays it."""
+    """On PostgreSQL a rejected submit with a fresh key reads the object (with any answer
+    stored under the key) and writes its count, its stored answer and its audit event in one
+    statement: two statements, no ``BEGIN`` or ``COMMIT`` (before: seven on the cursor — the
+    load, two key lookups, ``BEGIN``, three writes — and the connection's ``COMMIT``). What it
+    wrote is all there, once; the key's retry replays it."""
     if engine.dialect.name != "postgresql":
         pytest.skip("statements counted on psycopg's cursor")
     import psycopg
@@ -453,7 +460,7 @@ def test_a_keyed_rejection_is_three_statements(
     rejected = _submit(client, key, oid, "second", 0.5)
     monkeypatch.undo()
     assert rejected.status_code == 409, rejected.text
-    assert len(sent) == 3, sent
+    assert len(sent) == 2, sent
     with engine.connect() as conn:
         found = load_for_submit(conn, object_id=oid, key="second")
         events = conn.execute(
