@@ -476,3 +476,54 @@ def test_a_keyed_rejection_is_two_statements(
     again = _submit(client, key, oid, "second", 0.5)
     assert again.json() == rejected.json()
     assert again.headers.get("Idempotent-Replayed") == "true"
+
+
+def test_a_rejection_under_a_used_key_is_a_conflict_that_counts_nothing(
+    client: TestClient, engine: Engine
+) -> None:
+    """``record_rejected`` with a key already stored: :class:`Conflict`, the count not kept.
+
+    On PostgreSQL the count, the answer and the event are one statement, so the unique
+    violation of the answer undoes the count with it; on SQLite the caller's transaction is
+    rolled back (as the service's is). A stale version writes nothing and returns False.
+    """
+    from app.services.audit import AuditKind, new_event
+    from app.store.submits import StoredRejection, record_rejected
+
+    oid = _register(client)
+
+    def stored(key: str) -> StoredRejection:
+        return StoredRejection(key, None, "f" * 64, '{"detail": "no"}', datetime.now(UTC))
+
+    def event() -> Any:
+        return new_event(
+            kind=AuditKind.DECISION_REJECTED, actor_key_id=None, object_id=oid, detail={}
+        )
+
+    with submitting(engine) as conn:
+        row = load_state(conn, object_id=oid)
+        assert row is not None
+        assert record_rejected(
+            conn, object_id=oid, version=row.version, stored=stored("k1"), event=event()
+        )
+    with pytest.raises(Conflict), submitting(engine) as conn:
+        record_rejected(
+            conn, object_id=oid, version=row.version + 1, stored=stored("k1"), event=event()
+        )
+    with submitting(engine) as conn:  # stale: another writer advanced the object
+        assert not record_rejected(
+            conn, object_id=oid, version=row.version, stored=stored("k2"), event=event()
+        )
+    with engine.connect() as conn:
+        after = load_state(conn, object_id=oid)
+        keys = conn.execute(
+            text("SELECT idempotency_key FROM rejections WHERE object_id = :o"), {"o": oid}
+        ).scalars()
+        events = conn.execute(
+            text("SELECT count(*) FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.rejected"},
+        ).scalar_one()
+        assert sorted(keys) == ["k1"]
+    assert after is not None
+    assert (after.rejected, after.version) == (1, row.version + 1)
+    assert events == 1
