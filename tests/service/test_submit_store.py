@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DataError
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
@@ -304,7 +305,7 @@ def test_a_submitting_block_commits_what_it_wrote_and_only_on_success(engine: En
             conn.execute(text("DROP TABLE submit_block_probe"))
 
 
-def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engine) -> None:
+def test_the_keys_stored_answer_comes_with_the_row(client: TestClient, engine: Engine) -> None:
     key = new_key(client, "analyst")
     oid = _register(client, budget=0.6)
     assert _submit(client, key, oid, "first", 0.5).status_code == 201
@@ -312,17 +313,25 @@ def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engi
     assert rejected.status_code == 409, rejected.text
     with engine.connect() as conn:
         found = load_for_submit(conn, object_id=oid, key="second")
-        missing = load_for_submit(conn, object_id=oid, key="first")  # accepted, not rejected
+        accepted = load_for_submit(conn, object_id=oid, key="first")  # accepted, not rejected
         no_key = load_for_submit(conn, object_id=oid, key=None)
     assert found is not None
     assert found[1] is not None
     assert found[1].response
     assert found[1].fingerprint
-    assert missing is not None
-    assert missing[1] is None
+    assert found[1].query_id is None  # a rejection
+    assert accepted is not None
+    assert accepted[1] is not None  # the accepted query's answer, with its id
+    with engine.connect() as conn:
+        first_id = conn.execute(
+            text("SELECT id FROM queries WHERE object_id = :o AND idempotency_key = 'first'"),
+            {"o": oid},
+        ).scalar_one()
+    assert accepted[1].query_id == first_id
+    assert json.loads(accepted[1].response)["seq"] == 1
     assert no_key is not None
     assert no_key[1] is None
-    assert found[0] == missing[0] == no_key[0]
+    assert found[0] == accepted[0] == no_key[0]
     # the same key again replays the stored rejection and counts nothing
     again = _submit(client, key, oid, "second", 0.5)
     assert again.status_code == 409
@@ -339,3 +348,187 @@ def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engi
 def client(database_url: str) -> Iterator[TestClient]:
     with TestClient(create_app(make_settings(database_url))) as test_client:
         yield test_client
+
+
+def test_the_submit_load_types_its_row_as_sqlalchemy_does(
+    client: TestClient, engine: Engine
+) -> None:
+    """On PostgreSQL the submit's load runs on psycopg directly (``app.store.compiled``).
+
+    Its row must come back as ``Connection.execute`` types it (``load_state`` and the scoped
+    load still go through SQLAlchemy): the value decrypted, datetimes aware, the labels a dict,
+    the likelihood array bytes — for a fresh object, one with a history, and a retired one.
+    """
+    key = new_key(client, "analyst")
+    fresh = _register(client)
+    used = _register(client)
+    labelled = factories.unique_id("store")
+    body = {
+        "id": labelled,
+        "domain": integer_domain(4),
+        "value": {"x": 2},
+        "budget": {"epsilon": 100.0},
+        "labels": {"team": "a", "unit": "b"},
+        "filter": "bayesian",
+    }
+    assert client.post("/v1/objects", headers=auth(factories.ADMIN_KEY), json=body).is_success
+    for i in range(3):
+        r = _submit(client, key, used, f"{used}-{i}")
+        assert r.status_code == 201, r.text
+    assert _submit(client, key, labelled, f"{labelled}-0").status_code == 201
+    retired = _register(client)
+    assert client.delete(f"/v1/objects/{retired}", headers=auth(factories.ADMIN_KEY)).is_success
+    for oid in (fresh, used, labelled, retired):
+        with engine.connect() as conn:
+            expected = load_state(conn, object_id=oid)
+            got = load_for_submit(conn, object_id=oid, key="none")
+            scoped = load_for_submit(conn, object_id=oid, key="none", scope=[])
+        assert expected is not None
+        assert got == scoped == (expected, None)
+        assert json.loads(got[0].value) == ({"x": 2} if oid == labelled else {"x": 1})
+        for name, value in vars(expected).items():  # the same types, not only equal values
+            assert type(getattr(got[0], name)) is type(value), name
+    assert got[0].retired_at is not None
+    assert got[0].retired_at.tzinfo is not None
+    with engine.connect() as conn:
+        assert load_for_submit(conn, object_id="store-missing", key=None) is None
+
+
+def test_a_write_failing_after_the_compare_and_set_leaves_nothing(
+    client: TestClient, engine: Engine
+) -> None:
+    """A ``submitting`` block's accepted write is one transaction whichever statement fails.
+
+    On PostgreSQL the pipeline has no ``BEGIN`` or ``COMMIT`` of its own: its statements up to
+    the one ``Sync`` are the protocol's implicit transaction. Here the compare-and-set, the
+    query row and the audit event succeed and the array's ``INSERT`` after them fails (a hash
+    longer than its column): none of them may stay, and the pooled connection stays usable.
+    """
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite does not enforce a column's length (and runs no pipeline)")
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    assert _submit(client, key, oid, f"{oid}-1").status_code == 201
+    refs_before, _ = _states(engine)
+    with engine.connect() as conn:
+        row = load_state(conn, object_id=oid)
+        assert row is not None
+    with pytest.raises(DataError, match="too long"), submitting(engine) as conn:
+        record_accepted(
+            conn,
+            query=_query(oid, row.accepted + 1),
+            version=row.version,  # current: the compare-and-set hits
+            columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
+            new_state=NewState("x" * 300, b"\x00" * 8, 0.0),
+            old_state=row.state_hash,
+            event=_event(oid, row.accepted + 1),
+            commit=True,
+        )
+    with engine.connect() as conn:
+        after = load_state(conn, object_id=oid)
+        count = conn.execute(
+            text("SELECT count(*) FROM queries WHERE object_id = :o"), {"o": oid}
+        ).scalar_one()
+        events = conn.execute(
+            text("SELECT count(*) FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.accepted"},
+        ).scalar_one()
+    assert after == row
+    assert (count, events) == (1, 1)
+    assert _states(engine)[0] == refs_before
+    assert _submit(client, key, oid, f"{oid}-2").status_code == 201
+
+
+def test_a_keyed_rejection_is_two_statements(
+    client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a rejected submit with a fresh key reads the object (with any answer
+    stored under the key) and writes its count, its stored answer and its audit event in one
+    statement: two statements, no ``BEGIN`` or ``COMMIT`` (before: seven on the cursor — the
+    load, two key lookups, ``BEGIN``, three writes — and the connection's ``COMMIT``). What it
+    wrote is all there, once; the key's retry replays it."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("statements counted on psycopg's cursor")
+    import psycopg
+
+    key = new_key(client, "analyst")
+    oid = _register(client, budget=0.6)
+    assert _submit(client, key, oid, "first", 0.5).status_code == 201
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query)[:60])
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    rejected = _submit(client, key, oid, "second", 0.5)
+    monkeypatch.undo()
+    assert rejected.status_code == 409, rejected.text
+    assert len(sent) == 2, sent
+    with engine.connect() as conn:
+        found = load_for_submit(conn, object_id=oid, key="second")
+        events = conn.execute(
+            text("SELECT detail FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.rejected"},
+        ).all()
+    assert found is not None
+    assert found[0].rejected == 1
+    assert found[1] is not None
+    assert json.loads(found[1].response)["detail"] == rejected.json()["detail"]
+    assert len(events) == 1
+    assert json.loads(events[0][0])["refusal"] == "budget-exhausted"
+    again = _submit(client, key, oid, "second", 0.5)
+    assert again.json() == rejected.json()
+    assert again.headers.get("Idempotent-Replayed") == "true"
+
+
+def test_a_rejection_under_a_used_key_is_a_conflict_that_counts_nothing(
+    client: TestClient, engine: Engine
+) -> None:
+    """``record_rejected`` with a key already stored: :class:`Conflict`, the count not kept.
+
+    On PostgreSQL the count, the answer and the event are one statement, so the unique
+    violation of the answer undoes the count with it; on SQLite the caller's transaction is
+    rolled back (as the service's is). A stale version writes nothing and returns False.
+    """
+    from app.services.audit import AuditKind, new_event
+    from app.store.submits import StoredRejection, record_rejected
+
+    oid = _register(client)
+
+    def stored(key: str) -> StoredRejection:
+        return StoredRejection(key, None, "f" * 64, '{"detail": "no"}', datetime.now(UTC))
+
+    def event() -> Any:
+        return new_event(
+            kind=AuditKind.DECISION_REJECTED, actor_key_id=None, object_id=oid, detail={}
+        )
+
+    with submitting(engine) as conn:
+        row = load_state(conn, object_id=oid)
+        assert row is not None
+        assert record_rejected(
+            conn, object_id=oid, version=row.version, stored=stored("k1"), event=event()
+        )
+    with pytest.raises(Conflict), submitting(engine) as conn:
+        record_rejected(
+            conn, object_id=oid, version=row.version + 1, stored=stored("k1"), event=event()
+        )
+    with submitting(engine) as conn:  # stale: another writer advanced the object
+        assert not record_rejected(
+            conn, object_id=oid, version=row.version, stored=stored("k2"), event=event()
+        )
+    with engine.connect() as conn:
+        after = load_state(conn, object_id=oid)
+        keys = conn.execute(
+            text("SELECT idempotency_key FROM rejections WHERE object_id = :o"), {"o": oid}
+        ).scalars()
+        events = conn.execute(
+            text("SELECT count(*) FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.rejected"},
+        ).scalar_one()
+        assert sorted(keys) == ["k1"]
+    assert after is not None
+    assert (after.rejected, after.version) == (1, row.version + 1)
+    assert events == 1
