@@ -600,7 +600,6 @@ def _record_acceptance(
         new_state=None
         if change.stored is None
         else submit_store.NewState(change.stored.key, change.stored.state, change.stored.err),
-        old_state=row.state_hash,
         event=event,
         # with a project's sub-history still to write, the block commits after it
         commit=quota is None,

@@ -7,18 +7,18 @@ array it named before is left to the collection of unnamed states) and adds the 
 audit event (:mod:`app.store.audit`). Each was its own round trip: six of a submit's ten (the
 profile in docs/benchmarks.md).
 
-On PostgreSQL they go out together in psycopg's pipeline mode, with one network round trip, and
-the results are read after. The compare-and-set, the query row and the audit event are one
-statement (data-modifying CTEs, :func:`_accept_sql`: the row is inserted only if the
-compare-and-set hit, and the statement fails when it did not); the state references follow as
-:mod:`app.store.states`' statements. All are compiled once from those modules' SQLAlchemy
-constructs (:mod:`app.store.compiled`). In the caller's transaction they run in it; on a
+On PostgreSQL they go out together in psycopg's pipeline mode, with one network round trip, and the
+results are read after. The compare-and-set, the query row and the audit event are one statement
+(data-modifying CTEs, :func:`_accept_sql`: the row is inserted only if the compare-and-set hit, and
+the statement fails when it did not); the array it names follows as :mod:`app.store.states`'
+statement (:data:`~app.store.states.NAME_STATE`). All are compiled once from those modules'
+SQLAlchemy constructs (:mod:`app.store.compiled`). In the caller's transaction they run in it; on a
 :func:`app.store.submitting` connection with nothing open yet they are, with ``commit``, the
-protocol's implicit transaction — the statements up to the pipeline's one ``Sync``, committed at
-it if all succeeded, rolled back if one failed — and without ``commit`` a ``BEGIN`` goes first
-and the transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own
-functions run them one by one. Either way the compare-and-set decides: a lost race returns None
-and the caller rolls the transaction back, so nothing of it stays; a unique constraint raises
+protocol's implicit transaction — the statements up to the pipeline's one ``Sync``, committed at it
+if all succeeded, rolled back if one failed — and without ``commit`` a ``BEGIN`` goes first and the
+transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own functions run
+them one by one. Either way the compare-and-set decides: a lost race returns None and the caller
+rolls the transaction back, so nothing of it stays; a unique constraint raises
 :class:`~app.store.Conflict` and a failed database :class:`~app.store.Unavailable`, as from any
 other statement of this package.
 """
@@ -172,7 +172,6 @@ def record_accepted(
     version: int,
     columns: Mapping[str, Any],
     new_state: NewState | None,
-    old_state: str | None,
     event: audit_store.QueryEvent,
     commit: bool = False,
 ) -> int | None:
@@ -181,8 +180,10 @@ def record_accepted(
     ``version`` is the object's version the decision read (it becomes ``version + 1``);
     ``columns`` its new ``objects`` columns (:attr:`app.services.snapshots.Advance.columns`,
     with ``accepted`` and ``updated_at``); ``new_state`` the array it names now (None:
-    continuous), ``old_state`` the one it named (None: none; nothing is written to it: a state
-    no object names is left to :func:`app.store.states.collect_unnamed`); ``event`` the
+    continuous; it may be the one it named before — a query whose output's likelihood is the same
+    at every point of the domain leaves an exact state's content as it was — and the one it
+    named is not written to: a state no object names is left to
+    :func:`app.store.states.collect_unnamed`); ``event`` the
     decision's audit event (:func:`app.services.audit.query_event`: its detail gets the query
     row's id, so it goes out with the rest). The new query's id, or None when another writer
     advanced the object first (the caller must roll back).
@@ -193,8 +194,6 @@ def record_accepted(
     pipeline and the transaction stays open for more writes, which the block commits.
     In a transaction of the caller's (or on SQLite) ``commit`` changes nothing.
     """
-    if new_state is not None and new_state.key == old_state:
-        raise ValueError("an accepted query always changes the history's state key")
     if not is_postgres(conn):
         return _record_one_by_one(conn, query, version, columns, new_state, event)
     cas = {"where_id": query.object_id, "where_version": version, "version": version + 1}

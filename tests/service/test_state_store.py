@@ -262,3 +262,44 @@ def test_one_process_of_a_deployment_collects_per_interval(
     finally:
         shared.delete(COLLECTED_KEY)
         shared.close()
+
+
+def test_a_query_that_leaves_the_state_as_it_was_is_accepted(
+    client: TestClient, engine: Engine
+) -> None:
+    """An output as likely at every point leaves an exact state's content, hence its key.
+
+    A unary-encoding report of all ones (or all zeros) on a categorical attribute is as likely
+    whatever the value: once the history holds its ε, the object names after it the state it
+    named before. That was refused with a 500 (``an accepted query always changes the
+    history's state key``, a rule of the reference counts); Hypothesis's state machine met it.
+    Here each report is such with probability about 0.27, so 80 submits meet one but with
+    probability 0.73^79 < 1e-10.
+    """
+    key = new_key(client, "analyst")
+    domain = {"attributes": [{"name": "c", "type": "categorical", "values": ["a", "b", "c"]}]}
+    oid = factories.register(
+        client, domain=domain, value={"c": "b"}, budget=1000.0, prefix="same-state"
+    )
+    query = {
+        "mechanism": "unary_encoding",
+        "attribute": "c",
+        "epsilon": 0.6,
+        "variant": "optimized",
+    }
+    named: list[str | None] = []
+    for _ in range(80):
+        r = client.post(
+            f"/v1/objects/{oid}/queries",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"query": query},
+        )
+        assert r.status_code == 201, r.text
+        with engine.connect() as conn:
+            named.append(_named(conn, oid))
+        if len(named) > 1 and named[-1] == named[-2]:
+            break
+    assert named[-1] == named[-2], "no report left the state as it was"
+    collect_states(engine)
+    with engine.connect() as conn:
+        assert set(load_states(conn, {named[-1]})) == {named[-1]}  # still stored

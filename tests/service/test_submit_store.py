@@ -170,7 +170,6 @@ def test_a_lost_compare_and_set_returns_none_and_leaves_nothing(
                     version=row.version - 1,  # stale: another writer "won"
                     columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
                     new_state=NewState("lost-" + oid[-20:], b"\x00" * 8, 0.0),
-                    old_state=row.state_hash,
                     event=_event(oid, row.accepted + 1),
                 )
             )
@@ -205,7 +204,6 @@ def test_a_used_seq_is_a_conflict_and_the_connection_stays_usable(
             version=row.version,
             columns={"accepted": row.accepted, "updated_at": datetime.now(UTC)},
             new_state=None,
-            old_state=None,
             event=_event(oid, row.accepted),
         )
     # the pool's connections still work, and the submit path still accepts
@@ -245,7 +243,6 @@ def test_a_lost_race_in_one_round_trip_commits_nothing(
                     version=row.version - 1,  # stale: another writer "won"
                     columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
                     new_state=NewState("lost-" + oid[-20:], b"\x00" * 8, 0.0),
-                    old_state=row.state_hash,
                     event=_event(oid, row.accepted + 1),
                     commit=True,
                 )
@@ -420,7 +417,6 @@ def test_a_write_failing_after_the_compare_and_set_leaves_nothing(
             version=row.version,  # current: the compare-and-set hits
             columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
             new_state=NewState("x" * 300, b"\x00" * 8, 0.0),
-            old_state=row.state_hash,
             event=_event(oid, row.accepted + 1),
             commit=True,
         )
