@@ -132,7 +132,9 @@ def _runtime(
     celery: tuple[Any, Any] | None = None,
 ) -> Runtime:
     """The runtime around a bound worker and a survey job runner (in process or Celery)."""
-    from app.api.deps import RequestThreads, Runtime
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.api.deps import Runtime
     from app.services.auth import KeyCache
     from app.services.locks import ObjectLocks
 
@@ -144,7 +146,7 @@ def _runtime(
         limits=DEFAULT_LIMITS,
         redis=redis_client,
         keys=KeyCache(settings.auth_cache_seconds),
-        threads=RequestThreads(settings.db_pool_size),
+        threads=ThreadPoolExecutor(settings.db_pool_size, thread_name_prefix="request"),
         surveys=surveys,
         celery=celery,
     )

@@ -34,8 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: (label, frame prefix): a sample counts for a part if a frame of its stack starts so.
 PARTS = [
     ("request threads (the submit's synchronous part)", "WorkerThread.run "),
-    ("request threads (before: the runtime's executor)", "_worker (concurrent/futures/thread.py"),
-    ("request threads (after: RequestThreads)", "RequestThreads._work (app/api/deps.py"),
+    ("request threads (after: the runtime's executor)", "_worker (concurrent/futures/thread.py"),
     ("  submit (app/services/queries.py)", "submit (app/services/queries.py"),
     ("    load the object (and the key's rejection)", "load_for_submit (app/store/objects.py"),
     ("    load the object (before: _load_active)", "load_state (app/store/objects.py"),
@@ -53,10 +52,7 @@ PARTS = [
     ("  authentication (API key)", "get_caller (app/api/deps.py"),
     ("  request body (pydantic)", "typed_body.<locals>.read (app/api/deps.py"),
     ("  hand-off to the worker thread (anyio)", "run_sync_in_worker_thread (anyio"),
-    (
-        "  hand-off to the worker thread (run_in_executor, after: RequestThreads)",
-        "in_thread (app/api/deps.py",
-    ),
+    ("  hand-off to the worker thread (after: run_in_executor)", "in_thread (app/api/deps.py"),
     ("  access log (JSON)", "Logger.info (logging"),
     ("  metrics (multiprocess)", "Histogram.observe (prometheus_client"),
     ("inside psycopg's Connection.wait (waiting for PostgreSQL)", "Connection.wait (psycopg"),

@@ -17,12 +17,10 @@ value, a query) the engine parses from :meth:`written <app.services.schemas._Bod
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import functools
-import queue
-import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
@@ -50,85 +48,6 @@ if TYPE_CHECKING:
     from app.worker.celery_app import CelerySettings
 
 
-class RequestThreads:
-    """``size`` threads that run the requests' blocking calls (:func:`in_thread`).
-
-    A bare queue of calls, each answered on the caller's event loop: per call, one
-    ``SimpleQueue.put`` on the loop's side and one ``call_soon_threadsafe`` on the thread's.
-    ``loop.run_in_executor`` on a ``ThreadPoolExecutor`` did more per call on the loop's thread
-    (its shutdown locks, a ``threading.Semaphore`` to decide whether to start a thread, a
-    ``concurrent.futures.Future`` chained to the asyncio one): 21 µs of the loop's CPU per call
-    against 8 µs here (docs/benchmarks.md, "h/http"). As with the executor, a call whose
-    request was cancelled before a thread took it up is not run, and one that started runs to
-    its end.
-    """
-
-    def __init__(self, size: int, name: str = "request") -> None:
-        self._calls: queue.SimpleQueue[
-            tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[[], Any]] | None
-        ] = queue.SimpleQueue()
-        self._threads = [
-            threading.Thread(target=self._work, name=f"{name}_{n}", daemon=True)
-            for n in range(size)
-        ]
-        self._start = threading.Lock()
-        self._started = False
-
-    def run(self, call: Callable[[], T]) -> asyncio.Future[T]:
-        """Run ``call`` in one of the threads; its result (or exception) on this event loop."""
-        if not self._started:
-            with self._start:
-                if not self._started:
-                    for thread in self._threads:
-                        thread.start()
-                    self._started = True
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._calls.put((loop, future, call))
-        return future
-
-    def _work(self) -> None:
-        while (item := self._calls.get()) is not None:
-            loop, future, call = item
-            if future.cancelled():  # its request is gone: not started, not run
-                continue
-            try:
-                result = call()
-            except BaseException as exc:
-                _answer(loop, future, None, exc)
-            else:
-                _answer(loop, future, result, None)
-            del item, loop, future, call
-
-    def shutdown(self, wait: bool = True) -> None:
-        """Stop the threads once the calls queued before have run."""
-        for _ in self._threads:
-            self._calls.put(None)
-        if wait and self._started:
-            for thread in self._threads:
-                thread.join()
-
-
-def _answer(
-    loop: asyncio.AbstractEventLoop,
-    future: asyncio.Future[Any],
-    result: Any,
-    error: BaseException | None,
-) -> None:
-    """Hand a call's outcome to its event loop (nothing if the loop is closed)."""
-    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
-        loop.call_soon_threadsafe(_settle, future, result, error)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(error)
-
-
 @dataclass
 class Runtime:
     """Everything the routers need, built once per process by :func:`app.api.main.create_app`."""
@@ -140,8 +59,8 @@ class Runtime:
     limits: EngineLimits
     redis: Any | None
     keys: KeyCache
-    #: Blocking work of requests runs in these threads, as many as DB_POOL_SIZE.
-    threads: RequestThreads
+    #: Blocking work of requests runs in this pool's threads, as many as DB_POOL_SIZE.
+    threads: ThreadPoolExecutor
     #: Where surveys run (in this process by default).
     surveys: SurveyJobs
     #: The Celery app and its settings when ``BROKER_URL`` is set (None: all work in process).
@@ -161,16 +80,16 @@ async def in_thread(
     connections under load (each new PostgreSQL connection is a backend process) and keeps the
     threads that contend for the GIL few; requests beyond it wait in the pool's queue.
 
-    The pool is the runtime's own :class:`RequestThreads`, not anyio's worker threads: anyio's
-    hand-off (a ``queue.Queue`` whose ``put`` wakes the thread through a Python ``Condition``, a
-    capacity limiter and a cancel scope per call) was 11.5% of a single submit's Python CPU
-    (docs/benchmarks.md, "The single submit"), and a ``ThreadPoolExecutor`` still 21 µs of the
-    loop's CPU per call ("h/http"). The call runs in a copy of the request's context (its
-    request id for the logs), as anyio's did. Cancelling the request does not stop a call that
-    has started: it runs to its end, as before.
+    The pool is the runtime's own ``ThreadPoolExecutor`` (its queue a C ``SimpleQueue``), not
+    anyio's worker threads: anyio's hand-off (a ``queue.Queue`` whose ``put`` wakes the thread
+    through a Python ``Condition``, a capacity limiter and a cancel scope per call) was 11.5% of
+    a single submit's Python CPU (docs/benchmarks.md, "The single submit"). The call runs in a
+    copy of the request's context (its request id for the logs), as anyio's did. Cancelling the
+    request does not stop a call that has started: it runs to its end, as before.
     """
+    loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
-    return await runtime.threads.run(call)
+    return await loop.run_in_executor(runtime.threads, call)
 
 
 @dataclass(frozen=True)
