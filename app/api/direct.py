@@ -164,8 +164,11 @@ class DirectRoute(APIRoute):
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve the request directly when the plan allows, else as FastAPI does."""
         context = _effective_context(scope)
+        if context is False:  # pragma: no cover - a FastAPI without per-inclusion contexts
+            await super().handle(scope, receive, send)
+            return
         route: Any = self if context is None else context
-        plan = None if context is False else self._plan(route)
+        plan = self._plan(route)
         overrides = getattr(route.dependency_overrides_provider, "dependency_overrides", None)
         if plan is None or overrides or scope["method"] not in route.methods:
             await super().handle(scope, receive, send)
