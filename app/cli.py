@@ -395,8 +395,31 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     if not found:
         print(f"no key with id {args.id}", file=sys.stderr)
         return 1
+    _announce_revoked([args.id])
     print(f"key {args.id} revoked")
     return 0
+
+
+def _announce_revoked(key_ids: list[int]) -> None:
+    """Tell the running web workers to forget revoked keys (through Redis, if configured).
+
+    With ``REDIS_URL`` they refuse ``key_ids`` as soon as the announcement reaches them; without
+    it, within ``AUTH_CACHE_SECONDS``.
+    """
+    from app.settings import get_settings
+
+    url = get_settings().redis_url
+    if not url or not key_ids:
+        return
+    import redis
+
+    from app.services.auth import announce_revoked
+
+    client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    try:
+        announce_revoked(client, key_ids)
+    finally:
+        client.close()
 
 
 def cmd_projects_delete(args: argparse.Namespace) -> int:
@@ -410,6 +433,7 @@ def cmd_projects_delete(args: argparse.Namespace) -> int:
     except NotFound:
         print(f"no project named {args.name!r}", file=sys.stderr)
         return 1
+    _announce_revoked(list(revoked))
     print(f"project {args.name} deleted; {len(revoked)} key(s) revoked")
     return 0
 

@@ -68,7 +68,8 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=5, ge=1, le=100)
     db_max_overflow: int = Field(default=5, ge=0, le=100)
     #: Seconds a worker trusts an authenticated API key without asking the database; a key
-    #: revoked elsewhere keeps working that long in other worker processes (0: no cache).
+    #: revoked elsewhere keeps working that long in other worker processes when no Redis
+    #: announcement reaches them (app.services.auth.RevocationListener; 0: no cache).
     auth_cache_seconds: float = Field(default=5.0, ge=0, le=300)
     #: Population surveys: the largest cohort, members decided per transaction, and how long a
     #: process's claim on a running survey lasts without renewal (then another takes over).
