@@ -40,8 +40,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from sqlalchemy import Executable, Table, delete, exists, false, func, select
+from sqlalchemy import (
+    Executable,
+    FromClause,
+    Table,
+    bindparam,
+    delete,
+    exists,
+    false,
+    func,
+    select,
+)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import Insert
 
 from app.db.models import LikelihoodStateRecord, ProtectedObject
 from app.store import ids as ids_
@@ -73,6 +84,28 @@ def _name_state(postgres: bool) -> Executable:
 
 #: Built once per dialect (a submit of a finite object runs one: parameters hash, state, err).
 NAME_STATE = ids_.both(_name_state)
+
+
+def name_state_rows(rows: FromClause, prefix: str) -> Insert:
+    """:data:`NAME_STATE` (PostgreSQL) once per row of ``rows``, to run as a CTE of a statement.
+
+    The parameters are ``prefix`` + ``hash``, ``state`` and ``err``. An accepted submit's one
+    statement names its array this way once its query row is inserted (none when its
+    compare-and-set missed): the row is inserted or locked by the same ``ON CONFLICT`` as
+    :data:`NAME_STATE`'s, and held until the commit (the module's docstring: why that keeps the
+    collection off it).
+    """
+    values = select(
+        bindparam(prefix + "hash", type_=STATES.c.hash.type),
+        bindparam(prefix + "state", type_=STATES.c.state.type),
+        bindparam(prefix + "err", type_=STATES.c.err.type),
+    ).select_from(rows)
+    statement = postgresql.insert(STATES).from_select(["hash", "state", "err"], values)
+    return statement.on_conflict_do_update(
+        index_elements=[STATES.c.hash], set_={"err": STATES.c.err}, where=false()
+    )
+
+
 _NAMED = exists().where(_OBJECTS.c.state_hash == STATES.c.hash)
 #: PostgreSQL: lock stored rows against :func:`collect_unnamed` (the caller names them).
 _LOCK_STATES = ids_.both(

@@ -4,21 +4,21 @@ An accepted submit writes its query record (:mod:`app.store.queries`), the objec
 compare-and-set (:mod:`app.store.objects`) and, for a finite object, the likelihood array it
 names now (:mod:`app.store.states`: inserted, or the stored row locked until the commit; the
 array it named before is left to the collection of unnamed states) and adds the decision's
-audit event (:mod:`app.store.audit`). Each was its own round trip: six of a submit's ten (the
-profile in docs/benchmarks.md).
+audit event (:mod:`app.store.audit`). Each was its own round trip once: six of a submit's ten
+(the profile in docs/benchmarks.md); now they are one statement.
 
-On PostgreSQL they go out together in psycopg's pipeline mode, with one network round trip, and the
-results are read after. The compare-and-set, the query row and the audit event are one statement
-(data-modifying CTEs, :func:`_accept_sql`: the row is inserted only if the compare-and-set hit, and
-the statement fails when it did not); the array it names follows as :mod:`app.store.states`'
-statement (:data:`~app.store.states.NAME_STATE`). All are compiled once from those modules'
-SQLAlchemy constructs (:mod:`app.store.compiled`). In the caller's transaction they run in it; on a
-:func:`app.store.submitting` connection with nothing open yet they are, with ``commit``, the
-protocol's implicit transaction — the statements up to the pipeline's one ``Sync``, committed at it
-if all succeeded, rolled back if one failed — and without ``commit`` a ``BEGIN`` goes first and the
-transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own functions run
-them one by one. Either way the compare-and-set decides: a lost race returns None and the caller
-rolls the transaction back, so nothing of it stays; a unique constraint raises
+On PostgreSQL that statement goes out in psycopg's pipeline mode, with one network round trip,
+and its result is read after: the compare-and-set, the query row, the audit event and the array
+named are data-modifying CTEs of one statement (:func:`_accept_sql`: the row is inserted only if
+the compare-and-set hit, the array only if the row was, and the statement fails when the
+compare-and-set missed), compiled once from those modules' SQLAlchemy constructs
+(:mod:`app.store.compiled`). In the caller's transaction it runs in it; on a
+:func:`app.store.submitting` connection with nothing open yet it is, with ``commit``, the
+protocol's implicit transaction — the statements up to the pipeline's one ``Sync``, committed at
+it if all succeeded, rolled back if one failed — and without ``commit`` a ``BEGIN`` goes first
+and the transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own
+functions run the writes one by one. Either way the compare-and-set decides: a lost race returns
+None and the caller rolls the transaction back, so nothing of it stays; a unique constraint raises
 :class:`~app.store.Conflict` and a failed database :class:`~app.store.Unavailable`, as from any
 other statement of this package.
 """
@@ -28,13 +28,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 import psycopg.errors
 from psycopg.pq import TransactionStatus
 from sqlalchemy import (
-    ClauseElement,
     Integer,
     Text,
     bindparam,
@@ -88,36 +87,41 @@ _QUERY_COLUMNS = tuple(AcceptedQuery.__dataclass_fields__)
 _sql = Compiled.of
 
 
-_NAME_STATE = _sql(cast(ClauseElement, state_store.NAME_STATE[True]))
-#: The accepted write's statement by the set of ``objects`` columns it sets (one on the hot path).
-_ACCEPT: dict[frozenset[str], Compiled] = {}
+#: The accepted write's statement by the set of ``objects`` columns it sets and whether it names
+#: a likelihood array (two on the hot path: a finite object's and a continuous one's).
+_ACCEPT: dict[tuple[frozenset[str], bool], Compiled] = {}
 
 
 #: The prefix of the ``queries`` row's parameters in :func:`_accept_sql` (apart from the
 #: ``objects`` columns of the compare-and-set, some of which have the same names).
 _QUERY_PARAM = "query_"
+#: The prefix of the named array's parameters (``hash``, ``state``, ``err``) likewise.
+_STATE_PARAM = "named_"
 
 #: The message of the error that aborts a submit whose compare-and-set hit no row.
 LOST_RACE = "gatekeeper: lost race"
 
 
-def _accept_sql(columns: frozenset[str]) -> Compiled:
-    """The compare-and-set, the query row and its audit event as one statement.
+def _accept_sql(columns: frozenset[str], names_state: bool) -> Compiled:
+    """The compare-and-set, the query row, its audit event and the array named, one statement.
 
     Data-modifying CTEs, in order: the compare-and-set (``UPDATE objects … WHERE id = … AND
     version = …``, :data:`app.store.objects.COMPARE_AND_SET`), the ``queries`` row inserted
-    once per row the compare-and-set hit (:data:`app.store.queries.QUERIES`), and the audit
-    event made around that row's id (:func:`app.store.audit.for_query_rows`). The statement
+    once per row the compare-and-set hit (:data:`app.store.queries.QUERIES`), the audit
+    event made around that row's id (:func:`app.store.audit.for_query_rows`) and, with
+    ``names_state``, the array the object names now, inserted or its row locked once per
+    query row (:func:`app.store.states.name_state_rows`: the lock that keeps the collection of
+    unnamed states off it until the commit, as the statement of its own it was). The statement
     returns the new row's id — and when the compare-and-set hit no row it inserts nothing and
     fails: it casts ``'gatekeeper: lost race N'`` to an integer unless N = 1 row was inserted
     (an error whose text says why; not folded at plan time, it depends on ``count(*)``), so the
-    transaction is aborted and nothing after it (the state references, ``COMMIT``) takes effect.
+    transaction is aborted and nothing of it takes effect.
     With ``COMMIT`` in the same pipeline that is what a lost race must do. Under READ
     COMMITTED the ``UPDATE`` waits for a concurrent writer of the row and then rechecks the
     version on the row it committed, as a plain ``UPDATE`` does; a used idempotency key fails
     the ``queries`` unique index (:class:`~app.store.Conflict`).
     """
-    text = _ACCEPT.get(columns)
+    text = _ACCEPT.get((columns, names_state))
     if text is None:
         queries = query_store.QUERIES
         cas = (
@@ -144,7 +148,7 @@ def _accept_sql(columns: frozenset[str]) -> Compiled:
         add_event = audit_store.for_query_rows(row)
         # one namespace of parameters: no objects column may take the event's or the row's
         taken = set(audit_store.for_query_rows(queries).compile(dialect=DIALECT).params)
-        clash = {n for n in columns if n in taken or n.startswith(_QUERY_PARAM)}
+        clash = {n for n in columns if n in taken or n.startswith((_QUERY_PARAM, _STATE_PARAM))}
         if clash:
             raise ValueError(f"objects columns clash with the statement's parameters: {clash}")
         event = add_event.cte("event")
@@ -155,7 +159,9 @@ def _accept_sql(columns: frozenset[str]) -> Compiled:
             .select_from(row)
             .add_cte(event)
         )
-        text = _ACCEPT[columns] = _sql(guarded)
+        if names_state:
+            guarded = guarded.add_cte(state_store.name_state_rows(row, _STATE_PARAM).cte("named"))
+        text = _ACCEPT[columns, names_state] = _sql(guarded)
     return text
 
 
@@ -210,15 +216,16 @@ def record_accepted(
             rest = raw.cursor()
             if own and not commit:  # a transaction left open for the caller's further writes
                 rest.execute(b"BEGIN", prepare=False)
-            accept = _accept_sql(frozenset(columns) | {"version"})
+            accept = _accept_sql(frozenset(columns) | {"version"}, new_state is not None)
             params = {_QUERY_PARAM + n: getattr(query, n) for n in _QUERY_COLUMNS}
             params.update(audit_store.query_event_params(event))
             params.update(cas)  # the objects columns' names (none is another's: _accept_sql)
+            if new_state is not None:
+                params[_STATE_PARAM + "hash"] = new_state.key
+                params[_STATE_PARAM + "state"] = new_state.state
+                params[_STATE_PARAM + "err"] = new_state.err
             accepted = raw.cursor()
             accepted.execute(accept.text, accept.params(params))
-            if new_state is not None:
-                state = {"hash": new_state.key, "state": new_state.state, "err": new_state.err}
-                rest.execute(_NAME_STATE.text, _NAME_STATE.params(state))
             # own and commit: no BEGIN and COMMIT of their own — in autocommit the statements
             # up to the pipeline's one Sync (sent as it closes) are one implicit transaction,
             # committed at the Sync if all succeeded and rolled back if one failed (the rest
