@@ -587,11 +587,14 @@ def _decide_rows(
     """
     parsed = cache.parsed
     by_group: dict[GroupKey, list[MemberRow]] = {}
+    keys: dict[GroupKey, GroupKey] = {}  # each distinct public state's decision key
     for row in rows:
         if row.retired:
             _refuse(work, row, Refusal.RETIRED)
             continue
-        key = decision_key(row.key, parsed)
+        key = keys.get(row.key)
+        if key is None:
+            key = keys[row.key] = decision_key(row.key, parsed)
         members = by_group.get(key)
         if members is None:
             by_group[key] = [row]
@@ -920,9 +923,7 @@ def _sample_groups(
         mech = accepted[indexes[0]].group.mech
         # drawn in the chunk's order (by id), whatever the grouping: the grouping decides
         # nothing about a member's draw, and a replayed stream draws the same per member
-        members = sorted(
-            ((n, row) for n in indexes for row in accepted[n].members), key=_member_id
-        )
+        members = sorted(((n, row) for n in indexes for row in accepted[n].members), key=_member_id)
         # a population holds few distinct values: each plaintext parsed once (the mechanisms
         # only read them), every member still sampled on its own
         parsed: dict[str, Any] = {}
