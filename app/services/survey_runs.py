@@ -68,7 +68,7 @@ from app.services.snapshots import (
     StoredState,
     advance,
     advance_from,
-    exact_content_key,
+    canonical_content_key,
     move_state_refs,
     next_history_hash,
     pending_columns,
@@ -536,7 +536,9 @@ def _exact_advance(
     if exact is None:
         return None
     shared = _group_after(decided, group, cache)
-    key = exact_content_key(decided.domain, exact)
+    assert term.exact is not None  # noqa: S101 - the form survived the term: it has one
+    # the form's canonical bytes from the group's history's, only the term's row written anew
+    key = canonical_content_key(decided.domain, state.exact.canonical_after(term.exact))
     stored = cache.contents.get(key)
     if stored is None and work is not None:
         build = work.building.get(key)
@@ -630,7 +632,7 @@ def _decide_rows(
             if not members:
                 continue
         accepted.append(_Sampling(key, group, members, passed))
-    sampled = _sample_groups(accepted, cipher)
+    sampled = _sample_groups(accepted, cipher, rows)
     ahead: dict[str, list[tuple[GroupKey, GroupAccepted, Output]]] = defaultdict(list)
     for (key, group, _, _), by_output in zip(accepted, sampled, strict=True):
         if not _pending(key, group):
@@ -905,9 +907,11 @@ class _Sampling(NamedTuple):
 
 
 def _sample_groups(
-    accepted: Sequence[_Sampling], cipher: crypto.ValueCipher
+    accepted: Sequence[_Sampling], cipher: crypto.ValueCipher, rows: Sequence[MemberRow]
 ) -> list[dict[Output, list[MemberRow]]]:
     """Each accepted group's members by the output drawn for them (aligned with ``accepted``).
+
+    ``rows``: the chunk's members, in its order (the order of the draws).
 
     The values are decrypted here (the only read of a value, all of a domain's at once:
     :meth:`~app.crypto.ValueCipher.decrypt_many`) and sampled with one
@@ -915,15 +919,21 @@ def _sample_groups(
     chunk asked the same query there, whatever its group (an ``olh`` chunk draws its 5,000
     seeds in one generator call instead of in 1,000 groups of five).
     """
-    batches: dict[str, list[int]] = defaultdict(list)
+    slot: dict[str, int] = {}
     for n, item in enumerate(accepted):
-        batches[item.key.domain].append(n)
+        for row in item.members:
+            slot[row.id] = n
+    # drawn in the chunk's order, whatever the grouping: the grouping decides nothing about a
+    # member's draw, and a replayed stream draws the same per member
+    domains = [item.key.domain for item in accepted]
+    batches: dict[str, list[tuple[int, MemberRow]]] = defaultdict(list)
+    for row in rows:
+        n = slot.get(row.id)
+        if n is not None:
+            batches[domains[n]].append((n, row))
     found: list[dict[Output, list[MemberRow]]] = [defaultdict(list) for _ in accepted]
-    for indexes in batches.values():
-        mech = accepted[indexes[0]].group.mech
-        # drawn in the chunk's order (by id), whatever the grouping: the grouping decides
-        # nothing about a member's draw, and a replayed stream draws the same per member
-        members = sorted(((n, row) for n in indexes for row in accepted[n].members), key=_member_id)
+    for members in batches.values():
+        mech = accepted[members[0][0]].group.mech
         # a population holds few distinct values: each plaintext parsed once (the mechanisms
         # only read them), every member still sampled on its own
         parsed: dict[str, Any] = {}
@@ -936,10 +946,6 @@ def _sample_groups(
         for (n, row), output in zip(members, mech.sample_many(values), strict=True):
             found[n][output].append(row)
     return found
-
-
-def _member_id(member: tuple[int, MemberRow]) -> str:
-    return member[1].id
 
 
 def _pending(key: GroupKey, group: GroupAccepted) -> bool:
