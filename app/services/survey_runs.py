@@ -33,13 +33,14 @@ lease expires (:func:`resumable_surveys`) and resume at the first pending chunk.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -125,7 +126,8 @@ class RunCache:
     """What a run remembers across its chunks (all of it public, none of it a value).
 
     ``decisions``: per decision key (:func:`decision_key`), the filter's decision;
-    ``advances``: per (decision key, output), the object columns and state row after it;
+    ``advances``: per (decision group's number, :meth:`number`; output), the object columns
+    and state row after it;
     ``stored``: state keys this run has stored (later chunks only count references to them);
     ``seen``: decision groups of committed chunks (the survey's ``groups``). Emptied when it
     grows past ``max_entries``.
@@ -133,7 +135,7 @@ class RunCache:
 
     parsed: ParsedQuery
     decisions: dict[GroupKey, GroupAccepted | Refusal] = field(default_factory=dict)
-    advances: dict[tuple[GroupKey, Output], Advance] = field(default_factory=dict)
+    advances: dict[tuple[int, Output], Advance] = field(default_factory=dict)
     stored: set[str] = field(default_factory=set)
     seen: set[GroupKey] = field(default_factory=set)
     max_entries: int = 1_000_000
@@ -160,7 +162,23 @@ class RunCache:
     #: bytes until a chunk storing it committed, then none (``b""``: it is in ``stored``).
     contents: dict[str, StoredState] = field(default_factory=dict)
     #: Per accepted exact decision group, what all its outputs share (:class:`_GroupAfter`).
-    after: dict[GroupKey, _GroupAfter] = field(default_factory=dict)
+    after: dict[int, _GroupAfter] = field(default_factory=dict)
+    #: Each decision key's number in the run (:meth:`number`).
+    numbers: dict[GroupKey, int] = field(default_factory=dict)
+    #: The next number (``next`` is atomic: two threads never draw the same one).
+    counter: Iterator[int] = field(default_factory=itertools.count)
+
+    def number(self, key: GroupKey) -> int:
+        """The decision group's number in this run: the per-(group, output) caches' key.
+
+        Looked up once per group and chunk (a ``GroupKey`` hashes 15 fields); numbers are
+        never reused, even after :meth:`trim`.
+        """
+        found = self.numbers.get(key)
+        if found is None:
+            found = self.numbers.setdefault(key, next(self.counter))
+        return found
+
     #: The query's term per domain text and output.
     terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
     magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -236,6 +254,7 @@ class RunCache:
             self.texts.clear()
             self.contents.clear()
             self.after.clear()
+            self.numbers.clear()
             self.terms.clear()
             self.magnitudes.clear()
             self.history_mechs.clear()
@@ -254,7 +273,7 @@ class _Chunk:
     #: New exact states named in this chunk, their arrays to compute (:func:`_build_states`).
     building: dict[str, _Build] = field(default_factory=dict)
     #: Answers naming one of those, shared with the run once the arrays are built.
-    advances_built: dict[tuple[GroupKey, Output], Advance] = field(default_factory=dict)
+    advances_built: dict[tuple[int, Output], Advance] = field(default_factory=dict)
     #: The variants' numbers by what they hold (:func:`_answer`).
     entries: dict[tuple[Any, ...], int] = field(default_factory=dict)
     advances: list[Advanced] = field(default_factory=list)
@@ -413,6 +432,7 @@ def _decide_groups(
 
 def _advance_of(
     decided: GroupKey,
+    number: int,
     group: GroupAccepted,
     output: Output,
     cache: RunCache,
@@ -421,18 +441,19 @@ def _advance_of(
 ) -> Advance:
     """The columns and state after ``output`` for the members of decision group ``decided``.
 
-    Computed once per decision group and output (its history hash: ``decided``'s; each
+    ``number``: the group's in the run (:meth:`RunCache.number`). Computed once per decision
+    group and output (its history hash: ``decided``'s; each
     member's own follows, :func:`~app.services.snapshots.advance_from`). An exact history's
     next state is named by its content first (:func:`_exact_advance`): its array is computed
     only for a content this run has not met yet (with ``work``, with the chunk's other new
     arrays: :func:`_build_states`).
     """
     mech = group.mech
-    found = cache.advances.get((decided, output))
+    found = cache.advances.get((number, output))
     if found is None and work is not None:
-        found = work.advances_built.get((decided, output))
+        found = work.advances_built.get((number, output))
     if found is None:
-        found = _exact_advance(decided, group, output, cache, worker, work)
+        found = _exact_advance(decided, group, output, cache, worker, work, number)
         if found is None:
             after = recorded(group.snapshot, group.decision, mech, output, worker)
             found = advance(
@@ -444,9 +465,9 @@ def _advance_of(
             )
         if work is not None and found.stored is not None and found.stored.key in work.building:
             # shared once its array is built: another thread's chunk would find no bytes
-            work.advances_built[(decided, output)] = found
+            work.advances_built[(number, output)] = found
         else:
-            cache.advances[(decided, output)] = found
+            cache.advances[(number, output)] = found
     return found
 
 
@@ -460,16 +481,18 @@ class _GroupAfter(NamedTuple):
     f0_account: str
 
 
-def _group_after(decided: GroupKey, group: GroupAccepted, cache: RunCache) -> _GroupAfter:
-    """The :class:`_GroupAfter` of an accepted decision group, once per run."""
-    shared = cache.after.get(decided)
+def _group_after(number: int, group: GroupAccepted, cache: RunCache) -> _GroupAfter:
+    """The :class:`_GroupAfter` of accepted decision group ``number``, once per run."""
+    shared = cache.after.get(number)
     if shared is None:
         basic, account = accounts_after(group.snapshot, group.mech)
-        shared = cache.after[decided] = _GroupAfter({}, str(basic), str(account))
+        shared = cache.after[number] = _GroupAfter({}, str(basic), str(account))
     return shared
 
 
-def _losses_ahead(pairs: Sequence[tuple[GroupKey, GroupAccepted, Output]], cache: RunCache) -> None:
+def _losses_ahead(
+    groups: Sequence[tuple[int, GroupAccepted, Iterable[Output]]], cache: RunCache
+) -> None:
     """The exact loss after each (exact decision group, output) of a domain, in one engine call.
 
     What :func:`_exact_advance` brackets for a new state (its exact form's
@@ -480,28 +503,27 @@ def _losses_ahead(pairs: Sequence[tuple[GroupKey, GroupAccepted, Output]], cache
     shortcut (each pair's loss is then computed alone).
     """
     histories: list[ExactLoss] = []
-    number: dict[GroupKey, int] = {}
     outputs: list[Output] = []
     owners: list[int] = []
     targets: list[tuple[dict[int, Fraction], int]] = []
-    for decided, group, output in pairs:
+    for number, group, drawn in groups:
         state = group.snapshot.state
         if not isinstance(state, LikelihoodState) or state.exact is None:
             continue
-        losses = _group_after(decided, group, cache).losses
-        at = output_index(output)
-        if at in losses or (decided, output) in cache.advances:
-            continue  # computed, or its state named already
-        owner = number.get(decided)
-        if owner is None:
-            owner = number[decided] = len(histories)
+        losses = _group_after(number, group, cache).losses
+        owner = len(histories)
+        for output in drawn:
+            at = output_index(output)
+            if at in losses or (number, output) in cache.advances:
+                continue  # computed, or its state named already
+            outputs.append(output)
+            owners.append(owner)
+            targets.append((losses, at))
+        if owners and owners[-1] == owner:
             histories.append(state.exact)
-        outputs.append(output)
-        owners.append(owner)
-        targets.append((losses, at))
     if not targets:
         return
-    found = pairs[0][1].mech.exact_losses_after(histories, outputs, owners)
+    found = groups[0][1].mech.exact_losses_after(histories, outputs, owners)
     if found is None:
         return
     for (losses, at), loss in zip(targets, found, strict=True):
@@ -514,7 +536,8 @@ def _exact_advance(
     output: Output,
     cache: RunCache,
     worker: BoundWorker,
-    work: _Chunk | None = None,
+    work: _Chunk | None,
+    number: int,
 ) -> Advance | None:
     """:func:`advance` of :func:`recorded`, for an exact history: the same columns and key.
 
@@ -535,7 +558,7 @@ def _exact_advance(
     exact = exact_after(state.exact, term)
     if exact is None:
         return None
-    shared = _group_after(decided, group, cache)
+    shared = _group_after(number, group, cache)
     assert term.exact is not None  # noqa: S101 - the form survived the term: it has one
     # the form's canonical bytes from the group's history's, only the term's row written anew
     key = canonical_content_key(decided.domain, state.exact.canonical_after(term.exact))
@@ -633,13 +656,14 @@ def _decide_rows(
                 continue
         accepted.append(_Sampling(key, group, members, passed))
     sampled = _sample_groups(accepted, cipher, rows)
-    ahead: dict[str, list[tuple[GroupKey, GroupAccepted, Output]]] = defaultdict(list)
-    for (key, group, _, _), by_output in zip(accepted, sampled, strict=True):
+    numbers = [cache.number(item.key) for item in accepted]
+    ahead: dict[str, list[tuple[int, GroupAccepted, Iterable[Output]]]] = defaultdict(list)
+    for (key, group, _, _), number, by_output in zip(accepted, numbers, sampled, strict=True):
         if not _pending(key, group):
-            ahead[key.domain].extend((key, group, output) for output in by_output)
-    for pairs in ahead.values():
-        _losses_ahead(pairs, cache)
-    for (key, group, _, passed), by_output in zip(accepted, sampled, strict=True):
+            ahead[key.domain].append((number, group, by_output))
+    for drawn in ahead.values():
+        _losses_ahead(drawn, cache)
+    for (key, group, _, passed), number, by_output in zip(accepted, numbers, sampled, strict=True):
         mech = group.mech
         work.domains.add(key.domain)
         query_text = cache.query_text(key.domain, mech)
@@ -658,7 +682,7 @@ def _decide_rows(
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
         for output, answered in by_output.items():
-            change = _advance_of(key, group, output, cache, worker, work)
+            change = _advance_of(key, number, group, output, cache, worker, work)
             if key.state_hash is not None:
                 work.lost[key.state_hash] += len(answered)
             _answer_group(work, key, mech, output, change, answered, cache)
@@ -928,9 +952,9 @@ def _sample_groups(
     domains = [item.key.domain for item in accepted]
     batches: dict[str, list[tuple[int, MemberRow]]] = defaultdict(list)
     for row in rows:
-        n = slot.get(row.id)
-        if n is not None:
-            batches[domains[n]].append((n, row))
+        at = slot.get(row.id)
+        if at is not None:
+            batches[domains[at]].append((at, row))
     found: list[dict[Output, list[MemberRow]]] = [defaultdict(list) for _ in accepted]
     for members in batches.values():
         mech = accepted[members[0][0]].group.mech
