@@ -586,6 +586,7 @@ def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: dateti
         rows,
         where={"where_id": "id", "where_version": "version"},
         values=_ADVANCE_TYPES,
+        shaped=True,  # the keys of _ADVANCE_TYPES: the five above and the accounting columns
     )
 
 
