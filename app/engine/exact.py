@@ -258,64 +258,6 @@ class ExactLoss:
         shape = ",".join(map(str, self.shape))
         return f'{{"s":[{shape}],"g":[{written}],"c":{{{counts}}}}}'.encode()
 
-    def canonical_after(self, term: ExactTerm) -> bytes:
-        """``self.with_term(term).canonical_bytes()``, without building the form.
-
-        Only the term's row (its group's counts on its axis) moves: the bytes before and after
-        it are written once per history and (axis, group) (:meth:`_after_parts`, kept on the
-        history: a survey names every output of its groups' histories), the row once per
-        output. Equal bytes, tested against the definition.
-        """
-        head, row, tail = self._after_parts(term.axis, term.group)
-        moved = str((row + np.asarray(term.coeff, dtype=np.int64)).tolist()).replace(" ", "")
-        return head + moved.encode() + tail
-
-    def _after_parts(self, axis: int, group: Group) -> tuple[bytes, IntArray, bytes]:
-        """The canonical bytes of the form after a term of ``group`` on ``axis``, cut at its row.
-
-        The bytes before the row, the row's counts before the term, the bytes after it.
-        """
-        found = self._parts.get((axis, group))
-        if found is not None:
-            return found
-        groups = self.groups if group in self.groups else (*self.groups, group)
-        g = groups.index(group)
-        counts = {a: _pad(arr, len(groups)) for a, arr in self.counts.items()}
-        if axis not in counts:
-            counts[axis] = np.zeros((len(groups), self.shape[axis]), dtype=np.int64)
-        order = (
-            list(range(len(groups)))
-            if len(groups) < 2
-            else sorted(range(len(groups)), key=lambda n: groups[n].epsilon)
-        )
-        written = ",".join(
-            f"[{groups[n].epsilon.numerator},{groups[n].epsilon.denominator}]" for n in order
-        )
-        shape = ",".join(map(str, self.shape))
-        head = [f'{{"s":[{shape}],"g":[{written}],"c":{{']
-        tail: list[str] = []
-        for n, a in enumerate(sorted(counts)):
-            rows = [str(r).replace(" ", "") for r in counts[a][order].tolist()]
-            text = f'"{a}":'
-            if n:
-                text = "," + text
-            if a < axis:
-                head.append(text + "[" + ",".join(rows) + "]")
-            elif a > axis:
-                tail.append(text + "[" + ",".join(rows) + "]")
-            else:
-                at = order.index(g)
-                head.append(text + "[" + "".join(r + "," for r in rows[:at]))
-                tail.append("".join("," + r for r in rows[at + 1 :]) + "]")
-        tail.append("}}")
-        found = ("".join(head).encode(), counts[axis][g].copy(), "".join(tail).encode())
-        self._parts[(axis, group)] = found
-        return found
-
-    @cached_property
-    def _parts(self) -> dict[tuple[int, Group], tuple[bytes, IntArray, bytes]]:
-        return {}
-
     def same_as(self, other: ExactLoss | None) -> bool:
         """Equal counts per group, whatever order the groups came in (``verify``).
 

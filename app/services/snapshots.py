@@ -305,15 +305,10 @@ def content_key(domain_text: str, state: LikelihoodState) -> str | None:
 
 def exact_content_key(domain_text: str, exact: ExactLoss) -> str:
     """:func:`content_key` of a state whose exact form is ``exact`` (the array not needed)."""
-    return canonical_content_key(domain_text, exact.canonical_bytes())
-
-
-def canonical_content_key(domain_text: str, canonical: bytes) -> str:
-    """:func:`exact_content_key` of the form whose canonical bytes are ``canonical``."""
     hasher = hashlib.blake2b(digest_size=16, person=b"exact-state")
     hasher.update(domain_text.encode())
     hasher.update(b"\x1f")
-    hasher.update(canonical)
+    hasher.update(exact.canonical_bytes())
     return hasher.hexdigest()
 
 

@@ -69,7 +69,7 @@ from app.services.snapshots import (
     StoredState,
     advance,
     advance_from,
-    canonical_content_key,
+    exact_content_key,
     move_state_refs,
     next_history_hash,
     pending_columns,
@@ -559,9 +559,7 @@ def _exact_advance(
     if exact is None:
         return None
     shared = _group_after(number, group, cache)
-    assert term.exact is not None  # noqa: S101 - the form survived the term: it has one
-    # the form's canonical bytes from the group's history's, only the term's row written anew
-    key = canonical_content_key(decided.domain, state.exact.canonical_after(term.exact))
+    key = exact_content_key(decided.domain, exact)
     stored = cache.contents.get(key)
     if stored is None and work is not None:
         build = work.building.get(key)
