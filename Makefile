@@ -40,15 +40,21 @@ typecheck: $(STAMP)
 # worksteal: a process that is done takes queued tests from the other one, which may be held
 # for minutes by one long test (tests/conftest.py puts half of the slow tests first in each
 # process's share)
+# PYTHONDONTWRITEBYTECODE emptied: the suite starts hundreds of Python processes (gatekeeper
+# commands, servers and their workers, spawned pools); where the environment sets it (this
+# project's CI machine does) each of them compiled app/ from source again, and each pytest
+# process re-ran pytest's assertion rewrite of its plugins (hypothesis, schemathesis...). The
+# caches go to __pycache__ folders of the clone and of .venv, both ignored by git.
+TEST_ENV := PYTHONDONTWRITEBYTECODE= OPENBLAS_NUM_THREADS=1
 unit: $(STAMP)
-	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist worksteal
+	$(TEST_ENV) $(BIN)/pytest -n 2 --dist worksteal
 
 test: lint typecheck unit
 
 # the development loop: lint, types and the fast tests (every test not marked slow), in
 # minutes; `make test` (the README's command and CI's) still runs everything
 fast: $(STAMP)
-	OPENBLAS_NUM_THREADS=1 $(BIN)/pytest -n 2 --dist worksteal -m "not slow" -q
+	$(TEST_ENV) $(BIN)/pytest -n 2 --dist worksteal -m "not slow" -q
 
 check: lint typecheck fast
 

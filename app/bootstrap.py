@@ -137,7 +137,19 @@ def _runtime(
     from app.api.deps import Runtime
     from app.services.auth import KeyCache
     from app.services.locks import ObjectLocks
+    from app.services.snapshots import collect_states_periodically
+    from app.worker.periodic import Periodic
 
+    seconds = settings.states_collect_seconds
+    housekeeping = (
+        Periodic(
+            name="states-collection",
+            task=lambda: collect_states_periodically(engine, redis=redis_client, seconds=seconds),
+            seconds=seconds,
+        )
+        if seconds > 0
+        else None
+    )
     return Runtime(
         settings=settings,
         engine=engine,
@@ -149,6 +161,7 @@ def _runtime(
         threads=ThreadPoolExecutor(settings.db_pool_size, thread_name_prefix="request"),
         surveys=surveys,
         celery=celery,
+        housekeeping=housekeeping,
     )
 
 

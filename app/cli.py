@@ -205,6 +205,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings, engine = _prepare_database()
     _encrypt_legacy_values(engine)
     _fold_object_counts(engine)
+    _collect_states(engine)
     engine.dispose()
     workers = args.workers or settings.web_workers
     print(
@@ -284,6 +285,27 @@ def _encrypt_legacy_values(engine: Any) -> None:
         print(
             f"gatekeeper: encrypted {changed} private value(s) stored in plaintext", file=sys.stderr
         )
+
+
+def _collect_states(engine: Any) -> int:
+    """Delete the stored likelihood states no object names (:mod:`app.store.states`)."""
+    from app.services.snapshots import collect_states
+
+    collected = collect_states(engine)
+    if collected:
+        print(
+            f"gatekeeper: deleted {collected} likelihood state(s) no object names", file=sys.stderr
+        )
+    return collected
+
+
+def cmd_states_collect(args: argparse.Namespace) -> int:
+    """Delete the stored likelihood states no object names (safe beside a running service)."""
+    engine = _open_database(values=False)
+    collected = _collect_states(engine)
+    engine.dispose()
+    print(f"deleted {collected} likelihood state(s) no object names")
+    return 0
 
 
 def _fold_object_counts(engine: Any) -> None:
@@ -373,8 +395,31 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
     if not found:
         print(f"no key with id {args.id}", file=sys.stderr)
         return 1
+    _announce_revoked([args.id])
     print(f"key {args.id} revoked")
     return 0
+
+
+def _announce_revoked(key_ids: list[int]) -> None:
+    """Tell the running web workers to forget revoked keys (through Redis, if configured).
+
+    With ``REDIS_URL`` they refuse ``key_ids`` as soon as the announcement reaches them; without
+    it, within ``AUTH_CACHE_SECONDS``.
+    """
+    from app.settings import get_settings
+
+    url = get_settings().redis_url
+    if not url or not key_ids:
+        return
+    import redis
+
+    from app.services.auth import announce_revoked
+
+    client = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    try:
+        announce_revoked(client, key_ids)
+    finally:
+        client.close()
 
 
 def cmd_projects_delete(args: argparse.Namespace) -> int:
@@ -388,6 +433,7 @@ def cmd_projects_delete(args: argparse.Namespace) -> int:
     except NotFound:
         print(f"no project named {args.name!r}", file=sys.stderr)
         return 1
+    _announce_revoked(list(revoked))
     print(f"project {args.name} deleted; {len(revoked)} key(s) revoked")
     return 0
 
@@ -449,6 +495,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     engine.dispose()
     for line in report.problems:
         print(f"MISMATCH {line}")
+    if report.unnamed_states:
+        print(
+            f"{report.unnamed_states} stored likelihood state(s) no object names: deleted by "
+            "the next collection (gatekeeper states collect)"
+        )
     print(
         f"verified {report.checked} object(s) and {report.surveys} survey(s) in "
         f"{time.monotonic() - started:.1f} s ({report.replays} distinct histories replayed): "
@@ -960,6 +1011,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: min(2, CPUs); 0: none)",
     )
     imports.set_defaults(func=cmd_import)
+    states = sub.add_parser("states", help="the stored likelihood states")
+    states_sub = states.add_subparsers(dest="states_command", required=True)
+    collect = states_sub.add_parser(
+        "collect",
+        help="delete the stored states no object names (serve does it at start, a survey at "
+        "its end; safe while the service runs)",
+    )
+    collect.set_defaults(func=cmd_states_collect)
     verify = sub.add_parser("verify", help="recompute every object's state from its history")
     verify.add_argument("--quiet", action="store_true", help="no progress bar")
     verify.add_argument(

@@ -68,13 +68,17 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=5, ge=1, le=100)
     db_max_overflow: int = Field(default=5, ge=0, le=100)
     #: Seconds a worker trusts an authenticated API key without asking the database; a key
-    #: revoked elsewhere keeps working that long in other worker processes (0: no cache).
+    #: revoked elsewhere keeps working that long in other worker processes when no Redis
+    #: announcement reaches them (app.services.auth.RevocationListener; 0: no cache).
     auth_cache_seconds: float = Field(default=5.0, ge=0, le=300)
     #: Population surveys: the largest cohort, members decided per transaction, and how long a
     #: process's claim on a running survey lasts without renewal (then another takes over).
     survey_max_members: int = Field(default=5_000_000, ge=1, le=100_000_000)
     survey_chunk_size: int = Field(default=5000, ge=1, le=100_000)
     survey_lease_seconds: float = Field(default=30.0, gt=0, le=3600)
+    #: How often a web process deletes the likelihood states no object names (0: only at
+    #: ``gatekeeper serve``'s start, a survey's end and ``gatekeeper states collect``).
+    states_collect_seconds: float = Field(default=3600.0, ge=0, le=7 * 24 * 3600)
     #: Threads deciding a survey's chunks at once in one process (one samples while another's
     #: chunk is in the database).
     survey_threads: int = Field(default=2, ge=1, le=32)

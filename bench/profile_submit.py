@@ -17,6 +17,13 @@ table. py-spy samples threads that are not idle in its sense, and a thread block
 on PostgreSQL, not of CPU (the benchmark's ``cpu ms/submit`` is the CPU figure). With ``--gil``
 py-spy samples only the thread holding the GIL: the shares are then of the Python code's CPU
 (time in C code that releases the GIL, and the other processes, are not in them).
+
+With ``--direct`` there is no server: py-spy runs ``bench/submit_cpu.py --direct`` (the service's
+``submit`` called in process, one at a time, ``--submits`` of them; its first tree from
+``--trees``) and only the samples inside ``submit`` are kept, so the shares are of the submit's
+own time without HTTP, ASGI or the thread hand-off::
+
+    .venv/bin/python bench/profile_submit.py --direct --gil --submits 3000 --functions 25
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ PARTS = [
     ("    decision and sampling (engine)", "decide (app/services/decisions.py"),
     ("    COMMIT (leaving Engine.begin)", "Engine.begin (sqlalchemy"),
     ("    Redis lock", "ObjectLocks._redis_lock (app/services/locks.py"),
+    ("    the submit's transaction (connection, autocommit, return)", "submitting (app/store/base"),
+    ("    load on psycopg directly", "fetch_one (app/store/compiled.py"),
+    ("      value decryption", "EncryptedText.process_result_value (app/db/types.py"),
     ("    SQLAlchemy Connection.execute", "Connection.execute (sqlalchemy"),
     ("event loop: HTTP, middleware, routing", "RequestResponseCycle.run_asgi (uvicorn"),
     ("  authentication (API key)", "get_caller (app/api/deps.py"),
@@ -129,6 +139,30 @@ def server_pid(parent: int, deadline: float) -> int:
     raise RuntimeError("the benchmark's server did not start")
 
 
+def direct(args: argparse.Namespace, spy: str, raw: Path) -> int:
+    """py-spy over ``submit_cpu.py --direct``; the stacks outside ``submit`` are dropped."""
+    tree = args.trees.split(",")[0] if args.trees else str(ROOT)
+    command = [
+        *(spy, "record", "--subprocesses", "-r", str(args.rate), "-f", "raw", "-o", str(raw)),
+        *(["--gil"] if args.gil else []),
+        "--",
+        *(sys.executable, str(ROOT / "bench" / "submit_cpu.py"), "--direct", "--trees", tree),
+        *("--rounds", "1", "--submits", str(args.submits), "--warmup", "50"),
+    ]
+    print("$ " + " ".join(command[command.index("--") + 2 :]), flush=True)
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)  # noqa: S603
+    print(out.stdout)
+    marker = "submit (app/services/queries.py"
+    kept = [line for line in raw.read_text().splitlines() if marker in line]
+    raw.write_text("\n".join(kept) + "\n")
+    gil = " --gil" if args.gil else ""
+    print(f"py-spy record --subprocesses{gil} -r {args.rate}, only inside submit (stacks: {raw})")
+    print(summarize(raw).replace("both workers", "the submits"))
+    if args.functions:
+        print(by_function(raw, args.functions))
+    return out.returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--seconds", type=int, default=12, help="sampling time (12)")
@@ -149,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--summarize", type=Path, help="only summarize these collapsed stacks (no benchmark)"
     )
+    parser.add_argument(
+        "--direct", action="store_true", help="no HTTP: submit_cpu.py --direct under py-spy"
+    )
+    parser.add_argument("--submits", type=int, default=3000, help="with --direct (3000)")
     args = parser.parse_args(argv)
     if args.summarize is not None:
         print(summarize(args.summarize))
@@ -157,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     raw = args.raw or Path(tempfile.mkdtemp(prefix="gk_spy_")) / "submit.raw"
+    if args.direct:
+        return direct(args, spy, raw)
     duration = args.delay + args.seconds + 15
     command = [
         sys.executable,

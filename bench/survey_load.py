@@ -295,14 +295,48 @@ def states_size(database_url: str) -> tuple[int, float]:
     return count, size / 2**20
 
 
+def states_dead(database_url: str) -> int:
+    """``likelihood_states``' dead row versions now, counted by ``pgstattuple`` (a scan)."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        row = conn.execute(
+            "SELECT dead_tuple_count FROM pgstattuple('likelihood_states')"
+        ).fetchone()
+    assert row is not None  # noqa: S101 - one row
+    return int(row[0])
+
+
+def states_stats(database_url: str) -> str:
+    """``likelihood_states``' ``pg_stat_user_tables`` counts: dead versions, rows written.
+
+    An idle backend reports its counts up to 10 s late (PostgreSQL 15), hence the wait; the
+    write counts are cumulative, ``n_dead_tup`` what autovacuum has not removed yet.
+    """
+    import psycopg
+
+    time.sleep(11)
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT n_live_tup, n_dead_tup, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, "
+            "autovacuum_count FROM pg_stat_user_tables WHERE relname = 'likelihood_states'"
+        ).fetchone()
+    assert row is not None  # noqa: S101 - the table exists in a migrated database
+    names = ("live", "dead", "inserted", "updated", "HOT updated", "deleted", "autovacuums")
+    return ", ".join(f"{name} {value:,}" for name, value in zip(names, row, strict=True))
+
+
 def survey_series(args: argparse.Namespace) -> int:
     """``--surveys N``: the issue's diverging sequence, per tree, interleaved survey by survey.
 
     One database and one server per tree (this one, then each ``--baseline``), the same
     population imported into each; survey ``i`` runs on every tree before survey ``i + 1``
     (alternating which goes first), so the trees share the machine's load. Per survey and tree:
-    wall time, members/s, decision groups, likelihood states stored and their MiB, the server's
-    CPU seconds and its PostgreSQL backends' CPU seconds, and the load average.
+    wall time, members/s, decision groups, likelihood states stored and their MiB, the states
+    table's dead row versions (:func:`states_dead`), the server's CPU seconds and its PostgreSQL
+    backends' CPU seconds, and the load average; at the end the table's statistics
+    (:func:`states_stats`).
     """
     trees = [ROOT, *args.baseline]
     names = ["branch" if t == ROOT else f"base {t}" for t in trees]
@@ -313,11 +347,17 @@ def survey_series(args: argparse.Namespace) -> int:
         write_population(population, args.objects, args.seed)
         urls, servers, dbnames = [], [], []
         for n, tree in enumerate(trees):
+            # a baseline's database is migrated by its own tree (its head may be older)
             url, dbname = stack.enter_context(
-                fresh_database(keep=args.keep_database, prefix=args.db_prefix)
+                fresh_database(keep=args.keep_database, prefix=args.db_prefix, migrate=tree == ROOT)
             )
+            if tree != ROOT:
+                done = cli(url, "migrate", tree=tree)
+                if done.returncode != 0:
+                    print(done.stderr)
+                    return 1
             start = time.perf_counter()
-            done = cli(url, "import", str(population), "--quiet")
+            done = cli(url, "import", str(population), "--quiet", tree=tree)
             if done.returncode != 0:
                 print(done.stderr)
                 return 1
@@ -334,9 +374,9 @@ def survey_series(args: argparse.Namespace) -> int:
         headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         print(
             "| survey | tree | wall s | members/s | groups | states | states MiB | "
-            "server CPU s | PG CPU s | load |"
+            "states dead | server CPU s | PG CPU s | load |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for i in range(args.surveys):
             query = series_query(i)
             order = list(range(len(trees)))
@@ -350,20 +390,23 @@ def survey_series(args: argparse.Namespace) -> int:
                     pg_cpu = backends.stop()
                     cpu = servers[n].cpu() - cpu
                 states, mib = states_size(urls[n])
+                dead = states_dead(urls[n])
                 members = view["progress"]["decided"]
                 line = (
                     f"| {i + 1} ({query['attribute']}) | {names[n]} | {seconds:.1f} | "
                     f"{members / seconds:,.0f} | {view['groups']} | {states} | {mib:,.1f} | "
-                    f"{cpu:.1f} | {pg_cpu:.1f} | {os.getloadavg()[0]:.2f} |"
+                    f"{dead:,} | {cpu:.1f} | {pg_cpu:.1f} | {os.getloadavg()[0]:.2f} |"
                 )
                 ok &= view["status"] == "done" and members == args.objects
                 rows.append((i, names[n], line))
                 print(line, flush=True)
         for n, url in enumerate(urls):
             print(f"{names[n]}: largest tables (MiB) {table_sizes(url)}", flush=True)
+            print(f"{names[n]}: likelihood_states statistics: {states_stats(url)}", flush=True)
             if not args.no_verify:
                 done = cli(url, "verify", tree=trees[n])
-                print(f"{names[n]}: verify: {done.stdout.strip().splitlines()[-1]}", flush=True)
+                said = [line for line in done.stdout.splitlines() if line.startswith("verified")]
+                print(f"{names[n]}: verify: {said[-1] if said else done.stdout}", flush=True)
                 ok &= done.returncode == 0
     return 0 if ok else 1
 

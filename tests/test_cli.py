@@ -1,16 +1,30 @@
-"""The ``gatekeeper`` command line, run as a subprocess: ``loss FILE|-`` and ``serve``."""
+"""The ``gatekeeper`` command line: ``loss FILE|-`` and ``serve``.
+
+Most tests call the command's entry point (``app.cli.main``) in this process, with standard
+input, output and error redirected (:func:`run`): a ``gatekeeper`` process would spend about
+0.6-0.8 s of CPU importing before the millisecond of work these tests check (issue 27 item 5,
+CI time). :func:`run_process` runs the console script as a subprocess, for the tests of the
+installed command itself and of a pipe into it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import math
 import os
 import subprocess
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from app import cli
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / ".venv" / "bin" / "gatekeeper"
@@ -24,18 +38,82 @@ def _command() -> list[str]:
     return [sys.executable, "-m", "app.cli"]
 
 
-def run(*args: str, stdin: str | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+def run_process(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``gatekeeper ARGS`` as a subprocess (the console script when the venv has it)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(  # noqa: S603 - fixed argv, no shell
         [*_command(), *args],
         input=stdin,
         capture_output=True,
         text=True,
-        cwd=cwd,
+        cwd=REPO,
         env=env,
         timeout=120,
         check=False,
     )
+
+
+@contextlib.contextmanager
+def _stderr_of_a_fresh_interpreter(err: io.StringIO) -> Iterator[None]:
+    """Warnings and log records go to ``err`` as a fresh ``gatekeeper`` process prints them.
+
+    Python's default warning filters (deprecations shown only for ``__main__``), and log
+    records of WARNING and above, which a process without logging configuration prints to
+    standard error (``logging.lastResort``): a test that asserts on standard error sees them
+    as it would from the subprocess.
+    """
+    root = logging.getLogger()
+    handler = logging.StreamHandler(err)
+    handler.setLevel(logging.WARNING)
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.resetwarnings()
+            warnings.simplefilter("default")
+            warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
+                warnings.filterwarnings("ignore", category=category)
+            warnings.filterwarnings("ignore", category=ResourceWarning)
+            yield
+        for item in caught:
+            err.write(
+                warnings.formatwarning(
+                    item.message, item.category, item.filename, item.lineno, item.line
+                )
+            )
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``gatekeeper ARGS`` in this process: ``app.cli.main`` as the console script calls it.
+
+    Standard input is ``stdin`` (empty when ``None``); the exit code is what the process would
+    exit with, ``SystemExit`` (argparse's usage errors and ``--help``) included.
+    """
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+        _stderr_of_a_fresh_interpreter(err),
+    ):
+        saved_stdin = sys.stdin
+        sys.stdin = io.StringIO(stdin or "")
+        try:
+            code: Any = cli.main(list(args))
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            sys.stdin = saved_stdin
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # SystemExit("message"): printed, exit status 1
+        err.write(f"{code}\n")
+        code = 1
+    return subprocess.CompletedProcess(["gatekeeper", *args], code, out.getvalue(), err.getvalue())
 
 
 def _reject_constant(name: str) -> Any:
@@ -183,8 +261,9 @@ def test_loss_unbalanced_history_is_the_count_difference_times_epsilon(tmp_path:
 
 
 def test_loss_with_candidate_from_stdin() -> None:
+    """Through a pipe into the console script (a subprocess)."""
     request = calculator_request(budget=1.0, candidate=CANDIDATE, options={"tolerance": 1e-6})
-    result = run("loss", "-", stdin=json.dumps(request))
+    result = run_process("loss", "-", stdin=json.dumps(request))
     assert result.returncode == 0, result.stderr
     answer = strict_json(result.stdout)
     check_answer_shape(answer, with_candidate=True)
@@ -470,7 +549,8 @@ def test_serve_documents_its_options() -> None:
 
 
 def test_commands_are_listed() -> None:
-    result = run("--help")
+    """The installed console script itself (a subprocess)."""
+    result = run_process("--help")
     assert result.returncode == 0
     for command in ("serve", "loss", "keys", "verify"):
         assert command in result.stdout
@@ -512,3 +592,27 @@ def test_help_is_plain_text(args: list[str]) -> None:
     assert "``" not in result.stdout
     assert ":func:" not in result.stdout
     assert ":class:" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin"),
+    [
+        (["loss", "-"], json.dumps(calculator_request(budget=2.0, candidate=CANDIDATE))),
+        (["loss", "-"], json.dumps({"domain": DOMAIN, "history": [], "budget": -1})),
+        (["loss", "-"], "{not json"),
+        (["frobnicate"], None),
+    ],
+    ids=["answer", "invalid-input", "invalid-json", "usage-error"],
+)
+def test_in_process_runs_answer_as_the_console_script(
+    args: list[str], stdin: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """:func:`run` (in process) and :func:`run_process` give the same exit code and output."""
+    monkeypatch.setenv("COLUMNS", "80")  # argparse's line width, the same on both sides
+    here, there = run(*args, stdin=stdin), run_process(*args, stdin=stdin)
+    assert (here.returncode, here.stdout, here.stderr) == (
+        there.returncode,
+        there.stdout,
+        there.stderr,
+    )
+    assert here.stdout or here.stderr

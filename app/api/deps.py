@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import NotText, RepeatedKey, loads_strict
 from app.engine.limits import EngineLimits
-from app.services.auth import KeyCache, authenticate, hash_key
+from app.services.auth import KeyCache, announce_revoked, authenticate, hash_key
 from app.services.bodies import validated
 from app.services.errors import BadJson, Forbidden, PayloadTooLarge, Unauthorized
 from app.services.locks import ObjectLocks
@@ -40,6 +40,7 @@ from app.services.scope import Scope
 from app.settings import Settings
 from app.store import Database
 from app.worker.jobs import SurveyJobs
+from app.worker.periodic import Periodic
 from app.worker.pool import BoundWorker
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ class Runtime:
     surveys: SurveyJobs
     #: The Celery app and its settings when ``BROKER_URL`` is set (None: all work in process).
     celery: tuple[Celery, CelerySettings] | None = None
+    #: The periodic collection of unnamed likelihood states (None: ``STATES_COLLECT_SECONDS=0``).
+    housekeeping: Periodic | None = None
 
 
 P = ParamSpec("P")
@@ -136,14 +139,27 @@ async def get_caller(
     cached = runtime.keys.lookup(digest)
     if cached is not None:
         return Caller(*cached)
+    generation = runtime.keys.generation  # a revocation announced meanwhile: not cached
     caller = await in_thread(runtime, _lookup, runtime, secret)
     if caller is None:
         raise Unauthorized("the API key is not valid")
-    runtime.keys.put(digest, caller.key_id, caller.role, caller.scope)
+    runtime.keys.put(digest, caller.key_id, caller.role, caller.scope, generation=generation)
     return caller
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]
+
+
+async def forget_keys(runtime: Runtime, key_ids: list[int]) -> None:
+    """After revoking ``key_ids``: forget them here and announce them to the other processes.
+
+    With Redis every other process's :class:`app.services.auth.RevocationListener` forgets them
+    on the announcement; without, their cached entries expire within ``AUTH_CACHE_SECONDS``.
+    """
+    for key_id in key_ids:
+        runtime.keys.forget(key_id)
+    if runtime.redis is not None and key_ids:
+        await in_thread(runtime, announce_revoked, runtime.redis, key_ids)
 
 
 async def raw_body(request: Request) -> bytes:

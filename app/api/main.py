@@ -11,8 +11,7 @@ from fastapi import FastAPI
 from app import metrics, multiproc
 from app.api import openapi, problems
 from app.api.deps import Runtime
-from app.api.middleware import BodyLimit, RequestContext
-from app.api.ratelimit import RateLimitMiddleware
+from app.api.middleware import RequestContext
 from app.api.routes import (
     audit,
     calculator,
@@ -25,7 +24,7 @@ from app.api.routes import (
     projects,
     surveys,
 )
-from app.services.auth import ensure_bootstrap_admin
+from app.services.auth import RevocationListener, ensure_bootstrap_admin
 from app.settings import Settings
 from app.store import Conflict
 from app.worker.threads import single_threaded_blas
@@ -54,9 +53,20 @@ def create_app(settings: Settings, build_runtime: Callable[[Settings], Runtime])
                     log.info("bootstrap admin key registered")
             except Conflict:  # another uvicorn worker registered it at the same moment
                 log.info("bootstrap admin key registered by another worker")
+        # keys revoked by other processes leave this one's key cache when they are announced
+        listener = (
+            RevocationListener(runtime.redis, runtime.keys).start()
+            if runtime.redis is not None and runtime.keys.ttl > 0
+            else None
+        )
+        app.state.revocations = listener
         yield
+        if listener is not None:
+            listener.stop()
         runtime.threads.shutdown(wait=True)  # the requests' threads have nothing left to run
         runtime.surveys.close()
+        if runtime.housekeeping is not None:
+            runtime.housekeeping.close()
         runtime.worker.close()
         runtime.engine.dispose()
         multiproc.mark_this_process_dead()
@@ -74,16 +84,14 @@ def create_app(settings: Settings, build_runtime: Callable[[Settings], Runtime])
     problems.install(app)
     openapi.install(app)
 
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    # inside the request context (request id, access log): throttled requests never reach
-    # the routes or the database
+    # the one middleware: every response (429s and 413s too) gets a request id and a log
+    # line; throttled and oversized requests never reach the routes or the database
     app.add_middleware(
-        RateLimitMiddleware,
+        RequestContext,
+        max_bytes=settings.max_body_bytes,
         per_second=settings.rate_limit_per_second,
         burst=settings.rate_limit_burst,
     )
-    # added last, so outermost: every response (413s too) gets a request id and a log line
-    app.add_middleware(RequestContext)
 
     app.include_router(objects.router)
     for module in (odometers, imports, surveys, audit, calculator, keys, projects, health):

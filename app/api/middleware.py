@@ -1,8 +1,10 @@
-"""Pure ASGI middleware: request id + access log + latency metrics, and the body-size limit.
+"""The one pure ASGI middleware: request id, access log, latency metrics, rate and body limits.
 
-Plain ASGI callables rather than ``@app.middleware("http")``: Starlette's ``BaseHTTPMiddleware``
-runs every request through an extra task group and memory streams per layer, a measurable share
-of the CPU of a submit (docs/benchmarks.md, service load).
+One plain ASGI callable rather than ``@app.middleware("http")``: Starlette's
+``BaseHTTPMiddleware`` runs every request through an extra task group and memory streams per
+layer, a measurable share of the CPU of a submit (docs/benchmarks.md, service load). And one
+rather than three (request context, rate limit, body limit): one pass over the headers, one
+layer of calls (docs/benchmarks.md, "h/http").
 """
 
 from __future__ import annotations
@@ -10,43 +12,59 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import logs, metrics
 from app.api import problems
+from app.api.ratelimit import RateLimits
 
 access = logging.getLogger("gatekeeper.access")
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            text: str = value.decode("latin-1")
-            return text
-    return None
-
-
 class RequestContext:
-    """Outermost layer: every response (413s too) gets ``X-Request-ID`` and one access line.
+    """The only layer before FastAPI's: every response gets ``X-Request-ID`` and one access line.
 
     The request id is the client's ``X-Request-ID`` when it is 1-64 printable characters, else a
     new random 128-bit hex id; it is set in :data:`app.logs.request_id` for every log line of
-    the request.
+    the request. Then, in this order, a request may be answered here without reaching the
+    routes (with its request id and access line too):
+
+    - ``429`` when its bearer key is over ``RATE_LIMIT_PER_SECOND`` (:mod:`app.api.ratelimit`;
+      ``per_second = 0``: no limit);
+    - ``400`` for a non-numeric ``Content-Length`` and ``413`` above ``max_bytes`` (a chunked
+      body without ``Content-Length`` is limited while it is read: :func:`app.api.deps.json_body`).
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(
+        self, app: ASGIApp, *, max_bytes: int, per_second: float = 0.0, burst: int = 0
+    ) -> None:
         self.app = app
+        self.max_bytes = max_bytes
+        self.limits = RateLimits(per_second, burst) if per_second > 0 else None
+        #: The latency histogram's child per (method, path, status): ``labels()`` once each.
+        self._observers: dict[tuple[str, str, int], Callable[[float], None]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Serve one ASGI connection scope."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        incoming = _header(scope, b"x-request-id") or ""
-        valid = 0 < len(incoming) <= 64 and incoming.isprintable()
-        rid = incoming if valid else os.urandom(16).hex()
+        incoming = length = authorization = None
+        for key, value in scope["headers"]:  # one pass; the first of each, the last Authorization
+            if key == b"x-request-id":
+                if incoming is None:
+                    incoming = value.decode("latin-1")
+            elif key == b"content-length":
+                if length is None:
+                    length = value.decode("latin-1")
+            elif key == b"authorization":
+                authorization = value
+        valid = incoming is not None and 0 < len(incoming) <= 64 and incoming.isprintable()
+        rid = incoming if valid and incoming is not None else os.urandom(16).hex()
         raw_rid = rid.encode("latin-1")
         token = logs.request_id.set(rid)
         start = time.perf_counter()
@@ -63,7 +81,13 @@ class RequestContext:
 
         metrics.IN_PROGRESS.inc()
         try:
-            await self.app(scope, receive, send_with_id)
+            refusal = self.limits.refuse(scope, authorization) if self.limits else None
+            if refusal is None:
+                refusal = self._too_large(length)
+            if refusal is None:
+                await self.app(scope, receive, send_with_id)
+            else:
+                await refusal(scope, receive, send_with_id)
         finally:
             metrics.IN_PROGRESS.dec()
             duration = time.perf_counter() - start
@@ -78,8 +102,30 @@ class RequestContext:
                     "duration_ms": round(1000 * duration, 2),
                 },
             )
-            metrics.REQUESTS.labels(method, path, str(status)).observe(duration)
+            observe = self._observers.get((method, path, status))
+            if observe is None:
+                observe = metrics.REQUESTS.labels(method, path, str(status)).observe
+                if len(self._observers) < 10_000:  # paths are templates; bounded anyway
+                    self._observers[(method, path, status)] = observe
+            observe(duration)
             logs.request_id.reset(token)
+
+    def _too_large(self, length: str | None) -> Response | None:
+        """The ``400`` or ``413`` answer to a ``Content-Length``, or None."""
+        if length is None:
+            return None
+        if not length.isdigit():
+            return problems.problem(
+                400, "bad-request", "Bad request", "the Content-Length header is not a number"
+            )
+        if int(length) > self.max_bytes:
+            return problems.problem(
+                413,
+                "payload-too-large",
+                "Payload too large",
+                f"request bodies are limited to {self.max_bytes} bytes",
+            )
+        return None
 
 
 def _route_path(scope: Scope) -> str:
@@ -99,36 +145,3 @@ def _route_path(scope: Scope) -> str:
             if getattr(candidate, "endpoint", None) is endpoint:
                 return str(getattr(candidate, "path", "unmatched"))
     return "unmatched"
-
-
-class BodyLimit:
-    """Answer 400 for a non-numeric ``Content-Length`` and 413 above ``max_bytes``.
-
-    A chunked body without ``Content-Length`` is limited while it is read
-    (:func:`app.api.deps.json_body`).
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one ASGI connection scope."""
-        if scope["type"] == "http":
-            length = _header(scope, b"content-length")
-            if length is not None and not length.isdigit():
-                response = problems.problem(
-                    400, "bad-request", "Bad request", "the Content-Length header is not a number"
-                )
-                await response(scope, receive, send)
-                return
-            if length is not None and int(length) > self.max_bytes:
-                response = problems.problem(
-                    413,
-                    "payload-too-large",
-                    "Payload too large",
-                    f"request bodies are limited to {self.max_bytes} bytes",
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

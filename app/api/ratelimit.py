@@ -22,7 +22,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import Scope
 
 from app.api import problems
 
@@ -101,11 +102,15 @@ def key_id(authorization: bytes) -> str | None:
     return hashlib.sha256(secret).hexdigest()[:32] if secret else None
 
 
-class RateLimitMiddleware:
-    """Answer ``429`` to a key over its limit (pure ASGI: no body buffering)."""
+class RateLimits:
+    """The limit of a process's requests: ``429`` for a key over it (None: go on).
 
-    def __init__(self, app: ASGIApp, per_second: float, burst: int) -> None:
-        self.app = app
+    :class:`app.api.middleware.RequestContext` asks it before anything else runs (pure ASGI:
+    no body buffering); the limiter is made at the first request, when the runtime (its Redis)
+    exists.
+    """
+
+    def __init__(self, per_second: float, burst: int) -> None:
         self.per_second = per_second
         self.burst = burst
         self._limiter: RateLimiter | None = None
@@ -117,18 +122,13 @@ class RateLimitMiddleware:
             self._limiter = RateLimiter(self.per_second, self.burst, redis)
         return self._limiter
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on, or answer 429."""
-        if scope["type"] != "http" or self.per_second <= 0:
-            await self.app(scope, receive, send)
-            return
-        header = dict(scope["headers"]).get(b"authorization")
-        key = key_id(header) if header else None
+    def refuse(self, scope: Scope, authorization: bytes | None) -> Response | None:
+        """The ``429`` answer to a request over its key's limit, else None."""
+        key = key_id(authorization) if authorization else None
         wait = self._get_limiter(scope).take(key) if key else 0.0
         if wait <= 0.0:
-            await self.app(scope, receive, send)
-            return
-        response = problems.problem(
+            return None
+        return problems.problem(
             429,
             "rate-limited",
             "Too many requests",
@@ -136,4 +136,3 @@ class RateLimitMiddleware:
             f"(bursts of {self._get_limiter(scope).burst}); retry later",
             headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )
-        await response(scope, receive, send)

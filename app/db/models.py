@@ -286,7 +286,8 @@ class VersionBatch(Base):
 class LikelihoodStateRecord(Base):
     """A finite history's ``log P`` array and its rounding error, by content or history hash.
 
-    ``refs`` counts the objects whose ``state_hash`` names it; at zero the row is deleted.
+    Kept while an object's ``state_hash`` names it; no count of those is stored (migration
+    0017): rows no object names are deleted by :func:`app.store.states.collect_unnamed`.
     """
 
     __tablename__ = "likelihood_states"
@@ -294,7 +295,6 @@ class LikelihoodStateRecord(Base):
     hash: Mapped[str] = mapped_column(String(32), primary_key=True)
     state: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
     err: Mapped[float] = mapped_column(Float, nullable=False)
-    refs: Mapped[int] = mapped_column(Integer, nullable=False)
 
 
 class QueryRecord(Base):

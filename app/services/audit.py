@@ -61,8 +61,22 @@ def record(
     detail: dict[str, Any],
 ) -> None:
     """Add an event in ``target``'s transaction."""
+    made = new_event(kind=kind, actor_key_id=actor_key_id, object_id=object_id, detail=detail)
     store.add(
         target,
+        at=made.at,
+        kind=made.kind,
+        actor_key_id=made.actor_key_id,
+        object_id=made.object_id,
+        detail=made.detail,
+    )
+
+
+def new_event(
+    *, kind: AuditKind, actor_key_id: int | None, object_id: str | None, detail: dict[str, Any]
+) -> store.NewEvent:
+    """The event :func:`record` adds, for a store function that writes it with other rows."""
+    return store.NewEvent(
         at=datetime.now(UTC),
         kind=kind.value,
         actor_key_id=actor_key_id,

@@ -6,6 +6,7 @@ is stored; with that much entropy a fast hash is enough (there is nothing to bru
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import secrets
@@ -174,14 +175,31 @@ def list_keys(*, engine: Database, limit: int, after: int) -> KeyPage:
     return KeyPage(items=items, next_after=items[-1].id if len(items) == limit else None)
 
 
+def revoked_channel(redis: Any) -> str:
+    """The channel on which revocations are announced to every process's :class:`KeyCache`.
+
+    Redis's channels are server-wide, not per database: the database number keeps deployments
+    that share a server on separate databases apart.
+    """
+    db = redis.connection_pool.connection_kwargs.get("db", 0)
+    return f"gatekeeper:keys:revoked:{db}"
+
+
 class KeyCache:
     """Recently authenticated keys of this process, by key hash, for ``ttl`` seconds.
 
     Saves a database round trip per request. Revocation semantics: a revoked key stops working
-    at once in the process that revoked it (:meth:`forget`) and within ``ttl`` seconds in every
-    other process (other uvicorn workers, other replicas), which keep using their cached entry
-    until it expires. ``ttl = 0`` disables the cache (every request reads the database). Only
-    successful lookups are cached; an unknown or revoked key is looked up every time.
+    at once in the process that revoked it (:meth:`forget`) and, with Redis, in every other
+    process (other uvicorn workers, other replicas, ``gatekeeper keys revoke``) as soon as the
+    announcement (:func:`announce_revoked`) reaches its :class:`RevocationListener` — measured
+    in milliseconds; a process not subscribed (no Redis, Redis unreachable) keeps a cached entry
+    until it expires, so ``ttl`` bounds every case. ``ttl = 0`` disables the cache (every
+    request reads the database). Only successful lookups are cached; an unknown or revoked key is
+    looked up every time.
+
+    A lookup that read the database before a revocation and stores its answer after the
+    announcement arrived would keep the revoked key for ``ttl``: :meth:`put` with the
+    :attr:`generation` read before the lookup stores nothing when a revocation came in between.
     """
 
     def __init__(
@@ -195,6 +213,8 @@ class KeyCache:
         self._clock = clock
         self._entries: dict[str, tuple[float, int, Role, Scope | None]] = {}
         self._lock = threading.Lock()
+        #: Bumped by every :meth:`forget` and :meth:`clear` (see the class docstring).
+        self.generation = 0
 
     def get(self, key_hash: str) -> tuple[int, Role] | None:
         """``(key id, role)`` if cached and not expired."""
@@ -212,17 +232,114 @@ class KeyCache:
             return None
         return entry[1], entry[2], entry[3]
 
-    def put(self, key_hash: str, key_id: int, role: Role, scope: Scope | None = None) -> None:
-        """Remember an active key (no-op when disabled)."""
+    def put(
+        self,
+        key_hash: str,
+        key_id: int,
+        role: Role,
+        scope: Scope | None = None,
+        *,
+        generation: int | None = None,
+    ) -> None:
+        """Remember an active key (no-op when disabled).
+
+        Nothing is stored when a revocation came in since ``generation`` was read.
+        """
         if self.ttl <= 0:
             return
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             if len(self._entries) >= self.max_entries:
                 self._entries.clear()
             self._entries[key_hash] = (self._clock() + self.ttl, key_id, role, scope)
 
     def forget(self, key_id: int) -> None:
-        """Drop a key (after revoking it here)."""
+        """Drop a key (after revoking it here, or when another process announced it)."""
         with self._lock:
+            self.generation += 1
             for digest in [d for d, e in self._entries.items() if e[1] == key_id]:
                 del self._entries[digest]
+
+    def clear(self) -> None:
+        """Drop every key (announcements may have been missed)."""
+        with self._lock:
+            self.generation += 1
+            self._entries.clear()
+
+
+def announce_revoked(redis: Any, key_ids: list[int]) -> None:
+    """Tell every process's :class:`KeyCache` (through Redis) to forget ``key_ids``.
+
+    Called after the revocation committed. If Redis cannot be reached the revocation stands;
+    other processes then trust their cached entries until they expire (``AUTH_CACHE_SECONDS``).
+    """
+    if not key_ids:
+        return
+    from redis.exceptions import RedisError
+
+    try:
+        redis.publish(revoked_channel(redis), ",".join(str(k) for k in key_ids))
+    except RedisError as exc:
+        log.warning(
+            "revocation not announced (%s): other processes refuse the key within "
+            "AUTH_CACHE_SECONDS",
+            type(exc).__name__,
+        )
+
+
+class RevocationListener:
+    """A daemon thread that makes ``cache`` forget the keys other processes revoke.
+
+    It subscribes to :func:`revoked_channel`; each time it (re)subscribes it clears the cache,
+    since announcements made while it was not subscribed are lost. When Redis is unreachable it
+    retries every ``retry`` seconds; meanwhile the cache's TTL bounds how long a revoked key is
+    trusted.
+    """
+
+    def __init__(self, redis: Any, cache: KeyCache, *, retry: float = 1.0) -> None:
+        self.redis = redis
+        self.cache = cache
+        self.retry = retry
+        #: Set while subscribed (tests wait for it).
+        self.subscribed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="key-revocations", daemon=True)
+
+    def start(self) -> RevocationListener:
+        """Start listening (returns self)."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening (within about a second)."""
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        from redis.exceptions import RedisError
+
+        while not self._stop.is_set():
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(revoked_channel(self.redis))
+                self.cache.clear()
+                self.subscribed.set()
+                last_ping = time.monotonic()
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is not None and message.get("type") == "message":
+                        for part in bytes(message["data"]).split(b","):
+                            if part.strip().isdigit():
+                                self.cache.forget(int(part))
+                    if time.monotonic() - last_ping > 10.0:  # a dead connection shows here
+                        pubsub.ping()
+                        last_ping = time.monotonic()
+            except (RedisError, OSError) as exc:
+                if self.subscribed.is_set():
+                    log.warning("key revocations: Redis lost (%s)", type(exc).__name__)
+                self.subscribed.clear()
+                self._stop.wait(self.retry)
+            finally:
+                with contextlib.suppress(Exception):
+                    pubsub.close()

@@ -7,7 +7,11 @@ is lost, or cannot be reached at all never causes a double spend; an unreachable
 logged and the request goes on with the in-process lock alone.
 
 The Redis lock is a plain ``SET key token NX PX timeout`` and a compare-and-delete script, the
-same protocol as ``redis.lock.Lock`` with less client-side work per request.
+same protocol as ``redis.lock.Lock`` with less client-side work per request: one round trip to
+acquire, one to release, each sent on a connection of the client's pool by hand (the client's
+``execute_command`` — its retry wrapper, option filtering and response callbacks — cost as much
+CPU again as the two commands themselves: docs/benchmarks.md, "h/submitdb"). A command that
+fails is not retried by the client: the failure takes the path below at once.
 
 A release that Redis does not answer (down, or frozen past the client's socket timeout) is
 retried in the background (one thread per process, working through a queue) until it succeeds
@@ -145,13 +149,45 @@ class ObjectLocks:
             yield
         finally:
             try:
-                released = self._release(keys=[name], args=[token])
+                released = self._release_now(name, token)
             except RedisError:
                 self._redis_down_until = time.monotonic() + REDIS_BACKOFF
                 self._release_later(name, token)
             else:
                 if not released:
                     log.warning("redis lock of an object expired or was lost before release")
+
+    def _command(self, *args: Any) -> Any:
+        """One command on a connection of the client's pool: its reply (a Redis error raised).
+
+        A connection that failed mid-command is disconnected before it goes back to the pool
+        (its reply may still come: the next user must not read it).
+        """
+        from redis.exceptions import ResponseError
+
+        assert self.redis is not None  # noqa: S101 - only called with a client
+        pool = self.redis.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_command(*args)
+            return connection.read_response()
+        except ResponseError:  # an error reply: the connection is in step
+            raise
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+
+    def _release_now(self, name: str, token: str) -> bool:
+        """Run the release script (``EVALSHA``; loaded first if Redis does not have it)."""
+        from redis.exceptions import NoScriptError
+
+        assert self._release is not None  # noqa: S101 - set with the client
+        try:
+            return bool(self._command("EVALSHA", self._release.sha, 1, name, token))
+        except NoScriptError:  # a restarted or flushed Redis: the script object loads it
+            return bool(self._release(keys=[name], args=[token]))
 
     def _redis_skipped(self) -> bool:
         """Whether Redis failed less than :data:`REDIS_BACKOFF` seconds ago."""
@@ -200,7 +236,8 @@ class ObjectLocks:
         assert self.redis is not None  # noqa: S101 - only called with a client
         deadline = time.monotonic() + self.wait
         delay = 0.002
-        while not self.redis.set(name, token, nx=True, px=max(1, int(self.timeout * 1000))):
+        timeout = max(1, int(self.timeout * 1000))
+        while not self._command("SET", name, token, "NX", "PX", timeout):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(delay)

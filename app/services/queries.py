@@ -20,13 +20,15 @@ Submit protocol (one accepted query per object at a time, nothing double-spent):
 If another writer won (the update hits no row, or a unique constraint fires — also the one on the
 idempotency key, when the key was used before), the transaction rolls back — the unused sample is
 discarded unseen — and the submit starts again at step 2, now looking the key up *first*, so a
-retry of the same key finds the stored response. A fresh key, the common case, thus costs no
-lookup of its own: one ``SELECT`` reads the object with the rejection stored under the key (if
-any), and the accepted submit's writes — query row, compare-and-set, likelihood-state references,
-audit event — go to PostgreSQL in one pipeline with the transaction's ``BEGIN`` and ``COMMIT``
-(:mod:`app.store.submits`; the statements are :mod:`app.store.objects`',
-:mod:`app.store.queries`', :mod:`app.store.states`' and :mod:`app.store.audit`', built once):
-two round trips to PostgreSQL per accepted submit, the load and the write.
+retry of the same key finds the stored response. A key thus costs no lookup of its own: one
+``SELECT`` reads the object with the answer stored under the key (accepted or rejected, if any;
+run on psycopg directly: :mod:`app.store.compiled`), and the accepted submit's writes —
+compare-and-set, query row and audit event in one statement, then the likelihood-state
+references — go to PostgreSQL in one pipeline that is its own (implicit) transaction
+(:mod:`app.store.submits`; the statements are built once from :mod:`app.store.objects`',
+:mod:`app.store.queries`', :mod:`app.store.states`' and :mod:`app.store.audit`' constructs):
+two round trips to PostgreSQL per accepted submit, the load and the write. A rejection writes its
+count, stored answer and audit event as one statement: two round trips too.
 """
 
 from __future__ import annotations
@@ -88,7 +90,6 @@ from app.store import (
     Database,
     Tx,
     Unavailable,
-    begin_writes,
     reading,
     submitting,
 )
@@ -227,6 +228,15 @@ def _replay(
     record = query_store.find_accepted(conn, object_id=object_id, key=key)
     if record is None:
         return _replay_rejection(conn, object_id, key, print_, owner)
+    return _stored_answer(record, print_, owner)
+
+
+def _stored_answer(
+    record: StoredAnswer, print_: str, owner: int | None
+) -> SubmitOutcome | _StoredRejection:
+    """A stored answer (accepted: ``query_id`` set; else a rejection), for its owner and body."""
+    if record.query_id is None:
+        return _stored_rejection(record, print_, owner)
     _check_owner(record, print_, owner)
     # the stored response lacks the query id, which the INSERT that stored it produced
     stored = {"query_id": record.query_id, **json.loads(record.response)}
@@ -257,7 +267,7 @@ def _active(row: ObjectState | None, scope: Scope | None) -> ObjectState:
 def _load_for_submit(
     conn: Tx, object_id: str, key: str | None, scope: Scope | None
 ) -> tuple[ObjectState, StoredAnswer | None]:
-    """:func:`_load_active` and the rejection stored under ``key``, in one statement."""
+    """:func:`_load_active` and the answer stored under ``key``, in one statement."""
     found = (
         object_store.load_for_submit(
             conn, object_id=object_id, key=key, scope=None if scope is None else scope.labels
@@ -265,8 +275,8 @@ def _load_for_submit(
         if ID_PATTERN.fullmatch(object_id)
         else None
     )
-    row, rejection = (None, None) if found is None else found
-    return _active(row, scope), rejection
+    row, answer = (None, None) if found is None else found
+    return _active(row, scope), answer
 
 
 def submit(
@@ -366,16 +376,17 @@ def _attempt(
 ) -> SubmitOutcome | _Accepted | _StoredRejection | _Rejected:
     """One transaction of :func:`submit`: replay, or decide and record the outcome.
 
-    On a first attempt (``replay_first`` false) the key is looked up only when the answer would
-    not be an accepted submit: a retry of a stored submit gets the stored answer, whatever
-    changed since (the object retired, the budget spent by later queries).
+    On a first attempt (``replay_first`` false) the answer stored under the key comes with the
+    object's row; if the row cannot be read (the object retired, say) the key is looked up on its
+    own: a retry of a stored submit gets the stored answer, whatever changed since.
     """
-    # PostgreSQL: the reads run before BEGIN, which goes out with the writes (one round trip
-    # with the accepted submit's COMMIT); the compare-and-set decides, as in a transaction
+    # PostgreSQL: the reads run in autocommit, and the writes are one round trip that is its own
+    # transaction; the compare-and-set decides, as in a transaction
     with submitting(engine) as conn:
+        loaded = False  # whether the row was read, with the answer stored under the key
 
         def stored_answer() -> SubmitOutcome | _StoredRejection | None:
-            if replay_first:  # already looked up at the start of this transaction
+            if replay_first or loaded:  # looked up already in this transaction: none stored
                 return None
             return _replay(conn, object_id, key, print_, analyst_key_id)
 
@@ -386,8 +397,12 @@ def _attempt(
             if replay is not None:
                 return replay
         try:
-            # the rejection stored under the key comes with the row (one round trip)
-            row, rejection = _load_for_submit(conn, object_id, key, scope)
+            # the answer stored under the key comes with the row (one round trip): replayed
+            # first, whatever changed since (the budget spent by later queries, say)
+            row, answer = _load_for_submit(conn, object_id, key, scope)
+            loaded = True
+            if answer is not None:  # (a 422 for another body or client: not looked up again)
+                return _stored_answer(answer, print_, analyst_key_id)
             if reuse[0]:  # a key's stored answer first, then an identical answer: no writes
                 replay = stored_answer()
                 if replay is not None:
@@ -421,14 +436,8 @@ def _attempt(
             replay = stored_answer()
             if replay is not None:
                 return replay
-            begin_writes(conn)
             _record_rejection(conn, row, mech, decision, analyst_key_id, key, print_)
             return _Rejected(decision, row.version + 1, snapshot)
-        if not replay_first and rejection is not None:
-            # a key whose submit was rejected before answers that rejection again (a later
-            # history may accept the same query: it needs a new key); accepted keys are caught
-            # by the unique constraint of the INSERT below
-            return _stored_rejection(rejection, print_, analyst_key_id)
         body, after = _record_acceptance(
             conn,
             row,
@@ -467,22 +476,17 @@ def _record_rejection(
     so a rejection is counted once whatever the retries.
     """
     refusal = decision.refusal
-    if not object_store.count_rejection(conn, object_id=row.id, version=row.version):
-        raise _LostRace
+    stored = None
     if key is not None:
-        query_store.insert_rejection(
-            conn,
-            object_id=row.id,
+        extra = _rejection_extra(decision)
+        stored = submit_store.StoredRejection(
             idempotency_key=key,
             analyst_key_id=analyst_key_id,
             fingerprint=print_,
-            response=json.dumps(
-                {"detail": decision.reason, "extra": _rejection_extra(decision), "type": refusal}
-            ),
+            response=json.dumps({"detail": decision.reason, "extra": extra, "type": refusal}),
             created_at=datetime.now(UTC),
         )
-    audit.record(
-        conn,
+    event = audit.new_event(
         kind=audit.AuditKind.DECISION_REJECTED,
         actor_key_id=analyst_key_id,
         object_id=row.id,
@@ -498,6 +502,11 @@ def _record_rejection(
             "worst_case_after": decision.worst_case_after,
         },
     )
+    # the count, the stored answer and the event: one statement (one round trip) on PostgreSQL
+    if not submit_store.record_rejected(
+        conn, object_id=row.id, version=row.version, stored=stored, event=event
+    ):
+        raise _LostRace
 
 
 def _record_acceptance(
@@ -591,7 +600,6 @@ def _record_acceptance(
         new_state=None
         if change.stored is None
         else submit_store.NewState(change.stored.key, change.stored.state, change.stored.err),
-        old_state=row.state_hash,
         event=event,
         # with a project's sub-history still to write, the block commits after it
         commit=quota is None,

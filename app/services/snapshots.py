@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -38,9 +39,11 @@ from app.engine.pipeline import (
     history_entry,
 )
 from app.services.history import HistoryMismatch, object_history
-from app.store import Database, Tx
+from app.store import Database, Tx, transaction
 from app.store.history import HistoryItem
-from app.store.states import add_refs, drop_unused, insert_states
+from app.store.states import collect_unnamed, name_states
+
+log = logging.getLogger(__name__)
 
 #: Continuous history terms kept in the cache, all objects together (a term is a few hundred
 #: bytes: the default holds about 100 MB).
@@ -403,7 +406,7 @@ def pending_columns(
 ) -> dict[str, Any]:
     """The ``objects`` columns after one more accepted query whose array is not stored.
 
-    The object keeps naming the array ``state_hash`` (no reference moves) and counts one more
+    The object keeps naming the array ``state_hash`` (no state row written) and counts one more
     history entry it lacks; the other columns are :func:`advance`'s (``loss`` from
     :func:`~app.engine.pipeline.losses_after`).
     """
@@ -419,33 +422,57 @@ def pending_columns(
 
 
 class StateGone(Exception):
-    """A state this run stored was deleted meanwhile (its users all moved on): retry."""
+    """A state this run stored was deleted meanwhile (no object named it any more): retry."""
 
 
-def move_state_refs(
+def keep_states(
     conn: Tx,
-    *,
     gained: Mapping[str, tuple[StoredState, int]],
-    lost: Mapping[str, int],
     stored: set[str] | frozenset[str] = frozenset(),
 ) -> None:
-    """Count ``gained[key]`` more objects on each stored state, ``lost[key]`` fewer on others.
+    """Make sure every state of ``gained`` stays stored for the objects about to name it.
 
-    A state gained is inserted when absent (with its array) — unless ``stored`` says it is
-    there already, when only its count changes (:class:`StateGone` if it is not there after
-    all). A state that no object uses any more is deleted.
+    A state whose bytes ``gained`` holds is inserted or its row locked; one ``stored`` says is
+    there already (a committed chunk of the run stored it, its bytes dropped since) is locked,
+    :class:`StateGone` if it is not there after all. Nothing is counted and nothing deleted: a
+    state no object names any more waits for :func:`collect_states`
+    (:mod:`app.store.states`: why a state being named is never collected).
     """
     stored = frozenset(stored)  # one view: another thread may add to the caller's set meanwhile
-    net: dict[str, int] = {}
-    for key, (_, count) in gained.items():
-        net[key] = net.get(key, 0) + count
-    for key, count in lost.items():
-        net[key] = net.get(key, 0) - count
-    new = sorted(key for key, count in net.items() if count > 0 and key not in stored)
-    insert_states(conn, [(key, gained[key][0].state, gained[key][0].err, net[key]) for key in new])
-    known = sorted((key, count) for key, count in net.items() if key in stored and count > 0)
-    if add_refs(conn, known) != len(known):
+    rows = [
+        (key, state.state, state.err) for key, (state, _) in gained.items() if key not in stored
+    ]
+    if any(not state for _, state, _ in rows):
+        raise StateGone  # its bytes were dropped when stored, and it was forgotten since
+    if name_states(conn, rows, [key for key in gained if key in stored]):
         raise StateGone
-    dropped = sorted((key, count) for key, count in net.items() if count < 0)
-    add_refs(conn, dropped)
-    drop_unused(conn, [key for key, _ in dropped])
+
+
+def collect_states(engine: Database) -> int:
+    """Delete the stored states no object names, in a transaction of its own; how many."""
+    with transaction(engine) as conn:
+        return collect_unnamed(conn)
+
+
+#: The Redis key a periodic collection sets (``NX``, expiring after the interval): one process
+#: of a deployment collects per interval, not every web worker of every machine.
+COLLECTED_KEY = "gatekeeper:states:collected"
+
+
+def collect_states_periodically(engine: Database, *, redis: Any | None, seconds: float) -> int:
+    """A web process's periodic :func:`collect_states`; how many it deleted (0: skipped).
+
+    Without it a service taking only single submits would keep every state its objects named
+    before their latest answer until a survey ended or the service restarted. With Redis, a
+    process collects only if no process of the deployment did in the last ``seconds`` (a key
+    set ``NX`` with that expiry); two collections at once would be safe anyway (each skips the
+    rows the other has locked), only wasted. Without Redis each process collects on its own.
+    """
+    if redis is not None and not redis.set(
+        COLLECTED_KEY, b"1", nx=True, px=max(1, int(seconds * 1000))
+    ):
+        return 0
+    collected = collect_states(engine)
+    if collected:
+        log.info("deleted %d likelihood state(s) no object names", collected)
+    return collected

@@ -20,7 +20,8 @@ chunk:
    accepted object's version, the members' decisions and answers packed in the chunk's row
    (only from pending: a member is decided at most once; the answers are in the objects'
    histories from then on, :mod:`app.services.history`), refusals counted on their objects,
-   the shared states' reference counts, and the survey's counters and output tally — whose
+   the new shared states (inserted, or the stored rows locked against the collection of
+   unnamed states: :mod:`app.store.states`), and the survey's counters and output tally — whose
    row is locked last, and whose status is checked there: a survey cancelled
    meanwhile rolls the chunk back.
 
@@ -69,8 +70,9 @@ from app.services.snapshots import (
     StoredState,
     advance,
     advance_from,
+    collect_states,
     exact_content_key,
-    move_state_refs,
+    keep_states,
     next_history_hash,
     pending_columns,
 )
@@ -128,7 +130,7 @@ class RunCache:
     ``decisions``: per decision key (:func:`decision_key`), the filter's decision;
     ``advances``: per (decision group's number, :meth:`number`; output), the object columns
     and state row after it;
-    ``stored``: state keys this run has stored (later chunks only count references to them);
+    ``stored``: state keys this run has stored (later chunks only lock them, without bytes);
     ``seen``: decision groups of committed chunks (the survey's ``groups``). Emptied when it
     grows past ``max_entries``.
     """
@@ -281,7 +283,6 @@ class _Chunk:
     #: A project survey's members' sub-histories after their answers: (state, its first).
     sub_histories: list[tuple[SubHistory, bool]] = field(default_factory=list)
     gained: dict[str, tuple[StoredState, int]] = field(default_factory=dict)
-    lost: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)
     tally: Counter[str] = field(default_factory=Counter)
     domains: set[str] = field(default_factory=set)
@@ -681,8 +682,6 @@ def _decide_rows(
             continue
         for output, answered in by_output.items():
             change = _advance_of(key, number, group, output, cache, worker, work)
-            if key.state_hash is not None:
-                work.lost[key.state_hash] += len(answered)
             _answer_group(work, key, mech, output, change, answered, cache)
     _build_states(work, cache)
     for groups in pending.values():
@@ -986,7 +985,7 @@ def _record_pending(
 ) -> None:
     """Accept the members of a chunk's pending groups (one domain) without storing arrays.
 
-    Each member keeps naming its group's stored array (no reference moves, no state row
+    Each member keeps naming its group's stored array (no state row locked, none
     written) and counts one more pending entry; the losses after the answers come from
     :func:`~app.engine.pipeline.losses_after` — for ``olh`` on exact histories, every member of
     every group in one vectorised pass.
@@ -1186,10 +1185,7 @@ def _write(conn: Tx, ids: list[str], work: _Chunk, cache: RunCache) -> None:
         updated = survey_store.advance_members(conn, work.advances, updated_at=work.now)
         if updated != len(work.advances):
             raise _LostRace
-        stored = frozenset(cache.stored)  # one view: another thread may change the set
-        if any(not state.state and key not in stored for key, (state, _) in work.gained.items()):
-            raise StateGone  # its bytes were dropped when stored, and it was forgotten since
-        move_state_refs(conn, gained=work.gained, lost=work.lost, stored=stored)
+        keep_states(conn, work.gained, cache.stored)
         for new in (True, False):  # behind the members' compare-and-set, as a single submit's
             states = [state for state, first in work.sub_histories if first is new]
             project_store.put_sub_histories(conn, states, new=new)
@@ -1464,6 +1460,16 @@ def _fail(engine: Database, survey_id: int, error: str) -> str:
 
 
 def _finish(engine: Database, survey_id: int, started: float) -> str:
+    # the states the members named before their answers, now named by none (most of them),
+    # deleted before the survey shows as done; garbage left by a failed collection is harmless
+    # (the next one deletes it), so it does not stop the survey from finishing
+    collecting = time.monotonic()
+    try:
+        collected = collect_states(engine)
+    except Exception as exc:
+        log.warning("survey %d: unnamed states not collected (%s)", survey_id, type(exc).__name__)
+        collected = 0
+    collecting = time.monotonic() - collecting
     with transaction(engine) as conn:
         finished = survey_store.finish(conn, survey_id=survey_id, finished_at=datetime.now(UTC))
         row = load_survey(conn, survey_id)
@@ -1477,12 +1483,15 @@ def _finish(engine: Database, survey_id: int, started: float) -> str:
             )
     seconds = time.monotonic() - started
     log.info(
-        "survey %d: %s, %d members in %.1f s (%.0f/s), %d groups",
+        "survey %d: %s, %d members in %.1f s (%.0f/s), %d groups, %d unnamed states deleted "
+        "in %.2f s",
         survey_id,
         row.status,
         row.decided,
         seconds,
         row.decided / seconds if seconds > 0 else math.inf,
         row.groups,
+        collected,
+        collecting,
     )
     return str(row.status)

@@ -53,7 +53,7 @@ from app.services.schemas import (
     VersionsRequest,
     VersionsResult,
 )
-from app.services.snapshots import move_state_refs, pending_entries
+from app.services.snapshots import pending_entries
 from app.store import Conflict, Database, Tx, Unavailable, reading, transaction
 from app.store import imports as answers
 from app.store import versions as store
@@ -436,7 +436,6 @@ def _close_and_open(
     """
     states = load_states(conn, {r.state_hash for r in rows if r.state_hash is not None})
     new: list[store.NewVersion] = []
-    lost: dict[str, int] = {}
     known: dict[str, LossBounds] = {}
     # (loss lower, upper, exact text, lifetime exact text, lower, upper) by accounting
     accounts: dict[tuple[Any, ...], tuple[float, float, str | None, str | None, float, float]] = {}
@@ -473,10 +472,7 @@ def _close_and_open(
             if row.state_pending == 0:
                 accounts[account] = found
         new.append(store.NewVersion(row.id, row.version, value, *found))
-        if row.state_hash is not None:
-            lost[row.state_hash] = lost.get(row.state_hash, 0) + 1
     closing = rows if packed else None
     if store.replace_versions(conn, new, now=now, sealed=sealed, packed=closing) != len(new):
         raise _LostRace
-    move_state_refs(conn, gained={}, lost=lost)
     return [(row.id, row.data_version + 1) for row in rows]

@@ -7,10 +7,11 @@ this package with the connection it got. The conventions every module here follo
 
 - **One persistence style**: SQLAlchemy Core on a :data:`Tx` (a ``Connection``); no ORM sessions.
   Statements that run on the hot path are built once at import time (bound parameters), not per
-  call, so the compiled cache keeps them. One exception, on PostgreSQL only: an accepted single
-  submit's writes go through the ``Tx``'s psycopg connection in pipeline mode
-  (:mod:`app.store.submits`), as the same statements compiled once from their modules' constructs,
-  with the ``BEGIN`` and ``COMMIT`` of a :func:`submitting` block in the same round trip.
+  call, so the compiled cache keeps them. One exception, on PostgreSQL only: a single submit's
+  load and writes go through the ``Tx``'s psycopg connection (:mod:`app.store.compiled`: the same
+  constructs compiled once, rows typed by their columns' types, errors SQLAlchemy's) — the
+  accepted writes in pipeline mode, a :func:`submitting` block's whole transaction in one round
+  trip (:mod:`app.store.submits`).
 - **Typed**: functions are keyword-only after the connection and return frozen dataclasses (the
   row shapes, defined beside the statements that read them), plain values or ``None`` — never a
   ``Row`` or a mapping the caller must know the columns of.

@@ -6,7 +6,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeAlias, cast
 
-from sqlalchemy import Integer, String, Table, Text, bindparam, insert, select
+from sqlalchemy import (
+    ColumnElement,
+    FromClause,
+    Insert,
+    Integer,
+    String,
+    Table,
+    Text,
+    bindparam,
+    insert,
+    select,
+)
 from sqlalchemy import cast as sql_cast
 
 from app.db.models import AuditEvent
@@ -84,20 +95,64 @@ class QueryEvent:
     tail: str
 
 
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to add (:func:`add`'s arguments; ``detail`` its JSON text)."""
+
+    at: datetime
+    kind: str
+    actor_key_id: int | None
+    object_id: str | None
+    detail: str
+
+
+def add_for(object_ids: ColumnElement[str], source: FromClause) -> Insert:
+    """:func:`add` once per row of ``source``, for its object id ``object_ids``.
+
+    The event's other columns are bound parameters named as :class:`NewEvent`'s fields (its
+    ``object_id`` is not used): :mod:`app.store.submits` writes a rejection's event only if
+    the rejection's count was written.
+    """
+    return insert(_EVENTS).from_select(
+        ["at", "kind", "actor_key_id", "object_id", "detail"],
+        select(
+            bindparam("at", type_=UTCDateTime()),
+            bindparam("kind", type_=String()),
+            bindparam("actor_key_id", type_=Integer()),
+            object_ids,
+            bindparam("detail", type_=Text()),
+        ).select_from(source),
+    )
+
+
+def for_query_rows(rows: FromClause, *where: ColumnElement[bool]) -> Insert:
+    """The statement adding a :class:`QueryEvent` for the query rows of ``rows`` (and ``where``).
+
+    ``rows`` has the ``queries`` columns ``id`` and ``object_id`` (the table itself, or the
+    rows a data-modifying CTE inserted: :mod:`app.store.submits`); the detail is made around
+    the row's id.
+    """
+    return insert(_EVENTS).from_select(
+        ["at", "kind", "actor_key_id", "object_id", "detail"],
+        select(
+            bindparam("at", type_=UTCDateTime()),
+            bindparam("kind", type_=String()),
+            bindparam("actor_key_id", type_=Integer()),
+            rows.c.object_id,
+            (
+                bindparam("head", type_=Text())
+                + sql_cast(rows.c.id, Text())
+                + bindparam("tail", type_=Text())
+            ).label("detail"),
+        )
+        .select_from(rows)
+        .where(*where),
+    )
+
+
 #: :class:`QueryEvent`'s statement: the detail made around the query row's id.
-ADD_FOR_QUERY = insert(_EVENTS).from_select(
-    ["at", "kind", "actor_key_id", "object_id", "detail"],
-    select(
-        bindparam("at", type_=UTCDateTime()),
-        bindparam("kind", type_=String()),
-        bindparam("actor_key_id", type_=Integer()),
-        QUERIES.c.object_id,
-        (
-            bindparam("head", type_=Text())
-            + sql_cast(QUERIES.c.id, Text())
-            + bindparam("tail", type_=Text())
-        ).label("detail"),
-    ).where(QUERIES.c.object_id == bindparam("object_id"), QUERIES.c.seq == bindparam("seq")),
+ADD_FOR_QUERY = for_query_rows(
+    QUERIES, QUERIES.c.object_id == bindparam("object_id"), QUERIES.c.seq == bindparam("seq")
 )
 
 

@@ -48,9 +48,10 @@ def reading(db: Database) -> Iterator[Tx]:
 def submitting(db: Database) -> Iterator[Tx]:
     """A transaction whose ``BEGIN`` goes out with its first write (a single submit's).
 
-    On PostgreSQL the connection runs in autocommit until :func:`begin_writes` (or
-    :func:`app.store.submits.record_accepted`, which sends ``BEGIN``, its writes and ``COMMIT``
-    in one round trip) opens the transaction: the reads before it run each on its own, which
+    On PostgreSQL the connection runs in autocommit until :func:`begin_writes` opens the
+    transaction (:mod:`app.store.submits` writes a submit's outcome as one round trip that is a
+    transaction of its own, or sends ``BEGIN`` with it when more writes follow): the reads
+    before it run each on its own, which
     under READ COMMITTED (the isolation every transaction here runs at) is what they were
     inside the transaction too — every statement takes its own snapshot, so the write must not
     trust them and does not (the compare-and-set on the object's version). ``BEGIN`` alone

@@ -36,9 +36,10 @@ from sqlalchemy.sql.util import ClauseAdapter
 
 from app.db.models import ObjectCount, ProtectedObject, RejectionRecord
 from app.engine.limits import MIN_EPSILON, NEAR_EXHAUSTION_FRACTION
+from app.store import compiled
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
-from app.store.queries import StoredAnswer
+from app.store.queries import QUERIES, StoredAnswer
 from app.store.states import STATES
 
 OBJECTS = cast(Table, ProtectedObject.__table__)
@@ -84,14 +85,15 @@ class ObjectState:
     labels: dict[str, str] | None = None
 
 
-_DECISION_COLUMNS = (
-    *(
-        DOMAIN_TEXT if f.name == "domain" else OBJECTS.c[f.name]
-        for f in fields(ObjectState)
-        if f.name not in {"state", "state_err"}
-    ),
-    STATES.c.state,
-    func.coalesce(STATES.c.err, 0.0).label("state_err"),
+_NOT_OBJECTS_COLUMNS: dict[str, ColumnElement[Any]] = {
+    "domain": DOMAIN_TEXT,
+    "state": STATES.c.state,
+    "state_err": func.coalesce(STATES.c.err, 0.0).label("state_err"),
+}
+#: The columns of :class:`ObjectState` in its fields' order: a row of them is its arguments.
+_DECISION_COLUMNS = tuple(
+    _NOT_OBJECTS_COLUMNS[f.name] if f.name in _NOT_OBJECTS_COLUMNS else OBJECTS.c[f.name]
+    for f in fields(ObjectState)
 )
 _WITH_STATE = OBJECTS.outerjoin(STATES, STATES.c.hash == OBJECTS.c.state_hash)
 #: The object's row and its stored likelihood array (finite domains), in one statement.
@@ -105,19 +107,27 @@ _LOAD_STATE = (
 _LOAD_FOR_SUBMIT = (
     select(
         *_DECISION_COLUMNS,
-        _REJECTIONS.c.analyst_key_id.label("rejection_owner"),
-        _REJECTIONS.c.fingerprint.label("rejection_fingerprint"),
-        _REJECTIONS.c.response.label("rejection_response"),
+        QUERIES.c.id.label("answer_id"),
+        func.coalesce(QUERIES.c.analyst_key_id, _REJECTIONS.c.analyst_key_id).label("owner"),
+        func.coalesce(QUERIES.c.fingerprint, _REJECTIONS.c.fingerprint).label("fingerprint"),
+        func.coalesce(QUERIES.c.response, _REJECTIONS.c.response).label("response"),
     )
     .select_from(
         _WITH_STATE.outerjoin(
             _REJECTIONS,
             (_REJECTIONS.c.object_id == OBJECTS.c.id)
             & (_REJECTIONS.c.idempotency_key == bindparam("key")),
+        ).outerjoin(
+            QUERIES,
+            (QUERIES.c.object_id == OBJECTS.c.id) & (QUERIES.c.idempotency_key == bindparam("key")),
         )
     )
     .where(OBJECTS.c.id == bindparam("object_id"))
 )
+#: :data:`_LOAD_FOR_SUBMIT` run on psycopg directly (:mod:`app.store.compiled`): a single
+#: submit's load without SQLAlchemy's execution context and result (the columns' types still
+#: process the row: the value decrypted).
+_LOAD_FOR_SUBMIT_PG = compiled.Compiled.of(_LOAD_FOR_SUBMIT)
 # Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
 # cache on every call, which the profile showed (docs/benchmarks.md). The SET columns of the
 # compare-and-set come from the keys of the parameters passed at execution.
@@ -127,7 +137,7 @@ COMPARE_AND_SET = update(OBJECTS).where(
 #: A rejection is counted under the same compare-and-set as an accepted query (and bumps the
 #: version too): counted on the version its decision read, never on one a concurrent new data
 #: version opened, and a new version that read the row before it misses its own compare-and-set.
-_COUNT_REJECTION = (
+COUNT_REJECTION = (
     update(OBJECTS)
     .where(OBJECTS.c.id == bindparam("where_id"), OBJECTS.c.version == bindparam("where_version"))
     .values(rejected=OBJECTS.c.rejected + 1, version=OBJECTS.c.version + 1)
@@ -151,22 +161,27 @@ def load_state(
 def load_for_submit(
     conn: Tx, *, object_id: str, key: str | None, scope: Iterable[tuple[str, str]] | None = None
 ) -> tuple[ObjectState, StoredAnswer | None] | None:
-    """:func:`load_state` and the rejection stored under ``key`` (if any), in one ``SELECT``.
+    """:func:`load_state` and the answer stored under ``key`` (if any), in one ``SELECT``.
 
-    None when there is no such object (or it is outside ``scope``); without a key, no rejection.
+    The answer is an accepted query's (its ``query_id`` set) or a rejection's (``query_id``
+    None): a key has at most one (a rejected key's retries replay it and are never accepted, an
+    accepted key's are never rejected; each table is unique on ``(object, key)``). None when
+    there is no such object (or it is outside ``scope``); without a key, no answer.
     """
-    statement = (
-        _LOAD_FOR_SUBMIT if scope is None else _LOAD_FOR_SUBMIT.where(*label_conditions(scope))
-    )
-    found = conn.execute(statement, {"object_id": object_id, "key": key}).one_or_none()
-    if found is None:
+    params = {"object_id": object_id, "key": key}
+    if scope is None and is_postgres(conn):  # the hot path: psycopg's row, typed as below
+        row = compiled.fetch_one(conn, _LOAD_FOR_SUBMIT_PG, params)
+    else:
+        statement = (
+            _LOAD_FOR_SUBMIT if scope is None else _LOAD_FOR_SUBMIT.where(*label_conditions(scope))
+        )
+        found = conn.execute(statement, params).one_or_none()
+        row = None if found is None else tuple(found)
+    if row is None:
         return None
-    columns = dict(found._mapping)
-    owner = columns.pop("rejection_owner")
-    print_ = columns.pop("rejection_fingerprint")
-    response = columns.pop("rejection_response")
-    rejection = None if print_ is None else StoredAnswer(owner, print_, response)
-    return ObjectState(**columns), rejection
+    *columns, query_id, owner, print_, response = row
+    answer = None if print_ is None else StoredAnswer(owner, print_, response, query_id)
+    return ObjectState(*columns), answer
 
 
 def compare_and_set(
@@ -206,7 +221,7 @@ def count_rejection(conn: Tx, *, object_id: str, version: int) -> bool:
     retries). False when another writer advanced the object first (no row hit): the caller rolls
     back and decides again.
     """
-    result = conn.execute(_COUNT_REJECTION, {"where_id": object_id, "where_version": version})
+    result = conn.execute(COUNT_REJECTION, {"where_id": object_id, "where_version": version})
     return bool(result.rowcount == 1)
 
 

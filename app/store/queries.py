@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy import ColumnElement, FromClause, Insert, Table, bindparam, insert, select
 
 from app.db.models import QueryRecord, RejectionRecord
 from app.store.base import Tx
@@ -46,6 +46,29 @@ _REJECTION = select(
 )
 _INSERT_QUERY = insert(QUERIES)
 _INSERT_REJECTION = insert(_REJECTIONS)
+#: The columns of a stored rejection's answer, after its ``object_id``.
+REJECTION_COLUMNS = (
+    "idempotency_key",
+    "analyst_key_id",
+    "fingerprint",
+    "response",
+    "created_at",
+)
+
+
+def insert_rejection_for(object_ids: ColumnElement[str], source: FromClause) -> Insert:
+    """:func:`insert_rejection` for the object ids ``object_ids`` of ``source``'s rows.
+
+    The answer's columns are bound parameters of their own names (:data:`REJECTION_COLUMNS`);
+    :mod:`app.store.submits` inserts the answer only if the rejection's count was written.
+    """
+    return insert(_REJECTIONS).from_select(
+        ["object_id", *REJECTION_COLUMNS],
+        select(
+            object_ids,
+            *(bindparam(n, type_=_REJECTIONS.c[n].type) for n in REJECTION_COLUMNS),
+        ).select_from(source),
+    )
 
 
 def find_accepted(conn: Tx, *, object_id: str, key: str) -> StoredAnswer | None:

@@ -1,8 +1,38 @@
-"""Stored likelihood arrays (table ``likelihood_states``), shared by reference count.
+"""Stored likelihood arrays (table ``likelihood_states``), shared, kept while an object names them.
 
 A finite object's ``state_hash`` names one row here (by content for an exact history, else by
-history: :func:`app.services.snapshots.content_key`); ``refs`` counts the objects naming it
-(:func:`app.services.snapshots.move_state_refs` keeps the count) and a row at zero is deleted.
+history: :func:`app.services.snapshots.content_key`). No count of users is kept: a writer that
+makes objects name states only makes sure each is stored (:func:`name_states`,
+:data:`NAME_STATE`), and :func:`collect_unnamed` deletes the rows no object names — at the end of
+a survey run, at ``gatekeeper serve``'s start and by ``gatekeeper states collect``
+(:func:`app.services.snapshots.collect_states`). Until then an unnamed row is garbage, harmless
+(nothing reads a state by key but an object naming it, or a run that :func:`name_states` it).
+
+Why no count: an object moves to a new state with every accepted query, so a count was written
+twice per accepted query (one up, one down, plus a delete at zero): three statements of every
+single submit, and a new version of each touched row per survey chunk — the array is stored
+inline, so each of those ``UPDATE`` s copied the whole row (docs/benchmarks.md, "h/refs").
+
+**No live object loses its array.** The hazard is a writer W naming a state S that a
+concurrent collection C finds unnamed (C's snapshot does not see W's uncommitted objects) and
+deletes, after which W commits. On PostgreSQL (READ COMMITTED) it is excluded by row locks:
+
+1. W, before it commits, either inserts S (a row C cannot see, so cannot delete, until W has
+   committed — and then W's objects name it) or locks the existing row: ``FOR NO KEY UPDATE``
+   through ``ON CONFLICT DO UPDATE ... WHERE false`` (:data:`NAME_STATE`: the row is locked, no
+   new version written) or ``FOR KEY SHARE`` (:func:`name_states` of a state whose bytes the
+   caller no longer holds). Either lock conflicts with the ``FOR UPDATE`` that C takes; neither
+   conflicts with another writer's ``FOR KEY SHARE``. W holds it until it commits.
+2. C first locks its candidates ``FOR UPDATE SKIP LOCKED`` (a candidate a writer holds is
+   skipped), then — in a later statement, so with a snapshot taken after every lock was granted
+   — deletes those of them still unnamed. A writer that locked S before C did had committed
+   before C's lock was granted, so C's deleting snapshot sees its objects naming S; a writer
+   that comes after waits for C's commit, and then finds S deleted: ``ON CONFLICT`` retries the
+   insert (W has the bytes), ``FOR KEY SHARE`` returns no row and :func:`name_states` reports
+   it missing (the caller rolls back: :class:`app.services.snapshots.StateGone`).
+
+On SQLite one writer runs at a time and its transaction is serializable: C's ``DELETE`` and
+W's insert-or-ignore plus its objects' update cannot interleave.
 """
 
 from __future__ import annotations
@@ -10,88 +40,100 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from sqlalchemy import Executable, Table, bindparam, delete, func, select, text, update
+from sqlalchemy import Executable, Table, delete, exists, false, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from app.db.models import LikelihoodStateRecord
+from app.db.models import LikelihoodStateRecord, ProtectedObject
 from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 
 STATES = cast(Table, LikelihoodStateRecord.__table__)
+_OBJECTS = cast(Table, ProtectedObject.__table__)
 
 
-def _insert_state(postgres: bool) -> Executable:
-    """``INSERT INTO likelihood_states ... ON CONFLICT (hash) DO UPDATE refs = refs + n``."""
-    statement = (postgresql if postgres else sqlite).insert(STATES)
-    upsert: Executable = statement.on_conflict_do_update(
-        index_elements=[STATES.c.hash], set_={"refs": STATES.c.refs + statement.excluded.refs}
+def _name_state(postgres: bool) -> Executable:
+    """Insert the array, or lock the stored row of that key without writing it (PostgreSQL).
+
+    ``ON CONFLICT DO UPDATE ... WHERE false`` locks the conflicting row (PostgreSQL's
+    documentation: "all rows will be locked when the ON CONFLICT DO UPDATE action is taken")
+    and updates none: no new row version. A row deleted meanwhile makes PostgreSQL retry the
+    insert. SQLite: insert or ignore.
+    """
+    if postgres:
+        statement = postgresql.insert(STATES)
+        upsert: Executable = statement.on_conflict_do_update(
+            index_elements=[STATES.c.hash], set_={"err": STATES.c.err}, where=false()
+        )
+        return upsert
+    ignore: Executable = sqlite.insert(STATES).on_conflict_do_nothing(
+        index_elements=[STATES.c.hash]
     )
-    return upsert
+    return ignore
 
 
-#: Built once per dialect (a submit of a finite object runs one).
-INSERT_STATE = {postgres: _insert_state(postgres) for postgres in (True, False)}
-ADD_REFS = (
-    update(STATES)
-    .where(STATES.c.hash == bindparam("key"))
-    .values(refs=STATES.c.refs + bindparam("count"))
+#: Built once per dialect (a submit of a finite object runs one: parameters hash, state, err).
+NAME_STATE = ids_.both(_name_state)
+_NAMED = exists().where(_OBJECTS.c.state_hash == STATES.c.hash)
+#: PostgreSQL: lock stored rows against :func:`collect_unnamed` (the caller names them).
+_LOCK_STATES = ids_.both(
+    lambda postgres: (
+        select(STATES.c.hash)
+        .where(ids_.among(STATES.c.hash, postgres=postgres))
+        .with_for_update(read=True, key_share=True)
+    )
 )
-_ADD_REFS_MANY = text(
-    "UPDATE likelihood_states AS t SET refs = t.refs + v.n FROM unnest(CAST(:keys AS text[]), "
-    "CAST(:counts AS int[])) AS v(hash, n) WHERE t.hash = v.hash"
-)
-_DROP_UNUSED = ids_.where_among(delete(STATES).where(STATES.c.refs <= 0), STATES.c.hash)
-#: One key's array deleted if no object uses it (an accepted submit's old state).
-DROP_UNUSED_ONE = delete(STATES).where(STATES.c.hash == bindparam("key"), STATES.c.refs <= 0)
+_LOCK_UNNAMED = select(STATES.c.hash).where(~_NAMED).with_for_update(skip_locked=True)
+_DELETE_UNNAMED = ids_.where_among(delete(STATES).where(~_NAMED), STATES.c.hash)
+_DELETE_ALL_UNNAMED = delete(STATES).where(~_NAMED)
 _LOAD_STATES = ids_.where_among(select(STATES.c.hash, STATES.c.state, STATES.c.err), STATES.c.hash)
 _COUNT = select(func.count()).select_from(STATES)
+_COUNT_UNNAMED = select(func.count()).select_from(STATES).where(~_NAMED)
 
 
-def insert_state(conn: Tx, *, key: str, state: bytes, err: float, refs: int) -> None:
-    """Store an array under ``key`` with ``refs`` users (added to the count if it is there)."""
-    conn.execute(
-        INSERT_STATE[is_postgres(conn)],
-        {"hash": key, "state": state, "err": err, "refs": refs},
-    )
+def insert_state(conn: Tx, *, key: str, state: bytes, err: float) -> None:
+    """Store an array under ``key``, or lock the stored one (:data:`NAME_STATE`)."""
+    conn.execute(NAME_STATE[is_postgres(conn)], {"hash": key, "state": state, "err": err})
 
 
-def insert_states(conn: Tx, rows: Sequence[tuple[str, bytes, float, int]]) -> None:
-    """:func:`insert_state` for many ``(key, state, err, refs)`` at once (distinct keys).
+def name_states(
+    conn: Tx, rows: Sequence[tuple[str, bytes, float]], known: Sequence[str] = ()
+) -> set[str]:
+    """Make sure the states the caller's objects are about to name stay stored; those missing.
 
-    One ``executemany`` (batched into multi-row statements on PostgreSQL): a survey chunk
-    storing a thousand new states pays a few round trips, not one per state.
+    ``rows``: ``(key, state, err)`` of distinct keys whose arrays the caller holds: each is
+    inserted or its row locked (:data:`NAME_STATE`, one ``executemany`` in key order: two
+    writers lock common rows in one order). ``known``: keys the caller holds no bytes for (a
+    survey run stored them in an earlier chunk): locked ``FOR KEY SHARE``; the returned set is
+    those of them not stored any more (the caller must not name them: roll back). Either way
+    the rows stay until the caller's transaction ends (the module's docstring proves it).
     """
-    if not rows:
-        return
-    conn.execute(
-        INSERT_STATE[is_postgres(conn)],
-        [{"hash": key, "state": state, "err": err, "refs": refs} for key, state, err, refs in rows],
-    )
-
-
-def add_refs(conn: Tx, changes: Sequence[tuple[str, int]]) -> int:
-    """Add ``count`` to the references of each ``(key, count)``; how many rows it hit.
-
-    PostgreSQL: one statement for all (``unnest`` of two arrays); SQLite: an ``executemany``.
-    """
-    if not changes:
-        return 0
-    if is_postgres(conn):
-        keys, counts = zip(*changes, strict=True)
-        return int(
-            conn.execute(_ADD_REFS_MANY, {"keys": list(keys), "counts": list(counts)}).rowcount
+    postgres = is_postgres(conn)
+    if rows:
+        conn.execute(
+            NAME_STATE[postgres],
+            [{"hash": key, "state": state, "err": err} for key, state, err in sorted(rows)],
         )
-    rows = [{"key": key, "count": count} for key, count in changes]
-    return int(conn.execute(ADD_REFS, rows).rowcount)
+    if not known:
+        return set()
+    wanted = sorted(set(known))
+    found = {key for (key,) in ids_.rows_among(conn, _LOCK_STATES, wanted)}
+    return set(wanted) - found
 
 
-def drop_unused(conn: Tx, keys: Sequence[str]) -> None:
-    """Delete the arrays among ``keys`` that no object uses any more.
+def collect_unnamed(conn: Tx) -> int:
+    """Delete the stored arrays no object names; how many.
 
-    One statement per :func:`app.store.ids.per_statement` keys (a survey chunk drops the
-    states of thousands of groups at once).
+    PostgreSQL: the candidates are locked ``FOR UPDATE SKIP LOCKED`` first, and deleted by a
+    later statement only if still unnamed in its own snapshot (the module's docstring: why a
+    concurrent writer cannot lose its array). Each statement scans ``objects`` once
+    (``state_hash`` has no index: an index would end the HOT updates every accepted query
+    makes), so the candidates go in :func:`app.store.ids.per_statement` batches. SQLite: one
+    ``DELETE``. Run it in a transaction of its own at READ COMMITTED (the store's isolation).
     """
-    ids_.execute_among(conn, _DROP_UNUSED, keys)
+    if not is_postgres(conn):
+        return int(conn.execute(_DELETE_ALL_UNNAMED).rowcount)
+    locked = [key for (key,) in conn.execute(_LOCK_UNNAMED)]
+    return ids_.execute_among(conn, _DELETE_UNNAMED, locked)
 
 
 def load_states(conn: Tx, keys: set[str]) -> dict[str, tuple[bytes, float]]:
@@ -105,3 +147,8 @@ def load_states(conn: Tx, keys: set[str]) -> dict[str, tuple[bytes, float]]:
 def count_states(conn: Tx) -> int:
     """How many arrays are stored."""
     return int(conn.execute(_COUNT).scalar_one())
+
+
+def count_unnamed(conn: Tx) -> int:
+    """How many stored arrays no object names (garbage until :func:`collect_unnamed`)."""
+    return int(conn.execute(_COUNT_UNNAMED).scalar_one())

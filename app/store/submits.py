@@ -1,22 +1,26 @@
 """An accepted single submit's writes, sent to PostgreSQL in one round trip.
 
 An accepted submit writes its query record (:mod:`app.store.queries`), the object's
-compare-and-set (:mod:`app.store.objects`) and, for a finite object, moves one reference from
-the likelihood array it named to the one it names now (:mod:`app.store.states`: the new array is
-inserted or its count raised, the old one's count lowered and the array deleted at zero, the
-rule :func:`app.services.snapshots.move_state_refs` applies to any number of objects) and adds
-the decision's audit event (:mod:`app.store.audit`). Each was its own round trip: six of a
-submit's ten (the profile in docs/benchmarks.md).
+compare-and-set (:mod:`app.store.objects`) and, for a finite object, the likelihood array it
+names now (:mod:`app.store.states`: inserted, or the stored row locked until the commit; the
+array it named before is left to the collection of unnamed states) and adds the decision's
+audit event (:mod:`app.store.audit`). Each was its own round trip: six of a submit's ten (the
+profile in docs/benchmarks.md).
 
-On PostgreSQL they go out together in psycopg's pipeline mode — the same statements, compiled once
-from those modules' SQLAlchemy constructs, run in order in the caller's transaction, with one
-network round trip — and the results are read after; on a :func:`app.store.submitting` connection
-the transaction's ``BEGIN`` and ``COMMIT`` go in the same pipeline, so the compare-and-set is a
-statement that fails when it hits no row (the transaction aborts before its ``COMMIT``). Elsewhere
-(SQLite, the embedded default) the modules' own functions run them one by one. Either way the
-compare-and-set decides: a lost race returns None and the caller rolls the transaction back, so
-nothing of it stays; a unique constraint raises :class:`~app.store.Conflict` and a failed database
-:class:`~app.store.Unavailable`, as from any other statement of this package.
+On PostgreSQL they go out together in psycopg's pipeline mode, with one network round trip, and the
+results are read after. The compare-and-set, the query row and the audit event are one statement
+(data-modifying CTEs, :func:`_accept_sql`: the row is inserted only if the compare-and-set hit, and
+the statement fails when it did not); the array it names follows as :mod:`app.store.states`'
+statement (:data:`~app.store.states.NAME_STATE`). All are compiled once from those modules'
+SQLAlchemy constructs (:mod:`app.store.compiled`). In the caller's transaction they run in it; on a
+:func:`app.store.submitting` connection with nothing open yet they are, with ``commit``, the
+protocol's implicit transaction — the statements up to the pipeline's one ``Sync``, committed at it
+if all succeeded, rolled back if one failed — and without ``commit`` a ``BEGIN`` goes first and the
+transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own functions run
+them one by one. Either way the compare-and-set decides: a lost race returns None and the caller
+rolls the transaction back, so nothing of it stays; a unique constraint raises
+:class:`~app.store.Conflict` and a failed database :class:`~app.store.Unavailable`, as from any
+other statement of this package.
 """
 
 from __future__ import annotations
@@ -38,18 +42,17 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    literal_column,
     select,
     type_coerce,
 )
 from sqlalchemy import cast as sql_cast
-from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
 from app.store import audit as audit_store
 from app.store import objects as object_store
 from app.store import queries as query_store
 from app.store import states as state_store
-from app.store.base import Conflict, Tx, Unavailable, is_postgres
+from app.store.base import Tx, is_postgres
+from app.store.compiled import DIALECT, Compiled, fetch_one, wrapped
 
 
 @dataclass(frozen=True)
@@ -81,69 +84,78 @@ class NewState:
     err: float
 
 
-_DIALECT = PGDialect_psycopg()  # type: ignore[no-untyped-call]
 _QUERY_COLUMNS = tuple(AcceptedQuery.__dataclass_fields__)
+_sql = Compiled.of
 
 
-@dataclass(frozen=True)
-class _Compiled:
-    """A statement's PostgreSQL text and the values SQLAlchemy bound for its literals.
-
-    The text has ``%(name)s`` parameters (psycopg's style); a literal such as the ``0`` of
-    ``refs <= 0`` becomes a parameter of its own, whose value is kept here.
-    """
-
-    text: str
-    literals: dict[str, Any]
-
-    def params(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        return {**self.literals, **given}
+_NAME_STATE = _sql(cast(ClauseElement, state_store.NAME_STATE[True]))
+#: The accepted write's statement by the set of ``objects`` columns it sets (one on the hot path).
+_ACCEPT: dict[frozenset[str], Compiled] = {}
 
 
-def _sql(statement: ClauseElement) -> _Compiled:
-    compiled = statement.compile(dialect=_DIALECT)
-    literals = {name: value for name, value in compiled.params.items() if value is not None}
-    return _Compiled(str(compiled), literals)
+#: The prefix of the ``queries`` row's parameters in :func:`_accept_sql` (apart from the
+#: ``objects`` columns of the compare-and-set, some of which have the same names).
+_QUERY_PARAM = "query_"
 
-
-_INSERT_QUERY = _sql(
-    insert(query_store.QUERIES)
-    .values({name: bindparam(name) for name in _QUERY_COLUMNS})
-    .returning(query_store.QUERIES.c.id)
-)
-_INSERT_STATE = _sql(cast(ClauseElement, state_store.INSERT_STATE[True]))
-_ADD_REFS = _sql(state_store.ADD_REFS)
-_DROP_UNUSED = _sql(state_store.DROP_UNUSED_ONE)
-_ADD_EVENT = _sql(audit_store.ADD_FOR_QUERY)
-#: The compare-and-set's text by the set of columns it writes (one set on the hot path).
-_CAS: dict[frozenset[str], _Compiled] = {}
-
-
-#: The message of the error that aborts a pipelined submit whose compare-and-set hit no row.
+#: The message of the error that aborts a submit whose compare-and-set hit no row.
 LOST_RACE = "gatekeeper: lost race"
 
 
-def _compare_and_set_sql(columns: frozenset[str]) -> _Compiled:
-    """The compare-and-set as one statement that fails when it hits no row.
+def _accept_sql(columns: frozenset[str]) -> Compiled:
+    """The compare-and-set, the query row and its audit event as one statement.
 
-    With ``COMMIT`` in the same pipeline nothing may commit after a lost race, so the miss must
-    abort the transaction itself: the ``UPDATE`` runs in a data-modifying CTE and the statement
-    casts ``'gatekeeper: lost race N'`` to an integer unless it updated N = 1 row (an error
-    whose text says why; the cast is not folded at plan time, it depends on ``count(*)``).
-    Under READ COMMITTED the ``UPDATE`` waits for a concurrent writer of the row and then
-    rechecks the version on the row it committed, as a plain ``UPDATE`` does.
+    Data-modifying CTEs, in order: the compare-and-set (``UPDATE objects … WHERE id = … AND
+    version = …``, :data:`app.store.objects.COMPARE_AND_SET`), the ``queries`` row inserted
+    once per row the compare-and-set hit (:data:`app.store.queries.QUERIES`), and the audit
+    event made around that row's id (:func:`app.store.audit.for_query_rows`). The statement
+    returns the new row's id — and when the compare-and-set hit no row it inserts nothing and
+    fails: it casts ``'gatekeeper: lost race N'`` to an integer unless N = 1 row was inserted
+    (an error whose text says why; not folded at plan time, it depends on ``count(*)``), so the
+    transaction is aborted and nothing after it (the state references, ``COMMIT``) takes effect.
+    With ``COMMIT`` in the same pipeline that is what a lost race must do. Under READ
+    COMMITTED the ``UPDATE`` waits for a concurrent writer of the row and then rechecks the
+    version on the row it committed, as a plain ``UPDATE`` does; a used idempotency key fails
+    the ``queries`` unique index (:class:`~app.store.Conflict`).
     """
-    text = _CAS.get(columns)
+    text = _ACCEPT.get(columns)
     if text is None:
-        cte = (
+        queries = query_store.QUERIES
+        cas = (
             object_store.COMPARE_AND_SET.values({name: bindparam(name) for name in sorted(columns)})
-            .returning(literal_column("1"))
+            .returning(object_store.OBJECTS.c.id)
             .cte("cas")
         )
+        row = (
+            insert(queries)
+            .from_select(
+                list(_QUERY_COLUMNS),
+                select(
+                    *(
+                        cas.c.id
+                        if name == "object_id"
+                        else bindparam(_QUERY_PARAM + name, type_=queries.c[name].type)
+                        for name in _QUERY_COLUMNS
+                    )
+                ),
+            )
+            .returning(queries.c.id, queries.c.object_id)
+            .cte("query_row")
+        )
+        add_event = audit_store.for_query_rows(row)
+        # one namespace of parameters: no objects column may take the event's or the row's
+        taken = set(audit_store.for_query_rows(queries).compile(dialect=DIALECT).params)
+        clash = {n for n in columns if n in taken or n.startswith(_QUERY_PARAM)}
+        if clash:
+            raise ValueError(f"objects columns clash with the statement's parameters: {clash}")
+        event = add_event.cte("event")
         hit = func.count()
         miss = type_coerce(literal(f"{LOST_RACE} "), Text) + sql_cast(hit, Text)
-        guarded = select(case((hit == 1, 1), else_=sql_cast(miss, Integer))).select_from(cte)
-        text = _CAS[columns] = _sql(guarded)
+        guarded = (
+            select(case((hit == 1, func.max(row.c.id)), else_=sql_cast(miss, Integer)))
+            .select_from(row)
+            .add_cte(event)
+        )
+        text = _ACCEPT[columns] = _sql(guarded)
     return text
 
 
@@ -160,30 +172,30 @@ def record_accepted(
     version: int,
     columns: Mapping[str, Any],
     new_state: NewState | None,
-    old_state: str | None,
     event: audit_store.QueryEvent,
     commit: bool = False,
 ) -> int | None:
-    """Write an accepted submit: query row, compare-and-set, state references, audit event.
+    """Write an accepted submit: query row, compare-and-set, the state it names, audit event.
 
     ``version`` is the object's version the decision read (it becomes ``version + 1``);
     ``columns`` its new ``objects`` columns (:attr:`app.services.snapshots.Advance.columns`,
     with ``accepted`` and ``updated_at``); ``new_state`` the array it names now (None:
-    continuous), ``old_state`` the one it named (None: none); ``event`` the decision's audit
-    event (:func:`app.services.audit.query_event`: its detail gets the query row's id, so it
-    goes out with the rest). The new query's id, or None when
-    another writer advanced the object first (the caller must roll back).
+    continuous; it may be the one it named before — a query whose output's likelihood is the same
+    at every point of the domain leaves an exact state's content as it was — and the one it
+    named is not written to: a state no object names is left to
+    :func:`app.store.states.collect_unnamed`); ``event`` the
+    decision's audit event (:func:`app.services.audit.query_event`: its detail gets the query
+    row's id, so it goes out with the rest). The new query's id, or None when another writer
+    advanced the object first (the caller must roll back).
 
-    On a :func:`app.store.submitting` connection with no transaction open yet, ``BEGIN`` goes
-    out in the same pipeline, and with ``commit`` ``COMMIT`` too: the whole write is one round
-    trip (a lost race or a conflict leaves the transaction aborted; the block rolls it back).
-    Without ``commit`` the transaction stays open for more writes, which the block commits.
+    On a :func:`app.store.submitting` connection with no transaction open yet, with ``commit``
+    the pipeline is the whole transaction (implicit: committed at its ``Sync``, and nothing of it
+    after a lost race or a conflict); without ``commit`` a ``BEGIN`` goes out in the same
+    pipeline and the transaction stays open for more writes, which the block commits.
     In a transaction of the caller's (or on SQLite) ``commit`` changes nothing.
     """
-    if new_state is not None and new_state.key == old_state:
-        raise ValueError("an accepted query always changes the history's state key")
     if not is_postgres(conn):
-        return _record_one_by_one(conn, query, version, columns, new_state, old_state, event)
+        return _record_one_by_one(conn, query, version, columns, new_state, event)
     cas = {"where_id": query.object_id, "where_version": version, "version": version + 1}
     cas.update(columns)
     raw = conn.connection.driver_connection
@@ -193,38 +205,31 @@ def record_accepted(
     own = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
     try:
         with raw.pipeline():
-            # one cursor for every statement whose result is not read (a cursor costs its own
-            # adaptation context); the INSERT's has the new row's id
+            # one cursor for the statements whose result is not read (a cursor costs its own
+            # adaptation context); the accepted write's has the new row's id
             rest = raw.cursor()
-            if own:
+            if own and not commit:  # a transaction left open for the caller's further writes
                 rest.execute(b"BEGIN", prepare=False)
-            inserted = raw.cursor()
-            values = {n: getattr(query, n) for n in _QUERY_COLUMNS}
-            inserted.execute(_INSERT_QUERY.text, _INSERT_QUERY.params(values))
-            compare_and_set = _compare_and_set_sql(frozenset(columns) | {"version"})
-            rest.execute(compare_and_set.text, compare_and_set.params(cas))
+            accept = _accept_sql(frozenset(columns) | {"version"})
+            params = {_QUERY_PARAM + n: getattr(query, n) for n in _QUERY_COLUMNS}
+            params.update(audit_store.query_event_params(event))
+            params.update(cas)  # the objects columns' names (none is another's: _accept_sql)
+            accepted = raw.cursor()
+            accepted.execute(accept.text, accept.params(params))
             if new_state is not None:
                 state = {"hash": new_state.key, "state": new_state.state, "err": new_state.err}
-                rest.execute(_INSERT_STATE.text, _INSERT_STATE.params({**state, "refs": 1}))
-            if old_state is not None:
-                old = {"key": old_state}
-                rest.execute(_ADD_REFS.text, _ADD_REFS.params({**old, "count": -1}))
-                rest.execute(_DROP_UNUSED.text, _DROP_UNUSED.params(old))
-            params = audit_store.query_event_params(event)
-            rest.execute(_ADD_EVENT.text, _ADD_EVENT.params(params))
-            if own and commit:
-                rest.execute(b"COMMIT", prepare=False)
+                rest.execute(_NAME_STATE.text, _NAME_STATE.params(state))
+            # own and commit: no BEGIN and COMMIT of their own — in autocommit the statements
+            # up to the pipeline's one Sync (sent as it closes) are one implicit transaction,
+            # committed at the Sync if all succeeded and rolled back if one failed (the rest
+            # are then skipped): the protocol's own rule, two statements fewer to send and read
     except psycopg.errors.InvalidTextRepresentation as exc:
         if _lost_race(exc):
             return None
         raise
-    except psycopg.IntegrityError as exc:
-        raise Conflict(_INSERT_QUERY.text, None, exc, hide_parameters=True) from exc
-    except psycopg.OperationalError as exc:
-        if raw.broken or raw.closed:  # the pool must not hand this connection out again
-            conn.invalidate()
-        raise Unavailable("accepted submit", None, exc, hide_parameters=True) from exc
-    row = inserted.fetchone()
+    except psycopg.Error as exc:  # SQLAlchemy's, as from Connection.execute: Conflict, ...
+        raise wrapped(conn, raw, "accepted submit", exc) from exc
+    row = accepted.fetchone()
     if row is None:
         return None
     return int(row[0])
@@ -236,7 +241,6 @@ def _record_one_by_one(
     version: int,
     columns: Mapping[str, Any],
     new_state: NewState | None,
-    old_state: str | None,
     event: audit_store.QueryEvent,
 ) -> int | None:
     """:func:`record_accepted` as the modules' functions, one statement at a time."""
@@ -253,11 +257,79 @@ def _record_one_by_one(
     ):
         return None
     if new_state is not None:
-        state_store.insert_state(
-            conn, key=new_state.key, state=new_state.state, err=new_state.err, refs=1
-        )
-    if old_state is not None:
-        state_store.add_refs(conn, [(old_state, -1)])
-        state_store.drop_unused(conn, [old_state])
+        state_store.insert_state(conn, key=new_state.key, state=new_state.state, err=new_state.err)
     audit_store.add_for_query(conn, event)
     return query_id
+
+
+@dataclass(frozen=True)
+class StoredRejection:
+    """A keyed rejection's answer (``rejections`` row): a retry of the key replays it."""
+
+    idempotency_key: str
+    analyst_key_id: int | None
+    fingerprint: str
+    response: str
+    created_at: datetime
+
+
+def _reject_sql(keyed: bool) -> Compiled:
+    """The rejection's count, its stored answer (``keyed``) and its audit event, one statement.
+
+    Data-modifying CTEs: the count under the compare-and-set
+    (:data:`app.store.objects.COUNT_REJECTION`, which also bumps the version), then the answer
+    (:func:`app.store.queries.insert_rejection_for`) and the event
+    (:func:`app.store.audit.add_for`), each inserted once per row the count hit; the statement
+    returns that number (0: a lost race, and nothing was written).
+    """
+    counted = object_store.COUNT_REJECTION.returning(object_store.OBJECTS.c.id).cte("counted")
+    statement = select(func.count()).select_from(counted)
+    if keyed:
+        statement = statement.add_cte(
+            query_store.insert_rejection_for(counted.c.id, counted).cte("stored")
+        )
+    return Compiled.of(statement.add_cte(audit_store.add_for(counted.c.id, counted).cte("event")))
+
+
+_REJECT = {keyed: _reject_sql(keyed) for keyed in (False, True)}
+
+
+def record_rejected(
+    conn: Tx,
+    *,
+    object_id: str,
+    version: int,
+    stored: StoredRejection | None,
+    event: audit_store.NewEvent,
+) -> bool:
+    """Count a rejected submit at ``version``, store its answer (keyed) and add its event.
+
+    The count is a compare-and-set on the version the decision read; ``stored`` is a keyed
+    submit's answer. False, and nothing written, when another writer advanced the object first
+    (the caller decides again); a used key is a :class:`~app.store.Conflict`. On PostgreSQL the
+    three are one statement (:func:`_reject_sql`): on a :func:`app.store.submitting`
+    connection with no transaction open it is a transaction of its own, one round trip with
+    nothing to commit after. Elsewhere the modules' own functions run them one by one in the
+    caller's transaction.
+    """
+    if not is_postgres(conn):
+        if not object_store.count_rejection(conn, object_id=object_id, version=version):
+            return False
+        if stored is not None:
+            query_store.insert_rejection(conn, object_id=object_id, **vars(stored))
+        audit_store.add(
+            conn,
+            at=event.at,
+            kind=event.kind,
+            actor_key_id=event.actor_key_id,
+            object_id=object_id,
+            detail=event.detail,
+        )
+        return True
+    params: dict[str, Any] = {"where_id": object_id, "where_version": version}
+    params.update(at=event.at, kind=event.kind, actor_key_id=event.actor_key_id)
+    params["detail"] = event.detail
+    if stored is not None:
+        params.update(vars(stored))
+    row = fetch_one(conn, _REJECT[stored is not None], params)
+    return row is not None and row[0] == 1

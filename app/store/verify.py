@@ -128,7 +128,7 @@ _USERS = (
     .where(_OBJECTS.c.state_hash.is_not(None))
     .group_by(_OBJECTS.c.state_hash)
 )
-_REFS = select(_STATES.c.hash, _STATES.c.refs)
+_STORED_KEYS = select(_STATES.c.hash)
 _COUNTERS = select(_SURVEYS.c.id, _SURVEYS.c.total, _SURVEYS.c.decided, _SURVEYS.c.accepted)
 _CHUNK_ROWS = select(
     _CHUNKS.c.survey_id,
@@ -262,9 +262,9 @@ def state_users(conn: Tx) -> dict[str, int]:
     return {key: int(count) for key, count in conn.execute(_USERS)}
 
 
-def state_refs(conn: Tx) -> dict[str, int]:
-    """The user count each stored likelihood state records."""
-    return {key: int(refs) for key, refs in conn.execute(_REFS)}
+def stored_state_keys(conn: Tx) -> set[str]:
+    """The keys of every stored likelihood state."""
+    return {key for (key,) in conn.execute(_STORED_KEYS)}
 
 
 def survey_counters(conn: Tx) -> dict[int, SurveyCounters]:

@@ -1,15 +1,19 @@
 """Packed closed versions: ``version_batches`` and ``objects.packed_versions`` (issue 24).
 
-A bulk version request's closed versions are stored as one ``version_batches`` row (the format
-is :mod:`app.store.versions`'), and each object names its packed versions in
-``objects.packed_versions`` (the batches' ids, comma-separated, oldest first), instead of one
-``object_versions`` row and primary-key entry each: about 16 bytes per version beyond the
-value's ciphertext instead of 126 (docs/benchmarks.md, "Packed closed versions").
+A bulk version request's closed versions are stored as one ``version_batches`` row, and each
+object names its packed versions in ``objects.packed_versions`` (the batches' ids,
+comma-separated, oldest first), instead of one ``object_versions`` row and primary-key entry
+each: about 16 bytes per version beyond the value's ciphertext instead of 126
+(docs/benchmarks.md, "Packed closed versions").
 
 Upgrade packs every existing ``object_versions`` row: the rows closed at one instant (one bulk
 request; a single version alone) become batches of at most 10,000, their values copied as
 stored (never decrypted). Downgrade unpacks every batch into ``object_versions`` rows again.
 Single versions written after this migration stay one row each.
+
+The batch format is written out here as it was at this revision (``_encode_accounts``,
+``_decode``), not imported from :mod:`app.store.versions`: a later change of the format comes
+with a migration of its own and must not change what this one writes or reads.
 
 Revision ID: 0016
 Revises: 0015
@@ -19,6 +23,7 @@ Create Date: 2026-11-26
 from __future__ import annotations
 
 from datetime import datetime
+from itertools import pairwise
 from typing import Any
 
 import orjson
@@ -26,7 +31,6 @@ import sqlalchemy as sa
 from alembic import op
 
 from app.db.types import UTCDateTime
-from app.store.versions import Account, PackedBatch, encode_accounts, parse_refs
 
 revision = "0016"
 down_revision = "0015"
@@ -35,6 +39,19 @@ depends_on = None
 
 #: Closed versions per batch, at most (a bulk request's largest).
 BATCH = 10_000
+
+#: A packed accounting, as this revision writes it: data_version, seq_start, seq_end,
+#: loss_lower, loss_upper, loss_exact, basic_total.
+_Account = tuple[int, int, int, float, float, str | None, str]
+_ACCOUNT_COLUMNS = (
+    "data_version",
+    "seq_start",
+    "seq_end",
+    "loss_lower",
+    "loss_upper",
+    "loss_exact",
+    "basic_total",
+)
 
 #: ``object_versions`` and ``version_batches`` as this migration reads and writes them: the
 #: values as stored (ciphertexts; no column type decrypts them here).
@@ -81,14 +98,16 @@ def upgrade() -> None:
         # them out of line as they are)
         op.execute("ALTER TABLE version_batches ALTER COLUMN ciphertexts SET STORAGE EXTERNAL")
     refs: dict[str, list[tuple[int, int]]] = {}
-    statement = sa.select(_ROWS).order_by(
-        _ROWS.c.closed_at, _ROWS.c.object_id, _ROWS.c.data_version
-    )
-    delete = sa.delete(_ROWS).where(
-        _ROWS.c.object_id == sa.bindparam("oid"), _ROWS.c.data_version == sa.bindparam("n")
-    )
-    # the oldest rows a page at a time, each packed group deleted: the next page starts after it
-    while page := list(conn.execute(statement.limit(BATCH))):
+    order = (_ROWS.c.closed_at, _ROWS.c.object_id, _ROWS.c.data_version)
+    statement = sa.select(_ROWS).order_by(*order).limit(BATCH)
+    # the rows in closing order a page at a time, each page starting after the last row packed
+    # (keyset paging over a temporary index: a page costs its own rows, not a sort or a scan of
+    # every row left, which made a large table's migration quadratic); all deleted at the end
+    op.create_index("ix_0016_closing", "object_versions", [c.name for c in order])
+    after: tuple[Any, ...] | None = None
+    while page := list(
+        conn.execute(statement if after is None else statement.where(sa.tuple_(*order) > after))
+    ):
         groups = _groups(page)
         if len(page) == BATCH and len(groups) > 1:
             groups.pop()  # it may go on in the next page
@@ -96,7 +115,12 @@ def upgrade() -> None:
             batch = _insert_batch(conn, rows)
             for row in rows:
                 refs.setdefault(row.object_id, []).append((row.data_version, batch))
-            conn.execute(delete, [{"oid": r.object_id, "n": r.data_version} for r in rows])
+        # the groups are a prefix of the page (in the database's order, which may not be
+        # Python's: each group was sorted again)
+        last = page[sum(map(len, groups)) - 1]
+        after = (last.closed_at, last.object_id, last.data_version)
+    op.drop_index("ix_0016_closing", table_name="object_versions")
+    conn.execute(sa.delete(_ROWS))
     _write_refs(conn, refs)
 
 
@@ -114,8 +138,49 @@ def _groups(rows: list[Any]) -> list[list[Any]]:
     return [sorted(group, key=lambda row: str(row.object_id)) for group in groups]
 
 
+def _encode_accounts(ids: list[str], accounts: list[_Account]) -> str:
+    """A batch's ``accounts`` text: ids newline-joined, equal accountings once, one pick each."""
+    if any(a >= b for a, b in pairwise(ids)):
+        raise ValueError("a batch's ids must be sorted and distinct")
+    variants: dict[tuple[Any, ...], int] = {}
+    picks = []
+    for n, start, end, lower, upper, exact, basic in accounts:
+        key = (int(n), int(start), int(end), repr(float(lower)), repr(float(upper)), exact, basic)
+        picks.append(variants.setdefault(key, len(variants)))
+    body = {"ids": "\n".join(ids), "variants": [list(key) for key in variants], "picks": picks}
+    return orjson.dumps(body).decode()
+
+
+def _decode(batch: int, accounts: str, rejected: str) -> list[dict[str, Any]]:
+    """A stored batch's rows (without their values), by position."""
+    try:
+        body = orjson.loads(accounts)
+        ids = str(body["ids"]).split("\n")
+        variants = [
+            (int(n), int(s), int(e), float(lo), float(up), None if x is None else str(x), str(b))
+            for n, s, e, lo, up, x, b in body["variants"]
+        ]
+        picks = [int(p) for p in body["picks"]]
+        counts = [int(r) for r in rejected.split(",")]
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise RuntimeError(
+            f"cannot downgrade below 0016: version batch {batch} is malformed "
+            f"({type(exc).__name__})"
+        ) from None
+    if not len(ids) == len(picks) == len(counts) or any(not 0 <= p < len(variants) for p in picks):
+        raise RuntimeError(f"cannot downgrade below 0016: version batch {batch} is malformed")
+    return [
+        {
+            "object_id": oid,
+            **dict(zip(_ACCOUNT_COLUMNS, variants[pick], strict=True)),
+            "rejected": n,
+        }
+        for oid, pick, n in zip(ids, picks, counts, strict=True)
+    ]
+
+
 def _insert_batch(conn: Any, rows: list[Any]) -> int:
-    accounts: list[Account] = [
+    accounts: list[_Account] = [
         (
             r.data_version,
             r.seq_start,
@@ -132,7 +197,7 @@ def _insert_batch(conn: Any, rows: list[Any]) -> int:
         .values(
             closed_at=rows[0].closed_at,
             size=len(rows),
-            accounts=encode_accounts([r.object_id for r in rows], accounts),
+            accounts=_encode_accounts([r.object_id for r in rows], accounts),
             rejected=",".join(str(r.rejected) for r in rows),
             ciphertexts="\n".join(r.value for r in rows),
         )
@@ -188,7 +253,7 @@ def _references(conn: Any) -> set[tuple[str, int]]:
     found = set()
     statement = sa.text("SELECT id, packed_versions FROM objects WHERE packed_versions IS NOT NULL")
     for oid, text in conn.execute(statement):
-        found.update((str(oid), batch) for batch in parse_refs(text))
+        found.update((str(oid), int(batch)) for batch in text.split(",") if batch)
     return found
 
 
@@ -201,17 +266,17 @@ def _unpack(
     ciphertexts: str,
     referenced: set[tuple[str, int]],
 ) -> None:
-    packed = PackedBatch.decode(batch, closed_at, accounts, rejected)
+    decoded = _decode(batch, accounts, rejected)
     values = ciphertexts.split("\n")
-    if len(values) != len(packed.ids):
+    if len(values) != len(decoded):
         raise RuntimeError(f"cannot downgrade below 0016: version batch {batch} is malformed")
     rows = []
-    for version, value in zip(packed.rows(), values, strict=True):
-        if (version.object_id, batch) not in referenced:
+    for version, value in zip(decoded, values, strict=True):
+        if (version["object_id"], batch) not in referenced:
             raise RuntimeError(
-                f"cannot downgrade below 0016: {version.object_id} does not name its version "
-                f"{version.data_version} in batch {batch}"
+                f"cannot downgrade below 0016: {version['object_id']} does not name its version "
+                f"{version['data_version']} in batch {batch}"
             )
-        rows.append({**version.__dict__, "value": value})
+        rows.append({**version, "value": value, "closed_at": closed_at})
     for start in range(0, len(rows), BATCH):
         conn.execute(sa.insert(_ROWS), rows[start : start + BATCH])

@@ -283,7 +283,10 @@ def test_a_state_stored_and_forgotten_meanwhile_is_not_written_without_its_array
     try:
         with engine.connect() as conn:
             rows = conn.execute(
-                text("SELECT length(state), refs FROM likelihood_states WHERE hash = :key"),
+                text(
+                    "SELECT length(state), (SELECT count(*) FROM objects o WHERE "
+                    "o.state_hash = s.hash) FROM likelihood_states s WHERE hash = :key"
+                ),
                 {"key": key},
             ).all()
     finally:

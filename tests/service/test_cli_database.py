@@ -31,6 +31,7 @@ COMMANDS = [
     ["verify"],
     ["import", "objects.ndjson"],
     ["encryption", "rotate"],
+    ["states", "collect"],
 ]
 IDS = [" ".join(c[:2]) for c in COMMANDS]
 

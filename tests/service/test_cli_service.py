@@ -211,6 +211,39 @@ def test_verify_exits_0_on_a_consistent_database(
     assert f"{checked}/{checked}" not in quiet.stderr
 
 
+def test_states_collect_deletes_the_unnamed_states_verify_counted(
+    database_url: str, populated: dict[str, str]
+) -> None:
+    """An unnamed state is no mismatch: verify counts it, ``states collect`` deletes it."""
+    engine = make_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(LikelihoodStateRecord.__table__),
+                [{"hash": "cli-unnamed", "state": b"\x00" * 8, "err": 0.0}],
+            )
+        done = run_cli("verify", "--quiet", database_url=database_url)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert "likelihood state(s) no object names" in done.stdout
+        assert done.stdout.strip().splitlines()[-1].endswith(": ok")
+        collected = run_cli("states", "collect", database_url=database_url)
+        assert collected.returncode == 0, (collected.stdout, collected.stderr)
+        deleted = int(collected.stdout.split()[1])
+        assert deleted >= 1
+        with engine.connect() as conn:
+            left = conn.execute(
+                select(func.count()).where(LikelihoodStateRecord.hash == "cli-unnamed")
+            ).scalar_one()
+        assert left == 0
+        done = run_cli("verify", "--quiet", database_url=database_url)
+        assert done.returncode == 0, (done.stdout, done.stderr)
+        assert "no object names" not in done.stdout
+        again = run_cli("states", "collect", database_url=database_url)
+        assert again.stdout.strip() == "deleted 0 likelihood state(s) no object names"
+    finally:
+        engine.dispose()
+
+
 def test_verify_on_a_freshly_migrated_sqlite_file(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     assert run_cli("migrate", database_url=url).returncode == 0
@@ -311,10 +344,10 @@ def _flip_state_byte(conn: Any, oid: str) -> None:
     conn.execute(update(states).where(states.c.hash == key).values(state=bytes(state)))
 
 
-def _count_state_twice(conn: Any, oid: str) -> None:
+def _delete_state(conn: Any, oid: str) -> None:
     objects, states = ProtectedObject.__table__, LikelihoodStateRecord.__table__
     key = conn.execute(select(objects.c.state_hash).where(objects.c.id == oid)).scalar_one()
-    conn.execute(update(states).where(states.c.hash == key).values(refs=states.c.refs + 1))
+    conn.execute(delete(states).where(states.c.hash == key))
 
 
 TAMPERS: dict[str, tuple[str, Callable[[Any, str], None]]] = {
@@ -325,7 +358,7 @@ TAMPERS: dict[str, tuple[str, Callable[[Any, str], None]]] = {
     "accepted+1": ("finite", _tamper_object(accepted=lambda t: t.c.accepted + 1)),
     "state-null": ("finite", _tamper_object(state_hash=None)),
     "state-byte": ("finite", _flip_state_byte),
-    "state-refs": ("finite", _count_state_twice),
+    "state-deleted": ("finite", _delete_state),
     "history-hash": ("finite", _tamper_object(history_hash="0" * 32)),
     "cont-history-hash": ("cont", _tamper_object(history_hash=None)),
     "delete-last-query": ("finite", _delete_query("last")),

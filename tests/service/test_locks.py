@@ -134,3 +134,43 @@ def test_a_release_redis_did_not_answer_is_retried_until_it_lands(tmp_path: Path
     finally:
         server.resume()
         server.kill()
+
+
+def test_a_release_script_redis_does_not_have_is_loaded_and_run(client: redis.Redis) -> None:
+    """The release is an ``EVALSHA`` sent by hand: after a restarted or flushed Redis (here: a
+    script it never saw) it loads the script and releases the lock, rather than leaving it to
+    expire while the object stays busy for every other replica."""
+    from app.services import locks as lock_module
+
+    oid = "lock-" + secrets.token_hex(4)
+    locks = ObjectLocks(client, timeout=30, wait=0.2)
+    unseen = lock_module._RELEASE + f"-- {secrets.token_hex(8)}\n"
+    locks._release = client.register_script(unseen)
+    assert client.script_exists(locks._release.sha) == [False]
+    with locks.hold(oid):
+        assert client.get(f"gatekeeper:lock:{oid}") is not None
+    assert client.get(f"gatekeeper:lock:{oid}") is None
+    assert client.script_exists(locks._release.sha) == [True]
+    with ObjectLocks(client, timeout=30, wait=0.2).hold(oid):  # not busy: it was released
+        pass
+
+
+def test_a_command_after_a_timed_out_one_reads_its_own_reply(tmp_path: Path) -> None:
+    """A command that timed out (Redis frozen) may still be answered later: the lock drops its
+    connection, so the next command on the pool reads its own reply, never the late one (a
+    ``SET NX`` taking a late ``EVALSHA`` reply would believe it holds a lock it does not)."""
+    server = PrivateRedis(tmp_path)
+    try:
+        frozen = redis.Redis.from_url(server.url, socket_timeout=0.3)
+        frozen.set("gatekeeper:a", "A")
+        frozen.set("gatekeeper:b", "B")
+        locks = ObjectLocks(frozen, timeout=30, wait=0.2)
+        server.pause()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            locks._command("GET", "gatekeeper:a")
+        server.resume()
+        assert locks._command("GET", "gatekeeper:b") == b"B"
+        assert locks._command("GET", "gatekeeper:a") == b"A"
+        frozen.close()
+    finally:
+        server.kill()

@@ -110,10 +110,15 @@ def test_0005_moves_states_and_hashes_histories(tmp_path: Path) -> None:
         report = verify_all(engine)
         assert report.ok, report.problems
         with engine.connect() as conn:
-            refs = dict(conn.execute(text("SELECT hash, refs FROM likelihood_states")).all())
+            users = conn.execute(
+                text(
+                    "SELECT count(*) FROM likelihood_states s JOIN objects o "
+                    "ON o.state_hash = s.hash GROUP BY s.hash"
+                )
+            ).scalars()
             domains = conn.execute(text("SELECT hash, text FROM domains")).all()
             named = set(conn.execute(text("SELECT DISTINCT domain_hash FROM objects")).scalars())
-        assert sorted(refs.values()) == [1, 2]  # a and b share one array; c has its own
+        assert sorted(users) == [1, 2]  # a and b share one array; c has its own
         # the three objects' one domain is stored once, under its hash, with its text unchanged
         assert [(h, json.loads(t)) for h, t in domains] == [
             (domain_hash(json.dumps(domain.to_json())), domain.to_json())
@@ -728,5 +733,63 @@ def test_0012_downgrade_stores_the_arrays_of_pending_survey_answers(empty_url: s
         assert refs == dict.fromkeys(hashes, 1)  # m0's grr array is gone: nobody names it
         upgrade(url)
         assert verify_all(engine).ok
+    finally:
+        engine.dispose()
+
+
+def test_0017_drops_the_counts_and_downgrade_counts_again(empty_url: str) -> None:
+    """States lose ``refs`` on upgrade; downgrade counts each one's objects and drops garbage.
+
+    Three objects answer one, one and two queries (exact arrays: objects with the same outputs
+    share one); the arrays they moved on from may be left unnamed, and one more unnamed row is
+    added by hand: downgrade keeps exactly the named arrays, with their objects' counts.
+    """
+    url = empty_url
+    upgrade(url)
+    with TestClient(create_app(make_settings(url))) as client:
+        analyst = auth(new_api_key(client, "analyst"))
+        body = {
+            "objects": [
+                {"id": f"r{i}", "domain": DOMAIN, "value": {"c": "x"}, "budget": {"epsilon": 9}}
+                for i in range(3)
+            ]
+        }
+        assert client.post("/v1/imports", headers=auth(ADMIN_KEY), json=body).status_code == 200
+        query = {"mechanism": "grr", "attribute": "c", "epsilon": 0.5}
+        for oid in ("r0", "r1", "r2", "r2"):
+            r = client.post(f"/v1/objects/{oid}/queries", headers=analyst, json={"query": query})
+            assert r.status_code == 201, r.text
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO likelihood_states (hash, state, err) VALUES ('junk', :s, 0)"),
+                {"s": b"\x00" * 8},
+            )
+            named = conn.execute(
+                text("SELECT state_hash, count(*) FROM objects GROUP BY state_hash")
+            ).all()
+        users = {key: n for key, n in named if key is not None}
+        assert sum(users.values()) == 3
+        command.downgrade(alembic_config(url), "0016")
+        with engine.connect() as conn:
+            refs = dict(conn.execute(text("SELECT hash, refs FROM likelihood_states")).all())
+        assert refs == users  # the named arrays, each with its objects' count; no garbage
+        with engine.begin() as conn:  # a row at zero (a 0016 writer would have deleted it)
+            conn.execute(
+                text(
+                    "INSERT INTO likelihood_states (hash, state, err, refs) VALUES ('z', :s, 0, 0)"
+                ),
+                {"s": b"\x00" * 8},
+            )
+        upgrade(url)
+        with engine.connect() as conn:
+            stored = set(conn.execute(text("SELECT hash FROM likelihood_states")).scalars())
+            context = MigrationContext.configure(conn, opts={"compare_type": False})
+            assert compare_metadata(context, Base.metadata) == []
+        assert stored == set(users)
+        report = verify_all(engine)
+        assert report.ok, report.problems
+        assert report.unnamed_states == 0
     finally:
         engine.dispose()

@@ -1,35 +1,305 @@
-"""``likelihood_states`` statements a survey chunk runs on many keys at once (app.store.states)."""
+"""``likelihood_states`` kept while named and collected when not (app.store.states).
+
+The collection must never delete a state an object names — not even one a concurrent writer is
+about to name (PostgreSQL: the row locks of :mod:`app.store.states`, exercised here with two
+connections in both orders) — and must delete every state no object names.
+"""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Connection, Engine, text
+
+from app.bootstrap import create_app
 from app.db.session import make_engine
+from app.services.snapshots import (
+    COLLECTED_KEY,
+    StateGone,
+    StoredState,
+    collect_states,
+    collect_states_periodically,
+    keep_states,
+)
 from app.store import transaction
-from app.store.states import add_refs, count_states, drop_unused, insert_states, load_states
+from app.store.states import (
+    collect_unnamed,
+    count_states,
+    count_unnamed,
+    insert_state,
+    load_states,
+    name_states,
+)
+from tests.service import factories
+from tests.service.conftest import make_settings, new_key
+from tests.service.factories import grr_query, integer_domain
 
 
-def test_many_keys_are_counted_and_dropped_when_unused(database_url: str) -> None:
+@pytest.fixture(scope="module")
+def engine(database_url: str) -> Iterator[Engine]:
     engine = make_engine(database_url)
-    try:
-        keys = [f"canon2-{n:04d}" for n in range(1200)]  # more than one IN list (500)
+    yield engine
+    engine.dispose()
+
+
+def _object(client: TestClient) -> str:
+    return factories.register(
+        client, domain=integer_domain(4), value={"x": 1}, budget=100.0, prefix="states"
+    )
+
+
+def _name(engine: Engine, oid: str, key: str | None) -> None:
+    with transaction(engine) as conn:
+        conn.execute(text("UPDATE objects SET state_hash = :k WHERE id = :o"), {"k": key, "o": oid})
+
+
+def _named(conn: Connection, oid: str) -> str | None:
+    found = conn.execute(
+        text("SELECT state_hash FROM objects WHERE id = :o"), {"o": oid}
+    ).scalar_one()
+    return None if found is None else str(found)
+
+
+def test_many_keys_are_stored_once_and_known_ones_checked(engine: Engine) -> None:
+    keys = [f"many-{n:04d}" for n in range(1200)]  # more than one IN list (500)
+    with transaction(engine) as conn:
+        before = count_states(conn)
+        assert name_states(conn, [(key, key.encode(), 0.5) for key in keys]) == set()
+        # again, with other bytes: the stored arrays stay as they were (locked, not written)
+        assert name_states(conn, [(key, b"other", 0.25) for key in keys[:10]], keys) == set()
+        assert count_states(conn) == before + len(keys)
+        assert load_states(conn, {keys[1]}) == {keys[1]: (keys[1].encode(), 0.5)}
+        assert name_states(conn, [], [keys[0], "never-stored", keys[5]]) == {"never-stored"}
+        conn.execute(text("DELETE FROM likelihood_states WHERE hash LIKE 'many-%'"))
+
+
+def test_collection_deletes_exactly_the_unnamed_states(client: TestClient, engine: Engine) -> None:
+    """Submits leave their objects' old states unnamed; the collection deletes those alone."""
+    key = new_key(client, "analyst")
+    ids = [_object(client) for _ in range(3)]
+    for _ in range(3):
+        for oid in ids:
+            r = client.post(
+                f"/v1/objects/{oid}/queries",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"query": grr_query(0.5)},
+            )
+            assert r.status_code == 201, r.text
+    with transaction(engine) as conn:
+        insert_state(conn, key="unnamed-extra", state=b"\x00" * 8, err=0.0)
+        named = {_named(conn, oid) for oid in ids}
+        unnamed = count_unnamed(conn)
+        assert unnamed >= 2  # the extra row, and the states the objects moved on from
+        total = count_states(conn)
+    assert None not in named
+    assert collect_states(engine) == unnamed
+    with engine.connect() as conn:
+        assert count_unnamed(conn) == 0
+        assert count_states(conn) == total - unnamed
+        stored = load_states(conn, {k for k in named if k is not None})
+    assert set(stored) == named  # every state an object names is still there
+    assert collect_states(engine) == 0
+
+
+def _postgres(engine: Engine) -> None:
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite runs one writer at a time: no concurrent collection to race")
+
+
+def _collect_into(engine: Engine, collected: list[int]) -> None:
+    collected.append(collect_states(engine))
+
+
+def test_a_state_being_named_by_an_open_transaction_is_not_collected(
+    client: TestClient, engine: Engine
+) -> None:
+    """A writer locks an unnamed state and names it; a collection meanwhile must skip it.
+
+    The collection's snapshot does not see the writer's uncommitted object: without the lock it
+    would delete the row and the object would commit naming nothing.
+    """
+    _postgres(engine)
+    oid = _object(client)
+    for key, known in (("open-bytes", False), ("open-known", True)):
         with transaction(engine) as conn:
-            before = count_states(conn)
-            insert_states(conn, [(key, key.encode(), 0.5, 1) for key in keys])
-            # every other state loses its one user, the others keep it or gain one
-            add_refs(conn, [(key, -1) for key in keys[::2]])
-            add_refs(conn, [(key, 1) for key in keys[1::4]])
-            drop_unused(conn, keys)
-            kept = load_states(conn, set(keys))
-            assert set(kept) == set(keys[1::2])
-            assert kept[keys[1]] == (keys[1].encode(), 0.5)
-            assert count_states(conn) == before + len(keys) // 2
-            # a single key (a submit's: one user left, now none) and no key
-            add_refs(conn, [(keys[3], -1)])
-            drop_unused(conn, [keys[3]])
-            drop_unused(conn, [])
-            assert keys[3] not in load_states(conn, {keys[3]})
-            # two keys: one unused now, one with two users left (it gained one above)
-            add_refs(conn, [(keys[7], -1), (keys[5], -1)])
-            drop_unused(conn, [keys[7], keys[5]])
-            assert set(load_states(conn, {keys[7], keys[5]})) == {keys[5]}
+            insert_state(conn, key=key, state=b"\x01" * 8, err=0.0)
+        with transaction(engine) as writer:
+            if known:  # a survey chunk naming a state an earlier chunk stored
+                keep_states(writer, {key: (StoredState(key, b"", 0.0), 1)}, {key})
+            else:  # a submit's, or a chunk's new state: insert or lock
+                insert_state(writer, key=key, state=b"\x09" * 8, err=0.0)
+            writer.execute(
+                text("UPDATE objects SET state_hash = :k WHERE id = :o"), {"k": key, "o": oid}
+            )
+            collected: list[int] = []
+            thread = threading.Thread(target=_collect_into, args=(engine, collected))
+            thread.start()
+            thread.join(10)
+            assert not thread.is_alive()  # SKIP LOCKED: the collection does not wait
+        assert len(collected) == 1
+        with engine.connect() as conn:
+            assert load_states(conn, {key}) == {key: (b"\x01" * 8, 0.0)}  # kept, not rewritten
+            assert _named(conn, oid) == key
+    _name(engine, oid, None)
+
+
+def test_a_writer_after_a_collection_stores_the_state_again_or_fails(
+    client: TestClient, engine: Engine
+) -> None:
+    """The collection locked and deleted a state first: the writer waits, then sees it gone.
+
+    With the array's bytes it inserts it again (``ON CONFLICT`` retries the insert); without
+    them (a survey's known state) it is told the state is gone and must not name it.
+    """
+    _postgres(engine)
+    oid = _object(client)
+    for known in (False, True):
+        key = f"late-{known}"
+        with transaction(engine) as conn:
+            insert_state(conn, key=key, state=b"\x03" * 8, err=0.0)
+        outcome: list[str] = []
+
+        def write(key: str = key, known: bool = known, outcome: list[str] = outcome) -> None:
+            try:
+                with transaction(engine) as writer:
+                    if known:
+                        keep_states(writer, {key: (StoredState(key, b"", 0.0), 1)}, {key})
+                    else:
+                        insert_state(writer, key=key, state=b"\x04" * 8, err=0.0)
+                    writer.execute(
+                        text("UPDATE objects SET state_hash = :k WHERE id = :o"),
+                        {"k": key, "o": oid},
+                    )
+                outcome.append("committed")
+            except StateGone:
+                outcome.append("gone")
+
+        with transaction(engine) as collector:
+            assert collect_unnamed(collector) >= 1
+            thread = threading.Thread(target=write)
+            thread.start()
+            time.sleep(0.3)
+            assert thread.is_alive()  # waiting for the collection's lock
+        thread.join(10)
+        with engine.connect() as conn:
+            stored = load_states(conn, {key})
+            named = _named(conn, oid)
+        if known:
+            assert outcome == ["gone"]
+            assert stored == {}
+            assert named != key
+        else:
+            assert outcome == ["committed"]
+            assert stored == {key: (b"\x04" * 8, 0.0)}
+            assert named == key
+    _name(engine, oid, None)
+
+
+def _unnamed_after_submits(client: TestClient, engine: Engine) -> int:
+    key = new_key(client, "analyst")
+    oid = _object(client)
+    for _ in range(3):
+        r = client.post(
+            f"/v1/objects/{oid}/queries",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"query": grr_query(0.5)},
+        )
+        assert r.status_code == 201, r.text
+    with engine.connect() as conn:
+        return count_unnamed(conn)
+
+
+def test_a_service_taking_only_single_submits_collects_on_a_timer(database_url: str) -> None:
+    """``STATES_COLLECT_SECONDS``: the states submits leave unnamed go without a restart."""
+    engine = make_engine(database_url)
+    settings = make_settings(database_url, states_collect_seconds=0.2)
+    try:
+        with TestClient(create_app(settings)) as client:
+            _unnamed_after_submits(client, engine)  # states left unnamed, then the timer comes
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                with engine.connect() as conn:
+                    if count_unnamed(conn) == 0:
+                        break
+                time.sleep(0.1)
+            with engine.connect() as conn:
+                assert count_unnamed(conn) == 0
+        with TestClient(create_app(make_settings(database_url, states_collect_seconds=0))) as off:
+            left = _unnamed_after_submits(off, engine)
+            time.sleep(0.5)
+            with engine.connect() as conn:
+                assert left >= 2
+                assert count_unnamed(conn) == left  # no timer: nothing collected
     finally:
+        collect_states(engine)
         engine.dispose()
+
+
+def test_one_process_of_a_deployment_collects_per_interval(
+    client: TestClient, engine: Engine, redis_url: str
+) -> None:
+    """With Redis a second process finds the interval taken and leaves the states alone."""
+    import redis
+
+    shared = redis.Redis.from_url(redis_url)
+    shared.delete(COLLECTED_KEY)
+    try:
+        unnamed = _unnamed_after_submits(client, engine)
+        assert unnamed >= 2
+        assert collect_states_periodically(engine, redis=shared, seconds=30) == unnamed
+        left = _unnamed_after_submits(client, engine)
+        assert left >= 2
+        assert collect_states_periodically(engine, redis=shared, seconds=30) == 0  # taken
+        with engine.connect() as conn:
+            assert count_unnamed(conn) == left
+        shared.delete(COLLECTED_KEY)  # the interval over
+        assert collect_states_periodically(engine, redis=shared, seconds=30) == left
+        assert collect_states_periodically(engine, redis=None, seconds=30) == 0  # none left
+    finally:
+        shared.delete(COLLECTED_KEY)
+        shared.close()
+
+
+def test_a_query_that_leaves_the_state_as_it_was_is_accepted(
+    client: TestClient, engine: Engine
+) -> None:
+    """An output as likely at every point leaves an exact state's content, hence its key.
+
+    A unary-encoding report of all ones (or all zeros) on a categorical attribute is as likely
+    whatever the value: once the history holds its ε, the object names after it the state it
+    named before. That was refused with a 500 (``an accepted query always changes the
+    history's state key``, a rule of the reference counts); Hypothesis's state machine met it.
+    Here each report is such with probability about 0.27, so 80 submits meet one but with
+    probability 0.73^79 < 1e-10.
+    """
+    key = new_key(client, "analyst")
+    domain = {"attributes": [{"name": "c", "type": "categorical", "values": ["a", "b", "c"]}]}
+    oid = factories.register(
+        client, domain=domain, value={"c": "b"}, budget=1000.0, prefix="same-state"
+    )
+    query = {
+        "mechanism": "unary_encoding",
+        "attribute": "c",
+        "epsilon": 0.6,
+        "variant": "optimized",
+    }
+    named: list[str | None] = []
+    for _ in range(80):
+        r = client.post(
+            f"/v1/objects/{oid}/queries",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"query": query},
+        )
+        assert r.status_code == 201, r.text
+        with engine.connect() as conn:
+            named.append(_named(conn, oid))
+        if len(named) > 1 and named[-1] == named[-2]:
+            break
+    assert named[-1] == named[-2], "no report left the state as it was"
+    collect_states(engine)
+    with engine.connect() as conn:
+        assert set(load_states(conn, {named[-1]})) == {named[-1]}  # still stored

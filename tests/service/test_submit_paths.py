@@ -291,3 +291,65 @@ def test_the_odometer_history_places_each_rejection_between_accepted_queries(
             break
         after = page["next_after"]
     assert paged == [1, 1, 2]
+
+
+def test_a_lookup_that_raced_a_revocation_is_not_cached() -> None:
+    cache = KeyCache(300.0)
+    before = cache.generation  # read before the database lookup ...
+    cache.forget(99)  # ... a revocation announced meanwhile (any key: the lookup may be stale)
+    cache.put("h1", 1, Role.ANALYST, generation=before)
+    assert cache.get("h1") is None
+    cache.put("h1", 1, Role.ANALYST, generation=cache.generation)
+    assert cache.get("h1") == (1, Role.ANALYST)
+    cache.clear()
+    assert cache.get("h1") is None
+
+
+def _refused_within(client: TestClient, secret: str, seconds: float) -> float:
+    """Seconds until ``client`` refuses ``secret`` (polled), failing after ``seconds``."""
+    start = time.monotonic()
+    while client.get("/v1/odometers", headers=auth(secret)).status_code != 401:
+        assert time.monotonic() - start < seconds, "the revoked key is still accepted"
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def two_workers_with_redis(
+    database_url: str, redis_url: str
+) -> Iterator[tuple[TestClient, TestClient]]:
+    """Two app instances on one database and one Redis, caching keys for 300 s."""
+    settings = make_settings(database_url, redis_url, auth_cache_seconds=300.0)
+    with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
+        for app in (a.app, b.app):
+            assert app.state.revocations.subscribed.wait(5.0)  # type: ignore[attr-defined]
+        yield a, b
+
+
+def test_with_redis_a_revocation_reaches_every_worker_at_once(
+    two_workers_with_redis: tuple[TestClient, TestClient],
+) -> None:
+    a, b = two_workers_with_redis
+    created = a.post("/v1/keys", headers=auth(ADMIN_KEY), json={"role": "viewer"}).json()
+    secret = created["key"]
+    assert a.get("/v1/odometers", headers=auth(secret)).status_code == 200
+    assert b.get("/v1/odometers", headers=auth(secret)).status_code == 200  # b caches it
+    assert a.delete(f"/v1/keys/{created['id']}", headers=auth(ADMIN_KEY)).status_code == 200
+    assert a.get("/v1/odometers", headers=auth(secret)).status_code == 401
+    # b cached the key for 300 s: only the announcement can make it refuse the key now
+    assert _refused_within(b, secret, 1.0) < 1.0
+
+
+def test_with_redis_a_revocation_on_the_command_line_reaches_the_workers(
+    two_workers_with_redis: tuple[TestClient, TestClient], database_url: str, redis_url: str
+) -> None:
+    a, b = two_workers_with_redis
+    created = a.post("/v1/keys", headers=auth(ADMIN_KEY), json={"role": "viewer"}).json()
+    for worker in (a, b):
+        assert worker.get("/v1/odometers", headers=auth(created["key"])).status_code == 200
+    done = factories.run_cli(
+        "keys", "revoke", str(created["id"]), database_url=database_url, REDIS_URL=redis_url
+    )
+    assert done.returncode == 0, done.stderr
+    for worker in (a, b):
+        _refused_within(worker, created["key"], 1.0)

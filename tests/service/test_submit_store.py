@@ -1,9 +1,9 @@
 """An accepted submit's writes in one round trip (``app.store.submits``), SQLite and PostgreSQL.
 
-On PostgreSQL the query row, the compare-and-set and the state references go out in psycopg's
-pipeline mode; these tests hold both dialects to the same outcomes: every stored likelihood array
-is named by exactly ``refs`` objects and none is left unnamed (the states' garbage rule); a
-lost compare-and-set returns None and the rolled-back transaction leaves nothing; a used
+On PostgreSQL the query row, the compare-and-set and the named state go out in psycopg's
+pipeline mode; these tests hold both dialects to the same outcomes: every likelihood array an
+object names is stored, and once the collection ran none is left unnamed; a lost
+compare-and-set returns None and the rolled-back transaction leaves nothing; a used
 ``(object, seq)`` is a :class:`~app.store.Conflict` that leaves the connection usable; a
 :func:`~app.store.submitting` block, whose pipeline carries BEGIN and COMMIT with the writes on
 PostgreSQL, commits nothing after a lost compare-and-set; and the keyed rejection read with the
@@ -20,10 +20,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DataError
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
 from app.services import audit
+from app.services.snapshots import collect_states
 from app.store import Conflict, begin_writes, submitting, transaction
 from app.store.objects import load_for_submit, load_state
 from app.store.submits import AcceptedQuery, NewState, record_accepted
@@ -57,10 +59,10 @@ def _submit(client: TestClient, key: str, oid: str, idem: str, epsilon: float = 
     )
 
 
-def _states(engine: Engine) -> tuple[dict[str, int], dict[str, int]]:
-    """Each stored array's ``refs``, and how many objects name each array."""
+def _states(engine: Engine) -> tuple[set[str], dict[str, int]]:
+    """The stored arrays' keys, and how many objects name each array."""
     with engine.connect() as conn:
-        refs = dict(conn.execute(text("SELECT hash, refs FROM likelihood_states")).all())
+        refs = set(conn.execute(text("SELECT hash FROM likelihood_states")).scalars())
         named = dict(
             conn.execute(
                 text(
@@ -122,7 +124,7 @@ def test_the_accepted_event_names_the_query_row_it_was_written_with(
     assert details == [json.dumps(json.loads(d), sort_keys=True) for d in details]
 
 
-def test_submits_keep_every_array_counted_and_none_orphaned(
+def test_submits_keep_every_named_array_and_the_collection_deletes_the_rest(
     client: TestClient, engine: Engine
 ) -> None:
     key = new_key(client, "analyst")
@@ -131,10 +133,14 @@ def test_submits_keep_every_array_counted_and_none_orphaned(
         for oid in ids:
             r = _submit(client, key, oid, f"{oid}-{round_}")
             assert r.status_code == 201, r.text
-    refs, named = _states(engine)
-    # every object names an array whose count is the number of objects naming it, and every
-    # array stored is named (the old arrays were released and deleted)
-    assert refs == named
+    stored, named = _states(engine)
+    assert set(named) <= stored  # every array an object names is there
+    # the arrays of the objects' first three answers (at least one each: every current array
+    # holds four) are unnamed until the collection deletes them
+    assert len(stored - set(named)) >= 3
+    assert collect_states(engine) == len(stored - set(named))
+    stored, named = _states(engine)
+    assert stored == set(named)
     with engine.connect() as conn:
         for oid in ids:
             row = load_state(conn, object_id=oid)
@@ -149,7 +155,7 @@ def test_a_lost_compare_and_set_returns_none_and_leaves_nothing(
     key = new_key(client, "analyst")
     oid = _register(client)
     assert _submit(client, key, oid, f"{oid}-1").status_code == 201
-    refs_before, _ = _states(engine)
+    stored_before, _ = _states(engine)
     with transaction(engine) as conn:
         row = load_state(conn, object_id=oid)
         assert row is not None
@@ -164,7 +170,6 @@ def test_a_lost_compare_and_set_returns_none_and_leaves_nothing(
                     version=row.version - 1,  # stale: another writer "won"
                     columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
                     new_state=NewState("lost-" + oid[-20:], b"\x00" * 8, 0.0),
-                    old_state=row.state_hash,
                     event=_event(oid, row.accepted + 1),
                 )
             )
@@ -180,7 +185,7 @@ def test_a_lost_compare_and_set_returns_none_and_leaves_nothing(
         ).scalar_one()
     assert after == row
     assert count == 1
-    assert _states(engine)[0] == refs_before
+    assert _states(engine)[0] == stored_before
 
 
 def test_a_used_seq_is_a_conflict_and_the_connection_stays_usable(
@@ -199,7 +204,6 @@ def test_a_used_seq_is_a_conflict_and_the_connection_stays_usable(
             version=row.version,
             columns={"accepted": row.accepted, "updated_at": datetime.now(UTC)},
             new_state=None,
-            old_state=None,
             event=_event(oid, row.accepted),
         )
     # the pool's connections still work, and the submit path still accepts
@@ -224,7 +228,7 @@ def test_a_lost_race_in_one_round_trip_commits_nothing(
     key = new_key(client, "analyst")
     oid = _register(client)
     assert _submit(client, key, oid, f"{oid}-1").status_code == 201
-    refs_before, _ = _states(engine)
+    stored_before, _ = _states(engine)
     with engine.connect() as conn:
         row = load_state(conn, object_id=oid)
         assert row is not None
@@ -239,7 +243,6 @@ def test_a_lost_race_in_one_round_trip_commits_nothing(
                     version=row.version - 1,  # stale: another writer "won"
                     columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
                     new_state=NewState("lost-" + oid[-20:], b"\x00" * 8, 0.0),
-                    old_state=row.state_hash,
                     event=_event(oid, row.accepted + 1),
                     commit=True,
                 )
@@ -264,7 +267,7 @@ def test_a_lost_race_in_one_round_trip_commits_nothing(
         ).scalar_one()
     assert after == row
     assert (count, events) == (1, 1)
-    assert _states(engine)[0] == refs_before
+    assert _states(engine)[0] == stored_before
     # the pool's connections are back in transactions of their own, and submits still accept
     with transaction(engine) as conn:
         conn.execute(text("SELECT 1"))
@@ -299,7 +302,7 @@ def test_a_submitting_block_commits_what_it_wrote_and_only_on_success(engine: En
             conn.execute(text("DROP TABLE submit_block_probe"))
 
 
-def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engine) -> None:
+def test_the_keys_stored_answer_comes_with_the_row(client: TestClient, engine: Engine) -> None:
     key = new_key(client, "analyst")
     oid = _register(client, budget=0.6)
     assert _submit(client, key, oid, "first", 0.5).status_code == 201
@@ -307,17 +310,25 @@ def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engi
     assert rejected.status_code == 409, rejected.text
     with engine.connect() as conn:
         found = load_for_submit(conn, object_id=oid, key="second")
-        missing = load_for_submit(conn, object_id=oid, key="first")  # accepted, not rejected
+        accepted = load_for_submit(conn, object_id=oid, key="first")  # accepted, not rejected
         no_key = load_for_submit(conn, object_id=oid, key=None)
     assert found is not None
     assert found[1] is not None
     assert found[1].response
     assert found[1].fingerprint
-    assert missing is not None
-    assert missing[1] is None
+    assert found[1].query_id is None  # a rejection
+    assert accepted is not None
+    assert accepted[1] is not None  # the accepted query's answer, with its id
+    with engine.connect() as conn:
+        first_id = conn.execute(
+            text("SELECT id FROM queries WHERE object_id = :o AND idempotency_key = 'first'"),
+            {"o": oid},
+        ).scalar_one()
+    assert accepted[1].query_id == first_id
+    assert json.loads(accepted[1].response)["seq"] == 1
     assert no_key is not None
     assert no_key[1] is None
-    assert found[0] == missing[0] == no_key[0]
+    assert found[0] == accepted[0] == no_key[0]
     # the same key again replays the stored rejection and counts nothing
     again = _submit(client, key, oid, "second", 0.5)
     assert again.status_code == 409
@@ -334,3 +345,186 @@ def test_the_keyed_rejection_comes_with_the_row(client: TestClient, engine: Engi
 def client(database_url: str) -> Iterator[TestClient]:
     with TestClient(create_app(make_settings(database_url))) as test_client:
         yield test_client
+
+
+def test_the_submit_load_types_its_row_as_sqlalchemy_does(
+    client: TestClient, engine: Engine
+) -> None:
+    """On PostgreSQL the submit's load runs on psycopg directly (``app.store.compiled``).
+
+    Its row must come back as ``Connection.execute`` types it (``load_state`` and the scoped
+    load still go through SQLAlchemy): the value decrypted, datetimes aware, the labels a dict,
+    the likelihood array bytes — for a fresh object, one with a history, and a retired one.
+    """
+    key = new_key(client, "analyst")
+    fresh = _register(client)
+    used = _register(client)
+    labelled = factories.unique_id("store")
+    body = {
+        "id": labelled,
+        "domain": integer_domain(4),
+        "value": {"x": 2},
+        "budget": {"epsilon": 100.0},
+        "labels": {"team": "a", "unit": "b"},
+        "filter": "bayesian",
+    }
+    assert client.post("/v1/objects", headers=auth(factories.ADMIN_KEY), json=body).is_success
+    for i in range(3):
+        r = _submit(client, key, used, f"{used}-{i}")
+        assert r.status_code == 201, r.text
+    assert _submit(client, key, labelled, f"{labelled}-0").status_code == 201
+    retired = _register(client)
+    assert client.delete(f"/v1/objects/{retired}", headers=auth(factories.ADMIN_KEY)).is_success
+    for oid in (fresh, used, labelled, retired):
+        with engine.connect() as conn:
+            expected = load_state(conn, object_id=oid)
+            got = load_for_submit(conn, object_id=oid, key="none")
+            scoped = load_for_submit(conn, object_id=oid, key="none", scope=[])
+        assert expected is not None
+        assert got == scoped == (expected, None)
+        assert json.loads(got[0].value) == ({"x": 2} if oid == labelled else {"x": 1})
+        for name, value in vars(expected).items():  # the same types, not only equal values
+            assert type(getattr(got[0], name)) is type(value), name
+    assert got[0].retired_at is not None
+    assert got[0].retired_at.tzinfo is not None
+    with engine.connect() as conn:
+        assert load_for_submit(conn, object_id="store-missing", key=None) is None
+
+
+def test_a_write_failing_after_the_compare_and_set_leaves_nothing(
+    client: TestClient, engine: Engine
+) -> None:
+    """A ``submitting`` block's accepted write is one transaction whichever statement fails.
+
+    On PostgreSQL the pipeline has no ``BEGIN`` or ``COMMIT`` of its own: its statements up to
+    the one ``Sync`` are the protocol's implicit transaction. Here the compare-and-set, the
+    query row and the audit event succeed and the array's ``INSERT`` after them fails (a hash
+    longer than its column): none of them may stay, and the pooled connection stays usable.
+    """
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite does not enforce a column's length (and runs no pipeline)")
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    assert _submit(client, key, oid, f"{oid}-1").status_code == 201
+    refs_before, _ = _states(engine)
+    with engine.connect() as conn:
+        row = load_state(conn, object_id=oid)
+        assert row is not None
+    with pytest.raises(DataError, match="too long"), submitting(engine) as conn:
+        record_accepted(
+            conn,
+            query=_query(oid, row.accepted + 1),
+            version=row.version,  # current: the compare-and-set hits
+            columns={"accepted": row.accepted + 1, "updated_at": datetime.now(UTC)},
+            new_state=NewState("x" * 300, b"\x00" * 8, 0.0),
+            event=_event(oid, row.accepted + 1),
+            commit=True,
+        )
+    with engine.connect() as conn:
+        after = load_state(conn, object_id=oid)
+        count = conn.execute(
+            text("SELECT count(*) FROM queries WHERE object_id = :o"), {"o": oid}
+        ).scalar_one()
+        events = conn.execute(
+            text("SELECT count(*) FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.accepted"},
+        ).scalar_one()
+    assert after == row
+    assert (count, events) == (1, 1)
+    assert _states(engine)[0] == refs_before
+    assert _submit(client, key, oid, f"{oid}-2").status_code == 201
+
+
+def test_a_keyed_rejection_is_two_statements(
+    client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL a rejected submit with a fresh key reads the object (with any answer
+    stored under the key) and writes its count, its stored answer and its audit event in one
+    statement: two statements, no ``BEGIN`` or ``COMMIT`` (before: seven on the cursor — the
+    load, two key lookups, ``BEGIN``, three writes — and the connection's ``COMMIT``). What it
+    wrote is all there, once; the key's retry replays it."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("statements counted on psycopg's cursor")
+    import psycopg
+
+    key = new_key(client, "analyst")
+    oid = _register(client, budget=0.6)
+    assert _submit(client, key, oid, "first", 0.5).status_code == 201
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query)[:60])
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    rejected = _submit(client, key, oid, "second", 0.5)
+    monkeypatch.undo()
+    assert rejected.status_code == 409, rejected.text
+    assert len(sent) == 2, sent
+    with engine.connect() as conn:
+        found = load_for_submit(conn, object_id=oid, key="second")
+        events = conn.execute(
+            text("SELECT detail FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.rejected"},
+        ).all()
+    assert found is not None
+    assert found[0].rejected == 1
+    assert found[1] is not None
+    assert json.loads(found[1].response)["detail"] == rejected.json()["detail"]
+    assert len(events) == 1
+    assert json.loads(events[0][0])["refusal"] == "budget-exhausted"
+    again = _submit(client, key, oid, "second", 0.5)
+    assert again.json() == rejected.json()
+    assert again.headers.get("Idempotent-Replayed") == "true"
+
+
+def test_a_rejection_under_a_used_key_is_a_conflict_that_counts_nothing(
+    client: TestClient, engine: Engine
+) -> None:
+    """``record_rejected`` with a key already stored: :class:`Conflict`, the count not kept.
+
+    On PostgreSQL the count, the answer and the event are one statement, so the unique
+    violation of the answer undoes the count with it; on SQLite the caller's transaction is
+    rolled back (as the service's is). A stale version writes nothing and returns False.
+    """
+    from app.services.audit import AuditKind, new_event
+    from app.store.submits import StoredRejection, record_rejected
+
+    oid = _register(client)
+
+    def stored(key: str) -> StoredRejection:
+        return StoredRejection(key, None, "f" * 64, '{"detail": "no"}', datetime.now(UTC))
+
+    def event() -> Any:
+        return new_event(
+            kind=AuditKind.DECISION_REJECTED, actor_key_id=None, object_id=oid, detail={}
+        )
+
+    with submitting(engine) as conn:
+        row = load_state(conn, object_id=oid)
+        assert row is not None
+        assert record_rejected(
+            conn, object_id=oid, version=row.version, stored=stored("k1"), event=event()
+        )
+    with pytest.raises(Conflict), submitting(engine) as conn:
+        record_rejected(
+            conn, object_id=oid, version=row.version + 1, stored=stored("k1"), event=event()
+        )
+    with submitting(engine) as conn:  # stale: another writer advanced the object
+        assert not record_rejected(
+            conn, object_id=oid, version=row.version, stored=stored("k2"), event=event()
+        )
+    with engine.connect() as conn:
+        after = load_state(conn, object_id=oid)
+        keys = conn.execute(
+            text("SELECT idempotency_key FROM rejections WHERE object_id = :o"), {"o": oid}
+        ).scalars()
+        events = conn.execute(
+            text("SELECT count(*) FROM audit_events WHERE object_id = :o AND kind = :k"),
+            {"o": oid, "k": "decision.rejected"},
+        ).scalar_one()
+        assert sorted(keys) == ["k1"]
+    assert after is not None
+    assert (after.rejected, after.version) == (1, row.version + 1)
+    assert events == 1

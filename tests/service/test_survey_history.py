@@ -25,7 +25,7 @@ from app.services.verify import (
     verify_all,
     verify_object,
     verify_project_states,
-    verify_state_refs,
+    verify_states,
     verify_surveys,
 )
 from app.store.chunks import (
@@ -241,7 +241,7 @@ def _one_by_one(engine: Engine) -> list[str]:
     with engine.connect() as conn:
         for row in objects(conn):
             verify_object(conn, row, report)
-        verify_state_refs(conn, report)
+        verify_states(conn, report)
         verify_surveys(conn, report)
         verify_project_states(conn, report)
     return report.problems

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, status
 
 from app.api import examples
-from app.api.deps import AdminDep, RuntimeDep, ViewerDep, in_thread, typed_body
+from app.api.deps import AdminDep, RuntimeDep, ViewerDep, forget_keys, in_thread, typed_body
 from app.api.openapi import (
     AUTHENTICATED,
     WITH_BODY,
@@ -81,7 +81,7 @@ async def drop_key(
     )
     if not revoked:
         raise NotFound("no key with that id")
-    runtime.keys.forget(key_id)  # other processes: within AUTH_CACHE_SECONDS (KeyCache)
+    await forget_keys(runtime, [key_id])  # here at once, elsewhere when announced
     return schemas.RevokedKey(id=key_id, revoked=True)
 
 

@@ -17,6 +17,7 @@ from app.api.deps import (
     in_thread,
     typed_body,
 )
+from app.api.direct import DirectRoute
 from app.api.openapi import (
     AUTHENTICATED,
     WITH_BODY,
@@ -32,7 +33,8 @@ from app.services.errors import BadHeader
 from app.services.reuse import reuse_owner
 from app.services.schemas import Role
 
-router = APIRouter(prefix="/v1/objects", tags=["objects"])
+#: The submit's hot path: its dependencies solved by a plan made once (app.api.direct).
+router = APIRouter(prefix="/v1/objects", tags=["objects"], route_class=DirectRoute)
 
 #: The errors of every operation on one object.
 PROBLEMS = problems(*AUTHENTICATED, 404, s404="No such object")

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from app.api import examples
-from app.api.deps import AdminDep, RuntimeDep, in_thread, typed_body
+from app.api.deps import AdminDep, RuntimeDep, forget_keys, in_thread, typed_body
 from app.api.openapi import AUTHENTICATED, WITH_BODY, answers, body_doc, problems
 from app.services import projects as project_service
 from app.services import schemas
@@ -100,6 +100,5 @@ async def delete_project(runtime: RuntimeDep, caller: AdminDep, name: ProjectNam
         name=name,
         actor_key_id=caller.key_id,
     )
-    for key_id in revoked:  # other processes: within AUTH_CACHE_SECONDS (KeyCache)
-        runtime.keys.forget(key_id)
+    await forget_keys(runtime, list(revoked))  # here at once, elsewhere when announced
     return Response(status_code=status.HTTP_204_NO_CONTENT)
