@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -142,12 +143,14 @@ class Domain:
     attributes: tuple[Attribute, ...]
     _by_name: Mapping[str, int] = field(default_factory=dict, compare=False, repr=False)
 
-    @property
+    # computed once per domain (frozen: its attributes never change); a survey chunk asks
+    # them per member and per (group, output)
+    @cached_property
     def is_finite(self) -> bool:
         """True when no attribute is ``real``."""
         return all(a.is_finite for a in self.attributes)
 
-    @property
+    @cached_property
     def shape(self) -> tuple[int, ...]:
         """Values per attribute of a finite domain (the shape of its likelihood array)."""
         return tuple(a.size for a in self.attributes)

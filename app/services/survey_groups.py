@@ -136,6 +136,10 @@ class _SnapshotRow(NamedTuple):
     version_start: int
 
 
+#: ``history_hash``'s position in :class:`GroupKey`.
+_HISTORY = GroupKey._fields.index("history_hash")
+
+
 def decision_key(key: GroupKey, parsed: ParsedQuery) -> GroupKey:
     """The part of a member's public state its decision reads (issue 27: canonical groups).
 
@@ -147,7 +151,8 @@ def decision_key(key: GroupKey, parsed: ParsedQuery) -> GroupKey:
     """
     if key.state_pending or not parsed.domain(key.domain).is_finite:
         return key
-    return key._replace(history_hash=None)
+    # ``key._replace(history_hash=None)``, built directly (a chunk asks it per member)
+    return tuple.__new__(GroupKey, (*key[:_HISTORY], None, *key[_HISTORY + 1 :]))
 
 
 def decide_group(

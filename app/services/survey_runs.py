@@ -34,13 +34,14 @@ lease expires (:func:`resumable_surveys`) and resume at the first pending chunk.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -81,7 +82,6 @@ from app.services.survey_groups import (
     QuotaGroups,
     Refusal,
     StateMissing,
-    decide_group,
     decide_snapshots,
     decision_key,
     group_snapshot,
@@ -128,7 +128,8 @@ class RunCache:
     """What a run remembers across its chunks (all of it public, none of it a value).
 
     ``decisions``: per decision key (:func:`decision_key`), the filter's decision;
-    ``advances``: per (decision key, output), the object columns and state row after it;
+    ``advances``: per (decision group's number, :meth:`number`; output), the object columns
+    and state row after it;
     ``stored``: state keys this run has stored (later chunks only lock them, without bytes);
     ``seen``: decision groups of committed chunks (the survey's ``groups``). Emptied when it
     grows past ``max_entries``.
@@ -136,7 +137,7 @@ class RunCache:
 
     parsed: ParsedQuery
     decisions: dict[GroupKey, GroupAccepted | Refusal] = field(default_factory=dict)
-    advances: dict[tuple[GroupKey, Output], Advance] = field(default_factory=dict)
+    advances: dict[tuple[int, Output], Advance] = field(default_factory=dict)
     stored: set[str] = field(default_factory=set)
     seen: set[GroupKey] = field(default_factory=set)
     max_entries: int = 1_000_000
@@ -163,7 +164,23 @@ class RunCache:
     #: bytes until a chunk storing it committed, then none (``b""``: it is in ``stored``).
     contents: dict[str, StoredState] = field(default_factory=dict)
     #: Per accepted exact decision group, what all its outputs share (:class:`_GroupAfter`).
-    after: dict[GroupKey, _GroupAfter] = field(default_factory=dict)
+    after: dict[int, _GroupAfter] = field(default_factory=dict)
+    #: Each decision key's number in the run (:meth:`number`).
+    numbers: dict[GroupKey, int] = field(default_factory=dict)
+    #: The next number (``next`` is atomic: two threads never draw the same one).
+    counter: Iterator[int] = field(default_factory=itertools.count)
+
+    def number(self, key: GroupKey) -> int:
+        """The decision group's number in this run: the per-(group, output) caches' key.
+
+        Looked up once per group and chunk (a ``GroupKey`` hashes 15 fields); numbers are
+        never reused, even after :meth:`trim`.
+        """
+        found = self.numbers.get(key)
+        if found is None:
+            found = self.numbers.setdefault(key, next(self.counter))
+        return found
+
     #: The query's term per domain text and output.
     terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
     magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -239,6 +256,7 @@ class RunCache:
             self.texts.clear()
             self.contents.clear()
             self.after.clear()
+            self.numbers.clear()
             self.terms.clear()
             self.magnitudes.clear()
             self.history_mechs.clear()
@@ -257,7 +275,7 @@ class _Chunk:
     #: New exact states named in this chunk, their arrays to compute (:func:`_build_states`).
     building: dict[str, _Build] = field(default_factory=dict)
     #: Answers naming one of those, shared with the run once the arrays are built.
-    advances_built: dict[tuple[GroupKey, Output], Advance] = field(default_factory=dict)
+    advances_built: dict[tuple[int, Output], Advance] = field(default_factory=dict)
     #: The variants' numbers by what they hold (:func:`_answer`).
     entries: dict[tuple[Any, ...], int] = field(default_factory=dict)
     advances: list[Advanced] = field(default_factory=list)
@@ -378,75 +396,139 @@ def _within_quota(
     return passed
 
 
-def _group_decision(
-    conn: Tx, key: GroupKey, first: MemberRow, cache: RunCache, worker: BoundWorker
-) -> GroupAccepted | Refusal:
-    """The decision of decision group ``key`` (:func:`decision_key`), once per run."""
-    found = cache.decisions.get(key)
-    if found is None:
-        found = decide_group(
-            conn, key, (first.id, first.version, first.version_start), cache.parsed, worker
-        )
-        cache.decisions[key] = found
-    return found
+def _decide_groups(
+    conn: Tx,
+    by_group: dict[GroupKey, list[MemberRow]],
+    cache: RunCache,
+    worker: BoundWorker,
+) -> None:
+    """Decide every decision group of the chunk not decided yet in this run, per domain at once.
+
+    Each group's snapshot is built from one representative (:func:`group_snapshot`, as
+    :func:`~app.services.survey_groups.decide_group` builds it) and the groups of a domain are
+    decided by one engine call (:func:`~app.services.survey_groups.decide_snapshots`: the
+    filter code of :func:`~app.engine.pipeline.evaluate` on the same inputs, the finite
+    histories' losses computed together). Remembered for the run (:attr:`RunCache.decisions`).
+    """
+    todo: dict[str, list[GroupKey]] = defaultdict(list)
+    for key in by_group:
+        if key not in cache.decisions:
+            todo[key.domain].append(key)
+    for domain, keys in todo.items():
+        mech = cache.parsed.mech(domain)
+        if mech is None:
+            for key in keys:
+                cache.decisions[key] = Refusal.INVALID
+            continue
+        snapshots = []
+        for key in keys:
+            first = by_group[key][0]
+            snapshots.append(
+                group_snapshot(
+                    conn, key, (first.id, first.version, first.version_start), cache.parsed
+                )
+            )
+        cache.decisions.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
 
 
 def _advance_of(
-    key: GroupKey,
     decided: GroupKey,
+    number: int,
     group: GroupAccepted,
     output: Output,
     cache: RunCache,
     worker: BoundWorker,
     work: _Chunk | None = None,
 ) -> Advance:
-    """The columns and state after ``output`` for members with public state ``key``.
+    """The columns and state after ``output`` for the members of decision group ``decided``.
 
-    The next state is computed once per decision group ``decided`` and output; each history's
-    columns follow from it (:func:`~app.services.snapshots.advance_from`). An exact history's
+    ``number``: the group's in the run (:meth:`RunCache.number`). Computed once per decision
+    group and output (its history hash: ``decided``'s; each
+    member's own follows, :func:`~app.services.snapshots.advance_from`). An exact history's
     next state is named by its content first (:func:`_exact_advance`): its array is computed
     only for a content this run has not met yet (with ``work``, with the chunk's other new
     arrays: :func:`_build_states`).
     """
     mech = group.mech
-    found = cache.advances.get((decided, output))
+    found = cache.advances.get((number, output))
     if found is None and work is not None:
-        found = work.advances_built.get((decided, output))
+        found = work.advances_built.get((number, output))
     if found is None:
-        found = _exact_advance(decided, group, output, cache, worker, work)
+        found = _exact_advance(decided, group, output, cache, worker, work, number)
         if found is None:
             after = recorded(group.snapshot, group.decision, mech, output, worker)
             found = advance(
                 after,
                 domain_text=decided.domain,
                 history_hash=decided.history_hash,
-                query_text=cache.query_text(key.domain, mech),
-                output_text=cache.output_text(key.domain, mech, output),
+                query_text=cache.query_text(decided.domain, mech),
+                output_text=cache.output_text(decided.domain, mech, output),
             )
         if work is not None and found.stored is not None and found.stored.key in work.building:
             # shared once its array is built: another thread's chunk would find no bytes
-            work.advances_built[(decided, output)] = found
+            work.advances_built[(number, output)] = found
         else:
-            cache.advances[(decided, output)] = found
-    if key.history_hash == decided.history_hash:
-        return found
-    return advance_from(
-        found,
-        domain_text=key.domain,
-        history_hash=key.history_hash,
-        query_text=cache.query_text(key.domain, mech),
-        output_text=cache.output_text(key.domain, mech, output),
-    )
+            cache.advances[(number, output)] = found
+    return found
 
 
 class _GroupAfter(NamedTuple):
     """What every output of an accepted exact decision group shares (:func:`_exact_advance`)."""
 
-    #: The exact loss after each output (by output index), when the query has them all at
-    #: once (``grr``: :meth:`~app.engine.exact.ExactLoss.candidate_losses`); else None.
-    losses: list[Fraction] | None
+    #: The exact loss after each output (by output index) computed ahead, for the chunk's
+    #: drawn outputs at once (:func:`_losses_ahead`); an output missing here is computed alone.
+    losses: dict[int, Fraction]
     basic_total: str
     f0_account: str
+
+
+def _group_after(number: int, group: GroupAccepted, cache: RunCache) -> _GroupAfter:
+    """The :class:`_GroupAfter` of accepted decision group ``number``, once per run."""
+    shared = cache.after.get(number)
+    if shared is None:
+        basic, account = accounts_after(group.snapshot, group.mech)
+        shared = cache.after[number] = _GroupAfter({}, str(basic), str(account))
+    return shared
+
+
+def _losses_ahead(
+    groups: Sequence[tuple[int, GroupAccepted, Iterable[Output]]], cache: RunCache
+) -> None:
+    """The exact loss after each (exact decision group, output) of a domain, in one engine call.
+
+    What :func:`_exact_advance` brackets for a new state (its exact form's
+    :meth:`~app.engine.exact.ExactLoss.loss`), for every pair of the chunk not met yet at once:
+    :meth:`~app.engine.mechanisms.base.Mechanism.exact_losses_after` (``grr`` and table
+    queries: the histories stacked, the outputs' moves vectorised; the same exact rationals).
+    Kept in each group's :attr:`_GroupAfter.losses`; nothing when the mechanism has no such
+    shortcut (each pair's loss is then computed alone).
+    """
+    histories: list[ExactLoss] = []
+    outputs: list[Output] = []
+    owners: list[int] = []
+    targets: list[tuple[dict[int, Fraction], int]] = []
+    for number, group, drawn in groups:
+        state = group.snapshot.state
+        if not isinstance(state, LikelihoodState) or state.exact is None:
+            continue
+        losses = _group_after(number, group, cache).losses
+        owner = len(histories)
+        for output in drawn:
+            at = output_index(output)
+            if at in losses or (number, output) in cache.advances:
+                continue  # computed, or its state named already
+            outputs.append(output)
+            owners.append(owner)
+            targets.append((losses, at))
+        if owners and owners[-1] == owner:
+            histories.append(state.exact)
+    if not targets:
+        return
+    found = groups[0][1].mech.exact_losses_after(histories, outputs, owners)
+    if found is None:
+        return
+    for (losses, at), loss in zip(targets, found, strict=True):
+        losses[at] = loss
 
 
 def _exact_advance(
@@ -455,13 +537,14 @@ def _exact_advance(
     output: Output,
     cache: RunCache,
     worker: BoundWorker,
-    work: _Chunk | None = None,
+    work: _Chunk | None,
+    number: int,
 ) -> Advance | None:
     """:func:`advance` of :func:`recorded`, for an exact history: the same columns and key.
 
     The state after the output is named by its exact form's content
     (:func:`~app.engine.likelihood.exact_after`, :func:`~app.services.snapshots.content_key`),
-    its loss is that form's exact loss (for ``grr``, every output's at once, per group), its
+    its loss is that form's exact loss (computed ahead for the chunk: :func:`_losses_ahead`), its
     accounts are the group's (:func:`~app.engine.pipeline.accounts_after`). Only a content
     this run has not met is recorded (:func:`~app.services.decisions.recorded`: its array and
     bytes, :attr:`RunCache.contents`) — with ``work``, later, with the chunk's other new
@@ -476,16 +559,7 @@ def _exact_advance(
     exact = exact_after(state.exact, term)
     if exact is None:
         return None
-    shared = cache.after.get(decided)
-    if shared is None:
-        basic, account = accounts_after(snapshot, mech)
-        query = mech.exact_query()
-        losses = (
-            state.exact.candidate_losses(query)
-            if query is not None and query.kind == "grr"
-            else None
-        )
-        shared = cache.after[decided] = _GroupAfter(losses, str(basic), str(account))
+    shared = _group_after(number, group, cache)
     key = exact_content_key(decided.domain, exact)
     stored = cache.contents.get(key)
     if stored is None and work is not None:
@@ -498,9 +572,8 @@ def _exact_advance(
         after = recorded(snapshot, group.decision, mech, output, worker)
         assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
         stored = cache.contents[key] = StoredState(key, after.state.to_bytes(), after.state.err)
-    loss = exact_bounds(
-        shared.losses[output_index(output)] if shared.losses is not None else exact.loss()
-    )
+    ahead = shared.losses.get(output_index(output))
+    loss = exact_bounds(ahead if ahead is not None else exact.loss())
     columns = {
         "state_hash": key,
         "state_pending": 0,
@@ -527,21 +600,36 @@ def _decide_rows(
 ) -> _Chunk:
     """Group the chunk's members, decide each group once, sample each accepted member.
 
+    Members are grouped by their decision key (:func:`decision_key`) in one pass — a diverged
+    survey's members have histories of their own, so keying them by their whole public state
+    first made a group of one per member. The groups new to the run are decided together
+    (:func:`_decide_groups`). Each (group, output) computes its next state once; each member's
+    own history hash follows (:func:`_answer_group`).
+
     With ``quotas`` (a project's survey), a member the object's filters accept must also pass
     the project's quota on its sub-history, whose state after the answer is then stored.
     """
-    by_group: dict[GroupKey, list[MemberRow]] = defaultdict(list)
+    parsed = cache.parsed
+    by_group: dict[GroupKey, list[MemberRow]] = {}
+    keys: dict[GroupKey, GroupKey] = {}  # each distinct public state's decision key
     for row in rows:
         if row.retired:
             _refuse(work, row, Refusal.RETIRED)
+            continue
+        key = keys.get(row.key)
+        if key is None:
+            key = keys[row.key] = decision_key(row.key, parsed)
+        members = by_group.get(key)
+        if members is None:
+            by_group[key] = [row]
         else:
-            by_group[row.key].append(row)
-    states = cache.parsed.states
+            members.append(row)
+    states = parsed.states
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
     by_group = _fold_pending(conn, by_group, cache, worker)
-    decided = {key: decision_key(key, cache.parsed) for key in by_group}
-    work.keys = set(decided.values())
+    work.keys = set(by_group)
+    _decide_groups(conn, by_group, cache, worker)
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
     pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
@@ -554,7 +642,7 @@ def _decide_rows(
     )
     accepted: list[_Sampling] = []
     for key, members in by_group.items():
-        group = _group_decision(conn, decided[key], members[0], cache, worker)
+        group = cache.decisions[key]
         if isinstance(group, Refusal):
             for row in members:
                 _refuse(work, row, group)
@@ -566,9 +654,15 @@ def _decide_rows(
             if not members:
                 continue
         accepted.append(_Sampling(key, group, members, passed))
-    for (key, group, _, passed), by_output in zip(
-        accepted, _sample_groups(accepted, cipher), strict=True
-    ):
+    sampled = _sample_groups(accepted, cipher, rows)
+    numbers = [cache.number(item.key) for item in accepted]
+    ahead: dict[str, list[tuple[int, GroupAccepted, Iterable[Output]]]] = defaultdict(list)
+    for (key, group, _, _), number, by_output in zip(accepted, numbers, sampled, strict=True):
+        if not _pending(key, group):
+            ahead[key.domain].append((number, group, by_output))
+    for drawn in ahead.values():
+        _losses_ahead(drawn, cache)
+    for (key, group, _, passed), number, by_output in zip(accepted, numbers, sampled, strict=True):
         mech = group.mech
         work.domains.add(key.domain)
         query_text = cache.query_text(key.domain, mech)
@@ -587,18 +681,8 @@ def _decide_rows(
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
         for output, answered in by_output.items():
-            change = _advance_of(key, decided[key], group, output, cache, worker, work)
-            columns = change.columns
-            stored = change.stored
-            if stored is not None:
-                if change.by_content:  # its bytes, unless a committed chunk stored it
-                    stored = cache.contents.get(stored.key, stored)
-                work.gained[stored.key] = (
-                    stored,
-                    work.gained.get(stored.key, (stored, 0))[1] + len(answered),
-                )
-            output_text = cache.output_text(key.domain, mech, output)
-            _answer(work, mech, query_text, output_text, columns, answered)
+            change = _advance_of(key, number, group, output, cache, worker, work)
+            _answer_group(work, key, mech, output, change, answered, cache)
     _build_states(work, cache)
     for groups in pending.values():
         _record_pending(groups, work)
@@ -607,6 +691,54 @@ def _decide_rows(
     for mech, outputs, counts in reports.values():
         work.tally.update(tally_outputs(mech, outputs, counts))
     return work
+
+
+def _answer_group(
+    work: _Chunk,
+    key: GroupKey,
+    mech: Mechanism,
+    output: Output,
+    change: Advance,
+    answered: list[MemberRow],
+    cache: RunCache,
+) -> None:
+    """Accept the members of decision group ``key`` who drew ``output`` (``change``: its state).
+
+    Members whose history hash is the group's take ``change`` as it is; the others, per
+    distinct history hash, :func:`~app.services.snapshots.advance_from` (their new hash, and
+    the state's key when it is named by history). The states gained are counted per key, the
+    answer's variant is found once.
+    """
+    query_text = cache.query_text(key.domain, mech)
+    output_text = cache.output_text(key.domain, mech, output)
+    by_hash: dict[str | None, list[MemberRow]] = {}
+    for row in answered:
+        own = row.key.history_hash
+        rows = by_hash.get(own)
+        if rows is None:
+            by_hash[own] = [row]
+        else:
+            rows.append(row)
+    pick = None
+    for own, rows in by_hash.items():
+        mine = change
+        if own != key.history_hash:
+            mine = advance_from(
+                change,
+                domain_text=key.domain,
+                history_hash=own,
+                query_text=query_text,
+                output_text=output_text,
+            )
+        stored = mine.stored
+        if stored is not None:
+            if mine.by_content:  # its bytes, unless a committed chunk stored it
+                stored = cache.contents.get(stored.key, stored)
+            work.gained[stored.key] = (
+                stored,
+                work.gained.get(stored.key, (stored, 0))[1] + len(rows),
+            )
+        pick = _answer(work, mech, query_text, output_text, mine.columns, rows, pick=pick)
 
 
 class _Build(NamedTuple):
@@ -796,9 +928,11 @@ class _Sampling(NamedTuple):
 
 
 def _sample_groups(
-    accepted: Sequence[_Sampling], cipher: crypto.ValueCipher
+    accepted: Sequence[_Sampling], cipher: crypto.ValueCipher, rows: Sequence[MemberRow]
 ) -> list[dict[Output, list[MemberRow]]]:
     """Each accepted group's members by the output drawn for them (aligned with ``accepted``).
+
+    ``rows``: the chunk's members, in its order (the order of the draws).
 
     The values are decrypted here (the only read of a value, all of a domain's at once:
     :meth:`~app.crypto.ValueCipher.decrypt_many`) and sampled with one
@@ -806,14 +940,30 @@ def _sample_groups(
     chunk asked the same query there, whatever its group (an ``olh`` chunk draws its 5,000
     seeds in one generator call instead of in 1,000 groups of five).
     """
-    batches: dict[str, list[int]] = defaultdict(list)
+    slot: dict[str, int] = {}
     for n, item in enumerate(accepted):
-        batches[item.key.domain].append(n)
+        for row in item.members:
+            slot[row.id] = n
+    # drawn in the chunk's order, whatever the grouping: the grouping decides nothing about a
+    # member's draw, and a replayed stream draws the same per member
+    domains = [item.key.domain for item in accepted]
+    batches: dict[str, list[tuple[int, MemberRow]]] = defaultdict(list)
+    for row in rows:
+        at = slot.get(row.id)
+        if at is not None:
+            batches[domains[at]].append((at, row))
     found: list[dict[Output, list[MemberRow]]] = [defaultdict(list) for _ in accepted]
-    for indexes in batches.values():
-        mech = accepted[indexes[0]].group.mech
-        members = [(n, row) for n in indexes for row in accepted[n].members]
-        values = [json.loads(text) for text in cipher.decrypt_many([r.sealed for _, r in members])]
+    for members in batches.values():
+        mech = accepted[members[0][0]].group.mech
+        # a population holds few distinct values: each plaintext parsed once (the mechanisms
+        # only read them), every member still sampled on its own
+        parsed: dict[str, Any] = {}
+        values = []
+        for text in cipher.decrypt_many([r.sealed for _, r in members]):
+            value = parsed.get(text)
+            if value is None:
+                value = parsed[text] = json.loads(text)
+            values.append(value)
         for (n, row), output in zip(members, mech.sample_many(values), strict=True):
             found[n][output].append(row)
     return found

@@ -523,8 +523,11 @@ def member_rows(conn: Tx, ids: Sequence[str], *, lock: bool = True) -> list[Memb
 
     ``lock`` False: read only (a dry-run). Raises LookupError naming members without a row.
     """
+    # the named tuples built by ``tuple.__new__`` (their ``_make``/``__new__`` are Python
+    # calls, a chunk builds two per member; the statement gives every field)
+    new = tuple.__new__
     rows = [
-        MemberRow(r[0], r[1], r[2], r[3], r[4] is not None, r[5], GroupKey._make(r[_KEY_START:]))
+        new(MemberRow, (*r[:4], r[4] is not None, r[5], new(GroupKey, r[_KEY_START:])))
         for r in ids_.rows_among(conn, _MEMBERS_LOCKED if lock else _MEMBERS, ids)
     ]
     if len(rows) != len(ids):
@@ -583,6 +586,7 @@ def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: dateti
         rows,
         where={"where_id": "id", "where_version": "version"},
         values=_ADVANCE_TYPES,
+        shaped=True,  # the keys of _ADVANCE_TYPES: the five above and the accounting columns
     )
 
 
