@@ -126,7 +126,7 @@ def fresh_process_state(
     saved_cipher = crypto._active
     saved_histories = snapshots.HISTORIES
     saved_chunks = dict(chunks._SHARED)
-    real_create_engine = session.create_engine
+    real_create_engine = session.create_engine  # type: ignore[attr-defined]
     created: list[Any] = []
 
     def recording_create_engine(*args: Any, **kwargs: Any) -> Any:
@@ -144,10 +144,10 @@ def fresh_process_state(
         crypto._active = None
         snapshots.HISTORIES = snapshots.HistoryCache()
         chunks._SHARED.clear()
-        session.create_engine = recording_create_engine  # type: ignore[assignment]
+        session.create_engine = recording_create_engine  # type: ignore[attr-defined]
         yield created
     finally:
-        session.create_engine = real_create_engine
+        session.create_engine = real_create_engine  # type: ignore[attr-defined]
         for engine in created:
             engine.dispose()
         chunks._SHARED.clear()
