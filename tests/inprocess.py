@@ -120,6 +120,11 @@ def fresh_process_state(
     is recorded in the yielded list and disposed on the way out (commands that open a database
     for a single run do not all dispose it: their process exit closes it). Then the
     environment, directory, settings, cipher and caches are those of before.
+
+    They are the process's own, not a thread's: while the command runs, a test's app serving
+    from background threads sees them too (the cipher is the command's, none until it opens
+    the values). The app reads no settings after it is built; a test whose app encrypts or
+    decrypts values in the background during a command runs it with ``run_cli_process``.
     """
     saved_env = dict(os.environ)
     saved_cwd = os.getcwd()
