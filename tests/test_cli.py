@@ -1,30 +1,25 @@
 """The ``gatekeeper`` command line: ``loss FILE|-`` and ``serve``.
 
 Most tests call the command's entry point (``app.cli.main``) in this process, with standard
-input, output and error redirected (:func:`run`): a ``gatekeeper`` process would spend about
-0.6-0.8 s of CPU importing before the millisecond of work these tests check (issue 27 item 5,
-CI time). :func:`run_process` runs the console script as a subprocess, for the tests of the
-installed command itself and of a pipe into it.
+input, output and error redirected (:func:`run`, defined in ``tests/inprocess.py``): a
+``gatekeeper`` process would spend about 0.6-0.8 s of CPU importing before the millisecond of
+work these tests check (issue 27 item 5, CI time). :func:`run_process` runs the console script
+as a subprocess, for the tests of the installed command itself and of a pipe into it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import math
 import os
 import subprocess
 import sys
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from app import cli
+from tests.inprocess import run_main
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / ".venv" / "bin" / "gatekeeper"
@@ -53,67 +48,8 @@ def run_process(*args: str, stdin: str | None = None) -> subprocess.CompletedPro
     )
 
 
-@contextlib.contextmanager
-def _stderr_of_a_fresh_interpreter(err: io.StringIO) -> Iterator[None]:
-    """Warnings and log records go to ``err`` as a fresh ``gatekeeper`` process prints them.
-
-    Python's default warning filters (deprecations shown only for ``__main__``), and log
-    records of WARNING and above, which a process without logging configuration prints to
-    standard error (``logging.lastResort``): a test that asserts on standard error sees them
-    as it would from the subprocess.
-    """
-    root = logging.getLogger()
-    handler = logging.StreamHandler(err)
-    handler.setLevel(logging.WARNING)
-    level = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.resetwarnings()
-            warnings.simplefilter("default")
-            warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
-            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
-                warnings.filterwarnings("ignore", category=category)
-            warnings.filterwarnings("ignore", category=ResourceWarning)
-            yield
-        for item in caught:
-            err.write(
-                warnings.formatwarning(
-                    item.message, item.category, item.filename, item.lineno, item.line
-                )
-            )
-    finally:
-        root.removeHandler(handler)
-        root.setLevel(level)
-
-
-def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``gatekeeper ARGS`` in this process: ``app.cli.main`` as the console script calls it.
-
-    Standard input is ``stdin`` (empty when ``None``); the exit code is what the process would
-    exit with, ``SystemExit`` (argparse's usage errors and ``--help``) included.
-    """
-    out, err = io.StringIO(), io.StringIO()
-    with (
-        contextlib.redirect_stdout(out),
-        contextlib.redirect_stderr(err),
-        _stderr_of_a_fresh_interpreter(err),
-    ):
-        saved_stdin = sys.stdin
-        sys.stdin = io.StringIO(stdin or "")
-        try:
-            code: Any = cli.main(list(args))
-        except SystemExit as exc:
-            code = exc.code
-        finally:
-            sys.stdin = saved_stdin
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):  # SystemExit("message"): printed, exit status 1
-        err.write(f"{code}\n")
-        code = 1
-    return subprocess.CompletedProcess(["gatekeeper", *args], code, out.getvalue(), err.getvalue())
+#: ``gatekeeper ARGS`` in this process (the one definition, shared with the service tests).
+run = run_main
 
 
 def _reject_constant(name: str) -> Any:

@@ -27,7 +27,7 @@ from app.db.models import LikelihoodStateRecord, ProtectedObject, QueryRecord
 from app.db.session import make_engine
 from app.settings import Settings, get_settings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, start_server, unique_id
-from tests.service.factories import SETTINGS_ENV, run_cli
+from tests.service.factories import SETTINGS_ENV, run_cli, run_cli_process
 
 ROOT = Path(__file__).resolve().parents[2]
 FINITE = {
@@ -563,7 +563,9 @@ def test_serve_refuses_to_start_in_production_on_sqlite(tmp_path: Path) -> None:
     """It exits non-zero without creating the database, and never prints the bootstrap key."""
     db = tmp_path / "prod.db"
     key = "boot-" + secrets.token_hex(24)
-    done = run_cli(
+    # a subprocess: what is checked is that the process exits; in this process a `serve` that
+    # wrongly started would run uvicorn here and never return
+    done = run_cli_process(
         "serve",
         "--port",
         "1",

@@ -54,7 +54,7 @@ from tests.service.conftest import (
     start_server,
     unique_id,
 )
-from tests.service.factories import integer_domain, run_cli
+from tests.service.factories import integer_domain, run_cli_process
 
 pytestmark = pytest.mark.slow
 
@@ -193,7 +193,9 @@ def _dry_run(server: Server, oid: str, query: dict[str, Any], analyst: str) -> d
 
 
 def _verify(database_url: str) -> None:
-    done = run_cli("verify", database_url=database_url, timeout=300, REDIS_URL="")
+    # a subprocess: its timeout fails a hung verify instead of stalling the suite (this slow
+    # test runs for minutes; the interpreter's start is nothing next to that)
+    done = run_cli_process("verify", database_url=database_url, timeout=300, REDIS_URL="")
     assert done.returncode == 0, f"gatekeeper verify failed:\n{done.stdout}\n{done.stderr}"
     assert "ok" in done.stdout, done.stdout
 
