@@ -62,6 +62,13 @@ STATES = cast(Table, LikelihoodStateRecord.__table__)
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 
 
+def _or_lock(statement: Insert) -> Insert:
+    """``statement``, or the conflicting row locked without a new version (PostgreSQL)."""
+    return statement.on_conflict_do_update(
+        index_elements=[STATES.c.hash], set_={"err": STATES.c.err}, where=false()
+    )
+
+
 def _name_state(postgres: bool) -> Executable:
     """Insert the array, or lock the stored row of that key without writing it (PostgreSQL).
 
@@ -71,11 +78,7 @@ def _name_state(postgres: bool) -> Executable:
     insert. SQLite: insert or ignore.
     """
     if postgres:
-        statement = postgresql.insert(STATES)
-        upsert: Executable = statement.on_conflict_do_update(
-            index_elements=[STATES.c.hash], set_={"err": STATES.c.err}, where=false()
-        )
-        return upsert
+        return _or_lock(postgresql.insert(STATES))
     ignore: Executable = sqlite.insert(STATES).on_conflict_do_nothing(
         index_elements=[STATES.c.hash]
     )
@@ -100,10 +103,7 @@ def name_state_rows(rows: FromClause, prefix: str) -> Insert:
         bindparam(prefix + "state", type_=STATES.c.state.type),
         bindparam(prefix + "err", type_=STATES.c.err.type),
     ).select_from(rows)
-    statement = postgresql.insert(STATES).from_select(["hash", "state", "err"], values)
-    return statement.on_conflict_do_update(
-        index_elements=[STATES.c.hash], set_={"err": STATES.c.err}, where=false()
-    )
+    return _or_lock(postgresql.insert(STATES).from_select(["hash", "state", "err"], values))
 
 
 _NAMED = exists().where(_OBJECTS.c.state_hash == STATES.c.hash)
