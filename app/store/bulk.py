@@ -36,6 +36,11 @@ def rows_json(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> str:
     return _rows_json(rows, keys)["rows"]
 
 
+def json_text(value: Any) -> str:
+    """``value`` as JSON text (orjson; see :func:`_rows_json` for why, and its one caveat)."""
+    return orjson.dumps(value).decode()
+
+
 def _rows_json(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, str]:
     # orjson: the standard encoder was a large part of an import's profile (docs/benchmarks.md,
     # "Import: before and after"); datetimes come out as RFC 3339. Its one difference that

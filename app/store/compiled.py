@@ -119,3 +119,28 @@ def fetch_one(conn: Tx, statement: Compiled, params: Mapping[str, Any]) -> tuple
         value if process is None else process(value)
         for value, process in zip(row, processors, strict=True)
     )
+
+
+def fetch_all(conn: Tx, statement: Compiled, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """Every row of ``statement`` (typed by its columns' processors), fetched at once.
+
+    As :func:`fetch_one`, but psycopg builds all the rows in one call (``fetchall``) instead of
+    SQLAlchemy asking for them one by one, each wrapped in a ``Row`` (a survey chunk reads 5,000).
+    """
+    raw = raw_connection(conn)
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute(statement.text, statement.params(params), prepare=True)
+            rows = cursor.fetchall()
+            processors = statement.processors(cursor)
+    except psycopg.Error as exc:
+        raise wrapped(conn, raw, statement.text, exc) from exc
+    if all(process is None for process in processors):
+        return rows
+    return [
+        tuple(
+            value if process is None else process(value)
+            for value, process in zip(row, processors, strict=True)
+        )
+        for row in rows
+    ]

@@ -27,15 +27,16 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy import cast as sql_cast
 
 from app.db.models import ApiKey, ProjectState, ProtectedObject, Survey
-from app.store import bulk
+from app.store import bulk, compiled
 from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
-from app.store.domains import DOMAIN_TEXT
+from app.store.domains import DOMAIN_TEXT, domain_texts
 from app.store.objects import ScopeLabels, label_conditions, scope_conditions
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
@@ -355,6 +356,8 @@ class GroupKey(NamedTuple):
 
 
 _KEY_COLUMNS = [DOMAIN_TEXT if n == "domain" else _OBJECTS.c[n] for n in GroupKey._fields]
+if GroupKey._fields[0] != "domain":  # member_rows reads the domain's hash in its place
+    raise TypeError("GroupKey must start with the domain")
 _KEY_SIZE = len(GroupKey._fields)
 
 
@@ -505,17 +508,41 @@ _MEMBER_COLUMNS = select(
     _OBJECTS.c.version,
     _OBJECTS.c.accepted,
     _OBJECTS.c.version_start,
-    _OBJECTS.c.retired_at,
+    # a boolean: the timestamp's result processor, per row, cost more than the rest of a row
+    _RETIRED,
     sql_cast(_OBJECTS.c.value, Text).label("sealed"),
-    *_KEY_COLUMNS,
+    # the domain's hash, not its text (:data:`DOMAIN_TEXT`): a population shares a few domains,
+    # whose texts (~250 bytes each) were read, sent and decoded once per member
+    _OBJECTS.c.domain_hash,
+    *_KEY_COLUMNS[1:],
 ).order_by(_OBJECTS.c.id)
 _MEMBERS = ids_.where_among(_MEMBER_COLUMNS, _OBJECTS.c.id)
 _MEMBERS_LOCKED = {
     postgres: statement.with_for_update(of=_OBJECTS) if postgres else statement
     for postgres, statement in _MEMBERS.items()
 }
-#: Where the group key's columns start in a :data:`_MEMBERS` row (they end it).
+#: The PostgreSQL statements compiled once, run on the psycopg connection (all rows at once).
+_MEMBERS_PG = {
+    lock: compiled.Compiled.of(_MEMBERS_LOCKED[True] if lock else _MEMBERS[True])
+    for lock in (True, False)
+}
+#: Where the group key's columns start in a :data:`_MEMBERS` row (they end it; the first is
+#: the domain's hash, replaced by its text).
 _KEY_START = 6
+#: Domain texts by hash, for every process's member rows: a hash names one text forever
+#: (:func:`app.store.domains.domain_hash`), so nothing here can be stale.
+_DOMAIN_TEXTS: dict[str, str] = {}
+_DOMAIN_TEXTS_MAX = 10_000
+
+
+def _domain_texts(conn: Tx, hashes: set[str]) -> dict[str, str]:
+    """The texts of the domains ``hashes`` name (cached: :data:`_DOMAIN_TEXTS`)."""
+    missing = hashes - _DOMAIN_TEXTS.keys()
+    if missing:
+        if len(_DOMAIN_TEXTS) + len(missing) > _DOMAIN_TEXTS_MAX:
+            _DOMAIN_TEXTS.clear()
+        _DOMAIN_TEXTS.update(domain_texts(conn, missing))
+    return _DOMAIN_TEXTS
 
 
 def member_rows(conn: Tx, ids: Sequence[str], *, lock: bool = True) -> list[MemberRow]:
@@ -523,12 +550,26 @@ def member_rows(conn: Tx, ids: Sequence[str], *, lock: bool = True) -> list[Memb
 
     ``lock`` False: read only (a dry-run). Raises LookupError naming members without a row.
     """
+    if is_postgres(conn):
+        statement = _MEMBERS_PG[lock]
+        found: list[Any] = []
+        for part in ids_.batches(ids, size=ids_.PG_PER_STATEMENT):
+            found += compiled.fetch_all(
+                conn, statement, {"ids": ids_.parameter(part, postgres=True)}
+            )
+    else:  # SQLite's booleans are integers
+        found = [(*r[:4], bool(r[4]), *r[5:]) for r in ids_.rows_among(conn, _MEMBERS, ids)]
+    texts = _domain_texts(conn, {r[_KEY_START] for r in found})
     # the named tuples built by ``tuple.__new__`` (their ``_make``/``__new__`` are Python
     # calls, a chunk builds two per member; the statement gives every field)
     new = tuple.__new__
+    start = _KEY_START + 1
     rows = [
-        new(MemberRow, (*r[:4], r[4] is not None, r[5], new(GroupKey, r[_KEY_START:])))
-        for r in ids_.rows_among(conn, _MEMBERS_LOCKED if lock else _MEMBERS, ids)
+        new(
+            MemberRow,
+            (*r[:6], new(GroupKey, (texts[r[_KEY_START]], *r[start:]))),
+        )
+        for r in found
     ]
     if len(rows) != len(ids):
         missing = sorted(set(ids) - {row.id for row in rows})[:5]
@@ -553,6 +594,29 @@ _ADVANCE_TYPES = {
 }
 
 
+#: An accepted member's new accounting columns (``app.services.snapshots.Advance.columns``).
+_ADVANCE_COLUMNS = {
+    name: kind
+    for name, kind in _ADVANCE_TYPES.items()
+    if name not in ("where_id", "where_version", "version", "accepted", "updated_at")
+}
+_ADVANCE_NAMES = sorted(_ADVANCE_COLUMNS)
+#: The compare-and-set of a chunk's accepted members on PostgreSQL (:func:`advance_members`).
+_ADVANCE_SET = ", ".join(f"{name} = c.{name}" for name in _ADVANCE_COLUMNS)
+_ADVANCE_SETS = ", ".join(f"{name} {kind}" for name, kind in _ADVANCE_COLUMNS.items())
+_ADVANCE_PG = text(
+    f"UPDATE objects AS t SET {_ADVANCE_SET}, "  # noqa: S608 - names from the models
+    "version = v.version + 1, accepted = v.accepted, "
+    "updated_at = CAST(:updated_at AS timestamptz) "
+    "FROM unnest(string_to_array(CAST(:ids AS text), E'\\n'), "
+    "CAST(string_to_array(CAST(:versions AS text), ',') AS int[]), "
+    "CAST(string_to_array(CAST(:accepted AS text), ',') AS int[]), "
+    "CAST(string_to_array(CAST(:picks AS text), ',') AS int[])) AS v(id, version, accepted, k) "
+    f"JOIN json_to_recordset(CAST(:columns AS json)) AS c(k int, {_ADVANCE_SETS}) "
+    "ON c.k = v.k WHERE t.id = v.id AND t.version = v.version"
+)
+
+
 class Advanced(NamedTuple):
     """An accepted member's compare-and-set: the version read, the new accounting columns."""
 
@@ -568,26 +632,56 @@ def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: dateti
     """Compare-and-set the members' rows; returns how many still had the version read.
 
     Fewer than given means another writer moved an object meanwhile: the caller rolls back.
+
+    On PostgreSQL the members travel as columns (:data:`_ADVANCE_PG`): their ids joined by
+    newlines, their versions, sequence numbers and accounting columns' numbers as
+    comma-separated integers, and each distinct accounting columns dict once, as JSON — the
+    members of one answer share one dict (:func:`app.services.survey_runs._answer`), so a
+    chunk of 5,000 sends a few of them instead of 5,000 JSON objects of twelve keys, which the
+    client encoded and the server parsed member by member (docs/benchmarks.md, "h/member").
     """
-    rows = [
-        {
-            "where_id": m.id,
-            "where_version": m.version,
-            "version": m.version + 1,
-            "accepted": m.accepted,
-            "updated_at": updated_at,
-            **m.columns,
-        }
-        for m in members
-    ]
-    return bulk.update_rows(
-        conn,
-        _OBJECTS,
-        rows,
-        where={"where_id": "id", "where_version": "version"},
-        values=_ADVANCE_TYPES,
-        shaped=True,  # the keys of _ADVANCE_TYPES: the five above and the accounting columns
-    )
+    if not members:
+        return 0
+    if not is_postgres(conn):
+        rows = [
+            {
+                "where_id": m.id,
+                "where_version": m.version,
+                "version": m.version + 1,
+                "accepted": m.accepted,
+                "updated_at": updated_at,
+                **m.columns,
+            }
+            for m in members
+        ]
+        return bulk.update_rows(
+            conn,
+            _OBJECTS,
+            rows,
+            where={"where_id": "id", "where_version": "version"},
+            values=_ADVANCE_TYPES,
+        )
+    ids, versions, accepted, columns = zip(*members, strict=True)
+    numbers: dict[int, int] = {}  # by the dict's identity: members of one answer share it
+    distinct: list[dict[str, Any]] = []
+    picks = []
+    for given in columns:
+        found = numbers.get(id(given))
+        if found is None:
+            if given.keys() != _ADVANCE_COLUMNS.keys():  # a missing key would be NULL
+                raise ValueError(f"accounting columns {sorted(given)} are not {_ADVANCE_NAMES}")
+            found = numbers[id(given)] = len(distinct)
+            distinct.append({"k": found, **given})
+        picks.append(found)
+    parameters = {
+        "ids": "\n".join(ids),
+        "versions": ",".join(map(str, versions)),
+        "accepted": ",".join(map(str, accepted)),
+        "picks": ",".join(map(str, picks)),
+        "columns": bulk.json_text(distinct),
+        "updated_at": updated_at,
+    }
+    return int(conn.execute(_ADVANCE_PG, parameters).rowcount)
 
 
 def count_refusals(conn: Tx, ids: Sequence[str]) -> None:

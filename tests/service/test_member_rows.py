@@ -1,0 +1,139 @@
+"""A survey chunk's member rows and its compare-and-set, on both dialects (``h/member``).
+
+``member_rows`` reads each member's domain by its hash (the text looked up once, cached) and
+its retirement as a boolean; on PostgreSQL all rows in one fetch. ``advance_members`` sends, on
+PostgreSQL, the members as columns and each distinct accounting dict once: a member must get
+its own dict's columns whoever shares it, and only members still at the version read move.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+
+from app.bootstrap import create_app
+from app.db.models import ProtectedObject
+from app.db.session import make_engine
+from app.store import surveys as survey_store
+from app.store import transaction
+from app.store.domains import domain_hash
+from app.store.surveys import Advanced
+from tests.service.conftest import make_settings, unique_id
+from tests.service.factories import register
+
+DOMAIN = {"attributes": [{"name": "a", "type": "integer", "low": 0, "high": 3}]}
+OTHER = {"attributes": [{"name": "b", "type": "categorical", "values": ["x", "y"]}]}
+
+
+@pytest.fixture(scope="module")
+def client(database_url: str) -> Iterator[TestClient]:
+    with TestClient(create_app(make_settings(database_url))) as test_client:
+        yield test_client
+
+
+def _columns(n: int) -> dict[str, Any]:
+    return {
+        "state_hash": None,
+        "state_pending": n,
+        "history_hash": f"{n:032x}",
+        "loss_lower": 0.1 * n,
+        "loss_upper": 0.1 * n + 1e-12,
+        "basic_total": f"{n}/7",
+        "f0_account": f"{n}/3",
+    }
+
+
+def test_member_rows_read_domains_by_hash_and_retirement(
+    client: TestClient, database_url: str
+) -> None:
+    ids = [register(client, domain=DOMAIN, value={"a": n % 4}, prefix="mr") for n in range(5)]
+    ids.append(register(client, domain=OTHER, value={"b": "y"}, prefix="mr"))
+    engine = make_engine(database_url)
+    try:
+        with transaction(engine) as conn:
+            conn.execute(
+                update(ProtectedObject).where(ProtectedObject.id == ids[1]),
+                {"retired_at": datetime.now(UTC)},
+            )
+        with transaction(engine) as conn:
+            read = select(ProtectedObject.id, ProtectedObject.domain_hash)
+            hashes = {r.id: r.domain_hash for r in conn.execute(read)}
+            survey_store._DOMAIN_TEXTS.clear()  # read from the table once
+            for lock in (True, False):
+                rows = survey_store.member_rows(conn, ids[::-1], lock=lock)
+                assert [r.id for r in rows] == sorted(ids)
+                by_id = {r.id: r for r in rows}
+                assert [by_id[i].retired for i in ids] == [False, True, False, False, False, False]
+                for i in ids:
+                    domain = by_id[i].key.domain
+                    assert domain_hash(domain) == hashes[i]
+                    assert json.loads(domain) == (OTHER if i == ids[-1] else DOMAIN)
+                    assert by_id[i].sealed.startswith("fernet:")
+            with pytest.raises(LookupError, match="without an object row"):
+                survey_store.member_rows(conn, [ids[0], unique_id("absent")])
+    finally:
+        engine.dispose()
+
+
+def test_advance_members_sets_each_members_own_columns(
+    client: TestClient, database_url: str
+) -> None:
+    ids = [register(client, domain=DOMAIN, value={"a": n % 4}, prefix="adv") for n in range(6)]
+    engine = make_engine(database_url)
+    now = datetime(2026, 11, 26, 12, 0, 0, 123456, tzinfo=UTC)
+    try:
+        with transaction(engine) as conn:
+            rows = survey_store.member_rows(conn, ids)
+        shared, own = _columns(1), _columns(2)
+        given = {  # two members share a dict, one has its own, one moved meanwhile
+            rows[0].id: (rows[0].version, shared),
+            rows[1].id: (rows[1].version, own),
+            rows[2].id: (rows[2].version, shared),
+            rows[3].id: (rows[3].version + 5, _columns(3)),
+            rows[4].id: (rows[4].version, dict(shared)),  # equal, another dict
+        }
+        advanced = [
+            Advanced(i, version, 10 + n, columns)
+            for n, (i, (version, columns)) in enumerate(given.items())
+        ]
+        with transaction(engine) as conn:
+            assert survey_store.advance_members(conn, advanced, updated_at=now) == 4
+            assert survey_store.advance_members(conn, [], updated_at=now) == 0
+        with engine.connect() as conn:
+            found = {
+                r.id: r
+                for r in conn.execute(select(ProtectedObject).where(ProtectedObject.id.in_(ids)))
+            }
+        before = {r.id: r for r in rows}
+        for n, (i, (version, columns)) in enumerate(given.items()):
+            row = found[i]
+            if i == rows[3].id:  # not at the version read: untouched
+                assert (row.version, row.accepted) == (before[i].version, before[i].accepted)
+                continue
+            assert (row.version, row.accepted) == (version + 1, 10 + n)
+            assert row.updated_at.replace(tzinfo=UTC) == now
+            assert {c: getattr(row, c) for c in columns} == columns
+        assert found[rows[5].id].version == before[rows[5].id].version
+    finally:
+        engine.dispose()
+
+
+def test_advance_members_refuses_columns_missing_a_key(database_url: str) -> None:
+    if not database_url.startswith("postgresql"):
+        pytest.skip("the PostgreSQL statement's own check (SQLite binds each row's keys)")
+    engine = make_engine(database_url)
+    short = _columns(1)
+    del short["f0_account"]
+    try:
+        with pytest.raises(ValueError, match="accounting columns"), transaction(engine) as conn:
+            survey_store.advance_members(
+                conn, [Advanced("nobody", 1, 1, short)], updated_at=datetime.now(UTC)
+            )
+    finally:
+        engine.dispose()
