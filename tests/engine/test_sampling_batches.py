@@ -190,3 +190,55 @@ def test_olh_sample_many_equals_sample_on_the_same_words(monkeypatch: pytest.Mon
         True,
         False,
     ]
+
+
+REGIONS = parse_domain(
+    {"attributes": [{"name": "r", "type": "categorical", "values": [f"r{i}" for i in range(6)]}]}
+)
+
+
+@pytest.mark.parametrize(("epsilon", "domain", "name"), [(0.5, DOMAIN, "v"), (2.0, REGIONS, "r")])
+def test_grr_sample_many_fits_the_contract_distribution(
+    epsilon: float, domain: object, name: str
+) -> None:
+    """Pr(y = v) = e^ε/(e^ε+k−1), each other value 1/(e^ε+k−1), whatever v (a survey chunk)."""
+    mech = parse_query({"mechanism": "grr", "attribute": name, "epsilon": epsilon}, domain)
+    attribute = mech.attribute  # type: ignore[attr-defined]
+    k = attribute.size
+    raw = list(attribute.values) if attribute.values else list(range(k))
+    n = 30_000
+    values = [{name: raw[i % k]} for i in range(n)]
+    outputs = mech.sample_many(values)
+    assert len(outputs) == n
+    assert all(type(y) is int for y in outputs[:10])
+    # each output's offset from the true index: 0 is "kept", the k−1 others uniform
+    offsets = Counter((y - i % k) % k for i, y in enumerate(outputs))
+    e = math.exp(epsilon)
+    expected = [n * e / (e + k - 1)] + [n / (e + k - 1)] * (k - 1)
+    assert stats.chisquare([offsets[j] for j in range(k)], expected).pvalue > P_MIN
+    assert mech.sample_many([]) == []
+
+
+def test_grr_sample_many_equals_sample_on_the_same_words(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fed the same words, the batch and the one-by-one sampler give the same outputs."""
+    mech = parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 1.0}, DOMAIN)
+    lo, hi = mech._keep.first  # type: ignore[attr-defined]
+    keeps = [0, 2**64 - 1, lo - 1, hi, hi]  # kept, not kept, kept, not kept, not kept
+    # K − 1 = 49 others: 6 bits from the top (the first try of the third is rejected: 63 ≥ 49)
+    others = [5 << 58, 3 << 58, 63 << 58, 48 << 58, 0]
+    values = [{"v": 3}, {"v": 3}, {"v": 0}, {"v": 49}, {"v": 0}]
+    tries = [5 << 58, 3 << 58, 63 << 58, 48 << 58, 0, 7 << 58]  # the redraw: 7
+    _fixed_bytes(monkeypatch, keeps + tries)
+    batch = mech.sample_many(values)
+    one_by_one = []
+    for i, value in enumerate(values):
+        fed = iter([keeps[i], others[i]] if i != 2 else [keeps[i], others[i], 7 << 58])
+        monkeypatch.setattr(sampling._entropy, "word", lambda fed=fed: next(fed))
+        one_by_one.append(mech.sample(value))
+    assert batch == one_by_one == [3, 4, 0, 48, 1]
+
+
+def test_grr_sample_many_refuses_a_value_outside_the_domain() -> None:
+    mech = parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 1.0}, DOMAIN)
+    with pytest.raises(Exception, match="between"):
+        mech.sample_many([{"v": 1}, {"v": K}])
