@@ -9,6 +9,7 @@ services → worker → engine → db, settings and the other bottom modules).
 
 from __future__ import annotations
 
+import gc
 import os
 import secrets
 import socket
@@ -59,7 +60,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def app_factory() -> FastAPI:
     """Factory for ``uvicorn --factory app.bootstrap:app_factory`` (``gatekeeper serve``)."""
-    return create_app()
+    app = create_app()
+    tune_collector()
+    return app
+
+
+#: Container allocations (net of frees) between two youngest-generation collections; Python's
+#: default is 700.
+COLLECT_EVERY = 50_000
+
+
+def tune_collector() -> None:
+    """Set a serving process's cyclic garbage collector for surveys: fewer, smaller passes.
+
+    A survey chunk allocates tens of thousands of tuples, dicts and lists for its 5,000
+    members, nearly all freed by reference counting when the chunk ends. With Python's default
+    threshold (700) the collector ran a youngest-generation pass every 700 of them and, every
+    hundred passes, a full pass over the whole heap (the modules, SQLAlchemy, FastAPI: ~10^5
+    objects) — 45% of a chunk thread's CPU in a profile of the first survey (docs/benchmarks.md,
+    "h/member"). Here the objects alive once the process is built are moved out of the
+    collector's generations (``gc.freeze``: they live as long as the process; reference
+    counting still frees them) and a youngest pass waits for :data:`COLLECT_EVERY`
+    allocations, so a chunk's objects are mostly freed before any pass sees them. Reference
+    cycles are still collected, after at most that many allocations.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(COLLECT_EVERY, *gc.get_threshold()[1:])
 
 
 def celery_settings(settings: Settings) -> CelerySettings:
@@ -251,8 +278,12 @@ def worker_celery(settings: Settings) -> tuple[Celery, CelerySettings]:
 
 
 def prepare_worker(settings: Settings) -> None:
-    """A worker's start-up before its nodes fork: the values' cipher and a reachable database."""
+    """A worker's start-up before its nodes fork: the values' cipher and a reachable database.
+
+    The collector is set for survey chunks (:func:`tune_collector`), the nodes inheriting it.
+    """
     crypto.configure(settings.value_cipher())
     probe = make_engine(settings.database_url, pool_size=1, max_overflow=0)
     wait_for_database(probe, settings.database_wait_seconds)
     probe.dispose()
+    tune_collector()
