@@ -91,6 +91,10 @@ def _run(
         return stream.randrange(self.k)
 
     monkeypatch.setattr(GeneralizedRR, "sample", sample)
+    # a chunk draws its members at once (sample_many): from the same stream, in order
+    monkeypatch.setattr(
+        GeneralizedRR, "sample_many", lambda self, values: [sample(self, v) for v in values]
+    )
     ids = _population(client, study)
     surveys, states = [], []
     for attribute in SEQUENCE:
@@ -241,6 +245,7 @@ def test_a_state_stored_and_forgotten_meanwhile_is_not_written_without_its_array
     its array: it fails (``StateGone``), forgets, and is decided again with the array built.
     """
     monkeypatch.setattr(GeneralizedRR, "sample", lambda self, value: 1)  # every answer "b"
+    monkeypatch.setattr(GeneralizedRR, "sample_many", lambda self, values: [1] * len(values))
     study = unique_id("gone")
     _population(client, study)
     engine = make_engine(database_url)
