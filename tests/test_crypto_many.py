@@ -59,6 +59,7 @@ def test_decrypt_many_refuses_what_decrypt_refuses(position: int) -> None:
     [
         '{"age": 3}',  # a plaintext row: never read as a value
         crypto.PREFIX + "not base64!",
+        crypto.PREFIX + "gAAAAABé",  # not ASCII: no base64 at all
         crypto.PREFIX + base64.urlsafe_b64encode(b"\x80" + b"\x00" * 60).decode(),  # too short
         crypto.PREFIX + base64.urlsafe_b64encode(b"\x80" + b"\x00" * 80).decode(),  # not blocks
     ],
