@@ -536,13 +536,19 @@ _DOMAIN_TEXTS_MAX = 10_000
 
 
 def _domain_texts(conn: Tx, hashes: set[str]) -> dict[str, str]:
-    """The texts of the domains ``hashes`` name (cached: :data:`_DOMAIN_TEXTS`)."""
-    missing = hashes - _DOMAIN_TEXTS.keys()
+    """The texts of the domains ``hashes`` name (cached: :data:`_DOMAIN_TEXTS`).
+
+    A dict of the caller's own: another thread's chunk may empty the cache meanwhile.
+    """
+    found = {h: known for h in hashes if (known := _DOMAIN_TEXTS.get(h)) is not None}
+    missing = hashes - found.keys()
     if missing:
-        if len(_DOMAIN_TEXTS) + len(missing) > _DOMAIN_TEXTS_MAX:
+        fetched = domain_texts(conn, missing)
+        if len(_DOMAIN_TEXTS) + len(fetched) > _DOMAIN_TEXTS_MAX:
             _DOMAIN_TEXTS.clear()
-        _DOMAIN_TEXTS.update(domain_texts(conn, missing))
-    return _DOMAIN_TEXTS
+        _DOMAIN_TEXTS.update(fetched)
+        found.update(fetched)
+    return found
 
 
 def member_rows(conn: Tx, ids: Sequence[str], *, lock: bool = True) -> list[MemberRow]:
