@@ -207,29 +207,28 @@ def record_accepted(
     raw = conn.connection.driver_connection
     if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
         raise TypeError("record_accepted needs a psycopg connection")
-    # a submitting() block's transaction, not opened yet: BEGIN (and COMMIT) go in the pipeline
+    # a submitting() block's transaction, not opened yet: BEGIN goes first when more writes follow
     own = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+    accept = _accept_sql(frozenset(columns) | {"version"}, new_state is not None)
+    params = {_QUERY_PARAM + n: getattr(query, n) for n in _QUERY_COLUMNS}
+    params.update(audit_store.query_event_params(event))
+    params.update(cas)  # the objects columns' names (none is another's: _accept_sql)
+    if new_state is not None:
+        params[_STATE_PARAM + "hash"] = new_state.key
+        params[_STATE_PARAM + "state"] = new_state.state
+        params[_STATE_PARAM + "err"] = new_state.err
+    accepted = raw.cursor()
     try:
-        with raw.pipeline():
-            # one cursor for the statements whose result is not read (a cursor costs its own
-            # adaptation context); the accepted write's has the new row's id
-            rest = raw.cursor()
-            if own and not commit:  # a transaction left open for the caller's further writes
-                rest.execute(b"BEGIN", prepare=False)
-            accept = _accept_sql(frozenset(columns) | {"version"}, new_state is not None)
-            params = {_QUERY_PARAM + n: getattr(query, n) for n in _QUERY_COLUMNS}
-            params.update(audit_store.query_event_params(event))
-            params.update(cas)  # the objects columns' names (none is another's: _accept_sql)
-            if new_state is not None:
-                params[_STATE_PARAM + "hash"] = new_state.key
-                params[_STATE_PARAM + "state"] = new_state.state
-                params[_STATE_PARAM + "err"] = new_state.err
-            accepted = raw.cursor()
+        if own and not commit:  # BEGIN and the statement in one pipeline: one round trip
+            with raw.pipeline():
+                raw.cursor().execute(b"BEGIN", prepare=False)
+                accepted.execute(accept.text, accept.params(params))
+        else:
+            # one statement, no pipeline (its machinery costs more Python than the statement
+            # saves): in autocommit it is a transaction of its own, committed when it succeeds
+            # and rolled back whole when it fails — the protocol's implicit transaction, as the
+            # pipeline's one Sync made it; in the caller's transaction it runs in that
             accepted.execute(accept.text, accept.params(params))
-            # own and commit: no BEGIN and COMMIT of their own — in autocommit the statements
-            # up to the pipeline's one Sync (sent as it closes) are one implicit transaction,
-            # committed at the Sync if all succeeded and rolled back if one failed (the rest
-            # are then skipped): the protocol's own rule, two statements fewer to send and read
     except psycopg.errors.InvalidTextRepresentation as exc:
         if _lost_race(exc):
             return None
