@@ -26,7 +26,7 @@ from app.bootstrap import create_app
 from app.db.session import make_engine
 from app.services import audit
 from app.services.snapshots import collect_states
-from app.store import Conflict, begin_writes, submitting, transaction
+from app.store import Conflict, begin_writes, is_postgres, submitting, transaction
 from app.store.objects import load_for_submit, load_state
 from app.store.submits import AcceptedQuery, NewState, record_accepted
 from tests.service import factories
@@ -300,6 +300,41 @@ def test_a_submitting_block_commits_what_it_wrote_and_only_on_success(engine: En
     finally:
         with engine.begin() as conn:
             conn.execute(text("DROP TABLE submit_block_probe"))
+
+
+def test_a_submitting_connection_goes_back_to_the_pool_in_transactions(database_url: str) -> None:
+    """After a :func:`submitting` block — committed, failed, or with a failed statement — the
+    pool's next user gets SQLAlchemy's transactions again, never the block's autocommit."""
+    engine = make_engine(database_url, pool_size=1, max_overflow=0)  # one connection, reused
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE IF NOT EXISTS submit_pool_probe (n INTEGER)"))
+
+        def fails(broken_statement: bool) -> None:
+            with submitting(engine) as conn:
+                begin_writes(conn)
+                conn.execute(text("INSERT INTO submit_pool_probe VALUES (9)"))
+                if broken_statement:
+                    conn.execute(text("SELECT 1/0"))
+                raise RuntimeError("the block fails")
+
+        with submitting(engine) as conn:
+            conn.execute(text("SELECT 1"))
+        for broken in (False, True):
+            with pytest.raises((RuntimeError, DataError)):
+                fails(broken)
+            with engine.connect() as conn:  # the same connection, out of the pool again
+                if is_postgres(conn):
+                    assert conn.connection.driver_connection.autocommit is False
+                conn.execute(text("INSERT INTO submit_pool_probe VALUES (1)"))
+                conn.rollback()  # a transaction: the insert is undone
+            with engine.connect() as conn:
+                count = conn.execute(text("SELECT count(*) FROM submit_pool_probe")).scalar()
+            assert count == 0
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS submit_pool_probe"))
+        engine.dispose()
 
 
 def test_the_keys_stored_answer_comes_with_the_row(client: TestClient, engine: Engine) -> None:
