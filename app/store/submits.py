@@ -7,16 +7,16 @@ array it named before is left to the collection of unnamed states) and adds the 
 audit event (:mod:`app.store.audit`). Each was its own round trip once: six of a submit's ten
 (the profile in docs/benchmarks.md); now they are one statement.
 
-On PostgreSQL that statement goes out in psycopg's pipeline mode, with one network round trip,
-and its result is read after: the compare-and-set, the query row, the audit event and the array
+On PostgreSQL that statement is one network round trip (with a ``BEGIN`` before it in psycopg's
+pipeline mode when the transaction stays open for more writes; alone, without the pipeline's
+machinery, otherwise): the compare-and-set, the query row, the audit event and the array
 named are data-modifying CTEs of one statement (:func:`_accept_sql`: the row is inserted only if
 the compare-and-set hit, the array only if the row was, and the statement fails when the
 compare-and-set missed), compiled once from those modules' SQLAlchemy constructs
 (:mod:`app.store.compiled`). In the caller's transaction it runs in it; on a
-:func:`app.store.submitting` connection with nothing open yet it is, with ``commit``, the
-protocol's implicit transaction — the statements up to the pipeline's one ``Sync``, committed at
-it if all succeeded, rolled back if one failed — and without ``commit`` a ``BEGIN`` goes first
-and the transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own
+:func:`app.store.submitting` connection with nothing open yet it is, with ``commit``, a
+transaction of its own (autocommit: committed if it succeeded, rolled back whole if it failed)
+and without ``commit`` a ``BEGIN`` goes first and the transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own
 functions run the writes one by one. Either way the compare-and-set decides: a lost race returns
 None and the caller rolls the transaction back, so nothing of it stays; a unique constraint raises
 :class:`~app.store.Conflict` and a failed database :class:`~app.store.Unavailable`, as from any
@@ -195,9 +195,9 @@ def record_accepted(
     advanced the object first (the caller must roll back).
 
     On a :func:`app.store.submitting` connection with no transaction open yet, with ``commit``
-    the pipeline is the whole transaction (implicit: committed at its ``Sync``, and nothing of it
-    after a lost race or a conflict); without ``commit`` a ``BEGIN`` goes out in the same
-    pipeline and the transaction stays open for more writes, which the block commits.
+    the statement is the whole transaction (autocommit: nothing of it stays after a lost race or
+    a conflict); without ``commit`` a ``BEGIN`` goes out before it in one pipeline and the
+    transaction stays open for more writes, which the block commits.
     In a transaction of the caller's (or on SQLite) ``commit`` changes nothing.
     """
     if not is_postgres(conn):

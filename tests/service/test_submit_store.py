@@ -1,12 +1,12 @@
 """An accepted submit's writes in one round trip (``app.store.submits``), SQLite and PostgreSQL.
 
-On PostgreSQL the query row, the compare-and-set and the named state go out in psycopg's
-pipeline mode; these tests hold both dialects to the same outcomes: every likelihood array an
+On PostgreSQL the query row, the compare-and-set, the named state and the audit event are one
+statement (no pipeline mode unless a ``BEGIN`` goes with it); these tests hold both dialects to the same outcomes: every likelihood array an
 object names is stored, and once the collection ran none is left unnamed; a lost
 compare-and-set returns None and the rolled-back transaction leaves nothing; a used
 ``(object, seq)`` is a :class:`~app.store.Conflict` that leaves the connection usable; a
-:func:`~app.store.submitting` block, whose pipeline carries BEGIN and COMMIT with the writes on
-PostgreSQL, commits nothing after a lost compare-and-set; and the keyed rejection read with the
+:func:`~app.store.submitting` block, whose write is a transaction of its own on PostgreSQL,
+commits nothing after a lost compare-and-set; and the keyed rejection read with the
 object's row is replayed, never a second decision.
 """
 
@@ -511,6 +511,47 @@ def test_a_keyed_rejection_is_two_statements(
     assert json.loads(events[0][0])["refusal"] == "budget-exhausted"
     again = _submit(client, key, oid, "second", 0.5)
     assert again.json() == rejected.json()
+    assert again.headers.get("Idempotent-Replayed") == "true"
+
+
+def test_an_accepted_submit_is_one_statement_without_pipeline_mode(
+    client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL an accepted submit with a fresh key sends two statements — the load and
+    the write — and opens no pipeline: the write is a transaction of its own in autocommit
+    (before: the one statement went out in pipeline mode, whose machinery cost more Python than
+    it saved). What it wrote is there, and the key's retry replays it."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("statements counted on psycopg's cursor")
+    import psycopg
+
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    assert _submit(client, key, oid, "warm", 0.5).status_code == 201
+    sent: list[str] = []
+    pipelines: list[object] = []
+    execute, pipeline = psycopg.Cursor.execute, psycopg.Connection.pipeline
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query)[:60])
+        return execute(self, query, *args, **kwargs)
+
+    def opened(self: Any) -> Any:
+        pipelines.append(self)
+        return pipeline(self)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    monkeypatch.setattr(psycopg.Connection, "pipeline", opened)
+    accepted = _submit(client, key, oid, "second", 0.5)
+    monkeypatch.undo()
+    assert accepted.status_code == 201, accepted.text
+    assert (len(sent), pipelines) == (2, []), sent
+    with engine.connect() as conn:
+        found = load_for_submit(conn, object_id=oid, key="second")
+    assert found is not None and found[0].accepted == 2
+    assert found[1] is not None and found[1].query_id == accepted.json()["query_id"]
+    again = _submit(client, key, oid, "second", 0.5)
+    assert again.json() == accepted.json()
     assert again.headers.get("Idempotent-Replayed") == "true"
 
 
