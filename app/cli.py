@@ -232,7 +232,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_config=uvicorn_log_config(settings.log_level),
             # uvicorn's httptools protocol, a response's head and body in one socket write
             # (app.api.http); without httptools, uvicorn's own choice
-            http="app.api.http:OneWriteProtocol" if importlib.util.find_spec("httptools") else "auto",
+            http="app.api.http:OneWriteProtocol"
+            if importlib.util.find_spec("httptools")
+            else "auto",
         )
     return 0
 

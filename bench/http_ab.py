@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import service_load as sl  # noqa: E402
+import service_load as sl
 
 
 async def block(
@@ -85,12 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         servers = []
         try:
             for n, tree in enumerate(trees):
-                servers.append(
-                    sl.Server(url, args.workers, 1, logs / f"server{n}.log", tree=tree)
-                )
-            setups = [
-                sl.register_objects(s, "grr", "bayesian", args.objects, rng) for s in servers
-            ]
+                servers.append(sl.Server(url, args.workers, 1, logs / f"server{n}.log", tree=tree))
+            setups = [sl.register_objects(s, "grr", "bayesian", args.objects, rng) for s in servers]
             cpu: list[list[float]] = [[], []]
             wall: list[float] = [0.0, 0.0]
             statuses: list[dict[int, int]] = [{}, {}]

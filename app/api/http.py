@@ -71,6 +71,7 @@ class OneWriteCycle(RequestResponseCycle):
     transport: _HeadHeld  # type: ignore[assignment]
 
     async def send(self, message: ASGISendEvent) -> None:
+        """The ``send`` of uvicorn, a response's head held (see the class) until its body."""
         starts = not self.response_started and message["type"] == "http.response.start"
         transport = self.transport
         transport.holding = starts
@@ -89,10 +90,11 @@ class OneWriteProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol whose request cycles are :class:`OneWriteCycle`."""
 
     def on_headers_complete(self) -> None:
+        """As uvicorn's, then the request's new cycle made a :class:`OneWriteCycle`."""
         before = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
         # the cycle uvicorn just made (its task made, not started): the same object, this class
         if cycle is not before and type(cycle) is RequestResponseCycle:
             cycle.__class__ = OneWriteCycle
-            cycle.transport = _HeadHeld(cycle.transport)
+            cycle.transport = _HeadHeld(cycle.transport)  # type: ignore[assignment]

@@ -527,7 +527,7 @@ def _record_acceptance(
     another writer got there first); the audit event is written in the same transaction. This
     is the only place that reads the private value, and only after the decision.
     """
-    output = mech.sample(json.loads(row.value))
+    output = mech.sample(json.loads(row.value.reveal()))  # decrypted here, not before
     after = recorded(snapshot, decision, mech, output, worker)
     output_json = mech.output_json(output)
     query_text, output_text = json.dumps(mech.to_json()), json.dumps(output_json)

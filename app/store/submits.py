@@ -16,11 +16,11 @@ compare-and-set missed), compiled once from those modules' SQLAlchemy constructs
 (:mod:`app.store.compiled`). In the caller's transaction it runs in it; on a
 :func:`app.store.submitting` connection with nothing open yet it is, with ``commit``, a
 transaction of its own (autocommit: committed if it succeeded, rolled back whole if it failed)
-and without ``commit`` a ``BEGIN`` goes first and the transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own
-functions run the writes one by one. Either way the compare-and-set decides: a lost race returns
-None and the caller rolls the transaction back, so nothing of it stays; a unique constraint raises
-:class:`~app.store.Conflict` and a failed database :class:`~app.store.Unavailable`, as from any
-other statement of this package.
+and without ``commit`` a ``BEGIN`` goes first and the transaction stays open. Elsewhere (SQLite,
+the embedded default) the modules' own functions run the writes one by one. Either way the
+compare-and-set decides: a lost race returns None and the caller rolls the transaction back, so
+nothing of it stays; a unique constraint raises :class:`~app.store.Conflict` and a failed
+database :class:`~app.store.Unavailable`, as from any other statement of this package.
 """
 
 from __future__ import annotations

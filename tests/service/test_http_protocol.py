@@ -68,7 +68,10 @@ async def json_app(scope: Scope, receive: Receive, send: Send) -> None:
         {
             "type": "http.response.start",
             "status": 201,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", b"%d" % len(body)),
+            ],
         }
     )
     await send({"type": "http.response.body", "body": body})

@@ -1,9 +1,10 @@
 """An accepted submit's writes in one round trip (``app.store.submits``), SQLite and PostgreSQL.
 
 On PostgreSQL the query row, the compare-and-set, the named state and the audit event are one
-statement (no pipeline mode unless a ``BEGIN`` goes with it); these tests hold both dialects to the same outcomes: every likelihood array an
-object names is stored, and once the collection ran none is left unnamed; a lost
-compare-and-set returns None and the rolled-back transaction leaves nothing; a used
+statement (no pipeline mode unless a ``BEGIN`` goes with it); these tests hold both dialects
+to the same outcomes: every likelihood array an object names is stored, and once the
+collection ran none is left unnamed; a lost compare-and-set returns None and the rolled-back
+transaction leaves nothing; a used
 ``(object, seq)`` is a :class:`~app.store.Conflict` that leaves the connection usable; a
 :func:`~app.store.submitting` block, whose write is a transaction of its own on PostgreSQL,
 commits nothing after a lost compare-and-set; and the keyed rejection read with the
@@ -388,8 +389,9 @@ def test_the_submit_load_types_its_row_as_sqlalchemy_does(
     """On PostgreSQL the submit's load runs on psycopg directly (``app.store.compiled``).
 
     Its row must come back as ``Connection.execute`` types it (``load_state`` and the scoped
-    load still go through SQLAlchemy): the value decrypted, datetimes aware, the labels a dict,
-    the likelihood array bytes — for a fresh object, one with a history, and a retired one.
+    load still go through SQLAlchemy): the value as stored (decrypted when revealed), datetimes
+    aware, the labels a dict, the likelihood array bytes — for a fresh object, one with a
+    history, and a retired one.
     """
     key = new_key(client, "analyst")
     fresh = _register(client)
@@ -417,7 +419,7 @@ def test_the_submit_load_types_its_row_as_sqlalchemy_does(
             scoped = load_for_submit(conn, object_id=oid, key="none", scope=[])
         assert expected is not None
         assert got == scoped == (expected, None)
-        assert json.loads(got[0].value) == ({"x": 2} if oid == labelled else {"x": 1})
+        assert json.loads(got[0].value.reveal()) == ({"x": 2} if oid == labelled else {"x": 1})
         for name, value in vars(expected).items():  # the same types, not only equal values
             assert type(getattr(got[0], name)) is type(value), name
     assert got[0].retired_at is not None
@@ -548,11 +550,49 @@ def test_an_accepted_submit_is_one_statement_without_pipeline_mode(
     assert (len(sent), pipelines) == (2, []), sent
     with engine.connect() as conn:
         found = load_for_submit(conn, object_id=oid, key="second")
-    assert found is not None and found[0].accepted == 2
-    assert found[1] is not None and found[1].query_id == accepted.json()["query_id"]
+    assert found is not None
+    assert found[0].accepted == 2
+    assert found[1] is not None
+    assert found[1].query_id == accepted.json()["query_id"]
     again = _submit(client, key, oid, "second", 0.5)
     assert again.json() == accepted.json()
     assert again.headers.get("Idempotent-Replayed") == "true"
+
+
+def test_only_an_accepted_submit_decrypts_the_value(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The value is decrypted when the accepted query's output is sampled, once, and never for
+    a rejected submit, a replayed one or a dry run (none of which reads it)."""
+    from app import crypto
+
+    key = new_key(client, "analyst")
+    oid = _register(client, budget=0.6)
+    opened: list[str] = []
+    decrypt = crypto.ValueCipher.decrypt
+
+    def counted(self: Any, stored: str) -> str:
+        opened.append(stored)
+        return decrypt(self, stored)
+
+    monkeypatch.setattr(crypto.ValueCipher, "decrypt", counted)
+    assert _submit(client, key, oid, "first", 0.5).status_code == 201
+    assert len(opened) == 1
+    dry = client.post(
+        f"/v1/objects/{oid}/dry-run", headers=auth(key), json={"query": grr_query(0.5)}
+    )
+    assert dry.status_code == 200, dry.text
+    assert _submit(client, key, oid, "second", 0.5).status_code == 409
+    assert _submit(client, key, oid, "second", 0.5).status_code == 409  # replayed
+    assert _submit(client, key, oid, "first", 0.5).status_code == 201  # replayed
+    assert len(opened) == 1
+    assert "x" not in repr(load_state_of(client, oid).value)
+
+
+def load_state_of(client: TestClient, oid: str) -> Any:
+    engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        return load_state(conn, object_id=oid)
 
 
 def test_a_rejection_under_a_used_key_is_a_conflict_that_counts_nothing(
