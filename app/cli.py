@@ -195,8 +195,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     With several workers their metrics are summed through a temporary directory
     (:func:`app.multiproc.metrics_directory`), removed when the server stops.
     """
-    import importlib.util
-
     import uvicorn
 
     from app.logs import configure, uvicorn_log_config
@@ -230,11 +228,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             timeout_worker_healthcheck=settings.worker_healthcheck_seconds,
             log_level=settings.log_level.lower(),
             log_config=uvicorn_log_config(settings.log_level),
-            # uvicorn's httptools protocol, a response's head and body in one socket write
-            # (app.api.http); without httptools, uvicorn's own choice
-            http="app.api.http:OneWriteProtocol"
-            if importlib.util.find_spec("httptools")
-            else "auto",
         )
     return 0
 
