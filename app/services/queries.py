@@ -23,8 +23,8 @@ discarded unseen — and the submit starts again at step 2, now looking the key 
 retry of the same key finds the stored response. A key thus costs no lookup of its own: one
 ``SELECT`` reads the object with the answer stored under the key (accepted or rejected, if any;
 run on psycopg directly: :mod:`app.store.compiled`), and the accepted submit's writes —
-compare-and-set, query row and audit event in one statement, then the likelihood-state
-references — go to PostgreSQL in one pipeline that is its own (implicit) transaction
+compare-and-set, query row, audit event and the likelihood array it names — go to PostgreSQL
+as one statement that is its own transaction (autocommit)
 (:mod:`app.store.submits`; the statements are built once from :mod:`app.store.objects`',
 :mod:`app.store.queries`', :mod:`app.store.states`' and :mod:`app.store.audit`' constructs):
 two round trips to PostgreSQL per accepted submit, the load and the write. A rejection writes its
