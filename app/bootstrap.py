@@ -162,7 +162,7 @@ def _runtime(
     from concurrent.futures import ThreadPoolExecutor
 
     from app.api.deps import Runtime
-    from app.services.auth import KeyCache
+    from app.services.auth import KeyCache, RevocationListener
     from app.services.locks import ObjectLocks
     from app.services.snapshots import collect_states_periodically
     from app.worker.periodic import Periodic
@@ -177,6 +177,13 @@ def _runtime(
         if seconds > 0
         else None
     )
+    keys = KeyCache(settings.auth_cache_seconds)
+    # keys revoked by other processes leave this one's key cache when they are announced
+    revocations = (
+        RevocationListener(redis_client, keys).start()
+        if redis_client is not None and keys.ttl > 0
+        else None
+    )
     return Runtime(
         settings=settings,
         engine=engine,
@@ -184,11 +191,12 @@ def _runtime(
         locks=ObjectLocks(lock_client, settings.lock_timeout, settings.lock_wait),
         limits=DEFAULT_LIMITS,
         redis=redis_client,
-        keys=KeyCache(settings.auth_cache_seconds),
+        keys=keys,
         threads=ThreadPoolExecutor(settings.db_pool_size, thread_name_prefix="request"),
         surveys=surveys,
         celery=celery,
         housekeeping=housekeeping,
+        revocations=revocations,
     )
 
 

@@ -57,6 +57,7 @@ PARTS = [
     ("    the submit's transaction (connection, autocommit, return)", "submitting (app/store/base"),
     ("    load on psycopg directly", "fetch_one (app/store/compiled.py"),
     ("      value decryption", "EncryptedText.process_result_value (app/db/types.py"),
+    ("    value decryption (after: only to sample)", "PrivateValue.reveal (app/store/objects.py"),
     ("    SQLAlchemy Connection.execute", "Connection.execute (sqlalchemy"),
     ("event loop: HTTP, middleware, routing", "RequestResponseCycle.run_asgi (uvicorn"),
     ("  authentication (API key)", "get_caller (app/api/deps.py"),

@@ -31,7 +31,13 @@ from pydantic import BaseModel
 from app.engine.errors import InvalidInput
 from app.engine.jsonfields import NotText, RepeatedKey, loads_strict
 from app.engine.limits import EngineLimits
-from app.services.auth import KeyCache, announce_revoked, authenticate, hash_key
+from app.services.auth import (
+    KeyCache,
+    RevocationListener,
+    announce_revoked,
+    authenticate,
+    hash_key,
+)
 from app.services.bodies import validated
 from app.services.errors import BadJson, Forbidden, PayloadTooLarge, Unauthorized
 from app.services.locks import ObjectLocks
@@ -68,6 +74,9 @@ class Runtime:
     celery: tuple[Celery, CelerySettings] | None = None
     #: The periodic collection of unnamed likelihood states (None: ``STATES_COLLECT_SECONDS=0``).
     housekeeping: Periodic | None = None
+    #: Forgets the keys other processes revoke, as they announce them (None: no Redis or no
+    #: key cache).
+    revocations: RevocationListener | None = None
 
 
 P = ParamSpec("P")

@@ -24,7 +24,7 @@ from app.api.routes import (
     projects,
     surveys,
 )
-from app.services.auth import RevocationListener, ensure_bootstrap_admin
+from app.services.auth import ensure_bootstrap_admin
 from app.settings import Settings
 from app.store import Conflict
 from app.worker.threads import single_threaded_blas
@@ -53,16 +53,9 @@ def create_app(settings: Settings, build_runtime: Callable[[Settings], Runtime])
                     log.info("bootstrap admin key registered")
             except Conflict:  # another uvicorn worker registered it at the same moment
                 log.info("bootstrap admin key registered by another worker")
-        # keys revoked by other processes leave this one's key cache when they are announced
-        listener = (
-            RevocationListener(runtime.redis, runtime.keys).start()
-            if runtime.redis is not None and runtime.keys.ttl > 0
-            else None
-        )
-        app.state.revocations = listener
         yield
-        if listener is not None:
-            listener.stop()
+        if runtime.revocations is not None:
+            runtime.revocations.stop()
         runtime.threads.shutdown(wait=True)  # the requests' threads have nothing left to run
         runtime.surveys.close()
         if runtime.housekeeping is not None:

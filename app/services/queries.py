@@ -23,8 +23,8 @@ discarded unseen — and the submit starts again at step 2, now looking the key 
 retry of the same key finds the stored response. A key thus costs no lookup of its own: one
 ``SELECT`` reads the object with the answer stored under the key (accepted or rejected, if any;
 run on psycopg directly: :mod:`app.store.compiled`), and the accepted submit's writes —
-compare-and-set, query row and audit event in one statement, then the likelihood-state
-references — go to PostgreSQL in one pipeline that is its own (implicit) transaction
+compare-and-set, query row, audit event and the likelihood array it names — go to PostgreSQL
+as one statement that is its own transaction (autocommit)
 (:mod:`app.store.submits`; the statements are built once from :mod:`app.store.objects`',
 :mod:`app.store.queries`', :mod:`app.store.states`' and :mod:`app.store.audit`' constructs):
 two round trips to PostgreSQL per accepted submit, the load and the write. A rejection writes its
@@ -527,7 +527,7 @@ def _record_acceptance(
     another writer got there first); the audit event is written in the same transaction. This
     is the only place that reads the private value, and only after the decision.
     """
-    output = mech.sample(json.loads(row.value))
+    output = mech.sample(json.loads(row.value.reveal()))  # decrypted here, not before
     after = recorded(snapshot, decision, mech, output, worker)
     output_json = mech.output_json(output)
     query_text, output_text = json.dumps(mech.to_json()), json.dumps(output_json)

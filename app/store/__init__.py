@@ -10,7 +10,7 @@ this package with the connection it got. The conventions every module here follo
   call, so the compiled cache keeps them. One exception, on PostgreSQL only: a single submit's
   load and writes go through the ``Tx``'s psycopg connection (:mod:`app.store.compiled`: the same
   constructs compiled once, rows typed by their columns' types, errors SQLAlchemy's) — the
-  accepted writes in pipeline mode, a :func:`submitting` block's whole transaction in one round
+  accepted write one statement, a :func:`submitting` block's whole transaction in one round
   trip (:mod:`app.store.submits`).
 - **Typed**: functions are keyword-only after the connection and return frozen dataclasses (the
   row shapes, defined beside the statements that read them), plain values or ``None`` — never a

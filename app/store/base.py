@@ -63,14 +63,21 @@ def submitting(db: Database) -> Iterator[Tx]:
             yield conn
         return
     with db.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT")
         raw = conn.connection.driver_connection
+        if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
+            raise TypeError("submitting needs a psycopg connection")
+        # psycopg's own switch (no round trip), not SQLAlchemy's isolation-level option, whose
+        # bookkeeping on the way out and back to the pool cost more than the switch itself
+        raw.autocommit = True
         try:
-            yield conn
-        except BaseException:
-            _end(conn, raw, commit=False)
-            raise
-        _end(conn, raw, commit=True)
+            try:
+                yield conn
+            except BaseException:
+                _end(conn, raw, commit=False)
+                raise
+            _end(conn, raw, commit=True)
+        finally:
+            _restore(conn, raw)
 
 
 def _end(conn: Tx, raw: Any, *, commit: bool) -> None:
@@ -89,6 +96,21 @@ def _end(conn: Tx, raw: Any, *, commit: bool) -> None:
         if raw.broken or raw.closed:  # the pool must not hand this connection out again
             conn.invalidate()
         raise Unavailable("COMMIT" if commit else "ROLLBACK", None, exc) from exc
+
+
+def _restore(conn: Tx, raw: psycopg.Connection[Any]) -> None:
+    """Leave autocommit before ``conn`` goes back to the pool (or make the pool drop it).
+
+    Every other user of the pool expects SQLAlchemy's transactions (``BEGIN`` sent by psycopg
+    before a statement): a connection still in autocommit, or whose state is unknown (a statement
+    interrupted, a failed ``COMMIT``), is invalidated instead of returned.
+    """
+    if conn.invalidated:
+        return
+    if not (raw.closed or raw.broken) and raw.info.transaction_status == TransactionStatus.IDLE:
+        raw.autocommit = False
+    else:
+        conn.invalidate()
 
 
 def begin_writes(conn: Tx) -> None:

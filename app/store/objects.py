@@ -26,6 +26,7 @@ from sqlalchemy import (
     literal,
     select,
     true,
+    type_coerce,
     update,
 )
 from sqlalchemy import cast as sql_cast
@@ -34,6 +35,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.sql.expression import Executable
 from sqlalchemy.sql.util import ClauseAdapter
 
+from app import crypto
 from app.db.models import ObjectCount, ProtectedObject, RejectionRecord
 from app.engine.limits import MIN_EPSILON, NEAR_EXHAUSTION_FRACTION
 from app.store import compiled
@@ -47,14 +49,44 @@ _REJECTIONS = cast(Table, RejectionRecord.__table__)
 COUNTS = cast(Table, ObjectCount.__table__)
 
 
+class PrivateValue:
+    """An object's private value as stored, decrypted only when :meth:`reveal` is called.
+
+    A decision never reads the value; only the sampling of an accepted query does
+    (:func:`app.services.queries` ``_record_acceptance``), so a rejected or replayed submit, a
+    dry run and every error before the sampling never decrypt it. Its ``repr`` shows nothing.
+    """
+
+    __slots__ = ("_plain", "_stored")
+
+    def __init__(self, stored: str) -> None:
+        self._stored = stored
+        self._plain: str | None = None
+
+    def reveal(self) -> str:
+        """The value's JSON (decrypted on the first call; raises ``EncryptionKeyError``)."""
+        if self._plain is None:
+            self._plain = crypto.active().decrypt(self._stored)
+        return self._plain
+
+    def __repr__(self) -> str:
+        return "PrivateValue(…)"
+
+    def __eq__(self, other: object) -> bool:  # the same stored value (the same ciphertext)
+        return isinstance(other, PrivateValue) and other._stored == self._stored
+
+    def __hash__(self) -> int:
+        return hash(self._stored)
+
+
 @dataclass(frozen=True)
 class ObjectState:
     """The columns of an object that a decision reads, and its stored likelihood array."""
 
     id: str
     domain: str
-    #: The private value's JSON (decrypted): read by a submit only after its decision.
-    value: str
+    #: The private value, still encrypted: revealed by a submit only after its decision.
+    value: PrivateValue
     budget: float
     filter: str
     finite: bool
@@ -87,6 +119,8 @@ class ObjectState:
 
 _NOT_OBJECTS_COLUMNS: dict[str, ColumnElement[Any]] = {
     "domain": DOMAIN_TEXT,
+    # as stored (the column type would decrypt it): ObjectState wraps it in a PrivateValue
+    "value": type_coerce(OBJECTS.c.value, Text).label("value"),
     "state": STATES.c.state,
     "state_err": func.coalesce(STATES.c.err, 0.0).label("state_err"),
 }
@@ -126,7 +160,7 @@ _LOAD_FOR_SUBMIT = (
 )
 #: :data:`_LOAD_FOR_SUBMIT` run on psycopg directly (:mod:`app.store.compiled`): a single
 #: submit's load without SQLAlchemy's execution context and result (the columns' types still
-#: process the row: the value decrypted).
+#: process the row; the value is left as stored, see :class:`PrivateValue`).
 _LOAD_FOR_SUBMIT_PG = compiled.Compiled.of(_LOAD_FOR_SUBMIT)
 # Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
 # cache on every call, which the profile showed (docs/benchmarks.md). The SET columns of the
@@ -155,7 +189,18 @@ def load_state(
     """
     statement = _LOAD_STATE if scope is None else _LOAD_STATE.where(*label_conditions(scope))
     found = conn.execute(statement, {"object_id": object_id}).one_or_none()
-    return None if found is None else ObjectState(**found._mapping)
+    return None if found is None else _state(tuple(found))
+
+
+#: The position of ``value`` in :class:`ObjectState`'s fields (and in a row of its columns).
+_VALUE_AT = [f.name for f in fields(ObjectState)].index("value")
+
+
+def _state(columns: tuple[Any, ...] | list[Any]) -> ObjectState:
+    """An :class:`ObjectState` from a row of :data:`_DECISION_COLUMNS` (the value kept sealed)."""
+    values = list(columns)
+    values[_VALUE_AT] = PrivateValue(values[_VALUE_AT])
+    return ObjectState(*values)
 
 
 def load_for_submit(
@@ -181,7 +226,7 @@ def load_for_submit(
         return None
     *columns, query_id, owner, print_, response = row
     answer = None if print_ is None else StoredAnswer(owner, print_, response, query_id)
-    return ObjectState(*columns), answer
+    return _state(columns), answer
 
 
 def compare_and_set(

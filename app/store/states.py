@@ -160,13 +160,20 @@ def collect_unnamed(conn: Tx) -> int:
     later statement only if still unnamed in its own snapshot (the module's docstring: why a
     concurrent writer cannot lose its array). Each statement scans ``objects`` once
     (``state_hash`` has no index: an index would end the HOT updates every accepted query
-    makes), so the candidates go in :func:`app.store.ids.per_statement` batches. SQLite: one
-    ``DELETE``. Run it in a transaction of its own at READ COMMITTED (the store's isolation).
+    makes), so the candidates are deleted in one statement, however many: two scans in all.
+    SQLite: one ``DELETE``. Run it in a transaction of its own at READ COMMITTED (the store's
+    isolation).
     """
     if not is_postgres(conn):
         return int(conn.execute(_DELETE_ALL_UNNAMED).rowcount)
     locked = [key for (key,) in conn.execute(_LOCK_UNNAMED)]
-    return ids_.execute_among(conn, _DELETE_UNNAMED, locked)
+    if not locked:
+        return 0
+    # all candidates in one statement, whatever their number: each statement scans ``objects``
+    # once, so ids_.execute_among's batches of PG_PER_STATEMENT would scan it once per 10,000
+    return int(
+        conn.execute(_DELETE_UNNAMED[True], {"ids": ids_.parameter(locked, postgres=True)}).rowcount
+    )
 
 
 def load_states(conn: Tx, keys: set[str]) -> dict[str, tuple[bytes, float]]:

@@ -7,20 +7,20 @@ array it named before is left to the collection of unnamed states) and adds the 
 audit event (:mod:`app.store.audit`). Each was its own round trip once: six of a submit's ten
 (the profile in docs/benchmarks.md); now they are one statement.
 
-On PostgreSQL that statement goes out in psycopg's pipeline mode, with one network round trip,
-and its result is read after: the compare-and-set, the query row, the audit event and the array
+On PostgreSQL that statement is one network round trip (with a ``BEGIN`` before it in psycopg's
+pipeline mode when the transaction stays open for more writes; alone, without the pipeline's
+machinery, otherwise): the compare-and-set, the query row, the audit event and the array
 named are data-modifying CTEs of one statement (:func:`_accept_sql`: the row is inserted only if
 the compare-and-set hit, the array only if the row was, and the statement fails when the
 compare-and-set missed), compiled once from those modules' SQLAlchemy constructs
 (:mod:`app.store.compiled`). In the caller's transaction it runs in it; on a
-:func:`app.store.submitting` connection with nothing open yet it is, with ``commit``, the
-protocol's implicit transaction — the statements up to the pipeline's one ``Sync``, committed at
-it if all succeeded, rolled back if one failed — and without ``commit`` a ``BEGIN`` goes first
-and the transaction stays open. Elsewhere (SQLite, the embedded default) the modules' own
-functions run the writes one by one. Either way the compare-and-set decides: a lost race returns
-None and the caller rolls the transaction back, so nothing of it stays; a unique constraint raises
-:class:`~app.store.Conflict` and a failed database :class:`~app.store.Unavailable`, as from any
-other statement of this package.
+:func:`app.store.submitting` connection with nothing open yet it is, with ``commit``, a
+transaction of its own (autocommit: committed if it succeeded, rolled back whole if it failed)
+and without ``commit`` a ``BEGIN`` goes first and the transaction stays open. Elsewhere (SQLite,
+the embedded default) the modules' own functions run the writes one by one. Either way the
+compare-and-set decides: a lost race returns None and the caller rolls the transaction back, so
+nothing of it stays; a unique constraint raises :class:`~app.store.Conflict` and a failed
+database :class:`~app.store.Unavailable`, as from any other statement of this package.
 """
 
 from __future__ import annotations
@@ -195,9 +195,9 @@ def record_accepted(
     advanced the object first (the caller must roll back).
 
     On a :func:`app.store.submitting` connection with no transaction open yet, with ``commit``
-    the pipeline is the whole transaction (implicit: committed at its ``Sync``, and nothing of it
-    after a lost race or a conflict); without ``commit`` a ``BEGIN`` goes out in the same
-    pipeline and the transaction stays open for more writes, which the block commits.
+    the statement is the whole transaction (autocommit: nothing of it stays after a lost race or
+    a conflict); without ``commit`` a ``BEGIN`` goes out before it in one pipeline and the
+    transaction stays open for more writes, which the block commits.
     In a transaction of the caller's (or on SQLite) ``commit`` changes nothing.
     """
     if not is_postgres(conn):
@@ -207,29 +207,28 @@ def record_accepted(
     raw = conn.connection.driver_connection
     if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
         raise TypeError("record_accepted needs a psycopg connection")
-    # a submitting() block's transaction, not opened yet: BEGIN (and COMMIT) go in the pipeline
+    # a submitting() block's transaction, not opened yet: BEGIN goes first when more writes follow
     own = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+    accept = _accept_sql(frozenset(columns) | {"version"}, new_state is not None)
+    params = {_QUERY_PARAM + n: getattr(query, n) for n in _QUERY_COLUMNS}
+    params.update(audit_store.query_event_params(event))
+    params.update(cas)  # the objects columns' names (none is another's: _accept_sql)
+    if new_state is not None:
+        params[_STATE_PARAM + "hash"] = new_state.key
+        params[_STATE_PARAM + "state"] = new_state.state
+        params[_STATE_PARAM + "err"] = new_state.err
+    accepted = raw.cursor()
     try:
-        with raw.pipeline():
-            # one cursor for the statements whose result is not read (a cursor costs its own
-            # adaptation context); the accepted write's has the new row's id
-            rest = raw.cursor()
-            if own and not commit:  # a transaction left open for the caller's further writes
-                rest.execute(b"BEGIN", prepare=False)
-            accept = _accept_sql(frozenset(columns) | {"version"}, new_state is not None)
-            params = {_QUERY_PARAM + n: getattr(query, n) for n in _QUERY_COLUMNS}
-            params.update(audit_store.query_event_params(event))
-            params.update(cas)  # the objects columns' names (none is another's: _accept_sql)
-            if new_state is not None:
-                params[_STATE_PARAM + "hash"] = new_state.key
-                params[_STATE_PARAM + "state"] = new_state.state
-                params[_STATE_PARAM + "err"] = new_state.err
-            accepted = raw.cursor()
+        if own and not commit:  # BEGIN and the statement in one pipeline: one round trip
+            with raw.pipeline():
+                raw.cursor().execute(b"BEGIN", prepare=False)
+                accepted.execute(accept.text, accept.params(params))
+        else:
+            # one statement, no pipeline (its machinery costs more Python than the statement
+            # saves): in autocommit it is a transaction of its own, committed when it succeeds
+            # and rolled back whole when it fails — the protocol's implicit transaction, as the
+            # pipeline's one Sync made it; in the caller's transaction it runs in that
             accepted.execute(accept.text, accept.params(params))
-            # own and commit: no BEGIN and COMMIT of their own — in autocommit the statements
-            # up to the pipeline's one Sync (sent as it closes) are one implicit transaction,
-            # committed at the Sync if all succeeded and rolled back if one failed (the rest
-            # are then skipped): the protocol's own rule, two statements fewer to send and read
     except psycopg.errors.InvalidTextRepresentation as exc:
         if _lost_race(exc):
             return None

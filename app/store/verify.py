@@ -28,6 +28,7 @@ from app.store import ids as ids_
 from app.store.base import Tx
 from app.store.history import HistoryItem
 from app.store.history import submitted as history_item
+from app.store.states import load_states
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _STATES = cast(Table, LikelihoodStateRecord.__table__)
@@ -210,15 +211,9 @@ def submits_of(conn: Tx, ids: Sequence[str]) -> dict[str, list[HistoryItem]]:
     return found
 
 
-_STATES_OF = ids_.where_among(
-    select(_STATES.c.hash, _STATES.c.state, _STATES.c.err), _STATES.c.hash
-)
-
-
 def likelihood_states(conn: Tx, keys: Sequence[str]) -> dict[str, StoredState]:
     """The likelihood arrays stored under ``keys`` (the ones that exist), by key."""
-    rows = ids_.rows_among(conn, _STATES_OF, keys)
-    return {h: StoredState(state, err) for h, state, err in rows}
+    return {key: StoredState(*found) for key, found in load_states(conn, set(keys)).items()}
 
 
 @dataclass(frozen=True)

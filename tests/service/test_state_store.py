@@ -26,6 +26,7 @@ from app.services.snapshots import (
     keep_states,
 )
 from app.store import transaction
+from app.store.ids import PG_PER_STATEMENT
 from app.store.states import (
     collect_unnamed,
     count_states,
@@ -103,6 +104,28 @@ def test_collection_deletes_exactly_the_unnamed_states(client: TestClient, engin
         stored = load_states(conn, {k for k in named if k is not None})
     assert set(stored) == named  # every state an object names is still there
     assert collect_states(engine) == 0
+
+
+def test_collection_deletes_more_unnamed_states_than_one_batch_of_keys(
+    client: TestClient, engine: Engine
+) -> None:
+    """Candidates past ``PG_PER_STATEMENT`` go in the same deleting statement, all of them."""
+    oid = _object(client)
+    keys = [f"batch-{n:05d}" for n in range(PG_PER_STATEMENT + 7)]
+    with transaction(engine) as conn:
+        name_states(conn, [(key, b"\x01", 0.0) for key in keys])
+    _name(engine, oid, keys[3])  # one of them named: it stays
+    with engine.connect() as conn:
+        unnamed = count_unnamed(conn)
+        total = count_states(conn)
+    assert unnamed >= len(keys) - 1
+    assert collect_states(engine) == unnamed
+    with engine.connect() as conn:
+        assert count_unnamed(conn) == 0
+        assert count_states(conn) == total - unnamed
+        assert set(load_states(conn, set(keys))) == {keys[3]}
+    _name(engine, oid, None)
+    assert collect_states(engine) == 1
 
 
 def _postgres(engine: Engine) -> None:

@@ -322,7 +322,9 @@ def two_workers_with_redis(
     settings = make_settings(database_url, redis_url, auth_cache_seconds=300.0)
     with TestClient(create_app(settings)) as a, TestClient(create_app(settings)) as b:
         for app in (a.app, b.app):
-            assert app.state.revocations.subscribed.wait(5.0)  # type: ignore[attr-defined]
+            revocations = app.state.runtime.revocations  # type: ignore[attr-defined]
+            assert revocations is not None
+            assert revocations.subscribed.wait(5.0)
         yield a, b
 
 

@@ -1,12 +1,13 @@
 """An accepted submit's writes in one round trip (``app.store.submits``), SQLite and PostgreSQL.
 
-On PostgreSQL the query row, the compare-and-set and the named state go out in psycopg's
-pipeline mode; these tests hold both dialects to the same outcomes: every likelihood array an
-object names is stored, and once the collection ran none is left unnamed; a lost
-compare-and-set returns None and the rolled-back transaction leaves nothing; a used
+On PostgreSQL the query row, the compare-and-set, the named state and the audit event are one
+statement (no pipeline mode unless a ``BEGIN`` goes with it); these tests hold both dialects
+to the same outcomes: every likelihood array an object names is stored, and once the
+collection ran none is left unnamed; a lost compare-and-set returns None and the rolled-back
+transaction leaves nothing; a used
 ``(object, seq)`` is a :class:`~app.store.Conflict` that leaves the connection usable; a
-:func:`~app.store.submitting` block, whose pipeline carries BEGIN and COMMIT with the writes on
-PostgreSQL, commits nothing after a lost compare-and-set; and the keyed rejection read with the
+:func:`~app.store.submitting` block, whose write is a transaction of its own on PostgreSQL,
+commits nothing after a lost compare-and-set; and the keyed rejection read with the
 object's row is replayed, never a second decision.
 """
 
@@ -26,7 +27,7 @@ from app.bootstrap import create_app
 from app.db.session import make_engine
 from app.services import audit
 from app.services.snapshots import collect_states
-from app.store import Conflict, begin_writes, submitting, transaction
+from app.store import Conflict, begin_writes, is_postgres, submitting, transaction
 from app.store.objects import load_for_submit, load_state
 from app.store.submits import AcceptedQuery, NewState, record_accepted
 from tests.service import factories
@@ -302,6 +303,41 @@ def test_a_submitting_block_commits_what_it_wrote_and_only_on_success(engine: En
             conn.execute(text("DROP TABLE submit_block_probe"))
 
 
+def test_a_submitting_connection_goes_back_to_the_pool_in_transactions(database_url: str) -> None:
+    """After a :func:`submitting` block — committed, failed, or with a failed statement — the
+    pool's next user gets SQLAlchemy's transactions again, never the block's autocommit."""
+    engine = make_engine(database_url, pool_size=1, max_overflow=0)  # one connection, reused
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE IF NOT EXISTS submit_pool_probe (n INTEGER)"))
+
+        def fails(broken_statement: bool) -> None:
+            with submitting(engine) as conn:
+                begin_writes(conn)
+                conn.execute(text("INSERT INTO submit_pool_probe VALUES (9)"))
+                if broken_statement:
+                    conn.execute(text("SELECT 1/0"))
+                raise RuntimeError("the block fails")
+
+        with submitting(engine) as conn:
+            conn.execute(text("SELECT 1"))
+        for broken in (False, True):
+            with pytest.raises((RuntimeError, DataError)):
+                fails(broken)
+            with engine.connect() as conn:  # the same connection, out of the pool again
+                if is_postgres(conn):
+                    assert conn.connection.driver_connection.autocommit is False
+                conn.execute(text("INSERT INTO submit_pool_probe VALUES (1)"))
+                conn.rollback()  # a transaction: the insert is undone
+            with engine.connect() as conn:
+                count = conn.execute(text("SELECT count(*) FROM submit_pool_probe")).scalar()
+            assert count == 0
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS submit_pool_probe"))
+        engine.dispose()
+
+
 def test_the_keys_stored_answer_comes_with_the_row(client: TestClient, engine: Engine) -> None:
     key = new_key(client, "analyst")
     oid = _register(client, budget=0.6)
@@ -353,8 +389,9 @@ def test_the_submit_load_types_its_row_as_sqlalchemy_does(
     """On PostgreSQL the submit's load runs on psycopg directly (``app.store.compiled``).
 
     Its row must come back as ``Connection.execute`` types it (``load_state`` and the scoped
-    load still go through SQLAlchemy): the value decrypted, datetimes aware, the labels a dict,
-    the likelihood array bytes — for a fresh object, one with a history, and a retired one.
+    load still go through SQLAlchemy): the value as stored (decrypted when revealed), datetimes
+    aware, the labels a dict, the likelihood array bytes — for a fresh object, one with a
+    history, and a retired one.
     """
     key = new_key(client, "analyst")
     fresh = _register(client)
@@ -382,7 +419,7 @@ def test_the_submit_load_types_its_row_as_sqlalchemy_does(
             scoped = load_for_submit(conn, object_id=oid, key="none", scope=[])
         assert expected is not None
         assert got == scoped == (expected, None)
-        assert json.loads(got[0].value) == ({"x": 2} if oid == labelled else {"x": 1})
+        assert json.loads(got[0].value.reveal()) == ({"x": 2} if oid == labelled else {"x": 1})
         for name, value in vars(expected).items():  # the same types, not only equal values
             assert type(getattr(got[0], name)) is type(value), name
     assert got[0].retired_at is not None
@@ -477,6 +514,85 @@ def test_a_keyed_rejection_is_two_statements(
     again = _submit(client, key, oid, "second", 0.5)
     assert again.json() == rejected.json()
     assert again.headers.get("Idempotent-Replayed") == "true"
+
+
+def test_an_accepted_submit_is_one_statement_without_pipeline_mode(
+    client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL an accepted submit with a fresh key sends two statements — the load and
+    the write — and opens no pipeline: the write is a transaction of its own in autocommit
+    (before: the one statement went out in pipeline mode, whose machinery cost more Python than
+    it saved). What it wrote is there, and the key's retry replays it."""
+    if engine.dialect.name != "postgresql":
+        pytest.skip("statements counted on psycopg's cursor")
+    import psycopg
+
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    assert _submit(client, key, oid, "warm", 0.5).status_code == 201
+    sent: list[str] = []
+    pipelines: list[object] = []
+    execute, pipeline = psycopg.Cursor.execute, psycopg.Connection.pipeline
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query)[:60])
+        return execute(self, query, *args, **kwargs)
+
+    def opened(self: Any) -> Any:
+        pipelines.append(self)
+        return pipeline(self)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    monkeypatch.setattr(psycopg.Connection, "pipeline", opened)
+    accepted = _submit(client, key, oid, "second", 0.5)
+    monkeypatch.undo()
+    assert accepted.status_code == 201, accepted.text
+    assert (len(sent), pipelines) == (2, []), sent
+    with engine.connect() as conn:
+        found = load_for_submit(conn, object_id=oid, key="second")
+    assert found is not None
+    assert found[0].accepted == 2
+    assert found[1] is not None
+    assert found[1].query_id == accepted.json()["query_id"]
+    again = _submit(client, key, oid, "second", 0.5)
+    assert again.json() == accepted.json()
+    assert again.headers.get("Idempotent-Replayed") == "true"
+
+
+def test_only_an_accepted_submit_decrypts_the_value(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The value is decrypted when the accepted query's output is sampled, once, and never for
+    a rejected submit, a replayed one or a dry run (none of which reads it)."""
+    from app import crypto
+
+    key = new_key(client, "analyst")
+    oid = _register(client, budget=0.6)
+    opened: list[str] = []
+    decrypt = crypto.ValueCipher.decrypt
+
+    def counted(self: Any, stored: str) -> str:
+        opened.append(stored)
+        return decrypt(self, stored)
+
+    monkeypatch.setattr(crypto.ValueCipher, "decrypt", counted)
+    assert _submit(client, key, oid, "first", 0.5).status_code == 201
+    assert len(opened) == 1
+    dry = client.post(
+        f"/v1/objects/{oid}/dry-run", headers=auth(key), json={"query": grr_query(0.5)}
+    )
+    assert dry.status_code == 200, dry.text
+    assert _submit(client, key, oid, "second", 0.5).status_code == 409
+    assert _submit(client, key, oid, "second", 0.5).status_code == 409  # replayed
+    assert _submit(client, key, oid, "first", 0.5).status_code == 201  # replayed
+    assert len(opened) == 1
+    assert "x" not in repr(load_state_of(client, oid).value)
+
+
+def load_state_of(client: TestClient, oid: str) -> Any:
+    engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
+    with engine.connect() as conn:
+        return load_state(conn, object_id=oid)
 
 
 def test_a_rejection_under_a_used_key_is_a_conflict_that_counts_nothing(
