@@ -259,6 +259,8 @@ class ThreadServer:
     ``stop`` asks uvicorn to exit (``should_exit``), as SIGTERM does ``gatekeeper serve``: the
     open requests finish and the app's lifespan shutdown runs. The app configures the process's
     cipher of values at rest (:func:`app.crypto.configure`); ``stop`` puts the previous one back.
+    While it serves, an in-process ``run_cli`` would swap that cipher under it
+    (``tests/inprocess.py``): a test that runs commands beside it uses ``run_cli_process``.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -271,7 +273,10 @@ class ThreadServer:
             create_app(settings), host="127.0.0.1", port=self.port, log_config=None
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name=f"uvicorn-{self.port}")
+        # a daemon: a run interrupted before the fixture's teardown still exits
+        self._thread = threading.Thread(
+            target=self._server.run, name=f"uvicorn-{self.port}", daemon=True
+        )
         self._thread.start()
         self._wait_ready()
 
