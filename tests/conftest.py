@@ -45,7 +45,8 @@ def dealt(slow: list[T], fast: list[T], processes: int) -> list[T]:
     """``slow`` dealt in turn to ``processes`` contiguous shares, each share starting with its
     slow items and filled up with fast ones (the rest of them at the end). The shares' lengths
     are worksteal's first split: ``pending // remaining`` processes, in turn."""
-    pending, out, taken, end = len(slow) + len(fast), [], 0, 0
+    out: list[T] = []
+    pending, taken, end = len(slow) + len(fast), 0, 0
     for k in range(processes):
         size = pending // (processes - k)
         pending -= size

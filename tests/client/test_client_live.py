@@ -50,8 +50,8 @@ from ldp_gatekeeper_client.models import (
     RegisterRequest,
 )
 
-from tests.client.conftest import ADMIN_KEY, QUICK, Server, ThreadServer, start_server
-from tests.service.conftest import ROOT, unique_id
+from tests.client.conftest import ADMIN_KEY, QUICK, Server, start_server
+from tests.service.conftest import ROOT, ThreadServer, unique_id
 from tests.service.test_readme_walkthrough import walkthrough
 
 pytestmark = pytest.mark.slow
