@@ -51,7 +51,7 @@ from ldp_gatekeeper_client.models import (
 )
 
 from tests.client.conftest import ADMIN_KEY, QUICK, Server, start_server
-from tests.service.conftest import ROOT, unique_id
+from tests.service.conftest import ROOT, ThreadServer, unique_id
 from tests.service.test_readme_walkthrough import walkthrough
 
 pytestmark = pytest.mark.slow
@@ -88,11 +88,11 @@ def population(path: Path, study: str, n: int, *, first: int = 0) -> list[str]:
     return ids
 
 
-def analyst_of(admin: Client, server: Server) -> Client:
+def analyst_of(admin: Client, server: Server | ThreadServer) -> Client:
     return Client(server.url, admin.keys.create("analyst", label="walk-through").key, retry=QUICK)
 
 
-def test_the_readme_walkthrough(admin: Client, server: Server) -> None:
+def test_the_readme_walkthrough(admin: Client, server: ThreadServer) -> None:
     assert admin.api_version() == ldp_gatekeeper_client.__version__
     assert admin.ready().database == "ok"
     with analyst_of(admin, server) as analyst:
@@ -138,7 +138,7 @@ def test_the_readme_walkthrough(admin: Client, server: Server) -> None:
         assert len(list(analyst.objects.history(oid))) == 1
 
 
-def test_versions_and_lifetime_budgets(admin: Client, server: Server, tmp_path: Path) -> None:
+def test_versions_and_lifetime_budgets(admin: Client, server: ThreadServer, tmp_path: Path) -> None:
     """A new version (single and from an NDJSON file, resumably), the lifetime budget's
     refusal as its typed error, and the history of a closed version."""
     binary = Domain(attributes=[IntegerAttribute(name="b", low=0, high=1)])
@@ -176,7 +176,7 @@ def test_versions_and_lifetime_budgets(admin: Client, server: Server, tmp_path: 
         assert admin.objects.get(oid).version == 3
 
 
-def test_reuse_of_identical_answers(admin: Client, server: Server) -> None:
+def test_reuse_of_identical_answers(admin: Client, server: ThreadServer) -> None:
     """``reuse=True`` on a submit, a dry-run and a survey: the stored answer, typed, and the
     survey's reused count."""
     binary = Domain(attributes=[IntegerAttribute(name="b", low=0, high=1)])
@@ -262,7 +262,7 @@ def test_the_calculator_takes_models(admin: Client) -> None:
     assert not answer.candidate.accepted.basic
 
 
-def test_errors_arrive_typed(admin: Client, server: Server) -> None:
+def test_errors_arrive_typed(admin: Client, server: ThreadServer) -> None:
     oid = unique_id("errors")
     admin.objects.register(oid, domain=DOMAIN, value={"age": 40, "disease": "none"}, budget=1.0)
     with pytest.raises(NotFound):
@@ -292,7 +292,7 @@ def test_errors_arrive_typed(admin: Client, server: Server) -> None:
 
 
 def test_the_survey_walkthrough(
-    admin: Client, server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    admin: Client, server: ThreadServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     study = unique_id("flu")
     ids = population(tmp_path / "population.ndjson", study, 25)
@@ -376,7 +376,7 @@ def test_the_survey_walkthrough(
     assert len({k.id for k in admin.keys.all(page_size=1)}) >= 2
 
 
-def test_the_async_client_walks_the_same_road(server: Server, tmp_path: Path) -> None:
+def test_the_async_client_walks_the_same_road(server: ThreadServer, tmp_path: Path) -> None:
     async def walk() -> dict[str, Any]:
         async with AsyncClient(server.url, ADMIN_KEY, retry=QUICK) as admin:
             oid = unique_id("async")
@@ -439,7 +439,9 @@ def blocks() -> list[str]:
 
 
 def run_the_client_readme(
-    server: Server, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    server: Server | ThreadServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> dict[str, Any]:
     """The client README's quick start and survey blocks, as written, against ``server``."""
     monkeypatch.setenv("GATEKEEPER_URL", server.url)
@@ -461,7 +463,7 @@ def run_the_client_readme(
 
 
 def test_the_quick_start_runs_as_written(
-    server: Server,
+    server: ThreadServer,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

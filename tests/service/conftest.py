@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,9 +31,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from app import crypto
 from app.bootstrap import create_app
 from app.db.migrate import upgrade
-from app.settings import Settings
+from app.settings import DEFAULT_BOUND_TIME_LIMIT, Settings
 
 ADMIN_KEY = "test-admin-" + "k" * 40
 POSTGRES_URL = os.environ.get(
@@ -245,6 +247,69 @@ class Server:
             self.process.kill()
             self.process.wait()
         self._log.close()
+
+
+class ThreadServer:
+    """The app served by uvicorn on a thread of the test process, on a port of its own.
+
+    For tests that need a server on a socket (a client, a generated client, the schemathesis
+    command line) but do not test the process itself: no interpreter to start, no app to import
+    again, no migration (the fixtures' databases are migrated). Tests of the process — ``serve``'s
+    start-up and its log, several workers, signals, kills and restarts — use :class:`Server`.
+    ``stop`` asks uvicorn to exit (``should_exit``), as SIGTERM does ``gatekeeper serve``: the
+    open requests finish and the app's lifespan shutdown runs. The app configures the process's
+    cipher of values at rest (:func:`app.crypto.configure`); ``stop`` puts the previous one back.
+    While it serves, an in-process ``run_cli`` would swap that cipher under it
+    (``tests/inprocess.py``): a test that runs commands beside it uses ``run_cli_process``.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        import uvicorn
+
+        self._saved_cipher = crypto._active
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=self.port, log_config=None
+        )
+        self._server = uvicorn.Server(config)
+        # a daemon: a run interrupted before the fixture's teardown still exits
+        self._thread = threading.Thread(
+            target=self._server.run, name=f"uvicorn-{self.port}", daemon=True
+        )
+        self._thread.start()
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("server exited before it started (see the captured log)")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("server not started")
+            time.sleep(0.01)
+        ready = httpx.get(self.url + "/readyz", timeout=10.0)
+        if ready.status_code != 200:
+            self.stop()
+            raise RuntimeError(f"server not ready: {ready.status_code} {ready.text}")
+
+    def stop(self) -> None:
+        """Let uvicorn finish its open requests and the app's shutdown, then join its thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        crypto._active = self._saved_cipher
+        if self._thread.is_alive():
+            raise RuntimeError("the server's thread did not stop within 30 s")
+
+
+def start_thread_server(
+    *, database_url: str, redis_url: str | None, **settings: Any
+) -> ThreadServer:
+    """Serve the app on a thread, with :func:`start_server`'s defaults (admin key, one bound
+    process, the default bound time limit); ``settings`` are :class:`Settings` fields."""
+    defaults = {"bound_processes": 1, "bound_time_limit": DEFAULT_BOUND_TIME_LIMIT}
+    return ThreadServer(make_settings(database_url, redis_url, **{**defaults, **settings}))
 
 
 def start_server(

@@ -2,7 +2,8 @@
 
 The document is written offline (no server), the generator must print no warning, and the
 generated package drives register → dry-run → submit → replay (same key: the same output) →
-odometer against a live ``gatekeeper serve`` on SQLite and on PostgreSQL.
+odometer against a live server (the app served by uvicorn on a socket) on SQLite and on
+PostgreSQL.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 
 from app.bootstrap import create_app
 from app.settings import Settings
-from tests.service.conftest import ADMIN_KEY, start_server, unique_id
+from tests.service.conftest import ADMIN_KEY, start_thread_server, unique_id
 
 pytestmark = pytest.mark.slow
 PACKAGE = "gatekeeper_api_generated"
@@ -72,12 +73,11 @@ def test_a_generated_client_drives_the_walkthrough(
     generated: Path, backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     database_url = str(request.getfixturevalue(f"{backend}_url"))
-    server = start_server(
-        tmp_path,
+    # a client of the server, not its process: the app on a thread (as `serve --workers 1`)
+    server = start_thread_server(
         database_url=database_url,
         redis_url=None,
-        workers=1,
-        GATEKEEPER_ENCRYPTION_KEY_FILE=str(tmp_path / "key"),
+        gatekeeper_encryption_key_file=str(tmp_path / "key"),
     )
     try:
         models = module("models")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.conftest import ROOT, start_server
+from tests.service.conftest import ROOT, start_thread_server
 from tests.service.test_schemathesis import (
     KEPT_AFTER_DELETE,
     RUN_KEY_ID,
@@ -66,13 +66,13 @@ def config_toml(examples: int) -> str:
 
 def test_the_command_line_with_every_check_finds_nothing(postgres_url: str, tmp_path: Path) -> None:
     key = _run_key(postgres_url)
-    server = start_server(
-        tmp_path,
+    # the command line is what is tested, not the server's process: the app on a thread of
+    # this process (which only waits for the command), as `serve --workers 1` served it
+    server = start_thread_server(
         database_url=postgres_url,
         redis_url=None,
-        workers=1,
-        GATEKEEPER_ENCRYPTION_KEY_FILE=str(tmp_path / "key"),
-        BOUND_TIME_LIMIT="0.2",
+        gatekeeper_encryption_key_file=str(tmp_path / "key"),
+        bound_time_limit=0.2,
     )
     config = tmp_path / "schemathesis.toml"
     config.write_text(config_toml(CLI_EXAMPLES))
