@@ -68,6 +68,12 @@ class ExactTerm:
     group: Group
     coeff: IntArray
 
+    @cached_property
+    def moves(self) -> tuple[tuple[int, int], ...] | None:
+        """The nonzero coefficients as (value, coefficient); None if one could leave ``int64``."""
+        moves = tuple((i, c) for i, c in enumerate(np.asarray(self.coeff).tolist()) if c)
+        return None if any(abs(c) >= _SAFE for _, c in moves) else moves
+
 
 @dataclass(frozen=True)
 class ExactQuery:
@@ -270,6 +276,73 @@ class ExactLoss:
             for axis in sorted(self.counts)
         ).replace(" ", "")
         return f'"g":[{written}],"c":{{{counts}}}'.encode()
+
+    def canonical_after(self, term: ExactTerm) -> bytes | None:
+        """``self.with_term(term).canonical_bytes()``, without building that form.
+
+        A survey keys the state after each of a group's outputs by it: one count row moved,
+        the rest of the bytes shared (kept per axis and group on this form). None when the
+        term's group is not one of this form's yet, its axis has no counts yet, or a count
+        could leave ``int64`` (the caller builds the form then).
+        """
+        template = self._templates.get((term.axis, term.group), False)
+        if template is False:
+            template = self._templates[(term.axis, term.group)] = self._template(
+                term.axis, term.group
+            )
+        if template is None:
+            return None
+        prefix, row, suffix = template
+        moves = term.moves
+        if moves is None or len(term.coeff) != len(row):
+            return None
+        moved = row.copy()
+        for at, c in moves:
+            moved[at] += c
+        return prefix + ",".join(map(str, moved)).encode() + suffix
+
+    @cached_property
+    def _templates(self) -> dict[tuple[int, Group], tuple[bytes, list[int], bytes] | None]:
+        return {}
+
+    def _template(self, axis: int, group: Group) -> tuple[bytes, list[int], bytes] | None:
+        """The canonical bytes around ``group``'s count row on ``axis``, and that row."""
+        if group not in self.groups or axis not in self.counts:
+            return None
+        order = self._sorted_order
+        at = order.index(self.groups.index(group))
+        identity = order == list(range(len(order)))
+        groups = self.groups
+        written = ",".join(
+            f"[{groups[g].epsilon.numerator},{groups[g].epsilon.denominator}]" for g in order
+        )
+        shape = ",".join(map(str, self.shape))
+        # _canonical's bytes, cut around the row: the other axes' rows as _body writes them
+        before: list[str] = []
+        after: list[str] = []
+        rows: list[list[int]] = []
+        for a in sorted(self.counts):
+            found = (self.counts[a] if identity else self.counts[a][order]).tolist()
+            if a == axis:
+                rows = found
+            else:
+                (after if rows else before).append(f'"{a}":' + str(found).replace(" ", ""))
+        head = "".join(part + "," for part in before)
+        prefix = (
+            f'{{"s":[{shape}],"g":[{written}],"c":{{{head}"{axis}":['
+            + "".join(str(r).replace(" ", "") + "," for r in rows[:at])
+            + "["
+        )
+        suffix = (
+            "]"
+            + "".join("," + str(r).replace(" ", "") for r in rows[at + 1 :])
+            + "]"
+            + "".join("," + part for part in after)
+            + "}}"
+        )
+        if any(abs(v) >= _SAFE for v in rows[at]):
+            return None  # a moved count could leave int64 (with_term's arithmetic)
+        return prefix.encode(), rows[at], suffix.encode()
 
     def same_as(self, other: ExactLoss | None) -> bool:
         """Equal counts per group, whatever order the groups came in (``verify``).

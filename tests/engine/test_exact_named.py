@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 
 from app.engine.domain import parse_domain
-from app.engine.exact import MAX_GROUPS, ExactLoss, Group, canonical_json, stored_json
+from app.engine.exact import (
+    MAX_GROUPS,
+    ExactLoss,
+    ExactTerm,
+    Group,
+    canonical_json,
+    stored_json,
+)
 from app.engine.likelihood import LikelihoodState, exact_after
 from app.engine.mechanisms import parse_query
 from app.engine.mechanisms.base import output_index
@@ -166,3 +173,38 @@ def test_stored_bytes_are_the_json_document() -> None:
         assert back.groups == form.groups
         assert back.counts.keys() == form.counts.keys()
         assert all(back.counts[a].tolist() == form.counts[a].tolist() for a in form.counts)
+
+
+def test_canonical_after_is_the_canonical_bytes_of_the_form_after_the_term() -> None:
+    """A survey keys each (group, output)'s next state by ``canonical_after`` without building
+    it: the bytes must be those of ``with_term`` (or None, and the caller builds the form)."""
+    rng = random.Random(13)
+    pool = [Group(Fraction(n, d)) for n, d in ((1, 2), (1, 4), (3, 10), (1, 1), (7, 3))]
+    answered = 0
+    for _ in range(3000):
+        groups = tuple(rng.sample(pool, rng.randint(0, 3)))
+        shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
+        counts = {
+            axis: np.array(
+                [[rng.randint(-3, 6) for _ in range(k)] for _ in groups], dtype=np.int64
+            ).reshape(len(groups), k)
+            for axis, k in enumerate(shape)
+            if rng.random() < 0.7 and groups
+        }
+        form = ExactLoss(shape, groups, counts)
+        for _ in range(4):
+            axis = rng.randrange(len(shape))
+            group = rng.choice(pool)
+            coeff = np.zeros(shape[axis], dtype=np.int64)
+            if rng.random() < 0.5:
+                coeff[rng.randrange(shape[axis])] = 1  # grr: one value up
+            else:
+                coeff[:] = [rng.randint(0, 1) for _ in range(shape[axis])]  # binary_rr: a table
+            term = ExactTerm(axis, group, coeff)
+            found = form.canonical_after(term)
+            if found is None:
+                assert group not in groups or axis not in counts
+                continue
+            answered += 1
+            assert found == form.with_term(term).canonical_bytes()
+    assert answered > 1000
