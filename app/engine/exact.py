@@ -285,11 +285,11 @@ class ExactLoss:
         term's group is not one of this form's yet, its axis has no counts yet, or a count
         could leave ``int64`` (the caller builds the form then).
         """
-        template = self._templates.get((term.axis, term.group), False)
-        if template is False:
-            template = self._templates[(term.axis, term.group)] = self._template(
-                term.axis, term.group
-            )
+        key = (term.axis, term.group)
+        templates = self._templates
+        if key not in templates:
+            templates[key] = self._template(term.axis, term.group)
+        template = templates[key]
         if template is None:
             return None
         prefix, row, suffix = template
