@@ -308,10 +308,15 @@ def content_key(domain_text: str, state: LikelihoodState) -> str | None:
 
 def exact_content_key(domain_text: str, exact: ExactLoss) -> str:
     """:func:`content_key` of a state whose exact form is ``exact`` (the array not needed)."""
+    return canonical_content_key(domain_text, exact.canonical_bytes())
+
+
+def canonical_content_key(domain_text: str, canonical: bytes) -> str:
+    """:func:`content_key` of a state whose exact form's canonical bytes are ``canonical``."""
     hasher = hashlib.blake2b(digest_size=16, person=b"exact-state")
     hasher.update(domain_text.encode())
     hasher.update(b"\x1f")
-    hasher.update(exact.canonical_bytes())
+    hasher.update(canonical)
     return hasher.hexdigest()
 
 

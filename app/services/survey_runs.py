@@ -70,8 +70,8 @@ from app.services.snapshots import (
     StoredState,
     advance,
     advance_from,
+    canonical_content_key,
     collect_states,
-    exact_content_key,
     keep_states,
     next_history_hash,
     pending_columns,
@@ -556,15 +556,22 @@ def _exact_advance(
     if not isinstance(state, LikelihoodState) or state.exact is None:
         return None
     term = cache.term(decided.domain, mech, output)
-    exact = exact_after(state.exact, term)
-    if exact is None:
-        return None
+    # the next form's canonical bytes from the group's (one count row moved), the form itself
+    # built only for a content not met yet or a loss not computed ahead
+    canonical = None if term.exact is None else state.exact.canonical_after(term.exact)
+    exact = None
+    if canonical is None:
+        exact = exact_after(state.exact, term)
+        if exact is None:
+            return None
+        canonical = exact.canonical_bytes()
     shared = _group_after(number, group, cache)
-    key = exact_content_key(decided.domain, exact)
+    key = canonical_content_key(decided.domain, canonical)
     stored = cache.contents.get(key)
     if stored is None and work is not None:
         build = work.building.get(key)
         if build is None:
+            exact = exact or _exact_with(state.exact, term, canonical)
             err = state.error_after(cache.magnitude(decided.domain, term), term.extra_error)
             build = work.building[key] = _Build(key, state, term, exact, err)
         stored = StoredState(key, b"", build.err)
@@ -573,7 +580,9 @@ def _exact_advance(
         assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
         stored = cache.contents[key] = StoredState(key, after.state.to_bytes(), after.state.err)
     ahead = shared.losses.get(output_index(output))
-    loss = exact_bounds(ahead if ahead is not None else exact.loss())
+    if ahead is None:
+        ahead = (exact or _exact_with(state.exact, term, canonical)).loss()
+    loss = exact_bounds(ahead)
     columns = {
         "state_hash": key,
         "state_pending": 0,
@@ -588,6 +597,14 @@ def _exact_advance(
         "f0_account": shared.f0_account,
     }
     return Advance(columns, StoredState(key, b"", stored.err), by_content=True)
+
+
+def _exact_with(exact: ExactLoss, term: Term, canonical: bytes) -> ExactLoss:
+    """:func:`exact_after` of a form whose result's canonical bytes are known (kept on it)."""
+    after = exact_after(exact, term)
+    assert after is not None  # noqa: S101 - canonical_after answered: the group is the form's
+    after.__dict__.setdefault("_canonical", canonical)  # the cached_property's slot
+    return after
 
 
 def _decide_rows(

@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 
 from app.engine.domain import parse_domain
-from app.engine.exact import MAX_GROUPS, ExactLoss, Group, canonical_json
+from app.engine.exact import (
+    MAX_GROUPS,
+    ExactLoss,
+    ExactTerm,
+    Group,
+    canonical_json,
+    stored_json,
+)
 from app.engine.likelihood import LikelihoodState, exact_after
 from app.engine.mechanisms import parse_query
 from app.engine.mechanisms.base import output_index
@@ -128,3 +135,76 @@ def test_canonical_bytes_are_the_json_document() -> None:
             shape, tuple(groups[g] for g in order), {a: c[order] for a, c in counts.items()}
         )
         assert shuffled.canonical_bytes() == form.canonical_bytes()
+
+
+def test_stored_bytes_are_the_json_document() -> None:
+    """``to_bytes`` (written by hand, from the canonical bytes when the groups are in ε order)
+    equals ``json.dumps`` of its document — the stored format, read by ``from_bytes`` — for
+    forms in any group order, computed before or after their canonical bytes."""
+    rng = random.Random(11)
+    for n in range(2000):
+        groups = tuple(
+            dict.fromkeys(
+                Group(Fraction(rng.randint(1, 30), rng.choice([1, 2, 3, 7, 10, 1000])))
+                for _ in range(rng.randint(0, 4))
+            )
+        )
+        shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
+        counts = {
+            axis: np.array(
+                [
+                    [
+                        rng.choice([rng.randint(-3, 5), rng.randint(-(2**60), 2**60)])
+                        for _ in range(k)
+                    ]
+                    for _ in groups
+                ],
+                dtype=np.int64,
+            ).reshape(len(groups), k)
+            for axis, k in enumerate(shape)
+            if rng.random() < 0.7
+        }
+        form = ExactLoss(shape, groups, counts)
+        if n % 2:
+            form.canonical_bytes()
+        data = form.to_bytes()
+        assert data == stored_json(form)
+        back = ExactLoss.from_bytes(shape, data)
+        assert back.groups == form.groups
+        assert back.counts.keys() == form.counts.keys()
+        assert all(back.counts[a].tolist() == form.counts[a].tolist() for a in form.counts)
+
+
+def test_canonical_after_is_the_canonical_bytes_of_the_form_after_the_term() -> None:
+    """A survey keys each (group, output)'s next state by ``canonical_after`` without building
+    it: the bytes must be those of ``with_term`` (or None, and the caller builds the form)."""
+    rng = random.Random(13)
+    pool = [Group(Fraction(n, d)) for n, d in ((1, 2), (1, 4), (3, 10), (1, 1), (7, 3))]
+    answered = 0
+    for _ in range(3000):
+        groups = tuple(rng.sample(pool, rng.randint(0, 3)))
+        shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
+        counts = {
+            axis: np.array(
+                [[rng.randint(-3, 6) for _ in range(k)] for _ in groups], dtype=np.int64
+            ).reshape(len(groups), k)
+            for axis, k in enumerate(shape)
+            if rng.random() < 0.7 and groups
+        }
+        form = ExactLoss(shape, groups, counts)
+        for _ in range(4):
+            axis = rng.randrange(len(shape))
+            group = rng.choice(pool)
+            coeff = np.zeros(shape[axis], dtype=np.int64)
+            if rng.random() < 0.5:
+                coeff[rng.randrange(shape[axis])] = 1  # grr: one value up
+            else:
+                coeff[:] = [rng.randint(0, 1) for _ in range(shape[axis])]  # binary_rr: a table
+            term = ExactTerm(axis, group, coeff)
+            found = form.canonical_after(term)
+            if found is None:
+                assert group not in groups or axis not in counts
+                continue
+            answered += 1
+            assert found == form.with_term(term).canonical_bytes()
+    assert answered > 1000

@@ -147,13 +147,18 @@ def test_a_state_being_named_by_an_open_transaction_is_not_collected(
     """
     _postgres(engine)
     oid = _object(client)
-    for key, known in (("open-bytes", False), ("open-known", True)):
+    for key, mode in (("open-bytes", "submit"), ("open-known", "known"), ("open-chunk", "chunk")):
         with transaction(engine) as conn:
             insert_state(conn, key=key, state=b"\x01" * 8, err=0.0)
         with transaction(engine) as writer:
-            if known:  # a survey chunk naming a state an earlier chunk stored
+            if mode == "known":  # a survey chunk naming a state an earlier chunk stored
                 keep_states(writer, {key: (StoredState(key, b"", 0.0), 1)}, {key})
-            else:  # a submit's, or a chunk's new state: insert or lock
+            elif mode == "chunk":  # a chunk's new states: insert or lock, all in one statement
+                other = StoredState(key + "-x", b"\x02" * 8, 0.0)
+                keep_states(
+                    writer, {key: (StoredState(key, b"\x09" * 8, 0.0), 1), other.key: (other, 1)}
+                )
+            else:  # a submit's state: insert or lock
                 insert_state(writer, key=key, state=b"\x09" * 8, err=0.0)
             writer.execute(
                 text("UPDATE objects SET state_hash = :k WHERE id = :o"), {"k": key, "o": oid}
@@ -180,17 +185,20 @@ def test_a_writer_after_a_collection_stores_the_state_again_or_fails(
     """
     _postgres(engine)
     oid = _object(client)
-    for known in (False, True):
-        key = f"late-{known}"
+    for mode in ("submit", "known", "chunk"):
+        known = mode == "known"
+        key = f"late-{mode}"
         with transaction(engine) as conn:
             insert_state(conn, key=key, state=b"\x03" * 8, err=0.0)
         outcome: list[str] = []
 
-        def write(key: str = key, known: bool = known, outcome: list[str] = outcome) -> None:
+        def write(key: str = key, mode: str = mode, outcome: list[str] = outcome) -> None:
             try:
                 with transaction(engine) as writer:
-                    if known:
+                    if mode == "known":
                         keep_states(writer, {key: (StoredState(key, b"", 0.0), 1)}, {key})
+                    elif mode == "chunk":
+                        keep_states(writer, {key: (StoredState(key, b"\x04" * 8, 0.0), 1)})
                     else:
                         insert_state(writer, key=key, state=b"\x04" * 8, err=0.0)
                     writer.execute(
