@@ -35,8 +35,12 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 	cd clients/python && ../../$(BIN)/mypy
 
-# one BLAS thread per test process: -n 2 already uses both cores, and BLAS threads on top
-# slow the suite down and inflate the CPU-time checks of the search's time limits.
+# three test processes on the two cores: a test process waits much of its time (for PostgreSQL,
+# a server it started, a child command), and a third one fills those gaps — the same 1,981
+# service tests took 0.90-0.96 of -n 2's time on a quiet machine and 0.74-0.93 beside two
+# CPU-bound processes (docs/benchmarks.md, "CI time, sixth part" and "CI time after the tenth
+# session's merges"). One BLAS thread per test process: BLAS threads on top slow the suite
+# down and inflate the CPU-time checks of the search's time limits.
 # worksteal: a process that is done takes queued tests from the other one, which may be held
 # for minutes by one long test (tests/conftest.py puts half of the slow tests first in each
 # process's share)
@@ -47,14 +51,14 @@ typecheck: $(STAMP)
 # caches go to __pycache__ folders of the clone and of .venv, both ignored by git.
 TEST_ENV := PYTHONDONTWRITEBYTECODE= OPENBLAS_NUM_THREADS=1
 unit: $(STAMP)
-	$(TEST_ENV) $(BIN)/pytest -n 2 --dist worksteal
+	$(TEST_ENV) $(BIN)/pytest -n 3 --dist worksteal
 
 test: lint typecheck unit
 
 # the development loop: lint, types and the fast tests (every test not marked slow), in
 # minutes; `make test` (the README's command and CI's) still runs everything
 fast: $(STAMP)
-	$(TEST_ENV) $(BIN)/pytest -n 2 --dist worksteal -m "not slow" -q
+	$(TEST_ENV) $(BIN)/pytest -n 3 --dist worksteal -m "not slow" -q
 
 check: lint typecheck fast
 
