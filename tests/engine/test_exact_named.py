@@ -101,32 +101,35 @@ def test_named_state_drops_the_exact_form_as_applied_does() -> None:
     assert state.applied(term).exact is None
 
 
+def _random_form(rng: random.Random) -> ExactLoss:
+    """An exact form with 0-4 groups, 1-3 axes and counts small or near ``int64``'s limits."""
+    groups = tuple(
+        dict.fromkeys(
+            Group(Fraction(rng.randint(1, 30), rng.choice([1, 2, 3, 7, 10, 1000])))
+            for _ in range(rng.randint(0, 4))
+        )
+    )
+    shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
+    counts = {
+        axis: np.array(
+            [
+                [rng.choice([rng.randint(-3, 5), rng.randint(-(2**60), 2**60)]) for _ in range(k)]
+                for _ in groups
+            ],
+            dtype=np.int64,
+        ).reshape(len(groups), k)
+        for axis, k in enumerate(shape)
+        if rng.random() < 0.7
+    }
+    return ExactLoss(shape, groups, counts)
+
+
 def test_canonical_bytes_are_the_json_document() -> None:
     """The hand-written bytes equal ``json.dumps`` of the definition, whatever the form."""
     rng = random.Random(7)
     for _ in range(2000):
-        groups = tuple(
-            dict.fromkeys(
-                Group(Fraction(rng.randint(1, 30), rng.choice([1, 2, 3, 7, 10, 1000])))
-                for _ in range(rng.randint(0, 4))
-            )
-        )
-        shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
-        counts = {
-            axis: np.array(
-                [
-                    [
-                        rng.choice([rng.randint(-3, 5), rng.randint(-(2**60), 2**60)])
-                        for _ in range(k)
-                    ]
-                    for _ in groups
-                ],
-                dtype=np.int64,
-            ).reshape(len(groups), k)
-            for axis, k in enumerate(shape)
-            if rng.random() < 0.7
-        }
-        form = ExactLoss(shape, groups, counts)
+        form = _random_form(rng)
+        shape, groups, counts = form.shape, form.groups, form.counts
         assert form.canonical_bytes() == canonical_json(form)
         # in any order of its groups: the same bytes
         order = list(range(len(groups)))
@@ -143,33 +146,12 @@ def test_stored_bytes_are_the_json_document() -> None:
     forms in any group order, computed before or after their canonical bytes."""
     rng = random.Random(11)
     for n in range(2000):
-        groups = tuple(
-            dict.fromkeys(
-                Group(Fraction(rng.randint(1, 30), rng.choice([1, 2, 3, 7, 10, 1000])))
-                for _ in range(rng.randint(0, 4))
-            )
-        )
-        shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
-        counts = {
-            axis: np.array(
-                [
-                    [
-                        rng.choice([rng.randint(-3, 5), rng.randint(-(2**60), 2**60)])
-                        for _ in range(k)
-                    ]
-                    for _ in groups
-                ],
-                dtype=np.int64,
-            ).reshape(len(groups), k)
-            for axis, k in enumerate(shape)
-            if rng.random() < 0.7
-        }
-        form = ExactLoss(shape, groups, counts)
+        form = _random_form(rng)
         if n % 2:
             form.canonical_bytes()
         data = form.to_bytes()
         assert data == stored_json(form)
-        back = ExactLoss.from_bytes(shape, data)
+        back = ExactLoss.from_bytes(form.shape, data)
         assert back.groups == form.groups
         assert back.counts.keys() == form.counts.keys()
         assert all(back.counts[a].tolist() == form.counts[a].tolist() for a in form.counts)
