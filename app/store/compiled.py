@@ -144,3 +144,22 @@ def fetch_all(conn: Tx, statement: Compiled, params: Mapping[str, Any]) -> list[
         )
         for row in rows
     ]
+
+
+def execute_planned(conn: Tx, statement: Compiled, params: Mapping[str, Any]) -> int:
+    """Run ``statement`` planned for these values, never prepared; the rows it changed.
+
+    psycopg prepares a statement it has run five times on a connection (``prepare_threshold``),
+    and PostgreSQL may then plan it once for any values (a generic plan). A statement whose good
+    plan depends on its values' sizes — a set-returning function over a parameter, whose row
+    count only a custom plan sees — is run this way: a survey chunk's compare-and-set, whose
+    generic plan took 3.6 s instead of 61 ms for 5,000 members with 5,000 distinct accounting
+    dicts (docs/benchmarks.md, "Diverging surveys after the tenth session's merges").
+    """
+    raw = raw_connection(conn)
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute(statement.text, statement.params(params), prepare=False)
+            return cursor.rowcount
+    except psycopg.Error as exc:
+        raise wrapped(conn, raw, statement.text, exc) from exc

@@ -621,6 +621,7 @@ _ADVANCE_PG = text(
     f"JOIN json_to_recordset(CAST(:columns AS json)) AS c(k int, {_ADVANCE_SETS}) "
     "ON c.k = v.k WHERE t.id = v.id AND t.version = v.version"
 )
+_ADVANCE_PG_COMPILED = compiled.Compiled.of(_ADVANCE_PG)
 
 
 class Advanced(NamedTuple):
@@ -687,7 +688,9 @@ def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: dateti
         "columns": bulk.json_text(distinct),
         "updated_at": updated_at,
     }
-    return int(conn.execute(_ADVANCE_PG, parameters).rowcount)
+    # planned for its values every time: a generic plan (psycopg prepares a statement after five
+    # runs) cannot see how many distinct dicts json_to_recordset gives (compiled.execute_planned)
+    return compiled.execute_planned(conn, _ADVANCE_PG_COMPILED, parameters)
 
 
 def count_refusals(conn: Tx, ids: Sequence[str]) -> None:
