@@ -259,21 +259,33 @@ class ExactLoss:
 
     @cached_property
     def _canonical(self) -> bytes:
-        shape = ",".join(map(str, self.shape))
-        return b'{"s":[' + shape.encode() + b"]," + self._body(self._sorted_order) + b"}"
+        return b'{"s":[' + self._shape_text.encode() + b"]," + self._body(self._sorted_order) + b"}"
+
+    @cached_property
+    def _shape_text(self) -> str:
+        return ",".join(map(str, self.shape))
+
+    def _groups_text(self, order: list[int]) -> str:
+        """The groups' ``[num,den]`` pairs in ``order``, comma-separated."""
+        groups = self.groups
+        return ",".join(
+            f"[{groups[g].epsilon.numerator},{groups[g].epsilon.denominator}]" for g in order
+        )
+
+    def _rows_in(self, axis: int, order: list[int]) -> list[list[int]]:
+        """``axis``'s count rows, one per group in ``order``."""
+        counts = self.counts[axis]
+        rows: list[list[int]] = (
+            counts if order == list(range(len(order))) else counts[order]
+        ).tolist()
+        return rows
 
     def _body(self, order: list[int]) -> bytes:
         """``"g":[...],"c":{...}`` with the groups (and the count rows) in ``order``."""
-        groups = self.groups
-        identity = order == list(range(len(groups)))
-        written = ",".join(
-            f"[{groups[g].epsilon.numerator},{groups[g].epsilon.denominator}]" for g in order
-        )
+        written = self._groups_text(order)
         # a list of integers prints as its JSON but for the spaces after the commas
         counts = ",".join(
-            f'"{axis}":'
-            + str((self.counts[axis] if identity else self.counts[axis][order]).tolist())
-            for axis in sorted(self.counts)
+            f'"{axis}":' + str(self._rows_in(axis, order)) for axis in sorted(self.counts)
         ).replace(" ", "")
         return f'"g":[{written}],"c":{{{counts}}}'.encode()
 
@@ -311,18 +323,14 @@ class ExactLoss:
             return None
         order = self._sorted_order
         at = order.index(self.groups.index(group))
-        identity = order == list(range(len(order)))
-        groups = self.groups
-        written = ",".join(
-            f"[{groups[g].epsilon.numerator},{groups[g].epsilon.denominator}]" for g in order
-        )
-        shape = ",".join(map(str, self.shape))
+        written = self._groups_text(order)
+        shape = self._shape_text
         # _canonical's bytes, cut around the row: the other axes' rows as _body writes them
         before: list[str] = []
         after: list[str] = []
         rows: list[list[int]] = []
         for a in sorted(self.counts):
-            found = (self.counts[a] if identity else self.counts[a][order]).tolist()
+            found = self._rows_in(a, order)
             if a == axis:
                 rows = found
             else:

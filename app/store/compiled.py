@@ -115,6 +115,11 @@ def fetch_one(conn: Tx, statement: Compiled, params: Mapping[str, Any]) -> tuple
             processors = statement.processors(cursor)
     except psycopg.Error as exc:
         raise wrapped(conn, raw, statement.text, exc) from exc
+    return _typed(row, processors)
+
+
+def _typed(row: tuple[Any, ...], processors: tuple[_Processor | None, ...]) -> tuple[Any, ...]:
+    """``row`` with each column's result processor applied."""
     return tuple(
         value if process is None else process(value)
         for value, process in zip(row, processors, strict=True)
@@ -137,13 +142,7 @@ def fetch_all(conn: Tx, statement: Compiled, params: Mapping[str, Any]) -> list[
         raise wrapped(conn, raw, statement.text, exc) from exc
     if all(process is None for process in processors):
         return rows
-    return [
-        tuple(
-            value if process is None else process(value)
-            for value, process in zip(row, processors, strict=True)
-        )
-        for row in rows
-    ]
+    return [_typed(row, processors) for row in rows]
 
 
 def execute_planned(conn: Tx, statement: Compiled, params: Mapping[str, Any]) -> int:
