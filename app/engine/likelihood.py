@@ -121,7 +121,7 @@ class Term:
     @property
     def magnitude(self) -> float:
         """Largest absolute value of the term (for the rounding-error bound)."""
-        return float(np.max(np.abs(self.values))) if self.values.size else 0.0
+        return float(np.abs(self.values).max()) if self.values.size else 0.0
 
 
 class LikelihoodState:
@@ -192,7 +192,8 @@ class LikelihoodState:
             return self.logp, self.logp
         found = self._extremes.get(axes)
         if found is None:  # kept until the array changes: a decision's, reused by its record
-            found = (_reduce_to(self.logp, axes, np.max), _reduce_to(self.logp, axes, np.min))
+            # the ufuncs' reductions are what np.max/np.min call, without their wrapper
+            found = (_reduce_to(self.logp, axes, _MAX), _reduce_to(self.logp, axes, _MIN))
             self._extremes[axes] = found
         return found
 
@@ -230,8 +231,8 @@ class LikelihoodState:
         values = self.broadcast(term)
         if len(term.axes) < self.logp.ndim:
             maxima, minima = self.extremes_over(term.axes)
-            top = float(np.max(maxima + term.values))
-            bottom = float(np.min(minima + term.values))
+            top = float((maxima + term.values).max())
+            bottom = float((minima + term.values).min())
             logp = self.logp + values
             logp -= top
             low = bottom - top
@@ -400,7 +401,7 @@ def _reduce_to(array: FloatArray, keep: tuple[int, ...], fn: Any) -> FloatArray:
     docs/benchmarks.md).
     """
     if not keep:
-        return np.asarray(fn(array), dtype=np.float64).reshape(())
+        return np.asarray(fn(array, axis=None), dtype=np.float64).reshape(())
     kept_shape = tuple(array.shape[a] for a in keep)
     segments: list[list[int]] = []  # [size, kept]
     for axis, size in enumerate(array.shape):
@@ -420,6 +421,11 @@ def _reduce_to(array: FloatArray, keep: tuple[int, ...], fn: Any) -> FloatArray:
         array = fn(array, axis=-1)
     return np.asarray(array, dtype=np.float64).reshape(kept_shape)
 
+
+#: ``np.max``/``np.min`` for :func:`_reduce_to`: their ufuncs' ``reduce`` (the same result — it
+#: is what numpy's functions call — without the Python wrapper, several calls per decision).
+_MAX = np.maximum.reduce
+_MIN = np.minimum.reduce
 
 #: Contiguous elements behind a reduced axis from which numpy's block-wise reduction is fast.
 _WIDE = 512

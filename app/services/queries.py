@@ -38,7 +38,6 @@ import json
 import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from fractions import Fraction
 from typing import Any
 
 from app import metrics
@@ -588,7 +587,7 @@ def _record_acceptance(
             epsilon_exact=str(mech.epsilon_exact),
             loss_lower=columns["loss_lower"],
             loss_upper=columns["loss_upper"],
-            basic_after=float(Fraction(columns["basic_total"])),
+            basic_after=float(after.basic_total),  # columns["basic_total"] is its str
             analyst_key_id=analyst_key_id,
             idempotency_key=key,
             fingerprint=print_,

@@ -31,6 +31,7 @@ from app.engine.filters import FilterKind
 from app.engine.lifetime import Lifetime
 from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
 from app.engine.limits import EngineLimits
+from app.engine.numerics import fraction_text
 from app.engine.pipeline import (
     HistoryEntry,
     ObjectSnapshot,
@@ -227,11 +228,11 @@ def snapshot_of(
         domain,
         row.budget,
         FilterKind(row.filter),
-        Fraction(row.basic_total),
+        fraction_text(row.basic_total),
         state,
         limits,
         row.budget_delta,
-        Fraction(row.f0_account),
+        fraction_text(row.f0_account),
         lifetime,
     )
 
