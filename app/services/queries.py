@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -508,6 +508,23 @@ def _record_rejection(
         raise _LostRace
 
 
+class _Changed:
+    """``row`` with some columns changed, for :func:`odometer_view` to read.
+
+    The accepted query's odometer: a ``dataclasses.replace`` of the whole row built every field.
+    """
+
+    __slots__ = ("_changed", "_row")
+
+    def __init__(self, row: ObjectState, changed: dict[str, Any]) -> None:
+        self._row = row
+        self._changed = changed
+
+    def __getattr__(self, name: str) -> Any:
+        changed = self._changed
+        return changed[name] if name in changed else getattr(self._row, name)
+
+
 def _record_acceptance(
     conn: Tx,
     row: ObjectState,
@@ -541,14 +558,16 @@ def _record_acceptance(
     now = datetime.now(UTC)
     seq = row.accepted + 1
     odometer = odometer_view(
-        replace(
+        _Changed(
             row,
-            loss_lower=columns["loss_lower"],
-            loss_upper=columns["loss_upper"],
-            basic_total=columns["basic_total"],
-            f0_account=columns["f0_account"],
-            accepted=seq,
-            updated_at=now,
+            {
+                "loss_lower": columns["loss_lower"],
+                "loss_upper": columns["loss_upper"],
+                "basic_total": columns["basic_total"],
+                "f0_account": columns["f0_account"],
+                "accepted": seq,
+                "updated_at": now,
+            },
         )
     )
     # stored without the query id, which only the INSERT produces; _replay adds it back
