@@ -50,7 +50,8 @@ def test_a_remembered_form_is_found_by_its_bytes_and_decides_as_the_parsed_one()
     parsed = LikelihoodState.from_bytes(DOMAIN, data, built.err)
     assert found.exact is built.exact
     assert forms.hits == 1
-    assert parsed.exact is not None and found.exact is not None
+    assert parsed.exact is not None
+    assert found.exact is not None
     assert found.exact.loss() == parsed.exact.loss()
     assert found.exact.canonical_bytes() == parsed.exact.canonical_bytes()
     assert found.to_bytes() == parsed.to_bytes() == data
@@ -72,7 +73,8 @@ def test_a_parsed_form_is_kept_and_other_bytes_are_never_answered() -> None:
     assert (forms.hits, forms.misses) == (1, 1)
     different = LikelihoodState.from_bytes(DOMAIN, other.to_bytes(), other.err, forms)
     assert different.exact is not first.exact
-    assert different.exact is not None and different.exact.loss() == other.loss().value
+    assert different.exact is not None
+    assert different.exact.loss() == other.loss().value
     assert (forms.hits, forms.misses) == (1, 2)
 
 
@@ -95,4 +97,5 @@ def test_a_state_without_an_exact_form_is_not_kept() -> None:
     assert state.exact is None
     forms.remember(state)
     restored = LikelihoodState.from_bytes(DOMAIN, state.to_bytes(), 0.0, forms)
-    assert restored.exact is None and (forms.hits, forms.misses) == (0, 0)
+    assert restored.exact is None
+    assert (forms.hits, forms.misses) == (0, 0)
