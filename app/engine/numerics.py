@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any, overload
 
 import numpy as np
@@ -273,9 +274,25 @@ def decimal_fraction(x: float) -> Fraction:
     """The rational a user wrote: ``0.1`` -> ``1/10`` (the shortest decimal that round-trips).
 
     Used for declared ε and budgets so that basic composition of ten queries of ε = 0.1 sums to
-    exactly 1.
+    exactly 1. Memoised by the float (a single submit asks it of the same ε and budget several
+    times; a ``Fraction`` is immutable, so the cached one is shared).
     """
-    return Fraction(repr(float(x)))
+    return _decimal_of(float(x))
+
+
+@lru_cache(maxsize=4096)
+def _decimal_of(x: float) -> Fraction:
+    return Fraction(repr(x))
+
+
+@lru_cache(maxsize=4096)
+def fraction_text(text: str) -> Fraction:
+    """``Fraction(text)`` of a stored exact number (``"7/2"``, ``"0"``), parsed once per text.
+
+    The ``objects`` row keeps ``Σ ε`` and F₀'s account as such texts, read by every decision;
+    the parse is exact and the result immutable, so a cached one is the same number.
+    """
+    return Fraction(text)
 
 
 def certified_upper(x: float) -> Fraction:

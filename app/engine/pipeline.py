@@ -486,10 +486,11 @@ def record(
     when first read (:meth:`ObjectSnapshot.loss`).
     """
     basic, account = accounts_after(snapshot, mechanism)
-    snapshot = replace(snapshot, f0_account=account)
     state = snapshot.state
-    if isinstance(state, LikelihoodState):
-        return replace(snapshot, basic_total=basic, state=state.applied(mechanism.term(output)))
+    if isinstance(state, LikelihoodState):  # one replace (a submit's hot path)
+        applied = state.applied(mechanism.term(output))
+        return replace(snapshot, f0_account=account, basic_total=basic, state=applied)
+    snapshot = replace(snapshot, f0_account=account)
     if isinstance(state, BasicState):
         return replace(snapshot, basic_total=basic)
     known, decided = None, None

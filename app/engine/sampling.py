@@ -32,6 +32,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -254,8 +255,14 @@ def _ceil(x: Fraction, bits: int) -> int:
     return -((-x.numerator << bits) // x.denominator)
 
 
+@lru_cache(maxsize=1024)
 def rr_probability(epsilon: Fraction, others: int) -> RealProbability:
-    """``e^ε / (others + e^ε)``: the "report the truth" probability of randomized response."""
+    """``e^ε / (others + e^ε)``: the "report the truth" probability of randomized response.
+
+    Memoised by ``(ε, others)`` (as :func:`rr_complement`): a :class:`RealProbability` is
+    immutable (its first bracket and the bracket function), so one per pair serves every
+    mechanism that asks — a single submit parses its query anew and would bracket ``e^ε`` again.
+    """
     if others < 0 or epsilon < 0:
         raise ValueError("needs epsilon >= 0 and others >= 0")
 
@@ -267,6 +274,7 @@ def rr_probability(epsilon: Fraction, others: int) -> RealProbability:
     return RealProbability(bracket)
 
 
+@lru_cache(maxsize=1024)
 def rr_complement(epsilon: Fraction, others: int) -> RealProbability:
     """``others / (others + e^ε)``: one minus :func:`rr_probability` (its complement event)."""
     if others < 0 or epsilon < 0:

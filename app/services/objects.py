@@ -20,7 +20,7 @@ from app.engine.filters import FilterKind
 from app.engine.jsonfields import path
 from app.engine.likelihood import LossBounds
 from app.engine.limits import EngineLimits
-from app.engine.numerics import decimal_fraction
+from app.engine.numerics import decimal_fraction, fraction_text
 from app.engine.pipeline import f0_filter
 from app.services import audit, schemas
 from app.services.bodies import validated
@@ -148,12 +148,12 @@ def odometer_view(row: OdometerColumns) -> schemas.Odometer:
     phase = None
     if delta is not None:
         f0 = f0_filter(row.budget, delta, stored_domain(row.domain))
-        phase = f0.phase(Fraction(row.f0_account))
+        phase = f0.phase(fraction_text(row.f0_account))
     current = LossBounds(row.loss_lower, row.loss_upper)
     odometer = Odometer(
         row.budget,
         current,
-        float(Fraction(row.basic_total)),
+        float(fraction_text(row.basic_total)),
         row.accepted - row.version_start,
         row.rejected,
         delta,

@@ -36,9 +36,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from fractions import Fraction
 from typing import Any
 
 from app import metrics
@@ -156,6 +155,36 @@ def _domain_of(text: str, limits: EngineLimits) -> Domain:
     return parse_domain(json.loads(text), "domain", limits=limits)
 
 
+#: Query kinds whose parsed mechanism is kept (:func:`_mechanism_of`): small objects, made
+#: of their JSON and the domain alone.
+_KEPT_KINDS = frozenset({"grr", "binary_rr"})
+
+
+def _mechanism_of(query: Any, domain_text: str, limits: EngineLimits) -> Mechanism:
+    """``parse_query(query)`` on the stored domain; a randomized-response query's, parsed once.
+
+    A query and a domain are public, and a mechanism is read-only (what it computes of itself
+    is computed once, the same whoever asks): one parsed mechanism serves every submit of the
+    same query text — its JSON as sent, key order and number types included — on the same
+    domain text under the same limits. Other kinds (tables, weights) are parsed every time.
+    """
+    if isinstance(query, dict) and query.get("mechanism") in _KEPT_KINDS:
+        try:
+            text = json.dumps(query)
+        except (TypeError, ValueError):  # not JSON (a caller's own object): parsed below
+            pass
+        else:
+            return _parsed(text, domain_text, limits)
+    return parse_query(query, _domain_of(domain_text, limits), "query", limits=limits)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str, domain_text: str, limits: EngineLimits) -> Mechanism:
+    """The mechanism of the query whose JSON is ``text`` (errors are raised, never kept)."""
+    domain = _domain_of(domain_text, limits)
+    return parse_query(json.loads(text), domain, "query", limits=limits)
+
+
 def dry_run(
     *,
     engine: Database,
@@ -175,7 +204,7 @@ def dry_run(
     with reading(engine) as conn:
         row = _load_active(conn, object_id, scope)
         domain = _domain_of(row.domain, limits)
-        mech = parse_query(query, domain, "query", limits=limits)
+        mech = _mechanism_of(query, row.domain, limits)
         snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))
         quota = load_quota(conn, scope, object_id, domain, limits, version_start=row.version_start)
         reusable = reuse and find_reusable(conn, row, query_hash(query), reuse_owner) is not None
@@ -412,7 +441,7 @@ def _attempt(
                     body = reused_body(row, found, odometer_view(row))
                     return SubmitOutcome(body, False, row.filter, reused=True)
             domain = _domain_of(row.domain, limits)
-            mech = parse_query(query, domain, "query", limits=limits)
+            mech = _mechanism_of(query, row.domain, limits)
             snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))
             decision = decide(snapshot, mech, worker, tight=False)
             # a project key's quota: read only when the object's own filter accepts
@@ -509,6 +538,23 @@ def _record_rejection(
         raise _LostRace
 
 
+class _Changed:
+    """``row`` with some columns changed, for :func:`odometer_view` to read.
+
+    The accepted query's odometer: a ``dataclasses.replace`` of the whole row built every field.
+    """
+
+    __slots__ = ("_changed", "_row")
+
+    def __init__(self, row: ObjectState, changed: dict[str, Any]) -> None:
+        self._row = row
+        self._changed = changed
+
+    def __getattr__(self, name: str) -> Any:
+        changed = self._changed
+        return changed[name] if name in changed else getattr(self._row, name)
+
+
 def _record_acceptance(
     conn: Tx,
     row: ObjectState,
@@ -542,14 +588,16 @@ def _record_acceptance(
     now = datetime.now(UTC)
     seq = row.accepted + 1
     odometer = odometer_view(
-        replace(
+        _Changed(
             row,
-            loss_lower=columns["loss_lower"],
-            loss_upper=columns["loss_upper"],
-            basic_total=columns["basic_total"],
-            f0_account=columns["f0_account"],
-            accepted=seq,
-            updated_at=now,
+            {
+                "loss_lower": columns["loss_lower"],
+                "loss_upper": columns["loss_upper"],
+                "basic_total": columns["basic_total"],
+                "f0_account": columns["f0_account"],
+                "accepted": seq,
+                "updated_at": now,
+            },
         )
     )
     # stored without the query id, which only the INSERT produces; _replay adds it back
@@ -588,7 +636,7 @@ def _record_acceptance(
             epsilon_exact=str(mech.epsilon_exact),
             loss_lower=columns["loss_lower"],
             loss_upper=columns["loss_upper"],
-            basic_after=float(Fraction(columns["basic_total"])),
+            basic_after=float(after.basic_total),  # columns["basic_total"] is its str
             analyst_key_id=analyst_key_id,
             idempotency_key=key,
             fingerprint=print_,

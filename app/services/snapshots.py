@@ -29,8 +29,9 @@ from app.engine.domain import Domain
 from app.engine.exact import ExactLoss
 from app.engine.filters import FilterKind
 from app.engine.lifetime import Lifetime
-from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
+from app.engine.likelihood import ExactForms, LikelihoodState, LossBounds, exact_bounds
 from app.engine.limits import EngineLimits
+from app.engine.numerics import fraction_text
 from app.engine.pipeline import (
     HistoryEntry,
     ObjectSnapshot,
@@ -174,6 +175,10 @@ class HistoryCache:
 
 #: The process's cache of parsed continuous histories.
 HISTORIES = HistoryCache()
+#: Finite states' exact forms by their stored bytes (:func:`snapshot_of` reads an object's array
+#: with them; :func:`remember` keeps a committed submit's new one, so the object's next decision
+#: finds it parsed, its loss computed). Content only: keyed by the bytes, whatever the object.
+EXACT_FORMS = ExactForms()
 
 
 def stored_history(
@@ -208,7 +213,7 @@ def snapshot_of(
         if row.state is None:  # no accepted query yet (or none the stored array holds)
             state = empty_state(domain)
         else:
-            state = LikelihoodState.from_bytes(domain, row.state, row.state_err)
+            state = LikelihoodState.from_bytes(domain, row.state, row.state_err, EXACT_FORMS)
         if row.state_pending:
             assert isinstance(state, LikelihoodState)  # noqa: S101 - a finite domain
             for entry in pending_entries(conn, row.id, row.state_pending, domain, history):
@@ -227,11 +232,11 @@ def snapshot_of(
         domain,
         row.budget,
         FilterKind(row.filter),
-        Fraction(row.basic_total),
+        fraction_text(row.basic_total),
         state,
         limits,
         row.budget_delta,
-        Fraction(row.f0_account),
+        fraction_text(row.f0_account),
         lifetime,
     )
 
@@ -262,9 +267,15 @@ def database_of(engine: Database) -> str:
 
 
 def remember(engine: Database, object_id: str, version: int, snapshot: ObjectSnapshot) -> None:
-    """Keep a committed continuous snapshot's history for the object's next decision."""
+    """Keep a committed snapshot for the object's next decision.
+
+    A continuous snapshot's history (:data:`HISTORIES`); a finite one's exact form, by its
+    bytes (:data:`EXACT_FORMS`: found again only if the object's stored array has these bytes).
+    """
     if isinstance(snapshot.state, ContinuousState) and snapshot.state.loss_known:
         HISTORIES.put(database_of(engine), object_id, version, snapshot.state)
+    elif isinstance(snapshot.state, LikelihoodState):
+        EXACT_FORMS.remember(snapshot.state)
 
 
 def _digest(*parts: str) -> str:

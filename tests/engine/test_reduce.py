@@ -23,11 +23,12 @@ def test_staged_reduction_equals_numpy(shape: tuple[int, ...]) -> None:
     for size in range(len(shape)):
         for keep in itertools.combinations(range(len(shape)), size):
             others = tuple(i for i in range(len(shape)) if i not in keep)
-            for fn in (np.max, np.min):
-                got = _reduce_to(array, keep, fn)
+            for fn, ufunc in ((np.max, np.maximum.reduce), (np.min, np.minimum.reduce)):
                 expected = fn(array, axis=others)
-                assert got.shape == np.shape(expected), (keep, fn)
-                assert np.array_equal(got, expected), (keep, fn)
+                for way in (fn, ufunc):  # extremes_over passes the ufuncs' reduce
+                    got = _reduce_to(array, keep, way)
+                    assert got.shape == np.shape(expected), (keep, way)
+                    assert np.array_equal(got, expected), (keep, way)
 
 
 def test_applied_is_bit_identical_to_apply_on_a_copy() -> None:

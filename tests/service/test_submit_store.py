@@ -589,6 +589,33 @@ def test_only_an_accepted_submit_decrypts_the_value(
     assert "x" not in repr(load_state_of(client, oid).value)
 
 
+def test_the_next_submit_finds_the_committed_exact_form(client: TestClient) -> None:
+    """An accepted submit keeps its new exact form; the object's next decision reads the stored
+    array with it (found by the stored bytes, its loss already computed), and answers as a
+    fresh parse would: the same realized loss in the odometer as from the row's bounds."""
+    from app.services.snapshots import EXACT_FORMS
+
+    key = new_key(client, "analyst")
+    oid = _register(client)
+    EXACT_FORMS.clear()
+    first = _submit(client, key, oid, "first", 0.5)
+    assert first.status_code == 201, first.text
+    hits = EXACT_FORMS.hits
+    second = _submit(client, key, oid, "second", 0.5)
+    assert second.status_code == 201, second.text
+    assert EXACT_FORMS.hits == hits + 1
+    row = load_state_of(client, oid)
+    assert row.state is not None
+    loss = second.json()["odometer"]["realized_loss"]
+    assert (loss["lower"], loss["upper"]) == (row.loss_lower, row.loss_upper)
+    EXACT_FORMS.clear()  # a fresh parse of the same bytes: the same exact loss
+    dry = client.post(
+        f"/v1/objects/{oid}/dry-run", headers=auth(key), json={"query": grr_query(0.5)}
+    )
+    assert dry.status_code == 200, dry.text
+    assert dry.json()["realized_loss"]["upper"] == row.loss_upper
+
+
 def load_state_of(client: TestClient, oid: str) -> Any:
     engine = client.app.state.runtime.engine  # type: ignore[attr-defined]
     with engine.connect() as conn:
