@@ -50,13 +50,11 @@ from sqlalchemy import (
     false,
     func,
     select,
-    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import Insert
 
 from app.db.models import LikelihoodStateRecord, ProtectedObject
-from app.store import compiled
 from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 
@@ -89,27 +87,6 @@ def _name_state(postgres: bool) -> Executable:
 
 #: Built once per dialect (a submit of a finite object runs one: parameters hash, state, err).
 NAME_STATE = ids_.both(_name_state)
-
-#: PostgreSQL: :data:`NAME_STATE` for many rows in one statement, each row inserted or locked by
-#: the same ``ON CONFLICT``, in key order (bytewise, as Python sorts keys: two writers lock
-#: common rows in one order). The rows travel as three texts — keys joined by newlines, the
-#: arrays as ``\x`` hex joined by commas, the errors as ``repr`` (which a float parses back
-#: to the same double) — split by the server, as :mod:`app.store.ids` sends keys. A chunk
-#: names up to thousands of new states: an ``executemany`` of one ``INSERT`` per row cost the
-#: client ~25 µs and PostgreSQL ~20 µs per row; this statement ~3 and ~14 (2,100 rows,
-#: docs/benchmarks.md, "h/plans"; the same rows as ``bytea[]`` parameters cost the client ~17).
-#: Planned for its values every time (:func:`app.store.compiled.execute_planned`).
-_NAME_STATES_PG = compiled.Compiled.of(
-    text(
-        "INSERT INTO likelihood_states AS s (hash, state, err) "
-        "SELECT u.hash, CAST(u.state AS bytea), u.err FROM unnest("
-        "string_to_array(CAST(:hashes AS text), E'\\n'), "
-        "string_to_array(CAST(:states AS text), ','), "
-        "CAST(string_to_array(CAST(:errs AS text), ',') AS float8[])) AS u(hash, state, err) "
-        'ORDER BY u.hash COLLATE "C" '
-        "ON CONFLICT (hash) DO UPDATE SET err = s.err WHERE false"
-    )
-)
 
 
 def name_state_rows(rows: FromClause, prefix: str) -> Insert:
@@ -157,27 +134,14 @@ def name_states(
     """Make sure the states the caller's objects are about to name stay stored; those missing.
 
     ``rows``: ``(key, state, err)`` of distinct keys whose arrays the caller holds: each is
-    inserted or its row locked (:data:`NAME_STATE`'s ``ON CONFLICT``), in key order: two
-    writers lock common rows in one order (PostgreSQL: one statement for all,
-    :data:`_NAME_STATES_PG`; SQLite: an ``executemany``); a key given twice: its first row.
-    ``known``: keys the caller holds no bytes for (a survey run stored them in an earlier
-    chunk): locked ``FOR KEY SHARE``; the returned set is those of them not stored any more
-    (the caller must not name them: roll back). Either way
+    inserted or its row locked (:data:`NAME_STATE`, one ``executemany`` in key order: two
+    writers lock common rows in one order). ``known``: keys the caller holds no bytes for (a
+    survey run stored them in an earlier chunk): locked ``FOR KEY SHARE``; the returned set is
+    those of them not stored any more (the caller must not name them: roll back). Either way
     the rows stay until the caller's transaction ends (the module's docstring proves it).
     """
     postgres = is_postgres(conn)
-    if rows and postgres:
-        named = {key: (state, err) for key, state, err in reversed(rows)}  # the first of a key
-        compiled.execute_planned(
-            conn,
-            _NAME_STATES_PG,
-            {
-                "hashes": "\n".join(named),
-                "states": ",".join("\\x" + bytes(state).hex() for state, _ in named.values()),
-                "errs": ",".join(repr(float(err)) for _, err in named.values()),
-            },
-        )
-    elif rows:
+    if rows:
         conn.execute(
             NAME_STATE[postgres],
             [{"hash": key, "state": state, "err": err} for key, state, err in sorted(rows)],

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import Connection, Engine, text
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
@@ -76,62 +76,6 @@ def test_many_keys_are_stored_once_and_known_ones_checked(engine: Engine) -> Non
         assert load_states(conn, {keys[1]}) == {keys[1]: (keys[1].encode(), 0.5)}
         assert name_states(conn, [], [keys[0], "never-stored", keys[5]]) == {"never-stored"}
         conn.execute(text("DELETE FROM likelihood_states WHERE hash LIKE 'many-%'"))
-
-
-def test_named_arrays_and_errors_are_stored_exactly(engine: Engine) -> None:
-    """Every byte and every double as given — the separators the PostgreSQL statement splits
-    its texts on, empty arrays, subnormal and negative errors — a key given twice stored once
-    with its first row, and a stored key's row left as it was."""
-    rows = [
-        ("exact-a", b"", 0.0),
-        ("exact-b", b",\n\\x00\x00\xff", 5e-324),
-        ("exact-c", bytes(range(256)) * 3, 0.1 + 0.2),
-        ("exact-d", b"\\x", -1.5e-300),
-        ("exact-e", b"first", 1 / 3),
-        ("exact-e", b"second", 2.0),
-        ("exact-f", b"x", 1e300),
-    ]
-    with transaction(engine) as conn:
-        before = count_states(conn)
-        assert name_states(conn, rows) == set()
-        assert name_states(conn, [("exact-f", b"other", 0.5)]) == set()  # stored: kept as is
-        assert count_states(conn) == before + 6
-        found = load_states(conn, {key for key, _, _ in rows})
-        expected = {key: (state, err) for key, state, err in reversed(rows)}
-        assert found == expected
-        assert [repr(found[k][1]) for k in sorted(found)] == [
-            repr(expected[k][1]) for k in sorted(expected)
-        ]
-        conn.execute(text("DELETE FROM likelihood_states WHERE hash LIKE 'exact-%'"))
-
-
-def test_many_named_arrays_are_one_statement_on_postgres(engine: Engine) -> None:
-    """On PostgreSQL the rows travel in one statement, not an ``executemany`` of one
-    ``INSERT`` per row (client and server cost per row: docs/benchmarks.md, "h/plans")."""
-    if engine.dialect.name != "postgresql":
-        pytest.skip("SQLite inserts row by row")
-    many: list[int] = []
-
-    def count(
-        _conn: object, _cursor: object, statement: str, parameters: object, *_: object
-    ) -> None:
-        if "likelihood_states" in statement and isinstance(parameters, (list, tuple)):
-            many.append(len(parameters))
-
-    keys = [f"one-{n:04d}" for n in range(500)]
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        with transaction(engine) as conn:
-            assert name_states(conn, [(key, key.encode(), 0.5) for key in keys]) == set()
-            assert load_states(conn, {keys[7]}) == {keys[7]: (keys[7].encode(), 0.5)}
-            stored = conn.execute(
-                text("SELECT count(*) FROM likelihood_states WHERE hash LIKE 'one-%'")
-            ).scalar_one()
-            assert stored == len(keys)
-            conn.execute(text("DELETE FROM likelihood_states WHERE hash LIKE 'one-%'"))
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
-    assert many == []  # no statement with a parameter set per row
 
 
 def test_collection_deletes_exactly_the_unnamed_states(client: TestClient, engine: Engine) -> None:
