@@ -113,7 +113,8 @@ def test_0018_shares_equal_the_numeric_ones(postgres_url: str) -> None:
 
 
 def test_0018_installs_the_float_shares_and_downgrades_to_0014s(postgres_url: str) -> None:
-    """Head's functions are 0018's; a downgrade restores 0014's text, an upgrade 0018's again."""
+    """Head's functions are 0018's and new states compress with lz4; a downgrade restores 0014's
+    functions and the default compression, an upgrade 0018's again."""
     engine = make_engine(postgres_url)
     events = ("insert", "update", "delete")
 
@@ -129,18 +130,33 @@ def test_0018_installs_the_float_shares_and_downgrades_to_0014s(postgres_url: st
                 for event in events
             }
 
+    def compression() -> str:
+        """The states' arrays' compression method ("l": lz4, "": the server's default)."""
+        with engine.connect() as conn:
+            return str(
+                conn.execute(
+                    text(
+                        "SELECT attcompression FROM pg_attribute WHERE attname = 'state' "
+                        "AND attrelid = 'likelihood_states'::regclass"
+                    )
+                ).scalar_one()
+            )
+
     try:
         head = sources()
+        assert compression() == "l"  # this server has lz4 (PostgreSQL 15 built with it)
         for event in events:  # the float comparisons are in, the NUMERIC ones kept behind them
             assert "CAST(0.89 AS DOUBLE PRECISION)" in head[event], event
             assert "AS NUMERIC" in head[event], event
         command.downgrade(alembic_config(postgres_url), "0017")
         before = sources()
+        assert compression() == ""  # the server's default (pglz)
         for event in events:
             assert "DOUBLE PRECISION" not in before[event], event
             assert "CAST(n.budget AS NUMERIC)" in before[event] or event == "delete"
         upgrade(postgres_url)
         assert sources() == head
+        assert compression() == "l"
     finally:
         engine.dispose()
 
