@@ -401,13 +401,18 @@ def cohort_domains(
 ) -> set[str]:
     """The distinct domain texts of the objects carrying ``labels`` (when given) or of ``ids``.
 
-    Only objects in ``scope`` count.
+    Only objects in ``scope`` count. The distinct domain hashes first, then their texts
+    (:func:`_domain_texts`): a text per row (:data:`DOMAIN_TEXT`, a subquery per object) made
+    PostgreSQL sort every member's ~250-byte text to find the few distinct ones, on disk past
+    ``work_mem`` — 1.4–2.3 s at 2·10^5 objects against 0.4–0.5 s (docs/benchmarks.md, "h/plans").
     """
-    statement = select(DOMAIN_TEXT).distinct().where(*scope_conditions(scope))
+    statement = select(_OBJECTS.c.domain_hash).distinct().where(*scope_conditions(scope))
     if labels is not None:
-        return set(conn.execute(statement.where(_labelled(labels))).scalars())
-    statements = ids_.where_among(statement, _OBJECTS.c.id)
-    return {row[0] for row in ids_.rows_among(conn, statements, ids)}
+        hashes = set(conn.execute(statement.where(_labelled(labels))).scalars())
+    else:
+        statements = ids_.where_among(statement, _OBJECTS.c.id)
+        hashes = {row[0] for row in ids_.rows_among(conn, statements, ids)}
+    return set(_domain_texts(conn, hashes).values())
 
 
 class CohortGroup(NamedTuple):
