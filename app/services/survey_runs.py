@@ -41,7 +41,7 @@ import math
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -72,6 +72,7 @@ from app.services.snapshots import (
     advance_from,
     canonical_content_key,
     collect_states,
+    history_hashes_after,
     keep_states,
     next_history_hash,
     pending_columns,
@@ -153,6 +154,20 @@ class RunCache:
             found = self.texts[(domain, None)] = json.dumps(mech.to_json())
         return found
 
+    #: :func:`~app.services.snapshots.history_hashes_after` per domain text and output.
+    steps: dict[tuple[str, Output], Callable[[str | None], str]] = field(default_factory=dict)
+
+    def history_step(
+        self, domain: str, mech: Mechanism, output: Output
+    ) -> Callable[[str | None], str]:
+        """The history hash after ``output`` as a function of the one before, once per output."""
+        found = self.steps.get((domain, output))
+        if found is None:
+            found = self.steps[(domain, output)] = history_hashes_after(
+                self.query_text(domain, mech), self.output_text(domain, mech, output)
+            )
+        return found
+
     def output_text(self, domain: str, mech: Mechanism, output: Output) -> str:
         """``mech.output_text(output)``, once per domain and output."""
         found = self.texts.get((domain, output))
@@ -181,6 +196,8 @@ class RunCache:
             found = self.numbers.setdefault(key, next(self.counter))
         return found
 
+    #: ``Fraction(units, denominator)`` by its two integers (a survey's losses take few values).
+    fractions: dict[tuple[int, int], Fraction] = field(default_factory=dict)
     #: The query's term per domain text and output.
     terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
     magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -254,12 +271,14 @@ class RunCache:
             self.advances.clear()
             self.parsed.states.clear()
             self.texts.clear()
+            self.steps.clear()
             self.contents.clear()
             self.after.clear()
             self.numbers.clear()
             self.terms.clear()
             self.magnitudes.clear()
             self.history_mechs.clear()
+            self.fractions.clear()
 
 
 @dataclass
@@ -503,28 +522,48 @@ def _losses_ahead(
     Kept in each group's :attr:`_GroupAfter.losses`; nothing when the mechanism has no such
     shortcut (each pair's loss is then computed alone).
     """
-    histories: list[ExactLoss] = []
-    outputs: list[Output] = []
-    owners: list[int] = []
-    targets: list[tuple[dict[int, Fraction], int]] = []
+    needs: list[tuple[ExactLoss, dict[int, Fraction], list[tuple[int, Output]]]] = []
     for number, group, drawn in groups:
         state = group.snapshot.state
         if not isinstance(state, LikelihoodState) or state.exact is None:
             continue
         losses = _group_after(number, group, cache).losses
+        need = [
+            (at, output)
+            for at, output in ((output_index(y), y) for y in drawn)
+            if at not in losses and (number, output) not in cache.advances
+        ]  # not computed, nor its state named already
+        if need:
+            needs.append((state.exact, losses, need))
+    if not needs:
+        return
+    mech = groups[0][1].mech
+    # every output's loss of each history, computed once per run (or kept by its decision)
+    units = mech.exact_units_after([history for history, _, _ in needs])
+    histories: list[ExactLoss] = []
+    outputs: list[Output] = []
+    owners: list[int] = []
+    targets: list[tuple[dict[int, Fraction], int]] = []
+    fractions = cache.fractions
+    for n, (history, losses, need) in enumerate(needs):
+        found_units = None if units is None else units[n]
+        if found_units is not None:
+            row, denominator = found_units
+            for at, _ in need:
+                loss = fractions.get((row[at], denominator))
+                if loss is None:
+                    loss = fractions[(row[at], denominator)] = Fraction(row[at], denominator)
+                losses[at] = loss
+            continue
         owner = len(histories)
-        for output in drawn:
-            at = output_index(output)
-            if at in losses or (number, output) in cache.advances:
-                continue  # computed, or its state named already
+        histories.append(history)
+        for at, output in need:
             outputs.append(output)
             owners.append(owner)
             targets.append((losses, at))
-        if owners and owners[-1] == owner:
-            histories.append(state.exact)
     if not targets:
         return
-    found = groups[0][1].mech.exact_losses_after(histories, outputs, owners)
+    found = mech.exact_losses_after(histories, outputs, owners)
     if found is None:
         return
     for (losses, at), loss in zip(targets, found, strict=True):
@@ -736,6 +775,38 @@ def _answer_group(
             by_hash[own] = [row]
         else:
             rows.append(row)
+    stored = change.stored
+    if stored is not None and not change.by_content:
+        _answer_by_history(work, key, mech, change, by_hash, query_text, output_text)
+        return
+    # the state is the group's whatever the member's history (named by its content, or none):
+    # only the history hash differs, :func:`advance_from`'s columns without its other work
+    if stored is not None:
+        if change.by_content:  # its bytes, unless a committed chunk stored it
+            stored = cache.contents.get(stored.key, stored)
+        work.gained[stored.key] = (
+            stored,
+            work.gained.get(stored.key, (stored, 0))[1] + len(answered),
+        )
+    after = cache.history_step(key.domain, mech, output)
+    pick = None
+    for own, rows in by_hash.items():
+        columns = change.columns
+        if own != key.history_hash:
+            columns = {**columns, "history_hash": after(own)}
+        pick = _answer(work, mech, query_text, output_text, columns, rows, pick=pick)
+
+
+def _answer_by_history(
+    work: _Chunk,
+    key: GroupKey,
+    mech: Mechanism,
+    change: Advance,
+    by_hash: dict[str | None, list[MemberRow]],
+    query_text: str,
+    output_text: str,
+) -> None:
+    """:func:`_answer_group` of a state named by its history: one state per history hash."""
     pick = None
     for own, rows in by_hash.items():
         mine = change
@@ -749,8 +820,6 @@ def _answer_group(
             )
         stored = mine.stored
         if stored is not None:
-            if mine.by_content:  # its bytes, unless a committed chunk stored it
-                stored = cache.contents.get(stored.key, stored)
             work.gained[stored.key] = (
                 stored,
                 work.gained.get(stored.key, (stored, 0))[1] + len(rows),
