@@ -262,7 +262,7 @@ class LikelihoodState:
     @classmethod
     def from_bytes(cls, domain: Domain, data: bytes, err: float) -> LikelihoodState:
         """Rebuild a state saved with :meth:`to_bytes`."""
-        size = 8 * int(np.prod(domain.shape))
+        size = 8 * math.prod(domain.shape)
         exact = None
         if len(data) > size and data[size : size + len(MAGIC)] == MAGIC:
             exact = ExactLoss.from_bytes(domain.shape, data[size + len(MAGIC) :])

@@ -74,7 +74,6 @@ from app.services.snapshots import (
     collect_states,
     history_hashes_after,
     keep_states,
-    next_history_hash,
     pending_columns,
 )
 from app.services.survey_groups import (
@@ -625,11 +624,7 @@ def _exact_advance(
     columns = {
         "state_hash": key,
         "state_pending": 0,
-        "history_hash": next_history_hash(
-            decided.history_hash,
-            cache.query_text(decided.domain, mech),
-            cache.output_text(decided.domain, mech, output),
-        ),
+        "history_hash": cache.history_step(decided.domain, mech, output)(decided.history_hash),
         "loss_lower": loss.lower,
         "loss_upper": loss.upper,
         "basic_total": shared.basic_total,
@@ -712,13 +707,19 @@ def _decide_rows(
         accepted.append(_Sampling(key, group, members, passed))
     sampled = _sample_groups(accepted, cipher, rows)
     numbers = [cache.number(item.key) for item in accepted]
+    pendings = [_pending(item.key, item.group) for item in accepted]
     ahead: dict[str, list[tuple[int, GroupAccepted, Iterable[Output]]]] = defaultdict(list)
-    for (key, group, _, _), number, by_output in zip(accepted, numbers, sampled, strict=True):
-        if not _pending(key, group):
+    for (key, group, _, _), number, by_output, pends in zip(
+        accepted, numbers, sampled, pendings, strict=True
+    ):
+        if not pends:
             ahead[key.domain].append((number, group, by_output))
     for drawn in ahead.values():
         _losses_ahead(drawn, cache)
-    for (key, group, _, passed), number, by_output in zip(accepted, numbers, sampled, strict=True):
+    advances = cache.advances
+    for (key, group, _, passed), number, by_output, pends in zip(
+        accepted, numbers, sampled, pendings, strict=True
+    ):
         mech = group.mech
         work.domains.add(key.domain)
         query_text = cache.query_text(key.domain, mech)
@@ -730,14 +731,19 @@ def _decide_rows(
                     sub = passed[row.id]
                     state = quotas.sub_history(sub, answer, worker, object_id=row.id)
                     work.sub_histories.append((state, sub[1] is None))
-        outputs, counts = reports.setdefault(key.domain, (mech, [], []))[1:]
+        report = reports.get(key.domain)
+        if report is None:
+            report = reports[key.domain] = (mech, [], [])
+        outputs, counts = report[1], report[2]
         outputs.extend(by_output)
-        counts.extend(len(answered) for answered in by_output.values())
-        if _pending(key, group):
+        counts.extend(map(len, by_output.values()))
+        if pends:
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
         for output, answered in by_output.items():
-            change = _advance_of(key, number, group, output, cache, worker, work)
+            change = advances.get((number, output))  # _advance_of's first look
+            if change is None:
+                change = _advance_of(key, number, group, output, cache, worker, work)
             _answer_group(work, key, mech, output, change, answered, cache)
     _build_states(work, cache)
     for groups in pending.values():
@@ -768,13 +774,16 @@ def _answer_group(
     query_text = cache.query_text(key.domain, mech)
     output_text = cache.output_text(key.domain, mech, output)
     by_hash: dict[str | None, list[MemberRow]] = {}
-    for row in answered:
-        own = row.key.history_hash
-        rows = by_hash.get(own)
-        if rows is None:
-            by_hash[own] = [row]
-        else:
-            rows.append(row)
+    if len(answered) == 1:  # a diverged survey's usual case
+        by_hash[answered[0].key.history_hash] = answered
+    else:
+        for row in answered:
+            own = row.key.history_hash
+            rows = by_hash.get(own)
+            if rows is None:
+                by_hash[own] = [row]
+            else:
+                rows.append(row)
     stored = change.stored
     if stored is not None and not change.by_content:
         _answer_by_history(work, key, mech, change, by_hash, query_text, output_text)
