@@ -350,6 +350,24 @@ class ExactLoss:
             moved[at] += c
         return prefix + ",".join(map(str, moved)).encode() + suffix
 
+    def to_bytes_after(self, canonical: bytes) -> bytes | None:
+        """``with_term(term).to_bytes()`` from :meth:`canonical_after`'s answer for ``term``.
+
+        ``canonical``: that answer (not None: the term's group is one of this form's, so the
+        new form has this form's groups in this order). When they are in ε order (one group:
+        always) the stored bytes are the canonical ones without the shape (:meth:`to_bytes`);
+        None otherwise (the caller builds the form). A survey stores the state after each new
+        (group, output) without building its form.
+        """
+        if not self._in_order:
+            return None
+        return b"{" + canonical[canonical.index(b'"g":') :]
+
+    @cached_property
+    def _in_order(self) -> bool:
+        """Whether the groups are in ε order (:meth:`to_bytes` is the canonical bytes then)."""
+        return self._sorted_order == list(range(len(self.groups)))
+
     @cached_property
     def _templates(self) -> dict[tuple[int, Group], tuple[bytes, list[int], bytes] | None]:
         return {}

@@ -609,9 +609,14 @@ def _exact_advance(
     if stored is None and work is not None:
         build = work.building.get(key)
         if build is None:
-            exact = exact or _exact_with(state.exact, term, canonical)
+            # the new form's stored bytes: from its canonical ones when this form's groups are
+            # in ε order (the output's group among them), else the form's own (built here)
+            exact_bytes = None if exact is not None else state.exact.to_bytes_after(canonical)
+            if exact_bytes is None:
+                exact = exact or _exact_with(state.exact, term, canonical)
+                exact_bytes = exact.to_bytes()
             err = state.error_after(cache.magnitude(decided.domain, term), term.extra_error)
-            build = work.building[key] = _Build(key, state, term, exact, err)
+            build = work.building[key] = _Build(key, state, term, exact_bytes, err)
         stored = StoredState(key, b"", build.err)
     elif stored is None:
         after = recorded(snapshot, group.decision, mech, output, worker)
@@ -843,8 +848,9 @@ class _Build(NamedTuple):
     #: The decision group's state, and the output's term recorded on it.
     state: LikelihoodState
     term: Term
-    #: The new state's exact form and error bound (:meth:`LikelihoodState.applied`'s).
-    exact: ExactLoss
+    #: The new state's exact form's bytes (:meth:`ExactLoss.to_bytes`) and error bound
+    #: (:meth:`LikelihoodState.applied`'s).
+    exact: bytes
     err: float
 
 
@@ -871,7 +877,7 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
         logp += terms.reshape(spread)
         logp -= logp.reshape(len(builds), -1).max(axis=1).reshape([len(builds)] + [1] * len(shape))
         for build, array in zip(builds, logp, strict=True):
-            data = array.astype("<f8").tobytes() + MAGIC + build.exact.to_bytes()
+            data = array.astype("<f8").tobytes() + MAGIC + build.exact
             cache.contents[build.key] = StoredState(build.key, data, build.err)
     for key, (state, count) in work.gained.items():
         if not state.state and key in work.building:
