@@ -78,7 +78,7 @@ class Group:
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not Group:
             return NotImplemented
-        return self is other or self._pair == other._pair  # type: ignore[attr-defined]
+        return self is other or self._pair == other._pair
 
     def __hash__(self) -> int:
         return self._hash

@@ -241,7 +241,8 @@ def test_exact_units_after_equal_with_term_and_kept(seed: int) -> None:
             evaluate_many(snapshots, mech)
             kept_any = False
             for copy, units in zip(copies, got, strict=True):
-                assert copy.exact is not None and units is not None
+                assert copy.exact is not None
+                assert units is not None
                 kept = copy.exact._moved_units.get(query.key)
                 if kept is not None:
                     kept_any = True
@@ -271,11 +272,12 @@ def test_exact_units_after_past_int64_or_33rd_group_is_none() -> None:
     mech = parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 0.5}, domain)
     got = mech.exact_units_after([huge, full, small])
     assert got is not None
-    assert got[0] is None and got[1] is None
+    assert got[0] is None
+    assert got[1] is None
     assert got[2] is not None
-    assert [Fraction(u, got[2][1]) for u in got[2][0]] == [
-        small.with_term(mech.exact_term(y)).loss() for y in range(3)
-    ]
+    terms = [mech.exact_term(y) for y in range(3)]
+    want = [small.with_term(t).loss() for t in terms]  # type: ignore[arg-type]
+    assert [Fraction(u, got[2][1]) for u in got[2][0]] == want
 
 
 def _snapshots(rng: random.Random, k: int, candidate: Mechanism) -> list[ObjectSnapshot]:

@@ -198,11 +198,12 @@ def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
     survey_runs._losses_ahead(
         [(n, g, drawn) for (n, g), drawn in zip(accepted, firsts, strict=True)], cache
     )
-    for (n, group), drawn in zip(accepted, firsts, strict=True):
+    for (n, _), drawn in zip(accepted, firsts, strict=True):
         assert sorted(cache.after[n].losses) == sorted(drawn)
     survey_runs._losses_ahead([(n, g, outputs) for n, g in accepted], cache)
     for n, group in accepted:
         exact = group.snapshot.state.exact  # type: ignore[union-attr]
         losses = cache.after[n].losses
         for y in outputs:
-            assert losses[y] == exact.with_term(mech.exact_term(y)).loss(), (n, y)
+            want = exact.with_term(mech.exact_term(y))  # type: ignore[union-attr,arg-type]
+            assert losses[y] == want.loss(), (n, y)
