@@ -490,7 +490,8 @@ def _advance_of(
     return found
 
 
-class _GroupAfter(NamedTuple):
+@dataclass(slots=True)
+class _GroupAfter:
     """What every output of an accepted exact decision group shares (:func:`_exact_advance`)."""
 
     #: The exact loss after each output (by output index) computed ahead, for the chunk's
@@ -498,6 +499,8 @@ class _GroupAfter(NamedTuple):
     losses: dict[int, Fraction]
     basic_total: str
     f0_account: str
+    #: ``losses`` holds every output's (the later chunks meeting the group have nothing to do).
+    complete: bool = False
 
 
 def _group_after(number: int, group: GroupAccepted, cache: RunCache) -> _GroupAfter:
@@ -515,25 +518,34 @@ def _losses_ahead(
     """The exact loss after each (exact decision group, output) of a domain, in one engine call.
 
     What :func:`_exact_advance` brackets for a new state (its exact form's
-    :meth:`~app.engine.exact.ExactLoss.loss`), for every pair of the chunk not met yet at once:
-    :meth:`~app.engine.mechanisms.base.Mechanism.exact_losses_after` (``grr`` and table
-    queries: the histories stacked, the outputs' moves vectorised; the same exact rationals).
+    :meth:`~app.engine.exact.ExactLoss.loss`). For ``grr`` and table queries every output's
+    loss of a group is learnt by the first chunk meeting it
+    (:meth:`~app.engine.mechanisms.base.Mechanism.exact_units_after`: kept on the history by
+    its decision, or the histories stacked once; the same exact rationals), so the later
+    chunks — a diverged survey meets each group in most of its chunks — skip it
+    (:attr:`_GroupAfter.complete`). Otherwise (a history past ``int64``), for every pair of the
+    chunk not met yet at once: :meth:`~app.engine.mechanisms.base.Mechanism.exact_losses_after`.
     Kept in each group's :attr:`_GroupAfter.losses`; nothing when the mechanism has no such
     shortcut (each pair's loss is then computed alone).
     """
-    needs: list[tuple[ExactLoss, dict[int, Fraction], list[tuple[int, Output]]]] = []
+    needs: list[tuple[ExactLoss, _GroupAfter, list[tuple[int, Output]]]] = []
+    after = cache.after
     for number, group, drawn in groups:
+        shared = after.get(number)
+        if shared is not None and shared.complete:
+            continue  # met in an earlier chunk: every output's loss is known
         state = group.snapshot.state
         if not isinstance(state, LikelihoodState) or state.exact is None:
             continue
-        losses = _group_after(number, group, cache).losses
+        shared = shared or _group_after(number, group, cache)
+        losses = shared.losses
         need = [
             (at, output)
             for at, output in ((output_index(y), y) for y in drawn)
             if at not in losses and (number, output) not in cache.advances
         ]  # not computed, nor its state named already
         if need:
-            needs.append((state.exact, losses, need))
+            needs.append((state.exact, shared, need))
     if not needs:
         return
     mech = groups[0][1].mech
@@ -544,15 +556,17 @@ def _losses_ahead(
     owners: list[int] = []
     targets: list[tuple[dict[int, Fraction], int]] = []
     fractions = cache.fractions
-    for n, (history, losses, need) in enumerate(needs):
+    for n, (history, shared, need) in enumerate(needs):
+        losses = shared.losses
         found_units = None if units is None else units[n]
-        if found_units is not None:
+        if found_units is not None:  # every output's loss, once for the run
             row, denominator = found_units
-            for at, _ in need:
-                loss = fractions.get((row[at], denominator))
+            for at, units_at in enumerate(row):
+                loss = fractions.get((units_at, denominator))
                 if loss is None:
-                    loss = fractions[(row[at], denominator)] = Fraction(row[at], denominator)
+                    loss = fractions[(units_at, denominator)] = Fraction(units_at, denominator)
                 losses[at] = loss
+            shared.complete = True
             continue
         owner = len(histories)
         histories.append(history)
