@@ -53,11 +53,35 @@ MAGIC = b"\x00EXACT2\x00"
 _SAFE = 1 << 62
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Group:
-    """A distinct declared ε: the decimal the client wrote, as a rational."""
+    """A distinct declared ε: the decimal the client wrote, as a rational.
+
+    Equal when their ε's are equal. Compared and hashed by the ε's (numerator, denominator),
+    kept on the group: a survey looks groups up for every state it names, and a ``Fraction``'s
+    ``==`` (an ABC check) and hash (a modular inverse) cost a few µs each (4% of a diverging
+    survey's profile). A ``Fraction`` is in lowest terms, so equal pairs are equal ε's.
+    """
 
     epsilon: Fraction
+    _pair: tuple[int, int] = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        epsilon = self.epsilon
+        if type(epsilon) is not Fraction:
+            epsilon = Fraction(epsilon)
+        pair = (epsilon.numerator, epsilon.denominator)
+        object.__setattr__(self, "_pair", pair)
+        object.__setattr__(self, "_hash", hash(pair))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Group:
+            return NotImplemented
+        return self is other or self._pair == other._pair
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True)
@@ -90,6 +114,14 @@ class ExactQuery:
     kind: Literal["table", "grr", "ue"]
     table: IntArray | None = None
     enumerate: bool = True
+
+    @cached_property
+    def key(self) -> tuple[Any, ...]:
+        """What the query's moves depend on, hashable: equal keys, equal losses after it."""
+        table = None
+        if self.table is not None:
+            table = (self.table.shape, np.asarray(self.table, dtype=np.int64).tobytes())
+        return (self.kind, self.axis, self.group, self.enumerate, table)
 
 
 def _in_units(groups: list[Group]) -> tuple[int, list[int]]:
@@ -194,6 +226,11 @@ class ExactLoss:
 
     @cached_property
     def _profiles(self) -> dict[tuple[int, Group], SubsetProfile | None]:
+        return {}
+
+    @cached_property
+    def _moved_units(self) -> dict[tuple[Any, ...], tuple[list[int], int] | None]:
+        """Per query (:attr:`ExactQuery.key`), :func:`moved_units_each`'s answer for this form."""
         return {}
 
     def _profile(self, axis: int, group: Group) -> SubsetProfile | None:
@@ -312,6 +349,24 @@ class ExactLoss:
         for at, c in moves:
             moved[at] += c
         return prefix + ",".join(map(str, moved)).encode() + suffix
+
+    def to_bytes_after(self, canonical: bytes) -> bytes | None:
+        """``with_term(term).to_bytes()`` from :meth:`canonical_after`'s answer for ``term``.
+
+        ``canonical``: that answer (not None: the term's group is one of this form's, so the
+        new form has this form's groups in this order). When they are in ε order (one group:
+        always) the stored bytes are the canonical ones without the shape (:meth:`to_bytes`);
+        None otherwise (the caller builds the form). A survey stores the state after each new
+        (group, output) without building its form.
+        """
+        if not self._in_order:
+            return None
+        return b"{" + canonical[canonical.index(b'"g":') :]
+
+    @cached_property
+    def _in_order(self) -> bool:
+        """Whether the groups are in ε order (:meth:`to_bytes` is the canonical bytes then)."""
+        return self._sorted_order == list(range(len(self.groups)))
 
     @cached_property
     def _templates(self) -> dict[tuple[int, Group], tuple[bytes, list[int], bytes] | None]:
@@ -817,6 +872,60 @@ def moved_losses_at(
         for i, loss in zip(picks.tolist(), losses, strict=True):
             found[i] = loss
     return [loss for loss in found if loss is not None]
+
+
+def keep_moved_units(
+    histories: Sequence[ExactLoss],
+    query: ExactQuery,
+    batches: Sequence[tuple[list[int], IntArray | None, int]],
+) -> None:
+    """Keep :func:`moved_losses_many`'s answer on each history (:func:`moved_units_each`).
+
+    ``batches``: what :func:`moved_losses_many` returned for ``histories`` and ``query``; a
+    batch past ``int64`` (no units) is not kept.
+    """
+    key = query.key
+    for members, units, denominator in batches:
+        if units is None:
+            continue
+        for n, row in zip(members, units.tolist(), strict=True):
+            histories[n]._moved_units[key] = (row, denominator)
+
+
+def moved_units_each(
+    histories: Sequence[ExactLoss], query: ExactQuery
+) -> list[tuple[list[int], int] | None] | None:
+    """Per history, the exact loss after every output of ``query``: ``(units, denominator)``.
+
+    ``units[j]`` in units of ``1/denominator`` is ``candidate_losses(query)[j]``'s numerator
+    (:func:`moved_losses_many`'s row, exact integers). Kept on each history per query (a
+    survey meets a decision group in many chunks: its losses are computed once, when it is
+    first met or decided, :func:`keep_moved_units`). None for a history past ``int64`` (the
+    caller computes its outputs alone), and overall when the query has no vectorised form.
+    """
+    if query.kind not in ("grr", "table"):
+        return None
+    key = query.key
+    found: list[tuple[list[int], int] | None] = []
+    todo: list[int] = []
+    for n, history in enumerate(histories):
+        known = history._moved_units
+        if key in known:
+            found.append(known[key])
+        else:
+            found.append(None)
+            todo.append(n)
+    if todo:
+        batches = moved_losses_many([histories[n] for n in todo], query)
+        assert batches is not None  # noqa: S101 - a grr or table query
+        for members, units, denominator in batches:
+            rows = [None] * len(members) if units is None else units.tolist()
+            for m, row in zip(members, rows, strict=True):
+                n = todo[m]
+                found[n] = histories[n]._moved_units[key] = (
+                    None if row is None else (row, denominator)
+                )
+    return found
 
 
 def moved_losses_many(

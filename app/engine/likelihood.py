@@ -271,7 +271,7 @@ class LikelihoodState:
         ``forms``: exact forms already parsed (or built), by their bytes — the exact part is
         taken from there when its bytes are known, else parsed and kept there.
         """
-        size = 8 * int(np.prod(domain.shape))
+        size = 8 * math.prod(domain.shape)
         exact = None
         if len(data) > size and data[size : size + len(MAGIC)] == MAGIC:
             tail = data[size + len(MAGIC) :]

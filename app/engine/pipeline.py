@@ -46,7 +46,7 @@ from app.engine.continuous.branch_and_bound import BnBSettings
 from app.engine.continuous.candidate import evaluate_continuous
 from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain
-from app.engine.exact import fractions_of, losses_many, moved_losses_many
+from app.engine.exact import fractions_of, keep_moved_units, losses_many, moved_losses_many
 from app.engine.filters import (
     CandidateEvaluation,
     Decision,
@@ -444,9 +444,11 @@ def _exact_candidates(
     if query is None or not picked:
         return found
     histories = [snapshots[n].state.exact for n in picked]  # type: ignore[union-attr]
-    batches = moved_losses_many([h for h in histories if h is not None], query)
+    exact = [h for h in histories if h is not None]
+    batches = moved_losses_many(exact, query)
     if batches is None:
         return found
+    keep_moved_units(exact, query, batches)  # every output's loss: a survey's next states'
     cache: dict[tuple[int, int], Fraction] = {}
     for members, units, denominator in batches:
         if units is None:

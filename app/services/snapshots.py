@@ -19,7 +19,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
@@ -292,6 +292,21 @@ def next_history_hash(previous: str | None, query_text: str, output_text: str) -
     A hash chain: equal histories have equal hashes, so a survey can group objects by it.
     """
     return _digest(previous or "", query_text, output_text)
+
+
+def history_hashes_after(query_text: str, output_text: str) -> Callable[[str | None], str]:
+    """``lambda previous: next_history_hash(previous, query_text, output_text)``, faster.
+
+    The same BLAKE2b over the same bytes, the query's and output's part encoded once: a
+    diverged survey's members each have a history hash of their own, one such call each.
+    """
+    tail = query_text.encode() + b"\x1f" + output_text.encode() + b"\x1f"
+    blake2b = hashlib.blake2b
+
+    def after(previous: str | None) -> str:
+        return blake2b((previous or "").encode() + b"\x1f" + tail, digest_size=16).hexdigest()
+
+    return after
 
 
 def state_key(domain_text: str, history_hash: str) -> str:

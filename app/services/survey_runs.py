@@ -41,7 +41,7 @@ import math
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -72,8 +72,8 @@ from app.services.snapshots import (
     advance_from,
     canonical_content_key,
     collect_states,
+    history_hashes_after,
     keep_states,
-    next_history_hash,
     pending_columns,
 )
 from app.services.survey_groups import (
@@ -153,6 +153,20 @@ class RunCache:
             found = self.texts[(domain, None)] = json.dumps(mech.to_json())
         return found
 
+    #: :func:`~app.services.snapshots.history_hashes_after` per domain text and output.
+    steps: dict[tuple[str, Output], Callable[[str | None], str]] = field(default_factory=dict)
+
+    def history_step(
+        self, domain: str, mech: Mechanism, output: Output
+    ) -> Callable[[str | None], str]:
+        """The history hash after ``output`` as a function of the one before, once per output."""
+        found = self.steps.get((domain, output))
+        if found is None:
+            found = self.steps[(domain, output)] = history_hashes_after(
+                self.query_text(domain, mech), self.output_text(domain, mech, output)
+            )
+        return found
+
     def output_text(self, domain: str, mech: Mechanism, output: Output) -> str:
         """``mech.output_text(output)``, once per domain and output."""
         found = self.texts.get((domain, output))
@@ -181,6 +195,8 @@ class RunCache:
             found = self.numbers.setdefault(key, next(self.counter))
         return found
 
+    #: ``Fraction(units, denominator)`` by its two integers (a survey's losses take few values).
+    fractions: dict[tuple[int, int], Fraction] = field(default_factory=dict)
     #: The query's term per domain text and output.
     terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
     magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -254,12 +270,14 @@ class RunCache:
             self.advances.clear()
             self.parsed.states.clear()
             self.texts.clear()
+            self.steps.clear()
             self.contents.clear()
             self.after.clear()
             self.numbers.clear()
             self.terms.clear()
             self.magnitudes.clear()
             self.history_mechs.clear()
+            self.fractions.clear()
 
 
 @dataclass
@@ -472,7 +490,8 @@ def _advance_of(
     return found
 
 
-class _GroupAfter(NamedTuple):
+@dataclass(slots=True)
+class _GroupAfter:
     """What every output of an accepted exact decision group shares (:func:`_exact_advance`)."""
 
     #: The exact loss after each output (by output index) computed ahead, for the chunk's
@@ -480,6 +499,8 @@ class _GroupAfter(NamedTuple):
     losses: dict[int, Fraction]
     basic_total: str
     f0_account: str
+    #: ``losses`` holds every output's (the later chunks meeting the group have nothing to do).
+    complete: bool = False
 
 
 def _group_after(number: int, group: GroupAccepted, cache: RunCache) -> _GroupAfter:
@@ -497,34 +518,65 @@ def _losses_ahead(
     """The exact loss after each (exact decision group, output) of a domain, in one engine call.
 
     What :func:`_exact_advance` brackets for a new state (its exact form's
-    :meth:`~app.engine.exact.ExactLoss.loss`), for every pair of the chunk not met yet at once:
-    :meth:`~app.engine.mechanisms.base.Mechanism.exact_losses_after` (``grr`` and table
-    queries: the histories stacked, the outputs' moves vectorised; the same exact rationals).
+    :meth:`~app.engine.exact.ExactLoss.loss`). For ``grr`` and table queries every output's
+    loss of a group is learnt by the first chunk meeting it
+    (:meth:`~app.engine.mechanisms.base.Mechanism.exact_units_after`: kept on the history by
+    its decision, or the histories stacked once; the same exact rationals), so the later
+    chunks — a diverged survey meets each group in most of its chunks — skip it
+    (:attr:`_GroupAfter.complete`). Otherwise (a history past ``int64``), for every pair of the
+    chunk not met yet at once: :meth:`~app.engine.mechanisms.base.Mechanism.exact_losses_after`.
     Kept in each group's :attr:`_GroupAfter.losses`; nothing when the mechanism has no such
     shortcut (each pair's loss is then computed alone).
     """
+    needs: list[tuple[ExactLoss, _GroupAfter, list[tuple[int, Output]]]] = []
+    after = cache.after
+    for number, group, drawn in groups:
+        shared = after.get(number)
+        if shared is not None and shared.complete:
+            continue  # met in an earlier chunk: every output's loss is known
+        state = group.snapshot.state
+        if not isinstance(state, LikelihoodState) or state.exact is None:
+            continue
+        shared = shared or _group_after(number, group, cache)
+        losses = shared.losses
+        need = [
+            (at, output)
+            for at, output in ((output_index(y), y) for y in drawn)
+            if at not in losses and (number, output) not in cache.advances
+        ]  # not computed, nor its state named already
+        if need:
+            needs.append((state.exact, shared, need))
+    if not needs:
+        return
+    mech = groups[0][1].mech
+    # every output's loss of each history, computed once per run (or kept by its decision)
+    units = mech.exact_units_after([history for history, _, _ in needs])
     histories: list[ExactLoss] = []
     outputs: list[Output] = []
     owners: list[int] = []
     targets: list[tuple[dict[int, Fraction], int]] = []
-    for number, group, drawn in groups:
-        state = group.snapshot.state
-        if not isinstance(state, LikelihoodState) or state.exact is None:
+    fractions = cache.fractions
+    for n, (history, shared, need) in enumerate(needs):
+        losses = shared.losses
+        found_units = None if units is None else units[n]
+        if found_units is not None:  # every output's loss, once for the run
+            row, denominator = found_units
+            for at, units_at in enumerate(row):
+                loss = fractions.get((units_at, denominator))
+                if loss is None:
+                    loss = fractions[(units_at, denominator)] = Fraction(units_at, denominator)
+                losses[at] = loss
+            shared.complete = True
             continue
-        losses = _group_after(number, group, cache).losses
         owner = len(histories)
-        for output in drawn:
-            at = output_index(output)
-            if at in losses or (number, output) in cache.advances:
-                continue  # computed, or its state named already
+        histories.append(history)
+        for at, output in need:
             outputs.append(output)
             owners.append(owner)
             targets.append((losses, at))
-        if owners and owners[-1] == owner:
-            histories.append(state.exact)
     if not targets:
         return
-    found = groups[0][1].mech.exact_losses_after(histories, outputs, owners)
+    found = mech.exact_losses_after(histories, outputs, owners)
     if found is None:
         return
     for (losses, at), loss in zip(targets, found, strict=True):
@@ -571,9 +623,14 @@ def _exact_advance(
     if stored is None and work is not None:
         build = work.building.get(key)
         if build is None:
-            exact = exact or _exact_with(state.exact, term, canonical)
+            # the new form's stored bytes: from its canonical ones when this form's groups are
+            # in ε order (the output's group among them), else the form's own (built here)
+            exact_bytes = None if exact is not None else state.exact.to_bytes_after(canonical)
+            if exact_bytes is None:
+                exact = exact or _exact_with(state.exact, term, canonical)
+                exact_bytes = exact.to_bytes()
             err = state.error_after(cache.magnitude(decided.domain, term), term.extra_error)
-            build = work.building[key] = _Build(key, state, term, exact, err)
+            build = work.building[key] = _Build(key, state, term, exact_bytes, err)
         stored = StoredState(key, b"", build.err)
     elif stored is None:
         after = recorded(snapshot, group.decision, mech, output, worker)
@@ -586,11 +643,7 @@ def _exact_advance(
     columns = {
         "state_hash": key,
         "state_pending": 0,
-        "history_hash": next_history_hash(
-            decided.history_hash,
-            cache.query_text(decided.domain, mech),
-            cache.output_text(decided.domain, mech, output),
-        ),
+        "history_hash": cache.history_step(decided.domain, mech, output)(decided.history_hash),
         "loss_lower": loss.lower,
         "loss_upper": loss.upper,
         "basic_total": shared.basic_total,
@@ -673,13 +726,19 @@ def _decide_rows(
         accepted.append(_Sampling(key, group, members, passed))
     sampled = _sample_groups(accepted, cipher, rows)
     numbers = [cache.number(item.key) for item in accepted]
+    pendings = [_pending(item.key, item.group) for item in accepted]
     ahead: dict[str, list[tuple[int, GroupAccepted, Iterable[Output]]]] = defaultdict(list)
-    for (key, group, _, _), number, by_output in zip(accepted, numbers, sampled, strict=True):
-        if not _pending(key, group):
+    for (key, group, _, _), number, by_output, pends in zip(
+        accepted, numbers, sampled, pendings, strict=True
+    ):
+        if not pends:
             ahead[key.domain].append((number, group, by_output))
     for drawn in ahead.values():
         _losses_ahead(drawn, cache)
-    for (key, group, _, passed), number, by_output in zip(accepted, numbers, sampled, strict=True):
+    advances = cache.advances
+    for (key, group, _, passed), number, by_output, pends in zip(
+        accepted, numbers, sampled, pendings, strict=True
+    ):
         mech = group.mech
         work.domains.add(key.domain)
         query_text = cache.query_text(key.domain, mech)
@@ -691,14 +750,19 @@ def _decide_rows(
                     sub = passed[row.id]
                     state = quotas.sub_history(sub, answer, worker, object_id=row.id)
                     work.sub_histories.append((state, sub[1] is None))
-        outputs, counts = reports.setdefault(key.domain, (mech, [], []))[1:]
+        report = reports.get(key.domain)
+        if report is None:
+            report = reports[key.domain] = (mech, [], [])
+        outputs, counts = report[1], report[2]
         outputs.extend(by_output)
-        counts.extend(len(answered) for answered in by_output.values())
-        if _pending(key, group):
+        counts.extend(map(len, by_output.values()))
+        if pends:
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
         for output, answered in by_output.items():
-            change = _advance_of(key, number, group, output, cache, worker, work)
+            change = advances.get((number, output))  # _advance_of's first look
+            if change is None:
+                change = _advance_of(key, number, group, output, cache, worker, work)
             _answer_group(work, key, mech, output, change, answered, cache)
     _build_states(work, cache)
     for groups in pending.values():
@@ -729,13 +793,48 @@ def _answer_group(
     query_text = cache.query_text(key.domain, mech)
     output_text = cache.output_text(key.domain, mech, output)
     by_hash: dict[str | None, list[MemberRow]] = {}
-    for row in answered:
-        own = row.key.history_hash
-        rows = by_hash.get(own)
-        if rows is None:
-            by_hash[own] = [row]
-        else:
-            rows.append(row)
+    if len(answered) == 1:  # a diverged survey's usual case
+        by_hash[answered[0].key.history_hash] = answered
+    else:
+        for row in answered:
+            own = row.key.history_hash
+            rows = by_hash.get(own)
+            if rows is None:
+                by_hash[own] = [row]
+            else:
+                rows.append(row)
+    stored = change.stored
+    if stored is not None and not change.by_content:
+        _answer_by_history(work, key, mech, change, by_hash, query_text, output_text)
+        return
+    # the state is the group's whatever the member's history (named by its content, or none):
+    # only the history hash differs, :func:`advance_from`'s columns without its other work
+    if stored is not None:
+        if change.by_content:  # its bytes, unless a committed chunk stored it
+            stored = cache.contents.get(stored.key, stored)
+        work.gained[stored.key] = (
+            stored,
+            work.gained.get(stored.key, (stored, 0))[1] + len(answered),
+        )
+    after = cache.history_step(key.domain, mech, output)
+    pick = None
+    for own, rows in by_hash.items():
+        columns = change.columns
+        if own != key.history_hash:
+            columns = {**columns, "history_hash": after(own)}
+        pick = _answer(work, mech, query_text, output_text, columns, rows, pick=pick)
+
+
+def _answer_by_history(
+    work: _Chunk,
+    key: GroupKey,
+    mech: Mechanism,
+    change: Advance,
+    by_hash: dict[str | None, list[MemberRow]],
+    query_text: str,
+    output_text: str,
+) -> None:
+    """:func:`_answer_group` of a state named by its history: one state per history hash."""
     pick = None
     for own, rows in by_hash.items():
         mine = change
@@ -749,8 +848,6 @@ def _answer_group(
             )
         stored = mine.stored
         if stored is not None:
-            if mine.by_content:  # its bytes, unless a committed chunk stored it
-                stored = cache.contents.get(stored.key, stored)
             work.gained[stored.key] = (
                 stored,
                 work.gained.get(stored.key, (stored, 0))[1] + len(rows),
@@ -765,8 +862,9 @@ class _Build(NamedTuple):
     #: The decision group's state, and the output's term recorded on it.
     state: LikelihoodState
     term: Term
-    #: The new state's exact form and error bound (:meth:`LikelihoodState.applied`'s).
-    exact: ExactLoss
+    #: The new state's exact form's bytes (:meth:`ExactLoss.to_bytes`) and error bound
+    #: (:meth:`LikelihoodState.applied`'s).
+    exact: bytes
     err: float
 
 
@@ -793,7 +891,7 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
         logp += terms.reshape(spread)
         logp -= logp.reshape(len(builds), -1).max(axis=1).reshape([len(builds)] + [1] * len(shape))
         for build, array in zip(builds, logp, strict=True):
-            data = array.astype("<f8").tobytes() + MAGIC + build.exact.to_bytes()
+            data = array.astype("<f8").tobytes() + MAGIC + build.exact
             cache.contents[build.key] = StoredState(build.key, data, build.err)
     for key, (state, count) in work.gained.items():
         if not state.state and key in work.building:

@@ -184,6 +184,102 @@ def test_exact_losses_after_past_int64_computes_alone() -> None:
     assert got == want
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_units_after_equal_with_term_and_kept(seed: int) -> None:
+    """Every output's loss per history at once (a survey's losses ahead), kept on each history.
+
+    Equal to ``with_term(...).loss()`` for every output; a second call answers from what was
+    kept (the same tuples); ``evaluate_many`` keeps the same answer for the histories it decides;
+    ``olh`` and unary encoding have none (their own shortcut, or none).
+    """
+    rng = random.Random(300 + seed)
+    for _ in range(60):
+        k = rng.choice([1, 2, 3, 5, 20])
+        domain = _domain(k)
+        histories = []
+        states = []
+        for _ in range(rng.randint(1, 12)):
+            state = LikelihoodState(domain)
+            for _ in range(rng.randint(0, 5)):
+                mech = parse_query(_query(rng, k, ["grr", "grr_w", "olh", "binary_rr"]), domain)
+                state.apply(mech.term(_draw(rng, mech, k)))
+            assert state.exact is not None
+            histories.append(state.exact)
+            states.append(state)
+        for kinds in (["grr"], ["binary_rr"], ["hadamard"], ["grr_w"]):
+            mech = parse_query(_query(rng, k, kinds), domain)
+            query = mech.exact_query()
+            assert query is not None
+            outputs = range(domain.shape[query.axis] if query.kind == "grr" else 0)
+            if query.table is not None:
+                outputs = range(query.table.shape[1])
+            fresh = [exact_module.ExactLoss.from_bytes(h.shape, h.to_bytes()) for h in histories]
+            got = mech.exact_units_after(fresh)
+            assert got is not None
+            for history, units in zip(histories, got, strict=True):
+                assert units is not None
+                row, denominator = units
+                assert len(row) == len(outputs)
+                for y in outputs:
+                    want = history.with_term(mech.exact_term(y)).loss()  # type: ignore[arg-type]
+                    assert Fraction(row[y], denominator) == want
+            again = mech.exact_units_after(fresh)
+            assert again is not None
+            assert all(a is b for a, b in zip(again, got, strict=True))
+            # a decision of these histories keeps the same losses on them
+            copies = [LikelihoodState.from_bytes(domain, s.to_bytes(), s.err) for s in states]
+            snapshots = [
+                ObjectSnapshot(
+                    domain,
+                    0.01,  # basic composition refuses: the exact candidates decide
+                    FilterKind.BAYESIAN,
+                    Fraction(1),
+                    copy,
+                )
+                for copy in copies
+            ]
+            evaluate_many(snapshots, mech)
+            kept_any = False
+            for copy, units in zip(copies, got, strict=True):
+                assert copy.exact is not None
+                assert units is not None
+                kept = copy.exact._moved_units.get(query.key)
+                if kept is not None:
+                    kept_any = True
+                    assert [Fraction(u, kept[1]) for u in kept[0]] == [
+                        Fraction(u, units[1]) for u in units[0]
+                    ]
+            assert kept_any
+        for kinds in (["olh"], ["ue"]):
+            mech = parse_query(_query(rng, k, kinds), domain)
+            assert mech.exact_units_after(histories) is None
+
+
+def test_exact_units_after_past_int64_or_33rd_group_is_none() -> None:
+    domain = _domain(3)
+    huge = exact_module.ExactLoss(
+        domain.shape,
+        (exact_module.Group(Fraction(1, 3)), exact_module.Group(Fraction(1, 7))),
+        {0: np.array([[1 << 61, 0, 5], [0, 1, 2]], dtype=np.int64)},
+    )
+    full = exact_module.ExactLoss(
+        domain.shape,
+        tuple(exact_module.Group(Fraction(1, 100 + i)) for i in range(exact_module.MAX_GROUPS)),
+        {},
+    )
+    small = LikelihoodState(domain).exact
+    assert small is not None
+    mech = parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 0.5}, domain)
+    got = mech.exact_units_after([huge, full, small])
+    assert got is not None
+    assert got[0] is None
+    assert got[1] is None
+    assert got[2] is not None
+    terms = [mech.exact_term(y) for y in range(3)]
+    want = [small.with_term(t).loss() for t in terms]  # type: ignore[arg-type]
+    assert [Fraction(u, got[2][1]) for u in got[2][0]] == want
+
+
 def _snapshots(rng: random.Random, k: int, candidate: Mechanism) -> list[ObjectSnapshot]:
     domain = candidate.domain
     found = []

@@ -162,7 +162,7 @@ def test_canonical_after_is_the_canonical_bytes_of_the_form_after_the_term() -> 
     it: the bytes must be those of ``with_term`` (or None, and the caller builds the form)."""
     rng = random.Random(13)
     pool = [Group(Fraction(n, d)) for n, d in ((1, 2), (1, 4), (3, 10), (1, 1), (7, 3))]
-    answered = 0
+    answered = ordered = 0
     for _ in range(3000):
         groups = tuple(rng.sample(pool, rng.randint(0, 3)))
         shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
@@ -188,5 +188,14 @@ def test_canonical_after_is_the_canonical_bytes_of_the_form_after_the_term() -> 
                 assert group not in groups or axis not in counts
                 continue
             answered += 1
-            assert found == form.with_term(term).canonical_bytes()
+            after = form.with_term(term)
+            assert found == after.canonical_bytes()
+            # the stored bytes from the canonical ones, when the groups are in ε order
+            stored = form.to_bytes_after(found)
+            in_order = [g.epsilon for g in groups] == sorted(g.epsilon for g in groups)
+            assert (stored is not None) == in_order
+            if stored is not None:
+                ordered += 1
+                assert stored == after.to_bytes() == stored_json(after)
     assert answered > 1000
+    assert 300 < ordered < answered

@@ -161,3 +161,50 @@ def _same_snapshot(got: GroupAccepted, want: GroupAccepted) -> bool:
         and a.lifetime == b.lifetime
         and a.state.to_bytes() == b.state.to_bytes()
     )
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
+    """The exact loss after each (group, output), read from what each history keeps.
+
+    A group's losses after every output are computed once per run (or kept by its decision,
+    ``evaluate_many``'s exact candidates) and read by each chunk that draws an output of it
+    (``survey_runs._losses_ahead``): each must be ``with_term(...).loss()`` of that output, in
+    the first chunk meeting the group (which learns every output's) and in a later one, whether
+    the group was decided by basic composition (nothing kept) or by its exact candidates.
+    """
+    rng = random.Random(950 + seed)
+    parsed = ParsedQuery(EngineLimits(), QUERY)
+    keys = _keys(rng, parsed, 300)
+    by_group = {key: [_member(n, key)] for n, key in enumerate(keys)}
+    cache = survey_runs.RunCache(parsed)
+    conn, worker = cast(Tx, None), cast(BoundWorker, None)  # finite arrays: neither is read
+    survey_runs._decide_groups(conn, by_group, cache, worker)
+    numbered: dict[int, GroupAccepted] = {}  # a key drawn twice is one group
+    for key in keys:
+        group = cache.decisions[key]
+        state = group.snapshot.state if isinstance(group, GroupAccepted) else None
+        if isinstance(state, LikelihoodState) and state.exact is not None:
+            numbered[cache.number(key)] = group  # type: ignore[assignment]
+    accepted = list(numbered.items())
+    assert len(accepted) > 20
+    mech = accepted[0][1].mech
+    query = mech.exact_query()
+    assert query is not None
+    kept = sum(query.key in g.snapshot.state.exact._moved_units for _, g in accepted)  # type: ignore[union-attr]
+    assert 0 < kept < len(accepted)  # some decided by their exact candidates, some not
+    outputs = list(range(5))
+    firsts = [rng.sample(outputs, rng.randint(1, 3)) for _ in accepted]
+    survey_runs._losses_ahead(
+        [(n, g, drawn) for (n, g), drawn in zip(accepted, firsts, strict=True)], cache
+    )
+    for n, _ in accepted:  # the first chunk meeting a group knows every output's loss
+        assert cache.after[n].complete
+        assert sorted(cache.after[n].losses) == outputs
+    survey_runs._losses_ahead([(n, g, outputs) for n, g in accepted], cache)
+    for n, group in accepted:
+        exact = group.snapshot.state.exact  # type: ignore[union-attr]
+        losses = cache.after[n].losses
+        for y in outputs:
+            want = exact.with_term(mech.exact_term(y))  # type: ignore[union-attr,arg-type]
+            assert losses[y] == want.loss(), (n, y)

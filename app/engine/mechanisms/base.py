@@ -29,6 +29,7 @@ from app.engine.exact import (
     ExactQuery,
     ExactTerm,
     moved_losses_at,
+    moved_units_each,
 )
 from app.engine.likelihood import LikelihoodState, Term, TermRows, losses_from_table
 from app.engine.limits import EXACT_EPSILON_BITS, EngineLimits
@@ -206,6 +207,35 @@ class Mechanism(abc.ABC):
             return None  # that history's exact form ends with the output
         columns = np.array([output_index(y) for y in outputs], dtype=np.int64)
         return moved_losses_at(histories, query, np.asarray(owners, dtype=np.int64), columns)
+
+    def exact_units_after(
+        self, histories: Sequence[ExactLoss]
+    ) -> list[tuple[list[int], int] | None] | None:
+        """Per history, the exact loss after every output: ``(units, denominator)``.
+
+        ``Fraction(units[output_index(y)], denominator)`` is :meth:`exact_losses_after`'s
+        loss after output ``y`` on that history (:func:`~app.engine.exact.moved_units_each`,
+        kept on the history). None for a history whose exact form would not survive an output
+        or is past ``int64`` (:meth:`exact_losses_after` then), and overall when the mechanism
+        has no such shortcut.
+        """
+        if type(self).exact_losses_after is not Mechanism.exact_losses_after:
+            return None  # a mechanism with its own shortcut (``olh``): that one's answer
+        query = self.exact_query()
+        if query is None or query.kind not in ("grr", "table") or not histories:
+            return None
+        keep = [
+            n
+            for n, h in enumerate(histories)
+            if query.group in h.groups or len(h.groups) < MAX_GROUPS
+        ]
+        found: list[tuple[list[int], int] | None] = [None] * len(histories)
+        units = moved_units_each([histories[n] for n in keep], query)
+        if units is None:
+            return None
+        for n, each in zip(keep, units, strict=True):
+            found[n] = each
+        return found
 
     # --- sampling ----------------------------------------------------------------------------
     @abc.abstractmethod
