@@ -32,7 +32,7 @@ import pytest
 from app.db.migrate import upgrade
 from app.engine.errors import InvalidInput
 from app.services.objects import parse_label_filters
-from tests.service.browser import Browser, find_chromium
+from tests.service.browser import Browser, Chromium, find_chromium
 from tests.service.conftest import (
     ADMIN_KEY,
     IN_CI,
@@ -77,9 +77,17 @@ def chromium() -> str:
     return found
 
 
+@pytest.fixture(scope="module")
+def chromium_process(chromium: str) -> Iterator[Chromium]:
+    started = Chromium(chromium)
+    yield started
+    started.close()
+
+
 @pytest.fixture
-def browser(chromium: str, tmp_path: Path) -> Iterator[Browser]:
-    opened = Browser(chromium, tmp_path / "profile")
+def browser(chromium_process: Chromium) -> Iterator[Browser]:
+    """A browser context of the module's Chromium, of this test's own (a fresh profile's)."""
+    opened = chromium_process.browser()
     yield opened
     opened.close()
 

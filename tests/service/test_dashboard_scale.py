@@ -21,12 +21,11 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.service.browser import Browser, find_chromium
+from tests.service.browser import Browser, Chromium, find_chromium
 from tests.service.conftest import (
     IN_CI,
     Server,
@@ -123,9 +122,17 @@ def seeded(
     running.stop()
 
 
+@pytest.fixture(scope="module")
+def chromium_process(chromium: str) -> Iterator[Chromium]:
+    started = Chromium(chromium)
+    yield started
+    started.close()
+
+
 @pytest.fixture
-def browser(chromium: str, tmp_path: Path) -> Iterator[Browser]:
-    opened = Browser(chromium, tmp_path / "profile")
+def browser(chromium_process: Chromium) -> Iterator[Browser]:
+    """A browser context of the module's Chromium, of this test's own (a fresh profile's)."""
+    opened = chromium_process.browser()
     yield opened
     opened.close()
 
