@@ -9,6 +9,7 @@ fix it, instead of creating a fresh ``./data/gatekeeper.db`` wherever they are r
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -579,7 +580,9 @@ def cmd_import(args: argparse.Namespace) -> int:
     registered identically are counted as existing, so an interrupted import is resumed by
     running the same command again. A bad line stops the import with its line number; the
     batches before it stay stored. ``--jobs`` worker processes parse and validate the next
-    batches while this process stores the current one (``--jobs 0``: all in this process).
+    batches while this process stores the current one (``--jobs 0``: all in this process); an
+    input of at most ``--jobs-min-lines`` lines is parsed here, as with ``--jobs 0``
+    (:func:`_jobs_worth_starting`).
     """
     from app.services.errors import ServiceError
     from app.services.imports import BadLine, import_objects
@@ -594,13 +597,17 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         print("--jobs must be 0 or more", file=sys.stderr)
         return 2
+    if args.jobs_min_lines < 0:
+        print("--jobs-min-lines must be 0 or more", file=sys.stderr)
+        return 2
     engine = _open_database(values=True)
     created = existing = 0
     with _ndjson_input(args, "import") as (source, bar):
         try:
-            for (first, last, size), registrations in _parsed_batches(
-                _numbered_batches(source, batch_size), args.jobs
-            ):
+            jobs, batches = _jobs_worth_starting(
+                _numbered_batches(source, batch_size), args.jobs, args.jobs_min_lines
+            )
+            for (first, last, size), registrations in _parsed_batches(batches, jobs):
                 try:
                     result = import_objects(
                         engine=engine,
@@ -631,7 +638,8 @@ def _import_versions(args: argparse.Namespace) -> int:
     ``--jobs`` worker processes parse, check and encrypt the next batches
     (:func:`~app.services.versions.seal_bulk`) while this process stores the current one; a
     batch they could not seal (a bad line, an unknown object) is parsed and checked again here,
-    which names the first bad line.
+    which names the first bad line. An input of at most ``--jobs-min-lines`` lines is parsed
+    here, as with ``--jobs 0`` (:func:`_jobs_worth_starting`).
     """
     from app.services.errors import ServiceError
     from app.services.schemas import MAX_VERSIONS
@@ -643,12 +651,17 @@ def _import_versions(args: argparse.Namespace) -> int:
     if args.jobs < 0:
         print("--jobs must be 0 or more", file=sys.stderr)
         return 2
+    if args.jobs_min_lines < 0:
+        print("--jobs-min-lines must be 0 or more", file=sys.stderr)
+        return 2
     engine = _open_database(values=True)
     # SQLite encrypts values by the column type: nothing for workers to seal ahead
     jobs = args.jobs if engine.dialect.name == "postgresql" else 0
     created = replayed = 0
     with _ndjson_input(args, "versions") as (source, bar):
-        batches = _numbered_batches(source, args.batch_size)
+        jobs, batches = _jobs_worth_starting(
+            _numbered_batches(source, args.batch_size), jobs, args.jobs_min_lines
+        )
         for (first, last, size), numbered, sealed in _sealed_batches(batches, jobs, engine):
             flag: list[bool] = []
             try:
@@ -854,6 +867,34 @@ def _numbered_batches(source: Any, size: int) -> Iterator[_Batch]:
         yield (batch[0][0], batch[-1][0], nbytes), batch
 
 
+#: ``gatekeeper import``'s default ``--jobs-min-lines``: two batches of the default size. Below
+#: it, starting the worker processes (each a new interpreter importing the app: about 1-2 s of
+#: CPU, more on a busy machine) costs more than parsing the whole input in this process.
+JOBS_MIN_LINES = 10_000
+
+
+def _jobs_worth_starting(
+    batches: Iterator[_Batch], jobs: int, min_lines: int
+) -> tuple[int, Iterator[_Batch]]:
+    """``jobs``, or 0 when the input has at most ``min_lines`` lines; and the same batches.
+
+    Reads batches ahead until more than ``min_lines`` lines are read (then the worker
+    processes are worth starting) or the input ends (then they are not: it is parsed in this
+    process, as with ``--jobs 0``). The batches read are handed back in order before the rest,
+    so at most ``min_lines`` lines plus a batch are held.
+    """
+    if jobs == 0:
+        return 0, batches
+    head: list[_Batch] = []
+    lines = 0
+    for batch in batches:
+        head.append(batch)
+        lines += len(batch[1])
+        if lines > min_lines:
+            return jobs, itertools.chain(head, batches)
+    return 0, iter(head)
+
+
 def _init_import_worker() -> None:
     """A worker process of ``gatekeeper import``: the values' cipher, from the same settings."""
     from app import crypto
@@ -1009,6 +1050,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="worker processes validating (--versions: and encrypting) batches ahead of the one "
         "being stored "
         "(default: min(2, CPUs); 0: none)",
+    )
+    imports.add_argument(
+        "--jobs-min-lines",
+        type=int,
+        default=JOBS_MIN_LINES,
+        metavar="LINES",
+        help="start the --jobs processes only for an input of more than LINES lines; a smaller "
+        "one is parsed in this process, sooner than the processes would start "
+        f"(default {JOBS_MIN_LINES:,}; 0: always start them)",
     )
     imports.set_defaults(func=cmd_import)
     states = sub.add_parser("states", help="the stored likelihood states")

@@ -1,10 +1,13 @@
-"""The dashboard end to end: a real headless Chromium against a real ``gatekeeper serve``.
+"""The dashboard end to end: a real headless Chromium against the service on a socket.
 
 The browser is driven by Playwright (``tests/service/browser.py``, Debian's Chromium). The page must
 sign in with a viewer key, show each object's numbers exactly as the odometer JSON has them,
 filter and sort, refresh by polling, draw the chart, show the history and the plain-language
 reading, and report bad keys, revoked keys and an unreachable service — with no script error
 and no Content-Security-Policy violation. A screenshot is saved under ``test-artifacts/``.
+What is tested is the page and the service's answers, not the server process: the service is
+served on a thread of the test process (``ThreadServer``, one uvicorn server as ``gatekeeper
+serve --workers 1`` runs it).
 
 Chromium is Debian's ``chromium`` package: without it these tests are skipped, except under
 ``CI=true``, where they fail.
@@ -29,16 +32,16 @@ import pytest
 from app.db.migrate import upgrade
 from app.engine.errors import InvalidInput
 from app.services.objects import parse_label_filters
-from tests.service.browser import Browser, find_chromium
+from tests.service.browser import Browser, Chromium, find_chromium
 from tests.service.conftest import (
     ADMIN_KEY,
     IN_CI,
     POSTGRES_URL,
     ROOT,
-    Server,
+    ThreadServer,
     auth,
     new_key,
-    start_server,
+    start_thread_server,
     unique_id,
 )
 
@@ -74,31 +77,31 @@ def chromium() -> str:
     return found
 
 
+@pytest.fixture(scope="module")
+def chromium_process(chromium: str) -> Iterator[Chromium]:
+    started = Chromium(chromium)
+    yield started
+    started.close()
+
+
 @pytest.fixture
-def browser(chromium: str, tmp_path: Path) -> Iterator[Browser]:
-    opened = Browser(chromium, tmp_path / "profile")
+def browser(chromium_process: Chromium) -> Iterator[Browser]:
+    """A browser context of the module's Chromium, of this test's own (a fresh profile's)."""
+    opened = chromium_process.browser()
     yield opened
     opened.close()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, sqlite_url: str) -> Iterator[Server]:
-    running = start_server(
-        tmp_path_factory.mktemp("server"),
-        database_url=sqlite_url,
-        redis_url=None,
-        workers=1,
-        BOUND_PROCESSES="0",
-    )
+def server(sqlite_url: str) -> Iterator[ThreadServer]:
+    running = start_thread_server(database_url=sqlite_url, redis_url=None, bound_processes=0)
     yield running
     running.stop()
 
 
 @pytest.fixture
-def pg_server(tmp_path: Path, postgres_url: str) -> Iterator[Server]:
-    running = start_server(
-        tmp_path, database_url=postgres_url, redis_url=None, workers=1, BOUND_PROCESSES="0"
-    )
+def pg_server(postgres_url: str) -> Iterator[ThreadServer]:
+    running = start_thread_server(database_url=postgres_url, redis_url=None, bound_processes=0)
     yield running
     running.stop()
 
@@ -201,7 +204,7 @@ def as_floats(values: list[str]) -> list[str]:
 
 @pytest.mark.slow
 def test_dashboard_end_to_end(
-    server: Server, browser: Browser, capsys: pytest.CaptureFixture[str]
+    server: ThreadServer, browser: Browser, capsys: pytest.CaptureFixture[str]
 ) -> None:
     http = httpx.Client(base_url=server.url, timeout=30)
     analyst = new_key(http, "analyst")
@@ -369,7 +372,7 @@ def test_dashboard_end_to_end(
 
 @pytest.mark.slow
 def test_bad_and_revoked_keys_and_outages_are_shown(
-    pg_server: Server, postgres_url: str, browser: Browser
+    pg_server: ThreadServer, postgres_url: str, browser: Browser
 ) -> None:
     server = pg_server
     http = httpx.Client(base_url=server.url, timeout=30)
@@ -424,7 +427,7 @@ def test_bad_and_revoked_keys_and_outages_are_shown(
     assert browser.problems() == []
 
 
-def test_the_policy_blocks_inline_script(server: Server, browser: Browser) -> None:
+def test_the_policy_blocks_inline_script(server: ThreadServer, browser: Browser) -> None:
     """The page's CSP is enforced by the browser (and the violation detector works)."""
     browser.navigate(f"{server.url}/dashboard/")
     browser.wait_for("!document.getElementById('sign-in-view').hidden")
@@ -483,7 +486,7 @@ FILTER_CASES: list[tuple[str, str, list[str] | str]] = [
 ]
 
 
-def test_filter_expressions(server: Server, browser: Browser) -> None:
+def test_filter_expressions(server: ThreadServer, browser: Browser) -> None:
     """The filter module itself, imported in the page, on every kind of input."""
     browser.navigate(f"{server.url}/dashboard/")
     for text, kind, expected in FILTER_CASES:
@@ -522,7 +525,7 @@ def summary_expected(http: httpx.Client, key: str) -> dict[str, str]:
 
 
 def test_summary_legend_empty_filter_and_one_number_format(
-    server: Server, browser: Browser
+    server: ThreadServer, browser: Browser
 ) -> None:
     http = httpx.Client(base_url=server.url, timeout=30)
     analyst = new_key(http, "analyst")
@@ -583,7 +586,7 @@ def test_summary_legend_empty_filter_and_one_number_format(
     assert browser.problems() == []
 
 
-def test_chart_band_rejections_domain_and_what_if(server: Server, browser: Browser) -> None:
+def test_chart_band_rejections_domain_and_what_if(server: ThreadServer, browser: Browser) -> None:
     http = httpx.Client(base_url=server.url, timeout=30)
     analyst = new_key(http, "analyst")
     viewer = new_key(http, "viewer")
@@ -696,17 +699,11 @@ def final_survey(survey_id: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def survey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def survey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadServer]:
     """A server and database of their own: labelled objects stay out of the other tests' lists."""
     url = f"sqlite:///{tmp_path_factory.mktemp('surveys-db') / 'gatekeeper.db'}"
     upgrade(url)
-    running = start_server(
-        tmp_path_factory.mktemp("survey-server"),
-        database_url=url,
-        redis_url=None,
-        workers=1,
-        BOUND_PROCESSES="0",
-    )
+    running = start_thread_server(database_url=url, redis_url=None, bound_processes=0)
     yield running
     running.stop()
 
@@ -783,7 +780,7 @@ def check_progress(shown: dict[str, Any], progress: dict[str, Any]) -> None:
 
 @pytest.mark.slow
 def test_surveys_progress_refusals_and_estimates_equal_the_json(
-    survey_server: Server, browser: Browser
+    survey_server: ThreadServer, browser: Browser
 ) -> None:
     server = survey_server
     http = httpx.Client(base_url=server.url, timeout=30)
@@ -998,14 +995,12 @@ def test_a_survey_waiting_for_workers_says_so_in_the_list_and_on_its_page(
     namespace = "t" + secrets.token_hex(4)
     url = f"sqlite:///{tmp_path / 'gatekeeper.db'}"
     upgrade(url)
-    server = start_server(
-        tmp_path,
+    server = start_thread_server(
         database_url=url,
         redis_url=redis_url,
-        workers=1,
-        BOUND_PROCESSES="0",
-        BROKER_URL=redis_url,
-        BROKER_NAMESPACE=namespace,
+        bound_processes=0,
+        broker_url=redis_url,
+        broker_namespace=namespace,
     )
     try:
         http = httpx.Client(base_url=server.url, timeout=30)
@@ -1038,7 +1033,7 @@ def test_a_survey_waiting_for_workers_says_so_in_the_list_and_on_its_page(
         client.close()
 
 
-def test_a_running_survey_is_drawn_as_provisional(server: Server, browser: Browser) -> None:
+def test_a_running_survey_is_drawn_as_provisional(server: ThreadServer, browser: Browser) -> None:
     """The survey module on surveys still running: a partial bar, a provisional estimate."""
     browser.navigate(f"{server.url}/dashboard/")
     running = {
@@ -1170,7 +1165,7 @@ def test_a_running_survey_is_drawn_as_provisional(server: Server, browser: Brows
 
 
 def test_labels_filter_the_list_and_show_on_the_object(
-    survey_server: Server, browser: Browser
+    survey_server: ThreadServer, browser: Browser
 ) -> None:
     server = survey_server
     http = httpx.Client(base_url=server.url, timeout=30)
@@ -1260,7 +1255,9 @@ LABEL_CASES = [
 ]
 
 
-def test_the_page_reads_label_filters_as_the_service_does(server: Server, browser: Browser) -> None:
+def test_the_page_reads_label_filters_as_the_service_does(
+    server: ThreadServer, browser: Browser
+) -> None:
     browser.navigate(f"{server.url}/dashboard/")
     page = browser.evaluate(
         "import('./labels.js').then(m =>"
@@ -1278,7 +1275,7 @@ def test_the_page_reads_label_filters_as_the_service_does(server: Server, browse
 
 
 def test_a_histogram_over_many_values_draws_the_largest_and_lists_all(
-    server: Server, browser: Browser
+    server: ThreadServer, browser: Browser
 ) -> None:
     """An ``olh`` estimate over 1,000 values: 40 bars with whiskers (the largest shares, largest
     first), a table of all 1,000 values, and a CSV with every value at full precision."""
@@ -1338,7 +1335,7 @@ def test_a_histogram_over_many_values_draws_the_largest_and_lists_all(
 
 
 def test_an_objects_versions_are_stacked_against_its_lifetime_budget(
-    server: Server, browser: Browser
+    server: ThreadServer, browser: Browser
 ) -> None:
     http = httpx.Client(base_url=server.url, timeout=30)
     viewer = new_key(http, "viewer")
@@ -1455,7 +1452,7 @@ def test_an_objects_versions_are_stacked_against_its_lifetime_budget(
 
 
 def test_an_object_with_one_version_and_no_lifetime_shows_no_versions_card(
-    server: Server, browser: Browser
+    server: ThreadServer, browser: Browser
 ) -> None:
     http = httpx.Client(base_url=server.url, timeout=30)
     viewer = new_key(http, "viewer")

@@ -145,7 +145,8 @@ def test_cli_versions_with_and_without_workers(
     client: TestClient, database_url: str, tmp_path: Path, jobs: str
 ) -> None:
     """The same file stored with or without sealing workers; run again with the other setting,
-    every batch is replayed (the batches' keys do not depend on who parsed them)."""
+    every batch is replayed (the batches' keys do not depend on who parsed them). The workers
+    start for these few lines with ``--jobs-min-lines 0``."""
     ids = [register(client) for _ in range(7)]
     path = tmp_path / "versions.ndjson"
     path.write_text("".join(f'{{"id": "{oid}", "value": {{"b": 0}}}}\n' for oid in ids))
@@ -157,6 +158,8 @@ def test_cli_versions_with_and_without_workers(
         "3",
         "--jobs",
         jobs,
+        "--jobs-min-lines",
+        "0",
         database_url=database_url,
     )
     assert done.returncode == 0, done.stderr
@@ -170,6 +173,8 @@ def test_cli_versions_with_and_without_workers(
         "3",
         "--jobs",
         other,
+        "--jobs-min-lines",
+        "0",
         database_url=database_url,
     )
     assert again.returncode == 0, again.stderr
@@ -180,7 +185,16 @@ def test_cli_versions_with_and_without_workers(
         f'{{"id": "{ids[0]}", "value": {{"b": 1}}}}\n'
         f'{{"id": "{unique_id("missing")}", "value": {{"b": 1}}}}\n'
     )
-    failed = run_cli("import", "--versions", str(bad), "--jobs", jobs, database_url=database_url)
+    failed = run_cli(
+        "import",
+        "--versions",
+        str(bad),
+        "--jobs",
+        jobs,
+        "--jobs-min-lines",
+        "0",
+        database_url=database_url,
+    )
     assert failed.returncode == 2
     assert "lines 1-2: versions[1].id: no object with that id" in failed.stderr
     assert version_of(client, ids[0]) == 2

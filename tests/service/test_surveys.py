@@ -568,7 +568,15 @@ def test_gatekeeper_import_stores_every_batch_before_a_bad_line(
     path = tmp_path / "mixed.ndjson"
     path.write_text("\n".join(lines) + "\n")
     failed = run_cli(
-        "import", str(path), "--batch-size", "5", "--jobs", jobs, database_url=database_url
+        "import",
+        str(path),
+        "--batch-size",
+        "5",
+        "--jobs",
+        jobs,
+        "--jobs-min-lines",
+        "0",  # the workers start for these 20 lines
+        database_url=database_url,
     )
     assert failed.returncode == 2
     assert "line 13: not valid JSON" in failed.stderr
