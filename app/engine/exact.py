@@ -168,6 +168,9 @@ class ExactLoss:
         kept = self.__dict__.get("_axis_ranges")
         if kept is not None:  # this form's loss is known: the new one's from one axis
             after.__dict__["_derived"] = _ranges_after(kept, groups, term.axis)
+        texts = self.__dict__.get("_texts")
+        if texts is not None and groups is self.groups:  # the same groups in the same order
+            after.__dict__["_inherited"] = {a: t for a, t in texts.items() if a != term.axis}
         return after
 
     # --- values ------------------------------------------------------------------------------
@@ -372,7 +375,26 @@ class ExactLoss:
 
     @cached_property
     def _canonical(self) -> bytes:
-        return b'{"s":[' + self._shape_text.encode() + b"]," + self._body(self._sorted_order) + b"}"
+        order = self._sorted_order
+        body = self._body(order, self._axis_texts(order))
+        return b'{"s":[' + self._shape_text.encode() + b"]," + body + b"}"
+
+    def _axis_texts(self, order: list[int]) -> dict[int, str]:
+        """Each touched axis's ``"axis":rows`` text, its rows in ``order`` (the canonical one).
+
+        Kept on the form (``_texts``); a form built by one term of a group it already had
+        (:meth:`with_term`) inherits its parent's texts but the moved axis's: a submit's new
+        state writes one axis's rows, not all of them.
+        """
+        inherited = self.__dict__.pop("_inherited", None) or {}
+        texts = {}
+        for axis in sorted(self.counts):
+            text = inherited.get(axis)
+            if text is None:
+                text = f'"{axis}":' + str(self._rows_in(axis, order)).replace(" ", "")
+            texts[axis] = text
+        self.__dict__["_texts"] = texts
+        return texts
 
     @cached_property
     def _shape_text(self) -> str:
@@ -393,13 +415,19 @@ class ExactLoss:
         ).tolist()
         return rows
 
-    def _body(self, order: list[int]) -> bytes:
-        """``"g":[...],"c":{...}`` with the groups (and the count rows) in ``order``."""
+    def _body(self, order: list[int], texts: dict[int, str] | None = None) -> bytes:
+        """``"g":[...],"c":{...}`` with the groups (and the count rows) in ``order``.
+
+        ``texts``: each axis's ``"axis":rows`` text in that order (:meth:`_axis_texts`).
+        """
         written = self._groups_text(order)
-        # a list of integers prints as its JSON but for the spaces after the commas
-        counts = ",".join(
-            f'"{axis}":' + str(self._rows_in(axis, order)) for axis in sorted(self.counts)
-        ).replace(" ", "")
+        if texts is not None:
+            counts = ",".join(texts[axis] for axis in sorted(self.counts))
+        else:
+            # a list of integers prints as its JSON but for the spaces after the commas
+            counts = ",".join(
+                f'"{axis}":' + str(self._rows_in(axis, order)) for axis in sorted(self.counts)
+            ).replace(" ", "")
         return f'"g":[{written}],"c":{{{counts}}}'.encode()
 
     def canonical_after(self, term: ExactTerm) -> bytes | None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from app.engine.domain import Domain, parse_domain
-from app.engine.exact import ExactLoss, ExactTerm, Group
+from app.engine.exact import ExactLoss, ExactTerm, Group, canonical_json, stored_json
 from app.engine.filters import FilterKind
 from app.engine.likelihood import LikelihoodState
 from app.engine.mechanisms import Mechanism, parse_query
@@ -192,3 +192,29 @@ def test_candidate_losses_kept_per_query() -> None:
     assert state.exact.candidate_losses(grr.exact_query()) is first  # type: ignore[arg-type]
     assert state.exact.kept_candidate_losses(query_other) is None
     assert first == [state.exact.with_term(grr.exact_term(y)).loss() for y in range(4)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_with_term_chains_write_the_same_bytes(seed: int) -> None:
+    """A form's bytes from its parent's per-axis texts equal their definition's, every step."""
+    rng = random.Random(3900 + seed)
+    decimals = [Fraction(n, d) for n, d in [(1, 10), (1, 4), (1, 3), (7, 9), (2, 1), (1, 2)]]
+    for _ in range(40):
+        shape = tuple(rng.choice([1, 2, 3, 7, 12]) for _ in range(rng.randint(1, 4)))
+        exact = ExactLoss(shape)
+        for _ in range(rng.randint(1, 25)):
+            axis = rng.randrange(len(shape))
+            scale = rng.choice([1, 1, 1, 1 << 40])
+            coeff = np.array([rng.choice([0, 1, -1, 3]) * scale for _ in range(shape[axis])])
+            term = ExactTerm(axis, Group(rng.choice(decimals)), coeff)
+            if rng.random() < 0.6:
+                assert exact.canonical_bytes() == canonical_json(exact)
+            if rng.random() < 0.3:
+                assert exact.to_bytes() == stored_json(exact)
+            inherits = "_texts" in exact.__dict__ and term.group in exact.groups
+            exact = exact.with_term(term)
+            assert ("_inherited" in exact.__dict__) == inherits
+            if rng.random() < 0.5:
+                assert exact.to_bytes() == stored_json(exact)
+            assert exact.canonical_bytes() == canonical_json(exact)
+            assert "_inherited" not in exact.__dict__
