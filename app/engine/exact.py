@@ -215,7 +215,7 @@ class ExactLoss:
         for weight, row in zip(scaled[1 : len(rows)], rows[1:], strict=True):
             if weight:
                 found = [v + weight * c for v, c in zip(found, row, strict=True)]
-        return max(found) - min(found)
+        return int(max(found) - min(found))
 
     @cached_property
     def _loss(self) -> Fraction:
