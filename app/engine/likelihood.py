@@ -239,7 +239,11 @@ class LikelihoodState:
         result is bit-identical to :meth:`apply` on a copy.
         """
         values = self.broadcast(term)
-        if len(term.axes) < self.logp.ndim:
+        # a small array's per-cell extremes, unless a decision kept them, cost more than two
+        # passes over it (1,000 points: ≈ 65 µs against 19 µs, extremes_over's two reductions)
+        if len(term.axes) < self.logp.ndim and (
+            term.axes in self._extremes or self.logp.size > _DIRECT
+        ):
             maxima, minima = self.extremes_over(term.axes)
             top = float((maxima + term.values).max())
             bottom = float((minima + term.values).min())
