@@ -198,6 +198,7 @@ def test_candidate_losses_kept_per_query() -> None:
 def test_with_term_chains_write_the_same_bytes(seed: int) -> None:
     """A form's bytes from its parent's per-axis texts equal their definition's, every step."""
     rng = random.Random(3900 + seed)
+    inherited = 0
     decimals = [Fraction(n, d) for n, d in [(1, 10), (1, 4), (1, 3), (7, 9), (2, 1), (1, 2)]]
     for _ in range(40):
         shape = tuple(rng.choice([1, 2, 3, 7, 12]) for _ in range(rng.randint(1, 4)))
@@ -214,7 +215,9 @@ def test_with_term_chains_write_the_same_bytes(seed: int) -> None:
             inherits = "_texts" in exact.__dict__ and term.group in exact.groups
             exact = exact.with_term(term)
             assert ("_inherited" in exact.__dict__) == inherits
+            inherited += inherits
             if rng.random() < 0.5:
                 assert exact.to_bytes() == stored_json(exact)
             assert exact.canonical_bytes() == canonical_json(exact)
             assert "_inherited" not in exact.__dict__
+    assert inherited > 50  # the texts were inherited (not only written anew)
