@@ -490,7 +490,7 @@ def record(
     basic, account = accounts_after(snapshot, mechanism)
     state = snapshot.state
     if isinstance(state, LikelihoodState):  # one replace (a submit's hot path)
-        applied = state.applied(mechanism.term(output))
+        applied = state.applied(mechanism.term(output), _known_exact_loss(state, mechanism, output))
         return replace(snapshot, f0_account=account, basic_total=basic, state=applied)
     snapshot = replace(snapshot, f0_account=account)
     if isinstance(state, BasicState):
@@ -505,6 +505,33 @@ def record(
                 decided = (entry.lower, entry.upper)
     after = state.extended(mechanism, output, known=known, decided=decided)
     return replace(snapshot, basic_total=basic, state=after)
+
+
+def _known_exact_loss(
+    state: LikelihoodState, mechanism: Mechanism, output: Output
+) -> Fraction | None:
+    """The exact loss after ``output`` if the decision already computed it, else None.
+
+    A decision on an exact history computes the loss after every output of a randomized-
+    response query (:meth:`~app.engine.exact.ExactLoss.candidate_losses`, kept on the form);
+    for ``grr`` and table queries, the loss after output ``y`` is entry ``output_index(y)``
+    (:meth:`~app.engine.mechanisms.base.Mechanism.exact_units_after`'s rule, which a mechanism
+    with its own shortcut, ``olh``, does not follow). The new form's full loss is then not
+    computed again.
+    """
+    exact = state.exact
+    if exact is None or not exact.has_kept_candidates():  # basic composition decided: none
+        return None
+    if type(mechanism).exact_losses_after is not Mechanism.exact_losses_after:
+        return None
+    query = mechanism.exact_query()
+    if query is None or query.kind not in ("grr", "table"):
+        return None
+    known = exact.kept_candidate_losses(query)
+    if known is None:
+        return None
+    index = output_index(output)
+    return known[index] if 0 <= index < len(known) else None
 
 
 def accounts_after(snapshot: ObjectSnapshot, mechanism: Mechanism) -> tuple[Fraction, Fraction]:

@@ -168,6 +168,17 @@ def _mechanism_of(query: Any, domain_text: str, limits: EngineLimits) -> Mechani
     same query text — its JSON as sent, key order and number types included — on the same
     domain text under the same limits. Other kinds (tables, weights) are parsed every time.
     """
+    return _mechanism_and_text(query, domain_text, limits)[0]
+
+
+def _mechanism_and_text(
+    query: Any, domain_text: str, limits: EngineLimits
+) -> tuple[Mechanism, str | None]:
+    """:func:`_mechanism_of` and, for a kept mechanism, its stored query text.
+
+    The text is ``json.dumps(mech.to_json())``, what an accepted submit stores as the query
+    (computed once with the mechanism, which is read-only); None for a mechanism parsed here.
+    """
     if isinstance(query, dict) and query.get("mechanism") in _KEPT_KINDS:
         try:
             text = json.dumps(query)
@@ -175,14 +186,18 @@ def _mechanism_of(query: Any, domain_text: str, limits: EngineLimits) -> Mechani
             pass
         else:
             return _parsed(text, domain_text, limits)
-    return parse_query(query, _domain_of(domain_text, limits), "query", limits=limits)
+    return parse_query(query, _domain_of(domain_text, limits), "query", limits=limits), None
 
 
 @functools.lru_cache(maxsize=1024)
-def _parsed(text: str, domain_text: str, limits: EngineLimits) -> Mechanism:
-    """The mechanism of the query whose JSON is ``text`` (errors are raised, never kept)."""
+def _parsed(text: str, domain_text: str, limits: EngineLimits) -> tuple[Mechanism, str]:
+    """The mechanism of the query whose JSON is ``text`` and its stored query text.
+
+    Errors are raised, never kept.
+    """
     domain = _domain_of(domain_text, limits)
-    return parse_query(json.loads(text), domain, "query", limits=limits)
+    mech = parse_query(json.loads(text), domain, "query", limits=limits)
+    return mech, json.dumps(mech.to_json())
 
 
 def dry_run(
@@ -441,7 +456,7 @@ def _attempt(
                     body = reused_body(row, found, odometer_view(row))
                     return SubmitOutcome(body, False, row.filter, reused=True)
             domain = _domain_of(row.domain, limits)
-            mech = _mechanism_of(query, row.domain, limits)
+            mech, query_text = _mechanism_and_text(query, row.domain, limits)
             snapshot = snapshot_of(conn, row, domain, limits, lifetime_of(row))
             decision = decide(snapshot, mech, worker, tight=False)
             # a project key's quota: read only when the object's own filter accepts
@@ -478,6 +493,7 @@ def _attempt(
             print_,
             analyst_key_id,
             None if quota is None or by_quota is None else (quota, by_quota),
+            query_text,
         )
     return _Accepted(SubmitOutcome(body, False, row.filter), row.version + 1, after)
 
@@ -566,17 +582,21 @@ def _record_acceptance(
     print_: str,
     analyst_key_id: int | None,
     quota: tuple[ProjectQuota, Decision] | None = None,
+    query_text: str | None = None,
 ) -> tuple[SubmitResult, ObjectSnapshot]:
     """Sample the output, store it and the object's new state; the response body and snapshot.
 
     The object's row is updated by a compare-and-set on its version (:class:`_LostRace` if
     another writer got there first); the audit event is written in the same transaction. This
     is the only place that reads the private value, and only after the decision.
+    ``query_text``: ``json.dumps(mech.to_json())`` when known (:func:`_mechanism_and_text`).
     """
     output = mech.sample(json.loads(row.value.reveal()))  # decrypted here, not before
     after = recorded(snapshot, decision, mech, output, worker)
     output_json = mech.output_json(output)
-    query_text, output_text = json.dumps(mech.to_json()), json.dumps(output_json)
+    if query_text is None:
+        query_text = json.dumps(mech.to_json())
+    output_text = json.dumps(output_json)
     change = advance(
         after,
         domain_text=row.domain,
@@ -657,7 +677,8 @@ def _record_acceptance(
     if quota is not None:  # the project's sub-history, behind the same compare-and-set
         answer = Answer(mech, output, query_text, output_text)
         record_output(conn, quota[0], quota[1], answer, worker, object_id=row.id)
-    body = SubmitResult(query_id=query_id, **{**stored, "odometer": odometer})
+    # "reused": false set here (the route sets it on a body without it: a replayed one)
+    body = SubmitResult(query_id=query_id, **{**stored, "odometer": odometer}, reused=False)
     return body, after
 
 

@@ -31,12 +31,17 @@ def test_staged_reduction_equals_numpy(shape: tuple[int, ...]) -> None:
                     assert np.array_equal(got, expected), (keep, way)
 
 
-def test_applied_is_bit_identical_to_apply_on_a_copy() -> None:
-    """``applied`` takes the new extremes from per-cell ones: exact, not an estimate."""
+@pytest.mark.parametrize("first", [20, 400])
+def test_applied_is_bit_identical_to_apply_on_a_copy(first: int) -> None:
+    """``applied`` takes the new extremes from per-cell ones: exact, not an estimate.
+
+    A small array (700 points) without the decision's extremes takes two passes instead; a
+    large one (14,000 points) computes them.
+    """
     domain = parse_domain(
         {
             "attributes": [
-                {"name": "a", "type": "integer", "low": 0, "high": 19},
+                {"name": "a", "type": "integer", "low": 0, "high": first - 1},
                 {"name": "b", "type": "categorical", "values": ["p", "q", "r", "s", "t"]},
                 {"name": "c", "type": "integer", "low": 0, "high": 6},
             ]

@@ -66,3 +66,15 @@ def test_other_kinds_are_parsed_each_time_and_errors_are_never_kept() -> None:
     for _ in range(2):
         with pytest.raises(InvalidInput):
             queries._mechanism_of(bad, DOMAIN, LIMITS)
+
+
+def test_a_kept_mechanism_comes_with_its_stored_query_text() -> None:
+    """The text an accepted submit stores is ``json.dumps(mech.to_json())``, computed once."""
+    grr = {"epsilon": 0.5, "attribute": "c", "mechanism": "grr"}
+    mech, text = queries._mechanism_and_text(grr, DOMAIN, LIMITS)
+    assert text == json.dumps(mech.to_json())
+    again, text_again = queries._mechanism_and_text(dict(grr), DOMAIN, LIMITS)
+    assert again is mech
+    assert text_again is text
+    ue = {"mechanism": "unary_encoding", "attribute": "a", "epsilon": 0.5}
+    assert queries._mechanism_and_text(ue, DOMAIN, LIMITS)[1] is None

@@ -237,6 +237,8 @@ async def submit(
     if outcome.reused:
         response.status_code = status.HTTP_200_OK
         return outcome.body
+    if "reused" in outcome.body.model_fields_set:  # an accepted submit's own body: set
+        return outcome.body
     return outcome.body.model_copy(update={"reused": False})
 
 

@@ -1,0 +1,223 @@
+"""A submit's new exact loss is the decision's loss for the sampled output, not computed again.
+
+``record`` after ``evaluate`` on an exact history gives a new form whose loss is already
+known (the decision's :meth:`~app.engine.exact.ExactLoss.candidate_losses` entry for the
+output). It must equal the loss of the same counts computed from scratch, for random histories,
+queries of every randomized-response kind and every output; and a mechanism whose outputs do
+not index those losses (``olh``, unary encoding) must not be given one.
+"""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.engine.domain import Domain, parse_domain
+from app.engine.exact import ExactLoss, ExactTerm, Group, canonical_json, stored_json
+from app.engine.filters import FilterKind
+from app.engine.likelihood import LikelihoodState
+from app.engine.mechanisms import Mechanism, parse_query
+from app.engine.pipeline import ObjectSnapshot, evaluate, record
+
+EPSILONS = [0.1, 0.25, 0.5, 1.0, 0.3, 2.0, 0.7]
+
+
+def _domain(k: int) -> Domain:
+    return parse_domain(
+        {
+            "attributes": [
+                {"name": "v", "type": "integer", "low": 0, "high": k - 1},
+                {"name": "w", "type": "integer", "low": 0, "high": 2},
+            ]
+        }
+    )
+
+
+def _query(rng: random.Random, k: int, kind: str) -> Any:
+    e = rng.choice(EPSILONS)
+    if kind == "grr":
+        return {"mechanism": "grr", "attribute": rng.choice("vw"), "epsilon": e}
+    if kind == "olh":
+        return {"mechanism": "olh", "attribute": "v", "epsilon": e}
+    if kind == "ue":
+        return {"mechanism": "unary_encoding", "attribute": "w", "epsilon": e}
+    if kind == "hadamard":
+        return {"mechanism": "hadamard", "attribute": "v", "epsilon": e}
+    bound = rng.randint(0, k - 1)
+    predicate = {"attribute": "v", "op": rng.choice([">=", "<=", "=="]), "value": bound}
+    return {"mechanism": "binary_rr", "predicate": predicate, "epsilon": e}
+
+
+def _outputs(mech: Mechanism, domain: Domain) -> list[Any]:
+    query = mech.exact_query()
+    assert query is not None
+    if query.kind == "grr":
+        return list(range(domain.shape[query.axis]))
+    assert query.table is not None
+    return list(range(query.table.shape[1]))
+
+
+def _from_scratch(exact: ExactLoss) -> Fraction:
+    """The form's loss computed on a fresh copy of its counts (nothing kept)."""
+    return ExactLoss(exact.shape, exact.groups, dict(exact.counts)).loss()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_recorded_exact_loss_is_the_decisions_and_exact(seed: int) -> None:
+    rng = random.Random(900 + seed)
+    seeded = 0
+    for _ in range(60):
+        k = rng.choice([1, 2, 3, 5, 12])
+        domain = _domain(k)
+        state = LikelihoodState(domain)
+        for _ in range(rng.randint(0, 8)):
+            mech = parse_query(_query(rng, k, rng.choice(["grr", "binary_rr", "hadamard"])), domain)
+            state.apply(mech.term(mech.sample({"v": rng.randrange(k), "w": rng.randrange(3)})))
+        assert state.exact is not None
+        mech = parse_query(_query(rng, k, rng.choice(["grr", "binary_rr", "hadamard"])), domain)
+        for y in _outputs(mech, domain):
+            copy = LikelihoodState.from_bytes(domain, state.to_bytes(), state.err)
+            snapshot = ObjectSnapshot(domain, 100.0, FilterKind.BAYESIAN, Fraction(0), copy)
+            decision = evaluate(snapshot, mech, tight=True)  # every output's loss computed
+            assert decision.accepted
+            after = record(snapshot, mech, y, decision)
+            assert isinstance(after.state, LikelihoodState)
+            exact = after.state.exact
+            assert exact is not None
+            # known without computing it: the decision's loss for this output
+            assert "_loss" in exact.__dict__
+            seeded += 1
+            want = _from_scratch(exact)
+            assert exact.loss() == want
+            assert want == copy.exact.with_term(mech.exact_term(y)).loss()  # type: ignore[arg-type, union-attr]
+            assert after.loss() == after.state.loss(after.basic_total)
+            # and the next term's loss derives from it
+            z = rng.choice(_outputs(mech, domain))
+            following = exact.with_term(mech.exact_term(z))  # type: ignore[arg-type]
+            assert "_derived" in following.__dict__
+            assert following.loss() == _from_scratch(following)
+    assert seeded > 100
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_quick_decision_then_record_derives_the_loss(seed: int) -> None:
+    """Basic composition accepts (no per-output losses): the new loss from one axis."""
+    rng = random.Random(1900 + seed)
+    derived = 0
+    for _ in range(80):
+        k = rng.choice([1, 2, 3, 5, 12])
+        domain = _domain(k)
+        state = LikelihoodState(domain)
+        for _ in range(rng.randint(0, 8)):
+            mech = parse_query(_query(rng, k, rng.choice(["grr", "binary_rr", "hadamard"])), domain)
+            state.apply(mech.term(mech.sample({"v": rng.randrange(k), "w": rng.randrange(3)})))
+        copy = LikelihoodState.from_bytes(domain, state.to_bytes(), state.err)
+        snapshot = ObjectSnapshot(domain, 100.0, FilterKind.BAYESIAN, Fraction(0), copy)
+        mech = parse_query(_query(rng, k, rng.choice(["grr", "binary_rr", "hadamard"])), domain)
+        decision = evaluate(snapshot, mech)
+        y = rng.choice(_outputs(mech, domain))
+        after = record(snapshot, mech, y, decision)
+        assert isinstance(after.state, LikelihoodState)
+        exact = after.state.exact
+        assert exact is not None
+        derived += "_derived" in exact.__dict__
+        assert exact.loss() == _from_scratch(exact)
+        assert "_derived" not in exact.__dict__
+    assert derived > 60
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_with_term_chains_derive_exact_losses(seed: int) -> None:
+    """Random terms (new ε's, new axes, counts past int64): each loss equals a fresh one's."""
+    rng = random.Random(2900 + seed)
+    for _ in range(40):
+        shape = tuple(rng.choice([1, 2, 3, 7]) for _ in range(rng.randint(1, 3)))
+        exact = ExactLoss(shape)
+        exact.loss()
+        decimals = [Fraction(n, d) for n, d in [(1, 10), (1, 4), (1, 3), (7, 9), (2, 1), (3, 7)]]
+        for _ in range(rng.randint(1, 25)):
+            axis = rng.randrange(len(shape))
+            scale = rng.choice([1, 1, 1, 1 << 40, 1 << 61])
+            coeff = np.array([rng.choice([0, 1, -1, 2]) * scale for _ in range(shape[axis])])
+            term = ExactTerm(axis, Group(rng.choice(decimals)), coeff)
+            if rng.random() < 0.3:
+                exact.loss()
+            if rng.random() < 0.2:
+                exact = ExactLoss(exact.shape, exact.groups, dict(exact.counts))  # nothing kept
+            exact = exact.with_term(term)
+            if rng.random() < 0.7:
+                assert exact.loss() == _from_scratch(exact)
+        assert exact.loss() == _from_scratch(exact)
+
+
+@pytest.mark.parametrize("kind", ["olh", "ue"])
+def test_no_known_loss_for_mechanisms_with_other_outputs(kind: str) -> None:
+    rng = random.Random(7)
+    domain = _domain(5)
+    state = LikelihoodState(domain)
+    for _ in range(3):
+        mech = parse_query(_query(rng, 5, "grr"), domain)
+        state.apply(mech.term(mech.sample({"v": rng.randrange(5), "w": rng.randrange(3)})))
+    mech = parse_query(_query(rng, 5, kind), domain)
+    snapshot = ObjectSnapshot(domain, 100.0, FilterKind.BAYESIAN, Fraction(0), state)
+    decision = evaluate(snapshot, mech)
+    y = mech.sample({"v": 1, "w": 2})
+    after = record(snapshot, mech, y, decision)
+    assert isinstance(after.state, LikelihoodState)
+    exact = after.state.exact
+    if exact is not None:
+        assert "_loss" not in exact.__dict__
+        assert exact.loss() == _from_scratch(exact)
+
+
+def test_candidate_losses_kept_per_query() -> None:
+    rng = random.Random(11)
+    domain = _domain(4)
+    state = LikelihoodState(domain)
+    for _ in range(4):
+        mech = parse_query(_query(rng, 4, "grr"), domain)
+        state.apply(mech.term(mech.sample({"v": rng.randrange(4), "w": rng.randrange(3)})))
+    assert state.exact is not None
+    grr = parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 0.3}, domain)
+    other = parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 0.7}, domain)
+    query, query_other = grr.exact_query(), other.exact_query()
+    assert query is not None
+    assert query_other is not None
+    assert state.exact.kept_candidate_losses(query) is None
+    first = state.exact.candidate_losses(query)
+    assert state.exact.candidate_losses(grr.exact_query()) is first  # type: ignore[arg-type]
+    assert state.exact.kept_candidate_losses(query_other) is None
+    assert first == [state.exact.with_term(grr.exact_term(y)).loss() for y in range(4)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_with_term_chains_write_the_same_bytes(seed: int) -> None:
+    """A form's bytes from its parent's per-axis texts equal their definition's, every step."""
+    rng = random.Random(3900 + seed)
+    inherited = 0
+    decimals = [Fraction(n, d) for n, d in [(1, 10), (1, 4), (1, 3), (7, 9), (2, 1), (1, 2)]]
+    for _ in range(40):
+        shape = tuple(rng.choice([1, 2, 3, 7, 12]) for _ in range(rng.randint(1, 4)))
+        exact = ExactLoss(shape)
+        for _ in range(rng.randint(1, 25)):
+            axis = rng.randrange(len(shape))
+            scale = rng.choice([1, 1, 1, 1 << 40])
+            coeff = np.array([rng.choice([0, 1, -1, 3]) * scale for _ in range(shape[axis])])
+            term = ExactTerm(axis, Group(rng.choice(decimals)), coeff)
+            if rng.random() < 0.6:
+                assert exact.canonical_bytes() == canonical_json(exact)
+            if rng.random() < 0.3:
+                assert exact.to_bytes() == stored_json(exact)
+            inherits = "_texts" in exact.__dict__ and term.group in exact.groups
+            exact = exact.with_term(term)
+            assert ("_inherited" in exact.__dict__) == inherits
+            inherited += inherits
+            if rng.random() < 0.5:
+                assert exact.to_bytes() == stored_json(exact)
+            assert exact.canonical_bytes() == canonical_json(exact)
+            assert "_inherited" not in exact.__dict__
+    assert inherited > 50  # the texts were inherited (not only written anew)
