@@ -20,8 +20,8 @@ from sqlalchemy import select, update
 from app.bootstrap import create_app
 from app.db.models import ProtectedObject
 from app.db.session import make_engine
+from app.store import compiled, transaction
 from app.store import surveys as survey_store
-from app.store import transaction
 from app.store.domains import domain_hash
 from app.store.surveys import Advanced
 from tests.service.conftest import make_settings, unique_id
@@ -177,13 +177,13 @@ def test_advance_members_sends_dicts_differing_by_history_hash_once(
     engine = make_engine(database_url)
     now = datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC)
     sent: list[dict[str, Any]] = []
-    execute = survey_store.compiled.execute_planned
+    execute = compiled.execute_planned
 
     def spy(conn: Any, statement: Any, parameters: dict[str, Any]) -> Any:
         sent.append(parameters)
         return execute(conn, statement, parameters)
 
-    monkeypatch.setattr(survey_store.compiled, "execute_planned", spy)
+    monkeypatch.setattr(compiled, "execute_planned", spy)
     try:
         with transaction(engine) as conn:
             rows = survey_store.member_rows(conn, ids)
