@@ -612,17 +612,23 @@ _ADVANCE_COLUMNS = {
     if name not in ("where_id", "where_version", "version", "accepted", "updated_at")
 }
 _ADVANCE_NAMES = sorted(_ADVANCE_COLUMNS)
+#: The accounting columns sent as one JSON object per distinct dict: all but the history hash,
+#: which a diverged survey's members each have their own of (sent as a column, as the ids).
+_ADVANCE_SHARED = tuple(name for name in _ADVANCE_COLUMNS if name != "history_hash")
 #: The compare-and-set of a chunk's accepted members on PostgreSQL (:func:`advance_members`).
-_ADVANCE_SET = ", ".join(f"{name} = c.{name}" for name in _ADVANCE_COLUMNS)
-_ADVANCE_SETS = ", ".join(f"{name} {kind}" for name, kind in _ADVANCE_COLUMNS.items())
+_ADVANCE_SET = ", ".join(f"{name} = c.{name}" for name in _ADVANCE_SHARED)
+_ADVANCE_SETS = ", ".join(f"{name} {_ADVANCE_COLUMNS[name]}" for name in _ADVANCE_SHARED)
 _ADVANCE_PG = text(
     f"UPDATE objects AS t SET {_ADVANCE_SET}, "  # noqa: S608 - names from the models
+    "history_hash = NULLIF(v.history_hash, ''), "
     "version = v.version + 1, accepted = v.accepted, "
     "updated_at = CAST(:updated_at AS timestamptz) "
     "FROM unnest(string_to_array(CAST(:ids AS text), E'\\n'), "
     "CAST(string_to_array(CAST(:versions AS text), ',') AS int[]), "
     "CAST(string_to_array(CAST(:accepted AS text), ',') AS int[]), "
-    "CAST(string_to_array(CAST(:picks AS text), ',') AS int[])) AS v(id, version, accepted, k) "
+    "CAST(string_to_array(CAST(:picks AS text), ',') AS int[]), "
+    "string_to_array(CAST(:histories AS text), E'\\n')) "
+    "AS v(id, version, accepted, k, history_hash) "
     f"JOIN json_to_recordset(CAST(:columns AS json)) AS c(k int, {_ADVANCE_SETS}) "
     "ON c.k = v.k WHERE t.id = v.id AND t.version = v.version"
 )
@@ -645,12 +651,14 @@ def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: dateti
 
     Fewer than given means another writer moved an object meanwhile: the caller rolls back.
 
-    On PostgreSQL the members travel as columns (:data:`_ADVANCE_PG`): their ids joined by
-    newlines, their versions, sequence numbers and accounting columns' numbers as
-    comma-separated integers, and each distinct accounting columns dict once, as JSON — the
-    members of one answer share one dict (:func:`app.services.survey_runs._answer`), so a
-    chunk of 5,000 sends a few of them instead of 5,000 JSON objects of twelve keys, which the
-    client encoded and the server parsed member by member (docs/benchmarks.md, "h/member").
+    On PostgreSQL the members travel as columns (:data:`_ADVANCE_PG`): their ids and history
+    hashes joined by newlines, their versions, sequence numbers and accounting columns' numbers
+    as comma-separated integers, and each distinct accounting columns dict but its history hash
+    once, as JSON — the members of one answer share one dict
+    (:func:`app.services.survey_runs._answer`), and those of a diverged survey differ only by
+    their history hashes, so a chunk of 5,000 sends a few of them instead of 5,000 JSON objects
+    of twelve keys, which the client encoded and the server parsed member by member
+    (docs/benchmarks.md, "h/member" and "h/prof2").
     """
     if not members:
         return 0
@@ -675,21 +683,34 @@ def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: dateti
         )
     ids, versions, accepted, columns = zip(*members, strict=True)
     numbers: dict[int, int] = {}  # by the dict's identity: members of one answer share it
+    by_content: dict[tuple[Any, ...], int] = {}  # dicts that differ by their history hash only
     distinct: list[dict[str, Any]] = []
     picks = []
+    histories = []
     for given in columns:
         found = numbers.get(id(given))
         if found is None:
             if given.keys() != _ADVANCE_COLUMNS.keys():  # a missing key would be NULL
                 raise ValueError(f"accounting columns {sorted(given)} are not {_ADVANCE_NAMES}")
-            found = numbers[id(given)] = len(distinct)
-            distinct.append({"k": found, **given})
+            shared = tuple([given[name] for name in _ADVANCE_SHARED])
+            found = by_content.get(shared)
+            if found is None:
+                found = by_content[shared] = len(distinct)
+                distinct.append({"k": found, **dict(zip(_ADVANCE_SHARED, shared, strict=True))})
+            numbers[id(given)] = found  # ``columns`` keeps ``given`` alive: its id stays its own
         picks.append(found)
+        histories.append(given["history_hash"] or "")
+    joined = "\n".join(histories)
+    if "" in histories and any(given["history_hash"] == "" for given in columns):
+        raise ValueError("an empty history hash would be stored as NULL")
+    if joined.count("\n") != len(histories) - 1:
+        raise ValueError("a history hash holds a newline")
     parameters = {
         "ids": "\n".join(ids),
         "versions": ",".join(map(str, versions)),
         "accepted": ",".join(map(str, accepted)),
         "picks": ",".join(map(str, picks)),
+        "histories": joined,
         "columns": bulk.json_text(distinct),
         "updated_at": updated_at,
     }

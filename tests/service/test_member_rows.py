@@ -20,8 +20,8 @@ from sqlalchemy import select, update
 from app.bootstrap import create_app
 from app.db.models import ProtectedObject
 from app.db.session import make_engine
+from app.store import compiled, transaction
 from app.store import surveys as survey_store
-from app.store import transaction
 from app.store.domains import domain_hash
 from app.store.surveys import Advanced
 from tests.service.conftest import make_settings, unique_id
@@ -161,5 +161,56 @@ def test_advance_members_is_never_a_prepared_statement(
             texts = [str(text) for (text,) in prepared]
         assert texts  # the member rows' load is prepared (compiled.fetch_all): the view works
         assert not [text for text in texts if "UPDATE objects AS t" in text]
+    finally:
+        engine.dispose()
+
+
+def test_advance_members_sends_dicts_differing_by_history_hash_once(
+    client: TestClient, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A diverged survey's members each have their own history hash (their own dict): the rest
+    of their columns still travel as one JSON object, the hashes as a column of their own, and
+    each member gets its own hash (``None`` included) and the shared columns."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("the PostgreSQL statement's parameters")
+    ids = [register(client, domain=DOMAIN, value={"a": n % 4}, prefix="advh") for n in range(5)]
+    engine = make_engine(database_url)
+    now = datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC)
+    sent: list[dict[str, Any]] = []
+    execute = compiled.execute_planned
+
+    def spy(conn: Any, statement: Any, parameters: dict[str, Any]) -> Any:
+        sent.append(parameters)
+        return execute(conn, statement, parameters)
+
+    monkeypatch.setattr(compiled, "execute_planned", spy)
+    try:
+        with transaction(engine) as conn:
+            rows = survey_store.member_rows(conn, ids)
+        hashes = [f"{n + 9:032x}" for n in range(4)] + [None]
+        other = _columns(2)
+        given = [{**_columns(1), "history_hash": h} for h in hashes[:4]]
+        given.append({**other, "history_hash": None})
+        advanced = [
+            Advanced(row.id, row.version, 20 + n, columns)
+            for n, (row, columns) in enumerate(zip(rows, given, strict=True))
+        ]
+        with transaction(engine) as conn:
+            assert survey_store.advance_members(conn, advanced, updated_at=now) == 5
+        (parameters,) = sent
+        assert len(json.loads(parameters["columns"])) == 2  # two distinct rests, not five
+        with engine.connect() as conn:
+            found = {
+                r.id: r
+                for r in conn.execute(select(ProtectedObject).where(ProtectedObject.id.in_(ids)))
+            }
+        for n, (row, columns) in enumerate(zip(rows, given, strict=True)):
+            got = found[row.id]
+            assert (got.version, got.accepted) == (row.version + 1, 20 + n)
+            assert {c: getattr(got, c) for c in columns} == columns
+        for bad, match in (("a\nb", "newline"), ("", "empty")):
+            wrong = [Advanced(rows[0].id, 1, 30, {**_columns(3), "history_hash": bad})]
+            with transaction(engine) as conn, pytest.raises(ValueError, match=match):
+                survey_store.advance_members(conn, wrong, updated_at=now)
     finally:
         engine.dispose()
