@@ -88,6 +88,10 @@ def test_project_names_are_unique_and_paged(client: TestClient) -> None:
     assert client.get(f"/v1/projects/{body['name']}", headers=ADMIN).json()["quota"] == {
         "epsilon": 1.5
     }
+    # a second project of its own: the module's database may hold no other (its tests can run
+    # in any order, or in another test process with its own database)
+    other = project_body()
+    assert client.post("/v1/projects", headers=ADMIN, json=other).status_code == 201
     first = client.get("/v1/projects", params={"limit": 1}, headers=ADMIN).json()
     assert len(first["items"]) == 1
     assert first["next_after"] is not None
@@ -95,6 +99,18 @@ def test_project_names_are_unique_and_paged(client: TestClient) -> None:
         "/v1/projects", params={"limit": 1, "after": first["next_after"]}, headers=ADMIN
     ).json()
     assert second["items"][0]["name"] != first["items"][0]["name"]
+    # one page at a time, every project once, in creation order, to a page that ends the list
+    names: list[str] = []
+    after = None
+    while True:
+        params: dict[str, Any] = {"limit": 1} if after is None else {"limit": 1, "after": after}
+        page = client.get("/v1/projects", params=params, headers=ADMIN).json()
+        names += [item["name"] for item in page["items"]]
+        after = page["next_after"]
+        if after is None:
+            break
+    assert len(names) == len(set(names))
+    assert names.index(body["name"]) < names.index(other["name"])
 
 
 def test_unknown_projects_are_not_found(client: TestClient) -> None:
