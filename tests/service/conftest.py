@@ -223,7 +223,11 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        self._wait_ready()
+        try:
+            self._wait_ready()
+        except BaseException:  # not ready (or interrupted): never leave it serving on its own
+            self.stop()
+            raise
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
