@@ -9,6 +9,7 @@ not index those losses (``olh``, unary encoding) must not be given one.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from fractions import Fraction
 from typing import Any
@@ -66,6 +67,12 @@ def _from_scratch(exact: ExactLoss) -> Fraction:
     return ExactLoss(exact.shape, exact.groups, dict(exact.counts)).loss()
 
 
+def _derived(exact: ExactLoss) -> bool:
+    """Whether the form was handed its parent's ranges and has a moved axis's still to compute."""
+    ranges = exact.kept.ranges
+    return ranges is not None and len(ranges[2]) < len(exact.counts)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_recorded_exact_loss_is_the_decisions_and_exact(seed: int) -> None:
     rng = random.Random(900 + seed)
@@ -89,7 +96,7 @@ def test_recorded_exact_loss_is_the_decisions_and_exact(seed: int) -> None:
             exact = after.state.exact
             assert exact is not None
             # known without computing it: the decision's loss for this output
-            assert "_loss" in exact.__dict__
+            assert exact.kept.loss is not None
             seeded += 1
             want = _from_scratch(exact)
             assert exact.loss() == want
@@ -98,7 +105,7 @@ def test_recorded_exact_loss_is_the_decisions_and_exact(seed: int) -> None:
             # and the next term's loss derives from it
             z = rng.choice(_outputs(mech, domain))
             following = exact.with_term(mech.exact_term(z))  # type: ignore[arg-type]
-            assert "_derived" in following.__dict__
+            assert _derived(following)
             assert following.loss() == _from_scratch(following)
     assert seeded > 100
 
@@ -124,9 +131,9 @@ def test_quick_decision_then_record_derives_the_loss(seed: int) -> None:
         assert isinstance(after.state, LikelihoodState)
         exact = after.state.exact
         assert exact is not None
-        derived += "_derived" in exact.__dict__
+        derived += _derived(exact)
         assert exact.loss() == _from_scratch(exact)
-        assert "_derived" not in exact.__dict__
+        assert not _derived(exact)
     assert derived > 60
 
 
@@ -170,7 +177,7 @@ def test_no_known_loss_for_mechanisms_with_other_outputs(kind: str) -> None:
     assert isinstance(after.state, LikelihoodState)
     exact = after.state.exact
     if exact is not None:
-        assert "_loss" not in exact.__dict__
+        assert exact.kept.loss is None
         assert exact.loss() == _from_scratch(exact)
 
 
@@ -212,12 +219,103 @@ def test_with_term_chains_write_the_same_bytes(seed: int) -> None:
                 assert exact.canonical_bytes() == canonical_json(exact)
             if rng.random() < 0.3:
                 assert exact.to_bytes() == stored_json(exact)
-            inherits = "_texts" in exact.__dict__ and term.group in exact.groups
+            inherits = exact.kept.texts is not None and term.group in exact.groups
             exact = exact.with_term(term)
-            assert ("_inherited" in exact.__dict__) == inherits
+            assert (exact.kept.texts is not None) == inherits
+            if inherits:
+                assert term.axis not in exact.kept.texts  # type: ignore[operator]
             inherited += inherits
             if rng.random() < 0.5:
                 assert exact.to_bytes() == stored_json(exact)
             assert exact.canonical_bytes() == canonical_json(exact)
-            assert "_inherited" not in exact.__dict__
+            assert exact.kept.texts is not None
+            assert sorted(exact.kept.texts) == sorted(exact.counts)  # every axis's now
     assert inherited > 50  # the texts were inherited (not only written anew)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kept_values_are_the_forms_own(seed: int) -> None:
+    """Whatever a form was handed (ranges, texts, a known loss), they are what it would compute.
+
+    Random chains of :meth:`ExactLoss.with_term` and :meth:`ExactLoss.with_term_known` (the
+    true loss given), losses computed at random steps (so ranges are handed over complete,
+    partial or not at all): every kept range equals a fresh form's, every loss and byte string
+    its definition's.
+    """
+    rng = random.Random(4900 + seed)
+    decimals = [Fraction(n, d) for n, d in [(1, 10), (1, 4), (1, 3), (7, 9), (2, 1), (3, 7)]]
+    known = 0
+    for _ in range(40):
+        shape = tuple(rng.choice([1, 2, 3, 7]) for _ in range(rng.randint(1, 4)))
+        exact = ExactLoss(shape)
+        for _ in range(rng.randint(1, 25)):
+            axis = rng.randrange(len(shape))
+            scale = rng.choice([1, 1, 1, 1 << 40])
+            coeff = np.array([rng.choice([0, 1, -1, 2]) * scale for _ in range(shape[axis])])
+            term = ExactTerm(axis, Group(rng.choice(decimals)), coeff)
+            if rng.random() < 0.3:
+                exact.loss()
+            if rng.random() < 0.2:
+                exact.canonical_bytes()
+            if rng.random() < 0.5:
+                loss = exact.with_term(term).loss()  # a form of its own: nothing shared
+                exact = exact.with_term_known(term, loss)
+                assert exact.kept.loss == loss
+                known += 1
+            else:
+                exact = exact.with_term(term)
+            fresh = ExactLoss(exact.shape, exact.groups, dict(exact.counts))
+            fresh.loss()
+            assert fresh.kept.ranges is not None
+            kept = exact.kept.ranges
+            if kept is not None:  # every range it holds is the fresh form's, in its units
+                assert kept[:2] == fresh.kept.ranges[:2]
+                assert all(fresh.kept.ranges[2][a] == r for a, r in kept[2].items())
+            if rng.random() < 0.7:
+                computed = exact.kept.loss is None  # else known: its ranges stay as they are
+                assert exact.loss() == fresh.loss()
+                if computed:  # from its ranges, completed: every axis's
+                    assert exact.kept.ranges == fresh.kept.ranges
+            if exact.kept.texts is not None:
+                assert exact.canonical_bytes() == canonical_json(exact)
+        assert exact.loss() == _from_scratch(exact)
+        assert exact.to_bytes() == stored_json(exact)
+    assert known > 100
+
+
+def test_kept_values_are_not_copied_to_another_form() -> None:
+    """``dataclasses.replace`` (other counts) or a fresh form starts knowing nothing."""
+    domain = _domain(4)
+    state = LikelihoodState(domain)
+    mech = parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 0.5}, domain)
+    state.apply(mech.term(0))
+    assert state.exact is not None
+    exact = state.exact
+    assert exact.loss() == Fraction(1, 2)
+    exact.canonical_bytes()
+    other = dataclasses.replace(exact, counts={0: np.array([[2, 0, 0, 0]])})
+    assert other.kept is not exact.kept
+    assert other.kept.loss is None
+    assert other.kept.ranges is None
+    assert other.kept.texts is None
+    assert other.loss() == 1
+    assert other.canonical_bytes() == canonical_json(other)
+    assert exact.loss() == Fraction(1, 2)
+
+
+def test_canonical_handed_over_is_used() -> None:
+    """:attr:`Kept.canonical` set before the first :meth:`ExactLoss.canonical_bytes` is read."""
+    domain = _domain(4)
+    state = LikelihoodState(domain)
+    mech = parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 0.5}, domain)
+    state.apply(mech.term(1))
+    assert state.exact is not None
+    term = mech.exact_term(2)
+    assert term is not None
+    canonical = state.exact.canonical_after(term)
+    assert canonical is not None
+    after = state.exact.with_term(term)
+    after.kept.canonical = canonical
+    assert after.canonical_bytes() is canonical
+    assert canonical == canonical_json(after)
+    assert after.to_bytes() == stored_json(after)
