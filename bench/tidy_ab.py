@@ -10,6 +10,8 @@ order within a pair alternating, so the load of this shared machine drifts over 
 A child reports the block's CPU (``time.process_time``); the table gives each tree's median µs
 per operation and the median of the per-pair ratios (NEW / BASE). The cases:
 
+* ``form build``: an exact form built from its counts (three axes of 10 values, one ε) and its
+  loss computed;
 * ``submit quick``: one finite ``grr`` submit's engine work, basic composition deciding (the
   service's default budget): ``evaluate``, ``record``, the new state's stored bytes and loss —
   a new form built by ``with_term`` from its parent's kept ranges and texts;
@@ -17,8 +19,8 @@ per operation and the median of the per-pair ratios (NEW / BASE). The cases:
   new form's loss handed over (``with_term_known``);
 * ``survey losses``: 2,000 stored forms read back (``from_bytes``) and their losses computed
   together (``losses_many``), per form;
-* ``history hash``: a survey member's next history hash (``history_hashes_after``' step) and a
-  submit's (``next_history_hash``);
+* ``hash step`` and ``next hash``: a survey member's next history hash
+  (``history_hashes_after``' step) and a submit's (``next_history_hash``);
 * ``odometer``: a submit's odometer from its row and the six changed columns (``_Changed`` in a
   tree that has it, else ``odometer_with``).
 
@@ -40,7 +42,15 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = ["submit quick", "submit tight", "survey losses", "history hash", "odometer"]
+CASES = [
+    "form build",
+    "submit quick",
+    "submit tight",
+    "survey losses",
+    "hash step",
+    "next hash",
+    "odometer",
+]
 
 
 def _submit_case(tight: bool) -> Callable[[int], None]:
@@ -87,6 +97,23 @@ def _submit_case(tight: bool) -> Callable[[int], None]:
     return run
 
 
+def _build_case() -> Callable[[int], None]:
+    from fractions import Fraction
+
+    import numpy as np
+
+    from app.engine.exact import ExactLoss, Group
+
+    groups = (Group(Fraction(1, 2)),)
+    counts = {a: np.arange(10, dtype=np.int64).reshape(1, 10) for a in range(3)}
+
+    def run(n: int) -> None:  # n forms built and their losses computed
+        for _ in range(n):
+            ExactLoss((10, 10, 10), groups, counts).loss()
+
+    return run
+
+
 def _survey_case() -> Callable[[int], None]:
     import random
 
@@ -121,20 +148,22 @@ def _survey_case() -> Callable[[int], None]:
     return run
 
 
-def _hash_case() -> Callable[[int], None]:
+def _hash_case(step: bool) -> Callable[[int], None]:
     from app.services.snapshots import history_hashes_after, next_history_hash
 
     query = '{"mechanism": "grr", "attribute": "a", "epsilon": 0.5}'
     previous = [f"{i:032x}" for i in range(1000)]
 
-    def run(n: int) -> None:  # n members (and n submits' hashes)
-        step = history_hashes_after(query, "3")
+    def run_steps(n: int) -> None:  # n survey members
+        after = history_hashes_after(query, "3")
         for i in range(n):
-            h = previous[i % 1000]
-            step(h)
-            next_history_hash(h, query, "3")
+            after(previous[i % 1000])
 
-    return run
+    def run_next(n: int) -> None:  # n submits
+        for i in range(n):
+            next_history_hash(previous[i % 1000], query, "3")
+
+    return run_steps if step else run_next
 
 
 def _odometer_case() -> Callable[[int], None]:
@@ -185,10 +214,12 @@ def _odometer_case() -> Callable[[int], None]:
 def child() -> None:
     """In the tree's code: build the cases, then answer ``case n`` lines with CPU seconds."""
     cases = {
+        "form build": _build_case(),
         "submit quick": _submit_case(False),
         "submit tight": _submit_case(True),
         "survey losses": _survey_case(),
-        "history hash": _hash_case(),
+        "hash step": _hash_case(True),
+        "next hash": _hash_case(False),
         "odometer": _odometer_case(),
     }
     for run in cases.values():
@@ -210,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=30, help="blocks per tree and case (30)")
     parser.add_argument(
         "--sizes",
-        default="200,200,4000,20000,5000",
+        default="10000,200,200,4000,20000,20000,5000",
         help="operations per block, per case in the table's order",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -281,9 +281,9 @@ def remember(engine: Database, object_id: str, version: int, snapshot: ObjectSna
 def _framed(*parts: str) -> bytes:
     """The bytes a history hash or state key digests: each part, then the unit separator.
 
-    ``_framed(a, b) == _framed(a) + _framed(b)``: a caller may frame the parts it knows ahead
-    once (:func:`history_hashes_after`) and the rest per call. UTF-8 encodes a concatenation
-    as the concatenation of the encodings, so the text is encoded once.
+    ``_framed(a, *rest) == a.encode() + _framed("", *rest)``: a caller may frame the parts it
+    knows ahead once (:func:`history_hashes_after`) and prepend the first per call. UTF-8
+    encodes a concatenation as the concatenation of the encodings, so the text is encoded once.
     """
     return ("\x1f".join(parts) + "\x1f").encode()
 
@@ -306,11 +306,11 @@ def history_hashes_after(query_text: str, output_text: str) -> Callable[[str | N
     The same BLAKE2b over the same bytes, the query's and output's part encoded once: a
     diverged survey's members each have a history hash of their own, one such call each.
     """
-    tail = _framed(query_text, output_text)
+    rest = _framed("", query_text, output_text)  # all but the previous hash's own bytes
     blake2b = hashlib.blake2b
 
     def after(previous: str | None) -> str:
-        return blake2b(_framed(previous or "") + tail, digest_size=16).hexdigest()
+        return blake2b((previous or "").encode() + rest, digest_size=16).hexdigest()
 
     return after
 
