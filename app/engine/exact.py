@@ -136,16 +136,51 @@ def _in_units(groups: list[Group]) -> tuple[int, list[int]]:
     ]
 
 
+#: ``D``, the groups' ε's in units of ``1/D``, and ``max V_a − min V_a`` in those units per
+#: touched axis ``a`` (:attr:`Kept.ranges`).
+AxisRanges = tuple[int, list[int], dict[int, int]]
+
+
+@dataclass(eq=False, slots=True)
+class Kept:
+    """What an :class:`ExactLoss` knows of itself besides its counts: each None until known.
+
+    Computed on the form once, or handed over when it is built — by the form it was built
+    from (:meth:`ExactLoss.with_term`: its ranges and texts but the moved axis's), by a caller
+    that knows the new form's loss (:meth:`ExactLoss.with_term_known`, :func:`losses_many`)
+    or its canonical bytes (:meth:`ExactLoss.canonical_after`'s answer). A form's counts never
+    change, so neither does any of these once set; a value handed over must be the one the
+    form would compute.
+    """
+
+    #: The exact realized loss (:meth:`ExactLoss.loss`).
+    loss: Fraction | None = None
+    #: The per-axis ranges the loss sums: every touched axis's once the loss was computed from
+    #: them; handed over, every axis's but those a term moved since (computed when needed).
+    ranges: AxisRanges | None = None
+    #: Each touched axis's ``"axis":rows`` text, rows in the canonical order
+    #: (:meth:`ExactLoss._axis_texts`): all once the canonical bytes were written; handed over
+    #: (same groups in the same order), every axis's but the moved one's.
+    texts: dict[int, str] | None = None
+    #: :meth:`ExactLoss.canonical_bytes`.
+    canonical: bytes | None = None
+    #: :meth:`ExactLoss.candidate_losses` per query (:attr:`ExactQuery.key`).
+    candidates: dict[tuple[Any, ...], list[Fraction]] | None = None
+
+
 @dataclass(frozen=True)
 class ExactLoss:
     """Integer counts per (attribute, group) of an RR-type history over a finite domain.
 
     ``counts[a]`` has shape ``(len(groups), shape[a])``; attributes no query touched are absent.
+    ``kept``: values known of the form beyond its counts (:class:`Kept`), never compared and
+    not an argument: a form built by ``dataclasses.replace`` or anew starts with none.
     """
 
     shape: tuple[int, ...]
     groups: tuple[Group, ...] = ()
     counts: dict[int, IntArray] = field(default_factory=dict)
+    kept: Kept = field(default_factory=Kept, init=False, compare=False, repr=False)
 
     # --- building ----------------------------------------------------------------------------
     def with_term(self, term: ExactTerm) -> ExactLoss:
@@ -165,12 +200,12 @@ class ExactLoss:
         row[g] += np.asarray(term.coeff, dtype=np.int64)
         counts[term.axis] = row
         after = ExactLoss(self.shape, groups, counts)
-        kept = self.__dict__.get("_axis_ranges")
-        if kept is not None:  # this form's loss is known: the new one's from one axis
-            after.__dict__["_derived"] = _ranges_after(kept, groups, term.axis)
-        texts = self.__dict__.get("_texts")
+        kept = self.kept
+        if kept.ranges is not None:  # this form's ranges are known: the new one's loss from one
+            after.kept.ranges = _ranges_after(kept.ranges, groups, term.axis)
+        texts = kept.texts
         if texts is not None and groups is self.groups:  # the same groups in the same order
-            after.__dict__["_inherited"] = {a: t for a, t in texts.items() if a != term.axis}
+            after.kept.texts = {a: t for a, t in texts.items() if a != term.axis}
         return after
 
     # --- values ------------------------------------------------------------------------------
@@ -217,22 +252,25 @@ class ExactLoss:
                 found = [v + weight * c for v, c in zip(found, row, strict=True)]
         return int(max(found) - min(found))
 
-    @cached_property
-    def _loss(self) -> Fraction:
-        derived = self.__dict__.pop("_derived", None)
-        if derived is not None:
-            # every axis's range but the moved one's is the form's it was built from
-            denominator, scaled, ranges, moved = derived
-            ranges = {**ranges, moved: self._range(moved, scaled)}
-        else:
-            denominator, scaled = self._scale()
-            ranges = {axis: self._range(axis, scaled) for axis in self.counts}
-        self.__dict__["_axis_ranges"] = (denominator, scaled, ranges)
-        return Fraction(sum(ranges.values()), denominator)
-
     def loss(self) -> Fraction:
-        """The exact realized loss (computed once)."""
-        return self._loss
+        """The exact realized loss (computed once, kept: :attr:`Kept.loss`)."""
+        kept = self.kept
+        loss = kept.loss
+        if loss is None:
+            ranges = kept.ranges
+            if ranges is None:
+                denominator, scaled = self._scale()
+                found = {axis: self._range(axis, scaled) for axis in self.counts}
+                kept.ranges = (denominator, scaled, found)
+            else:
+                # handed over: every axis's range but the moved one's (the form's own dict)
+                denominator, scaled, found = ranges
+                if len(found) != len(self.counts):
+                    for axis in self.counts:
+                        if axis not in found:
+                            found[axis] = self._range(axis, scaled)
+            loss = kept.loss = Fraction(sum(found.values()), denominator)
+        return loss
 
     def candidate_losses(self, query: ExactQuery) -> list[Fraction]:
         """The exact loss after each output of ``query``, in the float path's output order.
@@ -242,22 +280,23 @@ class ExactLoss:
         form's loss is the sampled output's (:meth:`with_term_known`).
         """
         key = query.key
-        found = self._candidates.get(key)
+        kept = self.kept
+        candidates = kept.candidates
+        if candidates is None:
+            candidates = kept.candidates = {}
+        found = candidates.get(key)
         if found is None:
-            found = self._candidates[key] = self._candidate_losses(query)
+            found = candidates[key] = self._candidate_losses(query)
         return found
 
     def kept_candidate_losses(self, query: ExactQuery) -> list[Fraction] | None:
         """:meth:`candidate_losses` for ``query`` if it was computed on this form, else None."""
-        return self._candidates.get(query.key)
+        candidates = self.kept.candidates
+        return None if candidates is None else candidates.get(query.key)
 
     def has_kept_candidates(self) -> bool:
         """Whether :meth:`candidate_losses` was computed on this form (for any query)."""
-        return bool(self.__dict__.get("_candidates"))
-
-    @cached_property
-    def _candidates(self) -> dict[tuple[Any, ...], list[Fraction]]:
-        return {}
+        return bool(self.kept.candidates)
 
     def with_term_known(self, term: ExactTerm, loss: Fraction) -> ExactLoss:
         """:meth:`with_term`, the new form's loss given as ``loss`` (not computed again).
@@ -266,17 +305,16 @@ class ExactLoss:
         :meth:`candidate_losses` (the loss after the output whose term ``term`` is).
         """
         after = self.with_term(term)
-        derived = after.__dict__.get("_derived")
-        if derived is not None:  # keep the per-axis ranges a next term derives its loss from
-            denominator, scaled, ranges, moved = derived
+        kept = after.kept
+        if kept.ranges is not None:  # keep the per-axis ranges a next term derives its loss from
+            denominator, _, ranges = kept.ranges
             units = loss * denominator
             if units.denominator != 1:  # not this form's loss: compute it instead
                 return after
-            del after.__dict__["_derived"]
-            others = sum(r for axis, r in ranges.items() if axis != moved)
-            ranges = {**ranges, moved: units.numerator - others}
-            after.__dict__["_axis_ranges"] = (denominator, scaled, ranges)
-        after.__dict__["_loss"] = loss  # the cached_property's slot (a frozen dataclass)
+            missing = [axis for axis in after.counts if axis not in ranges]
+            if len(missing) == 1:  # the moved axis's (the others' are the parent's)
+                ranges[missing[0]] = units.numerator - sum(ranges.values())
+        kept.loss = loss
         return after
 
     def _candidate_losses(self, query: ExactQuery) -> list[Fraction]:
@@ -375,6 +413,11 @@ class ExactLoss:
 
     @cached_property
     def _canonical(self) -> bytes:
+        # a cached_property still: survey_runs._exact_with writes its slot (Kept.canonical is
+        # the open way to hand the bytes over)
+        known = self.kept.canonical
+        if known is not None:
+            return known
         order = self._sorted_order
         body = self._body(order, self._axis_texts(order))
         return b'{"s":[' + self._shape_text.encode() + b"]," + body + b"}"
@@ -382,18 +425,18 @@ class ExactLoss:
     def _axis_texts(self, order: list[int]) -> dict[int, str]:
         """Each touched axis's ``"axis":rows`` text, its rows in ``order`` (the canonical one).
 
-        Kept on the form (``_texts``); a form built by one term of a group it already had
-        (:meth:`with_term`) inherits its parent's texts but the moved axis's: a submit's new
-        state writes one axis's rows, not all of them.
+        Kept on the form (:attr:`Kept.texts`); a form built by one term of a group it already
+        had (:meth:`with_term`) inherits its parent's texts but the moved axis's: a submit's
+        new state writes one axis's rows, not all of them.
         """
-        inherited = self.__dict__.pop("_inherited", None) or {}
+        inherited = self.kept.texts or {}
         texts = {}
         for axis in sorted(self.counts):
             text = inherited.get(axis)
             if text is None:
                 text = f'"{axis}":' + str(self._rows_in(axis, order)).replace(" ", "")
             texts[axis] = text
-        self.__dict__["_texts"] = texts
+        self.kept.texts = texts
         return texts
 
     @cached_property
@@ -520,16 +563,15 @@ class ExactLoss:
         return other is not None and other.canonical_bytes() == self.canonical_bytes()
 
 
-def _ranges_after(
-    kept: tuple[int, list[int], dict[int, int]], groups: tuple[Group, ...], moved: int
-) -> tuple[int, list[int], dict[int, int], int]:
-    """What a form built by one term on axis ``moved`` needs of its parent's loss.
+def _ranges_after(kept: AxisRanges, groups: tuple[Group, ...], moved: int) -> AxisRanges:
+    """A form's ranges handed to the one built from it by one term on axis ``moved``.
 
-    ``kept``: the parent's ``D``, its groups' ε's in units of ``1/D`` and each touched
-    axis's ``max V − min V`` in those units; ``groups``: the new form's groups (the parent's,
-    or the parent's and one new ε last). A new ε changes ``D`` to ``D' = lcm(D, d)``: every
-    value, hence every range, is multiplied by ``D' / D`` exactly (the new group counts
-    nothing on the other axes). Only ``moved``'s range is to be computed.
+    ``kept``: the parent's ``D``, its groups' ε's in units of ``1/D`` and its touched axes'
+    ``max V − min V`` in those units (:attr:`Kept.ranges`); ``groups``: the new form's groups
+    (the parent's, or the parent's and one new ε last). A new ε changes ``D`` to ``D' =
+    lcm(D, d)``: every value, hence every range, is multiplied by ``D' / D`` exactly (the new
+    group counts nothing on the other axes). ``moved``'s range is left out (to be computed):
+    a new dict, the new form's own.
     """
     denominator, scaled, ranges = kept
     if len(groups) > len(scaled):
@@ -538,8 +580,8 @@ def _ranges_after(
         factor = wider // denominator
         denominator = wider
         scaled = [w * factor for w in scaled] + [new.numerator * (wider // new.denominator)]
-        ranges = {axis: r * factor for axis, r in ranges.items()}
-    return denominator, scaled, ranges, moved
+        return denominator, scaled, {a: r * factor for a, r in ranges.items() if a != moved}
+    return denominator, scaled, {a: r for a, r in ranges.items() if a != moved}
 
 
 def canonical_json(exact: ExactLoss) -> bytes:
@@ -874,8 +916,10 @@ def losses_many(histories: Sequence[ExactLoss]) -> list[Fraction]:
             continue
         losses = fractions_of(stack.ranges(len(members)), stack.denominator, cache)
         for n, loss in zip(members, losses, strict=True):
-            histories[n].__dict__.setdefault("_loss", loss)  # the cached_property's slot
-            found[n] = histories[n].loss()
+            kept = histories[n].kept
+            if kept.loss is None:
+                kept.loss = loss
+            found[n] = kept.loss
     return [loss for loss in found if loss is not None]
 
 

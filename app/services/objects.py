@@ -144,17 +144,43 @@ def odometer_view(row: OdometerColumns) -> schemas.Odometer:
     ``delta``, ``phase`` and ``lifetime`` are set only for the objects that have them (absent
     from the wire otherwise, never ``null``).
     """
+    return odometer_with(
+        row,
+        loss_lower=row.loss_lower,
+        loss_upper=row.loss_upper,
+        basic_total=row.basic_total,
+        f0_account=row.f0_account,
+        accepted=row.accepted,
+        updated_at=row.updated_at,
+    )
+
+
+def odometer_with(
+    row: OdometerColumns,
+    *,
+    loss_lower: float,
+    loss_upper: float,
+    basic_total: str,
+    f0_account: str,
+    accepted: int,
+    updated_at: datetime | None,
+) -> schemas.Odometer:
+    """:func:`odometer_view` of ``row`` with the columns an accepted query changes given.
+
+    ``odometer_view(dataclasses.replace(row, loss_lower=..., ...))``: a submit's odometer from
+    the row it read and the values it writes (a copy of the whole row cost more).
+    """
     delta = row.budget_delta if row.filter == FilterKind.APPROX_BAYESIAN.value else None
     phase = None
     if delta is not None:
         f0 = f0_filter(row.budget, delta, stored_domain(row.domain))
-        phase = f0.phase(fraction_text(row.f0_account))
-    current = LossBounds(row.loss_lower, row.loss_upper)
+        phase = f0.phase(fraction_text(f0_account))
+    current = LossBounds(loss_lower, loss_upper)
     odometer = Odometer(
         row.budget,
         current,
-        float(fraction_text(row.basic_total)),
-        row.accepted - row.version_start,
+        float(fraction_text(basic_total)),
+        accepted - row.version_start,
         row.rejected,
         delta,
         phase,
@@ -179,7 +205,7 @@ def odometer_view(row: OdometerColumns) -> schemas.Odometer:
         basic_composition=odometer.basic_composition,
         accepted=odometer.accepted,
         rejected=odometer.rejected,
-        updated_at=_iso(row.updated_at),
+        updated_at=_iso(updated_at),
         version=row.data_version,
         **optional,
     )

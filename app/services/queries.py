@@ -63,7 +63,7 @@ from app.services.errors import (
 )
 from app.services.history import object_history
 from app.services.locks import ObjectLocks
-from app.services.objects import load_object, odometer_view, version_span
+from app.services.objects import load_object, odometer_view, odometer_with, version_span
 from app.services.quota import (
     Answer,
     ProjectQuota,
@@ -554,23 +554,6 @@ def _record_rejection(
         raise _LostRace
 
 
-class _Changed:
-    """``row`` with some columns changed, for :func:`odometer_view` to read.
-
-    The accepted query's odometer: a ``dataclasses.replace`` of the whole row built every field.
-    """
-
-    __slots__ = ("_changed", "_row")
-
-    def __init__(self, row: ObjectState, changed: dict[str, Any]) -> None:
-        self._row = row
-        self._changed = changed
-
-    def __getattr__(self, name: str) -> Any:
-        changed = self._changed
-        return changed[name] if name in changed else getattr(self._row, name)
-
-
 def _record_acceptance(
     conn: Tx,
     row: ObjectState,
@@ -607,18 +590,14 @@ def _record_acceptance(
     columns = change.columns
     now = datetime.now(UTC)
     seq = row.accepted + 1
-    odometer = odometer_view(
-        _Changed(
-            row,
-            {
-                "loss_lower": columns["loss_lower"],
-                "loss_upper": columns["loss_upper"],
-                "basic_total": columns["basic_total"],
-                "f0_account": columns["f0_account"],
-                "accepted": seq,
-                "updated_at": now,
-            },
-        )
+    odometer = odometer_with(
+        row,
+        loss_lower=columns["loss_lower"],
+        loss_upper=columns["loss_upper"],
+        basic_total=columns["basic_total"],
+        f0_account=columns["f0_account"],
+        accepted=seq,
+        updated_at=now,
     )
     # stored without the query id, which only the INSERT produces; _replay adds it back
     stored = {

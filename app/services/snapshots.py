@@ -278,12 +278,18 @@ def remember(engine: Database, object_id: str, version: int, snapshot: ObjectSna
         EXACT_FORMS.remember(snapshot.state)
 
 
+def _framed(*parts: str) -> bytes:
+    """The bytes a history hash or state key digests: each part, then the unit separator.
+
+    ``_framed(a, *rest) == a.encode() + _framed("", *rest)``: a caller may frame the parts it
+    knows ahead once (:func:`history_hashes_after`) and prepend the first per call. UTF-8
+    encodes a concatenation as the concatenation of the encodings, so the text is encoded once.
+    """
+    return ("\x1f".join(parts) + "\x1f").encode()
+
+
 def _digest(*parts: str) -> str:
-    hasher = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        hasher.update(part.encode())
-        hasher.update(b"\x1f")
-    return hasher.hexdigest()
+    return hashlib.blake2b(_framed(*parts), digest_size=16).hexdigest()
 
 
 def next_history_hash(previous: str | None, query_text: str, output_text: str) -> str:
@@ -300,11 +306,11 @@ def history_hashes_after(query_text: str, output_text: str) -> Callable[[str | N
     The same BLAKE2b over the same bytes, the query's and output's part encoded once: a
     diverged survey's members each have a history hash of their own, one such call each.
     """
-    tail = query_text.encode() + b"\x1f" + output_text.encode() + b"\x1f"
+    rest = _framed("", query_text, output_text)  # all but the previous hash's own bytes
     blake2b = hashlib.blake2b
 
     def after(previous: str | None) -> str:
-        return blake2b((previous or "").encode() + b"\x1f" + tail, digest_size=16).hexdigest()
+        return blake2b((previous or "").encode() + rest, digest_size=16).hexdigest()
 
     return after
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import random
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 import pytest
 
 import app.engine.likelihood as likelihood
 from app.engine import exact as exact_module
-from app.engine.domain import Domain, parse_domain
+from app.engine.domain import Domain
 from app.engine.filters import FilterKind
 from app.engine.likelihood import LikelihoodState, fold_many
 from app.engine.mechanisms import Mechanism, parse_query
@@ -33,44 +32,7 @@ from app.engine.pipeline import (
     evaluate_many,
     history_account,
 )
-
-EPSILONS = [0.1, 0.25, 0.5, 1.0, 0.3, 2.0]
-
-
-def _domain(k: int) -> Domain:
-    return parse_domain(
-        {
-            "attributes": [
-                {"name": "v", "type": "integer", "low": 0, "high": k - 1},
-                {"name": "w", "type": "integer", "low": 0, "high": 2},
-            ]
-        }
-    )
-
-
-def _query(rng: random.Random, k: int, kinds: list[str], eps: float | None = None) -> Any:
-    kind = rng.choice(kinds)
-    e = eps if eps is not None else rng.choice(EPSILONS)
-    if kind == "grr":
-        return {"mechanism": "grr", "attribute": "v", "epsilon": e}
-    if kind == "grr_w":
-        return {"mechanism": "grr", "attribute": "w", "epsilon": e}
-    if kind == "olh":
-        return {"mechanism": "olh", "attribute": "v", "epsilon": e}
-    if kind == "ue":
-        return {"mechanism": "unary_encoding", "attribute": "w", "epsilon": e}
-    if kind == "hadamard":
-        return {"mechanism": "hadamard", "attribute": "v", "epsilon": e}
-    bound = rng.randint(0, k - 1)
-    predicate = {"attribute": "v", "op": rng.choice([">=", "<=", "=="]), "value": bound}
-    return {"mechanism": "binary_rr", "predicate": predicate, "epsilon": e}
-
-
-def _draw(rng: random.Random, mech: Mechanism, k: int) -> Any:
-    return mech.sample({"v": rng.randrange(k), "w": rng.randrange(3)})
-
-
-ALL = ["grr", "grr_w", "olh", "binary_rr", "ue", "hadamard"]
+from tests.engine.histories import KINDS, draw, random_history, random_query, vw_domain
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -78,16 +40,16 @@ def test_fold_many_is_apply_bit_for_bit(seed: int, monkeypatch: pytest.MonkeyPat
     rng = random.Random(seed)
     for _ in range(120):
         k = rng.choice([1, 2, 3, 5, 20])
-        domain = _domain(k)
-        base = LikelihoodState(domain)
-        for _ in range(rng.randint(0, 3)):
-            mech = parse_query(_query(rng, k, ALL), domain)
-            base.apply(mech.term(_draw(rng, mech, k)))
+        domain = vw_domain(k)
+        base, _ = random_history(rng, domain, k, KINDS, 3)
         if rng.random() < 0.2:
             base.exact = None  # a float state: no exact form to carry
         members = rng.randint(1, 9)
-        mechs = [parse_query(_query(rng, k, ALL), domain) for _ in range(rng.randint(1, 4))]
-        outputs = [[_draw(rng, m, k) for _ in range(members)] for m in mechs]
+        mechs = [
+            parse_query(random_query(rng, k, rng.choice(KINDS)), domain)
+            for _ in range(rng.randint(1, 4))
+        ]
+        outputs = [[draw(rng, m, k) for _ in range(members)] for m in mechs]
         # slices of one member, a few, or all: the same states
         monkeypatch.setattr(likelihood, "FOLD_ELEMENTS", rng.choice([1, 40, 1 << 22]))
         folded = fold_many(base, [m.terms_many(o) for m, o in zip(mechs, outputs, strict=True)])
@@ -106,7 +68,7 @@ def test_fold_many_is_apply_bit_for_bit(seed: int, monkeypatch: pytest.MonkeyPat
 
 
 def test_fold_many_drops_the_exact_form_at_the_33rd_group() -> None:
-    domain = _domain(4)
+    domain = vw_domain(4)
     base = LikelihoodState(domain)
     grr = [
         parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 0.01 * (i + 1)}, domain)
@@ -130,13 +92,10 @@ def test_exact_losses_after_grr_and_binary_rr_equal_with_term(seed: int) -> None
     rng = random.Random(100 + seed)
     for _ in range(150):
         k = rng.choice([1, 2, 3, 5, 20, 64])
-        domain = _domain(k)
+        domain = vw_domain(k)
         histories = []
         for _ in range(rng.randint(1, 12)):
-            state = LikelihoodState(domain)
-            for _ in range(rng.randint(0, 5)):
-                mech = parse_query(_query(rng, k, ["grr", "grr_w", "olh", "binary_rr"]), domain)
-                state.apply(mech.term(_draw(rng, mech, k)))
+            state, _ = random_history(rng, domain, k, ["grr", "grr_w", "olh", "binary_rr"], 5)
             assert state.exact is not None
             histories.append(state.exact)
         # olh's profiles (values, both stable orders, the other axes) computed for all at once
@@ -156,8 +115,8 @@ def test_exact_losses_after_grr_and_binary_rr_equal_with_term(seed: int) -> None
                 for name in ("base", "down", "up"):
                     assert np.array_equal(getattr(got_profile, name), getattr(want_profile, name))
         for kinds in (["grr"], ["binary_rr"], ["olh"]):
-            mech = parse_query(_query(rng, k, kinds), domain)
-            outputs = [_draw(rng, mech, k) for _ in range(2 * len(histories))]
+            mech = parse_query(random_query(rng, k, rng.choice(kinds)), domain)
+            outputs = [draw(rng, mech, k) for _ in range(2 * len(histories))]
             owners = [rng.randrange(len(histories)) for _ in outputs]
             got = mech.exact_losses_after(histories, outputs, owners)
             want = [
@@ -169,13 +128,18 @@ def test_exact_losses_after_grr_and_binary_rr_equal_with_term(seed: int) -> None
         assert exact_module.losses_many(fresh) == [h.loss() for h in histories]
 
 
-def test_exact_losses_after_past_int64_computes_alone() -> None:
-    domain = _domain(3)
-    huge = exact_module.ExactLoss(
+def _past_int64(domain: Domain) -> exact_module.ExactLoss:
+    """A form on ``v`` whose values leave ``int64`` (computed alone, in Python integers)."""
+    return exact_module.ExactLoss(
         domain.shape,
         (exact_module.Group(Fraction(1, 3)), exact_module.Group(Fraction(1, 7))),
         {0: np.array([[1 << 61, 0, 5], [0, 1, 2]], dtype=np.int64)},
     )
+
+
+def test_exact_losses_after_past_int64_computes_alone() -> None:
+    domain = vw_domain(3)
+    huge = _past_int64(domain)
     small = LikelihoodState(domain).exact
     assert small is not None
     mech = parse_query({"mechanism": "grr", "attribute": "v", "epsilon": 0.5}, domain)
@@ -195,19 +159,16 @@ def test_exact_units_after_equal_with_term_and_kept(seed: int) -> None:
     rng = random.Random(300 + seed)
     for _ in range(60):
         k = rng.choice([1, 2, 3, 5, 20])
-        domain = _domain(k)
+        domain = vw_domain(k)
         histories = []
         states = []
         for _ in range(rng.randint(1, 12)):
-            state = LikelihoodState(domain)
-            for _ in range(rng.randint(0, 5)):
-                mech = parse_query(_query(rng, k, ["grr", "grr_w", "olh", "binary_rr"]), domain)
-                state.apply(mech.term(_draw(rng, mech, k)))
+            state, _ = random_history(rng, domain, k, ["grr", "grr_w", "olh", "binary_rr"], 5)
             assert state.exact is not None
             histories.append(state.exact)
             states.append(state)
         for kinds in (["grr"], ["binary_rr"], ["hadamard"], ["grr_w"]):
-            mech = parse_query(_query(rng, k, kinds), domain)
+            mech = parse_query(random_query(rng, k, rng.choice(kinds)), domain)
             query = mech.exact_query()
             assert query is not None
             outputs = range(domain.shape[query.axis] if query.kind == "grr" else 0)
@@ -251,17 +212,13 @@ def test_exact_units_after_equal_with_term_and_kept(seed: int) -> None:
                     ]
             assert kept_any
         for kinds in (["olh"], ["ue"]):
-            mech = parse_query(_query(rng, k, kinds), domain)
+            mech = parse_query(random_query(rng, k, rng.choice(kinds)), domain)
             assert mech.exact_units_after(histories) is None
 
 
 def test_exact_units_after_past_int64_or_33rd_group_is_none() -> None:
-    domain = _domain(3)
-    huge = exact_module.ExactLoss(
-        domain.shape,
-        (exact_module.Group(Fraction(1, 3)), exact_module.Group(Fraction(1, 7))),
-        {0: np.array([[1 << 61, 0, 5], [0, 1, 2]], dtype=np.int64)},
-    )
+    domain = vw_domain(3)
+    huge = _past_int64(domain)
     full = exact_module.ExactLoss(
         domain.shape,
         tuple(exact_module.Group(Fraction(1, 100 + i)) for i in range(exact_module.MAX_GROUPS)),
@@ -284,14 +241,8 @@ def _snapshots(rng: random.Random, k: int, candidate: Mechanism) -> list[ObjectS
     domain = candidate.domain
     found = []
     for _ in range(rng.randint(1, 10)):
-        state = LikelihoodState(domain)
-        basic = Fraction(0)
-        entries = []
-        for _ in range(rng.randint(0, 5)):
-            mech = parse_query(_query(rng, k, ["grr", "olh", "binary_rr", "grr_w"]), domain)
-            state.apply(mech.term(_draw(rng, mech, k)))
-            basic += mech.epsilon_exact
-            entries.append(mech)
+        state, entries = random_history(rng, domain, k, ["grr", "olh", "binary_rr", "grr_w"], 5)
+        basic = sum((mech.epsilon_exact for mech in entries), Fraction(0))
         if rng.random() < 0.15:
             state.exact = None
         kind = rng.choice(list(FilterKind))
@@ -321,8 +272,10 @@ def test_evaluate_many_decides_as_evaluate(seed: int) -> None:
     counted = {"accepted": 0, "rejected": 0, "ties": 0, "batched": 0}
     for _ in range(80):
         k = rng.choice([1, 2, 3, 5, 20, 300])
-        domain = _domain(k)
-        candidate = parse_query(_query(rng, k, ["grr", "olh", "binary_rr", "grr_w"]), domain)
+        domain = vw_domain(k)
+        candidate = parse_query(
+            random_query(rng, k, rng.choice(["grr", "olh", "binary_rr", "grr_w"])), domain
+        )
         snapshots = _snapshots(rng, k, candidate)
         got = evaluate_many(snapshots, candidate)
         assert len(got) == len(snapshots)

@@ -109,15 +109,24 @@ def _member(n: int, key: GroupKey) -> MemberRow:
     return MemberRow(f"m{n}", 1, 0, 0, False, "", key)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_groups_decided_together_decide_as_each_alone(seed: int) -> None:
-    rng = random.Random(900 + seed)
+def _decided_together(
+    rng: random.Random,
+) -> tuple[ParsedQuery, list[GroupKey], survey_runs.RunCache]:
+    """300 random groups (one member each) decided together, as a survey's chunk does."""
     parsed = ParsedQuery(EngineLimits(), QUERY)
     keys = _keys(rng, parsed, 300)
     by_group = {key: [_member(n, key)] for n, key in enumerate(keys)}
     cache = survey_runs.RunCache(parsed)
     conn, worker = cast(Tx, None), cast(BoundWorker, None)  # finite arrays: neither is read
     survey_runs._decide_groups(conn, by_group, cache, worker)
+    return parsed, keys, cache
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_groups_decided_together_decide_as_each_alone(seed: int) -> None:
+    rng = random.Random(900 + seed)
+    parsed, keys, cache = _decided_together(rng)
+    conn, worker = cast(Tx, None), cast(BoundWorker, None)  # finite arrays: neither is read
     counted = {"accepted": 0, "budget": 0, "lifetime": 0, "invalid": 0}
     for n, key in enumerate(keys):
         got = cache.decisions[key]
@@ -174,12 +183,7 @@ def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
     the group was decided by basic composition (nothing kept) or by its exact candidates.
     """
     rng = random.Random(950 + seed)
-    parsed = ParsedQuery(EngineLimits(), QUERY)
-    keys = _keys(rng, parsed, 300)
-    by_group = {key: [_member(n, key)] for n, key in enumerate(keys)}
-    cache = survey_runs.RunCache(parsed)
-    conn, worker = cast(Tx, None), cast(BoundWorker, None)  # finite arrays: neither is read
-    survey_runs._decide_groups(conn, by_group, cache, worker)
+    _, keys, cache = _decided_together(rng)
     numbered: dict[int, GroupAccepted] = {}  # a key drawn twice is one group
     for key in keys:
         group = cache.decisions[key]
