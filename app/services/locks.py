@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 import time
 import weakref
@@ -188,15 +189,33 @@ class ObjectLocks:
         command and kept by the thread. Before each command, as ``ConnectionPool.get_connection``
         does: connected if it is not, and reconnected if its socket has data to read — a reply
         nobody read, or the end of file of a connection the server closed while it was idle (a
-        Redis restart) — raising if even a fresh connection has.
+        Redis restart) — raising if even a fresh connection has. The check is one ``poll`` of
+        the socket with no wait (the pool's ``can_read`` makes three system calls, each
+        releasing the GIL: the socket made non-blocking, a ``recv``, the timeout restored); only
+        a socket with something to read takes the pool's own steps.
         """
+        own = self._own
+        connection = getattr(own, "connection", None)
+        if connection is None:
+            assert self.redis is not None  # noqa: S101 - only called with a client
+            connection = own.connection = self.redis.connection_pool.make_connection()
+        sock = getattr(connection, "_sock", None)
+        if sock is not None and sock is getattr(own, "polled", None) and not own.poller.poll(0):
+            return connection  # open, and nothing to read: in step
+        self._check(connection)
+        sock = getattr(connection, "_sock", None)
+        if sock is not None and sock is not getattr(own, "polled", None):
+            poller = select.poll()
+            poller.register(sock.fileno(), select.POLLIN)
+            own.poller, own.polled = poller, sock
+        return connection
+
+    @staticmethod
+    def _check(connection: Any) -> None:
+        """``ConnectionPool.get_connection``'s check of a connection it hands out."""
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import TimeoutError as RedisTimeoutError
 
-        connection = getattr(self._own, "connection", None)
-        if connection is None:
-            assert self.redis is not None  # noqa: S101 - only called with a client
-            connection = self._own.connection = self.redis.connection_pool.make_connection()
         try:
             connection.connect()
             try:
@@ -210,7 +229,6 @@ class ObjectLocks:
         except BaseException:
             connection.disconnect()
             raise
-        return connection
 
     def _release_now(self, name: str, token: str) -> bool:
         """Run the release script (``EVALSHA``; loaded first if Redis does not have it)."""

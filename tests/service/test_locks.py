@@ -227,3 +227,39 @@ def test_a_thread_connection_the_server_closed_is_reopened(client: redis.Redis) 
         assert client.get(f"gatekeeper:lock:{oid}") is not None
     assert locks._redis_down_until == 0.0  # no Redis failure was seen
     assert client.get(f"gatekeeper:lock:{oid}") is None
+
+
+def test_a_reply_nobody_read_is_never_taken_for_the_next_commands(client: redis.Redis) -> None:
+    """A thread's connection with a reply waiting (a command sent and never read) is replaced
+    before the next command, as the pool's check-out replaces one: each command reads its own
+    reply."""
+    client.set("gatekeeper:lock-test-b", "B")
+    locks = ObjectLocks(client, timeout=10, wait=0.2)
+    assert locks._command("GET", "gatekeeper:lock-test-b") == b"B"
+    connection = locks._own.connection
+    connection.send_command("ECHO", "stale")  # its reply is never read
+    time.sleep(0.05)
+    assert locks._command("GET", "gatekeeper:lock-test-b") == b"B"
+    client.delete("gatekeeper:lock-test-b")
+
+
+def test_an_idle_connection_in_step_is_checked_without_the_pools_can_read(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check before a command on a connection already open is one ``poll`` (the pool's
+    ``can_read`` is three system calls): ``can_read`` runs only for a new connection."""
+    locks = ObjectLocks(client, timeout=10, wait=0.2)
+    locks._command("PING")
+    connection = locks._own.connection
+    calls = []
+    real = connection.can_read
+
+    def counting(*args: object, **kwargs: object) -> bool:
+        calls.append(args)
+        return bool(real(*args, **kwargs))
+
+    monkeypatch.setattr(connection, "can_read", counting)
+    for _ in range(3):
+        with locks.hold("lock-" + secrets.token_hex(4)):
+            pass
+    assert calls == []
