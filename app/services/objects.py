@@ -125,6 +125,12 @@ class OdometerColumns(Protocol):
         """The current data version."""
 
 
+#: The names of :class:`OdometerColumns`: what :func:`odometer_view` may read of a row.
+ODOMETER_COLUMNS = tuple(
+    name for name, member in vars(OdometerColumns).items() if isinstance(member, property)
+)
+
+
 #: Stored domains were checked against the limits of their registration: read them whatever
 #: the limits are now.
 _STORED_DOMAINS = EngineLimits(
