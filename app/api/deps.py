@@ -118,6 +118,8 @@ async def in_thread(
 
 def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], call: Any) -> None:
     """Run ``call`` (in a worker thread) and settle ``future`` with its outcome, on its loop."""
+    outcome: Callable[[asyncio.Future[Any], Any], None]
+    value: Any
     try:
         result = call()
     except BaseException as exc:  # handed to the awaiting coroutine, as the executor's was

@@ -54,8 +54,10 @@ try:  # the steps of request_params_to_args, to take once per route (_params)
     )
     from pydantic_core import PydanticUndefined
     from starlette.datastructures import Headers, ImmutableMultiDict
+
+    _PLANNED_PARAMS = True
 except ImportError:  # pragma: no cover - another FastAPI: request_params_to_args on every request
-    _get_param_model = None  # type: ignore[assignment]
+    _PLANNED_PARAMS = False
 
 try:  # which inclusion of the route serves the request (FastAPI >= 0.16x keeps it in the scope)
     from fastapi.routing import _get_scope_effective_route_context as _effective_context
@@ -104,7 +106,7 @@ def _params(fields: Any) -> _Params:
     field alone, so they are taken once here. None (request_params_to_args then) when a field
     is a parameter model or this FastAPI lacks the steps.
     """
-    if _get_param_model is None:
+    if not _PLANNED_PARAMS:
         return None
     planned: list[_Param] = []
     for field in fields:
@@ -135,6 +137,7 @@ def _read_params(planned: tuple[_Param, ...], received: Any) -> tuple[dict[str, 
     errors: list[Any] = []
     for field, aliases, as_list, sequence, where in planned:
         _, alias = next((pair for pair in aliases if pair[1] in received), aliases[0])
+        value: Any
         if as_list and isinstance(received, (ImmutableMultiDict, Headers)):
             value = received.getlist(alias)
         else:

@@ -38,7 +38,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from app import metrics
 from app.engine.domain import Domain, parse_domain
@@ -63,7 +63,13 @@ from app.services.errors import (
 )
 from app.services.history import object_history
 from app.services.locks import ObjectLocks
-from app.services.objects import ODOMETER_COLUMNS, load_object, odometer_view, version_span
+from app.services.objects import (
+    ODOMETER_COLUMNS,
+    OdometerColumns,
+    load_object,
+    odometer_view,
+    version_span,
+)
 from app.services.quota import (
     Answer,
     ProjectQuota,
@@ -607,16 +613,19 @@ def _record_acceptance(
     now = datetime.now(UTC)
     seq = row.accepted + 1
     odometer = odometer_view(
-        _Changed(
-            row,
-            {
-                "loss_lower": columns["loss_lower"],
-                "loss_upper": columns["loss_upper"],
-                "basic_total": columns["basic_total"],
-                "f0_account": columns["f0_account"],
-                "accepted": seq,
-                "updated_at": now,
-            },
+        cast(
+            OdometerColumns,
+            _Changed(
+                row,
+                {
+                    "loss_lower": columns["loss_lower"],
+                    "loss_upper": columns["loss_upper"],
+                    "basic_total": columns["basic_total"],
+                    "f0_account": columns["f0_account"],
+                    "accepted": seq,
+                    "updated_at": now,
+                },
+            ),
         )
     )
     # stored without the query id, which only the INSERT produces; _replay adds it back
