@@ -13,6 +13,8 @@ server CPU), so each is timed here against its former code, the two alternating 
 - ``params``: DirectRoute's planned parameters (:func:`app.api.direct._read_params`) against
   FastAPI's ``request_params_to_args`` for the submit route's path and header parameters (the
   ``Headers`` built from the raw headers each time, as a request does).
+- ``decrypt``: :meth:`app.crypto.ValueCipher.decrypt` of a stored value against the former
+  ``MultiFernet.decrypt`` of its token (one key).
 - ``odometer``: :func:`app.services.objects.odometer_view` of an accepted submit's overlay
   (:class:`app.services.queries._Changed`, the columns copied once) against the former overlay
   answering each read through ``__getattr__``.
@@ -156,6 +158,27 @@ def odometer(rounds: int, calls: int) -> dict[str, list[float]]:
     return _alternate(ways, rounds, calls)
 
 
+def decrypt(rounds: int, calls: int) -> dict[str, list[float]]:
+    from cryptography.fernet import Fernet, MultiFernet
+
+    from app import crypto
+
+    key = Fernet.generate_key()
+    cipher = crypto.ValueCipher([key])
+    stored = cipher.encrypt('{"region": 3, "age": 41, "sex": 1}')
+    fernet = MultiFernet([Fernet(key)])
+    token = stored[len(crypto.PREFIX) :]
+
+    def former() -> str:
+        return fernet.decrypt(token.encode("ascii")).decode()
+
+    return _alternate(
+        {"MultiFernet.decrypt": former, "ValueCipher.decrypt": lambda: cipher.decrypt(stored)},
+        rounds,
+        calls,
+    )
+
+
 def _alternate(
     ways: dict[str, Callable[[], Any]], rounds: int, calls: int
 ) -> dict[str, list[float]]:
@@ -175,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(f"submit_parts: {args.calls} calls per round, {args.rounds} rounds, alternated")
     print(f"{'part':<10} {'way':<34} {'us/call (median)':>16}  rounds")
-    for part, measure in (("handoff", handoff), ("params", params), ("odometer", odometer)):
+    parts = (("handoff", handoff), ("params", params), ("decrypt", decrypt), ("odometer", odometer))
+    for part, measure in parts:
         for way, values in measure(args.rounds, args.calls).items():
             shown = " ".join(f"{v:.1f}" for v in values)
             print(f"{part:<10} {way:<34} {statistics.median(values):>16.2f}  {shown}")
