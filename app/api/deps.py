@@ -104,9 +104,9 @@ async def in_thread(
     What ``loop.run_in_executor`` does, with one future fewer to chain: the thread sets the
     awaited asyncio future itself (``call_soon_threadsafe``), where ``run_in_executor`` wraps
     the executor's future in an asyncio one and copies its state across through two chained
-    callbacks (``asyncio.wrap_future``): ≈ 7-11 µs less CPU of the event loop's thread per call
-    (docs/benchmarks.md, "h/submit4"). Cancelling the awaited future cancels the executor's,
-    as the chain did.
+    callbacks (``asyncio.wrap_future``): the event loop thread's CPU per call 26-27 → 16-22 µs
+    in ``bench/submit_parts.py`` (docs/benchmarks.md, "h/submit4"). Cancelling the awaited
+    future cancels the executor's, as the chain did.
     """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
