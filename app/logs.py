@@ -48,7 +48,12 @@ class JsonFormatter(logging.Formatter):
                 body[key] = fields[key]
         if record.exc_info and record.exc_info[1] is not None:
             body.update(describe_error(record.exc_info[1]))
-        return json.dumps(body, default=str)
+        return _ENCODER.encode(body)
+
+
+#: ``json.dumps(body, default=str)``'s encoder, made once (``dumps`` makes one per call when
+#: given ``default``).
+_ENCODER = json.JSONEncoder(default=str)
 
 
 #: Quoted literals and numbers in an error message: where a driver or library quotes input.

@@ -15,8 +15,9 @@ one server and then the other, ``--blocks`` times, the order within a pair alter
 load drifts over both alike. Per block: the server's process tree's CPU (``/proc``, in clock
 ticks) per submit. The table gives each tree's median and interquartile range, the median of the
 per-pair ratios (second tree / first), the ratio of the two trees' total CPU and in how many pairs
-the second was lower. The CPU comes in clock ticks (10 ms): a block of 200 submits at ≈ 2.7 ms
-each is ≈ 54 ticks, so one pair's ratio moves in steps of ≈ 2%.
+the second was lower, and the share of each tree's CPU spent in the kernel (system time: the
+sockets, the threads' wake-ups). The CPU comes in clock ticks (10 ms): a block of 200 submits at
+≈ 2.7 ms each is ≈ 54 ticks, so one pair's ratio moves in steps of ≈ 2%.
 """
 
 from __future__ import annotations
@@ -38,10 +39,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import service_load as sl
 
 
+def split_cpu(server: sl.Server) -> tuple[float, float]:
+    """User and system CPU seconds of the server's process tree."""
+    user = system = 0.0
+    for pid in sl.descendants(server.process.pid):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        user += int(fields[11]) / sl.CLK_TCK
+        system += int(fields[12]) / sl.CLK_TCK
+    return user, system
+
+
 async def block(
     server: sl.Server, ids: list[str], analyst: str, count: int, clients: int, body: bytes
-) -> tuple[float, float, dict[int, int]]:
-    """``count`` submits over ``clients`` connections: server CPU seconds, wall, statuses."""
+) -> tuple[float, float, dict[int, int], float]:
+    """``count`` submits over ``clients`` connections: server CPU seconds, wall, statuses and
+    the CPU's system seconds."""
     conns = [sl.Connection("127.0.0.1", server.port) for _ in range(clients)]
     statuses: dict[int, int] = {}
     left = list(range(count))
@@ -56,12 +71,12 @@ async def block(
     # connections opened before the CPU is read (a connection per block, as a client pool would)
     for conn in conns:
         await conn._open()
-    cpu0, t0 = server.cpu(), time.perf_counter()
+    (user0, sys0), t0 = split_cpu(server), time.perf_counter()
     await asyncio.gather(*(client(c) for c in conns))
-    cpu, wall = server.cpu() - cpu0, time.perf_counter() - t0
+    (user1, sys1), wall = split_cpu(server), time.perf_counter() - t0
     for conn in conns:
         await conn.close()
-    return cpu, wall, statuses
+    return (user1 - user0) + (sys1 - sys0), wall, statuses, sys1 - sys0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--objects", type=int, default=20, help="objects per server (20)")
     parser.add_argument("--warmup", type=int, default=200, help="untimed submits first (200)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--db-prefix", default="gk_httpab_", help="the database's name prefix")
     args = parser.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     if len(trees) != 2:
@@ -83,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     body = json.dumps({"query": sl.grr_queries(rng)[0]}).encode()
     load0 = os.getloadavg()[0]
     logs = Path(tempfile.mkdtemp(prefix="gk_httpab_"))
-    with sl.fresh_database(prefix="gk_httpab_") as (url, _name):
+    with sl.fresh_database(prefix=args.db_prefix) as (url, _name):
         servers = []
         try:
             for n, tree in enumerate(trees):
@@ -92,16 +108,18 @@ def main(argv: list[str] | None = None) -> int:
             cpu: list[list[float]] = [[], []]
             wall: list[float] = [0.0, 0.0]
             statuses: list[dict[int, int]] = [{}, {}]
+            system: list[float] = [0.0, 0.0]
             for k, s in enumerate(servers):
                 asyncio.run(block(s, *setups[k], args.warmup, args.clients, body))
             for b in range(args.blocks):
                 order = (0, 1) if b % 2 == 0 else (1, 0)
                 for k in order:
-                    used, took, seen = asyncio.run(
+                    used, took, seen, kernel = asyncio.run(
                         block(servers[k], *setups[k], args.block, args.clients, body)
                     )
                     cpu[k].append(used / args.block * 1000)
                     wall[k] += took
+                    system[k] += kernel
                     for status, count in seen.items():
                         statuses[k][status] = statuses[k].get(status, 0) + count
         finally:
@@ -113,13 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         f"({args.clients} connections, {args.workers} worker(s) each), alternated; "
         f"load {load0:.2f} -> {load1:.2f}"
     )
-    print(f"{'tree':<14} server cpu ms/submit: median           IQR  submits/s  statuses")
+    print(f"{'tree':<14} server cpu ms/submit: median           IQR  submits/s  system  statuses")
     for k in (0, 1):
         q = statistics.quantiles(cpu[k], n=4)
         rate = args.block * args.blocks / wall[k]
         print(
             f"{names[k]:<14} {statistics.median(cpu[k]):>28.3f}  {q[0]:.3f}-{q[2]:.3f}"
-            f"  {rate:>9.1f}  {dict(sorted(statuses[k].items()))}"
+            f"  {rate:>9.1f}  {system[k] / (sum(cpu[k]) * args.block / 1000):>6.1%}"
+            f"  {dict(sorted(statuses[k].items()))}"
         )
     ratios = [b / a for a, b in zip(cpu[0], cpu[1], strict=True) if a > 0]
     lower = sum(b < a for a, b in zip(cpu[0], cpu[1], strict=True))

@@ -6,10 +6,12 @@ How to run (from the project root, Redis reachable)::
 
 One acquire + release of a lock is ``SET key token NX PX timeout`` and the compare-and-delete
 script. ``client`` runs them through redis-py's ``Redis.set`` and the registered script object
-(``EVALSHA``; main before ``h/submitdb``); ``hand-sent`` is this tree's
-:class:`app.services.locks.ObjectLocks` path (each command sent on a pooled connection by hand,
-``ObjectLocks._command`` and ``_release_now``). The two alternate by round in one process, on
-one key; the table gives the process CPU (``time.process_time``) and the wall time per pair.
+(``EVALSHA``; main before ``h/submitdb``); ``pooled`` sends each command by hand on a connection
+checked out of the client's pool and back (main from ``h/submitdb`` to ``h/submit4``);
+``hand-sent`` is this tree's :class:`app.services.locks.ObjectLocks` path (``_command`` and
+``_release_now``: since ``h/submit4`` on the thread's own connection). The ways alternate by
+round in one process, on one key; the table gives the process CPU (``time.process_time``) and
+the wall time per pair.
 """
 
 from __future__ import annotations
@@ -50,13 +52,32 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError("the bench's lock is held")
         script(keys=[name], args=[token])
 
+    def pooled_command(*command: object) -> object:
+        pool = client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_command(*command)
+            return connection.read_response()
+        finally:
+            pool.release(connection)
+
+    def pooled() -> None:
+        token = os.urandom(16).hex()
+        if not pooled_command("SET", name, token, "NX", "PX", 30_000):
+            raise RuntimeError("the bench's lock is held")
+        pooled_command("EVALSHA", script.sha, 1, name, token)
+
     def hand_sent() -> None:
         token = os.urandom(16).hex()
         if not locks._command("SET", name, token, "NX", "PX", 30_000):
             raise RuntimeError("the bench's lock is held")
         locks._release_now(name, token)
 
-    ways: dict[str, Callable[[], None]] = {"client": with_client, "hand-sent": hand_sent}
+    ways: dict[str, Callable[[], None]] = {
+        "client": with_client,
+        "pooled": pooled,
+        "hand-sent": hand_sent,
+    }
     for way in ways.values():  # load the script, open the pool's connection
         way()
     print(f"{'way':<10} {'round':>5} {'cpu ms/pair':>12} {'wall ms/pair':>13}  loadavg")

@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         "--direct", action="store_true", help="no HTTP: submit_cpu.py --direct under py-spy"
     )
     parser.add_argument("--submits", type=int, default=3000, help="with --direct (3000)")
+    parser.add_argument("--db-prefix", default="", help="passed to service_load")
     args = parser.parse_args(argv)
     if args.summarize is not None:
         print(summarize(args.summarize))
@@ -207,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.trees:
         command += ["--trees", args.trees]
+    if args.db_prefix:
+        command += ["--db-prefix", args.db_prefix]
     print("$ " + " ".join(command[1:]), flush=True)
     bench = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
     assert bench.stdout is not None  # noqa: S101 - a pipe was asked for

@@ -878,6 +878,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-verify", action="store_true", help="skip `gatekeeper verify`")
     parser.add_argument("--seed", type=int, default=20240601)
+    parser.add_argument("--db-prefix", default="gk_bench_", help="the database's name prefix")
     parser.add_argument("--json", metavar="PATH", help="write summaries and latencies as JSON")
     args = parser.parse_args(argv)
     if args.requests:
@@ -917,7 +918,7 @@ def main(argv: list[str] | None = None) -> int:
     trees = [Path(t).resolve() for t in args.trees.split(",") if t] or [ROOT]
     for tree in trees:
         print(f"code {tree.name}: {tree}")
-    with fresh_database() as (url, name):
+    with fresh_database(prefix=args.db_prefix) as (url, name):
         extra = dict(item.split("=", 1) for item in args.server_env)
         for round_ in range(args.rounds):
             # the trees take turns (the order alternates by round, like the filters)

@@ -17,6 +17,7 @@ value, a query) the engine parses from :meth:`written <app.services.schemas._Bod
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 from collections.abc import Awaitable, Callable
@@ -97,11 +98,52 @@ async def in_thread(
     through a Python ``Condition``, a capacity limiter and a cancel scope per call) was 11.5% of
     a single submit's Python CPU (docs/benchmarks.md, "The single submit"). The call runs in a
     copy of the request's context (its request id for the logs), as anyio's did. Cancelling the
-    request does not stop a call that has started: it runs to its end, as before.
+    request does not stop a call that has started: it runs to its end, as before; a call that
+    has not started yet never does.
+
+    What ``loop.run_in_executor`` does, with one future fewer to chain: the thread sets the
+    awaited asyncio future itself (``call_soon_threadsafe``), where ``run_in_executor`` wraps
+    the executor's future in an asyncio one and copies its state across through two chained
+    callbacks (``asyncio.wrap_future``): the event loop thread's CPU per call 26-27 → 16-22 µs
+    in ``bench/submit_parts.py`` (docs/benchmarks.md, "h/submit4"). Cancelling the awaited
+    future cancels the executor's, as the chain did.
     """
     loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
     call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
-    return await loop.run_in_executor(runtime.threads, call)
+    work = runtime.threads.submit(_settle, loop, future, call)
+    future.add_done_callback(functools.partial(_cancel_unstarted, work))
+    return await future
+
+
+def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any], call: Any) -> None:
+    """Run ``call`` (in a worker thread) and settle ``future`` with its outcome, on its loop."""
+    outcome: Callable[[asyncio.Future[Any], Any], None]
+    value: Any
+    try:
+        result = call()
+    except BaseException as exc:  # handed to the awaiting coroutine, as the executor's was
+        outcome, value = _set_exception, exc
+    else:
+        outcome, value = _set_result, result
+    if not loop.is_closed():  # closed: nobody awaits the outcome any more (asyncio's check)
+        loop.call_soon_threadsafe(outcome, future, value)
+
+
+def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():  # cancelled meanwhile: the outcome is dropped
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _cancel_unstarted(work: concurrent.futures.Future[None], future: asyncio.Future[Any]) -> None:
+    """A cancelled await cancels the call if it has not started (a started one runs on)."""
+    if future.cancelled():
+        work.cancel()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -93,15 +94,27 @@ class RequestContext:
             duration = time.perf_counter() - start
             path = _route_path(scope)
             method = scope.get("method", "")
-            access.info(
-                "request",
-                extra={
-                    "method": method,
-                    "path": path,
-                    "status": status,
-                    "duration_ms": round(1000 * duration, 2),
-                },
-            )
+            if access.isEnabledFor(logging.INFO):
+                # access.info's record, made without looking up the caller's frame (it is
+                # always this line); handled as access.info handles it
+                access.handle(
+                    access.makeRecord(
+                        access.name,
+                        logging.INFO,
+                        __file__,
+                        sys._getframe().f_lineno,
+                        "request",
+                        (),
+                        None,
+                        "__call__",
+                        {
+                            "method": method,
+                            "path": path,
+                            "status": status,
+                            "duration_ms": round(1000 * duration, 2),
+                        },
+                    )
+                )
             observe = self._observers.get((method, path, status))
             if observe is None:
                 observe = metrics.REQUESTS.labels(method, path, str(status)).observe

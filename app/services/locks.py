@@ -8,9 +8,13 @@ logged and the request goes on with the in-process lock alone.
 
 The Redis lock is a plain ``SET key token NX PX timeout`` and a compare-and-delete script, the
 same protocol as ``redis.lock.Lock`` with less client-side work per request: one round trip to
-acquire, one to release, each sent on a connection of the client's pool by hand (the client's
-``execute_command`` — its retry wrapper, option filtering and response callbacks — cost as much
-CPU again as the two commands themselves: docs/benchmarks.md, "h/submitdb"). A command that
+acquire, one to release, each sent by hand (the client's ``execute_command`` — its retry
+wrapper, option filtering and response callbacks — cost as much CPU again as the two commands
+themselves: docs/benchmarks.md, "h/submitdb") on the calling thread's own connection, made by
+the client's pool but never checked in or out of it (the pool's lock, its observability hooks and
+its release event cost about half the CPU of a command's own client-side work:
+docs/benchmarks.md, "h/submit4"); before each command the connection is checked as the pool's
+check-out checks it (reconnected if the server closed it or it has unread data). A command that
 fails is not retried by the client: the failure takes the path below at once.
 
 A release that Redis does not answer (down, or frozen past the client's socket timeout) is
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 import time
 import weakref
@@ -94,6 +99,8 @@ class ObjectLocks:
         self._pending: dict[tuple[str, str], float] = {}
         self._pending_guard = threading.Lock()
         self._retrier: threading.Thread | None = None
+        #: each thread's own connection for the lock's commands (:meth:`_connection`)
+        self._own = threading.local()
 
     @contextmanager
     def hold(self, object_id: str) -> Iterator[None]:
@@ -158,16 +165,14 @@ class ObjectLocks:
                     log.warning("redis lock of an object expired or was lost before release")
 
     def _command(self, *args: Any) -> Any:
-        """One command on a connection of the client's pool: its reply (a Redis error raised).
+        """One command on the calling thread's own connection: its reply (a Redis error raised).
 
-        A connection that failed mid-command is disconnected before it goes back to the pool
-        (its reply may still come: the next user must not read it).
+        A connection that failed mid-command is disconnected (its reply may still come: the next
+        command must not read it, and reconnects).
         """
         from redis.exceptions import ResponseError
 
-        assert self.redis is not None  # noqa: S101 - only called with a client
-        pool = self.redis.connection_pool
-        connection = pool.get_connection()
+        connection = self._connection()
         try:
             connection.send_command(*args)
             return connection.read_response()
@@ -176,8 +181,54 @@ class ObjectLocks:
         except BaseException:
             connection.disconnect()
             raise
-        finally:
-            pool.release(connection)
+
+    def _connection(self) -> Any:
+        """The calling thread's connection, checked as the pool checks one it hands out.
+
+        Made by the client's pool (its settings, credentials and TLS) on the thread's first
+        command and kept by the thread. Before each command, as ``ConnectionPool.get_connection``
+        does: connected if it is not, and reconnected if its socket has data to read — a reply
+        nobody read, or the end of file of a connection the server closed while it was idle (a
+        Redis restart) — raising if even a fresh connection has. The check is one ``poll`` of
+        the socket with no wait (the pool's ``can_read`` makes three system calls, each
+        releasing the GIL: the socket made non-blocking, a ``recv``, the timeout restored); only
+        a socket with something to read takes the pool's own steps.
+        """
+        own = self._own
+        connection = getattr(own, "connection", None)
+        if connection is None:
+            assert self.redis is not None  # noqa: S101 - only called with a client
+            connection = own.connection = self.redis.connection_pool.make_connection()
+        sock = getattr(connection, "_sock", None)
+        if sock is not None and sock is getattr(own, "polled", None) and not own.poller.poll(0):
+            return connection  # open, and nothing to read: in step
+        self._check(connection)
+        sock = getattr(connection, "_sock", None)
+        if sock is not None and sock is not getattr(own, "polled", None):
+            poller = select.poll()
+            poller.register(sock.fileno(), select.POLLIN)
+            own.poller, own.polled = poller, sock
+        return connection
+
+    @staticmethod
+    def _check(connection: Any) -> None:
+        """``ConnectionPool.get_connection``'s check of a connection it hands out."""
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
+        try:
+            connection.connect()
+            try:
+                if connection.can_read():
+                    raise RedisConnectionError("Connection has data")
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                connection.disconnect()
+                connection.connect()
+                if connection.can_read():
+                    raise RedisConnectionError("Connection not ready") from None
+        except BaseException:
+            connection.disconnect()
+            raise
 
     def _release_now(self, name: str, token: str) -> bool:
         """Run the release script (``EVALSHA``; loaded first if Redis does not have it)."""

@@ -174,3 +174,92 @@ def test_a_command_after_a_timed_out_one_reads_its_own_reply(tmp_path: Path) -> 
         frozen.close()
     finally:
         server.kill()
+
+
+def test_the_lock_commands_use_the_threads_own_connection(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock's commands never check a connection out of the client's pool: each thread has
+    its own, one per thread however many locks it takes (the pool's check-out and check-in cost
+    about half a command's client-side CPU: docs/benchmarks.md, "h/submit4")."""
+    pool = client.connection_pool
+    checked_out: list[object] = []
+    real_get = pool.get_connection
+
+    def counting(*args: object, **kwargs: object) -> object:
+        checked_out.append(args)
+        return real_get(*args, **kwargs)
+
+    monkeypatch.setattr(pool, "get_connection", counting)
+    locks = ObjectLocks(client, timeout=10, wait=0.2)
+    ids: set[int] = set()
+
+    def hold_three() -> None:
+        for _ in range(3):
+            oid = "lock-" + secrets.token_hex(4)
+            with locks.hold(oid):
+                assert client.get(f"gatekeeper:lock:{oid}") is not None
+            ids.add(id(locks._own.connection))
+
+    hold_three()
+    other = threading.Thread(target=hold_three)
+    other.start()
+    other.join()
+    # the test's own GETs went through the pool; the locks' SETs and releases did not
+    assert len(checked_out) == 6
+    assert len(ids) == 2  # one connection per thread
+
+
+def test_a_thread_connection_the_server_closed_is_reopened(client: redis.Redis) -> None:
+    """A thread's connection that Redis closed while it was idle (a restart, an idle timeout) is
+    reopened before the next command, as the pool's check-out would: the next lock is taken in
+    Redis, with no warning and no fall-back to the database alone."""
+    locks = ObjectLocks(client, timeout=10, wait=0.2)
+    oid = "lock-" + secrets.token_hex(4)
+    with locks.hold(oid):
+        pass
+    connection = locks._own.connection
+    connection.send_command("CLIENT", "ID")
+    own_id = connection.read_response()
+    assert client.client_kill_filter(_id=own_id) == 1
+    time.sleep(0.05)
+    with locks.hold(oid):
+        assert client.get(f"gatekeeper:lock:{oid}") is not None
+    assert locks._redis_down_until == 0.0  # no Redis failure was seen
+    assert client.get(f"gatekeeper:lock:{oid}") is None
+
+
+def test_a_reply_nobody_read_is_never_taken_for_the_next_commands(client: redis.Redis) -> None:
+    """A thread's connection with a reply waiting (a command sent and never read) is replaced
+    before the next command, as the pool's check-out replaces one: each command reads its own
+    reply."""
+    client.set("gatekeeper:lock-test-b", "B")
+    locks = ObjectLocks(client, timeout=10, wait=0.2)
+    assert locks._command("GET", "gatekeeper:lock-test-b") == b"B"
+    connection = locks._own.connection
+    connection.send_command("ECHO", "stale")  # its reply is never read
+    time.sleep(0.05)
+    assert locks._command("GET", "gatekeeper:lock-test-b") == b"B"
+    client.delete("gatekeeper:lock-test-b")
+
+
+def test_an_idle_connection_in_step_is_checked_without_the_pools_can_read(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The check before a command on a connection already open is one ``poll`` (the pool's
+    ``can_read`` is three system calls): ``can_read`` runs only for a new connection."""
+    locks = ObjectLocks(client, timeout=10, wait=0.2)
+    locks._command("PING")
+    connection = locks._own.connection
+    calls = []
+    real = connection.can_read
+
+    def counting(*args: object, **kwargs: object) -> bool:
+        calls.append(args)
+        return bool(real(*args, **kwargs))
+
+    monkeypatch.setattr(connection, "can_read", counting)
+    for _ in range(3):
+        with locks.hold("lock-" + secrets.token_hex(4)):
+            pass
+    assert calls == []

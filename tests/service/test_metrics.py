@@ -273,3 +273,17 @@ def test_without_a_usable_database_the_process_metrics_are_still_served(
     assert "gatekeeper_request_seconds" in names
     assert "gatekeeper_objects" not in names
     assert "gatekeeper_objects_near_exhaustion" not in names
+
+
+def test_a_submits_decision_counter_is_the_metrics_own_child() -> None:
+    """The accepted and rejected counters a submit increments are looked up once per (filter,
+    outcome) and are the metric's children: each count lands in ``gatekeeper_decisions_total``."""
+    from app import metrics
+    from app.services.queries import _decisions
+
+    for outcome in ("accept", "reject"):
+        child = _decisions("bayesian", outcome)
+        assert child is metrics.DECISIONS.labels("bayesian", outcome)
+        before = metrics.DECISIONS.labels("bayesian", outcome)._value.get()
+        _decisions("bayesian", outcome).inc()
+        assert metrics.DECISIONS.labels("bayesian", outcome)._value.get() == before + 1
