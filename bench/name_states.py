@@ -13,8 +13,11 @@ CONFLICT``). Per round and size, both run on the same fresh database, in alterna
 each in its own transaction (commit included), on rows of the shape a ``grr`` survey of
 ``bench/survey_load.py`` stores: a 10×2×15 ``float64`` log-likelihood array of a few distinct
 values (what TOAST compresses) and an exact form's bytes, ``--existing`` of the keys stored
-beforehand (those rows are only locked). Printed per form and size: the medians of the client's
-thread CPU and wall time, and the database backend's CPU (from ``/proc``, its clock ticks summed
+beforehand (those rows are only locked). With ``--known N``, also per round: N stored keys
+locked ``FOR KEY SHARE`` (``lock``: ``name_states``' known keys, what a chunk does for the states
+an earlier chunk stored) against the same keys only read (``read``: a plain ``SELECT``).
+Printed per form and size: the medians of the client's thread CPU and wall time, and the
+database backend's CPU (from ``/proc``, its clock ticks summed
 over the rounds: 10 ms each) per call.
 """
 
@@ -28,6 +31,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="500,2000", help="states per call (500,2000)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--existing", type=float, default=0.1, help="keys stored before (0.1)")
+    parser.add_argument(
+        "--known",
+        type=int,
+        default=0,
+        help="also lock N stored keys FOR KEY SHARE (name_states' known) against reading them",
+    )
     parser.add_argument("--db-prefix", default="gk_bench_")
     args = parser.parse_args(argv)
     from sqlalchemy import text
@@ -72,7 +82,19 @@ def main(argv: list[str] | None = None) -> int:
     from app.store import states as store
     from app.store import transaction
 
+    def lock(conn: Any, rows: list[tuple[str, bytes, float]]) -> None:
+        assert not store.name_states(conn, [], [k for k, _, _ in rows])  # noqa: S101
+
+    def read(conn: Any, rows: list[tuple[str, bytes, float]]) -> None:
+        keys = [k for k, _, _ in rows]
+        found = conn.execute(
+            text("SELECT hash FROM likelihood_states WHERE hash = ANY(string_to_array(:k, :n))"),
+            {"k": "\n".join(keys), "n": "\n"},
+        ).all()
+        assert len(found) == len(keys)  # noqa: S101
+
     forms = {"each": store._name_each, "copy": store._name_copied}
+    known = {"lock": lock, "read": read}
     sizes = [int(s) for s in args.sizes.split(",")]
     rng = random.Random(27)
     pool = [state_bytes(rng) for _ in range(4000)]
@@ -80,7 +102,23 @@ def main(argv: list[str] | None = None) -> int:
     with fresh_database(prefix=args.db_prefix) as (url, _name):
         engine = make_engine(url, pool_size=1)
         results: dict[tuple[int, str], list[tuple[float, float, float]]] = {}
+        stored: list[tuple[str, bytes, float]] = []
         for r in range(args.rounds):
+            if args.known:
+                for name in list(known) if r % 2 else list(known)[::-1]:
+                    if len(stored) < args.known:
+                        break
+                    rows = rng.sample(stored, args.known)
+                    with transaction(engine) as conn:
+                        pid = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+                    pg0, wall0 = backend_cpu(pid), time.perf_counter()
+                    cpu0 = time.thread_time()
+                    with transaction(engine) as conn:
+                        known[name](conn, rows)
+                    cpu = time.thread_time() - cpu0
+                    wall = time.perf_counter() - wall0
+                    pg = backend_cpu(pid) - pg0
+                    results.setdefault((args.known, name), []).append((cpu, wall, pg))
             for size in sizes:
                 order = list(forms) if (r + size) % 2 else list(forms)[::-1]
                 for name in order:
@@ -100,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                     wall = time.perf_counter() - wall0
                     pg = backend_cpu(pid) - pg0
                     results.setdefault((size, name), []).append((cpu, wall, pg))
+                    stored.extend(rows[int(size * args.existing) :])
         engine.dispose()
     print(f"load {os.getloadavg()}, {time.strftime('%H:%M:%S', time.gmtime())} UTC")
     print()
@@ -108,13 +147,14 @@ def main(argv: list[str] | None = None) -> int:
         "| PostgreSQL CPU ms (mean) |"
     )
     print("|---:|---|---:|---:|---:|")
-    for size in sizes:
-        for name in forms:
-            found = results[(size, name)]
-            cpu = statistics.median(c for c, _, _ in found) * 1000
-            wall = statistics.median(w for _, w, _ in found) * 1000
-            pg = sum(p for _, _, p in found) / len(found) * 1000
-            print(f"| {size:,} | {name} | {cpu:.1f} | {wall:.1f} | {pg:.1f} |")
+    lines = [(size, name) for size in sizes for name in forms]
+    lines += [(args.known, name) for name in known if (args.known, name) in results]
+    for size, name in lines:
+        found = results[(size, name)]
+        cpu = statistics.median(c for c, _, _ in found) * 1000
+        wall = statistics.median(w for _, w, _ in found) * 1000
+        pg = sum(p for _, _, p in found) / len(found) * 1000
+        print(f"| {size:,} | {name} | {cpu:.1f} | {wall:.1f} | {pg:.1f} |")
     return 0
 
 
