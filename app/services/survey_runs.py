@@ -1152,11 +1152,12 @@ def _grouped(pairs: Iterable[tuple[_K, _V]]) -> dict[_K, list[_V]]:
     A plain dict (no ``defaultdict``: a missing key looked up later raises, not adds).
     """
     found: dict[_K, list[_V]] = {}
+    setdefault = found.setdefault
     for key, value in pairs:
-        values = found.get(key)
-        if values is None:
-            found[key] = [value]
-        else:
+        # one lookup (one hash of the key: a ``GroupKey`` hashes 15 fields), a list per value
+        new = [value]
+        values = setdefault(key, new)
+        if values is not new:
             values.append(value)
     return found
 
@@ -1207,11 +1208,14 @@ def _answer(
                 )
             )
         pick = found
+    # ``Advanced`` built by ``tuple.__new__`` (its ``__new__`` is a Python call: 2.4% of the
+    # GIL's samples of surveys 6-7, one per accepted member; docs/benchmarks.md, "h/states")
+    new, picks, seqs, advances = tuple.__new__, work.picks, work.seqs, work.advances
     for row in answered:
         seq = row.accepted + 1
-        work.picks[row.id] = pick
-        work.seqs[row.id] = seq
-        work.advances.append(Advanced(row.id, row.version, seq, columns))
+        picks[row.id] = pick
+        seqs[row.id] = seq
+        advances.append(new(Advanced, (row.id, row.version, seq, columns)))
     return pick
 
 
