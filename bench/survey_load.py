@@ -38,6 +38,8 @@ import json
 import os
 import platform
 import random
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -327,6 +329,45 @@ def states_stats(database_url: str) -> str:
     return ", ".join(f"{name} {value:,}" for name, value in zip(names, row, strict=True))
 
 
+class Profiler:
+    """``--profile DIR``: py-spy over this tree's server (and its worker process) from a survey on.
+
+    Two samplers at once on the same process tree, ``--nonblocking`` (the server is not paused
+    to be read): ``all.raw`` (every thread not idle in py-spy's sense: a thread waiting on
+    PostgreSQL counts) and ``gil.raw`` (``--gil``: only the thread holding the GIL, i.e. the
+    Python code's CPU). Stopped by SIGINT (py-spy then writes its file); summarized with
+    :func:`bench.profile_submit.by_function`.
+    """
+
+    def __init__(self, folder: Path, pid: int, rate: int) -> None:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        folder.mkdir(parents=True, exist_ok=True)
+        self.raws = {"all": folder / "all.raw", "gil": folder / "gil.raw"}
+        self.processes = [
+            subprocess.Popen(  # noqa: S603 - our own arguments
+                [
+                    *(spy, "record", "-p", str(pid), "--subprocesses", "--nonblocking"),
+                    *("-r", str(rate), "-f", "raw", "-o", str(raw)),
+                    *(["--gil"] if name == "gil" else []),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for name, raw in self.raws.items()
+        ]
+
+    def stop(self, top: int) -> None:
+        from bench.profile_submit import by_function
+
+        for process in self.processes:
+            process.send_signal(signal.SIGINT)
+        for process in self.processes:
+            process.wait(timeout=120)
+        for name, raw in self.raws.items():
+            print(f"py-spy record --subprocesses --nonblocking{' --gil' if name == 'gil' else ''}")
+            print(by_function(raw, top) if raw.exists() else f"{raw}: not written", flush=True)
+
+
 def survey_series(args: argparse.Namespace) -> int:
     """``--surveys N``: the issue's diverging sequence, per tree, interleaved survey by survey.
 
@@ -377,12 +418,16 @@ def survey_series(args: argparse.Namespace) -> int:
             "states dead | server CPU s | PG CPU s | load |"
         )
         print("|---|---|---|---|---|---|---|---|---|---|---|")
+        profiler: Profiler | None = None
         for i in range(args.surveys):
             query = series_query(i)
             order = list(range(len(trees)))
             if i % 2:
                 order.reverse()
             for n in order:
+                if args.profile and n == 0 and profiler is None and i + 1 >= args.profile_from:
+                    profiler = Profiler(args.profile, servers[0].process.pid, args.profile_rate)
+                    time.sleep(1.0)  # py-spy attached before the survey starts
                 with httpx.Client(base_url=servers[n].url, timeout=60) as http:
                     cpu = servers[n].cpu()
                     backends = BackendSampler(dbnames[n])
@@ -400,6 +445,8 @@ def survey_series(args: argparse.Namespace) -> int:
                 ok &= view["status"] == "done" and members == args.objects
                 rows.append((i, names[n], line))
                 print(line, flush=True)
+        if profiler is not None:
+            profiler.stop(args.profile_top)
         for n, url in enumerate(urls):
             print(f"{names[n]}: largest tables (MiB) {table_sizes(url)}", flush=True)
             print(f"{names[n]}: likelihood_states statistics: {states_stats(url)}", flush=True)
@@ -449,6 +496,15 @@ def main(argv: list[str] | None = None) -> int:
         "commit), surveys interleaved with this tree's",
     )
     parser.add_argument("--db-prefix", default="gk_bench_", help="the databases' name prefix")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="with --surveys: py-spy over this tree's server from survey --profile-from to the "
+        "last (all.raw and gil.raw written in this folder, the top functions printed)",
+    )
+    parser.add_argument("--profile-from", type=int, default=6, help="first profiled survey (6)")
+    parser.add_argument("--profile-rate", type=int, default=100, help="samples per second (100)")
+    parser.add_argument("--profile-top", type=int, default=30, help="functions printed (30)")
     args = parser.parse_args(argv)
     if args.baseline and not args.surveys:
         parser.error("--baseline needs --surveys")

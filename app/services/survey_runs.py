@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -103,6 +103,9 @@ from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
 
 # ------------------------------------------------------------------------------ one chunk
 class _LostRace(Exception):
@@ -145,6 +148,26 @@ class RunCache:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: The stored JSON texts of the query (output None) and its outputs, per domain text.
     texts: dict[tuple[str, Output | None], str] = field(default_factory=dict)
+    #: :func:`~app.services.snapshots.history_hashes_after` per domain text and output.
+    steps: dict[tuple[str, Output], Callable[[str | None], str]] = field(default_factory=dict)
+    #: Exact states met by this run, by content key (:func:`_exact_advance`): the array's
+    #: bytes until a chunk storing it committed, then none (``b""``: it is in ``stored``).
+    contents: dict[str, StoredState] = field(default_factory=dict)
+    #: Per accepted exact decision group, what all its outputs share (:class:`_GroupAfter`).
+    after: dict[int, _GroupAfter] = field(default_factory=dict)
+    #: Each decision key's number in the run (:meth:`number`).
+    numbers: dict[GroupKey, int] = field(default_factory=dict)
+    #: The next number (``next`` is atomic: two threads never draw the same one).
+    counter: Iterator[int] = field(default_factory=itertools.count)
+    #: ``Fraction(units, denominator)`` by its two integers (a survey's losses take few values).
+    fractions: dict[tuple[int, int], Fraction] = field(default_factory=dict)
+    #: The query's term per domain text and output.
+    terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
+    magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
+    #: ``"reuse": true``: per domain hash, its text and the query parsed there (None: invalid).
+    reuse_mechs: dict[str, tuple[str, Mechanism | None]] = field(default_factory=dict)
+    #: The queries of members' pending entries, per (domain text, stored query text).
+    history_mechs: dict[tuple[str, str], Mechanism] = field(default_factory=dict)
 
     def query_text(self, domain: str, mech: Mechanism) -> str:
         """``json.dumps(mech.to_json())``, once per domain."""
@@ -152,9 +175,6 @@ class RunCache:
         if found is None:
             found = self.texts[(domain, None)] = json.dumps(mech.to_json())
         return found
-
-    #: :func:`~app.services.snapshots.history_hashes_after` per domain text and output.
-    steps: dict[tuple[str, Output], Callable[[str | None], str]] = field(default_factory=dict)
 
     def history_step(
         self, domain: str, mech: Mechanism, output: Output
@@ -174,16 +194,6 @@ class RunCache:
             found = self.texts[(domain, output)] = mech.output_text(output)
         return found
 
-    #: Exact states met by this run, by content key (:func:`_exact_advance`): the array's
-    #: bytes until a chunk storing it committed, then none (``b""``: it is in ``stored``).
-    contents: dict[str, StoredState] = field(default_factory=dict)
-    #: Per accepted exact decision group, what all its outputs share (:class:`_GroupAfter`).
-    after: dict[int, _GroupAfter] = field(default_factory=dict)
-    #: Each decision key's number in the run (:meth:`number`).
-    numbers: dict[GroupKey, int] = field(default_factory=dict)
-    #: The next number (``next`` is atomic: two threads never draw the same one).
-    counter: Iterator[int] = field(default_factory=itertools.count)
-
     def number(self, key: GroupKey) -> int:
         """The decision group's number in this run: the per-(group, output) caches' key.
 
@@ -194,12 +204,6 @@ class RunCache:
         if found is None:
             found = self.numbers.setdefault(key, next(self.counter))
         return found
-
-    #: ``Fraction(units, denominator)`` by its two integers (a survey's losses take few values).
-    fractions: dict[tuple[int, int], Fraction] = field(default_factory=dict)
-    #: The query's term per domain text and output.
-    terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
-    magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
 
     def term(self, domain: str, mech: Mechanism, output: Output) -> Term:
         """``mech.term(output)``, once per domain and output."""
@@ -228,11 +232,6 @@ class RunCache:
             found = self.contents.get(key)
             if found is not None and found.state:
                 self.contents[key] = StoredState(key, b"", found.err)
-
-    #: ``"reuse": true``: per domain hash, its text and the query parsed there (None: invalid).
-    reuse_mechs: dict[str, tuple[str, Mechanism | None]] = field(default_factory=dict)
-    #: The queries of members' pending entries, per (domain text, stored query text).
-    history_mechs: dict[tuple[str, str], Mechanism] = field(default_factory=dict)
 
     def history_mech(self, domain: str, text: str) -> Mechanism:
         """A stored history query parsed as :func:`~app.engine.pipeline.history_entry` does.
@@ -680,20 +679,19 @@ def _decide_rows(
     the project's quota on its sub-history, whose state after the answer is then stored.
     """
     parsed = cache.parsed
-    by_group: dict[GroupKey, list[MemberRow]] = {}
     keys: dict[GroupKey, GroupKey] = {}  # each distinct public state's decision key
-    for row in rows:
-        if row.retired:
-            _refuse(work, row, Refusal.RETIRED)
-            continue
-        key = keys.get(row.key)
-        if key is None:
-            key = keys[row.key] = decision_key(row.key, parsed)
-        members = by_group.get(key)
-        if members is None:
-            by_group[key] = [row]
-        else:
-            members.append(row)
+
+    def keyed() -> Iterator[tuple[GroupKey, MemberRow]]:
+        for row in rows:
+            if row.retired:
+                _refuse(work, row, Refusal.RETIRED)
+                continue
+            key = keys.get(row.key)
+            if key is None:
+                key = keys[row.key] = decision_key(row.key, parsed)
+            yield key, row
+
+    by_group = _grouped(keyed())
     states = parsed.states
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
@@ -792,26 +790,18 @@ def _answer_group(
     """
     query_text = cache.query_text(key.domain, mech)
     output_text = cache.output_text(key.domain, mech, output)
-    by_hash: dict[str | None, list[MemberRow]] = {}
     if len(answered) == 1:  # a diverged survey's usual case
-        by_hash[answered[0].key.history_hash] = answered
+        by_hash = {answered[0].key.history_hash: answered}
     else:
-        for row in answered:
-            own = row.key.history_hash
-            rows = by_hash.get(own)
-            if rows is None:
-                by_hash[own] = [row]
-            else:
-                rows.append(row)
+        by_hash = _grouped((row.key.history_hash, row) for row in answered)
     stored = change.stored
     if stored is not None and not change.by_content:
         _answer_by_history(work, key, mech, change, by_hash, query_text, output_text)
         return
     # the state is the group's whatever the member's history (named by its content, or none):
     # only the history hash differs, :func:`advance_from`'s columns without its other work
-    if stored is not None:
-        if change.by_content:  # its bytes, unless a committed chunk stored it
-            stored = cache.contents.get(stored.key, stored)
+    if stored is not None:  # named by content: its bytes, unless a committed chunk stored it
+        stored = cache.contents.get(stored.key, stored)
         work.gained[stored.key] = (
             stored,
             work.gained.get(stored.key, (stored, 0))[1] + len(answered),
@@ -1153,9 +1143,22 @@ def _by_key(rows: list[MemberRow]) -> dict[GroupKey, list[MemberRow]]:
     """``rows`` by their own public state key, in order."""
     if len(rows) == 1:
         return {rows[0].key: rows}
-    found: dict[GroupKey, list[MemberRow]] = defaultdict(list)
-    for row in rows:
-        found[row.key].append(row)
+    return _grouped((row.key, row) for row in rows)
+
+
+def _grouped(pairs: Iterable[tuple[_K, _V]]) -> dict[_K, list[_V]]:
+    """The values of ``pairs`` by their keys, keys in order of first appearance, values in order.
+
+    A plain dict (no ``defaultdict``: a missing key looked up later raises, not adds).
+    """
+    found: dict[_K, list[_V]] = {}
+    setdefault = found.setdefault
+    for key, value in pairs:
+        # one lookup (one hash of the key: a ``GroupKey`` hashes 15 fields), a list per value
+        new = [value]
+        values = setdefault(key, new)
+        if values is not new:
+            values.append(value)
     return found
 
 
@@ -1205,11 +1208,14 @@ def _answer(
                 )
             )
         pick = found
+    # ``Advanced`` built by ``tuple.__new__`` (its ``__new__`` is a Python call: 2.4% of the
+    # GIL's samples of surveys 6-7, one per accepted member; docs/benchmarks.md, "h/states")
+    new, picks, seqs, advances = tuple.__new__, work.picks, work.seqs, work.advances
     for row in answered:
         seq = row.accepted + 1
-        work.picks[row.id] = pick
-        work.seqs[row.id] = seq
-        work.advances.append(Advanced(row.id, row.version, seq, columns))
+        picks[row.id] = pick
+        seqs[row.id] = seq
+        advances.append(new(Advanced, (row.id, row.version, seq, columns)))
     return pick
 
 

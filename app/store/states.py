@@ -40,21 +40,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
+import psycopg
 from sqlalchemy import (
     Executable,
     FromClause,
     Table,
     bindparam,
+    column,
     delete,
     exists,
     false,
     func,
     select,
+    table,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import Insert
 
 from app.db.models import LikelihoodStateRecord, ProtectedObject
+from app.store import compiled
 from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 
@@ -128,24 +132,76 @@ def insert_state(conn: Tx, *, key: str, state: bytes, err: float) -> None:
     conn.execute(NAME_STATE[is_postgres(conn)], {"hash": key, "state": state, "err": err})
 
 
+#: The temporary table :func:`name_states` copies a chunk's new states into (PostgreSQL): one
+#: per session, created by the first transaction that needs it (again if that one rolled back),
+#: emptied at every commit (by a transaction that used it: PostgreSQL skips the others). Its
+#: columns are the states table's, with its compression (lz4): a value compressed here is
+#: inserted into the states table as it is, not compressed again.
+_COPY_TABLE = "gk_states_in"
+_CREATE_COPY_TABLE = (
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {_COPY_TABLE} "
+    f"(LIKE {STATES.name} INCLUDING COMPRESSION) ON COMMIT DELETE ROWS"
+)
+_COPY_IN = f"COPY {_COPY_TABLE} (hash, state, err) FROM STDIN (FORMAT BINARY)"
+_COPIED = table(_COPY_TABLE, column("hash"), column("state"), column("err"))
+#: :data:`NAME_STATE` of every copied row, in key order (bytewise, as ``sorted`` orders them).
+_NAME_COPIED = compiled.Compiled.of(
+    _or_lock(
+        postgresql.insert(STATES).from_select(
+            ["hash", "state", "err"],
+            select(_COPIED.c.hash, _COPIED.c.state, _COPIED.c.err).order_by(
+                _COPIED.c.hash.collate("C")
+            ),
+        )
+    )
+)
+
+
+def _name_each(conn: Tx, rows: Sequence[tuple[str, bytes, float]]) -> None:
+    """:data:`NAME_STATE` per row, one ``executemany`` in key order (both dialects)."""
+    conn.execute(
+        NAME_STATE[is_postgres(conn)],
+        [{"hash": key, "state": state, "err": err} for key, state, err in sorted(rows)],
+    )
+
+
+def _name_copied(conn: Tx, rows: Sequence[tuple[str, bytes, float]]) -> None:
+    """:data:`NAME_STATE` per row on PostgreSQL: the rows copied (binary), then one ``INSERT``.
+
+    The same ``ON CONFLICT`` per row as :func:`_name_each`'s, in the same (key) order, from
+    :data:`_COPY_TABLE` — no parameter set per row, no statement execution per row.
+    """
+    raw = compiled.raw_connection(conn)
+    text = _COPY_IN
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute(_CREATE_COPY_TABLE)
+            with cursor.copy(_COPY_IN) as copy:
+                copy.set_types(["text", "bytea", "float8"])
+                for row in rows:
+                    copy.write_row(row)
+            text = _NAME_COPIED.text
+            cursor.execute(text, _NAME_COPIED.params({}), prepare=False)
+    except psycopg.Error as exc:
+        raise compiled.wrapped(conn, raw, text, exc) from exc
+
+
 def name_states(
     conn: Tx, rows: Sequence[tuple[str, bytes, float]], known: Sequence[str] = ()
 ) -> set[str]:
     """Make sure the states the caller's objects are about to name stay stored; those missing.
 
     ``rows``: ``(key, state, err)`` of distinct keys whose arrays the caller holds: each is
-    inserted or its row locked (:data:`NAME_STATE`, one ``executemany`` in key order: two
-    writers lock common rows in one order). ``known``: keys the caller holds no bytes for (a
-    survey run stored them in an earlier chunk): locked ``FOR KEY SHARE``; the returned set is
-    those of them not stored any more (the caller must not name them: roll back). Either way
-    the rows stay until the caller's transaction ends (the module's docstring proves it).
+    inserted or its row locked (:data:`NAME_STATE`, in key order: two writers lock common rows
+    in one order; on PostgreSQL copied first, :func:`_name_copied`). ``known``: keys the
+    caller holds no bytes for (a survey run stored them in an earlier chunk): locked ``FOR KEY
+    SHARE``; the returned set is those of them not stored any more (the caller must not name
+    them: roll back). Either way the rows stay until the caller's transaction ends (the
+    module's docstring proves it).
     """
     postgres = is_postgres(conn)
     if rows:
-        conn.execute(
-            NAME_STATE[postgres],
-            [{"hash": key, "state": state, "err": err} for key, state, err in sorted(rows)],
-        )
+        (_name_copied if postgres else _name_each)(conn, rows)
     if not known:
         return set()
     wanted = sorted(set(known))

@@ -212,3 +212,32 @@ def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
         for y in outputs:
             want = exact.with_term(mech.exact_term(y))  # type: ignore[union-attr,arg-type]
             assert losses[y] == want.loss(), (n, y)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_grouped_is_a_dict_of_lists_in_first_seen_order(seed: int) -> None:
+    """``survey_runs._grouped`` (one ``setdefault`` per value) equals its definition.
+
+    Its definition: a dict, keys in the order first met, each holding its values in order (the
+    order a chunk's members are then sampled and answered in); no entry for a key never met.
+    Keys are ``GroupKey`` s of a chunk's shape: many distinct, some repeated, equal but not
+    identical objects.
+    """
+    rng = random.Random(seed)
+    keys = [
+        GroupKey(
+            *("d", 4.0, "bayes", "1/2", None, f"s{rng.randrange(40)}", 0, 0.5, 0.6),
+            *(None, "0", None, None, 0.0, 0.0),
+        )
+        for _ in range(300)
+    ]
+    pairs = [(GroupKey(*key), n) for n, key in enumerate(keys)]  # equal, not identical
+    expected: dict[GroupKey, list[int]] = {}
+    for key, value in pairs:
+        if key not in expected:
+            expected[key] = []
+        expected[key].append(value)
+    found = survey_runs._grouped(iter(pairs))
+    assert type(found) is dict
+    assert list(found.items()) == list(expected.items())
+    assert survey_runs._grouped([]) == {}

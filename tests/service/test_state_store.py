@@ -334,3 +334,70 @@ def test_a_query_that_leaves_the_state_as_it_was_is_accepted(
     collect_states(engine)
     with engine.connect() as conn:
         assert set(load_states(conn, {named[-1]})) == {named[-1]}  # still stored
+
+
+def _stored(conn: Connection, prefix: str) -> list[tuple[str, bytes, float, str | None]]:
+    """The rows under ``prefix`` (the prefix cut), with how PostgreSQL compressed each array."""
+    rows = conn.execute(
+        text(
+            "SELECT hash, state, err, pg_column_compression(state) FROM likelihood_states "
+            "WHERE hash LIKE :p ORDER BY hash"
+        ),
+        {"p": prefix + "%"},
+    )
+    return [(h[len(prefix) :], bytes(s), float(e), c) for h, s, e, c in rows]
+
+
+def test_a_chunk_s_states_copied_are_stored_as_one_insert_per_row_stores_them(
+    engine: Engine,
+) -> None:
+    """PostgreSQL names a chunk's states by COPY and one ``INSERT``: the per-row statement's rows.
+
+    Half the keys are stored beforehand with other bytes (they must stay as they were: locked,
+    not written), the arrays are as large as a survey's (compressed by TOAST: the copy must
+    not change how, lz4 where the column asks for it), and a transaction that made the copy
+    table and rolled back must not break the next one.
+    """
+    _postgres(engine)
+    import random
+
+    from app.store import states as store
+
+    rng = random.Random(27)
+    arrays = {f"{n:04d}": rng.randbytes(64) * 40 for n in range(300)}  # 2,560 bytes each
+
+    def rolled_back() -> None:  # the copy table created in this transaction, then rolled back
+        with transaction(engine) as conn:
+            store._name_copied(conn, [("copy-rolled-back", b"\x01", 0.0)])
+            raise RuntimeError
+
+    with pytest.raises(RuntimeError):
+        rolled_back()
+    found = []
+    for prefix, name in (("each-", store._name_each), ("copy-", store._name_copied)):
+        with transaction(engine) as conn:
+            old = [(prefix + k, b"old" + a, 0.125) for k, a in list(arrays.items())[::2]]
+            store._name_each(conn, old)
+        with transaction(engine) as conn:
+            rows = [(prefix + k, a, n / 7) for n, (k, a) in enumerate(arrays.items())]
+            rng.shuffle(rows)
+            name(conn, rows)
+        with transaction(engine) as conn:
+            found.append(_stored(conn, prefix))
+            conn.execute(
+                text("DELETE FROM likelihood_states WHERE hash LIKE :p"), {"p": prefix + "%"}
+            )
+    each, copied = found
+    assert len(each) == len(arrays)
+    assert copied == each
+    assert each[0][1:3] == (b"old" + arrays[each[0][0]], 0.125)  # kept as it was
+    assert each[1][1:3] == (arrays[each[1][0]], 1 / 7)  # inserted
+    with engine.connect() as conn:
+        column = conn.execute(
+            text(
+                "SELECT attcompression FROM pg_attribute WHERE attname = 'state' "
+                "AND attrelid = 'likelihood_states'::regclass"
+            )
+        ).scalar_one()
+    if column == "l":
+        assert {c for *_, c in copied} == {"lz4"}
