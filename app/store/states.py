@@ -142,6 +142,10 @@ _CREATE_COPY_TABLE = (
     f"CREATE TEMPORARY TABLE IF NOT EXISTS {_COPY_TABLE} "
     f"(LIKE {STATES.name} INCLUDING COMPRESSION) ON COMMIT DELETE ROWS"
 )
+#: Before PostgreSQL 14 there is no per-column compression to copy (nor lz4: migration 0018).
+_CREATE_COPY_TABLE_13 = (
+    f"CREATE TEMPORARY TABLE IF NOT EXISTS {_COPY_TABLE} (LIKE {STATES.name}) ON COMMIT DELETE ROWS"
+)
 _COPY_IN = f"COPY {_COPY_TABLE} (hash, state, err) FROM STDIN (FORMAT BINARY)"
 _COPIED = table(_COPY_TABLE, column("hash"), column("state"), column("err"))
 #: :data:`NAME_STATE` of every copied row, in key order (bytewise, as ``sorted`` orders them).
@@ -175,7 +179,9 @@ def _name_copied(conn: Tx, rows: Sequence[tuple[str, bytes, float]]) -> None:
     text = _COPY_IN
     try:
         with raw.cursor() as cursor:
-            cursor.execute(_CREATE_COPY_TABLE)
+            cursor.execute(
+                _CREATE_COPY_TABLE if raw.info.server_version >= 140000 else _CREATE_COPY_TABLE_13
+            )
             with cursor.copy(_COPY_IN) as copy:
                 copy.set_types(["text", "bytea", "float8"])
                 for row in rows:
