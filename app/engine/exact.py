@@ -378,7 +378,7 @@ class ExactLoss:
         already in ε order (one group: always) it is :meth:`canonical_bytes` without the shape.
         """
         if self._sorted_order == list(range(len(self.groups))):
-            canonical = self._canonical
+            canonical = self.canonical_bytes()
             return b"{" + canonical[canonical.index(b'"g":') :]
         return b"{" + self._body(list(range(len(self.groups)))) + b"}"
 
@@ -399,9 +399,16 @@ class ExactLoss:
         decision on an exact history reads these counts and nothing else of the state.
         The bytes are the compact JSON ``{"s": shape, "g": [[num, den], ...], "c": {axis:
         rows}}`` (:func:`canonical_json`, the definition), written here without building the
-        document (a survey keys every new state by them) and computed once per form.
+        document (a survey keys every new state by them) and computed once per form
+        (:attr:`Kept.canonical`, which a caller that knows them may hand over).
         """
-        return self._canonical
+        kept = self.kept
+        canonical = kept.canonical
+        if canonical is None:
+            order = self._sorted_order
+            body = self._body(order, self._axis_texts(order))
+            canonical = kept.canonical = b'{"s":[' + self._shape_text.encode() + b"]," + body + b"}"
+        return canonical
 
     @cached_property
     def _sorted_order(self) -> list[int]:
@@ -410,17 +417,6 @@ class ExactLoss:
         if len(groups) < 2:
             return list(range(len(groups)))
         return sorted(range(len(groups)), key=lambda g: groups[g].epsilon)
-
-    @cached_property
-    def _canonical(self) -> bytes:
-        # a cached_property still: survey_runs._exact_with writes its slot (Kept.canonical is
-        # the open way to hand the bytes over)
-        known = self.kept.canonical
-        if known is not None:
-            return known
-        order = self._sorted_order
-        body = self._body(order, self._axis_texts(order))
-        return b'{"s":[' + self._shape_text.encode() + b"]," + body + b"}"
 
     def _axis_texts(self, order: list[int]) -> dict[int, str]:
         """Each touched axis's ``"axis":rows`` text, its rows in ``order`` (the canonical one).
@@ -527,7 +523,7 @@ class ExactLoss:
         at = order.index(self.groups.index(group))
         written = self._groups_text(order)
         shape = self._shape_text
-        # _canonical's bytes, cut around the row: the other axes' rows as _body writes them
+        # canonical_bytes(), cut around the row: the other axes' rows as _body writes them
         before: list[str] = []
         after: list[str] = []
         rows: list[list[int]] = []

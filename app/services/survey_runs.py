@@ -655,7 +655,8 @@ def _exact_with(exact: ExactLoss, term: Term, canonical: bytes) -> ExactLoss:
     """:func:`exact_after` of a form whose result's canonical bytes are known (kept on it)."""
     after = exact_after(exact, term)
     assert after is not None  # noqa: S101 - canonical_after answered: the group is the form's
-    after.__dict__.setdefault("_canonical", canonical)  # the cached_property's slot
+    if after.kept.canonical is None:
+        after.kept.canonical = canonical
     return after
 
 
