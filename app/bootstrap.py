@@ -13,6 +13,8 @@ import gc
 import os
 import secrets
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
@@ -60,9 +62,31 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 def app_factory() -> FastAPI:
     """Factory for ``uvicorn --factory app.bootstrap:app_factory`` (``gatekeeper serve``)."""
-    app = create_app()
+    with collector_paused():
+        app = create_app()
     tune_collector()
     return app
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: for a new serving process's imports and app.
+
+    Importing the web stack and the app (FastAPI, pydantic's schemas, SQLAlchemy's mappers, the
+    routes) allocates about 10^6 objects that live as long as the process; the collector's
+    passes over them, the full ones over an ever larger heap, found nearly nothing to free.
+    :func:`tune_collector` right after collects once and freezes what is left. Every uvicorn
+    worker pays this start, and a worker killed is replaced by a new one (docs/benchmarks.md,
+    "h/ci7"). A collector already off stays off.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 #: Container allocations (net of frees) between two youngest-generation collections; Python's

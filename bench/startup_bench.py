@@ -1,9 +1,11 @@
 """Process start-up, two checkouts side by side: a ``gatekeeper`` command and a 4-worker server.
 
-Each round runs, in each tree (alternating which goes first), ``python -m app.cli keys list``
-and ``python -m app.cli serve --workers 4`` until ``/readyz`` answers (then SIGTERM), each tree
-on its own migrated SQLite file, and reports wall times and the children's CPU
-(``getrusage(RUSAGE_CHILDREN)``). Usage::
+Each round runs, in each tree (alternating which goes first), ``python -m app.cli keys list``,
+what a uvicorn worker process does before it serves (``--worker-builds`` times: a new
+interpreter importing uvicorn's server and calling ``app.bootstrap.app_factory``, as each worker
+that replaces a killed one does) and ``python -m app.cli serve --workers 4`` until ``/readyz``
+answers (then SIGTERM), each tree on its own migrated SQLite file, and reports wall times and
+the children's CPU (``getrusage(RUSAGE_CHILDREN)``). Usage::
 
     python bench/startup_bench.py --tree main=/path/to/main --tree branch=. --rounds 5
 """
@@ -54,6 +56,25 @@ def command(tree: str, env: dict[str, str]) -> tuple[float, float]:
     return time.perf_counter() - wall, children_cpu() - cpu
 
 
+def worker_build(tree: str, env: dict[str, str]) -> tuple[float, float]:
+    """A new interpreter doing what a uvicorn worker does before it serves: import uvicorn's
+    server, then build the app with the factory ``gatekeeper serve`` names."""
+    cpu, wall = children_cpu(), time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import uvicorn.config, uvicorn.server\n"
+            "from app.bootstrap import app_factory\napp_factory()",
+        ],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    return time.perf_counter() - wall, children_cpu() - cpu
+
+
 def server(tree: str, env: dict[str, str]) -> tuple[float, float, int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -83,6 +104,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", action="append", required=True, help="NAME=PATH (repeat)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--worker-builds", type=int, default=3, help="worker starts per round")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
     key = subprocess.run(
@@ -103,14 +125,24 @@ def main() -> None:
         )
     commands: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
     servers: dict[str, list[tuple[float, float, int]]] = {name: [] for name in trees}
+    builds: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
     order = list(trees)
     for r in range(args.rounds):
         for name in order if r % 2 == 0 else order[::-1]:
             env = environment(trees[name], urls[name], key)
             commands[name].append(command(trees[name], env))
+            builds[name] += [worker_build(trees[name], env) for _ in range(args.worker_builds)]
             servers[name].append(server(trees[name], env))
     print(f"load at the end: {os.getloadavg()}")
     for name in trees:
+        b = builds[name]
+        if b:
+            print(
+                f"{name}: worker start (import uvicorn, app_factory) x{len(b)}: wall median"
+                f" {sorted(w for w, _ in b)[len(b) // 2]:.2f} s, CPU mean"
+                f" {sum(x for _, x in b) / len(b):.3f} s, CPU median"
+                f" {sorted(x for _, x in b)[len(b) // 2]:.3f} s"
+            )
         c, s = commands[name], servers[name]
         median = sorted(w for w, _ in c)[len(c) // 2]
         print(

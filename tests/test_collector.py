@@ -4,15 +4,22 @@
 alive at that point frozen and the youngest generation collected every
 ``COLLECT_EVERY`` allocations instead of 700 (a survey chunk's objects are then mostly freed
 before any pass sees them). Checked in a fresh interpreter: the test process keeps its own.
+The app is built with the collector paused (``collector_paused``: its passes over the imports'
+long-lived objects were CPU of every worker start), and it is on again once the app is built.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+from app.bootstrap import collector_paused
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,8 +27,14 @@ SCRIPT = """
 import gc, json
 from app import bootstrap
 before = gc.get_threshold()
+build, during = bootstrap.create_app, []
+def create_app():
+    during.append(gc.isenabled())
+    return build()
+bootstrap.create_app = create_app
 app = bootstrap.app_factory()
 after = gc.get_threshold()
+enabled = gc.isenabled()
 # a reference cycle made after tuning is still collected
 class Node:
     pass
@@ -29,7 +42,8 @@ a, b = Node(), Node()
 a.other, b.other = b, a
 del a, b
 print(json.dumps({"before": before, "after": after, "frozen": gc.get_freeze_count(),
-                  "every": bootstrap.COLLECT_EVERY, "collected": gc.collect()}))
+                  "every": bootstrap.COLLECT_EVERY, "collected": gc.collect(),
+                  "during": during, "enabled": enabled}))
 """
 
 
@@ -55,3 +69,23 @@ def test_app_factory_freezes_the_built_process_and_collects_less_often(tmp_path:
     assert found["every"] >= 10_000
     assert found["frozen"] > 10_000  # the modules and the app: out of every pass
     assert found["collected"] >= 2
+    # the app was built with the collector off, and it is on again afterwards
+    assert found["during"] == [False]
+    assert found["enabled"] is True
+
+
+def test_collector_paused_restores_the_collector_as_it_found_it() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("a failed import")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # off before: stays off
+    finally:
+        gc.enable()
