@@ -319,15 +319,26 @@ def make_machine(client: TestClient, analyst: str) -> type[RuleBasedStateMachine
     return SubmitProtocol
 
 
+#: Random sequences (hypothesis examples) on each backend, of ``stateful_step_count`` steps each.
+EXAMPLES = 40
+#: The sequences are run as this many tests of ``EXAMPLES // PARTS`` each (each with hypothesis's
+#: own random seed), so that ``pytest -n 3`` runs them at once instead of one process holding a
+#: single test of one to two minutes (issue 27 item 5, CI time): as many sequences, the same
+#: steps and checks.
+PARTS = 2
+assert EXAMPLES % PARTS == 0, "every part runs as many sequences"
+
+
 @pytest.mark.slow
-def test_submit_protocol_state_machine(client: TestClient) -> None:
+@pytest.mark.parametrize("part", range(PARTS))
+def test_submit_protocol_state_machine(client: TestClient, part: int) -> None:
     """Random create/dry-run/submit/retry/replay/exhaust sequences keep every invariant."""
     analyst = new_key(client, "analyst")
     machine = make_machine(client, analyst)
     run_state_machine_as_test(
         machine,
         settings=settings(
-            max_examples=40,
+            max_examples=EXAMPLES // PARTS,
             stateful_step_count=20,
             deadline=None,
             # no shrinking: a failure that hangs on a sampled output does not replay (the CSPRNG
