@@ -46,6 +46,8 @@ DOMAIN = {
 }
 #: ``grr`` on ``v`` refuses this domain (no attribute ``v``): the group is refused as invalid.
 OTHER = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
+#: A real attribute: not finite (``decision_key`` keeps its members' history hashes).
+CONTINUOUS = {"attributes": [{"name": "r", "type": "real", "low": 0, "high": 1}]}
 QUERY = {"mechanism": "grr", "attribute": "v", "epsilon": 0.5}
 HISTORY = [
     {"mechanism": "grr", "attribute": "v", "epsilon": 0.5},
@@ -258,11 +260,12 @@ def test_a_chunks_groups_are_numbered_one_number_per_decision_key(seed: int) -> 
 
     Against the definition — the members by their ``decision_key`` in a dict of keys — on
     chunks whose members' public states are equal but separate tuples, differ in one field
-    (the history hash, which a finite decision key drops unless entries are pending; or
-    another field, which it keeps), or are retired: equal decision keys get one number,
-    distinct ones never share one, in this chunk and the run's later ones (and after the
-    run's cache is trimmed, a key gets a number no other key had); the groups come in the same
-    order with the same members in the same order, and retired members are refused.
+    (the history hash, which a finite domain's decision key drops unless entries are pending
+    and a continuous one's keeps; or another field, which it keeps), or are retired: equal
+    decision keys get one number, distinct ones never share one, in this chunk and the run's
+    later ones (and after the run's cache is trimmed, a key gets a number no other key had);
+    the groups come in the same order with the same members in the same order, and retired
+    members are refused.
     """
     rng = random.Random(990 + seed)
     parsed = ParsedQuery(EngineLimits(), QUERY)
@@ -287,6 +290,8 @@ def test_a_chunks_groups_are_numbered_one_number_per_decision_key(seed: int) -> 
                 fields[GroupKey._fields.index("history_hash")] = f"h{rng.randrange(4)}"
             elif change < 0.55:
                 fields[GroupKey._fields.index("loss_upper")] = base.loss_upper + rng.randrange(2)
+            if rng.random() < 0.1:  # a continuous domain: its decision keys keep the history
+                fields[0] = json.dumps(CONTINUOUS)
             key = GroupKey(*fields)
             rows.append(MemberRow(f"c{chunk}m{n}", 1, 0, 0, rng.random() < 0.05, "", key))
         work = survey_runs._Chunk(1, chunk, datetime.now(UTC))
