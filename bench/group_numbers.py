@@ -17,7 +17,8 @@ each its own history hash, of ``--groups`` decision groups (finite domain: the d
 drops the history hash), every key a separate tuple of separate strings as the database rows
 give them. Both run on the same chunks, alternating which goes first, each with its own warm
 run cache; printed: the medians and minima of the thread CPU per chunk, and that both grouped
-the members alike.
+the members alike. ``--converged``: a group's members share one history hash (the public
+state repeats: an early survey's chunk).
 """
 
 from __future__ import annotations
@@ -71,10 +72,16 @@ def fresh(text: str) -> str:
     return text.encode().decode()
 
 
-def chunk(rng: random.Random, members: int, groups: int, shift: int) -> list[MemberRow]:
-    """A diverged chunk: ``groups`` decision groups, every member its own history."""
+def chunk(
+    rng: random.Random, members: int, groups: int, shift: int, converged: bool = False
+) -> list[MemberRow]:
+    """A diverged chunk: ``groups`` decision groups, every member its own history.
+
+    ``converged``: the members of a group share their history hash (an early survey's chunk).
+    """
     text = json.dumps(DOMAIN)
     rows = []
+    histories: dict[int, str] = {}
     order = list(range(groups)) + [rng.randrange(groups) for _ in range(members - groups)]
     rng.shuffle(order)
     for n, g in enumerate(order):
@@ -86,7 +93,11 @@ def chunk(rng: random.Random, members: int, groups: int, shift: int) -> list[Mem
                 2.5 + (g % 3),
                 "bayesian",
                 fresh(f"{(g % 7) + 1}/2"),
-                fresh(f"{rng.getrandbits(128):032x}"),
+                fresh(
+                    histories.setdefault(g, f"{rng.getrandbits(128):032x}")
+                    if converged
+                    else f"{rng.getrandbits(128):032x}"
+                ),
                 fresh(f"{g:064x}"),
                 0,
                 0.25 * (g % 11),
@@ -165,6 +176,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--seed", type=int, default=27)
+    parser.add_argument(
+        "--converged", action="store_true", help="a group's members share one history hash"
+    )
     args = parser.parse_args()
     old = load_old(args.baseline)
     rng = random.Random(args.seed)
@@ -184,7 +198,7 @@ def main() -> None:
         "new": lambda rows: run_new(rows, cache_new, new._Chunk(1, 0, datetime.now(UTC))),
     }
     for n in range(args.rounds + 1):
-        rows = chunk(rng, args.members, args.groups, 0)
+        rows = chunk(rng, args.members, args.groups, 0, args.converged)
         # each side its own copy of the chunk: strings whose hashes neither computed yet
         copies = {
             name: [
@@ -207,7 +221,8 @@ def main() -> None:
                 runs[name].append(spent)
         assert found["old"] == found["new"], "the two groupings differ"  # noqa: S101
     print(
-        f"chunk of {args.members} members, {args.groups} decision groups, "
+        f"{'converged' if args.converged else 'diverged'} chunk of {args.members} members, "
+        f"{args.groups} decision groups, "
         f"{args.rounds} rounds (thread CPU ms per chunk)"
     )
     print("| form | median | min | max |")
