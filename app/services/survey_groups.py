@@ -136,10 +136,8 @@ class _SnapshotRow(NamedTuple):
     version_start: int
 
 
-#: ``history_hash``'s and ``state_pending``'s positions in :class:`GroupKey` (a survey chunk
-#: applies :func:`decision_key`'s rule inline with them: ``survey_runs._numbered``).
-HISTORY = GroupKey._fields.index("history_hash")
-PENDING = GroupKey._fields.index("state_pending")
+#: ``history_hash``'s position in :class:`GroupKey`.
+_HISTORY = GroupKey._fields.index("history_hash")
 
 
 def decision_key(key: GroupKey, parsed: ParsedQuery) -> GroupKey:
@@ -154,7 +152,7 @@ def decision_key(key: GroupKey, parsed: ParsedQuery) -> GroupKey:
     if key.state_pending or not parsed.domain(key.domain).is_finite:
         return key
     # ``key._replace(history_hash=None)``, built directly (a chunk asks it per member)
-    return tuple.__new__(GroupKey, (*key[:HISTORY], None, *key[HISTORY + 1 :]))
+    return tuple.__new__(GroupKey, (*key[:_HISTORY], None, *key[_HISTORY + 1 :]))
 
 
 def decide_group(

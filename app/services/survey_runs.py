@@ -77,14 +77,13 @@ from app.services.snapshots import (
     pending_columns,
 )
 from app.services.survey_groups import (
-    HISTORY,
-    PENDING,
     GroupAccepted,
     ParsedQuery,
     QuotaGroups,
     Refusal,
     StateMissing,
     decide_snapshots,
+    decision_key,
     group_snapshot,
     load_survey,
     survey_totals,
@@ -780,34 +779,24 @@ def _numbered(
     """The chunk's members not retired by decision group, and each group's decision key.
 
     Both by the group's number (:meth:`RunCache.number` of its :func:`decision_key`), groups in
-    the order of their first member. Each member's decision key is hashed once, here (the
-    chunk's dicts keyed by it hashed its 15 fields about seven times per group), and the run's
-    number looked up once per group and chunk. :func:`decision_key`'s rule is applied inline,
-    each domain's finiteness read once: a diverged survey's members each have their own history
-    hash, so a dict of their whole public states (main's) only added a hash per member.
-    Retired members are refused.
+    the order of their first member. Each distinct public state's ``GroupKey`` is hashed here
+    once or twice (its decision key, then the run's number), where the chunk's dicts keyed by
+    the key hashed its 15 fields about seven times per group. Retired members are refused.
     """
     parsed = cache.parsed
     number = cache.number
-    numbers: dict[GroupKey, int] = {}  # each decision key's number
+    numbers: dict[GroupKey, int] = {}  # each distinct public state's group number
     keys: dict[int, GroupKey] = {}
-    finite: dict[str, bool] = {}  # per domain text: its decision keys drop the history hash
-    new = tuple.__new__
 
     def keyed() -> Iterator[tuple[int, MemberRow]]:
         for row in rows:
             if row.retired:
                 _refuse(work, row, Refusal.RETIRED)
                 continue
-            key = row.key
-            drops = finite.get(key[0])
-            if drops is None:
-                drops = finite[key[0]] = parsed.domain(key[0]).is_finite
-            if drops and not key[PENDING]:  # decision_key(key, parsed)
-                key = new(GroupKey, (*key[:HISTORY], None, *key[HISTORY + 1 :]))
-            found = numbers.get(key)
+            found = numbers.get(row.key)
             if found is None:
-                found = numbers[key] = number(key)
+                key = decision_key(row.key, parsed)
+                found = numbers[row.key] = number(key)
                 keys[found] = key
             yield found, row
 
