@@ -130,8 +130,7 @@ class ChunkOutcome:
 class RunCache:
     """What a run remembers across its chunks (all of it public, none of it a value).
 
-    ``decisions``: per decision group's number (:meth:`number` of its :func:`decision_key`),
-    the filter's decision;
+    ``decisions``: per decision key (:func:`decision_key`), the filter's decision;
     ``advances``: per (decision group's number, :meth:`number`; output), the object columns
     and state row after it;
     ``stored``: state keys this run has stored (later chunks only lock them, without bytes);
@@ -140,7 +139,7 @@ class RunCache:
     """
 
     parsed: ParsedQuery
-    decisions: dict[int, GroupAccepted | Refusal] = field(default_factory=dict)
+    decisions: dict[GroupKey, GroupAccepted | Refusal] = field(default_factory=dict)
     advances: dict[tuple[int, Output], Advance] = field(default_factory=dict)
     stored: set[str] = field(default_factory=set)
     seen: set[GroupKey] = field(default_factory=set)
@@ -196,13 +195,10 @@ class RunCache:
         return found
 
     def number(self, key: GroupKey) -> int:
-        """The decision group's number in this run: its decision's and its caches' key.
+        """The decision group's number in this run: the per-(group, output) caches' key.
 
-        The key of :attr:`decisions`, :attr:`advances` (with an output) and :attr:`after`.
-        Looked up once per distinct public state (and per folded member) and chunk — a
-        ``GroupKey`` hashes 15 fields; the chunk keys its dicts by the number from then on
-        (:func:`_numbered`). Equal keys get one number, distinct keys never share one: numbers
-        are never reused, even after :meth:`trim` (a key met again then gets a new one).
+        Looked up once per group and chunk (a ``GroupKey`` hashes 15 fields); numbers are
+        never reused, even after :meth:`trim`.
         """
         found = self.numbers.get(key)
         if found is None:
@@ -419,8 +415,7 @@ def _within_quota(
 
 def _decide_groups(
     conn: Tx,
-    by_group: dict[int, list[MemberRow]],
-    keys: dict[int, GroupKey],
+    by_group: dict[GroupKey, list[MemberRow]],
     cache: RunCache,
     worker: BoundWorker,
 ) -> None:
@@ -431,33 +426,26 @@ def _decide_groups(
     decided by one engine call (:func:`~app.services.survey_groups.decide_snapshots`: the
     filter code of :func:`~app.engine.pipeline.evaluate` on the same inputs, the finite
     histories' losses computed together). Remembered for the run (:attr:`RunCache.decisions`).
-
-    ``by_group`` and ``keys``: the groups' members and decision keys by their numbers
-    (:meth:`RunCache.number`).
     """
-    todo: dict[str, list[int]] = defaultdict(list)
-    decisions = cache.decisions
-    for number in by_group:
-        if number not in decisions:
-            todo[keys[number].domain].append(number)
-    for domain, numbers in todo.items():
+    todo: dict[str, list[GroupKey]] = defaultdict(list)
+    for key in by_group:
+        if key not in cache.decisions:
+            todo[key.domain].append(key)
+    for domain, keys in todo.items():
         mech = cache.parsed.mech(domain)
         if mech is None:
-            for number in numbers:
-                decisions[number] = Refusal.INVALID
+            for key in keys:
+                cache.decisions[key] = Refusal.INVALID
             continue
         snapshots = []
-        for number in numbers:
-            first = by_group[number][0]
+        for key in keys:
+            first = by_group[key][0]
             snapshots.append(
                 group_snapshot(
-                    conn,
-                    keys[number],
-                    (first.id, first.version, first.version_start),
-                    cache.parsed,
+                    conn, key, (first.id, first.version, first.version_start), cache.parsed
                 )
             )
-        decisions.update(zip(numbers, decide_snapshots(mech, snapshots, worker), strict=True))
+        cache.decisions.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
 
 
 def _advance_of(
@@ -692,13 +680,25 @@ def _decide_rows(
     the project's quota on its sub-history, whose state after the answer is then stored.
     """
     parsed = cache.parsed
-    by_group, keys = _numbered(rows, cache, work)
+    keys: dict[GroupKey, GroupKey] = {}  # each distinct public state's decision key
+
+    def keyed() -> Iterator[tuple[GroupKey, MemberRow]]:
+        for row in rows:
+            if row.retired:
+                _refuse(work, row, Refusal.RETIRED)
+                continue
+            key = keys.get(row.key)
+            if key is None:
+                key = keys[row.key] = decision_key(row.key, parsed)
+            yield key, row
+
+    by_group = _grouped(keyed())
     states = parsed.states
-    missing = {k.state_hash for k in keys.values() if k.state_hash and k.state_hash not in states}
+    missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
-    by_group = _fold_pending(conn, by_group, keys, cache, worker)
-    work.keys = {keys[number] for number in by_group}
-    _decide_groups(conn, by_group, keys, cache, worker)
+    by_group = _fold_pending(conn, by_group, cache, worker)
+    work.keys = set(by_group)
+    _decide_groups(conn, by_group, cache, worker)
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
     pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
@@ -710,9 +710,8 @@ def _decide_rows(
         )
     )
     accepted: list[_Sampling] = []
-    decisions = cache.decisions
-    for number, members in by_group.items():
-        group = decisions[number]
+    for key, members in by_group.items():
+        group = cache.decisions[key]
         if isinstance(group, Refusal):
             for row in members:
                 _refuse(work, row, group)
@@ -723,20 +722,21 @@ def _decide_rows(
             members = [row for row in members if row.id in passed]
             if not members:
                 continue
-        accepted.append(_Sampling(keys[number], number, group, members, passed))
+        accepted.append(_Sampling(key, group, members, passed))
     sampled = _sample_groups(accepted, cipher, rows)
+    numbers = [cache.number(item.key) for item in accepted]
     pendings = [_pending(item.key, item.group) for item in accepted]
     ahead: dict[str, list[tuple[int, GroupAccepted, Iterable[Output]]]] = defaultdict(list)
-    for (key, number, group, _, _), by_output, pends in zip(
-        accepted, sampled, pendings, strict=True
+    for (key, group, _, _), number, by_output, pends in zip(
+        accepted, numbers, sampled, pendings, strict=True
     ):
         if not pends:
             ahead[key.domain].append((number, group, by_output))
     for drawn in ahead.values():
         _losses_ahead(drawn, cache)
     advances = cache.advances
-    for (key, number, group, _, passed), by_output, pends in zip(
-        accepted, sampled, pendings, strict=True
+    for (key, group, _, passed), number, by_output, pends in zip(
+        accepted, numbers, sampled, pendings, strict=True
     ):
         mech = group.mech
         work.domains.add(key.domain)
@@ -771,36 +771,6 @@ def _decide_rows(
     for mech, outputs, counts in reports.values():
         work.tally.update(tally_outputs(mech, outputs, counts))
     return work
-
-
-def _numbered(
-    rows: Sequence[MemberRow], cache: RunCache, work: _Chunk
-) -> tuple[dict[int, list[MemberRow]], dict[int, GroupKey]]:
-    """The chunk's members not retired by decision group, and each group's decision key.
-
-    Both by the group's number (:meth:`RunCache.number` of its :func:`decision_key`), groups in
-    the order of their first member. Each distinct public state's ``GroupKey`` is hashed here
-    once or twice (its decision key, then the run's number), where the chunk's dicts keyed by
-    the key hashed its 15 fields about seven times per group. Retired members are refused.
-    """
-    parsed = cache.parsed
-    number = cache.number
-    numbers: dict[GroupKey, int] = {}  # each distinct public state's group number
-    keys: dict[int, GroupKey] = {}
-
-    def keyed() -> Iterator[tuple[int, MemberRow]]:
-        for row in rows:
-            if row.retired:
-                _refuse(work, row, Refusal.RETIRED)
-                continue
-            found = numbers.get(row.key)
-            if found is None:
-                key = decision_key(row.key, parsed)
-                found = numbers[row.key] = number(key)
-                keys[found] = key
-            yield found, row
-
-    return _grouped(keyed()), keys
 
 
 def _answer_group(
@@ -928,11 +898,10 @@ FOLDED = "folded:"
 
 def _fold_pending(
     conn: Tx,
-    by_group: dict[int, list[MemberRow]],
-    keys: dict[int, GroupKey],
+    by_group: dict[GroupKey, list[MemberRow]],
     cache: RunCache,
     worker: BoundWorker,
-) -> dict[int, list[MemberRow]]:
+) -> dict[GroupKey, list[MemberRow]]:
     """The chunk's groups, members with pending entries regrouped by their folded state.
 
     A member with pending entries (``objects.state_pending``, since an ``olh`` answer) has a
@@ -945,45 +914,38 @@ def _fold_pending(
     once (and remembered for the run under that key). Its key is the members' own with the
     history and state columns replaced by a digest of the folded state; each member's own
     columns are still what its answer writes (:func:`_record_pending`).
-
-    Groups by number (:meth:`RunCache.number`); each folded group's key joins ``keys``.
     """
-    folding = [
-        n
-        for n in by_group
-        if keys[n].state_pending and cache.parsed.mech(keys[n].domain) is not None
-    ]
+    folding = [k for k in by_group if k.state_pending and cache.parsed.mech(k.domain) is not None]
     if not folding:
         return by_group
-    rows = [row for n in folding for row in by_group[n]]
+    rows = [row for key in folding for row in by_group[key]]
     histories = object_histories(conn, {row.id: row.accepted for row in rows})
-    folded_numbers = set(folding)
-    regrouped = {n: v for n, v in by_group.items() if n not in folded_numbers}
+    folded_keys = set(folding)
+    regrouped = {k: v for k, v in by_group.items() if k not in folded_keys}
     # members alike but for their pending outputs: one stored array, folded and decided together
     classes: dict[GroupKey, list[MemberRow]] = defaultdict(list)
-    for n in folding:
-        classes[keys[n]._replace(history_hash=None)].extend(by_group[n])
+    for key in folding:
+        classes[key._replace(history_hash=None)].extend(by_group[key])
     for shared, members in classes.items():
         mech = cache.parsed.mech(shared.domain)
         assert mech is not None  # noqa: S101 - filtered above
         snapshots = _folded(conn, shared, members, histories, cache)
-        numbers = []
-        todo: dict[int, ObjectSnapshot] = {}
-        for row, snapshot in zip(members, snapshots, strict=True):
-            folded = row.key._replace(
+        keys = [
+            row.key._replace(
                 history_hash=FOLDED + _state_digest(snapshot),
                 state_hash=None,
                 state_pending=max(1, row.key.state_pending),
             )
-            number = cache.number(folded)
-            keys[number] = folded
-            numbers.append(number)
-            if number not in cache.decisions and number not in todo:
-                todo[number] = snapshot
+            for row, snapshot in zip(members, snapshots, strict=True)
+        ]
+        todo: dict[GroupKey, ObjectSnapshot] = {}
+        for folded, snapshot in zip(keys, snapshots, strict=True):
+            if folded not in cache.decisions and folded not in todo:
+                todo[folded] = snapshot
         decided = decide_snapshots(mech, list(todo.values()), worker)
         cache.decisions.update(zip(todo, decided, strict=True))
-        for number, row in zip(numbers, members, strict=True):
-            regrouped.setdefault(number, []).append(row)
+        for folded, row in zip(keys, members, strict=True):
+            regrouped.setdefault(folded, []).append(row)
     return regrouped
 
 
@@ -1066,8 +1028,6 @@ class _Sampling(NamedTuple):
     """An accepted group's members to sample (with their quota sub-groups, if any)."""
 
     key: GroupKey
-    #: Its number in the run (:meth:`RunCache.number`).
-    number: int
     group: GroupAccepted
     members: list[MemberRow]
     passed: dict[str, tuple[str, str | None]] | None

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import random
-from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any, cast
 
@@ -27,13 +26,7 @@ from app.engine.likelihood import LikelihoodState
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
 from app.services import survey_runs
-from app.services.survey_groups import (
-    GroupAccepted,
-    ParsedQuery,
-    Refusal,
-    decide_group,
-    decision_key,
-)
+from app.services.survey_groups import GroupAccepted, ParsedQuery, Refusal, decide_group
 from app.store import Tx
 from app.store.surveys import GroupKey, MemberRow
 from app.worker.pool import BoundWorker
@@ -46,8 +39,6 @@ DOMAIN = {
 }
 #: ``grr`` on ``v`` refuses this domain (no attribute ``v``): the group is refused as invalid.
 OTHER = {"attributes": [{"name": "x", "type": "integer", "low": 0, "high": 3}]}
-#: A real attribute: not finite (``decision_key`` keeps its members' history hashes).
-CONTINUOUS = {"attributes": [{"name": "r", "type": "real", "low": 0, "high": 1}]}
 QUERY = {"mechanism": "grr", "attribute": "v", "epsilon": 0.5}
 HISTORY = [
     {"mechanism": "grr", "attribute": "v", "epsilon": 0.5},
@@ -124,12 +115,10 @@ def _decided_together(
     """300 random groups (one member each) decided together, as a survey's chunk does."""
     parsed = ParsedQuery(EngineLimits(), QUERY)
     keys = _keys(rng, parsed, 300)
+    by_group = {key: [_member(n, key)] for n, key in enumerate(keys)}
     cache = survey_runs.RunCache(parsed)
-    # by the groups' numbers in the run, as a chunk keys them (survey_runs._numbered)
-    by_group = {cache.number(key): [_member(n, key)] for n, key in enumerate(keys)}
-    named = {cache.number(key): key for key in keys}
     conn, worker = cast(Tx, None), cast(BoundWorker, None)  # finite arrays: neither is read
-    survey_runs._decide_groups(conn, by_group, named, cache, worker)
+    survey_runs._decide_groups(conn, by_group, cache, worker)
     return parsed, keys, cache
 
 
@@ -140,7 +129,7 @@ def test_groups_decided_together_decide_as_each_alone(seed: int) -> None:
     conn, worker = cast(Tx, None), cast(BoundWorker, None)  # finite arrays: neither is read
     counted = {"accepted": 0, "budget": 0, "lifetime": 0, "invalid": 0}
     for n, key in enumerate(keys):
-        got = cache.decisions[cache.number(key)]
+        got = cache.decisions[key]
         want = decide_group(conn, key, (f"m{n}", 1, 0), parsed, worker)
         if isinstance(want, Refusal):
             assert got == want, key
@@ -197,7 +186,7 @@ def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
     _, keys, cache = _decided_together(rng)
     numbered: dict[int, GroupAccepted] = {}  # a key drawn twice is one group
     for key in keys:
-        group = cache.decisions[cache.number(key)]
+        group = cache.decisions[key]
         state = group.snapshot.state if isinstance(group, GroupAccepted) else None
         if isinstance(state, LikelihoodState) and state.exact is not None:
             numbered[cache.number(key)] = group  # type: ignore[assignment]
@@ -252,65 +241,3 @@ def test_grouped_is_a_dict_of_lists_in_first_seen_order(seed: int) -> None:
     assert type(found) is dict
     assert list(found.items()) == list(expected.items())
     assert survey_runs._grouped([]) == {}
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_a_chunks_groups_are_numbered_one_number_per_decision_key(seed: int) -> None:
-    """A chunk keys its groups by their numbers in the run (``survey_runs._numbered``).
-
-    Against the definition — the members by their ``decision_key`` in a dict of keys — on
-    chunks whose members' public states are equal but separate tuples, differ in one field
-    (the history hash, which a finite domain's decision key drops unless entries are pending
-    and a continuous one's keeps; or another field, which it keeps), or are retired: equal
-    decision keys get one number, distinct ones never share one, in this chunk and the run's
-    later ones (and after the run's cache is trimmed, a key gets a number no other key had);
-    the groups come in the same order with the same members in the same order, and retired
-    members are refused.
-    """
-    rng = random.Random(990 + seed)
-    parsed = ParsedQuery(EngineLimits(), QUERY)
-    cache = survey_runs.RunCache(parsed)
-    bases = _keys(rng, parsed, 60)
-    owner: dict[int, GroupKey] = {}  # every number the run gave, and the one key it names
-    for chunk in range(4):
-        if chunk == 3:
-            cache.max_entries = 0
-            cache.decisions[-1] = Refusal.INVALID  # past the bound: trim() forgets everything
-            cache.trim()
-            assert not cache.numbers
-        rows = []
-        for n in range(400):
-            base = rng.choice(bases)
-            fields = list(base)  # a separate tuple, equal unless changed below
-            change = rng.random()
-            if change < 0.3:
-                fields[GroupKey._fields.index("history_hash")] = f"h{rng.randrange(8)}"
-            elif change < 0.45:
-                fields[GroupKey._fields.index("state_pending")] = rng.randrange(1, 3)
-                fields[GroupKey._fields.index("history_hash")] = f"h{rng.randrange(4)}"
-            elif change < 0.55:
-                fields[GroupKey._fields.index("loss_upper")] = base.loss_upper + rng.randrange(2)
-            if rng.random() < 0.1:  # a continuous domain: its decision keys keep the history
-                fields[0] = json.dumps(CONTINUOUS)
-            key = GroupKey(*fields)
-            rows.append(MemberRow(f"c{chunk}m{n}", 1, 0, 0, rng.random() < 0.05, "", key))
-        work = survey_runs._Chunk(1, chunk, datetime.now(UTC))
-        by_group, keys = survey_runs._numbered(rows, cache, work)
-        want: dict[GroupKey, list[MemberRow]] = {}
-        for row in rows:
-            if not row.retired:
-                want.setdefault(decision_key(row.key, parsed), []).append(row)
-        assert [keys[n] for n in by_group] == list(want)
-        assert list(by_group.values()) == list(want.values())
-        assert set(keys) == set(by_group)
-        for number, key in keys.items():
-            assert owner.setdefault(number, key) == key  # no number names two keys
-        numbers = {key: n for n, key in keys.items()}
-        assert len(numbers) == len(keys)  # no key has two numbers in a chunk
-        if chunk in (1, 2):  # the run's later chunks: a key keeps its number
-            assert all(cache.numbers[k] == n for k, n in numbers.items())
-        retired = [row.id for row in rows if row.retired]
-        assert retired
-        assert work.refused[Refusal.RETIRED.value] == len(retired)
-        assert all(work.picks[i] == survey_runs.REFUSAL_CODES["retired"] for i in retired)
-    assert len(set(owner.values())) < len(owner)  # after the trim, keys met again: new numbers
