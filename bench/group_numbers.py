@@ -2,8 +2,9 @@
 
 How to run (from the project root; no database)::
 
-    .venv/bin/python bench/group_numbers.py --baseline /work/wt/mainnow
-    .venv/bin/python bench/group_numbers.py --baseline TREE --members 5000 --groups 4000 --rounds 15
+    git archive 5f3dc88 app | tar -x -C /tmp/numbered     # the numbered form (not on main)
+    .venv/bin/python bench/group_numbers.py --candidate /tmp/numbered --baseline /work/wt/mainnow
+    .venv/bin/python bench/group_numbers.py --candidate /tmp/numbered --converged --groups 15
 
 Issue 27 item 3 (h/intern). The part of ``survey_runs._decide_rows`` that keys a chunk's dicts:
 the members by decision group (``decision_key``), the groups' state hashes to load, the chunk's
@@ -11,14 +12,16 @@ groups (``work.keys``), ``_fold_pending`` (no pending entries here), ``_decide_g
 group decided already: a later chunk of the run), the decision of each group, and each accepted
 group's number in the run (``RunCache.number``). ``old``: the baseline tree's
 ``app/services/survey_runs.py`` (loaded under another name; its lines of ``_decide_rows`` as
-they are there), the dicts keyed by the 15-field ``GroupKey``; ``new``: this tree's, keyed by the
-group's number (``_numbered``). The input is a diverged survey's chunk: ``--members`` members,
-each its own history hash, of ``--groups`` decision groups (finite domain: the decision key
-drops the history hash), every key a separate tuple of separate strings as the database rows
-give them. Both run on the same chunks, alternating which goes first, each with its own warm
-run cache; printed: the medians and minima of the thread CPU per chunk, and that both grouped
-the members alike. ``--converged``: a group's members share one history hash (the public
-state repeats: an early survey's chunk).
+they are there), the dicts keyed by the 15-field ``GroupKey``; ``new``: the ``--candidate``
+tree's (h/intern's ``5f3dc88``, not kept), keyed by the group's number (``_numbered``). Both
+modules are loaded by path and import this tree's other modules (``survey_groups``,
+``store.surveys``: the same in all three). The input is a diverged survey's chunk:
+``--members`` members, each its own history hash, of ``--groups`` decision groups (finite
+domain: the decision key drops the history hash), every key a separate tuple of separate
+strings as the database rows give them. Both run on the same chunks, alternating which goes
+first, each with its own warm run cache; printed: the medians and minima of the thread CPU per
+chunk, and that both grouped the members alike. ``--converged``: a group's members share one
+history hash (the public state repeats: an early survey's chunk).
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.engine.limits import EngineLimits  # noqa: E402
-from app.services import survey_runs as new  # noqa: E402
 from app.services.survey_groups import ParsedQuery, Refusal, decision_key  # noqa: E402
 from app.store.surveys import GroupKey, MemberRow  # noqa: E402
 
@@ -54,11 +56,9 @@ DOMAIN = {
 QUERY = {"mechanism": "grr", "attribute": "region", "epsilon": 0.5}
 
 
-def load_old(tree: Path) -> ModuleType:
-    """The baseline tree's ``survey_runs`` (it imports this tree's other modules)."""
-    spec = importlib.util.spec_from_file_location(
-        "old_survey_runs", tree / "app/services/survey_runs.py"
-    )
+def load(tree: Path, name: str) -> ModuleType:
+    """A tree's ``survey_runs`` under ``name`` (it imports this tree's other modules)."""
+    spec = importlib.util.spec_from_file_location(name, tree / "app/services/survey_runs.py")
     assert spec is not None  # noqa: S101
     assert spec.loader is not None  # noqa: S101
     module = importlib.util.module_from_spec(spec)
@@ -150,8 +150,8 @@ def run_old(old: ModuleType, rows: list[MemberRow], cache: Any, work: Any) -> li
     return [[r.id for r in members] for _, members in accepted]
 
 
-def run_new(rows: list[MemberRow], cache: Any, work: Any) -> list[list[str]]:
-    """This tree's lines of ``_decide_rows`` doing the same."""
+def run_new(new: ModuleType, rows: list[MemberRow], cache: Any, work: Any) -> list[list[str]]:
+    """The candidate's lines of ``_decide_rows`` doing the same."""
     by_group, keys = new._numbered(rows, cache, work)
     states = cache.parsed.states
     missing = {k.state_hash for k in keys.values() if k.state_hash and k.state_hash not in states}
@@ -172,6 +172,7 @@ def run_new(rows: list[MemberRow], cache: Any, work: Any) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, default=Path("/work/wt/mainnow"))
+    parser.add_argument("--candidate", type=Path, required=True, help="a tree with _numbered")
     parser.add_argument("--members", type=int, default=5000)
     parser.add_argument("--groups", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=15)
@@ -180,7 +181,8 @@ def main() -> None:
         "--converged", action="store_true", help="a group's members share one history hash"
     )
     args = parser.parse_args()
-    old = load_old(args.baseline)
+    old = load(args.baseline, "old_survey_runs")
+    new = load(args.candidate, "new_survey_runs")
     rng = random.Random(args.seed)
     parsed_old = ParsedQuery(EngineLimits(), QUERY)
     parsed_new = ParsedQuery(EngineLimits(), QUERY)
@@ -195,7 +197,7 @@ def main() -> None:
     runs: dict[str, list[float]] = {"old": [], "new": []}
     calls: dict[str, Callable[[list[MemberRow]], list[list[str]]]] = {
         "old": lambda rows: run_old(old, rows, cache_old, old._Chunk(1, 0, datetime.now(UTC))),
-        "new": lambda rows: run_new(rows, cache_new, new._Chunk(1, 0, datetime.now(UTC))),
+        "new": lambda rows: run_new(new, rows, cache_new, new._Chunk(1, 0, datetime.now(UTC))),
     }
     for n in range(args.rounds + 1):
         rows = chunk(rng, args.members, args.groups, 0, args.converged)
@@ -227,7 +229,7 @@ def main() -> None:
     )
     print("| form | median | min | max |")
     print("|---|---:|---:|---:|")
-    for name, label in (("old", "GroupKey-keyed (baseline)"), ("new", "numbered (this tree)")):
+    for name, label in (("old", "GroupKey-keyed (baseline)"), ("new", "numbered (candidate)")):
         ms = [1e3 * t for t in runs[name]]
         print(f"| {label} | {statistics.median(ms):.2f} | {min(ms):.2f} | {max(ms):.2f} |")
     ratio = statistics.median(runs["new"]) / statistics.median(runs["old"])
