@@ -329,3 +329,20 @@ def test_state_stays_finite_and_exact_over_thousands_of_queries() -> None:
     bounds = state.loss()
     assert bounds.lower <= exact <= bounds.upper
     assert bounds.upper - bounds.lower < 1e-8
+
+
+def test_listed_outputs_are_built_once_per_count_and_rebuilt_for_another() -> None:
+    domain = parse_domain(DOMAIN)
+    mech = parse_query({"mechanism": "grr", "attribute": "disease", "epsilon": 1.0}, domain)
+    first = mech.listed_outputs(2)
+    assert first == tuple(mech.output_json(mech.listed_output(j)) for j in range(2))
+    assert mech.listed_outputs(2) is first
+    three = mech.listed_outputs(3)
+    assert three == tuple(mech.output_json(mech.listed_output(j)) for j in range(3))
+    assert mech.listed_outputs(3) is three
+    # another mechanism of the same class keeps its own memo
+    other = parse_query({"mechanism": "grr", "attribute": "age", "epsilon": 1.0}, domain)
+    assert other.listed_outputs(2) == tuple(
+        other.output_json(other.listed_output(j)) for j in range(2)
+    )
+    assert mech.listed_outputs(3) is three

@@ -86,6 +86,8 @@ class Mechanism(abc.ABC):
     #: Whether two answers practically never coincide (``olh``: a fresh 64-bit seed in each).
     #: A survey then stores no likelihood array per answer (``objects.state_pending``).
     distinct_outputs: ClassVar[bool] = False
+    #: :meth:`listed_outputs`' memo: the count it was built for and the outputs' JSON.
+    _listed: tuple[int, tuple[Any, ...]] | None = None
 
     def __init__(
         self, domain: Domain, declared_epsilon: float | None, tight_epsilon: float, field: str
@@ -153,10 +155,10 @@ class Mechanism(abc.ABC):
         Every decision by basic composition lists them (a survey decides one group per public
         state: a thousand groups listed 256 ``olh`` outputs each). Read only.
         """
-        found = self.__dict__.get("_listed")
+        found = self._listed
         if found is None or found[0] != count:
             found = (count, tuple(self.output_json(self.listed_output(j)) for j in range(count)))
-            self.__dict__["_listed"] = found
+            self._listed = found
         return found[1]
 
     # --- likelihood (finite domains) ---------------------------------------------------------
