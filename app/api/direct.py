@@ -270,9 +270,10 @@ class DirectRoute(APIRoute):
     async def serve(
         self, route: Any, request: Request, scope: Scope, receive: Receive, send: Send
     ) -> bool:
-        """Serve the request as :meth:`handle` would, with ``route`` (this route or its served
-        context) chosen already; False, with nothing read or sent, when FastAPI's handler must
-        serve it (no plan, an override, another method, a parameter error).
+        """Serve the request as :meth:`handle` would, ``route`` (this route or its context) given.
+
+        False, with nothing read or sent, when FastAPI's handler must serve it (no plan, an
+        override, another method, a parameter error).
 
         :mod:`app.api.lean` calls this for the submit without the router in front.
         """

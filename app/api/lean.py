@@ -108,7 +108,10 @@ class LeanSubmit:
                 PROBE: None,
             }
             before = dict(probe)
-            await router(probe, _nothing_received, _nothing_sent)
+            try:
+                await router(probe, _nothing_received, _nothing_sent)
+            except Exception:  # no route (the router's 404): the whole stack answers it
+                probe[PROBE] = None
             landed = probe.pop(PROBE)
             if isinstance(landed, tuple) and isinstance(landed[0], DirectRoute):
                 entries = {
