@@ -67,6 +67,11 @@ except ImportError:  # pragma: no cover - another FastAPI: every request takes F
         return False
 
 
+#: The scope key by which :mod:`app.api.lean` asks the router which route serves a request: the
+#: route found puts ``(itself, the served context)`` there and serves nothing.
+PROBE = "gatekeeper.lean.probe"
+
+
 @dataclass(frozen=True)
 class _Step:
     """One dependency: its callable, the parameter it fills, its own dependencies."""
@@ -256,12 +261,26 @@ class DirectRoute(APIRoute):
             await super().handle(scope, receive, send)
             return
         route: Any = self if context is None else context
+        if PROBE in scope:  # app.api.lean asks which route serves this path: nothing served
+            scope[PROBE] = (self, route)
+            return
+        if not await self.serve(route, Request(scope, receive, send), scope, receive, send):
+            await super().handle(scope, receive, send)
+
+    async def serve(
+        self, route: Any, request: Request, scope: Scope, receive: Receive, send: Send
+    ) -> bool:
+        """Serve the request as :meth:`handle` would, ``route`` (this route or its context) given.
+
+        False, with nothing read or sent, when FastAPI's handler must serve it (no plan, an
+        override, another method, a parameter error).
+
+        :mod:`app.api.lean` calls this for the submit without the router in front.
+        """
         plan = self._plan(route)
         overrides = getattr(route.dependency_overrides_provider, "dependency_overrides", None)
         if plan is None or overrides or scope["method"] not in route.methods:
-            await super().handle(scope, receive, send)
-            return
-        request = Request(scope, receive, send)
+            return False
         dependant = plan.dependant
         values: dict[str, Any] = {}
         for params, planned, source in (
@@ -277,8 +296,7 @@ class DirectRoute(APIRoute):
                     else _read_params(planned, source())
                 )
                 if errors:  # FastAPI's handler answers them, after the dependencies (its order)
-                    await super().handle(scope, receive, send)
-                    return
+                    return False
                 values.update(found)
         values.update(await _solve(plan.endpoint, request, {}))
         sub_response = Response()  # what the route may set: its status code and headers
@@ -307,3 +325,4 @@ class DirectRoute(APIRoute):
                 response.body = b""
             response.headers.raw.extend(sub_response.headers.raw)
         await response(scope, receive, send)
+        return True

@@ -12,6 +12,7 @@ from fastapi.telemetry import TelemetryConfig
 from app import metrics, multiproc
 from app.api import openapi, problems
 from app.api.deps import Runtime
+from app.api.lean import LeanSubmit
 from app.api.middleware import RequestContext
 from app.api.routes import (
     audit,
@@ -91,6 +92,9 @@ def create_app(settings: Settings, build_runtime: Callable[[Settings], Runtime])
     problems.install(app)
     openapi.install(app)
 
+    # the submit's short road, inside the one middleware (app.api.lean): added first, so the
+    # middleware added next wraps it
+    app.add_middleware(LeanSubmit)
     # the one middleware: every response (429s and 413s too) gets a request id and a log
     # line; throttled and oversized requests never reach the routes or the database
     app.add_middleware(
