@@ -401,3 +401,45 @@ def test_a_chunk_s_states_copied_are_stored_as_one_insert_per_row_stores_them(
         ).scalar_one()
     if column == "l":
         assert {c for *_, c in copied} == {"lz4"}
+
+
+def test_a_chunk_s_new_states_are_copied_into_the_table_and_a_stored_one_falls_back(
+    database_url: str,
+) -> None:
+    """PostgreSQL: a chunk's states whose keys are all new are copied straight into the states
+    table (no temporary table made); one stored key among them makes the copy fail as a whole,
+    rolled back to its savepoint, and the rows then go through the temporary table's
+    ``INSERT ... ON CONFLICT``: the stored row kept as it was, the others inserted, the
+    transaction usable after the failed copy. Either way as the per-row statement stores them.
+    """
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite names each state by its own statement")
+    from app.store import states as store
+
+    arrays = {f"{n:03d}": bytes([n]) * 2600 for n in range(40)}
+    engine = make_engine(database_url, pool_size=1, max_overflow=0)
+    copy_table = text("SELECT to_regclass('pg_temp.gk_states_in') IS NOT NULL")
+    try:
+        found = []
+        for prefix, name in (("fast-each-", store._name_each), ("fast-copy-", store._name_copied)):
+            with transaction(engine) as conn:
+                name(conn, [(prefix + k, a, 0.5) for k, a in arrays.items()])
+                if name is store._name_copied:
+                    assert conn.execute(copy_table).scalar_one() is False  # copied straight
+            with transaction(engine) as conn:
+                found.append(_stored(conn, prefix))
+        assert found[1] == found[0]
+        assert len(found[0]) == len(arrays)
+        with transaction(engine) as conn:
+            rows = [("fast-copy-" + k, b"other", 0.25) for k in list(arrays)[:3]]
+            rows += [("fast-copy-new", b"\x07" * 8, 0.75)]
+            store._name_copied(conn, rows)
+            assert conn.execute(copy_table).scalar_one() is True  # the fallback's table
+            conn.execute(text("SELECT 1"))  # the transaction is usable after the failed copy
+        with transaction(engine) as conn:
+            after = {h: (s, e) for h, s, e, _ in _stored(conn, "fast-copy-")}
+            conn.execute(text("DELETE FROM likelihood_states WHERE hash LIKE 'fast-%'"))
+        assert after.pop("new") == (b"\x07" * 8, 0.75)
+        assert after == {h: (s, e) for h, s, e, _ in found[1]}  # stored ones kept as they were
+    finally:
+        engine.dispose()
