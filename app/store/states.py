@@ -38,10 +38,9 @@ W's insert-or-ignore plus its objects' update cannot interleave.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import psycopg
-import psycopg.errors
 from sqlalchemy import (
     Executable,
     FromClause,
@@ -170,51 +169,23 @@ def _name_each(conn: Tx, rows: Sequence[tuple[str, bytes, float]]) -> None:
     )
 
 
-_COPY_STATES = f"COPY {STATES.name} (hash, state, err) FROM STDIN (FORMAT BINARY)"
-_SAVEPOINT = "SAVEPOINT gk_states_copy"
-
-
-def _copy_rows(cursor: psycopg.Cursor[Any], statement: str, rows: Sequence[Any]) -> None:
-    with cursor.copy(statement) as copy:
-        copy.set_types(["text", "bytea", "float8"])
-        for row in rows:
-            copy.write_row(row)
-
-
 def _name_copied(conn: Tx, rows: Sequence[tuple[str, bytes, float]]) -> None:
-    """:data:`NAME_STATE` per row on PostgreSQL: the rows copied (binary) into the states table.
+    """:data:`NAME_STATE` per row on PostgreSQL: the rows copied (binary), then one ``INSERT``.
 
-    A chunk's new states are new keys nearly always: copied straight into the table, in key
-    order, inside a savepoint — an insert, as :data:`NAME_STATE`'s is when the key is not
-    stored. When one of them is stored after all (another writer stored it meanwhile; the copy
-    waits for an uncommitted one to end), the copy fails as a whole, is rolled back to the
-    savepoint, and the rows go through :data:`_COPY_TABLE` and one ``INSERT ... ON CONFLICT``:
-    the same ``ON CONFLICT`` per row as :func:`_name_each`'s, in the same (key) order. On a copy
-    of a 2·10^5 database after six surveys the straight copy took 13.2 ms of PostgreSQL's CPU
-    per 2,200 real arrays against 19.6 ms through the temporary table (docs/benchmarks.md,
-    "h/pgsurv"); about one chunk in thirteen of a seventh survey met a stored key there.
+    The same ``ON CONFLICT`` per row as :func:`_name_each`'s, in the same (key) order, from
+    :data:`_COPY_TABLE` — no parameter set per row, no statement execution per row.
     """
     raw = compiled.raw_connection(conn)
-    ordered = sorted(rows)
-    text = _SAVEPOINT
+    text = _COPY_IN
     try:
         with raw.cursor() as cursor:
-            cursor.execute(_SAVEPOINT)
-            try:
-                text = _COPY_STATES
-                _copy_rows(cursor, _COPY_STATES, ordered)
-            except psycopg.errors.UniqueViolation:
-                text = "ROLLBACK TO SAVEPOINT gk_states_copy"
-                cursor.execute(text)
-            else:
-                text = "RELEASE SAVEPOINT gk_states_copy"
-                cursor.execute(text)
-                return
             cursor.execute(
                 _CREATE_COPY_TABLE if raw.info.server_version >= 140000 else _CREATE_COPY_TABLE_13
             )
-            text = _COPY_IN
-            _copy_rows(cursor, _COPY_IN, ordered)
+            with cursor.copy(_COPY_IN) as copy:
+                copy.set_types(["text", "bytea", "float8"])
+                for row in rows:
+                    copy.write_row(row)
             text = _NAME_COPIED.text
             cursor.execute(text, _NAME_COPIED.params({}), prepare=False)
     except psycopg.Error as exc:
