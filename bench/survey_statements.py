@@ -91,6 +91,7 @@ def normalize(text: str) -> str:
     text = re.sub(r"\$\d+", "$", text)
     text = re.sub(r"\b\d+\b", "N", text)
     text = re.sub(r"_pg3_\d+", "_pg3", text)
+    text = re.sub(r'"c_[0-9a-f]+_\d+"', '"c_"', text)  # SQLAlchemy's server-side cursors
     return text[:160]
 
 
@@ -192,7 +193,7 @@ def one(tree: Path, args: argparse.Namespace, label: str) -> dict[str, Any]:
             server = Server(url, 1, 1, Path(tmp) / "server.log", env, tree=tree)
             try:
                 before = table_stats(url)
-                offset = LOG.stat().st_size if args.explain else 0
+                offset = args.log.stat().st_size if args.explain else 0
                 headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
                 with httpx.Client(base_url=server.url, timeout=60) as http:
                     cpu = server.cpu()
@@ -215,7 +216,7 @@ def one(tree: Path, args: argparse.Namespace, label: str) -> dict[str, Any]:
                 for t in after
             }
             if args.explain:
-                result["statements"] = summarize(entries(LOG, offset, name))
+                result["statements"] = summarize(entries(args.log, offset, name))
     finally:
         if not args.keep:
             admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -234,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db-prefix", default="gk_stmt_")
     parser.add_argument("--json", type=Path, help="write every round's results here")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--log", type=Path, default=LOG, help=f"the server's log file, readable ({LOG})"
+    )
     args = parser.parse_args(argv)
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     results = []
