@@ -1,14 +1,15 @@
 """A survey chunk's member rows and its compare-and-set, on both dialects (``h/member``).
 
 ``member_rows`` reads each member's domain by its hash (the text looked up once, cached) and
-its retirement as a boolean; on PostgreSQL all rows in one fetch. ``advance_members`` sends, on
-PostgreSQL, the members as columns and each distinct accounting dict once: a member must get
-its own dict's columns whoever shares it, and only members still at the version read move.
+its retirement as a boolean; on PostgreSQL all rows in one fetch. ``advance_members`` copies,
+on PostgreSQL, the members into a temporary table and updates from it: a member must get its
+own dict's columns whoever shares it, and only members still at the version read move.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -20,8 +21,8 @@ from sqlalchemy import select, update
 from app.bootstrap import create_app
 from app.db.models import ProtectedObject
 from app.db.session import make_engine
-from app.store import compiled, transaction
 from app.store import surveys as survey_store
+from app.store import transaction
 from app.store.domains import domain_hash
 from app.store.surveys import Advanced
 from tests.service.conftest import make_settings, unique_id
@@ -165,40 +166,30 @@ def test_advance_members_is_never_a_prepared_statement(
         engine.dispose()
 
 
-def test_advance_members_sends_dicts_differing_by_history_hash_once(
-    client: TestClient, database_url: str, monkeypatch: pytest.MonkeyPatch
+def test_advance_members_gives_each_member_its_own_history_hash(
+    client: TestClient, database_url: str
 ) -> None:
-    """A diverged survey's members each have their own history hash (their own dict): the rest
-    of their columns still travel as one JSON object, the hashes as a column of their own, and
-    each member gets its own hash (``None`` included) and the shared columns."""
-    if not database_url.startswith("postgresql"):
-        pytest.skip("the PostgreSQL statement's parameters")
-    ids = [register(client, domain=DOMAIN, value={"a": n % 4}, prefix="advh") for n in range(5)]
+    """A diverged survey's members each have their own history hash (their own dict), the rest
+    of their columns shared: each member gets its own hash (``None`` included) and the shared
+    columns. On PostgreSQL the rows are copied in binary: a hash holding a newline, or an empty
+    one, is stored as given (the earlier text form joined the hashes by newlines and had to
+    refuse both)."""
+    ids = [register(client, domain=DOMAIN, value={"a": n % 4}, prefix="advh") for n in range(7)]
     engine = make_engine(database_url)
     now = datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC)
-    sent: list[dict[str, Any]] = []
-    execute = compiled.execute_planned
-
-    def spy(conn: Any, statement: Any, parameters: dict[str, Any]) -> Any:
-        sent.append(parameters)
-        return execute(conn, statement, parameters)
-
-    monkeypatch.setattr(compiled, "execute_planned", spy)
     try:
         with transaction(engine) as conn:
             rows = survey_store.member_rows(conn, ids)
-        hashes = [f"{n + 9:032x}" for n in range(4)] + [None]
+        hashes = [f"{n + 9:032x}" for n in range(4)] + [None, "a\nb", ""]
         other = _columns(2)
         given = [{**_columns(1), "history_hash": h} for h in hashes[:4]]
-        given.append({**other, "history_hash": None})
+        given += [{**other, "history_hash": h} for h in hashes[4:]]
         advanced = [
             Advanced(row.id, row.version, 20 + n, columns)
             for n, (row, columns) in enumerate(zip(rows, given, strict=True))
         ]
         with transaction(engine) as conn:
-            assert survey_store.advance_members(conn, advanced, updated_at=now) == 5
-        (parameters,) = sent
-        assert len(json.loads(parameters["columns"])) == 2  # two distinct rests, not five
+            assert survey_store.advance_members(conn, advanced, updated_at=now) == 7
         with engine.connect() as conn:
             found = {
                 r.id: r
@@ -208,9 +199,64 @@ def test_advance_members_sends_dicts_differing_by_history_hash_once(
             got = found[row.id]
             assert (got.version, got.accepted) == (row.version + 1, 20 + n)
             assert {c: getattr(got, c) for c in columns} == columns
-        for bad, match in (("a\nb", "newline"), ("", "empty")):
-            wrong = [Advanced(rows[0].id, 1, 30, {**_columns(3), "history_hash": bad})]
-            with transaction(engine) as conn, pytest.raises(ValueError, match=match):
-                survey_store.advance_members(conn, wrong, updated_at=now)
+    finally:
+        engine.dispose()
+
+
+def test_advance_members_twice_in_a_transaction_and_after_a_rollback(
+    client: TestClient, database_url: str
+) -> None:
+    """PostgreSQL copies the members into a session's temporary table: a later call in the
+    same transaction applies only its own members — a row an earlier call copied and did not
+    apply (its version was ahead of the object's) must not move the object once another call
+    has brought it to that version — and a call after a rolled-back one on the same connection
+    (whose transaction created the table, so dropped it) works."""
+    ids = [register(client, domain=DOMAIN, value={"a": n % 4}, prefix="adv2") for n in range(3)]
+    engine = make_engine(database_url, pool_size=1, max_overflow=0)
+    now = datetime(2026, 11, 27, 1, 0, 0, tzinfo=UTC)
+    try:
+        with transaction(engine) as conn:
+            rows = survey_store.member_rows(conn, ids)
+        x, y = rows[0], rows[1]
+        ahead = [Advanced(x.id, x.version + 1, 40, _columns(4))]
+        conn = engine.connect()
+        try:  # the transaction that creates the temporary table (PostgreSQL) rolls back
+            assert survey_store.advance_members(conn, ahead, updated_at=now) == 0
+        finally:
+            conn.rollback()
+            conn.close()
+        with transaction(engine) as conn:
+            assert survey_store.advance_members(conn, ahead, updated_at=now) == 0
+            moved = [Advanced(x.id, x.version, 41, _columns(5))]
+            assert survey_store.advance_members(conn, moved, updated_at=now) == 1
+            # x is at version + 1 now, as ``ahead`` said: only y may move
+            other = [Advanced(y.id, y.version, 42, _columns(6))]
+            assert survey_store.advance_members(conn, other, updated_at=now) == 1
+        with engine.connect() as conn:
+            found = {
+                r.id: r
+                for r in conn.execute(select(ProtectedObject).where(ProtectedObject.id.in_(ids)))
+            }
+        assert (found[x.id].version, found[x.id].accepted) == (x.version + 1, 41)
+        assert {c: getattr(found[x.id], c) for c in _columns(5)} == _columns(5)
+        assert (found[y.id].version, found[y.id].accepted) == (y.version + 1, 42)
+        assert found[rows[2].id].version == rows[2].version
+    finally:
+        engine.dispose()
+
+
+def test_advance_members_refuses_a_nan_loss(client: TestClient, database_url: str) -> None:
+    """A NaN loss is never stored: PostgreSQL's copy carries NaN, so it is refused before."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite stores NaN as NULL, which its NOT NULL column refuses")
+    oid = register(client, domain=DOMAIN, value={"a": 1}, prefix="nan")
+    engine = make_engine(database_url)
+    try:
+        with transaction(engine) as conn:
+            (row,) = survey_store.member_rows(conn, [oid])
+        for name in ("loss_lower", "loss_upper"):
+            bad = [Advanced(oid, row.version, row.accepted + 1, {**_columns(1), name: math.nan})]
+            with pytest.raises(ValueError, match="NaN"), transaction(engine) as conn:
+                survey_store.advance_members(conn, bad, updated_at=datetime.now(UTC))
     finally:
         engine.dispose()
