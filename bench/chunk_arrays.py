@@ -79,7 +79,14 @@ class _Collections:
             self.counts[info["generation"]] += 1
 
 
-def run_survey(url: str, index: int, profile: Path | None = None) -> dict[str, Any]:
+def run_survey(
+    url: str,
+    index: int,
+    profile: Path | None = None,
+    *,
+    freeze: bool = False,
+    server_collector: bool = True,
+) -> dict[str, Any]:
     """Survey ``index`` of the series on ``url``, its chunks in order on this thread."""
     from app import crypto
     from app.db.session import make_engine
@@ -88,6 +95,10 @@ def run_survey(url: str, index: int, profile: Path | None = None) -> dict[str, A
     from app.worker.pool import BoundWorker, WorkerSettings
 
     crypto.configure(crypto.cipher_from_settings(None, str(KEY_FILE), production=False))
+    if server_collector:  # as ``gatekeeper serve`` sets it: what the process holds frozen,
+        from app.bootstrap import tune_collector  # a youngest pass every 50,000 allocations
+
+        tune_collector()
     engine = make_engine(url)
     worker = BoundWorker(WorkerSettings(processes=0))
     query = series_query(index)
@@ -126,8 +137,11 @@ def run_survey(url: str, index: int, profile: Path | None = None) -> dict[str, A
                     limits=DEFAULT_LIMITS,
                     cache=cache,
                 )
+                if freeze:  # as run_survey does since h/vec
+                    gc.freeze()
             status = survey_runs._finish(engine, view.id, time.monotonic())
             profiler.disable()
+            gc.unfreeze()
         else:  # as a server runs it (one survey thread)
             status = survey_runs.run_survey(
                 engine=engine,
@@ -202,7 +216,15 @@ def prepare(args: argparse.Namespace) -> str:
     return name
 
 
-def one_run(tree: Path, template: str, index: int, profile: Path | None) -> dict[str, Any]:
+def one_run(
+    tree: Path,
+    template: str,
+    index: int,
+    profile: Path | None,
+    *,
+    freeze: bool = False,
+    default_collector: bool = False,
+) -> dict[str, Any]:
     """Survey ``index`` from ``tree``'s code on a fresh copy of ``template`` (a subprocess)."""
     copy = f"{template}_c{secrets.token_hex(3)}"
     _admin(f'CREATE DATABASE "{copy}" TEMPLATE "{template}"')
@@ -217,6 +239,10 @@ def one_run(tree: Path, template: str, index: int, profile: Path | None) -> dict
         ]
         if profile:
             command += ["--profile-file", str(profile)]
+        if freeze:
+            command.append("--freeze")
+        if default_collector:
+            command.append("--default-collector")
         env = {
             **os.environ,
             "PYTHONPATH": f"{tree}:{tree}/clients/python/src",
@@ -239,7 +265,9 @@ def print_profile(path: Path, result: dict[str, Any], top: int) -> None:
     total = result["client_cpu"]
     print(
         f"members {members:,}, groups {groups:,}, new states {new:,}; client CPU {total:.2f} s "
-        f"({total / members * 1e6:.1f} µs per member); PG CPU {result['pg_cpu']:.2f} s"
+        f"({total / members * 1e6:.1f} µs per member); PG CPU {result['pg_cpu']:.2f} s; "
+        f"collector {sum(result['gc_seconds']):.2f} s in {result['gc_counts']} passes "
+        f"(generations 0, 1, 2)"
     )
     print("| function | calls | calls per member | own s | incl. s | incl. µs per member |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -267,10 +295,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=6, help=argparse.SUPPRESS)
     parser.add_argument("--profile-file", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--freeze", action="store_true", help="with --profile: gc.freeze() after each chunk"
+    )
+    parser.add_argument(
+        "--default-collector",
+        action="store_true",
+        help="Python's collector thresholds, not the server's (app.bootstrap.tune_collector)",
+    )
     args = parser.parse_args(argv)
     if args.one:
         profile = Path(args.profile_file) if args.profile_file else None
-        print(json.dumps(run_survey(_url(args.one), args.index, profile)), flush=True)
+        found = run_survey(
+            _url(args.one),
+            args.index,
+            profile,
+            freeze=args.freeze,
+            server_collector=not args.default_collector,
+        )
+        print(json.dumps(found), flush=True)
         return 0
     template = args.template or prepare(args)
     print(f"template database {template}", flush=True)
@@ -278,7 +321,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.profile:
             path = Path(tempfile.gettempdir()) / f"chunk_arrays_{os.getpid()}.prof"
-            result = one_run(trees[0], template, args.before, path)
+            result = one_run(
+                trees[0],
+                template,
+                args.before,
+                path,
+                freeze=args.freeze,
+                default_collector=args.default_collector,
+            )
             print_profile(path, result, args.top)
             return 0
         print(
@@ -289,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(args.rounds):
             order = trees if round_ % 2 == 0 else trees[::-1]
             for tree in order:
-                r = one_run(tree, template, args.before, None)
+                r = one_run(
+                    tree, template, args.before, None, default_collector=args.default_collector
+                )
                 if Path(r["app"]).resolve() != tree.resolve():
                     raise SystemExit(f"{tree}'s run imported the app of {r['app']}")
                 print(
