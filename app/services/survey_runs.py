@@ -33,7 +33,6 @@ lease expires (:func:`resumable_surveys`) and resume at the first pending chunk.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import itertools
 import json
@@ -1396,9 +1395,6 @@ class _Run:
         self.attempts, self.cache = attempts, cache
         self.stop = threading.Event()
         self.outcome: str | None = None  # set when the run must end early (why)
-        #: Whether each committed chunk moves the objects tracked by the cyclic collector to
-        #: its permanent generation (:func:`run_survey`).
-        self.freeze = False
         self._guard = threading.Lock()
 
     def _end(self, outcome: str) -> None:
@@ -1434,8 +1430,6 @@ class _Run:
                 log.exception("survey %d failed", self.survey_id)
                 self._end(type(exc).__name__)
                 return
-            if self.freeze:
-                gc.freeze()  # what the run keeps, out of the collector's passes (run_survey)
             if not claim(
                 engine=self.engine,
                 survey_id=self.survey_id,
@@ -1463,16 +1457,6 @@ def run_survey(
     another samples). Returns the survey's final status (or ``"not-claimed"`` when another
     process holds it). A chunk that loses a race is decided again (up to ``attempts`` times in
     a row); any other error marks the survey ``failed`` with the error's type.
-
-    The cyclic collector: after each committed chunk, every object it tracks is moved to its
-    permanent generation (:func:`gc.freeze`), and back when the run ends (:func:`gc.unfreeze`,
-    whatever the outcome). A run keeps ~15 tracked objects per decision group met (its
-    decision, snapshot, exact form ...) and a few per (group, output); a diverged survey's
-    chunks allocate enough to start a full pass every other chunk, and each pass traversed all
-    of them and the process's own (a diverged seventh survey at 2·10^5 in process: 22 passes
-    of ~0.28 s, ~35% of the run's CPU; docs/benchmarks.md, "h/vec"). Frozen, the passes
-    traverse only what the current chunk made. Objects freed by their reference counts are
-    freed as before; cyclic garbage frozen meanwhile (any thread's) waits for the run's end.
     """
     if not claim(engine=engine, survey_id=survey_id, owner=owner, lease_seconds=lease_seconds):
         status = _status(engine, survey_id)
@@ -1491,25 +1475,21 @@ def run_survey(
         attempts=attempts,
         cache=cache,
     )
-    run.freeze = True
-    try:
-        while True:
-            chunks = pending_chunks(engine=engine, survey_id=survey_id)
-            if not chunks:
-                return _finish(engine, survey_id, started)
-            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="survey") as pool:
-                for _ in pool.map(run.chunk, chunks):
-                    pass
-            if run.outcome == "stopped":
-                log.info("survey %d: stopped (no longer active)", survey_id)
-                return _status(engine, survey_id)
-            if run.outcome == "not-claimed":
-                log.warning("survey %d: lease lost to another process", survey_id)
-                return "not-claimed"
-            if run.outcome is not None:
-                return _fail(engine, survey_id, run.outcome)
-    finally:
-        gc.unfreeze()  # the run's objects (and anything frozen meanwhile) collectable again
+    while True:
+        chunks = pending_chunks(engine=engine, survey_id=survey_id)
+        if not chunks:
+            return _finish(engine, survey_id, started)
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="survey") as pool:
+            for _ in pool.map(run.chunk, chunks):
+                pass
+        if run.outcome == "stopped":
+            log.info("survey %d: stopped (no longer active)", survey_id)
+            return _status(engine, survey_id)
+        if run.outcome == "not-claimed":
+            log.warning("survey %d: lease lost to another process", survey_id)
+            return "not-claimed"
+        if run.outcome is not None:
+            return _fail(engine, survey_id, run.outcome)
 
 
 # ------------------------------------------------------------------------------ distributed
