@@ -15,10 +15,16 @@ from typing import TypeVar
 import pytest
 
 from app import crypto
+from tests import cpu_map
 
 T = TypeVar("T")
 TEST_ENCRYPTION_KEY = os.environ.setdefault("GATEKEEPER_ENCRYPTION_KEYS", crypto.new_key())
 crypto.configure(crypto.cipher_from_settings(TEST_ENCRYPTION_KEY, "", production=False))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # opt-in: GATEKEEPER_TEST_CPU=path.jsonl records each test's CPU (tests/cpu_map.py)
+    cpu_map.register(config)
 
 
 @pytest.hookimpl(trylast=True)
