@@ -34,8 +34,10 @@ def test_each_test_gets_a_line_with_its_cpu(tmp_path: Path) -> None:
     """Under xdist, as the suite runs: the workers' test lines, a session line per process."""
     (tmp_path / "test_sample.py").write_text(SAMPLE)
     out = tmp_path / "cpu.jsonl"
+    # not the outer run's xdist variables (this test may run in one of its workers)
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env = {
-        **os.environ,
+        **inherited,
         ENV: str(out),
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
