@@ -56,7 +56,7 @@ from tests.service.conftest import (
 )
 from tests.service.factories import integer_domain, run_cli_process
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.shared_fixtures]
 
 CONCURRENCY = 200
 WORKERS = 4

@@ -1,0 +1,172 @@
+"""A CPU map of the suite: each test's CPU time, per test and per file (opt-in).
+
+Enabled by ``GATEKEEPER_TEST_CPU=path.jsonl`` (``tests/conftest.py`` registers :class:`CpuMap`
+in every pytest process, xdist's workers included). Each test appends one JSON line to the file:
+
+* ``cpu``: user + system CPU of the pytest process over the test's setup, call and teardown
+  (``resource.getrusage(RUSAGE_SELF)``: every thread of the process, so a server on a thread
+  of the test process is counted, and so is anything a thread left running does meanwhile);
+* ``children``: the user + system CPU of the child processes *reaped* meanwhile
+  (``RUSAGE_CHILDREN``, which grows when a child is waited for; a reaped child's own reaped
+  children are in its figure, its un-reaped ones are not);
+* ``call``: the process's CPU over the call phase alone; ``wall``: the whole test's wall time.
+
+Each process also appends one ``{"session": ...}`` line when its session ends, with its CPU
+since it started (imports and collection included) and its reaped children's: the controller's
+children are the xdist workers, so its line holds the whole run's CPU (PostgreSQL's aside).
+
+Not counted: PostgreSQL's and Redis's CPU (other processes, never children of the suite),
+children still running or not reaped when the process ends, and the xdist controller's tests
+(it runs none; its own CPU is in its session line). Module- and session-scoped fixtures are
+charged to the test that sets them up or tears them down, so the per-file sums are the figure
+to read for fixtures of module scope.
+
+``python -m tests.cpu_map path.jsonl [--top N]`` prints the total and the top files and tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+from collections import defaultdict
+from collections.abc import Generator, Iterable
+from typing import Any
+
+import pytest
+
+ENV = "GATEKEEPER_TEST_CPU"
+
+
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CpuMap:
+    """The pytest plugin: one line per test, one per session (see the module's docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.start_wall = time.monotonic()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        # one write of one line in append mode: the processes' lines do not interleave
+        with open(self.path, "a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
+        wall, own, children = (
+            time.monotonic(),
+            _cpu(resource.RUSAGE_SELF),
+            _cpu(resource.RUSAGE_CHILDREN),
+        )
+        item.stash[_CALL] = 0.0
+        yield
+        self._write(
+            {
+                "test": item.nodeid,
+                "file": item.nodeid.split("::", 1)[0],
+                "worker": self.worker,
+                "cpu": round(_cpu(resource.RUSAGE_SELF) - own, 4),
+                "children": round(_cpu(resource.RUSAGE_CHILDREN) - children, 4),
+                "call": round(item.stash[_CALL], 4),
+                "wall": round(time.monotonic() - wall, 4),
+            }
+        )
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        own = _cpu(resource.RUSAGE_SELF)
+        yield
+        item.stash[_CALL] = _cpu(resource.RUSAGE_SELF) - own
+
+    def pytest_sessionfinish(self) -> None:
+        self._write(
+            {
+                "session": self.worker,
+                "cpu": round(_cpu(resource.RUSAGE_SELF), 4),
+                "children": round(_cpu(resource.RUSAGE_CHILDREN), 4),
+                "wall": round(time.monotonic() - self.start_wall, 4),
+            }
+        )
+
+
+_CALL = pytest.StashKey[float]()
+
+
+def register(config: pytest.Config) -> None:
+    """Register :class:`CpuMap` when ``GATEKEEPER_TEST_CPU`` names a file."""
+    path = os.environ.get(ENV)
+    if path and not config.pluginmanager.has_plugin("cpu_map"):
+        config.pluginmanager.register(CpuMap(path), "cpu_map")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """As a plugin of its own (``pytest -p tests.cpu_map``, for tests outside this folder)."""
+    register(config)
+
+
+def read(path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The file's test lines and session lines."""
+    tests, sessions = [], []
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            (sessions if "session" in record else tests).append(record)
+    return tests, sessions
+
+
+def summary(tests: Iterable[dict[str, Any]], sessions: Iterable[dict[str, Any]], top: int) -> str:
+    """The totals, then the ``top`` files and tests by CPU (own + reaped children's)."""
+    tests = list(tests)
+    by_file: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0])
+    for t in tests:
+        row = by_file[t["file"]]
+        row[0] += t["cpu"]
+        row[1] += t["children"]
+        row[2] += t["wall"]
+        row[3] += 1
+    own = sum(t["cpu"] for t in tests)
+    children = sum(t["children"] for t in tests)
+    total = own + children
+    out = [
+        f"{len(tests)} tests: {own:.1f} s own CPU + {children:.1f} s reaped children's = "
+        f"{total:.1f} s; wall summed {sum(t['wall'] for t in tests):.1f} s"
+    ]
+    for s in sessions:
+        out.append(
+            f"  session {s['session']}: {s['cpu']:.1f} s own + {s['children']:.1f} s children, "
+            f"wall {s['wall']:.1f} s"
+        )
+    out += ["", f"top {top} files: CPU (own + children) s, share, tests, wall s"]
+    files = sorted(by_file.items(), key=lambda kv: -(kv[1][0] + kv[1][1]))
+    for name, (c, ch, w, n) in files[:top]:
+        out.append(
+            f"  {c + ch:8.1f} ({c:.1f} + {ch:.1f})  {100 * (c + ch) / total:5.1f} %  "
+            f"{int(n):5d}  {w:8.1f}  {name}"
+        )
+    out += ["", f"top {top} tests: CPU (own + children) s, call s, wall s"]
+    for t in sorted(tests, key=lambda t: -(t["cpu"] + t["children"]))[:top]:
+        out.append(
+            f"  {t['cpu'] + t['children']:8.1f} ({t['cpu']:.1f} + {t['children']:.1f})  "
+            f"{t['call']:8.1f}  {t['wall']:8.1f}  {t['test']}"
+        )
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("path")
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    tests, sessions = read(args.path)
+    print(summary(tests, sessions, args.top))
+
+
+if __name__ == "__main__":
+    main()
