@@ -6,6 +6,7 @@ database, instead of a copy per test module (issue #12).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import subprocess
@@ -140,3 +141,14 @@ def integer_domain(high: int = 3, name: str = "x") -> dict[str, Any]:
 def grr_query(epsilon: float, attribute: str = "x") -> dict[str, Any]:
     """A ``grr`` query on ``attribute``."""
     return {"mechanism": "grr", "attribute": attribute, "epsilon": epsilon}
+
+
+class KeptRecords(logging.Handler):
+    """A log handler that keeps every record it is given (the access line's tests)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

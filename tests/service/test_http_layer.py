@@ -15,20 +15,12 @@ from app.api import middleware
 from app.api.middleware import RequestContext
 from app.logs import JsonFormatter
 from tests.service.conftest import ADMIN_KEY, auth, make_settings
-
-
-class _Keep(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+from tests.service.factories import KeptRecords
 
 
 @pytest.fixture
-def kept() -> Iterator[_Keep]:
-    handler = _Keep()
+def kept() -> Iterator[KeptRecords]:
+    handler = KeptRecords()
     access = logging.getLogger("gatekeeper.access")
     level = access.level
     access.setLevel(logging.INFO)
@@ -56,7 +48,7 @@ def _serve_once(path: str = "/v1/things/x") -> None:
     asyncio.run(RequestContext(app, max_bytes=1000)(scope, receive, send))
 
 
-def test_the_access_record_is_the_one_access_info_makes(kept: _Keep) -> None:
+def test_the_access_record_is_the_one_access_info_makes(kept: KeptRecords) -> None:
     """The access record is made without looking up the caller's frame, and is the record
     ``access.info("request", extra=...)`` on that line made: same logger, level, message,
     source (file, line, function) and fields, and the same JSON line."""
@@ -95,7 +87,7 @@ def test_the_access_record_is_the_one_access_info_makes(kept: _Keep) -> None:
     assert set(body) == {"time", "level", "logger", "message", *fields, "duration_ms"}
 
 
-def test_no_access_record_is_made_when_the_access_logger_is_above_info(kept: _Keep) -> None:
+def test_no_access_record_is_made_when_the_access_logger_is_above_info(kept: KeptRecords) -> None:
     logging.getLogger("gatekeeper.access").setLevel(logging.WARNING)
     _serve_once()
     assert kept.records == []

@@ -23,7 +23,7 @@ from app.api.direct import PROBE, DirectRoute
 from app.api.lean import LeanSubmit
 from tests.service import factories
 from tests.service.conftest import ADMIN_KEY, auth, new_key
-from tests.service.factories import grr_query, integer_domain
+from tests.service.factories import KeptRecords, grr_query, integer_domain
 
 QUERY = grr_query(0.5)
 ROADS = ("lean", "stack", "fastapi")
@@ -235,21 +235,12 @@ def test_accepted_submits_alike(client: TestClient, road: Any) -> None:
             assert _headers(replay, frozenset({"idempotent-replayed"})) == _headers(response)
 
 
-class _Keep(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 def test_the_access_line_names_the_route(client: TestClient, road: Any) -> None:
     """The short road's access line and latency metric carry the route's template, as the
     router's does."""
     oid = factories.register(client, domain=integer_domain(3), value={"x": 1}, prefix="lean")
     analyst = new_key(client, "analyst")
-    handler = _Keep()
+    handler = KeptRecords()
     access = logging.getLogger("gatekeeper.access")
     level = access.level
     access.setLevel(logging.INFO)
