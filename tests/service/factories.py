@@ -6,11 +6,13 @@ database, instead of a copy per test module (issue #12).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -152,3 +154,18 @@ class KeptRecords(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+@contextlib.contextmanager
+def kept_access_records() -> Iterator[KeptRecords]:
+    """The access logger at INFO with a :class:`KeptRecords` handler, both undone on exit."""
+    handler = KeptRecords()
+    access = logging.getLogger("gatekeeper.access")
+    level = access.level
+    access.setLevel(logging.INFO)
+    access.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)

@@ -15,21 +15,13 @@ from app.api import middleware
 from app.api.middleware import RequestContext
 from app.logs import JsonFormatter
 from tests.service.conftest import ADMIN_KEY, auth, make_settings
-from tests.service.factories import KeptRecords
+from tests.service.factories import KeptRecords, kept_access_records
 
 
 @pytest.fixture
 def kept() -> Iterator[KeptRecords]:
-    handler = KeptRecords()
-    access = logging.getLogger("gatekeeper.access")
-    level = access.level
-    access.setLevel(logging.INFO)
-    access.addHandler(handler)
-    try:
+    with kept_access_records() as handler:
         yield handler
-    finally:
-        access.removeHandler(handler)
-        access.setLevel(level)
 
 
 def _serve_once(path: str = "/v1/things/x") -> None:

@@ -10,7 +10,6 @@ compared by their shape, and each one's bytes with its replay by the other roads
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from app.api.direct import PROBE, DirectRoute
 from app.api.lean import LeanSubmit
 from tests.service import factories
 from tests.service.conftest import ADMIN_KEY, auth, new_key
-from tests.service.factories import KeptRecords, grr_query, integer_domain
+from tests.service.factories import grr_query, integer_domain, kept_access_records
 
 QUERY = grr_query(0.5)
 ROADS = ("lean", "stack", "fastapi")
@@ -240,12 +239,7 @@ def test_the_access_line_names_the_route(client: TestClient, road: Any) -> None:
     router's does."""
     oid = factories.register(client, domain=integer_domain(3), value={"x": 1}, prefix="lean")
     analyst = new_key(client, "analyst")
-    handler = KeptRecords()
-    access = logging.getLogger("gatekeeper.access")
-    level = access.level
-    access.setLevel(logging.INFO)
-    access.addHandler(handler)
-    try:
+    with kept_access_records() as handler:
         for name in ROADS:
             with road(name):
                 for status, body in ((201, {"query": QUERY}), (422, {"quarry": QUERY})):
@@ -253,9 +247,6 @@ def test_the_access_line_names_the_route(client: TestClient, road: Any) -> None:
                         f"/v1/objects/{oid}/queries", headers=auth(analyst), json=body
                     )
                     assert response.status_code == status, response.text
-    finally:
-        access.removeHandler(handler)
-        access.setLevel(level)
     lines = [
         (r.__dict__["method"], r.__dict__["path"], r.__dict__["status"]) for r in handler.records
     ]
