@@ -49,7 +49,7 @@ class HeadHeldTransport(asyncio.Transport):
     of the loop is sent on the next. Every other method is the wrapped transport's.
     """
 
-    __slots__ = ("_transport", "_loop", "_held")
+    __slots__ = ("_held", "_loop", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__()
