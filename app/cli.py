@@ -198,7 +198,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """
     import uvicorn
 
-    from app.api.wire import HTTP
     from app.logs import configure, uvicorn_log_config
     from app.multiproc import metrics_directory
     from app.settings import get_settings
@@ -224,7 +223,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(
             "app.bootstrap:app_factory",
             factory=True,
-            http=HTTP,  # a response's head and body in one write (app.api.wire)
             host=args.host or settings.host,
             port=args.port or settings.port,
             workers=workers,
