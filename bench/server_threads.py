@@ -228,7 +228,29 @@ def main(argv: list[str] | None = None) -> int:
                 + ", ".join(f"{s} {med('sc_' + s):.2f}" for s in SYSCALLS)
             )
     print("(CPU in µs per answered submit, medians over the windows)")
+    if len(trees) == 2:
+        first, second = (rows[t.name] for t in trees)
+
+        def ratio(key: str) -> str:
+            pairs = [
+                (b[f"loop_{key}"] if key != "total" else _total(b))
+                / (a[f"loop_{key}"] if key != "total" else _total(a))
+                for a, b in zip(first, second, strict=True)
+            ]
+            lower = sum(p < 1 for p in pairs)
+            return f"{statistics.median(pairs):.3f} (lower in {lower} of {len(pairs)})"
+
+        print(
+            f"{trees[1].name} / {trees[0].name}, median per-window ratio: "
+            f"loop user {ratio('user')}, "
+            f"loop sys {ratio('sys')}, whole server {ratio('total')}"
+        )
     return 0
+
+
+def _total(row: dict[str, float]) -> float:
+    """A window's CPU per submit, every thread."""
+    return sum(row[f"{role}_{kind}"] for role in ("loop", "threads") for kind in ("user", "sys"))
 
 
 if __name__ == "__main__":
