@@ -76,23 +76,33 @@ def submitting(db: Database) -> Iterator[Tx]:
         return
     kept = _kept(db)
     entry = None if kept is None else kept.take(db)
-    if kept is None or entry is None:
-        with db.connect() as conn:
+    if kept is None or entry is None:  # no room to keep one: the block's own check-out
+        conn = db.connect()
+        try:
             raw = _psycopg(conn)
-            # psycopg's own switch (no round trip), not SQLAlchemy's isolation-level option,
-            # whose bookkeeping on the way out and back to the pool cost more than the switch
-            raw.autocommit = True
-            try:
-                with _ended(conn, raw):
-                    yield conn
-            finally:
-                _restore(conn, raw)
-        return
+        except BaseException:
+            conn.close()
+            raise
+        # psycopg's own switch (no round trip), not SQLAlchemy's isolation-level option,
+        # whose bookkeeping on the way out and back to the pool cost more than the switch
+        raw.autocommit = True
+    else:
+        conn, raw = entry.conn, entry.raw
     try:
-        with _ended(entry.conn, entry.raw):
-            yield entry.conn
+        try:
+            yield conn
+        except BaseException:
+            _end(conn, raw, commit=False)
+            raise
+        _end(conn, raw, commit=True)
     finally:
-        kept.give_back(entry)
+        if kept is None or entry is None:
+            try:
+                _restore(conn, raw)
+            finally:
+                conn.close()
+        else:
+            kept.give_back(entry)
 
 
 def _psycopg(conn: Tx) -> psycopg.Connection[Any]:
@@ -101,17 +111,6 @@ def _psycopg(conn: Tx) -> psycopg.Connection[Any]:
     if not isinstance(raw, psycopg.Connection):
         raise TypeError("submitting needs a psycopg connection")
     return raw
-
-
-@contextmanager
-def _ended(conn: Tx, raw: psycopg.Connection[Any]) -> Iterator[None]:
-    """COMMIT what a :func:`submitting` block left open (ROLLBACK if it raised)."""
-    try:
-        yield
-    except BaseException:
-        _end(conn, raw, commit=False)
-        raise
-    _end(conn, raw, commit=True)
 
 
 @dataclass(eq=False)
@@ -200,7 +199,7 @@ class _Kept:
         clean = (
             not conn.invalidated
             and not (raw.closed or raw.broken)
-            and raw.info.transaction_status == TransactionStatus.IDLE
+            and _status(raw) == TransactionStatus.IDLE
         )
         if clean and conn.in_transaction():  # SQLAlchemy's own (autobegun) transaction
             try:
@@ -298,9 +297,14 @@ def _kept(db: Database) -> _Kept | None:
 _MAKING = threading.Lock()
 
 
+def _status(raw: psycopg.Connection[Any]) -> int:
+    """``raw.info.transaction_status`` without the info object and enum made on each call."""
+    return raw.pgconn.transaction_status
+
+
 def _end(conn: Tx, raw: Any, *, commit: bool) -> None:
     """COMMIT (or ROLLBACK) the transaction a :func:`submitting` block opened, if any is open."""
-    status = raw.info.transaction_status
+    status = _status(raw)
     if status == TransactionStatus.IDLE:
         return
     try:
@@ -325,7 +329,7 @@ def _restore(conn: Tx, raw: psycopg.Connection[Any]) -> None:
     """
     if conn.invalidated:
         return
-    if not (raw.closed or raw.broken) and raw.info.transaction_status == TransactionStatus.IDLE:
+    if not (raw.closed or raw.broken) and _status(raw) == TransactionStatus.IDLE:
         raw.autocommit = False
     else:
         conn.invalidate()
@@ -338,7 +342,7 @@ def begin_writes(conn: Tx) -> None:
     raw = conn.connection.driver_connection
     if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
         raise TypeError("begin_writes needs a psycopg connection")
-    if raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE:
+    if raw.autocommit and _status(raw) == TransactionStatus.IDLE:
         conn.exec_driver_sql("BEGIN")
 
 
