@@ -134,9 +134,11 @@ class _Kept:
 
     Each thread keeps at most one, taken from the engine's pool, so the pool's size and
     overflow still bound what the process opens; at most half of them are kept (a thread with
-    its kept connection may need one more for other work), and an engine whose pool has no
-    such bound (a SQLite engine's, ``NullPool``) keeps none. A connection is dropped — closed
-    for good — when its block leaves it broken, invalidated or in a transaction; it goes back
+    its kept connection may need one more for other work: the process's other users share the
+    rest, and no code here holds one connection while it waits for a second), and an engine
+    whose pool has no such bound (a SQLite engine's, ``NullPool``) keeps none. A connection is
+    dropped — closed for good — when its block leaves it broken, invalidated or in a
+    transaction; it goes back
     to the pool when ``pool_recycle`` seconds have passed and when its thread has ended;
     ``Engine.dispose()`` closes them all (the ``engine_disposed`` event: idle ones at once, one
     in use when its block ends). A child process (``os.fork``) never uses its parent's: they
