@@ -11,6 +11,8 @@ service's submit survives its kept connection's backend being killed.
 from __future__ import annotations
 
 import os
+import select
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -211,6 +213,8 @@ def test_a_fork_child_never_uses_its_parents_kept_connection(engine: Engine) -> 
             os._exit(status)
     os.close(write)
     with os.fdopen(read) as pipe:
+        if not select.select([pipe], [], [], 30)[0]:  # a hung child fails the test, not the run
+            os.kill(child, signal.SIGKILL)
         in_child = int(pipe.read() or 0)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0
