@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import IntegrityError as Conflict
 from sqlalchemy.exc import OperationalError as Unavailable
+from sqlalchemy.pool import QueuePool
 
 #: The database a service is handed (an engine with its pool).
 Database = Engine
@@ -57,32 +63,250 @@ def submitting(db: Database) -> Iterator[Tx]:
     trust them and does not (the compare-and-set on the object's version). ``BEGIN`` alone
     was a round trip of its own before the first read. The block's end commits what is still
     open and rolls it back if the block raises. Elsewhere (SQLite) this is :func:`transaction`.
+
+    The connection is the calling thread's kept one (:class:`_Kept`): checked out of the pool
+    once and used by the thread's blocks one after another, in autocommit all along — the
+    pool's check-out, reset and check-in were ≈ 9% of a submit's CPU in a profile
+    (docs/benchmarks.md, "h/lean"; "h/conn" for what keeping it saves). When the pool has no
+    room to keep one more, the block checks a connection out for itself and gives it back.
     """
     if db.dialect.name != "postgresql":
         with db.begin() as conn:
             yield conn
         return
-    with db.connect() as conn:
-        raw = conn.connection.driver_connection
-        if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
-            raise TypeError("submitting needs a psycopg connection")
-        # psycopg's own switch (no round trip), not SQLAlchemy's isolation-level option, whose
-        # bookkeeping on the way out and back to the pool cost more than the switch itself
-        raw.autocommit = True
+    kept = _kept(db)
+    entry = None if kept is None else kept.take(db)
+    if kept is None or entry is None:  # no room to keep one: the block's own check-out
+        conn = db.connect()
         try:
+            raw = _psycopg(conn)
+        except BaseException:
+            conn.close()
+            raise
+        # psycopg's own switch (no round trip), not SQLAlchemy's isolation-level option,
+        # whose bookkeeping on the way out and back to the pool cost more than the switch
+        raw.autocommit = True
+    else:
+        conn, raw = entry.conn, entry.raw
+    try:
+        try:
+            yield conn
+        except BaseException:
+            _end(conn, raw, commit=False)
+            raise
+        _end(conn, raw, commit=True)
+    finally:
+        if kept is None or entry is None:
             try:
-                yield conn
+                _restore(conn, raw)
+            finally:
+                conn.close()
+        else:
+            kept.give_back(entry)
+
+
+def _psycopg(conn: Tx) -> psycopg.Connection[Any]:
+    """The psycopg connection under ``conn`` (PostgreSQL is reached through psycopg 3)."""
+    raw = conn.connection.driver_connection
+    if not isinstance(raw, psycopg.Connection):
+        raise TypeError("submitting needs a psycopg connection")
+    return raw
+
+
+@dataclass(eq=False)
+class _Entry:
+    """A thread's kept connection (in autocommit) and what its keeper knows of it."""
+
+    conn: Tx
+    raw: psycopg.Connection[Any]
+    thread: threading.Thread
+    #: When it was checked out (``time.monotonic``): it goes back to the pool after the
+    #: pool's ``pool_recycle`` seconds, which the pool applies at check-out only.
+    since: float
+    #: Inside a :func:`submitting` block of its thread.
+    busy: bool = False
+    #: Given up by :meth:`_Kept.dispose` (closed by it, or by its thread when the block ends).
+    doomed: bool = False
+
+
+class _Kept:
+    """The connections an engine's threads keep checked out for :func:`submitting` blocks.
+
+    Each thread keeps at most one, taken from the engine's pool, so the pool's size and
+    overflow still bound what the process opens; at most half of them are kept (a thread with
+    its kept connection may need one more for other work: the process's other users share the
+    rest, and no code here holds one connection while it waits for a second), and an engine
+    whose pool has no such bound (a SQLite engine's, ``NullPool``) keeps none. A connection is
+    dropped — closed for good — when its block leaves it broken, invalidated or in a
+    transaction; it goes back
+    to the pool when ``pool_recycle`` seconds have passed and when its thread has ended;
+    ``Engine.dispose()`` closes them all (the ``engine_disposed`` event: idle ones at once, one
+    in use when its block ends). A child process (``os.fork``) never uses its parent's: they
+    are set aside untouched — neither used nor closed, which would end the parent's sessions.
+    """
+
+    def __init__(self, limit: int, recycle: float) -> None:
+        self.limit = limit
+        self.recycle = recycle
+        self._forked()
+        _KEEPERS.add(self)
+
+    def _forked(self) -> None:
+        """Start with nothing kept (also in a child process, whatever the parent kept)."""
+        self.entries: list[_Entry] = []
+        self.reserved = 0  # check-outs under way, counted against the limit
+        self.local = threading.local()
+        self.lock = threading.Lock()
+
+    def take(self, db: Database) -> _Entry | None:
+        """The calling thread's kept connection, marked busy; None when none may be kept."""
+        entry: _Entry | None = getattr(self.local, "entry", None)
+        if entry is not None:
+            with self.lock:
+                fresh = not entry.doomed
+                if fresh:
+                    entry.busy = True
+            if fresh and (self.recycle < 0 or time.monotonic() - entry.since < self.recycle):
+                return entry
+            if fresh:  # kept longer than pool_recycle: back to the pool, which recycles it
+                self._drop(entry, clean=True)
+            self.local.entry = None
+        with self.lock:
+            if len(self.entries) + self.reserved >= self.limit:
+                self._prune()
+            if len(self.entries) + self.reserved >= self.limit:
+                return None
+            self.reserved += 1
+        try:
+            conn = db.connect()
+            try:
+                raw = _psycopg(conn)
+                raw.autocommit = True
             except BaseException:
-                _end(conn, raw, commit=False)
+                conn.invalidate()
+                conn.close()
                 raise
-            _end(conn, raw, commit=True)
         finally:
-            _restore(conn, raw)
+            with self.lock:
+                self.reserved -= 1
+        entry = _Entry(conn, raw, threading.current_thread(), time.monotonic(), busy=True)
+        with self.lock:
+            self.entries.append(entry)
+        self.local.entry = entry
+        return entry
+
+    def give_back(self, entry: _Entry) -> None:
+        """End a block on ``entry``: kept if it is idle and sound, else dropped."""
+        conn, raw = entry.conn, entry.raw
+        clean = (
+            not conn.invalidated
+            and not (raw.closed or raw.broken)
+            and _status(raw) == TransactionStatus.IDLE
+        )
+        if clean and conn.in_transaction():  # SQLAlchemy's own (autobegun) transaction
+            try:
+                conn.rollback()  # nothing to send: psycopg is idle in autocommit
+            except Exception:
+                clean = False
+        with self.lock:
+            entry.busy = False
+            disposed = entry.doomed  # by dispose(), while the block ran: closed for good
+            if not (disposed or clean):
+                entry.doomed = True
+                self.entries.remove(entry)
+        if disposed or not clean:
+            self.local.entry = None
+            _release(entry, clean=clean and not disposed)
+
+    def _drop(self, entry: _Entry, *, clean: bool) -> None:
+        """Stop keeping ``entry`` (of the calling thread, or of a thread that ended)."""
+        with self.lock:
+            if entry.doomed:
+                return
+            entry.doomed = True
+            self.entries.remove(entry)
+        _release(entry, clean=clean)
+
+    def _prune(self) -> None:
+        """Give the connections of ended threads back (called with the lock held)."""
+        for entry in [e for e in self.entries if not e.thread.is_alive()]:
+            entry.doomed = True
+            self.entries.remove(entry)
+            _release(entry, clean=True)
+
+    def dispose(self, _engine: Engine) -> None:
+        """Close every kept connection (``Engine.dispose()``); one in use, when its block ends."""
+        with self.lock:
+            idle = [e for e in self.entries if not e.busy]
+            for entry in self.entries:
+                entry.doomed = True
+            self.entries = []
+        for entry in idle:
+            _release(entry, clean=False)
+
+
+def _release(entry: _Entry, *, clean: bool) -> None:
+    """Give a kept connection back to its pool out of autocommit (``clean``), or close it."""
+    conn, raw = entry.conn, entry.raw
+    try:
+        if clean and not conn.invalidated:
+            raw.autocommit = False
+        else:
+            conn.invalidate()  # the pool makes a new connection in its place
+    except Exception:
+        conn.invalidate()
+    finally:
+        conn.close()
+
+
+#: Every engine's :class:`_Kept` (a child process sets theirs aside: :func:`_after_fork`).
+_KEEPERS: weakref.WeakSet[_Kept] = weakref.WeakSet()
+#: The kept connections a forked child inherited: referenced for its whole life, never used
+#: or collected (a collected connection is reset or closed on its socket, the parent's).
+_INHERITED: list[_Entry] = []
+
+
+def _after_fork() -> None:
+    for kept in list(_KEEPERS):
+        _INHERITED.extend(kept.entries)
+        kept._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _kept(db: Database) -> _Kept | None:
+    """``db``'s keeper of connections (made on first use), None if its pool allows none."""
+    kept: _Kept | None = db.__dict__.get("_gatekeeper_kept")
+    if kept is not None:
+        return kept
+    pool = db.pool
+    if not isinstance(pool, QueuePool):
+        return None
+    overflow = pool._max_overflow
+    limit = pool.size() if overflow < 0 else (pool.size() + overflow) // 2
+    if limit < 1:
+        return None
+    with _MAKING:
+        kept = db.__dict__.get("_gatekeeper_kept")
+        if kept is None:
+            kept = _Kept(limit, pool._recycle)
+            event.listen(db, "engine_disposed", kept.dispose)
+            db.__dict__["_gatekeeper_kept"] = kept
+    return kept
+
+
+_MAKING = threading.Lock()
+
+
+def _status(raw: psycopg.Connection[Any]) -> int:
+    """``raw.info.transaction_status`` without the info object and enum made on each call."""
+    return raw.pgconn.transaction_status
 
 
 def _end(conn: Tx, raw: Any, *, commit: bool) -> None:
     """COMMIT (or ROLLBACK) the transaction a :func:`submitting` block opened, if any is open."""
-    status = raw.info.transaction_status
+    status = _status(raw)
     if status == TransactionStatus.IDLE:
         return
     try:
@@ -107,7 +331,7 @@ def _restore(conn: Tx, raw: psycopg.Connection[Any]) -> None:
     """
     if conn.invalidated:
         return
-    if not (raw.closed or raw.broken) and raw.info.transaction_status == TransactionStatus.IDLE:
+    if not (raw.closed or raw.broken) and _status(raw) == TransactionStatus.IDLE:
         raw.autocommit = False
     else:
         conn.invalidate()
@@ -120,7 +344,7 @@ def begin_writes(conn: Tx) -> None:
     raw = conn.connection.driver_connection
     if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
         raise TypeError("begin_writes needs a psycopg connection")
-    if raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE:
+    if raw.autocommit and _status(raw) == TransactionStatus.IDLE:
         conn.exec_driver_sql("BEGIN")
 
 

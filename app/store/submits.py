@@ -208,7 +208,7 @@ def record_accepted(
     if not isinstance(raw, psycopg.Connection):  # PostgreSQL is reached through psycopg 3
         raise TypeError("record_accepted needs a psycopg connection")
     # a submitting() block's transaction, not opened yet: BEGIN goes first when more writes follow
-    own = raw.autocommit and raw.info.transaction_status == TransactionStatus.IDLE
+    own = raw.autocommit and raw.pgconn.transaction_status == TransactionStatus.IDLE
     accept = _accept_sql(frozenset(columns) | {"version"}, new_state is not None)
     params = {_QUERY_PARAM + n: getattr(query, n) for n in _QUERY_COLUMNS}
     params.update(audit_store.query_event_params(event))

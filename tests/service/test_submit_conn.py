@@ -1,0 +1,242 @@
+"""A thread's kept connection for :func:`app.store.submitting` blocks, on PostgreSQL.
+
+A request thread keeps one pooled connection across its submits (no check-out, reset and
+check-in per submit): these tests hold it to the pool's guarantees — a broken connection is
+never used again, ``Engine.dispose()`` closes what is kept (also while a block runs), a forked
+child never uses its parent's, the pool's size bounds what is kept, a thread that ended gives
+its connection back, the pool's ``connect`` event and ``pool_recycle`` still apply, and the
+service's submit survives its kept connection's backend being killed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.pool import QueuePool
+
+from app.bootstrap import create_app
+from app.db.session import make_engine
+from app.store import Unavailable, submitting
+from tests.service import factories
+from tests.service.conftest import auth, make_settings, new_key
+from tests.service.factories import grr_query, integer_domain
+
+
+@pytest.fixture
+def url(postgres_url: str) -> str:
+    return postgres_url
+
+
+def _pid(engine: Engine) -> int:
+    """The backend pid of the calling thread's submitting block."""
+    with submitting(engine) as conn:
+        return int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+
+
+def _checked_out(engine: Engine) -> int:
+    """How many of the engine's pooled connections are out of its pool (kept ones too)."""
+    pool = engine.pool
+    assert isinstance(pool, QueuePool)
+    return int(pool.checkedout())
+
+
+def _backends(url: str) -> set[int]:
+    """The pids of the other connections to ``url``'s database."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return {int(row[0]) for row in rows}
+
+
+def _kill(url: str, pid: int) -> None:
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+@pytest.fixture
+def engine(url: str) -> Iterator[Engine]:
+    engine = make_engine(url, pool_size=2, max_overflow=2)  # two kept at most
+    yield engine
+    engine.dispose()
+
+
+def test_a_thread_keeps_its_connection_across_blocks(engine: Engine) -> None:
+    first = _pid(engine)
+    assert _pid(engine) == first
+    assert _checked_out(engine) == 1  # kept, not back in the pool
+    with submitting(engine) as conn:  # in autocommit: each read is its own transaction
+        raw = conn.connection.driver_connection
+        assert isinstance(raw, psycopg.Connection)
+        assert raw.autocommit is True
+
+
+def test_a_broken_kept_connection_is_dropped_and_the_next_block_succeeds(
+    engine: Engine, url: str
+) -> None:
+    first = _pid(engine)
+    _kill(url, first)
+    with pytest.raises(Unavailable), submitting(engine) as conn:
+        conn.exec_driver_sql("SELECT 1")
+    second = _pid(engine)  # a new connection, never the broken one
+    assert second != first
+    assert _pid(engine) == second
+    assert _checked_out(engine) == 1  # the broken one is not counted any more
+
+
+def test_dispose_closes_the_kept_connections(engine: Engine, url: str) -> None:
+    pids: list[int] = []
+    worker = threading.Thread(target=lambda: pids.append(_pid(engine)))
+    worker.start()
+    worker.join()
+    pids.append(_pid(engine))
+    assert len(set(pids)) == 2
+    assert set(pids) <= _backends(url)
+    engine.dispose()
+    assert not set(pids) & _backends(url)
+    assert _pid(engine) not in pids  # and the next block gets a new one
+
+
+def test_dispose_closes_a_kept_connection_in_use_when_its_block_ends(
+    engine: Engine, url: str
+) -> None:
+    inside, leave = threading.Event(), threading.Event()
+    pids: list[int] = []
+
+    def block() -> None:
+        with submitting(engine) as conn:
+            pids.append(int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()))
+            inside.set()
+            assert leave.wait(10)
+            conn.exec_driver_sql("SELECT 1")  # still usable inside its block
+
+    worker = threading.Thread(target=block)
+    worker.start()
+    assert inside.wait(10)
+    engine.dispose()
+    assert pids[0] in _backends(url)
+    leave.set()
+    worker.join()
+    assert pids[0] not in _backends(url)
+
+
+def test_the_pool_bounds_what_is_kept(engine: Engine) -> None:
+    """Three threads in blocks at once on a pool of 2 + 2: two keep theirs, one gives it back."""
+    inside = threading.Barrier(3, timeout=10)
+    errors: list[BaseException] = []
+
+    def block() -> None:
+        try:
+            with submitting(engine) as conn:
+                conn.exec_driver_sql("SELECT 1")
+                inside.wait()
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=block) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert errors == []
+    assert _checked_out(engine) == 2
+
+
+def test_a_thread_that_ended_gives_its_connection_back(url: str) -> None:
+    engine = make_engine(url, pool_size=1, max_overflow=1)  # one kept at most
+    checked_in: list[bool] = []  # each connection's autocommit as it goes back to the pool
+    event.listen(engine, "checkin", lambda raw, _record: checked_in.append(raw.autocommit))
+    try:
+        pids: list[int] = []
+        worker = threading.Thread(target=lambda: pids.append(_pid(engine)))
+        worker.start()
+        worker.join()
+        assert _checked_out(engine) == 1
+        assert checked_in == []
+        # the next thread finds no room to keep one more: the ended thread's goes back to the
+        # pool, out of autocommit, and is the one this thread then keeps
+        assert _pid(engine) == pids[0]
+        assert checked_in == [False]
+        assert _checked_out(engine) == 1
+    finally:
+        engine.dispose()
+
+
+def test_a_kept_connection_had_the_pools_connect_event_and_is_recycled(url: str) -> None:
+    engine = create_engine(
+        url.replace("postgresql://", "postgresql+psycopg://"),
+        pool_size=2,
+        max_overflow=2,
+        pool_recycle=0.05,
+    )
+
+    @event.listens_for(engine, "connect")
+    def _timeout(dbapi_connection: Any, _record: Any) -> None:
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = '4321ms'")
+        dbapi_connection.commit()
+
+    try:
+        with submitting(engine) as conn:
+            assert conn.exec_driver_sql("SHOW statement_timeout").scalar_one() == "4321ms"
+            first = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        threading.Event().wait(0.1)
+        assert _pid(engine) != first  # kept past pool_recycle: the pool made a new one
+        assert _checked_out(engine) == 1
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_fork_child_never_uses_its_parents_kept_connection(engine: Engine) -> None:
+    parent = _pid(engine)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its own connection, the parent's left untouched
+        status = 1
+        try:
+            os.close(read)
+            os.write(write, str(_pid(engine)).encode())
+            engine.dispose(close=False)  # SQLAlchemy's recipe in a child: nothing closed
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        if not select.select([pipe], [], [], 30)[0]:  # a hung child fails the test, not the run
+            os.kill(child, signal.SIGKILL)
+        in_child = int(pipe.read() or 0)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert in_child not in (0, parent)
+    assert _pid(engine) == parent  # the parent's connection still works, still kept
+
+
+def test_a_submit_survives_its_kept_connections_backend_being_killed(url: str) -> None:
+    with TestClient(create_app(make_settings(url))) as client:
+        oid = factories.register(
+            client, domain=integer_domain(4), value={"x": 1}, budget=100.0, prefix="conn"
+        )
+        key = new_key(client, "analyst")
+
+        def submit() -> Any:
+            return client.post(
+                f"/v1/objects/{oid}/queries", headers=auth(key), json={"query": grr_query(0.1)}
+            )
+
+        for _ in range(2):
+            assert submit().status_code == 201
+        for pid in _backends(url):  # every connection the app has, the kept ones too
+            _kill(url, pid)
+        response = submit()
+        assert response.status_code == 201, response.text
