@@ -8,12 +8,20 @@ answers (then SIGTERM), each tree on its own migrated SQLite file, and reports w
 the children's CPU (``getrusage(RUSAGE_CHILDREN)``). Usage::
 
     python bench/startup_bench.py --tree main=/path/to/main --tree branch=. --rounds 5
+
+On a shared machine those CPU times move by a few per cent from run to run, more than a change
+of a few milliseconds. ``--instructions`` instead runs the command and one worker build once per
+tree under Valgrind's callgrind (``PYTHONHASHSEED=0``) and prints the instructions each
+executed: the same tree gives the same count to a few parts per million whatever the load
+(about 40 s of CPU per run). Instructions are not time — the collector's pointer chasing and
+cache misses cost more than their count says — so read them beside the timed rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import socket
 import subprocess
@@ -44,10 +52,18 @@ def environment(tree: str, database_url: str, key: str) -> dict[str, str]:
     }
 
 
+#: What each measured process runs (after the interpreter).
+KEYS_LIST = ["-m", "app.cli", "keys", "list"]
+WORKER_BUILD = [
+    "-c",
+    "import uvicorn.config, uvicorn.server\nfrom app.bootstrap import app_factory\napp_factory()",
+]
+
+
 def command(tree: str, env: dict[str, str]) -> tuple[float, float]:
     cpu, wall = children_cpu(), time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "app.cli", "keys", "list"],
+    subprocess.run(  # noqa: S603 - this interpreter, our own CLI
+        [sys.executable, *KEYS_LIST],
         cwd=tree,
         env=env,
         check=True,
@@ -60,19 +76,36 @@ def worker_build(tree: str, env: dict[str, str]) -> tuple[float, float]:
     """A new interpreter doing what a uvicorn worker does before it serves: import uvicorn's
     server, then build the app with the factory ``gatekeeper serve`` names."""
     cpu, wall = children_cpu(), time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import uvicorn.config, uvicorn.server\n"
-            "from app.bootstrap import app_factory\napp_factory()",
-        ],
+    subprocess.run(  # noqa: S603 - this interpreter, a fixed program
+        [sys.executable, *WORKER_BUILD],
         cwd=tree,
         env=env,
         check=True,
         capture_output=True,
     )
     return time.perf_counter() - wall, children_cpu() - cpu
+
+
+def instructions(tree: str, env: dict[str, str], argv: list[str]) -> int:
+    """Instructions one run of ``argv`` executes, counted by callgrind."""
+    done = subprocess.run(  # noqa: S603 - valgrind on this interpreter, a fixed program
+        [  # noqa: S607 - valgrind from PATH, as a developer runs it
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            *argv,
+        ],
+        cwd=tree,
+        env={**env, "PYTHONHASHSEED": "0"},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count from valgrind: {done.stderr[-500:]}")
+    return int(found.group(1))
 
 
 def server(tree: str, env: dict[str, str]) -> tuple[float, float, int]:
@@ -105,6 +138,9 @@ def main() -> None:
     parser.add_argument("--tree", action="append", required=True, help="NAME=PATH (repeat)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--worker-builds", type=int, default=3, help="worker starts per round")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions under callgrind instead"
+    )
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
     key = subprocess.run(
@@ -123,6 +159,24 @@ def main() -> None:
             env=environment(tree, urls[name], key),
             check=True,
         )
+    if args.instructions:
+        counted = {
+            name: {
+                what: instructions(tree, environment(tree, urls[name], key), argv)
+                for what, argv in (("keys list", KEYS_LIST), ("worker build", WORKER_BUILD))
+            }
+            for name, tree in trees.items()
+        }
+        first = next(iter(counted.values()))
+        for name, counts in counted.items():
+            print(
+                f"{name}: "
+                + "; ".join(
+                    f"{what} {n:,} instructions ({n / first[what]:.4f})"
+                    for what, n in counts.items()
+                )
+            )
+        return
     commands: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
     servers: dict[str, list[tuple[float, float, int]]] = {name: [] for name in trees}
     builds: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}

@@ -1,12 +1,15 @@
-"""What a process imports at start-up: neither SciPy nor Alembic (issue 27 item 5, CI time).
+"""What a process imports at start-up: no SciPy, HiGHS, threadpoolctl or Alembic (issue 27 item 5).
 
 Every ``gatekeeper`` command, server worker and Celery worker imports ``app.cli`` or
 ``app.bootstrap`` and the app; the suite starts hundreds of them. SciPy (``scipy.special``,
-``scipy.optimize``: about 0.35 s of CPU) and Alembic with Mako and Pygments (about 0.25 s) are
-imported where they are used (:func:`app.engine.numerics.expit`, the SciPy LP and L-BFGS-B
-calls, :func:`app.bootstrap.prepare_database`), so a process that never evaluates a logistic,
-solves an LP or migrates does not pay for them. This keeps a new module-level import from
-bringing them back unnoticed.
+``scipy.optimize``: about 0.35 s of CPU), ``highspy`` (its extension: about 7 ms),
+``threadpoolctl`` (about 3 ms) and Alembic with Mako and Pygments (about 0.25 s) are imported
+where they are used (:func:`app.engine.numerics.expit`, the SciPy LP and L-BFGS-B calls, the
+first HiGHS LP of :mod:`app.engine.continuous.highs`,
+:func:`app.worker.threads.single_threaded_blas` when no BLAS thread variable is set,
+:func:`app.bootstrap.prepare_database`), so a process that never evaluates a logistic, solves
+an LP, limits BLAS's threads or migrates does not pay for them. This keeps a new module-level
+import from bringing them back unnoticed.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("scipy", "alembic", "mako", "pygments")
+HEAVY = ("scipy", "highspy", "threadpoolctl", "alembic", "mako", "pygments")
 
 
 def _loaded_after(statement: str) -> list[str]:
@@ -36,16 +39,25 @@ def _loaded_after(statement: str) -> list[str]:
     return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def test_a_command_and_a_server_worker_start_without_scipy_or_alembic() -> None:
+def test_a_command_and_a_server_worker_start_without_scipy_highspy_or_alembic() -> None:
     assert _loaded_after("import app.cli") == []
     # what a uvicorn worker imports: the factory's module and the web application
     assert _loaded_after("import app.bootstrap, app.api.main") == []
+    # what a Celery worker node imports (`gatekeeper worker`)
+    assert _loaded_after("import app.node, app.worker.celery_app") == []
 
 
 def test_the_probe_sees_them_when_they_are_used() -> None:
     # the check above can fail: the same probe reports the modules once they are used
     loaded = _loaded_after(
-        "from app.engine.numerics import expit\nexpit(0.0)\nimport app.db.migrate"
+        "from app.engine.numerics import expit\nexpit(0.0)\nimport app.db.migrate\n"
+        "import numpy as np\nfrom app.engine.continuous import highs\n"
+        "one = np.ones(1)\nhighs.solve(one, np.ones((1, 1)), one, 0 * one, one)\n"
+        "import os\nfrom app.worker.threads import BLAS_THREAD_VARIABLES, single_threaded_blas\n"
+        "for name in BLAS_THREAD_VARIABLES: os.environ.pop(name, None)\n"
+        "assert single_threaded_blas()"
     )
     assert "scipy.special" in loaded
+    assert "highspy" in loaded
+    assert "threadpoolctl" in loaded
     assert "alembic" in loaded

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 
-from threadpoolctl import threadpool_limits
-
 #: Variables by which an operator chooses BLAS threads; any of them set leaves BLAS alone.
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -29,5 +27,9 @@ def single_threaded_blas() -> bool:
     """
     if any(os.environ.get(name) for name in BLAS_THREAD_VARIABLES):
         return False
+    # imported here: a process whose operator chose (CI's `make test` sets OPENBLAS_NUM_THREADS)
+    # never loads it (about 3 ms of CPU at every web worker's and Celery worker's start)
+    from threadpoolctl import threadpool_limits
+
     threadpool_limits(limits=1, user_api="blas")
     return True

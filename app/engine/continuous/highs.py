@@ -18,12 +18,16 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass
-from typing import Literal
+from functools import cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
-import highspy
 import numpy as np
 
 from app.engine.numerics import FloatArray
+
+if TYPE_CHECKING:
+    import highspy
 
 #: Status codes (SciPy's): 0 optimal, 2 infeasible, 1 a limit was reached, 4 anything else.
 OPTIMAL, LIMIT, INFEASIBLE, OTHER = 0, 1, 2, 4
@@ -57,6 +61,31 @@ _local = _Local()
 _models = itertools.count(1)
 
 
+@cache
+def _api() -> ModuleType:
+    """``highspy``, imported on the first LP.
+
+    Loading its extension costs every process that imports the engine (each CLI command, server
+    worker and Celery worker) about 7 ms of CPU, and most of them never solve an LP
+    (tests/test_startup_imports.py keeps it so).
+    """
+    import highspy
+
+    return highspy
+
+
+@cache
+def _statuses() -> dict[object, int]:
+    """HiGHS's model statuses as :data:`OPTIMAL`, :data:`INFEASIBLE` or :data:`LIMIT`."""
+    status = _api().HighsModelStatus
+    return {
+        status.kOptimal: OPTIMAL,
+        status.kInfeasible: INFEASIBLE,
+        status.kTimeLimit: LIMIT,
+        status.kIterationLimit: LIMIT,
+    }
+
+
 def _highs() -> highspy._core._Highs:
     """The calling thread's solver, built once.
 
@@ -65,7 +94,7 @@ def _highs() -> highspy._core._Highs:
     plumbing we do not use).
     """
     if _local.highs is None:
-        h = highspy._core._Highs()
+        h = _api()._core._Highs()
         h.setOptionValue("output_flag", False)
         h.setOptionValue("log_to_console", False)
         # the search's LPs have a few dozen rows: presolve cost a third of each solve (821 LPs of
@@ -74,14 +103,6 @@ def _highs() -> highspy._core._Highs:
         h.setOptionValue("presolve", "off")
         _local.highs = h
     return _local.highs
-
-
-_STATUS = {
-    highspy.HighsModelStatus.kOptimal: OPTIMAL,
-    highspy.HighsModelStatus.kInfeasible: INFEASIBLE,
-    highspy.HighsModelStatus.kTimeLimit: LIMIT,
-    highspy.HighsModelStatus.kIterationLimit: LIMIT,
-}
 
 
 def solve(
@@ -95,6 +116,7 @@ def solve(
     """``min cost·v  s.t.  A v <= b,  lo <= v <= hi`` with :data:`SOLVER`."""
     if SOLVER == "scipy":
         return _scipy(cost, A, b, lo, hi, time_limit)
+    api = _api()
     h = _highs()
     h.clearModel()
     _local.model = 0
@@ -104,19 +126,19 @@ def solve(
     starts = np.concatenate([[0], np.cumsum(nonzero.sum(axis=1))]).astype(np.int32)
     index = np.nonzero(nonzero)[1].astype(np.int32)
     values = columnwise[nonzero].astype(np.float64)
-    lp = highspy.HighsLp()
+    lp = api.HighsLp()
     lp.num_col_, lp.num_row_ = cols, rows
     lp.col_cost_ = np.asarray(cost, dtype=np.float64)
     lp.col_lower_ = np.asarray(lo, dtype=np.float64)
     lp.col_upper_ = np.asarray(hi, dtype=np.float64)
     lp.row_lower_ = np.full(rows, -np.inf)
     lp.row_upper_ = np.asarray(b, dtype=np.float64)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.format_ = api.MatrixFormat.kColwise
     lp.a_matrix_.start_ = starts
     lp.a_matrix_.index_ = index
     lp.a_matrix_.value_ = values
     lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = cols, rows
-    if h.passModel(lp) == highspy.HighsStatus.kError:
+    if h.passModel(lp) == api.HighsStatus.kError:
         return LpResult(OTHER, None, None)
     _local.model = next(_models)
     return _run(h, time_limit)
@@ -132,6 +154,7 @@ def add_rows(model: int, A: FloatArray, b: FloatArray, time_limit: float | None)
     """
     if SOLVER != "highspy" or model == 0 or _local.model != model:
         return None
+    api = _api()
     h = _highs()
     nonzero = A != 0.0
     starts = np.concatenate([[0], np.cumsum(nonzero.sum(axis=1))[:-1]]).astype(np.int32)
@@ -141,7 +164,7 @@ def add_rows(model: int, A: FloatArray, b: FloatArray, time_limit: float | None)
     lower = np.full(rows, -np.inf)
     upper = np.asarray(b, dtype=np.float64)
     added = h.addRows(rows, lower, upper, values.size, starts, index, values)
-    if added == highspy.HighsStatus.kError:
+    if added == api.HighsStatus.kError:
         _local.model = 0
         return None
     return _run(h, time_limit)
@@ -154,9 +177,9 @@ def _run(h: highspy._core._Highs, time_limit: float | None) -> LpResult:
     limit = np.inf if time_limit is None else h.getRunTime() + float(time_limit)
     h.setOptionValue("time_limit", limit)
     model = _local.model
-    if h.run() == highspy.HighsStatus.kError:
+    if h.run() == _api().HighsStatus.kError:
         return LpResult(OTHER, None, None, model)
-    status = _STATUS.get(h.getModelStatus(), OTHER)
+    status = _statuses().get(h.getModelStatus(), OTHER)
     if status != OPTIMAL:
         return LpResult(status, None, None, model)
     solution = h.getSolution()
