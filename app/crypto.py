@@ -211,23 +211,21 @@ def _decoded(stored: Sequence[str]) -> list[tuple[Sequence[int], npt.NDArray[np.
     return found
 
 
-#: Each byte's value in base64, either alphabet (``urlsafe_b64decode`` reads both); 64: none.
-_SEXTETS = np.full(256, 64, dtype=np.uint8)
-_SEXTETS[
-    np.frombuffer(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789", np.uint8)
-] = np.arange(62, dtype=np.uint8)
-_SEXTETS[[ord("+"), ord("-")]] = 62
-_SEXTETS[[ord("/"), ord("_")]] = 63
+#: The URL-safe base64 alphabet's two letters as the standard one's, and the padding character
+#: as a zero sextet (``A``): the bytes a padded quad does encode come out the same (its other
+#: bits, which binascii ignores, become bytes cut off).
+_STANDARD = bytes.maketrans(b"-_=", b"+/A")
 _PREFIX_BYTES = np.frombuffer(PREFIX.encode("ascii"), dtype=np.uint8)
 
 
 def _decoded_alike(texts: list[str], length: int) -> npt.NDArray[np.uint8] | None:
-    """The tokens of ``texts`` (each ``length`` characters) as rows, decoded as arrays.
+    """The tokens of ``texts`` (each ``length`` characters) as rows, decoded in one call.
 
     None unless every text is the prefix and then base64 without a character outside its
-    alphabet, a multiple of 4 long, ending in the same padding (0, 1 or 2 ``=``) — then the
-    same bytes as ``urlsafe_b64decode`` of each: every 4 characters are 3 bytes, the padding's
-    characters none (their bits, as binascii's, ignored).
+    alphabets, a multiple of 4 long, ending in the same padding (0, 1 or 2 ``=``) and holding no
+    other ``=`` — then the same bytes as ``urlsafe_b64decode`` of each: the texts but their
+    prefixes, joined, are whole quads, decoded by ``a2b_base64`` in strict mode (which refuses
+    any character outside the alphabet), the padding's bytes cut off each row.
     """
     width = length - len(PREFIX)
     if not texts or width <= 0 or width % 4:
@@ -242,19 +240,20 @@ def _decoded_alike(texts: list[str], length: int) -> npt.NDArray[np.uint8] | Non
     padding = 0
     while padding < 2 and chars[0, length - 1 - padding] == ord("="):
         padding += 1
-    if padding and not (chars[:, length - padding :] == ord("=")).all():
+    if (
+        joined.count(b"=") != padding * len(texts)
+        or not (chars[:, length - padding :] == ord("=")).all()
+    ):
         return None
-    sextets = np.zeros((len(texts), width), dtype=np.uint8)
-    sextets[:, : width - padding] = _SEXTETS[chars[:, len(PREFIX) : length - padding]]
-    if (sextets > 63).any():
+    body = chars[:, len(PREFIX) :].tobytes().translate(_STANDARD)
+    try:
+        data = binascii.a2b_base64(body, strict_mode=True)
+    except binascii.Error:
         return None
-    quads = sextets.reshape(len(texts), width // 4, 4)
-    a, b, c, d = (quads[:, :, k] for k in range(4))
-    triples = np.empty((len(texts), width // 4, 3), dtype=np.uint8)
-    triples[:, :, 0] = (a << 2) | (b >> 4)
-    triples[:, :, 1] = ((b & 15) << 4) | (c >> 2)
-    triples[:, :, 2] = ((c & 3) << 6) | d
-    return triples.reshape(len(texts), -1)[:, : width // 4 * 3 - padding]
+    size = width // 4 * 3
+    if len(data) != size * len(texts):
+        return None
+    return np.frombuffer(data, dtype=np.uint8).reshape(len(texts), size)[:, : size - padding]
 
 
 def _token(text: str) -> bytes:
