@@ -110,9 +110,9 @@ def test_decrypt_many_checks_the_padding_under_a_valid_tag(padded: bytes) -> Non
 
 
 def test_decrypt_many_reads_any_base64_fernet_reads() -> None:
-    """Texts of one length are decoded as arrays only when they are canonical base64 with the
-    same padding; any other text Fernet decodes (the standard alphabet, characters outside it,
-    which its non-strict decoder skips) is decoded alone, and decrypts as ``decrypt`` does."""
+    """Texts of one length are decoded as arrays only when they are canonical base64 (either
+    alphabet) with the same padding; any other text Fernet decodes (with characters outside the
+    alphabet, which its non-strict decoder skips) is decoded alone; all as ``decrypt`` does."""
     cipher = crypto.ValueCipher([Fernet.generate_key()])
     texts = ["x" * n for n in range(0, 40)]  # tokens of 73, 89 and 105 bytes: 2, 1 and 0 "="
     stored = [cipher.encrypt(t) for t in texts]
@@ -148,3 +148,23 @@ def test_decrypt_many_refuses_one_odd_token_among_alike_ones() -> None:
             cipher.decrypt_many([*stored[:3], odd, *stored[4:]])
     rotated = crypto.ValueCipher([Fernet.generate_key(), key])
     assert rotated.decrypt_many(stored) == ["y" * 20] * 6
+
+
+def test_a_chunks_canonical_tokens_are_decoded_as_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``encrypt`` writes (either base64 alphabet) takes the array road; a text of another
+    form is decoded alone (``_token``), its length's alike texts still together."""
+    cipher = crypto.ValueCipher([Fernet.generate_key()])
+    texts = ["x" * (n % 40) for n in range(120)]  # 2, 1 and 0 "=" of padding
+    stored = [cipher.encrypt(t) for t in texts]
+    alone: list[str] = []
+    token = crypto._token
+    monkeypatch.setattr(crypto, "_token", lambda text: alone.append(text) or token(text))
+    assert cipher.decrypt_many(stored) == texts
+    assert alone == []
+    standard = [s.replace("-", "+").replace("_", "/") for s in stored]
+    assert standard != stored
+    assert cipher.decrypt_many(standard) == texts
+    assert alone == []
+    spaced = stored[5][:20] + "\n" + stored[5][20:]
+    assert cipher.decrypt_many([*stored[:5], spaced, *stored[6:]]) == texts
+    assert alone == [spaced]
