@@ -158,7 +158,12 @@ def test_a_chunks_canonical_tokens_are_decoded_as_arrays(monkeypatch: pytest.Mon
     stored = [cipher.encrypt(t) for t in texts]
     alone: list[str] = []
     token = crypto._token
-    monkeypatch.setattr(crypto, "_token", lambda text: alone.append(text) or token(text))
+
+    def decoded_alone(text: str) -> bytes:
+        alone.append(text)
+        return token(text)
+
+    monkeypatch.setattr(crypto, "_token", decoded_alone)
     assert cipher.decrypt_many(stored) == texts
     assert alone == []
     standard = [s.replace("-", "+").replace("_", "/") for s in stored]
