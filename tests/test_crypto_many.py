@@ -77,7 +77,15 @@ def test_decrypt_many_on_a_large_batch() -> None:
     assert cipher.decrypt_many(stored) == texts
 
 
-def test_decrypt_many_checks_the_padding_under_a_valid_tag() -> None:
+@pytest.mark.parametrize(
+    "padded",
+    [
+        b"x" * 15 + b"\x05",  # pad byte 5, not 5 fives
+        b"x" * 16 + b"\x11" * 16,  # seventeen: more than a block, though the last 16 agree
+        b"x" * 15 + b"\x00",  # zero
+    ],
+)
+def test_decrypt_many_checks_the_padding_under_a_valid_tag(padded: bytes) -> None:
     """A token signed with the right key whose plaintext is badly padded: refused by both."""
     import hashlib
     import hmac
@@ -90,7 +98,7 @@ def test_decrypt_many_checks_the_padding_under_a_valid_tag() -> None:
     raw = base64.urlsafe_b64decode(key)
     iv = secrets.token_bytes(16)
     encryptor = Cipher(algorithms.AES(raw[16:]), modes.CBC(iv)).encryptor()
-    body = encryptor.update(b"x" * 15 + b"\x05") + encryptor.finalize()  # pad byte 5, not 5 fives
+    body = encryptor.update(padded) + encryptor.finalize()
     signed = b"\x80" + struct.pack(">Q", int(time.time())) + iv + body
     token = signed + hmac.digest(raw[:16], signed, hashlib.sha256)
     stored = crypto.PREFIX + base64.urlsafe_b64encode(token).decode()
@@ -99,3 +107,69 @@ def test_decrypt_many_checks_the_padding_under_a_valid_tag() -> None:
         cipher.decrypt(stored)
     with pytest.raises(crypto.EncryptionKeyError, match="does not decrypt"):
         cipher.decrypt_many([stored])
+
+
+def test_decrypt_many_reads_any_base64_fernet_reads() -> None:
+    """Texts of one length are decoded as arrays only when they are canonical base64 (either
+    alphabet) with the same padding; any other text Fernet decodes (with characters outside the
+    alphabet, which its non-strict decoder skips) is decoded alone; all as ``decrypt`` does."""
+    cipher = crypto.ValueCipher([Fernet.generate_key()])
+    texts = ["x" * n for n in range(0, 40)]  # tokens of 73, 89 and 105 bytes: 2, 1 and 0 "="
+    stored = [cipher.encrypt(t) for t in texts]
+    standard = [s.replace("-", "+").replace("_", "/") for s in stored]
+    spaced = [s[:20] + "\n" + s[20:-4] + " " + s[-4:] for s in stored]
+    mixed = [(stored, standard, spaced)[n % 3][n] for n in range(len(stored))]
+    for batch in (standard, spaced, mixed, stored[:1] + spaced[1:2] + stored[2:]):
+        assert [cipher.decrypt(s) for s in batch] == texts[: len(batch)]
+        assert cipher.decrypt_many(batch) == texts[: len(batch)]
+
+
+def test_decrypt_many_refuses_one_odd_token_among_alike_ones() -> None:
+    """A text as long as the others but not a token (its prefix, a character, its padding, its
+    key): the batch is refused as ``decrypt`` refuses that text, whatever the others."""
+    key = Fernet.generate_key()
+    cipher = crypto.ValueCipher([key])
+    stored = [cipher.encrypt("y" * 20) for _ in range(6)]  # 89 bytes: one "="
+    other = crypto.ValueCipher([Fernet.generate_key()]).encrypt("y" * 20)
+    unprefixed = "fernex:" + stored[3][len(crypto.PREFIX) :]
+    cases = {
+        "not encrypted": unprefixed,
+        "does not decrypt": other,
+    }
+    for message, odd in cases.items():
+        with pytest.raises(crypto.EncryptionKeyError, match=message):
+            cipher.decrypt(odd)
+        with pytest.raises(crypto.EncryptionKeyError, match=message):
+            cipher.decrypt_many([*stored[:3], odd, *stored[4:]])
+    for odd in (stored[3][:-5] + "!" + stored[3][-4:], stored[3][:-2] + "=="):
+        with pytest.raises(crypto.EncryptionKeyError):
+            cipher.decrypt(odd)
+        with pytest.raises(crypto.EncryptionKeyError, match="does not decrypt"):
+            cipher.decrypt_many([*stored[:3], odd, *stored[4:]])
+    rotated = crypto.ValueCipher([Fernet.generate_key(), key])
+    assert rotated.decrypt_many(stored) == ["y" * 20] * 6
+
+
+def test_a_chunks_canonical_tokens_are_decoded_as_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``encrypt`` writes (either base64 alphabet) takes the array road; a text of another
+    form is decoded alone (``_token``), its length's alike texts still together."""
+    cipher = crypto.ValueCipher([Fernet.generate_key()])
+    texts = ["x" * (n % 40) for n in range(120)]  # 2, 1 and 0 "=" of padding
+    stored = [cipher.encrypt(t) for t in texts]
+    alone: list[str] = []
+    token = crypto._token
+
+    def decoded_alone(text: str) -> bytes:
+        alone.append(text)
+        return token(text)
+
+    monkeypatch.setattr(crypto, "_token", decoded_alone)
+    assert cipher.decrypt_many(stored) == texts
+    assert alone == []
+    standard = [s.replace("-", "+").replace("_", "/") for s in stored]
+    assert standard != stored
+    assert cipher.decrypt_many(standard) == texts
+    assert alone == []
+    spaced = stored[5][:20] + "\n" + stored[5][20:]
+    assert cipher.decrypt_many([*stored[:5], spaced, *stored[6:]]) == texts
+    assert alone == [spaced]
