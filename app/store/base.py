@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError as Conflict
 from sqlalchemy.exc import OperationalError as Unavailable
 from sqlalchemy.pool import QueuePool
@@ -133,16 +134,20 @@ class _Kept:
     """The connections an engine's threads keep checked out for :func:`submitting` blocks.
 
     Each thread keeps at most one, taken from the engine's pool, so the pool's size and
-    overflow still bound what the process opens; at most half of them are kept (a thread with
-    its kept connection may need one more for other work: the process's other users share the
-    rest, and no code here holds one connection while it waits for a second), and an engine
-    whose pool has no such bound (a SQLite engine's, ``NullPool``) keeps none. A connection is
-    dropped — closed for good — when its block leaves it broken, invalidated or in a
-    transaction; it goes back
-    to the pool when ``pool_recycle`` seconds have passed and when its thread has ended;
-    ``Engine.dispose()`` closes them all (the ``engine_disposed`` event: idle ones at once, one
-    in use when its block ends). A child process (``os.fork``) never uses its parent's: they
-    are set aside untouched — neither used nor closed, which would end the parent's sessions.
+    overflow still bound what the process opens; at most half of them are kept, and an engine
+    whose pool has no such bound (a SQLite engine's, ``NullPool``) keeps none. A thread holds
+    its kept connection, idle, between its blocks, also while it waits for a second one for
+    other work (a request's key lookup, say): the process's other users share the rest of the
+    pool, and none of them holds a connection while it waits for another, so the wait ends.
+    A connection is dropped — closed for good — when its block leaves it broken, invalidated
+    or in a transaction. It goes back to the pool when ``pool_recycle`` seconds have passed
+    since it was kept (at its thread's next block), and when its thread has ended and another
+    thread finds no room to keep one (until then it stays checked out). ``Engine.dispose()``
+    closes them all (the ``engine_disposed`` event: idle ones at once, one in use when its
+    block ends), and so does a disconnect met on any of the engine's connections (the
+    ``handle_error`` event), as the pool then recycles every connection it had made. A child
+    process (``os.fork``) never uses its parent's: they are set aside untouched — neither used
+    nor closed, which would end the parent's sessions.
     """
 
     def __init__(self, limit: int, recycle: float) -> None:
@@ -234,7 +239,18 @@ class _Kept:
             self.entries.remove(entry)
             _release(entry, clean=True)
 
-    def dispose(self, _engine: Engine) -> None:
+    def disconnected(self, context: ExceptionContext) -> None:
+        """After a disconnect (a restarted server, say), drop every kept connection.
+
+        The pool then recycles each connection it made before (at its next check-out), so the
+        next users of the pool do not meet a dead one in turn; a kept connection is never
+        checked out again, so the keeper does the same for its own: idle ones are closed at once,
+        one in use when its block ends (as :meth:`dispose` does).
+        """
+        if context.is_disconnect and context.invalidate_pool_on_disconnect:
+            self.dispose(None)
+
+    def dispose(self, _engine: Engine | None) -> None:
         """Close every kept connection (``Engine.dispose()``); one in use, when its block ends."""
         with self.lock:
             idle = [e for e in self.entries if not e.busy]
@@ -292,6 +308,7 @@ def _kept(db: Database) -> _Kept | None:
         if kept is None:
             kept = _Kept(limit, pool._recycle)
             event.listen(db, "engine_disposed", kept.dispose)
+            event.listen(db, "handle_error", kept.disconnected)
             db.__dict__["_gatekeeper_kept"] = kept
     return kept
 

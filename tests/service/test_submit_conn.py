@@ -240,3 +240,44 @@ def test_a_submit_survives_its_kept_connections_backend_being_killed(url: str) -
             _kill(url, pid)
         response = submit()
         assert response.status_code == 201, response.text
+
+
+def test_a_disconnect_drops_every_kept_connection_as_the_pool_does(
+    engine: Engine, url: str
+) -> None:
+    """A restarted server: only the first block that meets a dead connection fails.
+
+    The pool answers a disconnect by recycling every connection it had made before it (without
+    a ping at check-out, that is what spares the next check-outs); a kept connection is never
+    checked out again, so the keeper must drop the other threads' too, or each of them fails
+    once more.
+    """
+    kept, go = threading.Event(), threading.Event()
+    results: list[object] = []
+
+    def other() -> None:
+        try:
+            results.append(_pid(engine))
+            kept.set()
+            assert go.wait(10)
+            results.append(_pid(engine))
+        except BaseException as exc:
+            results.append(exc)
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    try:
+        assert kept.wait(10), results
+        mine = _pid(engine)
+        for pid in (mine, results[0]):  # both servers' backends gone, as in a restart
+            assert isinstance(pid, int)
+            _kill(url, pid)
+        with pytest.raises(Unavailable), submitting(engine) as conn:
+            conn.exec_driver_sql("SELECT 1")
+    finally:
+        go.set()
+        worker.join()
+    assert len(results) == 2, results
+    assert isinstance(results[1], int), results  # the other thread's next block succeeded
+    assert results[1] != results[0]
+    assert _pid(engine) not in (mine, results[0])
