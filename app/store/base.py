@@ -17,7 +17,8 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError as Conflict
 from sqlalchemy.exc import OperationalError as Unavailable
-from sqlalchemy.pool import QueuePool
+
+from app.db.session import pool_bounds
 
 #: The database a service is handed (an engine with its pool).
 Database = Engine
@@ -135,10 +136,11 @@ class _Kept:
 
     Each thread keeps at most one, taken from the engine's pool, so the pool's size and
     overflow still bound what the process opens; at most half of them are kept, and an engine
-    whose pool has no such bound (a SQLite engine's, ``NullPool``) keeps none. A thread holds
-    its kept connection, idle, between its blocks, also while it waits for a second one for
-    other work (a request's key lookup, say): the process's other users share the rest of the
-    pool, and none of them holds a connection while it waits for another, so the wait ends.
+    :func:`app.db.session.make_engine` did not pool (SQLite's, a bare ``create_engine``'s)
+    keeps none. A thread holds its kept connection, idle, between its blocks, also while it
+    waits for a second one for other work (a request's key lookup, say): the process's other
+    users share the rest of the pool, and none of them holds a connection while it waits for
+    another, so the wait ends.
     A connection is dropped — closed for good — when its block leaves it broken, invalidated
     or in a transaction. It goes back to the pool when ``pool_recycle`` seconds have passed
     since it was kept (at its thread's next block), and when its thread has ended and another
@@ -292,21 +294,25 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def _kept(db: Database) -> _Kept | None:
-    """``db``'s keeper of connections (made on first use), None if its pool allows none."""
+    """``db``'s keeper of connections (made on first use), None if its pool allows none.
+
+    The pool's bounds are those :func:`app.db.session.make_engine` was given (the engines of
+    :mod:`app.bootstrap`, from the settings): an engine made otherwise keeps none.
+    """
     kept: _Kept | None = db.__dict__.get("_gatekeeper_kept")
     if kept is not None:
         return kept
-    pool = db.pool
-    if not isinstance(pool, QueuePool):
+    bounds = pool_bounds(db)  # None: not pooled by make_engine (SQLite, a bare create_engine)
+    if bounds is None:
         return None
-    overflow = pool._max_overflow
-    limit = pool.size() if overflow < 0 else (pool.size() + overflow) // 2
+    overflow = bounds.max_overflow
+    limit = bounds.size if overflow < 0 else (bounds.size + overflow) // 2  # < 0: no bound
     if limit < 1:
         return None
     with _MAKING:
         kept = db.__dict__.get("_gatekeeper_kept")
         if kept is None:
-            kept = _Kept(limit, pool._recycle)
+            kept = _Kept(limit, bounds.recycle)
             event.listen(db, "engine_disposed", kept.dispose)
             event.listen(db, "handle_error", kept.disconnected)
             db.__dict__["_gatekeeper_kept"] = kept

@@ -173,12 +173,7 @@ def test_a_thread_that_ended_gives_its_connection_back(url: str) -> None:
 
 
 def test_a_kept_connection_had_the_pools_connect_event_and_is_recycled(url: str) -> None:
-    engine = create_engine(
-        url.replace("postgresql://", "postgresql+psycopg://"),
-        pool_size=2,
-        max_overflow=2,
-        pool_recycle=0.05,
-    )
+    engine = make_engine(url, pool_size=2, max_overflow=2, pool_recycle=0.05)
 
     @event.listens_for(engine, "connect")
     def _timeout(dbapi_connection: Any, _record: Any) -> None:
@@ -281,3 +276,13 @@ def test_a_disconnect_drops_every_kept_connection_as_the_pool_does(
     assert isinstance(results[1], int), results  # the other thread's next block succeeded
     assert results[1] != results[0]
     assert _pid(engine) not in (mine, results[0])
+
+
+def test_an_engine_make_engine_did_not_pool_keeps_none(url: str) -> None:
+    """The bounds of what is kept are the ones the composition root gave ``make_engine``."""
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        _pid(engine)
+        assert _checked_out(engine) == 0  # the block's own check-out, given back
+    finally:
+        engine.dispose()
