@@ -127,7 +127,8 @@ class _Entry:
     since: float
     #: Inside a :func:`submitting` block of its thread.
     busy: bool = False
-    #: Given up by :meth:`_Kept.dispose` (closed by it, or by its thread when the block ends).
+    #: Given up (by :meth:`_Kept.dispose`, its block, pool_recycle): closed or given back by
+    #: whoever gave it up, or by its thread when its block ends (dispose() during a block).
     doomed: bool = False
 
 
@@ -169,15 +170,21 @@ class _Kept:
         """The calling thread's kept connection, marked busy; None when none may be kept."""
         entry: _Entry | None = getattr(self.local, "entry", None)
         if entry is not None:
-            with self.lock:
-                fresh = not entry.doomed
-                if fresh:
+            expired = self.recycle >= 0 and time.monotonic() - entry.since >= self.recycle
+            with self.lock:  # decided with dispose() shut out: a doomed entry is its to close
+                usable = not entry.doomed and not expired
+                if usable:
                     entry.busy = True
-            if fresh and (self.recycle < 0 or time.monotonic() - entry.since < self.recycle):
+                elif not entry.doomed:  # kept past pool_recycle: back to the pool, recycled
+                    entry.doomed = True
+                    self.entries.remove(entry)
+                else:
+                    expired = False  # given up by dispose(), which closed it (it was idle)
+            if usable:
                 return entry
-            if fresh:  # kept longer than pool_recycle: back to the pool, which recycles it
-                self._drop(entry, clean=True)
             self.local.entry = None
+            if expired:
+                _release(entry, clean=True)
         with self.lock:
             if len(self.entries) + self.reserved >= self.limit:
                 self._prune()
@@ -224,15 +231,6 @@ class _Kept:
         if disposed or not clean:
             self.local.entry = None
             _release(entry, clean=clean and not disposed)
-
-    def _drop(self, entry: _Entry, *, clean: bool) -> None:
-        """Stop keeping ``entry`` (of the calling thread, or of a thread that ended)."""
-        with self.lock:
-            if entry.doomed:
-                return
-            entry.doomed = True
-            self.entries.remove(entry)
-        _release(entry, clean=clean)
 
     def _prune(self) -> None:
         """Give the connections of ended threads back (called with the lock held)."""

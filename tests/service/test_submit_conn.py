@@ -10,10 +10,12 @@ service's submit survives its kept connection's backend being killed.
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -284,5 +286,40 @@ def test_an_engine_make_engine_did_not_pool_keeps_none(url: str) -> None:
     try:
         _pid(engine)
         assert _checked_out(engine) == 0  # the block's own check-out, given back
+    finally:
+        engine.dispose()
+
+
+def test_a_kept_connection_given_up_as_it_expires_is_closed_not_left_to_the_gc(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dispose (or a disconnect) in another thread just as a thread's kept one expires.
+
+    The connection must be closed, never dropped from the keeper unreleased: the garbage
+    collector would give it back to the pool in autocommit, where a ``transaction()`` block
+    would then commit each of its statements on its own.
+    """
+    engine = make_engine(url, pool_size=2, max_overflow=2, pool_recycle=1000)
+    autocommit: list[object] = []  # each connection's autocommit as it goes back to the pool
+    event.listen(
+        engine, "checkin", lambda raw, _record: autocommit.append(getattr(raw, "autocommit", None))
+    )
+    try:
+        first = _pid(engine)
+        keeper = engine.__dict__["_gatekeeper_kept"]
+        real = time.monotonic
+
+        def late() -> float:  # once: another thread gives every kept one up, and time passes
+            monkeypatch.setattr(time, "monotonic", real)
+            keeper.dispose(None)
+            return real() + 2000
+
+        monkeypatch.setattr(time, "monotonic", late)
+        second = _pid(engine)
+        monkeypatch.setattr(time, "monotonic", real)
+        gc.collect()
+        assert second != first
+        assert first not in _backends(url)  # closed by the keeper, not left to the GC
+        assert True not in autocommit  # nothing went back to the pool in autocommit
     finally:
         engine.dispose()
