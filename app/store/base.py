@@ -167,8 +167,14 @@ class _Kept:
         self.lock = threading.Lock()
 
     def take(self, db: Database) -> _Entry | None:
-        """The calling thread's kept connection, marked busy; None when none may be kept."""
+        """The calling thread's kept connection, marked busy; None when none may be kept.
+
+        None also inside a block of the thread's own: a block within a block gets a connection
+        of its own, as before any was kept (one shared would commit the outer block's writes).
+        """
         entry: _Entry | None = getattr(self.local, "entry", None)
+        if entry is not None and entry.busy:  # only its own thread marks it busy
+            return None
         if entry is not None:
             expired = self.recycle >= 0 and time.monotonic() - entry.since >= self.recycle
             with self.lock:  # decided with dispose() shut out: a doomed entry is its to close

@@ -323,3 +323,17 @@ def test_a_kept_connection_given_up_as_it_expires_is_closed_not_left_to_the_gc(
         assert True not in autocommit  # nothing went back to the pool in autocommit
     finally:
         engine.dispose()
+
+
+def test_a_block_inside_a_block_of_the_same_thread_has_a_connection_of_its_own(
+    engine: Engine,
+) -> None:
+    """As before the kept connection: the inner block's COMMIT is never the outer block's."""
+    with submitting(engine) as outer:
+        outer_pid = int(outer.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        with submitting(engine) as inner:
+            inner_pid = int(inner.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        assert outer.exec_driver_sql("SELECT 1").scalar_one() == 1  # still the outer's
+    assert inner_pid != outer_pid
+    assert _pid(engine) == outer_pid  # the thread still keeps the outer block's
+    assert _checked_out(engine) == 1
