@@ -289,6 +289,8 @@ _INHERITED: list[_Entry] = []
 
 
 def _after_fork() -> None:
+    global _MAKING  # held by a parent's thread at the fork, it would never be released here
+    _MAKING = threading.Lock()
     for kept in list(_KEEPERS):
         _INHERITED.extend(kept.entries)
         kept._forked()

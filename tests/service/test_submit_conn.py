@@ -27,7 +27,7 @@ from sqlalchemy.pool import QueuePool
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
-from app.store import Unavailable, submitting
+from app.store import Unavailable, base, submitting
 from tests.service import factories
 from tests.service.conftest import auth, make_settings, new_key
 from tests.service.factories import grr_query, integer_domain
@@ -337,3 +337,31 @@ def test_a_block_inside_a_block_of_the_same_thread_has_a_connection_of_its_own(
     assert inner_pid != outer_pid
     assert _pid(engine) == outer_pid  # the thread still keeps the outer block's
     assert _checked_out(engine) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_fork_child_keeps_connections_whatever_its_parent_was_doing(url: str) -> None:
+    """A fork while another thread makes an engine's keeper: the child's lock is its own."""
+    read, write = os.pipe()
+    base._MAKING.acquire()  # as if another thread of the parent were making a keeper
+    child = os.fork()
+    if child != 0:
+        base._MAKING.release()
+    else:  # the child's copy stays held: the making thread is not in the child
+        status = 1
+        try:
+            os.close(read)
+            engine = make_engine(url, pool_size=2, max_overflow=2)
+            os.write(write, str(_pid(engine)).encode())
+            engine.dispose()
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        if not select.select([pipe], [], [], 15)[0]:  # a hung child fails the test, not the run
+            os.kill(child, signal.SIGKILL)
+        in_child = int(pipe.read() or 0)
+    _, status = os.waitpid(child, 0)
+    assert in_child != 0
+    assert os.waitstatus_to_exitcode(status) == 0
