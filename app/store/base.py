@@ -70,7 +70,8 @@ def submitting(db: Database) -> Iterator[Tx]:
     once and used by the thread's blocks one after another, in autocommit all along — the
     pool's check-out, reset and check-in were ≈ 9% of a submit's CPU in a profile
     (docs/benchmarks.md, "h/lean"; "h/conn" for what keeping it saves). When the pool has no
-    room to keep one more, the block checks a connection out for itself and gives it back.
+    room to keep one more, or the thread is inside a block already, the block checks a
+    connection out for itself and gives it back.
     """
     if db.dialect.name != "postgresql":
         with db.begin() as conn:
@@ -216,7 +217,15 @@ class _Kept:
         return entry
 
     def give_back(self, entry: _Entry) -> None:
-        """End a block on ``entry``: kept if it is idle and sound, else dropped."""
+        """End a block on ``entry``: kept if it is idle and sound, else dropped.
+
+        What the pool's reset on return did for the block's check-in before (SQLAlchemy's is a
+        ``ROLLBACK``, which psycopg sends only when a transaction is open): a connection left in
+        a transaction or failed one, or whose state is unknown, is dropped, never rolled back
+        and kept. Session state the reset never touched (a ``SET``, a temporary table, a
+        prepared statement) outlives a block here as it outlived a check-in; no
+        :func:`submitting` block leaves any but psycopg's prepared statements.
+        """
         conn, raw = entry.conn, entry.raw
         clean = (
             not conn.invalidated
