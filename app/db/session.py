@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,33 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def make_engine(url: str, pool_size: int = 5, max_overflow: int = 5) -> Engine:
+@dataclass(frozen=True)
+class PoolBounds:
+    """What :func:`make_engine` gave a PostgreSQL engine's pool (``Engine.dispose()`` keeps it)."""
+
+    size: int
+    max_overflow: int
+    recycle: float
+
+
+#: The bounds of the pools :func:`make_engine` made (SQLAlchemy keeps them private).
+_BOUNDS: weakref.WeakKeyDictionary[Engine, PoolBounds] = weakref.WeakKeyDictionary()
+
+
+def pool_bounds(engine: Engine) -> PoolBounds | None:
+    """The bounds of ``engine``'s pool, None for an engine :func:`make_engine` did not pool."""
+    return _BOUNDS.get(engine)
+
+
+def make_engine(
+    url: str, pool_size: int = 5, max_overflow: int = 5, pool_recycle: float = 1800
+) -> Engine:
     """An engine for ``url``; SQLite files get their folder, WAL mode and a busy timeout.
 
     PostgreSQL pools are per process: keep ``WEB_WORKERS * (pool_size + max_overflow)`` below the
-    server's ``max_connections``.
+    server's ``max_connections``. A PostgreSQL connection is made anew after ``pool_recycle``
+    seconds (at its next check-out; a kept one, :mod:`app.store.base`, when it has been kept
+    that long).
     """
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
@@ -38,15 +62,17 @@ def make_engine(url: str, pool_size: int = 5, max_overflow: int = 5) -> Engine:
         return engine
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
         pool_timeout=10,
-        pool_recycle=1800,
+        pool_recycle=pool_recycle,
         # an error's text never quotes a statement's parameters (values, outputs, keys)
         hide_parameters=True,
     )
+    _BOUNDS[engine] = PoolBounds(pool_size, max_overflow, pool_recycle)
+    return engine
 
 
 def wait_for_database(engine: Engine, seconds: float) -> None:

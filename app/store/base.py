@@ -14,9 +14,11 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError as Conflict
 from sqlalchemy.exc import OperationalError as Unavailable
-from sqlalchemy.pool import QueuePool
+
+from app.db.session import pool_bounds
 
 #: The database a service is handed (an engine with its pool).
 Database = Engine
@@ -68,7 +70,8 @@ def submitting(db: Database) -> Iterator[Tx]:
     once and used by the thread's blocks one after another, in autocommit all along — the
     pool's check-out, reset and check-in were ≈ 9% of a submit's CPU in a profile
     (docs/benchmarks.md, "h/lean"; "h/conn" for what keeping it saves). When the pool has no
-    room to keep one more, the block checks a connection out for itself and gives it back.
+    room to keep one more, or the thread is inside a block already, the block checks a
+    connection out for itself and gives it back.
     """
     if db.dialect.name != "postgresql":
         with db.begin() as conn:
@@ -125,7 +128,8 @@ class _Entry:
     since: float
     #: Inside a :func:`submitting` block of its thread.
     busy: bool = False
-    #: Given up by :meth:`_Kept.dispose` (closed by it, or by its thread when the block ends).
+    #: Given up (by :meth:`_Kept.dispose`, its block, pool_recycle): closed or given back by
+    #: whoever gave it up, or by its thread when its block ends (dispose() during a block).
     doomed: bool = False
 
 
@@ -133,16 +137,21 @@ class _Kept:
     """The connections an engine's threads keep checked out for :func:`submitting` blocks.
 
     Each thread keeps at most one, taken from the engine's pool, so the pool's size and
-    overflow still bound what the process opens; at most half of them are kept (a thread with
-    its kept connection may need one more for other work: the process's other users share the
-    rest, and no code here holds one connection while it waits for a second), and an engine
-    whose pool has no such bound (a SQLite engine's, ``NullPool``) keeps none. A connection is
-    dropped — closed for good — when its block leaves it broken, invalidated or in a
-    transaction; it goes back
-    to the pool when ``pool_recycle`` seconds have passed and when its thread has ended;
-    ``Engine.dispose()`` closes them all (the ``engine_disposed`` event: idle ones at once, one
-    in use when its block ends). A child process (``os.fork``) never uses its parent's: they
-    are set aside untouched — neither used nor closed, which would end the parent's sessions.
+    overflow still bound what the process opens; at most half of them are kept, and an engine
+    :func:`app.db.session.make_engine` did not pool (SQLite's, a bare ``create_engine``'s)
+    keeps none. A thread holds its kept connection, idle, between its blocks, also while it
+    waits for a second one for other work (a request's key lookup, say): the process's other
+    users share the rest of the pool, and none of them holds a connection while it waits for
+    another, so the wait ends.
+    A connection is dropped — closed for good — when its block leaves it broken, invalidated
+    or in a transaction. It goes back to the pool when ``pool_recycle`` seconds have passed
+    since it was kept (at its thread's next block), and when its thread has ended and another
+    thread finds no room to keep one (until then it stays checked out). ``Engine.dispose()``
+    closes them all (the ``engine_disposed`` event: idle ones at once, one in use when its
+    block ends), and so does a disconnect met on any of the engine's connections (the
+    ``handle_error`` event), as the pool then recycles every connection it had made. A child
+    process (``os.fork``) never uses its parent's: they are set aside untouched — neither used
+    nor closed, which would end the parent's sessions.
     """
 
     def __init__(self, limit: int, recycle: float) -> None:
@@ -159,18 +168,30 @@ class _Kept:
         self.lock = threading.Lock()
 
     def take(self, db: Database) -> _Entry | None:
-        """The calling thread's kept connection, marked busy; None when none may be kept."""
+        """The calling thread's kept connection, marked busy; None when none may be kept.
+
+        None also inside a block of the thread's own: a block within a block gets a connection
+        of its own, as before any was kept (one shared would commit the outer block's writes).
+        """
         entry: _Entry | None = getattr(self.local, "entry", None)
+        if entry is not None and entry.busy:  # only its own thread marks it busy
+            return None
         if entry is not None:
-            with self.lock:
-                fresh = not entry.doomed
-                if fresh:
+            expired = self.recycle >= 0 and time.monotonic() - entry.since >= self.recycle
+            with self.lock:  # decided with dispose() shut out: a doomed entry is its to close
+                usable = not entry.doomed and not expired
+                if usable:
                     entry.busy = True
-            if fresh and (self.recycle < 0 or time.monotonic() - entry.since < self.recycle):
+                elif not entry.doomed:  # kept past pool_recycle: back to the pool, recycled
+                    entry.doomed = True
+                    self.entries.remove(entry)
+                else:
+                    expired = False  # given up by dispose(), which closed it (it was idle)
+            if usable:
                 return entry
-            if fresh:  # kept longer than pool_recycle: back to the pool, which recycles it
-                self._drop(entry, clean=True)
             self.local.entry = None
+            if expired:
+                _release(entry, clean=True)
         with self.lock:
             if len(self.entries) + self.reserved >= self.limit:
                 self._prune()
@@ -196,7 +217,15 @@ class _Kept:
         return entry
 
     def give_back(self, entry: _Entry) -> None:
-        """End a block on ``entry``: kept if it is idle and sound, else dropped."""
+        """End a block on ``entry``: kept if it is idle and sound, else dropped.
+
+        What the pool's reset on return did for the block's check-in before (SQLAlchemy's is a
+        ``ROLLBACK``, which psycopg sends only when a transaction is open): a connection left in
+        a transaction or failed one, or whose state is unknown, is dropped, never rolled back
+        and kept. Session state the reset never touched (a ``SET``, a temporary table, a
+        prepared statement) outlives a block here as it outlived a check-in; no
+        :func:`submitting` block leaves any but psycopg's prepared statements.
+        """
         conn, raw = entry.conn, entry.raw
         clean = (
             not conn.invalidated
@@ -218,15 +247,6 @@ class _Kept:
             self.local.entry = None
             _release(entry, clean=clean and not disposed)
 
-    def _drop(self, entry: _Entry, *, clean: bool) -> None:
-        """Stop keeping ``entry`` (of the calling thread, or of a thread that ended)."""
-        with self.lock:
-            if entry.doomed:
-                return
-            entry.doomed = True
-            self.entries.remove(entry)
-        _release(entry, clean=clean)
-
     def _prune(self) -> None:
         """Give the connections of ended threads back (called with the lock held)."""
         for entry in [e for e in self.entries if not e.thread.is_alive()]:
@@ -234,7 +254,18 @@ class _Kept:
             self.entries.remove(entry)
             _release(entry, clean=True)
 
-    def dispose(self, _engine: Engine) -> None:
+    def disconnected(self, context: ExceptionContext) -> None:
+        """After a disconnect (a restarted server, say), drop every kept connection.
+
+        The pool then recycles each connection it made before (at its next check-out), so the
+        next users of the pool do not meet a dead one in turn; a kept connection is never
+        checked out again, so the keeper does the same for its own: idle ones are closed at once,
+        one in use when its block ends (as :meth:`dispose` does).
+        """
+        if context.is_disconnect and context.invalidate_pool_on_disconnect:
+            self.dispose(None)
+
+    def dispose(self, _engine: Engine | None) -> None:
         """Close every kept connection (``Engine.dispose()``); one in use, when its block ends."""
         with self.lock:
             idle = [e for e in self.entries if not e.busy]
@@ -267,6 +298,8 @@ _INHERITED: list[_Entry] = []
 
 
 def _after_fork() -> None:
+    global _MAKING  # held by a parent's thread at the fork, it would never be released here
+    _MAKING = threading.Lock()
     for kept in list(_KEEPERS):
         _INHERITED.extend(kept.entries)
         kept._forked()
@@ -276,22 +309,27 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def _kept(db: Database) -> _Kept | None:
-    """``db``'s keeper of connections (made on first use), None if its pool allows none."""
+    """``db``'s keeper of connections (made on first use), None if its pool allows none.
+
+    The pool's bounds are those :func:`app.db.session.make_engine` was given (the engines of
+    :mod:`app.bootstrap`, from the settings): an engine made otherwise keeps none.
+    """
     kept: _Kept | None = db.__dict__.get("_gatekeeper_kept")
     if kept is not None:
         return kept
-    pool = db.pool
-    if not isinstance(pool, QueuePool):
+    bounds = pool_bounds(db)  # None: not pooled by make_engine (SQLite, a bare create_engine)
+    if bounds is None:
         return None
-    overflow = pool._max_overflow
-    limit = pool.size() if overflow < 0 else (pool.size() + overflow) // 2
+    overflow = bounds.max_overflow
+    limit = bounds.size if overflow < 0 else (bounds.size + overflow) // 2  # < 0: no bound
     if limit < 1:
         return None
     with _MAKING:
         kept = db.__dict__.get("_gatekeeper_kept")
         if kept is None:
-            kept = _Kept(limit, pool._recycle)
+            kept = _Kept(limit, bounds.recycle)
             event.listen(db, "engine_disposed", kept.dispose)
+            event.listen(db, "handle_error", kept.disconnected)
             db.__dict__["_gatekeeper_kept"] = kept
     return kept
 

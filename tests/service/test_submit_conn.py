@@ -5,15 +5,20 @@ check-in per submit): these tests hold it to the pool's guarantees — a broken 
 never used again, ``Engine.dispose()`` closes what is kept (also while a block runs), a forked
 child never uses its parent's, the pool's size bounds what is kept, a thread that ended gives
 its connection back, the pool's ``connect`` event and ``pool_recycle`` still apply, and the
-service's submit survives its kept connection's backend being killed.
+service's submit survives its kept connection's backend being killed. And to the pool's ways
+with a disconnect (every thread's kept connection goes, not only the one that met it), to
+races with ``Engine.dispose()`` (nothing left to the garbage collector), to blocks within
+blocks (each its own connection) and to bounds only ``make_engine`` sets.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import select
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +30,7 @@ from sqlalchemy.pool import QueuePool
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
-from app.store import Unavailable, submitting
+from app.store import Unavailable, base, submitting
 from tests.service import factories
 from tests.service.conftest import auth, make_settings, new_key
 from tests.service.factories import grr_query, integer_domain
@@ -173,12 +178,7 @@ def test_a_thread_that_ended_gives_its_connection_back(url: str) -> None:
 
 
 def test_a_kept_connection_had_the_pools_connect_event_and_is_recycled(url: str) -> None:
-    engine = create_engine(
-        url.replace("postgresql://", "postgresql+psycopg://"),
-        pool_size=2,
-        max_overflow=2,
-        pool_recycle=0.05,
-    )
+    engine = make_engine(url, pool_size=2, max_overflow=2, pool_recycle=0.05)
 
     @event.listens_for(engine, "connect")
     def _timeout(dbapi_connection: Any, _record: Any) -> None:
@@ -240,3 +240,131 @@ def test_a_submit_survives_its_kept_connections_backend_being_killed(url: str) -
             _kill(url, pid)
         response = submit()
         assert response.status_code == 201, response.text
+
+
+def test_a_disconnect_drops_every_kept_connection_as_the_pool_does(
+    engine: Engine, url: str
+) -> None:
+    """A restarted server: only the first block that meets a dead connection fails.
+
+    The pool answers a disconnect by recycling every connection it had made before it (without
+    a ping at check-out, that is what spares the next check-outs); a kept connection is never
+    checked out again, so the keeper must drop the other threads' too, or each of them fails
+    once more.
+    """
+    kept, go = threading.Event(), threading.Event()
+    results: list[object] = []
+
+    def other() -> None:
+        try:
+            results.append(_pid(engine))
+            kept.set()
+            assert go.wait(10)
+            results.append(_pid(engine))
+        except BaseException as exc:
+            results.append(exc)
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    try:
+        assert kept.wait(10), results
+        mine = _pid(engine)
+        for pid in (mine, results[0]):  # both servers' backends gone, as in a restart
+            assert isinstance(pid, int)
+            _kill(url, pid)
+        with pytest.raises(Unavailable), submitting(engine) as conn:
+            conn.exec_driver_sql("SELECT 1")
+    finally:
+        go.set()
+        worker.join()
+    assert len(results) == 2, results
+    assert isinstance(results[1], int), results  # the other thread's next block succeeded
+    assert results[1] != results[0]
+    assert _pid(engine) not in (mine, results[0])
+
+
+def test_an_engine_make_engine_did_not_pool_keeps_none(url: str) -> None:
+    """The bounds of what is kept are the ones the composition root gave ``make_engine``."""
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        _pid(engine)
+        assert _checked_out(engine) == 0  # the block's own check-out, given back
+    finally:
+        engine.dispose()
+
+
+def test_a_kept_connection_given_up_as_it_expires_is_closed_not_left_to_the_gc(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dispose (or a disconnect) in another thread just as a thread's kept one expires.
+
+    The connection must be closed, never dropped from the keeper unreleased: the garbage
+    collector would give it back to the pool in autocommit, where a ``transaction()`` block
+    would then commit each of its statements on its own.
+    """
+    engine = make_engine(url, pool_size=2, max_overflow=2, pool_recycle=1000)
+    autocommit: list[object] = []  # each connection's autocommit as it goes back to the pool
+    event.listen(
+        engine, "checkin", lambda raw, _record: autocommit.append(getattr(raw, "autocommit", None))
+    )
+    try:
+        first = _pid(engine)
+        keeper = engine.__dict__["_gatekeeper_kept"]
+        real = time.monotonic
+
+        def late() -> float:  # once: another thread gives every kept one up, and time passes
+            monkeypatch.setattr(time, "monotonic", real)
+            keeper.dispose(None)
+            return real() + 2000
+
+        monkeypatch.setattr(time, "monotonic", late)
+        second = _pid(engine)
+        monkeypatch.setattr(time, "monotonic", real)
+        gc.collect()
+        assert second != first
+        assert first not in _backends(url)  # closed by the keeper, not left to the GC
+        assert True not in autocommit  # nothing went back to the pool in autocommit
+    finally:
+        engine.dispose()
+
+
+def test_a_block_inside_a_block_of_the_same_thread_has_a_connection_of_its_own(
+    engine: Engine,
+) -> None:
+    """As before the kept connection: the inner block's COMMIT is never the outer block's."""
+    with submitting(engine) as outer:
+        outer_pid = int(outer.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        with submitting(engine) as inner:
+            inner_pid = int(inner.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        assert outer.exec_driver_sql("SELECT 1").scalar_one() == 1  # still the outer's
+    assert inner_pid != outer_pid
+    assert _pid(engine) == outer_pid  # the thread still keeps the outer block's
+    assert _checked_out(engine) == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_fork_child_keeps_connections_whatever_its_parent_was_doing(url: str) -> None:
+    """A fork while another thread makes an engine's keeper: the child's lock is its own."""
+    read, write = os.pipe()
+    base._MAKING.acquire()  # as if another thread of the parent were making a keeper
+    child = os.fork()
+    if child != 0:
+        base._MAKING.release()
+    else:  # the child's copy stays held: the making thread is not in the child
+        status = 1
+        try:
+            os.close(read)
+            engine = make_engine(url, pool_size=2, max_overflow=2)
+            os.write(write, str(_pid(engine)).encode())
+            engine.dispose()
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        if not select.select([pipe], [], [], 15)[0]:  # a hung child fails the test, not the run
+            os.kill(child, signal.SIGKILL)
+        in_child = int(pipe.read() or 0)
+    _, status = os.waitpid(child, 0)
+    assert in_child != 0
+    assert os.waitstatus_to_exitcode(status) == 0
