@@ -19,7 +19,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -197,27 +197,45 @@ def test_a_kept_connection_had_the_pools_connect_event_and_is_recycled(url: str)
         engine.dispose()
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
-def test_a_fork_child_never_uses_its_parents_kept_connection(engine: Engine) -> None:
-    parent = _pid(engine)
+def _forked(
+    body: Callable[[], int], *, seconds: float, in_parent: Callable[[], object] = lambda: None
+) -> tuple[int, int]:
+    """``body()`` in a forked child: what it returned (0 if nothing) and the child's exit code.
+
+    ``in_parent`` runs in the parent right after the fork; a child that has said nothing after
+    ``seconds`` is killed, so a hung child fails its test instead of hanging the run.
+    """
     read, write = os.pipe()
     child = os.fork()
-    if child == 0:  # the child: its own connection, the parent's left untouched
+    if child == 0:
         status = 1
         try:
             os.close(read)
-            os.write(write, str(_pid(engine)).encode())
-            engine.dispose(close=False)  # SQLAlchemy's recipe in a child: nothing closed
+            os.write(write, str(body()).encode())
             status = 0
         finally:
             os._exit(status)
+    in_parent()
     os.close(write)
     with os.fdopen(read) as pipe:
-        if not select.select([pipe], [], [], 30)[0]:  # a hung child fails the test, not the run
+        if not select.select([pipe], [], [], seconds)[0]:
             os.kill(child, signal.SIGKILL)
-        in_child = int(pipe.read() or 0)
+        said = int(pipe.read() or 0)
     _, status = os.waitpid(child, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    return said, os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_fork_child_never_uses_its_parents_kept_connection(engine: Engine) -> None:
+    parent = _pid(engine)
+
+    def child() -> int:  # its own connection, the parent's left untouched
+        pid = _pid(engine)
+        engine.dispose(close=False)  # SQLAlchemy's recipe in a child: nothing closed
+        return pid
+
+    in_child, exit_code = _forked(child, seconds=30)
+    assert exit_code == 0
     assert in_child not in (0, parent)
     assert _pid(engine) == parent  # the parent's connection still works, still kept
 
@@ -345,26 +363,14 @@ def test_a_block_inside_a_block_of_the_same_thread_has_a_connection_of_its_own(
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
 def test_a_fork_child_keeps_connections_whatever_its_parent_was_doing(url: str) -> None:
     """A fork while another thread makes an engine's keeper: the child's lock is its own."""
-    read, write = os.pipe()
+
+    def child() -> int:  # the child's copy of the lock stays held: its maker is not there
+        engine = make_engine(url, pool_size=2, max_overflow=2)
+        pid = _pid(engine)
+        engine.dispose()
+        return pid
+
     base._MAKING.acquire()  # as if another thread of the parent were making a keeper
-    child = os.fork()
-    if child != 0:
-        base._MAKING.release()
-    else:  # the child's copy stays held: the making thread is not in the child
-        status = 1
-        try:
-            os.close(read)
-            engine = make_engine(url, pool_size=2, max_overflow=2)
-            os.write(write, str(_pid(engine)).encode())
-            engine.dispose()
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write)
-    with os.fdopen(read) as pipe:
-        if not select.select([pipe], [], [], 15)[0]:  # a hung child fails the test, not the run
-            os.kill(child, signal.SIGKILL)
-        in_child = int(pipe.read() or 0)
-    _, status = os.waitpid(child, 0)
+    in_child, exit_code = _forked(child, seconds=15, in_parent=base._MAKING.release)
     assert in_child != 0
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert exit_code == 0
