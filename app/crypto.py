@@ -77,13 +77,11 @@ class ValueCipher:
     def decrypt(self, stored: str) -> str:
         """The plaintext of a stored value (raises :class:`EncryptionKeyError` on a bad key)."""
         if not stored.startswith(PREFIX):
-            raise EncryptionKeyError("a stored value is not encrypted (run `gatekeeper serve`)")
+            raise _not_encrypted()
         try:
             return self._fernet.decrypt(stored[len(PREFIX) :].encode("ascii")).decode()
         except InvalidToken:
-            raise EncryptionKeyError(
-                "a stored value does not decrypt with any configured key"
-            ) from None
+            raise _undecryptable() from None
 
     def decrypt_many(self, stored: Sequence[str]) -> list[str]:
         """The plaintexts of many stored values: :meth:`decrypt` of each, in one pass.
@@ -178,6 +176,10 @@ def _undecryptable() -> EncryptionKeyError:
     return EncryptionKeyError("a stored value does not decrypt with any configured key")
 
 
+def _not_encrypted() -> EncryptionKeyError:
+    return EncryptionKeyError("a stored value is not encrypted (run `gatekeeper serve`)")
+
+
 def _decoded(stored: Sequence[str]) -> list[tuple[Sequence[int], npt.NDArray[np.uint8]]]:
     """The stored values' tokens by length: their places in ``stored`` and their bytes, one a row.
 
@@ -259,7 +261,7 @@ def _decoded_alike(texts: list[str], length: int) -> npt.NDArray[np.uint8] | Non
 def _token(text: str) -> bytes:
     """One stored value's token, decoded as ``urlsafe_b64decode`` (Fernet's) decodes it."""
     if not text.startswith(PREFIX):
-        raise EncryptionKeyError("a stored value is not encrypted (run `gatekeeper serve`)")
+        raise _not_encrypted()
     try:
         return binascii.a2b_base64(text[len(PREFIX) :].encode("ascii").translate(_URLSAFE))
     except (binascii.Error, ValueError):

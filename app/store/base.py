@@ -79,7 +79,7 @@ def submitting(db: Database) -> Iterator[Tx]:
         return
     kept = _kept(db)
     entry = None if kept is None else kept.take(db)
-    if kept is None or entry is None:  # no room to keep one: the block's own check-out
+    if entry is None:  # none may be kept (or none more): the block's own check-out
         conn = db.connect()
         try:
             raw = _psycopg(conn)
@@ -99,12 +99,10 @@ def submitting(db: Database) -> Iterator[Tx]:
             raise
         _end(conn, raw, commit=True)
     finally:
-        if kept is None or entry is None:
-            try:
-                _restore(conn, raw)
-            finally:
-                conn.close()
+        if entry is None:
+            _release(conn, raw, clean=True)
         else:
+            assert kept is not None  # noqa: S101 - an entry comes from its keeper
             kept.give_back(entry)
 
 
@@ -191,7 +189,7 @@ class _Kept:
                 return entry
             self.local.entry = None
             if expired:
-                _release(entry, clean=True)
+                _release(entry.conn, entry.raw, clean=True)
         with self.lock:
             if len(self.entries) + self.reserved >= self.limit:
                 self._prune()
@@ -245,14 +243,14 @@ class _Kept:
                 self.entries.remove(entry)
         if disposed or not clean:
             self.local.entry = None
-            _release(entry, clean=clean and not disposed)
+            _release(entry.conn, entry.raw, clean=clean and not disposed)
 
     def _prune(self) -> None:
         """Give the connections of ended threads back (called with the lock held)."""
         for entry in [e for e in self.entries if not e.thread.is_alive()]:
             entry.doomed = True
             self.entries.remove(entry)
-            _release(entry, clean=True)
+            _release(entry.conn, entry.raw, clean=True)
 
     def disconnected(self, context: ExceptionContext) -> None:
         """After a disconnect (a restarted server, say), drop every kept connection.
@@ -273,17 +271,20 @@ class _Kept:
                 entry.doomed = True
             self.entries = []
         for entry in idle:
-            _release(entry, clean=False)
+            _release(entry.conn, entry.raw, clean=False)
 
 
-def _release(entry: _Entry, *, clean: bool) -> None:
-    """Give a kept connection back to its pool out of autocommit (``clean``), or close it."""
-    conn, raw = entry.conn, entry.raw
+def _release(conn: Tx, raw: psycopg.Connection[Any], *, clean: bool) -> None:
+    """Give a block's connection back to its pool, or close it for good.
+
+    ``clean``: back out of autocommit if it is sound (:func:`_restore`); otherwise, and on any
+    error on the way, invalidated (the pool makes a new connection in its place).
+    """
     try:
-        if clean and not conn.invalidated:
-            raw.autocommit = False
+        if clean:
+            _restore(conn, raw)
         else:
-            conn.invalidate()  # the pool makes a new connection in its place
+            conn.invalidate()
     except Exception:
         conn.invalidate()
     finally:
