@@ -18,7 +18,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError as Conflict
 from sqlalchemy.exc import OperationalError as Unavailable
 
-from app.db.session import pool_bounds
+from app.db.session import MADE_AT, pool_bounds
 
 #: The database a service is handed (an engine with its pool).
 Database = Engine
@@ -121,8 +121,10 @@ class _Entry:
     conn: Tx
     raw: psycopg.Connection[Any]
     thread: threading.Thread
-    #: When it was checked out (``time.monotonic``): it goes back to the pool after the
-    #: pool's ``pool_recycle`` seconds, which the pool applies at check-out only.
+    #: When it was made (``time.monotonic``, :data:`app.db.session.MADE_AT`): it is closed
+    #: once it is the pool's ``pool_recycle`` seconds old, the age at which the pool would
+    #: recycle it (the pool checks the age at check-out only, and a kept one is not checked
+    #: out again).
     since: float
     #: Inside a :func:`submitting` block of its thread.
     busy: bool = False
@@ -142,9 +144,10 @@ class _Kept:
     users share the rest of the pool, and none of them holds a connection while it waits for
     another, so the wait ends.
     A connection is dropped — closed for good — when its block leaves it broken, invalidated
-    or in a transaction. It goes back to the pool when ``pool_recycle`` seconds have passed
-    since it was kept (at its thread's next block), and when its thread has ended and another
-    thread finds no room to keep one (until then it stays checked out). ``Engine.dispose()``
+    or in a transaction, and at its thread's first block after it is ``pool_recycle`` seconds
+    old — counted from when it was made, as the pool counts (the pool would recycle it at its
+    next check-out). It goes back to the pool when its thread has ended and another thread
+    finds no room to keep one (until then it stays checked out). ``Engine.dispose()``
     closes them all (the ``engine_disposed`` event: idle ones at once, one in use when its
     block ends), and so does a disconnect met on any of the engine's connections (the
     ``handle_error`` event), as the pool then recycles every connection it had made. A child
@@ -180,7 +183,7 @@ class _Kept:
                 usable = not entry.doomed and not expired
                 if usable:
                     entry.busy = True
-                elif not entry.doomed:  # kept past pool_recycle: back to the pool, recycled
+                elif not entry.doomed:  # pool_recycle old: closed, as the pool would
                     entry.doomed = True
                     self.entries.remove(entry)
                 else:
@@ -188,8 +191,8 @@ class _Kept:
             if usable:
                 return entry
             self.local.entry = None
-            if expired:
-                _release(entry.conn, entry.raw, clean=True)
+            if expired:  # the pool makes a new one in its place
+                _release(entry.conn, entry.raw, clean=False)
         with self.lock:
             if len(self.entries) + self.reserved >= self.limit:
                 self._prune()
@@ -208,7 +211,9 @@ class _Kept:
         finally:
             with self.lock:
                 self.reserved -= 1
-        entry = _Entry(conn, raw, threading.current_thread(), time.monotonic(), busy=True)
+        made = conn.info.get(MADE_AT)  # set by make_engine's engines (the only ones keeping)
+        since = time.monotonic() if made is None else made
+        entry = _Entry(conn, raw, threading.current_thread(), since, busy=True)
         with self.lock:
             self.entries.append(entry)
         self.local.entry = entry

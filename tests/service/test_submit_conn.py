@@ -387,3 +387,32 @@ def test_a_fork_child_keeps_connections_whatever_its_parent_was_doing(url: str) 
     in_child, exit_code = _forked(child, seconds=15, in_parent=base._MAKING.release)
     assert in_child != 0
     assert exit_code == 0
+
+
+def test_a_kept_connection_is_recycled_at_the_age_the_pool_would_recycle_it(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pool_recycle`` counts from when a connection was made, not from when it was kept.
+
+    A connection made 600 s before a thread keeps it must go at 1000 s of age (600 + 400 s
+    later), as the pool would recycle it, not 1000 s after it was kept (≈ 2 × pool_recycle).
+    """
+    engine = make_engine(url, pool_size=2, max_overflow=2, pool_recycle=1000)
+    offset = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + offset[0])
+    try:
+        with engine.connect() as conn:  # made now, back in the pool at the block's end
+            first = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        offset[0] += 600
+        assert _pid(engine) == first  # kept now (the pool's clock saw it young)
+        assert _pid(engine) == first
+        offset[0] += 300  # 900 s old
+        assert _pid(engine) == first
+        offset[0] += 150  # 1050 s old, kept 450 s
+        second = _pid(engine)
+        assert second != first
+        assert _checked_out(engine) == 1
+        assert not _lingering(url, {first})  # the pool recycled it: closed
+    finally:
+        engine.dispose()
