@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import timeit
+from collections.abc import Callable
 from pathlib import Path
 
 QUERY = '{"mechanism":"grr","epsilon":0.5,"attribute":"a","values":[0,1,2,3,4,5,6,7,8,9]}'
@@ -34,7 +35,7 @@ def child(args: argparse.Namespace) -> None:
     from app.services.snapshots import history_hashes_after, next_history_hash, state_key
 
     step = history_hashes_after(QUERY, OUTPUT)
-    shapes = {
+    shapes: dict[str, Callable[[], str]] = {
         "next_history_hash": lambda: next_history_hash(PREVIOUS, QUERY, OUTPUT),
         "step": lambda: step(PREVIOUS),
         "state_key": lambda: state_key('{"a":"integer"}', PREVIOUS),

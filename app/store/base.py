@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +15,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import IntegrityError as Conflict
 from sqlalchemy.exc import OperationalError as Unavailable
 
@@ -361,9 +362,29 @@ def _end(conn: Tx, raw: Any, *, commit: bool) -> None:
     except psycopg.IntegrityError as exc:
         raise Conflict("COMMIT", None, exc, hide_parameters=True) from exc
     except psycopg.Error as exc:
-        if raw.broken or raw.closed:  # the pool must not hand this connection out again
-            conn.invalidate()
+        if raw.broken or raw.closed:  # a disconnect (the dialect's test): as in a statement
+            _disconnected(conn)
         raise Unavailable("COMMIT" if commit else "ROLLBACK", None, exc) from exc
+
+
+def _disconnected(conn: Tx) -> None:
+    """Handle a disconnect met outside SQLAlchemy (psycopg's ``COMMIT``) as SQLAlchemy does.
+
+    A disconnect inside a statement goes through SQLAlchemy's error handling: the
+    ``handle_error`` event (every keeper drops its kept connections, :meth:`_Kept.disconnected`),
+    the pool recycles each connection it made before (at its next check-out) and the connection
+    is invalidated. :func:`_end` sends ``COMMIT`` and ``ROLLBACK`` to psycopg straight, so their
+    disconnect would only invalidate the one connection. A statement on the dead connection goes
+    that same road: psycopg refuses it before sending anything (``the connection is lost``), and
+    SQLAlchemy handles that as the disconnect it is. Nothing to do if SQLAlchemy has invalidated
+    the connection already (the block's statement met the disconnect first).
+    """
+    if conn.invalidated:
+        return
+    with suppress(DBAPIError):
+        conn.exec_driver_sql("SELECT 1")
+    if not conn.invalidated:  # not seen as a disconnect: the pool must not hand it out again
+        conn.invalidate()
 
 
 def _restore(conn: Tx, raw: psycopg.Connection[Any]) -> None:

@@ -30,7 +30,7 @@ from sqlalchemy.pool import QueuePool
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
-from app.store import Unavailable, base, submitting
+from app.store import Unavailable, base, begin_writes, submitting
 from tests.service import factories
 from tests.service.conftest import auth, make_settings, new_key
 from tests.service.factories import grr_query, integer_domain
@@ -416,3 +416,58 @@ def test_a_kept_connection_is_recycled_at_the_age_the_pool_would_recycle_it(
         assert not _lingering(url, {first})  # the pool recycled it: closed
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("road", ["statement", "commit"])
+def test_a_disconnect_at_commit_drops_what_a_disconnect_in_a_statement_drops(
+    engine: Engine, url: str, road: str
+) -> None:
+    """A restarted server met by a statement or by the block's ``COMMIT``: the same after it.
+
+    The ``COMMIT`` goes to psycopg straight, outside SQLAlchemy's error handling; a disconnect
+    there must still drop the other threads' kept connections and have the pool recycle the
+    connections it holds, as a disconnect inside a statement does.
+    """
+    kept, go = threading.Event(), threading.Event()
+    results: list[object] = []
+
+    def other() -> None:
+        try:
+            results.append(_pid(engine))
+            kept.set()
+            assert go.wait(10)
+            results.append(_pid(engine))
+        except BaseException as exc:
+            results.append(exc)
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    try:
+        assert kept.wait(10), results
+        mine = _pid(engine)
+        with engine.connect() as conn:  # a third connection, idle in the pool
+            pooled = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        theirs = results[0]
+        assert isinstance(theirs, int), results
+        dead = {mine, pooled, theirs}
+        assert len(dead) == 3
+
+        def block() -> None:
+            with submitting(engine) as conn:
+                begin_writes(conn)
+                conn.exec_driver_sql("SELECT 1")
+                for pid in dead:  # every backend gone, as in a restart
+                    _kill(url, pid)
+                if road == "statement":
+                    conn.exec_driver_sql("SELECT 1")
+
+        with pytest.raises(Unavailable):
+            block()
+    finally:
+        go.set()
+        worker.join()
+    assert len(results) == 2, results
+    assert isinstance(results[1], int), results  # the other thread's next block succeeded
+    with engine.connect() as conn:  # the pool's idle one was recycled, not handed out dead
+        assert int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()) not in dead
+    assert _pid(engine) not in dead
