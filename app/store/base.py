@@ -42,6 +42,7 @@ __all__ = [
 @contextmanager
 def transaction(db: Database) -> Iterator[Tx]:
     """One transaction: committed when the block ends, rolled back if it raises."""
+    _hand_back(db)
     with db.begin() as conn:
         yield conn
 
@@ -49,8 +50,19 @@ def transaction(db: Database) -> Iterator[Tx]:
 @contextmanager
 def reading(db: Database) -> Iterator[Tx]:
     """A connection for reads only (nothing to commit; closed when the block ends)."""
+    _hand_back(db)
     with db.connect() as conn:
         yield conn
+
+
+def _hand_back(db: Database) -> None:
+    """Before the calling thread checks out a connection: its idle kept one back to the pool.
+
+    A thread never holds its kept connection idle while it uses another (:class:`_Kept`).
+    """
+    kept: _Kept | None = db.__dict__.get("_gatekeeper_kept")
+    if kept is not None:
+        kept.hand_back()
 
 
 @contextmanager
@@ -129,8 +141,9 @@ class _Entry:
     since: float
     #: Inside a :func:`submitting` block of its thread.
     busy: bool = False
-    #: Given up (by :meth:`_Kept.dispose`, its block, pool_recycle): closed or given back by
-    #: whoever gave it up, or by its thread when its block ends (dispose() during a block).
+    #: Given up (by :meth:`_Kept.dispose`, its block, pool_recycle, :meth:`_Kept.hand_back`):
+    #: closed or given back by whoever gave it up, or by its thread when its block ends
+    #: (dispose() during a block).
     doomed: bool = False
 
 
@@ -140,10 +153,16 @@ class _Kept:
     Each thread keeps at most one, taken from the engine's pool, so the pool's size and
     overflow still bound what the process opens; at most half of them are kept, and an engine
     :func:`app.db.session.make_engine` did not pool (SQLite's, a bare ``create_engine``'s)
-    keeps none. A thread holds its kept connection, idle, between its blocks, also while it
-    waits for a second one for other work (a request's key lookup, say): the process's other
-    users share the rest of the pool, and none of them holds a connection while it waits for
-    another, so the wait ends.
+    keeps none. A thread holds its kept connection, idle, between its blocks, but not while
+    it uses another: :func:`transaction` and :func:`reading` (a request's key lookup, a read
+    of an object) give the thread's idle kept connection back to the pool before they check
+    one out, and its next block keeps one again. So a thread holds one connection at a time
+    outside a block, as before any was kept (inside a block, a block's own reads may take a
+    second), and the other half of the pool stays for the process's other users: a survey's
+    threads, housekeeping (with request threads each holding their kept connection idle and
+    another for a read, the pool had none left 22-26% of the time under submits and reads
+    beside a survey, docs/benchmarks.md "h/small"). None of the pool's users holds a
+    connection while it waits for another, so every wait ends.
     A connection is dropped — closed for good — when its block leaves it broken, invalidated
     or in a transaction, and at its thread's first block after it is ``pool_recycle`` seconds
     old — counted from when it was made, as the pool counts (the pool would recycle it at its
@@ -219,6 +238,24 @@ class _Kept:
             self.entries.append(entry)
         self.local.entry = entry
         return entry
+
+    def hand_back(self) -> None:
+        """Give the calling thread's kept connection back to the pool, unless it is in use.
+
+        Its thread is about to check out another (:func:`_hand_back`); the thread's next block
+        keeps one again (this one, when the pool hands it out again).
+        """
+        entry: _Entry | None = getattr(self.local, "entry", None)
+        if entry is None or entry.busy:  # none kept, or inside a block: the block's own
+            return
+        with self.lock:
+            disposed = entry.doomed  # idle: dispose() closed it already
+            if not disposed:
+                entry.doomed = True
+                self.entries.remove(entry)
+        self.local.entry = None
+        if not disposed:
+            _release(entry.conn, entry.raw, clean=True)
 
     def give_back(self, entry: _Entry) -> None:
         """End a block on ``entry``: kept if it is idle and sound, else dropped.

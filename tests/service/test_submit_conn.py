@@ -30,7 +30,7 @@ from sqlalchemy.pool import QueuePool
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
-from app.store import Unavailable, base, begin_writes, submitting
+from app.store import Unavailable, base, begin_writes, reading, submitting, transaction
 from tests.service import factories
 from tests.service.conftest import auth, make_settings, new_key
 from tests.service.factories import grr_query, integer_domain
@@ -471,3 +471,54 @@ def test_a_disconnect_at_commit_drops_what_a_disconnect_in_a_statement_drops(
     with engine.connect() as conn:  # the pool's idle one was recycled, not handed out dead
         assert int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()) not in dead
     assert _pid(engine) not in dead
+
+
+def test_a_thread_gives_its_idle_kept_connection_back_before_it_checks_out_another(
+    engine: Engine,
+) -> None:
+    """Request threads never hold two connections while their other reads run (issue 27).
+
+    Two threads keep theirs (half of a 2 + 2 pool) and are then each inside a ``reading()``
+    block at once: holding the kept one idle as well would take the whole pool, and the
+    process's other users (a survey's threads, housekeeping) would wait up to ``pool_timeout``.
+    """
+    inside = threading.Barrier(3, timeout=10)
+    leave = threading.Event()
+    errors: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            _pid(engine)  # a submit: the connection kept
+            with reading(engine) as conn:  # another request's read
+                conn.exec_driver_sql("SELECT 1")
+                inside.wait()
+                assert leave.wait(10)
+            _pid(engine)  # the next submit keeps one again
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=request) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    try:
+        inside.wait()
+        assert _checked_out(engine) == 2  # one each, not their kept ones besides
+        with transaction(engine) as conn:  # a survey's check-out: room in the pool
+            assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
+    finally:
+        leave.set()
+        for worker in workers:
+            worker.join()
+    assert errors == []
+    assert _checked_out(engine) == 2  # both kept again
+
+
+def test_a_read_inside_a_block_leaves_the_blocks_kept_connection_alone(engine: Engine) -> None:
+    with submitting(engine) as conn:
+        pid = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        with reading(engine) as other:
+            assert int(other.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()) != pid
+            assert _checked_out(engine) == 2
+        assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() == pid
+    assert _pid(engine) == pid  # still kept
+    assert _checked_out(engine) == 1
