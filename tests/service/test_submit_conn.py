@@ -4,11 +4,14 @@ A request thread keeps one pooled connection across its submits (no check-out, r
 check-in per submit): these tests hold it to the pool's guarantees — a broken connection is
 never used again, ``Engine.dispose()`` closes what is kept (also while a block runs), a forked
 child never uses its parent's, the pool's size bounds what is kept, a thread that ended gives
-its connection back, the pool's ``connect`` event and ``pool_recycle`` still apply, and the
-service's submit survives its kept connection's backend being killed. And to the pool's ways
-with a disconnect (every thread's kept connection goes, not only the one that met it), to
-races with ``Engine.dispose()`` (nothing left to the garbage collector), to blocks within
-blocks (each its own connection) and to bounds only ``make_engine`` sets.
+its connection back, the pool's ``connect`` event and ``pool_recycle`` still apply (counted
+from the connection's making, as the pool counts), and the service's submit survives its kept
+connection's backend being killed. And to the pool's ways with a disconnect (every thread's
+kept connection goes, not only the one that met it, whether a statement or the ``COMMIT`` met
+it), to races with ``Engine.dispose()`` (nothing left to the garbage collector), to blocks
+within blocks (each its own connection), to bounds only ``make_engine`` sets and to the rest of
+the pool staying free for other users (a thread's idle kept connection goes back before it
+checks out another).
 """
 
 from __future__ import annotations
