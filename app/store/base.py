@@ -15,9 +15,9 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import ExceptionContext
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import IntegrityError as Conflict
 from sqlalchemy.exc import OperationalError as Unavailable
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.db.session import MADE_AT, pool_bounds
 
@@ -418,7 +418,7 @@ def _disconnected(conn: Tx) -> None:
     """
     if conn.invalidated:
         return
-    with suppress(DBAPIError):
+    with suppress(SQLAlchemyError):  # the disconnect's error, already on its way up as this one
         conn.exec_driver_sql("SELECT 1")
     if not conn.invalidated:  # not seen as a disconnect: the pool must not hand it out again
         conn.invalidate()
