@@ -228,7 +228,6 @@ def main() -> None:
     from cryptography.fernet import Fernet
 
     from bench import survey_load
-    from bench.service_load import ADMIN_KEY, REDIS_URL, fresh_database
 
     runs = []
     for spec in args.runs.split(","):
@@ -236,6 +235,17 @@ def main() -> None:
         tree, _, flag = where.partition(":")
         runs.append((name, str(Path(tree).resolve()), flag == "nokeep"))
     survey_load.KEY_FILE.write_text(Fernet.generate_key().decode())
+    try:
+        measure(args, runs)
+    finally:
+        survey_load.KEY_FILE.unlink(missing_ok=True)
+
+
+def measure(args: argparse.Namespace, runs: list[tuple[str, str, bool]]) -> None:
+    """The runs, on a fresh database with the population imported once."""
+    from bench import survey_load
+    from bench.service_load import ADMIN_KEY, REDIS_URL, fresh_database
+
     groups = args.rounds * len(runs)
     print(f"pool_waits: {args.members} members per survey, {args.clients} submitting threads")
     with (
@@ -291,7 +301,6 @@ def main() -> None:
                 print(f"{line} | {os.getloadavg()[0]:.2f}", flush=True)
                 if got["status"] != "done" or set(got["statuses"]) - {"201", "200"}:
                     print(f"   survey {got['status']}, decided {got['decided']}, {got['statuses']}")
-    survey_load.KEY_FILE.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
