@@ -7,7 +7,8 @@ Every ``gatekeeper`` command, server worker and Celery worker imports ``app.cli`
 where they are used (:func:`app.engine.numerics.expit`, the SciPy LP and L-BFGS-B calls, the
 first HiGHS LP of :mod:`app.engine.continuous.highs`,
 :func:`app.worker.threads.single_threaded_blas` when no BLAS thread variable is set,
-:func:`app.bootstrap.prepare_database`), so a process that never evaluates a logistic, solves
+:func:`app.bootstrap.prepare_database`; a command's migration check reads the scripts' text,
+:func:`app.db.migrate.read_lineage`), so a process that never evaluates a logistic, solves
 an LP, limits BLAS's threads or migrates does not pay for them. This keeps a new module-level
 import from bringing them back unnoticed.
 """
@@ -50,7 +51,8 @@ def test_a_command_and_a_server_worker_start_without_scipy_highspy_or_alembic() 
 def test_the_probe_sees_them_when_they_are_used() -> None:
     # the check above can fail: the same probe reports the modules once they are used
     loaded = _loaded_after(
-        "from app.engine.numerics import expit\nexpit(0.0)\nimport app.db.migrate\n"
+        "from app.engine.numerics import expit\nexpit(0.0)\n"
+        "from app.db.migrate import alembic_lineage\nalembic_lineage()\n"
         "import numpy as np\nfrom app.engine.continuous import highs\n"
         "one = np.ones(1)\nhighs.solve(one, np.ones((1, 1)), one, 0 * one, one)\n"
         "import os\nfrom app.worker.threads import BLAS_THREAD_VARIABLES, single_threaded_blas\n"

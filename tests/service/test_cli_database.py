@@ -20,6 +20,7 @@ from alembic import command
 
 from app.cli import describe_database
 from app.db.migrate import alembic_config, head_revision
+from tests.inprocess import fresh_process_state, run_main
 from tests.service.conftest import ROOT
 from tests.service.factories import SETTINGS_ENV, run_cli
 
@@ -36,10 +37,25 @@ COMMANDS = [
 IDS = [" ".join(c[:2]) for c in COMMANDS]
 
 
+#: What a command run here inherits of none: the settings and the keys of the values at rest.
+DROPPED = (*SETTINGS_ENV, "GATEKEEPER_ENCRYPTION_KEYS", "GATEKEEPER_ENCRYPTION_KEY_FILE")
+
+
 def gatekeeper(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """The command in ``cwd``, with no setting inherited (no key: the embedded default)."""
-    drop = {*SETTINGS_ENV, "GATEKEEPER_ENCRYPTION_KEYS", "GATEKEEPER_ENCRYPTION_KEY_FILE"}
-    full_env = {k: v for k, v in os.environ.items() if k not in drop}
+    """The command in ``cwd`` in this process, with no setting inherited (no key: the default).
+
+    As a new ``gatekeeper`` process there would run it (:func:`tests.inprocess.fresh_process_state`:
+    the environment, working directory, settings and cipher its own, put back afterwards),
+    without its 0.6-0.8 s of CPU; :func:`gatekeeper_process` runs the interpreter, and
+    ``test_a_refusal_is_the_same_from_the_console_script`` checks that both answer alike.
+    """
+    with fresh_process_state(env, unset=DROPPED, cwd=cwd):
+        return run_main(*args)
+
+
+def gatekeeper_process(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """The command in ``cwd`` as a new process, with no setting inherited (no key: the default)."""
+    full_env = {k: v for k, v in os.environ.items() if k not in DROPPED}
     full_env.update({"PYTHONPATH": str(ROOT), **env})
     return subprocess.run(  # noqa: S603 - our own CLI, fixed argv
         [sys.executable, "-m", "app.cli", *args],
@@ -110,21 +126,41 @@ def test_a_database_behind_this_version_is_refused_until_migrated(tmp_path: Path
 
 @pytest.mark.slow
 def test_migrate_then_the_commands_work_on_the_default_database(elsewhere: Path) -> None:
-    migrated = gatekeeper("migrate", cwd=elsewhere)
+    # as new processes: the end-to-end path, the console script's own start included
+    migrated = gatekeeper_process("migrate", cwd=elsewhere)
     assert migrated.returncode == 0, migrated.stderr
     database = elsewhere.resolve() / "data" / "gatekeeper.db"
     assert f"gatekeeper: database sqlite:///{database}" in migrated.stderr
     assert database.is_file()
     assert (elsewhere / "data" / "encryption.key").is_file()  # as `serve` would create it
-    created = gatekeeper("keys", "create", "--role", "admin", cwd=elsewhere)
+    created = gatekeeper_process("keys", "create", "--role", "admin", cwd=elsewhere)
     assert created.returncode == 0, created.stderr
     assert created.stdout.startswith("gk_")
     assert f"gatekeeper: database sqlite:///{database}" in created.stderr
-    imported = gatekeeper("import", "objects.ndjson", "--jobs", "0", cwd=elsewhere)
+    imported = gatekeeper_process("import", "objects.ndjson", "--jobs", "0", cwd=elsewhere)
     assert imported.returncode == 0, imported.stderr
-    verified = gatekeeper("verify", cwd=elsewhere)
+    verified = gatekeeper_process("verify", cwd=elsewhere)
     assert verified.returncode == 0, verified.stderr
     assert "verified 1 object(s)" in verified.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("unmigrated", [False, True], ids=["missing", "unmigrated"])
+def test_a_refusal_is_the_same_from_the_console_script(elsewhere: Path, unmigrated: bool) -> None:
+    env = {}
+    if unmigrated:  # a SQLite file, not a gatekeeper database
+        with sqlite3.connect(elsewhere / "other.db") as conn:
+            conn.execute("CREATE TABLE notes (body TEXT)")
+        env["DATABASE_URL"] = f"sqlite:///{elsewhere / 'other.db'}"
+    here = gatekeeper("keys", "list", cwd=elsewhere, **env)
+    there = gatekeeper_process("keys", "list", cwd=elsewhere, **env)
+    assert (here.returncode, here.stdout, here.stderr) == (
+        there.returncode,
+        there.stdout,
+        there.stderr,
+    )
+    assert here.returncode == 2
+    assert not (elsewhere / "data").exists()
 
 
 @pytest.mark.slow
