@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     #: Threads deciding a survey's chunks at once in one process (one samples while another's
     #: chunk is in the database).
     survey_threads: int = Field(default=2, ge=1, le=32)
+    #: Child processes deciding a survey's chunks in a web process without a broker, started
+    #: with its first survey (0: ``SURVEY_THREADS`` threads of the web process decide them).
+    survey_processes: int = Field(default=2, ge=0, le=32)
     #: Distributed worker module (Celery): the broker (``redis://`` or ``amqp://``; unset: all
     #: work in this process), how long results live in Redis, and the name that keeps one
     #: deployment's queues, task ids and keys apart from another's on a shared broker.
