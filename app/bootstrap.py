@@ -33,10 +33,9 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from app.api.deps import Runtime
+    from app.services.survey_runs import Children, ChildRuns, ChunkOutcome
     from app.worker.cache import RedisCache
     from app.worker.celery_app import CelerySettings, SurveyHandlers
-    from app.services.survey_runs import ChildRuns, ChunkOutcome
-    from app.worker.children import ChildPool
     from app.worker.jobs import SurveyJobs
     from app.worker.pool import BoundWorker, WorkerSettings
 
@@ -260,9 +259,7 @@ def _with_celery(
     )
 
 
-def survey_children(
-    settings: Settings,
-) -> ChildPool[tuple[str, ChunkOutcome | None]] | None:
+def survey_children(settings: Settings) -> Children | None:
     """The child processes deciding this web process's survey chunks (``SURVEY_PROCESSES``).
 
     None with ``SURVEY_PROCESSES=0``: the chunks are decided by ``SURVEY_THREADS`` threads of
@@ -302,7 +299,7 @@ def _start_survey_child(given: dict[str, Any]) -> None:
     Its own database engine (one connection: it decides one chunk at a time) and a bound worker
     computing in this process (``processes=0``); the collector tuned as a serving process's.
     """
-    global _SURVEY_CHILD  # noqa: PLW0603 - one per child process, set once at its start
+    global _SURVEY_CHILD  # one per child process, set once at its start
     from app import logs
     from app.services.survey_runs import ChildRuns
     from app.worker.pool import BoundWorker, WorkerSettings

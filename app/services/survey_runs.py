@@ -131,6 +131,8 @@ class ChunkOutcome:
     accepted: int
     groups: int
     reused: int = 0
+    #: The decision groups the chunk counted (``groups`` of them: new to its process's run).
+    keys: frozenset[GroupKey] = frozenset()
 
 
 @dataclass
@@ -379,7 +381,7 @@ def run_chunk(
         raise
     cache.stored_committed(work.gained)
     cache.trim()
-    return ChunkOutcome(chunk, len(ids), accepted, work.groups, work.reused)
+    return ChunkOutcome(chunk, len(ids), accepted, work.groups, work.reused, frozenset(new_groups))
 
 
 def count_chunk(outcome: ChunkOutcome) -> None:
@@ -1420,8 +1422,10 @@ class _Run:
         self.stop.set()
 
     def chunk(self, chunk: int) -> None:
-        """Decide one chunk (:func:`decide_chunk`), then renew the lease; ends the run on a stop
-        or an error."""
+        """Decide one chunk (:func:`decide_chunk`), then renew the lease.
+
+        A stop or an error ends the run.
+        """
         outcome, done = decide_chunk(
             engine=self.engine,
             worker=self.worker,
@@ -1539,6 +1543,10 @@ class ChildRuns:
         )
 
 
+#: Survey child processes: their target is :meth:`ChildRuns.decide` (in :mod:`app.bootstrap`).
+Children = ChildPool[tuple[str, ChunkOutcome | None]]
+
+
 def run_survey(
     *,
     engine: Database,
@@ -1549,7 +1557,7 @@ def run_survey(
     lease_seconds: float,
     threads: int = 1,
     attempts: int = 20,
-    children: ChildPool | None = None,
+    children: Children | None = None,
 ) -> str:
     """Decide every pending chunk, then mark the survey done.
 
@@ -1599,12 +1607,35 @@ def run_survey(
             return _fail(engine, survey_id, run.outcome)
 
 
+class _GroupsCounted:
+    """The decision groups a run's children counted, each counted once in the survey.
+
+    Each child counts the groups new to its own run cache, so two children deciding members
+    of one group both count it; the chunk hands its groups' keys back and the second count is
+    taken back here (in the survey's row and the metrics) — the survey's ``groups`` end as the
+    threads' (and the dry-run's). The keys are kept in the run cache's ``seen``.
+    """
+
+    def __init__(self, engine: Database, survey_id: int, cache: RunCache) -> None:
+        self.engine, self.survey_id, self.seen = engine, survey_id, cache.seen
+
+    def once(self, outcome: ChunkOutcome) -> ChunkOutcome:
+        """``outcome`` with its groups counted before by another child taken back."""
+        twice = len(outcome.keys & self.seen)
+        self.seen |= outcome.keys
+        if not twice:
+            return outcome
+        with transaction(self.engine) as conn:
+            survey_store.uncount_groups(conn, survey_id=self.survey_id, groups=twice)
+        return replace(outcome, groups=outcome.groups - twice)
+
+
 #: Times a run rebuilds its child processes after one died (killed, out of memory) before the
 #: survey fails: a chunk that kills its process every time must not be tried forever.
 CHILD_RESTARTS = 3
 
 
-def _run_children(run: _Run, children: ChildPool, token: str, chunks: list[int]) -> None:
+def _run_children(run: _Run, children: Children, token: str, chunks: list[int]) -> None:
     """Decide ``chunks`` in the child processes, renewing the lease after each one here.
 
     One chunk per child at a time plus one queued each, so a child never waits for this
@@ -1618,6 +1649,7 @@ def _run_children(run: _Run, children: ChildPool, token: str, chunks: list[int])
     todo = deque(chunks)
     flying: dict[Future[tuple[str, ChunkOutcome | None]], int] = {}
     deaths = 0
+    counted = _GroupsCounted(run.engine, run.survey_id, run.cache)
     while flying or (todo and not run.stop.is_set()):
         broken = False
         while todo and not run.stop.is_set() and len(flying) < 2 * children.processes:
@@ -1638,7 +1670,7 @@ def _run_children(run: _Run, children: ChildPool, token: str, chunks: list[int])
                 broken = True
                 continue
             if counts is not None:
-                count_chunk(counts)
+                count_chunk(counted.once(counts))
             if outcome == DECIDED:
                 if not run.stop.is_set():
                     run.renew()
@@ -1655,7 +1687,7 @@ def _run_children(run: _Run, children: ChildPool, token: str, chunks: list[int])
                 todo.appendleft(chunk)
                 continue
             if counts is not None:
-                count_chunk(counts)
+                count_chunk(counted.once(counts))
             if outcome != DECIDED:
                 run.end(outcome)
         deaths += 1

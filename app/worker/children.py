@@ -9,7 +9,7 @@ GIL). A :class:`ChildPool` hands each call to one of ``processes`` child process
 * ``spawn``, never ``fork``: the web process has threads (a forked child would inherit their
   locks held). Each child is set up once by the ``initializer`` it is given (plain data: a
   child builds its own database engine), runs one BLAS thread and exits when its parent is gone
-  (:func:`app.worker.pool._init_pool_process`, as the bound worker's pool);
+  (:func:`app.worker.pool.init_pool_process`, as the bound worker's pool);
 * a child that dies (killed, out of memory) breaks the pool — ``concurrent.futures`` then fails
   every call in flight with ``BrokenProcessPool`` and stops the other children: the caller
   knows which calls to make again and calls :meth:`ChildPool.restart`;
@@ -30,14 +30,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from app.worker.pool import _init_pool_process
+from app.worker.pool import init_pool_process
 
 R = TypeVar("R")
 
 
 def _init_child(parent: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> None:
     """A child's start: one BLAS thread, exit with ``parent``, then the caller's set-up."""
-    _init_pool_process(parent)
+    init_pool_process(parent)
     initializer(*initargs)
 
 
@@ -107,7 +107,7 @@ STOP_SECONDS = 5.0
 
 def _processes(pool: concurrent.futures.ProcessPoolExecutor) -> dict[int, Any]:
     # the executor keeps its processes by pid; it has no public accessor
-    return dict(pool._processes or {})  # noqa: SLF001
+    return dict(pool._processes or {})
 
 
 def _stop(pool: concurrent.futures.ProcessPoolExecutor) -> None:

@@ -97,8 +97,11 @@ class InProcessJobs:
         return False
 
     def close(self) -> None:
-        """Stop both threads (the running survey stops after its current chunk's thread dies)
-        and the child processes (they exit: a chunk they were deciding is rolled back)."""
+        """Stop both threads and the child processes.
+
+        The running survey stops after its current chunk's thread dies; a child process exits
+        (a chunk it was deciding is rolled back).
+        """
         self._stopped.set()
         self._queue.put(None)
         if self.children is not None:
