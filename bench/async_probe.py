@@ -3,7 +3,11 @@
 How to run (from the project root, PostgreSQL and Redis reachable)::
 
     GATEKEEPER_BENCH_REDIS_URL=redis://127.0.0.1:6379/4 OPENBLAS_NUM_THREADS=1 \\
-      .venv/bin/python bench/async_probe.py --blocks 16 --block 600 --db-prefix gk_async_
+      .venv/bin/python bench/async_probe.py --blocks 16 --block 600 --real --db-prefix gk_async_
+    # psycopg_pool is not a dependency: a folder of its own for the second async road
+    .venv/bin/python -m pip install --target /tmp/probe_deps psycopg-pool
+    .venv/bin/python bench/async_probe.py --pools queue,psycopg_pool --extra-path /tmp/probe_deps \\
+      --real --perf --profile 15
 
 Today a submit's request runs its synchronous part in a request thread (the runtime's
 ``ThreadPoolExecutor`` of ``DB_POOL_SIZE`` threads, :func:`app.api.deps.in_thread`) on psycopg's
@@ -37,10 +41,14 @@ engine's decision and sampling, the value's decryption.
 - ``async`` (B): the route awaits the same round trips on the event loop: an ``asyncio.Lock`` per
   object, the Redis commands sent by hand on a connection of ``redis.asyncio``'s pool (as the real
   lock sends them on its thread's own), the two statements on an ``AsyncConnection`` (autocommit)
-  of a pool of 5 per worker (``--pool queue``: an ``asyncio.Queue`` of connections; ``--pool
+  of a pool of 5 per worker (``--pools queue``: an ``asyncio.Queue`` of connections; ``--pools
   psycopg_pool``: ``psycopg_pool.AsyncConnectionPool``, if it is importable — it is not a
-  dependency of the project; add its folder with ``--extra-path``), the row typed by the same
-  result processors and :class:`~app.store.objects.ObjectState` as the store's.
+  dependency of the project; add its folder with ``--extra-path``; ``--pools queue,psycopg_pool``
+  runs both), the row typed by the same result processors and
+  :class:`~app.store.objects.ObjectState` as the store's.
+
+Both roads try a submit whose compare-and-set missed again, as the service does (a warning in
+the probe's log, counted at the end; none expected under the object locks).
 - ``real`` (C, ``--real``): the service itself (``gatekeeper serve``), as ``bench/http_ab.py``
   runs it, on its own objects of the same database: how close A is to reality.
 
@@ -56,7 +64,11 @@ involuntary context switches of all its threads, and the CPU of the PostgreSQL b
 road (``application_name``). With ``--perf``, ``perf stat`` counts the workers' ``futex`` and
 other system calls during each block. The table gives per road the medians over the blocks, and
 the per-block ratios of the roads to ``sync`` (median, ratio of the totals, in how many blocks
-lower).
+lower). With ``--profile S``, then ``py-spy record --gil`` over each probe's workers for S
+seconds under the same load: the share of the samples (the thread holding the GIL) by the file
+of the innermost Python frame (:data:`PARTS`) — wall time of the Python code, not CPU, on a
+loaded machine (time in C without a Python frame of its own, uvloop's, counts for the frame that
+called it).
 """
 
 from __future__ import annotations
@@ -310,7 +322,9 @@ class PsycopgPool:
     """``psycopg_pool.AsyncConnectionPool`` of ``size`` connections (autocommit)."""
 
     def __init__(self, url: str, size: int, name: str) -> None:
-        from psycopg_pool import AsyncConnectionPool
+        from psycopg_pool import (  # type: ignore[import-not-found,unused-ignore]
+            AsyncConnectionPool,
+        )
 
         self.pool = AsyncConnectionPool(
             url,
@@ -405,6 +419,7 @@ class AsyncRoad:
         """The load and the accepted write on a pooled ``AsyncConnection`` (None: lost race)."""
         import psycopg
 
+        from app.store import audit as audit_store
         from app.store import compiled
         from app.store import objects as object_store
         from app.store import submits as submit_store
@@ -433,7 +448,7 @@ class AsyncRoad:
                 submit_store._QUERY_PARAM + n: getattr(query, n)
                 for n in submit_store._QUERY_COLUMNS
             }
-            params.update(submit_store.audit_store.query_event_params(event))
+            params.update(audit_store.query_event_params(event))
             params.update({"where_id": object_id, "where_version": version, "version": version + 1})
             params.update(columns_set)
             params[submit_store._STATE_PARAM + "hash"] = new_state.key
@@ -1179,8 +1194,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.profile > 0 and arm.name != "real"
             }
         finally:
-            for server in servers:
-                server.stop()
+            for running in servers:
+                running.stop()
     load1 = os.getloadavg()[0]
     print(
         f"async_probe: {args.blocks} blocks of {args.block} grr submits per road "
