@@ -44,7 +44,9 @@ engine's decision and sampling, the value's decryption.
   of a pool of 5 per worker (``--pools queue``: an ``asyncio.Queue`` of connections; ``--pools
   psycopg_pool``: ``psycopg_pool.AsyncConnectionPool``, if it is importable — it is not a
   dependency of the project; add its folder with ``--extra-path``; ``--pools queue,psycopg_pool``
-  runs both), the row typed by the same result processors and
+  runs both; ``--pools lean``: the ``asyncio.Queue`` of PostgreSQL connections and the Redis
+  connections in one too, never checked out of ``redis.asyncio``'s pool per submit — the least
+  an async road can do, :class:`RedisQueue`), the row typed by the same result processors and
   :class:`~app.store.objects.ObjectState` as the store's.
 
 Both roads try a submit whose compare-and-set missed again, as the service does (a warning in
@@ -351,6 +353,42 @@ class PsycopgPool:
         await self.pool.close()
 
 
+class RedisQueue:
+    """``size`` connections of a ``redis.asyncio`` pool in an ``asyncio.Queue`` (``--pools lean``).
+
+    What the real lock does with its thread's own connection, for a loop: no check-out and
+    check-in through the pool (its ``asyncio.Lock``, observability hooks and the connection's
+    readability check on every check-out); a connection whose command failed was disconnected
+    (:func:`_command`) and connects again on its next command.
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.all: list[Any] = []
+
+    async def open(self, size: int) -> None:
+        """Make and connect ``size`` connections."""
+        for _ in range(size):
+            conn = self.pool.make_connection()
+            await conn.connect()
+            self.all.append(conn)
+            self.queue.put_nowait(conn)
+
+    async def get_connection(self) -> Any:
+        """A connection (waits for one)."""
+        return await self.queue.get()
+
+    async def release(self, conn: Any) -> None:
+        """Give ``conn`` back."""
+        self.queue.put_nowait(conn)
+
+    async def disconnect(self) -> None:
+        """Close every connection."""
+        for conn in self.all:
+            await conn.disconnect()
+
+
 @dataclass
 class AsyncRoad:
     """The async road: the same round trips awaited on the event loop."""
@@ -375,6 +413,9 @@ class AsyncRoad:
         )
         await self.pg.open()
         self.redis = ConnectionPool.from_url(self.redis_url)
+        if self.pool_kind == "lean":  # the pool's connections, never checked out or in again
+            self.redis = RedisQueue(self.redis)
+            await self.redis.open(POOL)
         self.release_sha = hashlib.sha1(_RELEASE.encode()).hexdigest()  # noqa: S324 - Redis's
         conn = await self.redis.get_connection()
         try:
@@ -1099,7 +1140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--pools",
         default="queue",
-        help="async roads by their pool, comma-separated: queue, psycopg_pool (queue)",
+        help="async roads by their pools, comma-separated: queue, psycopg_pool, lean (queue)",
     )
     parser.add_argument("--real", action="store_true", help="also the real service (C)")
     parser.add_argument("--perf", action="store_true", help="system calls by kind (perf stat)")
@@ -1120,8 +1161,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.perf and shutil.which("perf") is None:
         parser.error("--perf: perf is not installed")
     pools = [p for p in args.pools.split(",") if p]
-    if any(p not in ("queue", "psycopg_pool") for p in pools):
-        parser.error("--pools: queue or psycopg_pool")
+    if any(p not in ("queue", "psycopg_pool", "lean") for p in pools):
+        parser.error("--pools: queue, psycopg_pool or lean")
     if args.extra_path:
         sys.path.append(args.extra_path)
     import psycopg

@@ -66,7 +66,7 @@ def test_both_roads_send_the_real_submits_round_trips(
     postgres_url: str,  # noqa: F811 - the fixture
     redis_url: str,  # noqa: F811 - the fixture
 ) -> None:
-    pools = ["queue"]
+    pools = ["queue", "lean"]
     try:
         import psycopg_pool  # noqa: F401 - optional
     except ImportError:
