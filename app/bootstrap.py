@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from app.api.deps import Runtime
+    from app.services.survey_runs import Children, ChildRuns, ChunkOutcome
     from app.worker.cache import RedisCache
     from app.worker.celery_app import CelerySettings, SurveyHandlers
     from app.worker.jobs import SurveyJobs
@@ -164,6 +165,7 @@ def build_runtime(settings: Settings) -> Runtime:
         return _with_celery(settings, engine, redis_client, cache_, bound_settings, lock_client)
     worker = BoundWorker(bound_settings, cache_)
     owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+    children = survey_children(settings)
     jobs = InProcessJobs(
         run=lambda survey_id: survey_runs.run_survey(
             engine=engine,
@@ -173,8 +175,10 @@ def build_runtime(settings: Settings) -> Runtime:
             limits=DEFAULT_LIMITS,
             lease_seconds=settings.survey_lease_seconds,
             threads=settings.survey_threads,
+            children=children,
         ),
         orphans=lambda: survey_runs.resumable_surveys(engine=engine),
+        children=children,
     )
     return _runtime(settings, engine, redis_client, lock_client, worker=worker, surveys=jobs)
 
@@ -260,6 +264,69 @@ def _with_celery(
         surveys=jobs,
         celery=(celery, cfg),
     )
+
+
+def survey_children(settings: Settings) -> Children | None:
+    """The child processes deciding this web process's survey chunks (``SURVEY_PROCESSES``).
+
+    None with ``SURVEY_PROCESSES=0``: the chunks are decided by ``SURVEY_THREADS`` threads of
+    this process. The children start with the first survey; each builds what it needs from
+    plain data (:func:`_start_survey_child`).
+    """
+    from app.worker.children import ChildPool
+
+    if settings.survey_processes < 1:
+        return None
+    given = {
+        name: getattr(settings, name)
+        for name in (
+            "gatekeeper_env",
+            "database_url",
+            "gatekeeper_encryption_keys",
+            "gatekeeper_encryption_key_file",
+            "bound_time_limit",
+            "log_level",
+        )
+    }
+    return ChildPool(
+        processes=settings.survey_processes,
+        target=_survey_child_decide,
+        initializer=_start_survey_child,
+        initargs=({k: v.value if k == "gatekeeper_env" else v for k, v in given.items()},),
+    )
+
+
+#: A survey child process's side (set by :func:`_start_survey_child`, in the child only).
+_SURVEY_CHILD: ChildRuns | None = None
+
+
+def _start_survey_child(given: dict[str, Any]) -> None:
+    """A survey child's start: its settings, logs, cipher, engine, bound worker, collector.
+
+    Its own database engine (one connection: it decides one chunk at a time) and a bound worker
+    computing in this process (``processes=0``); the collector tuned as a serving process's.
+    """
+    global _SURVEY_CHILD  # one per child process, set once at its start
+    from app import logs
+    from app.services.survey_runs import ChildRuns
+    from app.worker.pool import BoundWorker, WorkerSettings
+
+    settings = Settings(**given)
+    logs.configure(settings.log_level)
+    crypto.configure(settings.value_cipher())
+    engine = make_engine(settings.database_url, pool_size=1, max_overflow=1)
+    worker = BoundWorker(WorkerSettings(processes=0, time_limit=settings.bound_time_limit))
+    _SURVEY_CHILD = ChildRuns(engine=engine, worker=worker, limits=DEFAULT_LIMITS)
+    tune_collector()
+
+
+def _survey_child_decide(
+    survey_id: int, run: str, chunk: int, attempts: int
+) -> tuple[str, ChunkOutcome | None]:
+    """A survey child's call (:meth:`~app.services.survey_runs.ChildRuns.decide`)."""
+    if _SURVEY_CHILD is None:
+        raise RuntimeError("not a survey child process")
+    return _SURVEY_CHILD.decide(survey_id, run, chunk, attempts)
 
 
 def survey_handlers(settings: Settings) -> SurveyHandlers:

@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     #: Threads deciding a survey's chunks at once in one process (one samples while another's
     #: chunk is in the database).
     survey_threads: int = Field(default=2, ge=1, le=32)
+    #: Child processes deciding a survey's chunks in a web process without a broker, started
+    #: with its first survey (0: ``SURVEY_THREADS`` threads of the web process decide them).
+    #: 0 by default: each child decides the survey's groups again for itself (+27% CPU) and
+    #: holds its own run cache (+80% memory with 2), and on the shared 2-core machine two were
+    #: slower than the threads (docs/benchmarks.md, "h/procs"); worth it with idle cores.
+    survey_processes: int = Field(default=0, ge=0, le=32)
     #: Distributed worker module (Celery): the broker (``redis://`` or ``amqp://``; unset: all
     #: work in this process), how long results live in Redis, and the name that keeps one
     #: deployment's queues, task ids and keys apart from another's on a shared broker.

@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,7 @@ from bench.service_load import (  # noqa: E402
     ADMIN_KEY,
     BackendSampler,
     Server,
+    descendants,
     fresh_database,
 )
 
@@ -329,6 +331,41 @@ def states_stats(database_url: str) -> str:
     return ", ".join(f"{name} {value:,}" for name, value in zip(names, row, strict=True))
 
 
+class RssSampler:
+    """The server's memory during a survey: the peak of its processes' summed resident sets.
+
+    Every ``interval`` seconds the resident set (``VmRSS``) of the server and every process
+    below it (uvicorn's worker, the bound worker's process, the survey child processes) is
+    summed; :meth:`stop` gives the largest sum seen, and how many processes made it.
+    """
+
+    def __init__(self, pid: int, interval: float = 0.25) -> None:
+        self.pid, self.interval = pid, interval
+        self.peak, self.processes = 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            total, count = 0, 0
+            for pid in descendants(self.pid):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    total += int(status.split("VmRSS:", 1)[1].split()[0])  # kB
+                    count += 1
+            if total > self.peak:
+                self.peak, self.processes = total, count
+            if self._stop.wait(self.interval):
+                return
+
+    def stop(self) -> str:
+        """``peak MiB (processes)``."""
+        self._stop.set()
+        self._thread.join()
+        return f"{self.peak / 1024:,.0f} ({self.processes})"
+
+
 class Profiler:
     """``--profile DIR``: py-spy over this tree's server (and its worker process) from a survey on.
 
@@ -379,8 +416,17 @@ def survey_series(args: argparse.Namespace) -> int:
     backends' CPU seconds, and the load average; at the end the table's statistics
     (:func:`states_stats`).
     """
-    trees = [ROOT, *args.baseline]
-    names = ["branch" if t == ROOT else f"base {t}" for t in trees]
+    # this tree once, or once per --processes value (SURVEY_PROCESSES of its server), then each
+    # baseline tree with its own defaults
+    mine = [(ROOT, {}, "branch")]
+    if args.processes:
+        mine = [
+            (ROOT, {"SURVEY_PROCESSES": str(p)}, f"branch p={p}")
+            for p in (int(v) for v in args.processes.split(","))
+        ]
+    variants = [*mine, *((tree, {}, f"base {tree}") for tree in args.baseline)]
+    trees = [tree for tree, _, _ in variants]
+    names = [name for _, _, name in variants]
     ok = True
     rows: list[tuple[int, str, str]] = []
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
@@ -406,7 +452,11 @@ def survey_series(args: argparse.Namespace) -> int:
                 f"{names[n]}: imported {args.objects} in {time.perf_counter() - start:.1f} s",
                 flush=True,
             )
-            env = {"GATEKEEPER_ENCRYPTION_KEY_FILE": str(KEY_FILE), "BOUND_PROCESSES": "1"}
+            env = {
+                "GATEKEEPER_ENCRYPTION_KEY_FILE": str(KEY_FILE),
+                "BOUND_PROCESSES": "1",
+                **variants[n][1],
+            }
             server = Server(url, 1, 1, Path(tmp) / f"server{n}.log", env, tree=tree)
             stack.callback(server.stop)
             urls.append(url)
@@ -415,9 +465,9 @@ def survey_series(args: argparse.Namespace) -> int:
         headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         print(
             "| survey | tree | wall s | members/s | groups | states | states MiB | "
-            "states dead | server CPU s | PG CPU s | load |"
+            "states dead | server CPU s | PG CPU s | server RSS MiB | load |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         profiler: Profiler | None = None
         for i in range(args.surveys):
             query = series_query(i)
@@ -431,8 +481,10 @@ def survey_series(args: argparse.Namespace) -> int:
                 with httpx.Client(base_url=servers[n].url, timeout=60) as http:
                     cpu = servers[n].cpu()
                     backends = BackendSampler(dbnames[n])
+                    memory = RssSampler(servers[n].process.pid)
                     view, seconds = run_survey(http, headers, query, "bench")
                     pg_cpu = backends.stop()
+                    rss = memory.stop()
                     cpu = servers[n].cpu() - cpu
                 states, mib = states_size(urls[n])
                 dead = states_dead(urls[n])
@@ -440,7 +492,7 @@ def survey_series(args: argparse.Namespace) -> int:
                 line = (
                     f"| {i + 1} ({query['attribute']}) | {names[n]} | {seconds:.1f} | "
                     f"{members / seconds:,.0f} | {view['groups']} | {states} | {mib:,.1f} | "
-                    f"{dead:,} | {cpu:.1f} | {pg_cpu:.1f} | {os.getloadavg()[0]:.2f} |"
+                    f"{dead:,} | {cpu:.1f} | {pg_cpu:.1f} | {rss} | {os.getloadavg()[0]:.2f} |"
                 )
                 ok &= view["status"] == "done" and members == args.objects
                 rows.append((i, names[n], line))
@@ -495,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --surveys: also serve a database from this tree (a worktree of an older "
         "commit), surveys interleaved with this tree's",
     )
+    parser.add_argument(
+        "--processes",
+        help="with --surveys: serve this tree once per value of this comma-separated list, "
+        "each server with that SURVEY_PROCESSES (e.g. 0,2: chunks in threads beside chunks in "
+        "two child processes), each on its own database, surveys interleaved",
+    )
     parser.add_argument("--db-prefix", default="gk_bench_", help="the databases' name prefix")
     parser.add_argument(
         "--profile",
@@ -508,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.baseline and not args.surveys:
         parser.error("--baseline needs --surveys")
+    if args.processes and not args.surveys:
+        parser.error("--processes needs --surveys")
     if args.tree != ROOT and not args.import_only:
         parser.error("--tree times an older tree's import: use it with --import-only")
     from cryptography.fernet import Fernet

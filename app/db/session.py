@@ -34,6 +34,17 @@ class PoolBounds:
 _BOUNDS: weakref.WeakKeyDictionary[Engine, PoolBounds] = weakref.WeakKeyDictionary()
 
 
+#: The key of ``Connection.info`` (the pooled connection's own, kept as long as it lives)
+#: holding when it was made, ``time.monotonic()`` at the pool's ``connect`` event: the age
+#: ``pool_recycle`` counts from, for a connection a thread keeps (:mod:`app.store.base`) as for
+#: the pool's own (which keeps it private).
+MADE_AT = "gatekeeper_made_at"
+
+
+def _made(_dbapi_connection: Any, record: Any) -> None:
+    record.info[MADE_AT] = time.monotonic()
+
+
 def pool_bounds(engine: Engine) -> PoolBounds | None:
     """The bounds of ``engine``'s pool, None for an engine :func:`make_engine` did not pool."""
     return _BOUNDS.get(engine)
@@ -46,8 +57,8 @@ def make_engine(
 
     PostgreSQL pools are per process: keep ``WEB_WORKERS * (pool_size + max_overflow)`` below the
     server's ``max_connections``. A PostgreSQL connection is made anew after ``pool_recycle``
-    seconds (at its next check-out; a kept one, :mod:`app.store.base`, when it has been kept
-    that long).
+    seconds (at its next check-out; a kept one, :mod:`app.store.base`, at its thread's next
+    block after that age: :data:`MADE_AT`).
     """
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
@@ -71,6 +82,7 @@ def make_engine(
         # an error's text never quotes a statement's parameters (values, outputs, keys)
         hide_parameters=True,
     )
+    event.listen(engine, "connect", _made)
     _BOUNDS[engine] = PoolBounds(pool_size, max_overflow, pool_recycle)
     return engine
 

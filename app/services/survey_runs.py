@@ -38,11 +38,13 @@ import itertools
 import json
 import logging
 import math
+import secrets
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -99,6 +101,7 @@ from app.store.projects import SubHistory
 from app.store.reuse import member_bounds
 from app.store.states import load_states
 from app.store.surveys import ACTIVE, Advanced, GroupKey, MemberRow, SurveyRow
+from app.worker.children import ChildPool
 from app.worker.pool import BoundWorker
 
 log = logging.getLogger(__name__)
@@ -118,12 +121,18 @@ class _Stopped(Exception):
 
 @dataclass(frozen=True)
 class ChunkOutcome:
-    """What one chunk did: its number and counts (``decided`` 0: it was decided already)."""
+    """What one chunk did: its number and counts (``decided`` 0: it was decided already).
+
+    Plain data: a survey child process hands it back to the process running the survey.
+    """
 
     chunk: int
     decided: int
     accepted: int
     groups: int
+    reused: int = 0
+    #: The decision groups the chunk counted (``groups`` of them: new to its process's run).
+    keys: frozenset[GroupKey] = frozenset()
 
 
 @dataclass
@@ -372,11 +381,20 @@ def run_chunk(
         raise
     cache.stored_committed(work.gained)
     cache.trim()
-    metrics.SURVEY_MEMBERS.labels("accepted").inc(accepted)
-    metrics.SURVEY_MEMBERS.labels("refused").inc(len(ids) - accepted)
-    metrics.SURVEY_GROUPS.inc(work.groups)
-    metrics.REUSED.labels("survey").inc(work.reused)
-    return ChunkOutcome(chunk, len(ids), accepted, work.groups)
+    return ChunkOutcome(chunk, len(ids), accepted, work.groups, work.reused, frozenset(new_groups))
+
+
+def count_chunk(outcome: ChunkOutcome) -> None:
+    """Count a committed chunk in this process's metrics.
+
+    Called by the process that runs the survey, wherever the chunk was decided: a survey child
+    process hands its outcome back (its own counters would be lost, or counted twice in
+    multiprocess mode).
+    """
+    metrics.SURVEY_MEMBERS.labels("accepted").inc(outcome.accepted)
+    metrics.SURVEY_MEMBERS.labels("refused").inc(outcome.decided - outcome.accepted)
+    metrics.SURVEY_GROUPS.inc(outcome.groups)
+    metrics.REUSED.labels("survey").inc(outcome.reused)
 
 
 def _quota_groups(conn: Tx, key_id: int | None, limits: EngineLimits) -> QuotaGroups | None:
@@ -1397,47 +1415,136 @@ class _Run:
         self.outcome: str | None = None  # set when the run must end early (why)
         self._guard = threading.Lock()
 
-    def _end(self, outcome: str) -> None:
+    def end(self, outcome: str) -> None:
         with self._guard:
             if self.outcome is None:
                 self.outcome = outcome
         self.stop.set()
 
     def chunk(self, chunk: int) -> None:
-        """Decide one chunk, retrying lost races; ends the run on a stop or an error."""
-        failures = 0
-        while not self.stop.is_set():
-            try:
-                run_chunk(
-                    engine=self.engine,
-                    worker=self.worker,
-                    survey_id=self.survey_id,
-                    chunk=chunk,
-                    limits=self.limits,
-                    cache=self.cache,
-                )
-            except _Stopped:
-                self._end("stopped")
-                return
-            except (_LostRace, StateGone, StateMissing, Conflict, Unavailable) as exc:
-                failures += 1
-                if failures >= self.attempts:
-                    self._end(f"gave up after {self.attempts} conflicts: {exc!r}"[:500])
-                    return
-                time.sleep(min(0.05 * failures, 1.0))
-                continue
-            except Exception as exc:  # a bug or an unreadable value: say so, do not spin
-                log.exception("survey %d failed", self.survey_id)
-                self._end(type(exc).__name__)
-                return
-            if not claim(
-                engine=self.engine,
-                survey_id=self.survey_id,
-                owner=self.owner,
-                lease_seconds=self.lease_seconds,
-            ):
-                self._end("not-claimed")
+        """Decide one chunk (:func:`decide_chunk`), then renew the lease.
+
+        A stop or an error ends the run.
+        """
+        outcome, done = decide_chunk(
+            engine=self.engine,
+            worker=self.worker,
+            survey_id=self.survey_id,
+            chunk=chunk,
+            limits=self.limits,
+            cache=self.cache,
+            attempts=self.attempts,
+            stopped=self.stop.is_set,
+        )
+        if done is not None:
+            count_chunk(done)
+        if outcome == SKIPPED:
             return
+        if outcome != DECIDED:
+            self.end(outcome)
+            return
+        self.renew()
+
+    def renew(self) -> None:
+        """Renew the lease after a chunk; ends the run when another process took it over."""
+        if not claim(
+            engine=self.engine,
+            survey_id=self.survey_id,
+            owner=self.owner,
+            lease_seconds=self.lease_seconds,
+        ):
+            self.end("not-claimed")
+
+
+#: :func:`decide_chunk`'s outcome when the chunk is decided (by this call or earlier).
+DECIDED = "decided"
+#: :func:`decide_chunk`'s outcome when the run stopped before the chunk was tried again.
+SKIPPED = "skipped"
+
+
+def decide_chunk(
+    *,
+    engine: Database,
+    worker: BoundWorker,
+    survey_id: int,
+    chunk: int,
+    limits: EngineLimits,
+    cache: RunCache,
+    attempts: int,
+    stopped: Callable[[], bool] = lambda: False,
+) -> tuple[str, ChunkOutcome | None]:
+    """Decide one chunk, retrying lost races: the retry rules of every road.
+
+    Returns :data:`DECIDED` and what the chunk did (not counted in the metrics yet:
+    :func:`count_chunk`); :data:`SKIPPED` when ``stopped()`` said so before a try; or why the
+    run must end: ``"stopped"`` (the survey is no longer active), ``"gave up after ..."``
+    (``attempts`` conflicts in a row) or an unexpected error's type name (logged here: a bug or
+    an unreadable value, never retried). The lease is the caller's to renew. Plain data out: a
+    survey child process (:class:`ChildRuns`) runs it as a thread of the survey's process does.
+    """
+    failures = 0
+    while not stopped():
+        try:
+            done = run_chunk(
+                engine=engine,
+                worker=worker,
+                survey_id=survey_id,
+                chunk=chunk,
+                limits=limits,
+                cache=cache,
+            )
+        except _Stopped:
+            return "stopped", None
+        except (_LostRace, StateGone, StateMissing, Conflict, Unavailable) as exc:
+            failures += 1
+            if failures >= attempts:
+                return f"gave up after {attempts} conflicts: {exc!r}"[:500], None
+            time.sleep(min(0.05 * failures, 1.0))
+            continue
+        except Exception as exc:  # a bug or an unreadable value: say so, do not spin
+            log.exception("survey %d failed", survey_id)
+            return type(exc).__name__, None
+        return DECIDED, done
+    return SKIPPED, None
+
+
+@dataclass
+class ChildRuns:
+    """A survey child process's side (:class:`app.worker.children.ChildPool`).
+
+    Its own engine and bound worker, and the run cache of the run it serves (a new run, or
+    another survey, starts a new one: at most one is held). :meth:`decide` is what the
+    process that runs the survey asks of it, in plain data.
+    """
+
+    engine: Database
+    worker: BoundWorker
+    limits: EngineLimits
+    run: tuple[int, str] | None = None
+    cache: RunCache | None = None
+
+    def decide(
+        self, survey_id: int, run: str, chunk: int, attempts: int
+    ) -> tuple[str, ChunkOutcome | None]:
+        """:func:`decide_chunk` of chunk ``chunk`` of run ``run`` of the survey."""
+        if self.cache is None or self.run != (survey_id, run):
+            self.cache = None  # the last run's cache goes first: never two held at once
+            with reading(self.engine) as conn:
+                query = json.loads(load_survey(conn, survey_id).query)
+            self.cache, self.run = new_run_cache(query, self.limits), (survey_id, run)
+        return decide_chunk(
+            engine=self.engine,
+            worker=self.worker,
+            survey_id=survey_id,
+            chunk=chunk,
+            limits=self.limits,
+            cache=self.cache,
+            attempts=attempts,
+        )
+
+
+#: Survey child processes: their target is :meth:`ChildRuns.decide` (in :mod:`app.bootstrap`).
+Children = ChildPool[tuple[str, ChunkOutcome | None]]
 
 
 def run_survey(
@@ -1450,13 +1557,17 @@ def run_survey(
     lease_seconds: float,
     threads: int = 1,
     attempts: int = 20,
+    children: Children | None = None,
 ) -> str:
     """Decide every pending chunk, then mark the survey done.
 
     ``threads`` chunks are decided at once (while one thread's chunk is in the database,
-    another samples). Returns the survey's final status (or ``"not-claimed"`` when another
-    process holds it). A chunk that loses a race is decided again (up to ``attempts`` times in
-    a row); any other error marks the survey ``failed`` with the error's type.
+    another samples) — or, given ``children`` (a pool of processes whose target is
+    :meth:`ChildRuns.decide`), each chunk in a child process, a few more in flight than there
+    are children (:func:`_run_children`). Returns the survey's final status (or
+    ``"not-claimed"`` when another process holds it). A chunk that loses a race is decided
+    again (up to ``attempts`` times in a row); any other error marks the survey ``failed``
+    with the error's type.
     """
     if not claim(engine=engine, survey_id=survey_id, owner=owner, lease_seconds=lease_seconds):
         status = _status(engine, survey_id)
@@ -1475,13 +1586,17 @@ def run_survey(
         attempts=attempts,
         cache=cache,
     )
+    token = secrets.token_hex(8)  # the children's caches are this run's
     while True:
         chunks = pending_chunks(engine=engine, survey_id=survey_id)
         if not chunks:
             return _finish(engine, survey_id, started)
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="survey") as pool:
-            for _ in pool.map(run.chunk, chunks):
-                pass
+        if children is not None:
+            _run_children(run, children, token, chunks)
+        else:
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="survey") as pool:
+                for _ in pool.map(run.chunk, chunks):
+                    pass
         if run.outcome == "stopped":
             log.info("survey %d: stopped (no longer active)", survey_id)
             return _status(engine, survey_id)
@@ -1490,6 +1605,97 @@ def run_survey(
             return "not-claimed"
         if run.outcome is not None:
             return _fail(engine, survey_id, run.outcome)
+
+
+class _GroupsCounted:
+    """The decision groups a run's children counted, each counted once in the survey.
+
+    Each child counts the groups new to its own run cache, so two children deciding members
+    of one group both count it; the chunk hands its groups' keys back and the second count is
+    taken back here (in the survey's row and the metrics) — the survey's ``groups`` end as the
+    threads' (and the dry-run's). The keys are kept in the run cache's ``seen``.
+    """
+
+    def __init__(self, engine: Database, survey_id: int, cache: RunCache) -> None:
+        self.engine, self.survey_id, self.seen = engine, survey_id, cache.seen
+
+    def once(self, outcome: ChunkOutcome) -> ChunkOutcome:
+        """``outcome`` with its groups counted before by another child taken back."""
+        twice = len(outcome.keys & self.seen)
+        self.seen |= outcome.keys
+        if not twice:
+            return outcome
+        with transaction(self.engine) as conn:
+            survey_store.uncount_groups(conn, survey_id=self.survey_id, groups=twice)
+        return replace(outcome, groups=outcome.groups - twice)
+
+
+#: Times a run rebuilds its child processes after one died (killed, out of memory) before the
+#: survey fails: a chunk that kills its process every time must not be tried forever.
+CHILD_RESTARTS = 3
+
+
+def _run_children(run: _Run, children: Children, token: str, chunks: list[int]) -> None:
+    """Decide ``chunks`` in the child processes, renewing the lease after each one here.
+
+    One chunk per child at a time plus one queued each, so a child never waits for this
+    process between two chunks. The first outcome other than :data:`DECIDED` ends the run
+    (``run.outcome``): nothing more is dispatched, the chunks in flight finish (or roll back).
+    A child that dies takes every chunk in flight with it (the pool's other children are
+    stopped too, their transactions rolled back by the database): the pool is rebuilt and
+    those chunks dispatched again — a chunk that had committed is found decided and counted
+    once — up to :data:`CHILD_RESTARTS` times, then the run ends with that error.
+    """
+    todo = deque(chunks)
+    flying: dict[Future[tuple[str, ChunkOutcome | None]], int] = {}
+    deaths = 0
+    counted = _GroupsCounted(run.engine, run.survey_id, run.cache)
+    while flying or (todo and not run.stop.is_set()):
+        broken = False
+        while todo and not run.stop.is_set() and len(flying) < 2 * children.processes:
+            chunk = todo.popleft()
+            try:
+                flying[children.submit(run.survey_id, token, chunk, run.attempts)] = chunk
+            except BrokenProcessPool:  # a child died since the last look
+                todo.appendleft(chunk)
+                broken = True
+                break
+        done, _ = wait(flying, return_when=FIRST_COMPLETED) if not broken else (set(), None)
+        for future in done:
+            chunk = flying.pop(future)
+            try:
+                outcome, counts = future.result()
+            except BrokenProcessPool:
+                todo.appendleft(chunk)
+                broken = True
+                continue
+            if counts is not None:
+                count_chunk(counted.once(counts))
+            if outcome == DECIDED:
+                if not run.stop.is_set():
+                    run.renew()
+            else:
+                run.end(outcome)
+        if not broken:
+            continue
+        # every chunk still in flight is lost with the pool: wait for their futures to say so
+        for future in list(flying):
+            chunk = flying.pop(future)
+            try:
+                outcome, counts = future.result()
+            except BrokenProcessPool:
+                todo.appendleft(chunk)
+                continue
+            if counts is not None:
+                count_chunk(counted.once(counts))
+            if outcome != DECIDED:
+                run.end(outcome)
+        deaths += 1
+        log.warning("survey %d: a child process died (%d so far)", run.survey_id, deaths)
+        if deaths > CHILD_RESTARTS:
+            run.end(f"a survey child process died {deaths} times (killed or out of memory)")
+            return
+        children.restart()
 
 
 # ------------------------------------------------------------------------------ distributed

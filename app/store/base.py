@@ -7,7 +7,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +17,9 @@ from sqlalchemy import Connection, Engine, event
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import IntegrityError as Conflict
 from sqlalchemy.exc import OperationalError as Unavailable
+from sqlalchemy.exc import SQLAlchemyError
 
-from app.db.session import pool_bounds
+from app.db.session import MADE_AT, pool_bounds
 
 #: The database a service is handed (an engine with its pool).
 Database = Engine
@@ -41,6 +42,7 @@ __all__ = [
 @contextmanager
 def transaction(db: Database) -> Iterator[Tx]:
     """One transaction: committed when the block ends, rolled back if it raises."""
+    _hand_back(db)
     with db.begin() as conn:
         yield conn
 
@@ -48,8 +50,19 @@ def transaction(db: Database) -> Iterator[Tx]:
 @contextmanager
 def reading(db: Database) -> Iterator[Tx]:
     """A connection for reads only (nothing to commit; closed when the block ends)."""
+    _hand_back(db)
     with db.connect() as conn:
         yield conn
+
+
+def _hand_back(db: Database) -> None:
+    """Before the calling thread checks out a connection: its idle kept one back to the pool.
+
+    A thread never holds its kept connection idle while it uses another (:class:`_Kept`).
+    """
+    kept: _Kept | None = db.__dict__.get("_gatekeeper_kept")
+    if kept is not None:
+        kept.hand_back()
 
 
 @contextmanager
@@ -121,13 +134,16 @@ class _Entry:
     conn: Tx
     raw: psycopg.Connection[Any]
     thread: threading.Thread
-    #: When it was checked out (``time.monotonic``): it goes back to the pool after the
-    #: pool's ``pool_recycle`` seconds, which the pool applies at check-out only.
+    #: When it was made (``time.monotonic``, :data:`app.db.session.MADE_AT`): it is closed
+    #: once it is the pool's ``pool_recycle`` seconds old, the age at which the pool would
+    #: recycle it (the pool checks the age at check-out only, and a kept one is not checked
+    #: out again).
     since: float
     #: Inside a :func:`submitting` block of its thread.
     busy: bool = False
-    #: Given up (by :meth:`_Kept.dispose`, its block, pool_recycle): closed or given back by
-    #: whoever gave it up, or by its thread when its block ends (dispose() during a block).
+    #: Given up (by :meth:`_Kept.dispose`, its block, pool_recycle, :meth:`_Kept.hand_back`):
+    #: closed or given back by whoever gave it up, or by its thread when its block ends
+    #: (dispose() during a block).
     doomed: bool = False
 
 
@@ -137,14 +153,21 @@ class _Kept:
     Each thread keeps at most one, taken from the engine's pool, so the pool's size and
     overflow still bound what the process opens; at most half of them are kept, and an engine
     :func:`app.db.session.make_engine` did not pool (SQLite's, a bare ``create_engine``'s)
-    keeps none. A thread holds its kept connection, idle, between its blocks, also while it
-    waits for a second one for other work (a request's key lookup, say): the process's other
-    users share the rest of the pool, and none of them holds a connection while it waits for
-    another, so the wait ends.
+    keeps none. A thread holds its kept connection, idle, between its blocks, but not while
+    it uses another: :func:`transaction` and :func:`reading` (a request's key lookup, a read
+    of an object) give the thread's idle kept connection back to the pool before they check
+    one out, and its next block keeps one again. So a thread holds one connection at a time
+    outside a block, as before any was kept (inside a block, a block's own reads may take a
+    second), and the other half of the pool stays for the process's other users: a survey's
+    threads, housekeeping (with request threads each holding their kept connection idle and
+    another for a read, the pool had none left 22-26% of the time under submits and reads
+    beside a survey, docs/benchmarks.md "h/small"). None of the pool's users holds a
+    connection while it waits for another, so every wait ends.
     A connection is dropped — closed for good — when its block leaves it broken, invalidated
-    or in a transaction. It goes back to the pool when ``pool_recycle`` seconds have passed
-    since it was kept (at its thread's next block), and when its thread has ended and another
-    thread finds no room to keep one (until then it stays checked out). ``Engine.dispose()``
+    or in a transaction, and at its thread's first block after it is ``pool_recycle`` seconds
+    old — counted from when it was made, as the pool counts (the pool would recycle it at its
+    next check-out). It goes back to the pool when its thread has ended and another thread
+    finds no room to keep one (until then it stays checked out). ``Engine.dispose()``
     closes them all (the ``engine_disposed`` event: idle ones at once, one in use when its
     block ends), and so does a disconnect met on any of the engine's connections (the
     ``handle_error`` event), as the pool then recycles every connection it had made. A child
@@ -180,7 +203,7 @@ class _Kept:
                 usable = not entry.doomed and not expired
                 if usable:
                     entry.busy = True
-                elif not entry.doomed:  # kept past pool_recycle: back to the pool, recycled
+                elif not entry.doomed:  # pool_recycle old: closed, as the pool would
                     entry.doomed = True
                     self.entries.remove(entry)
                 else:
@@ -188,8 +211,8 @@ class _Kept:
             if usable:
                 return entry
             self.local.entry = None
-            if expired:
-                _release(entry.conn, entry.raw, clean=True)
+            if expired:  # the pool makes a new one in its place
+                _release(entry.conn, entry.raw, clean=False)
         with self.lock:
             if len(self.entries) + self.reserved >= self.limit:
                 self._prune()
@@ -208,11 +231,31 @@ class _Kept:
         finally:
             with self.lock:
                 self.reserved -= 1
-        entry = _Entry(conn, raw, threading.current_thread(), time.monotonic(), busy=True)
+        made = conn.info.get(MADE_AT)  # set by make_engine's engines (the only ones keeping)
+        since = time.monotonic() if made is None else made
+        entry = _Entry(conn, raw, threading.current_thread(), since, busy=True)
         with self.lock:
             self.entries.append(entry)
         self.local.entry = entry
         return entry
+
+    def hand_back(self) -> None:
+        """Give the calling thread's kept connection back to the pool, unless it is in use.
+
+        Its thread is about to check out another (:func:`_hand_back`); the thread's next block
+        keeps one again (this one, when the pool hands it out again).
+        """
+        entry: _Entry | None = getattr(self.local, "entry", None)
+        if entry is None or entry.busy:  # none kept, or inside a block: the block's own
+            return
+        with self.lock:
+            disposed = entry.doomed  # idle: dispose() closed it already
+            if not disposed:
+                entry.doomed = True
+                self.entries.remove(entry)
+        self.local.entry = None
+        if not disposed:
+            _release(entry.conn, entry.raw, clean=True)
 
     def give_back(self, entry: _Entry) -> None:
         """End a block on ``entry``: kept if it is idle and sound, else dropped.
@@ -356,9 +399,29 @@ def _end(conn: Tx, raw: Any, *, commit: bool) -> None:
     except psycopg.IntegrityError as exc:
         raise Conflict("COMMIT", None, exc, hide_parameters=True) from exc
     except psycopg.Error as exc:
-        if raw.broken or raw.closed:  # the pool must not hand this connection out again
-            conn.invalidate()
+        if raw.broken or raw.closed:  # a disconnect (the dialect's test): as in a statement
+            _disconnected(conn)
         raise Unavailable("COMMIT" if commit else "ROLLBACK", None, exc) from exc
+
+
+def _disconnected(conn: Tx) -> None:
+    """Handle a disconnect met outside SQLAlchemy (psycopg's ``COMMIT``) as SQLAlchemy does.
+
+    A disconnect inside a statement goes through SQLAlchemy's error handling: the
+    ``handle_error`` event (every keeper drops its kept connections, :meth:`_Kept.disconnected`),
+    the pool recycles each connection it made before (at its next check-out) and the connection
+    is invalidated. :func:`_end` sends ``COMMIT`` and ``ROLLBACK`` to psycopg straight, so their
+    disconnect would only invalidate the one connection. A statement on the dead connection goes
+    that same road: psycopg refuses it before sending anything (``the connection is lost``), and
+    SQLAlchemy handles that as the disconnect it is. Nothing to do if SQLAlchemy has invalidated
+    the connection already (the block's statement met the disconnect first).
+    """
+    if conn.invalidated:
+        return
+    with suppress(SQLAlchemyError):  # the disconnect's error, already on its way up as this one
+        conn.exec_driver_sql("SELECT 1")
+    if not conn.invalidated:  # not seen as a disconnect: the pool must not hand it out again
+        conn.invalidate()
 
 
 def _restore(conn: Tx, raw: psycopg.Connection[Any]) -> None:

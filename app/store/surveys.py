@@ -333,6 +333,13 @@ def add_counts(
     )
 
 
+def uncount_groups(conn: Tx, *, survey_id: int, groups: int) -> None:
+    """Take back ``groups`` decision groups counted twice (by two survey child processes)."""
+    conn.execute(
+        update(_SURVEYS).where(_SURVEYS.c.id == survey_id).values(groups=_SURVEYS.c.groups - groups)
+    )
+
+
 # ------------------------------------------------------------------------------ cohorts
 class GroupKey(NamedTuple):
     """The public state members of one decision group share (``objects`` columns)."""

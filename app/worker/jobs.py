@@ -3,8 +3,10 @@
 The embedded default runs them in this process — ``make run`` needs no broker: a survey created
 here is started at once, and a sweeper picks up every active survey nobody holds (queued ones
 created by other processes, and those of a crashed process once its lease expired). A survey
-runs in one thread at a time per process; its chunks are transactions, so a process that dies
-mid-chunk loses nothing but the samples of that chunk, unseen.
+runs in one thread at a time per process, its chunks decided by child processes
+(``SURVEY_PROCESSES``, :mod:`app.worker.children`) or by threads of this process; its chunks are
+transactions, so a process that dies mid-chunk loses nothing but the samples of that chunk,
+unseen.
 
 The interface (:class:`SurveyJobs`) is what a distributed engine implements instead: ``start``
 enqueues a survey, ``cancelled`` drops its queued work, ``close`` stops taking work
@@ -19,7 +21,9 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
+
+from app.worker.children import ChildPool
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,9 @@ class InProcessJobs:
 
     ``run(survey_id)`` decides a survey to the end (it claims the survey's lease itself and
     returns at once if another process holds it); ``orphans()`` lists active surveys nobody
-    holds. Both are called from this class's threads only.
+    holds. Both are called from this class's threads only. ``children``: the child processes
+    ``run`` hands the chunks to (``SURVEY_PROCESSES``; None: threads of this process), closed
+    with this runner.
     """
 
     def __init__(
@@ -60,9 +66,11 @@ class InProcessJobs:
         run: Callable[[int], str],
         orphans: Callable[[], list[int]],
         sweep_seconds: float = 10.0,
+        children: ChildPool[Any] | None = None,
     ) -> None:
         self._run = run
         self._orphans = orphans
+        self.children = children
         self._sweep_seconds = sweep_seconds
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._pending: set[int] = set()
@@ -89,9 +97,15 @@ class InProcessJobs:
         return False
 
     def close(self) -> None:
-        """Stop both threads (the running survey stops after its current chunk's thread dies)."""
+        """Stop both threads and the child processes.
+
+        The running survey stops after its current chunk's thread dies; a child process exits
+        (a chunk it was deciding is rolled back).
+        """
         self._stopped.set()
         self._queue.put(None)
+        if self.children is not None:
+            self.children.close()
 
     def _work(self) -> None:
         while not self._stopped.is_set():

@@ -99,7 +99,7 @@ def with_time_limit(request: dict[str, Any], time_limit: float) -> dict[str, Any
 PARENT_CHECK_PERIOD = 0.5
 
 
-def _init_pool_process(parent: int) -> None:
+def init_pool_process(parent: int) -> None:
     """Pool-process initializer: one BLAS thread, and exit when ``parent`` is gone."""
     single_threaded_blas()
     _exit_with_parent(parent)
@@ -185,7 +185,7 @@ class BoundWorker:
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.settings.processes,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_pool_process,
+                initializer=init_pool_process,
                 initargs=(os.getpid(),),
             )
         self.fallbacks = 0

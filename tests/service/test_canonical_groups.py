@@ -47,8 +47,12 @@ BUDGET = 2.25
 
 @pytest.fixture(scope="module")
 def client(database_url: str) -> Iterator[TestClient]:
-    """One survey thread (chunks in order: both runs draw their outputs in the same order)."""
-    settings = make_settings(database_url, survey_chunk_size=16, survey_threads=1)
+    """One survey thread of this process (chunks in order: both runs draw their outputs in the
+    same order, from the sampling this module patches — a survey child process would not see
+    the patch)."""
+    settings = make_settings(
+        database_url, survey_chunk_size=16, survey_threads=1, survey_processes=0
+    )
     with TestClient(create_app(settings)) as test_client:
         yield test_client
 

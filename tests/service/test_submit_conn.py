@@ -4,11 +4,14 @@ A request thread keeps one pooled connection across its submits (no check-out, r
 check-in per submit): these tests hold it to the pool's guarantees — a broken connection is
 never used again, ``Engine.dispose()`` closes what is kept (also while a block runs), a forked
 child never uses its parent's, the pool's size bounds what is kept, a thread that ended gives
-its connection back, the pool's ``connect`` event and ``pool_recycle`` still apply, and the
-service's submit survives its kept connection's backend being killed. And to the pool's ways
-with a disconnect (every thread's kept connection goes, not only the one that met it), to
-races with ``Engine.dispose()`` (nothing left to the garbage collector), to blocks within
-blocks (each its own connection) and to bounds only ``make_engine`` sets.
+its connection back, the pool's ``connect`` event and ``pool_recycle`` still apply (counted
+from the connection's making, as the pool counts), and the service's submit survives its kept
+connection's backend being killed. And to the pool's ways with a disconnect (every thread's
+kept connection goes, not only the one that met it, whether a statement or the ``COMMIT`` met
+it), to races with ``Engine.dispose()`` (nothing left to the garbage collector), to blocks
+within blocks (each its own connection), to bounds only ``make_engine`` sets and to the rest of
+the pool staying free for other users (a thread's idle kept connection goes back before it
+checks out another).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from sqlalchemy.pool import QueuePool
 
 from app.bootstrap import create_app
 from app.db.session import make_engine
-from app.store import Unavailable, base, submitting
+from app.store import Unavailable, base, begin_writes, reading, submitting, transaction
 from tests.service import factories
 from tests.service.conftest import auth, make_settings, new_key
 from tests.service.factories import grr_query, integer_domain
@@ -387,3 +390,138 @@ def test_a_fork_child_keeps_connections_whatever_its_parent_was_doing(url: str) 
     in_child, exit_code = _forked(child, seconds=15, in_parent=base._MAKING.release)
     assert in_child != 0
     assert exit_code == 0
+
+
+def test_a_kept_connection_is_recycled_at_the_age_the_pool_would_recycle_it(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pool_recycle`` counts from when a connection was made, not from when it was kept.
+
+    A connection made 600 s before a thread keeps it must go at 1000 s of age (600 + 400 s
+    later), as the pool would recycle it, not 1000 s after it was kept (≈ 2 × pool_recycle).
+    """
+    engine = make_engine(url, pool_size=2, max_overflow=2, pool_recycle=1000)
+    offset = [0.0]
+    real = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: real() + offset[0])
+    try:
+        with engine.connect() as conn:  # made now, back in the pool at the block's end
+            first = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        offset[0] += 600
+        assert _pid(engine) == first  # kept now (the pool's clock saw it young)
+        assert _pid(engine) == first
+        offset[0] += 300  # 900 s old
+        assert _pid(engine) == first
+        offset[0] += 150  # 1050 s old, kept 450 s
+        second = _pid(engine)
+        assert second != first
+        assert _checked_out(engine) == 1
+        assert not _lingering(url, {first})  # the pool recycled it: closed
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("road", ["statement", "commit"])
+def test_a_disconnect_at_commit_drops_what_a_disconnect_in_a_statement_drops(
+    engine: Engine, url: str, road: str
+) -> None:
+    """A restarted server met by a statement or by the block's ``COMMIT``: the same after it.
+
+    The ``COMMIT`` goes to psycopg straight, outside SQLAlchemy's error handling; a disconnect
+    there must still drop the other threads' kept connections and have the pool recycle the
+    connections it holds, as a disconnect inside a statement does.
+    """
+    kept, go = threading.Event(), threading.Event()
+    results: list[object] = []
+
+    def other() -> None:
+        try:
+            results.append(_pid(engine))
+            kept.set()
+            assert go.wait(10)
+            results.append(_pid(engine))
+        except BaseException as exc:
+            results.append(exc)
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    try:
+        assert kept.wait(10), results
+        mine = _pid(engine)
+        with engine.connect() as conn:  # a third connection, idle in the pool
+            pooled = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        theirs = results[0]
+        assert isinstance(theirs, int), results
+        dead = {mine, pooled, theirs}
+        assert len(dead) == 3
+
+        def block() -> None:
+            with submitting(engine) as conn:
+                begin_writes(conn)
+                conn.exec_driver_sql("SELECT 1")
+                for pid in dead:  # every backend gone, as in a restart
+                    _kill(url, pid)
+                if road == "statement":
+                    conn.exec_driver_sql("SELECT 1")
+
+        with pytest.raises(Unavailable):
+            block()
+    finally:
+        go.set()
+        worker.join()
+    assert len(results) == 2, results
+    assert isinstance(results[1], int), results  # the other thread's next block succeeded
+    with engine.connect() as conn:  # the pool's idle one was recycled, not handed out dead
+        assert int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()) not in dead
+    assert _pid(engine) not in dead
+
+
+def test_a_thread_gives_its_idle_kept_connection_back_before_it_checks_out_another(
+    engine: Engine,
+) -> None:
+    """Request threads never hold two connections while their other reads run (issue 27).
+
+    Two threads keep theirs (half of a 2 + 2 pool) and are then each inside a ``reading()``
+    block at once: holding the kept one idle as well would take the whole pool, and the
+    process's other users (a survey's threads, housekeeping) would wait up to ``pool_timeout``.
+    """
+    inside = threading.Barrier(3, timeout=10)
+    leave = threading.Event()
+    errors: list[BaseException] = []
+
+    def request() -> None:
+        try:
+            _pid(engine)  # a submit: the connection kept
+            with reading(engine) as conn:  # another request's read
+                conn.exec_driver_sql("SELECT 1")
+                inside.wait()
+                assert leave.wait(10)
+            _pid(engine)  # the next submit keeps one again
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=request) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    try:
+        inside.wait()
+        assert _checked_out(engine) == 2  # one each, not their kept ones besides
+        with transaction(engine) as conn:  # a survey's check-out: room in the pool
+            assert conn.exec_driver_sql("SELECT 1").scalar_one() == 1
+    finally:
+        leave.set()
+        for worker in workers:
+            worker.join()
+    assert errors == []
+    assert _checked_out(engine) == 2  # both kept again
+
+
+def test_a_read_inside_a_block_leaves_the_blocks_kept_connection_alone(engine: Engine) -> None:
+    with submitting(engine) as conn:
+        pid = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
+        with reading(engine) as other:
+            assert int(other.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()) != pid
+            assert _checked_out(engine) == 2
+        assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() == pid
+    assert _pid(engine) == pid  # still kept
+    assert _checked_out(engine) == 1
