@@ -109,12 +109,13 @@ def tune_collector() -> None:
     allocations, so a chunk's objects are mostly freed before any pass sees them. Reference
     cycles made from then on are still collected, after at most that many allocations.
 
-    No full pass runs before the freeze: it cost every worker start about 0.1 s of CPU (3.5% of
-    a worker build, docs/benchmarks.md, "h/start" and "h/ci") to free what the imports left in
-    reference cycles, about 900 objects and 0.2 MB — classes, functions and descriptors that
-    modules built and dropped (``datetime``, ``ssl``'s and ``socket``'s enums, SQLAlchemy's
-    and pydantic's helpers), none of them holding a file, a socket or a finalizer. They are
-    frozen with the rest and kept for the process's life, a fixed cost paid once.
+    No full pass runs before the freeze: it cost every worker start 3.5-7% of its CPU (a pass
+    over ~2·10^5 objects; docs/benchmarks.md, "h/start" and "h/ci") to free what the imports
+    left in reference cycles, about 900 objects and 0.2 MB — classes, functions and
+    descriptors that modules built and dropped (``datetime``, ``ssl``'s and ``socket``'s
+    enums, SQLAlchemy's and pydantic's helpers), none of them holding a file, a socket or a
+    finalizer. They are frozen with the rest and kept for the process's life, a fixed cost
+    paid once.
     """
     gc.freeze()
     gc.set_threshold(COLLECT_EVERY, *gc.get_threshold()[1:])

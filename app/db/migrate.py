@@ -1,9 +1,10 @@
 """Alembic's upgrade (``serve``, ``migrate``, the container) and the other commands' check.
 
 Every command but ``serve`` and ``migrate`` checks that its database is at this version's schema
-(:func:`migration_problem`) without importing Alembic: Alembic with Mako and Pygments and the
-loading of every migration script were about a fifth of a ``gatekeeper keys list``'s CPU
-(docs/benchmarks.md, "h/start" and "h/ci"). The check reads the revisions from the scripts'
+(:func:`migration_problem`) without importing Alembic: Alembic with Mako and Pygments, and
+loading every migration script with what the scripts import (services, engine), were a sixth
+of a ``gatekeeper keys list``'s instructions and a quarter of its CPU (docs/benchmarks.md,
+"h/start" and "h/ci"). The check reads the revisions from the scripts'
 text (:func:`read_lineage`, which falls back to Alembic for a script not in the plain form its
 template writes; a test holds it to Alembic's answer for ``migrations/``) and the database's
 revision from ``alembic_version``. Alembic is imported only to migrate.
@@ -93,11 +94,17 @@ def _plain_lineage(directory: Path) -> Lineage | None:
                 down[revision] = parent
             case _:
                 return None
-    parents = {parent for parent in down.values() if parent is not None}
-    heads = down.keys() - parents
-    if len(heads) != 1 or not parents <= down.keys():
+    heads = down.keys() - set(down.values())
+    if len(heads) != 1:
         return None
-    return Lineage(head=heads.pop(), known=frozenset(down))
+    head = heads.pop()
+    at: str | None = head
+    length = 0
+    while at is not None and at in down and length <= len(down):  # down from the head
+        at, length = down[at], length + 1
+    if at is not None or length != len(down):  # an unknown parent, or scripts off the chain
+        return None
+    return Lineage(head=head, known=frozenset(down))
 
 
 def alembic_lineage(directory: Path = MIGRATIONS) -> Lineage:

@@ -123,6 +123,14 @@ def test_scripts_not_in_the_plain_form_are_left_to_alembic(tmp_path: Path) -> No
         "computed": _plain("aaa1", None).replace("'aaa1'", "'aa' + 'a1'"),
     }.items():
         assert migrate._plain_lineage(_scripts(tmp_path / name, one=lines)) is None, name
+    # one chain and, beside it, two scripts that name each other: not one chain
+    looped = _scripts(
+        tmp_path / "looped",
+        a=_plain("aaa1", None),
+        b=_plain("bbb2", "ccc3"),
+        c=_plain("ccc3", "bbb2"),
+    )
+    assert migrate._plain_lineage(looped) is None
 
 
 def test_the_database_revision_is_read_as_alembic_reads_it(
