@@ -17,7 +17,11 @@ from typing import Any
 
 import httpx
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine
 
+from app.engine.limits import DEFAULT_LIMITS
+from app.services import surveys as survey_service
+from app.services.surveys import SurveyRequest
 from tests.inprocess import fresh_process_state, run_main
 from tests.service.conftest import ADMIN_KEY, ROOT, auth, new_key, unique_id
 
@@ -169,3 +173,24 @@ def kept_access_records() -> Iterator[KeptRecords]:
     finally:
         access.removeHandler(handler)
         access.setLevel(level)
+
+
+def driven_survey(
+    engine: Engine, body: dict[str, Any], *, max_members: int, chunk_size: int
+) -> tuple[int, SurveyRequest]:
+    """A survey created through the service with no runner: the test decides its chunks.
+
+    Returns its id and the parsed request (its ``query`` starts a run cache).
+    """
+    request = survey_service.parse_request(body, max_members=max_members)
+    view, _ = survey_service.create_survey(
+        engine=engine,
+        request=request,
+        fingerprint="f",
+        idempotency_key=None,
+        analyst_key_id=None,
+        max_members=max_members,
+        limits=DEFAULT_LIMITS,
+        chunk_size=chunk_size,
+    )
+    return view.id, request

@@ -29,6 +29,7 @@ from app.services import snapshots, survey_groups, survey_runs, surveys
 from app.store.surveys import GroupKey
 from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
+from tests.service.factories import driven_survey
 from tests.service.test_surveys import all_responses, verify_clean, wait_done
 
 DOMAIN = {
@@ -254,27 +255,15 @@ def test_a_state_stored_and_forgotten_meanwhile_is_not_written_without_its_array
     _population(client, study)
     engine = make_engine(database_url)
     worker = BoundWorker(WorkerSettings(processes=0))
-    request = surveys.parse_request(
-        {
-            "name": "gone",
-            "query": {"mechanism": "grr", "attribute": "region", "epsilon": 0.5},
-            "cohort": {"labels": {"study": study}},
-        },
-        max_members=MEMBERS,
-    )
+    body = {
+        "name": "gone",
+        "query": {"mechanism": "grr", "attribute": "region", "epsilon": 0.5},
+        "cohort": {"labels": {"study": study}},
+    }
     try:
-        view, _ = surveys.create_survey(
-            engine=engine,
-            request=request,
-            fingerprint="f",
-            idempotency_key=None,
-            analyst_key_id=None,
-            max_members=MEMBERS,
-            limits=DEFAULT_LIMITS,
-            chunk_size=40,
-        )
+        survey_id, request = driven_survey(engine, body, max_members=MEMBERS, chunk_size=40)
         cache = survey_runs.new_run_cache(request.query, DEFAULT_LIMITS)
-        run = {"engine": engine, "worker": worker, "survey_id": view.id, "limits": DEFAULT_LIMITS}
+        run = {"engine": engine, "worker": worker, "survey_id": survey_id, "limits": DEFAULT_LIMITS}
         assert survey_runs.run_chunk(chunk=0, cache=cache, **run).accepted == 40
         (key,) = cache.stored  # one state: every member answered "b" on an empty history
         assert cache.contents[key].state == b""  # stored: its bytes dropped

@@ -23,6 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -276,15 +277,12 @@ def test_a_submit_survives_its_kept_connections_backend_being_killed(url: str) -
         assert response.status_code == 201, response.text
 
 
-def test_a_disconnect_drops_every_kept_connection_as_the_pool_does(
-    engine: Engine, url: str
-) -> None:
-    """A restarted server: only the first block that meets a dead connection fails.
+@contextmanager
+def _another_thread(engine: Engine) -> Iterator[list[object]]:
+    """Another thread keeps a connection of ``engine`` (its backend's pid: ``results[0]``).
 
-    The pool answers a disconnect by recycling every connection it had made before it (without
-    a ping at check-out, that is what spares the next check-outs); a kept connection is never
-    checked out again, so the keeper must drop the other threads' too, or each of them fails
-    once more.
+    When the block ends, that thread runs one more block: its backend's pid, or what it raised,
+    is ``results[1]``.
     """
     kept, go = threading.Event(), threading.Event()
     results: list[object] = []
@@ -302,15 +300,29 @@ def test_a_disconnect_drops_every_kept_connection_as_the_pool_does(
     worker.start()
     try:
         assert kept.wait(10), results
+        yield results
+    finally:
+        go.set()
+        worker.join()
+
+
+def test_a_disconnect_drops_every_kept_connection_as_the_pool_does(
+    engine: Engine, url: str
+) -> None:
+    """A restarted server: only the first block that meets a dead connection fails.
+
+    The pool answers a disconnect by recycling every connection it had made before it (without
+    a ping at check-out, that is what spares the next check-outs); a kept connection is never
+    checked out again, so the keeper must drop the other threads' too, or each of them fails
+    once more.
+    """
+    with _another_thread(engine) as results:
         mine = _pid(engine)
         for pid in (mine, results[0]):  # both servers' backends gone, as in a restart
             assert isinstance(pid, int)
             _kill(url, pid)
         with pytest.raises(Unavailable), submitting(engine) as conn:
             conn.exec_driver_sql("SELECT 1")
-    finally:
-        go.set()
-        worker.join()
     assert len(results) == 2, results
     assert isinstance(results[1], int), results  # the other thread's next block succeeded
     assert results[1] != results[0]
@@ -431,22 +443,7 @@ def test_a_disconnect_at_commit_drops_what_a_disconnect_in_a_statement_drops(
     there must still drop the other threads' kept connections and have the pool recycle the
     connections it holds, as a disconnect inside a statement does.
     """
-    kept, go = threading.Event(), threading.Event()
-    results: list[object] = []
-
-    def other() -> None:
-        try:
-            results.append(_pid(engine))
-            kept.set()
-            assert go.wait(10)
-            results.append(_pid(engine))
-        except BaseException as exc:
-            results.append(exc)
-
-    worker = threading.Thread(target=other)
-    worker.start()
-    try:
-        assert kept.wait(10), results
+    with _another_thread(engine) as results:
         mine = _pid(engine)
         with engine.connect() as conn:  # a third connection, idle in the pool
             pooled = int(conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one())
@@ -466,9 +463,6 @@ def test_a_disconnect_at_commit_drops_what_a_disconnect_in_a_statement_drops(
 
         with pytest.raises(Unavailable):
             block()
-    finally:
-        go.set()
-        worker.join()
     assert len(results) == 2, results
     assert isinstance(results[1], int), results  # the other thread's next block succeeded
     with engine.connect() as conn:  # the pool's idle one was recycled, not handed out dead

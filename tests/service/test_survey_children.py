@@ -25,7 +25,6 @@ from app.bootstrap import create_app, survey_children
 from app.db.session import make_engine
 from app.engine.limits import DEFAULT_LIMITS
 from app.services import survey_runs
-from app.services import surveys as survey_service
 from app.services.history import object_history
 from app.store import reading, transaction
 from app.store import surveys as survey_store
@@ -34,6 +33,7 @@ from app.worker.children import ChildPool
 from app.worker.jobs import InProcessJobs
 from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
+from tests.service.factories import driven_survey
 from tests.service.test_survey_faults import survey_rows_per_member
 from tests.service.test_surveys import GRR, all_responses, import_study, verify_clean, wait_done
 
@@ -213,28 +213,16 @@ def test_a_lease_taken_over_stops_the_run(app_with: Any, database_url: str) -> N
     assert pool is not None
     engine = make_engine(database_url)
     worker = BoundWorker(WorkerSettings(processes=0))
-    request = survey_service.parse_request(
-        {"name": "taken", "query": GRR, "cohort": {"labels": {"study": study}}},
-        max_members=MAX_MEMBERS,
-    )
+    body = {"name": "taken", "query": GRR, "cohort": {"labels": {"study": study}}}
     try:
-        view, _ = survey_service.create_survey(
-            engine=engine,
-            request=request,
-            fingerprint="f",
-            idempotency_key=None,
-            analyst_key_id=None,
-            max_members=MAX_MEMBERS,
-            limits=DEFAULT_LIMITS,
-            chunk_size=2,
-        )
+        survey_id, _ = driven_survey(engine, body, max_members=MAX_MEMBERS, chunk_size=2)
         outcome: list[str] = []
         runner = threading.Thread(
             target=lambda: outcome.append(
                 survey_runs.run_survey(
                     engine=engine,
                     worker=worker,
-                    survey_id=view.id,
+                    survey_id=survey_id,
                     owner="me",
                     limits=DEFAULT_LIMITS,
                     lease_seconds=60,
@@ -246,18 +234,18 @@ def test_a_lease_taken_over_stops_the_run(app_with: Any, database_url: str) -> N
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with reading(engine) as conn:
-                if survey_store.get_survey(conn, view.id).decided:  # type: ignore[union-attr]
+                if survey_store.get_survey(conn, survey_id).decided:  # type: ignore[union-attr]
                     break
             time.sleep(0.005)
         later = datetime.now(UTC) + timedelta(hours=1)  # as if the lease had expired
         with transaction(engine) as conn:
             assert survey_store.claim(
-                conn, survey_id=view.id, owner="thief", now=later, lease_until=later
+                conn, survey_id=survey_id, owner="thief", now=later, lease_until=later
             )
         runner.join(60)
         assert outcome == ["not-claimed"]
         with reading(engine) as conn:
-            survey = survey_store.get_survey(conn, view.id)
+            survey = survey_store.get_survey(conn, survey_id)
         assert survey is not None
         assert survey.status in ("running", "queued")
         assert 0 < survey.decided < 900

@@ -23,13 +23,12 @@ from app.db.models import LikelihoodStateRecord, ProtectedObject
 from app.db.session import make_engine
 from app.engine.limits import DEFAULT_LIMITS
 from app.services import survey_runs
-from app.services import surveys as survey_service
 from app.services.history import object_history
 from app.services.verify import verify_all
 from app.store.states import count_unnamed
 from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
-from tests.service.factories import run_cli
+from tests.service.factories import driven_survey, run_cli
 
 DOMAIN = {
     "attributes": [
@@ -444,32 +443,20 @@ def test_cancel_stops_before_undecided_members(
     import_study(client, study, 20)
     engine = make_engine(database_url)
     worker = BoundWorker(WorkerSettings(processes=0))
-    request = survey_service.parse_request(
-        {"name": "cancel me", "query": GRR, "cohort": {"labels": {"study": study}}},
-        max_members=MAX_MEMBERS,
-    )
+    body = {"name": "cancel me", "query": GRR, "cohort": {"labels": {"study": study}}}
     try:
-        view, _ = survey_service.create_survey(
-            engine=engine,
-            request=request,
-            fingerprint="f",
-            idempotency_key=None,
-            analyst_key_id=None,
-            max_members=MAX_MEMBERS,
-            limits=DEFAULT_LIMITS,
-            chunk_size=6,
-        )
+        survey_id, _ = driven_survey(engine, body, max_members=MAX_MEMBERS, chunk_size=6)
         first = survey_runs.run_chunk(
-            engine=engine, worker=worker, survey_id=view.id, chunk=0, limits=DEFAULT_LIMITS
+            engine=engine, worker=worker, survey_id=survey_id, chunk=0, limits=DEFAULT_LIMITS
         )
         assert first.decided == 6
-        r = client.delete(f"/v1/surveys/{view.id}", headers=auth(ADMIN_KEY))
+        r = client.delete(f"/v1/surveys/{survey_id}", headers=auth(ADMIN_KEY))
         assert r.status_code == 200, r.text
         assert r.json()["status"] == "cancelled"
         status = survey_runs.run_survey(
             engine=engine,
             worker=worker,
-            survey_id=view.id,
+            survey_id=survey_id,
             owner="test",
             limits=DEFAULT_LIMITS,
             lease_seconds=5,
@@ -478,15 +465,15 @@ def test_cancel_stops_before_undecided_members(
     finally:
         worker.close()
         engine.dispose()
-    final = client.get(f"/v1/surveys/{view.id}", headers=analyst).json()
+    final = client.get(f"/v1/surveys/{survey_id}", headers=analyst).json()
     assert final["progress"]["decided"] == 6
-    responses = all_responses(client, auth(ADMIN_KEY), view.id)
+    responses = all_responses(client, auth(ADMIN_KEY), survey_id)
     # the undecided members will never be asked: "cancelled", not "pending" forever
     decisions = [r["decision"] for r in responses]
     assert decisions.count("cancelled") == 14
     assert "pending" not in decisions
     # an analyst who did not create it may not cancel it
-    assert client.delete(f"/v1/surveys/{view.id}", headers=analyst).status_code == 403
+    assert client.delete(f"/v1/surveys/{survey_id}", headers=analyst).status_code == 403
     verify_clean(database_url)
 
 

@@ -22,11 +22,10 @@ from app.bootstrap import create_app
 from app.db.session import make_engine
 from app.engine.limits import DEFAULT_LIMITS
 from app.services import survey_runs
-from app.services import surveys as survey_service
 from app.services.verify import verify_all
 from app.worker.pool import BoundWorker, WorkerSettings
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
-from tests.service.factories import run_cli
+from tests.service.factories import driven_survey, run_cli
 
 BINARY = {"attributes": [{"name": "b", "type": "integer", "low": 0, "high": 1}]}
 BOX = {"attributes": [{"name": "x", "type": "real", "low": 0, "high": 1}]}
@@ -416,17 +415,7 @@ def test_a_survey_asks_each_member_s_current_version(
     engine = make_engine(database_url)
     worker = BoundWorker(WorkerSettings(processes=0))
     try:
-        request = survey_service.parse_request(survey_body, max_members=100)
-        view, _ = survey_service.create_survey(
-            engine=engine,
-            request=request,
-            fingerprint="f",
-            idempotency_key=None,
-            analyst_key_id=None,
-            max_members=100,
-            limits=DEFAULT_LIMITS,
-            chunk_size=10,
-        )
+        survey_id, _ = driven_survey(engine, survey_body, max_members=100, chunk_size=10)
         bulk = {"versions": [{"id": spent, "value": {"b": 0}}, {"id": fresh, "value": {"b": 0}}]}
         assert client.post("/v1/versions", headers=ADMIN, json=bulk).status_code == 200
         dry = client.post("/v1/surveys/dry-run", headers=analyst, json=survey_body).json()
@@ -436,7 +425,7 @@ def test_a_survey_asks_each_member_s_current_version(
         status = survey_runs.run_survey(
             engine=engine,
             worker=worker,
-            survey_id=view.id,
+            survey_id=survey_id,
             owner="test",
             limits=DEFAULT_LIMITS,
             lease_seconds=5,
@@ -446,7 +435,7 @@ def test_a_survey_asks_each_member_s_current_version(
         survey_runs.run_survey(
             engine=engine,
             worker=worker,
-            survey_id=view.id,
+            survey_id=survey_id,
             owner="test",
             limits=DEFAULT_LIMITS,
             lease_seconds=5,
@@ -454,17 +443,17 @@ def test_a_survey_asks_each_member_s_current_version(
     finally:
         worker.close()
         engine.dispose()
-    done = client.get(f"/v1/surveys/{view.id}", headers=ADMIN).json()
+    done = client.get(f"/v1/surveys/{survey_id}", headers=ADMIN).json()
     assert done["progress"]["accepted"] == 1
     assert done["progress"]["refused"]["lifetime-exhausted"] == 1
-    items = client.get(f"/v1/surveys/{view.id}/responses", headers=ADMIN).json()["items"]
+    items = client.get(f"/v1/surveys/{survey_id}/responses", headers=ADMIN).json()["items"]
     by_id = {item["object_id"]: item for item in items}
     assert by_id[fresh]["decision"] == "accepted"
     assert by_id[fresh]["version"] == 2
     assert by_id[spent]["decision"] == "refused"
     assert by_id[spent]["reason"] == "lifetime-exhausted"
     answered = client.get(f"/v1/objects/{fresh}/queries", headers=ADMIN).json()["items"]
-    assert [(i["version"], i["survey_id"]) for i in answered] == [(2, view.id)]
+    assert [(i["version"], i["survey_id"]) for i in answered] == [(2, survey_id)]
     assert client.get(f"/v1/objects/{fresh}/queries?version=1", headers=ADMIN).json()["items"] == []
     assert client.get(f"/v1/objects/{spent}/odometer", headers=ADMIN).json()["rejected"] == 1
     check_verify(database_url)
