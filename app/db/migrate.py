@@ -50,13 +50,14 @@ class Lineage:
     known: frozenset[str]
 
 
-def alembic_config(url: str) -> Config:
-    """An Alembic config pointing at ``migrations/`` and ``url``."""
+def alembic_config(url: str | None = None, *, directory: Path = MIGRATIONS) -> Config:
+    """An Alembic config pointing at ``directory`` (``migrations/``) and ``url`` if given."""
     from alembic.config import Config
 
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    config.set_main_option("script_location", str(directory))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 
 
@@ -109,12 +110,9 @@ def _plain_lineage(directory: Path) -> Lineage | None:
 
 def alembic_lineage(directory: Path = MIGRATIONS) -> Lineage:
     """The lineage as Alembic reads it (importing Alembic and every migration script)."""
-    from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-    config = Config()
-    config.set_main_option("script_location", str(directory))
-    scripts = ScriptDirectory.from_config(config)
+    scripts = ScriptDirectory.from_config(alembic_config(directory=directory))
     head = scripts.get_current_head()  # refuses several heads
     if head is None:
         raise ValueError(f"no migration scripts in {directory}")

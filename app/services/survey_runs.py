@@ -1650,6 +1650,23 @@ def _run_children(run: _Run, children: Children, token: str, chunks: list[int]) 
     flying: dict[Future[tuple[str, ChunkOutcome | None]], int] = {}
     deaths = 0
     counted = _GroupsCounted(run.engine, run.survey_id, run.cache)
+
+    def settle(future: Future[tuple[str, ChunkOutcome | None]], *, renew: bool) -> bool:
+        """Count a finished chunk and end the run on its error; True if its child died."""
+        chunk = flying.pop(future)
+        try:
+            outcome, counts = future.result()
+        except BrokenProcessPool:
+            todo.appendleft(chunk)
+            return True
+        if counts is not None:
+            count_chunk(counted.once(counts))
+        if outcome != DECIDED:
+            run.end(outcome)
+        elif renew and not run.stop.is_set():
+            run.renew()
+        return False
+
     while flying or (todo and not run.stop.is_set()):
         broken = False
         while todo and not run.stop.is_set() and len(flying) < 2 * children.processes:
@@ -1662,34 +1679,12 @@ def _run_children(run: _Run, children: Children, token: str, chunks: list[int]) 
                 break
         done, _ = wait(flying, return_when=FIRST_COMPLETED) if not broken else (set(), None)
         for future in done:
-            chunk = flying.pop(future)
-            try:
-                outcome, counts = future.result()
-            except BrokenProcessPool:
-                todo.appendleft(chunk)
-                broken = True
-                continue
-            if counts is not None:
-                count_chunk(counted.once(counts))
-            if outcome == DECIDED:
-                if not run.stop.is_set():
-                    run.renew()
-            else:
-                run.end(outcome)
+            broken = settle(future, renew=True) or broken
         if not broken:
             continue
         # every chunk still in flight is lost with the pool: wait for their futures to say so
         for future in list(flying):
-            chunk = flying.pop(future)
-            try:
-                outcome, counts = future.result()
-            except BrokenProcessPool:
-                todo.appendleft(chunk)
-                continue
-            if counts is not None:
-                count_chunk(counted.once(counts))
-            if outcome != DECIDED:
-                run.end(outcome)
+            settle(future, renew=False)
         deaths += 1
         log.warning("survey %d: a child process died (%d so far)", run.survey_id, deaths)
         if deaths > CHILD_RESTARTS:

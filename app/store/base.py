@@ -60,7 +60,7 @@ def _hand_back(db: Database) -> None:
 
     A thread never holds its kept connection idle while it uses another (:class:`_Kept`).
     """
-    kept: _Kept | None = db.__dict__.get("_gatekeeper_kept")
+    kept: _Kept | None = db.__dict__.get(_KEPT)
     if kept is not None:
         kept.hand_back()
 
@@ -352,13 +352,17 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+#: The engine attribute that holds its :class:`_Kept` (made by :func:`_kept` on first use).
+_KEPT = "_gatekeeper_kept"
+
+
 def _kept(db: Database) -> _Kept | None:
     """``db``'s keeper of connections (made on first use), None if its pool allows none.
 
     The pool's bounds are those :func:`app.db.session.make_engine` was given (the engines of
     :mod:`app.bootstrap`, from the settings): an engine made otherwise keeps none.
     """
-    kept: _Kept | None = db.__dict__.get("_gatekeeper_kept")
+    kept: _Kept | None = db.__dict__.get(_KEPT)
     if kept is not None:
         return kept
     bounds = pool_bounds(db)  # None: not pooled by make_engine (SQLite, a bare create_engine)
@@ -369,12 +373,12 @@ def _kept(db: Database) -> _Kept | None:
     if limit < 1:
         return None
     with _MAKING:
-        kept = db.__dict__.get("_gatekeeper_kept")
+        kept = db.__dict__.get(_KEPT)
         if kept is None:
             kept = _Kept(limit, bounds.recycle)
             event.listen(db, "engine_disposed", kept.dispose)
             event.listen(db, "handle_error", kept.disconnected)
-            db.__dict__["_gatekeeper_kept"] = kept
+            db.__dict__[_KEPT] = kept
     return kept
 
 
