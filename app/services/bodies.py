@@ -123,14 +123,16 @@ def json_path(loc: Sequence[Any], data: Any, error: Mapping[str, Any], field: st
     return at or "body"
 
 
-def validated(model: type[ModelT], data: Any, field: str = "") -> ModelT:
-    """``model.model_validate(data)``, or :class:`InvalidInput` naming each bad field.
+def validated(
+    model: type[ModelT], data: Any, field: str = "", context: dict[str, Any] | None = None
+) -> ModelT:
+    """``model.model_validate(data, context=...)``, or :class:`InvalidInput` naming each field.
 
     ``field`` prefixes the paths (``objects[3]``). A field named twice (the members of a union
     it matches none of) is reported once, with the first member's message.
     """
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         errors: dict[str, str] = {}
         found = exc.errors(include_url=False, include_input=False)

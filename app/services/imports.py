@@ -60,7 +60,7 @@ def parse_items(
         raise InvalidInput(field, "must have at least 1 item")
     if len(items) > MAX_IMPORT:
         raise InvalidInput(field, f"at most {MAX_IMPORT} objects a request")
-    domains: DomainCache = {}
+    domains = DomainCache()
     return _distinct(
         (
             parse_registration(item, f"{field}[{i}]", limits, domains)
@@ -71,10 +71,17 @@ def parse_items(
 
 
 def registrations(
-    requests: Sequence[RegisterRequest], limits: EngineLimits, *, field: str = "objects"
+    requests: Sequence[RegisterRequest],
+    limits: EngineLimits,
+    *,
+    field: str = "objects",
+    domains: DomainCache | None = None,
 ) -> list[Registration]:
-    """The registrations of a validated import (:class:`~app.services.schemas.ImportRequest`)."""
-    domains: DomainCache = {}
+    """The registrations of a validated import (:class:`~app.services.schemas.ImportRequest`).
+
+    ``domains``: the cache its validation used (:meth:`DomainCache.context`), if any.
+    """
+    domains = domains if domains is not None else DomainCache()
     return _distinct(
         (registration_of(r, f"{field}[{i}]", limits, domains) for i, r in enumerate(requests)),
         field,

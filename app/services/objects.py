@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fractions import Fraction
 from functools import lru_cache
@@ -27,6 +27,7 @@ from app.services.bodies import validated
 from app.services.errors import AlreadyExists, NotFound
 from app.services.history import object_history
 from app.services.schemas import (
+    DOMAINS_SEEN,
     ID_PATTERN,
     LABEL_NAME,
     LABEL_VALUE,
@@ -243,9 +244,21 @@ def object_view(row: ObjectRecord) -> schemas.ObjectView:
     )
 
 
-#: Parsed domains by the ``repr`` of their JSON (:func:`parse_registration`'s ``domains``):
-#: the domain, its stored text and the text's hash.
-DomainCache = dict[str, tuple[Domain, str, str]]
+@dataclass
+class DomainCache:
+    """The domains of one bulk request, each handled once, by the ``repr`` of its JSON.
+
+    ``models``: validated by :class:`~app.services.schemas.RegisterRequest` (its validation
+    context, :meth:`context`); ``parsed``: parsed by the engine (:func:`parse_registration`'s
+    ``domains``) — the domain, its stored text and the text's hash.
+    """
+
+    models: dict[str, schemas.Domain] = field(default_factory=dict)
+    parsed: dict[str, tuple[Domain, str, str]] = field(default_factory=dict)
+
+    def context(self) -> dict[str, Any]:
+        """The validation context of the request's models."""
+        return {DOMAINS_SEEN: self.models}
 
 
 @dataclass(frozen=True)
@@ -318,7 +331,8 @@ def parse_registration(
     are then parsed by the engine from the JSON as written. ``domains`` caches parsed domains by
     the ``repr`` of their JSON (a bulk import parses each once).
     """
-    return registration_of(validated(RegisterRequest, body, field), field, limits, domains)
+    context = domains.context() if domains is not None else None
+    return registration_of(validated(RegisterRequest, body, field, context), field, limits, domains)
 
 
 def registration_of(
@@ -365,13 +379,13 @@ def _parse_domain_cached(
     Key order is part of the key, so the same domain written two ways is parsed twice, which
     is correct, only slower.
     """
-    if cache is not None and (found := cache.get(repr(raw))) is not None:
+    if cache is not None and (found := cache.parsed.get(repr(raw))) is not None:
         return found
     domain = parse_domain(raw, field, limits=limits)
     text = json.dumps(domain.to_json())
     parsed = (domain, text, domain_hash(text))
     if cache is not None:  # a domain that failed to parse raised above: never cached
-        cache[repr(raw)] = parsed
+        cache.parsed[repr(raw)] = parsed
     return parsed
 
 

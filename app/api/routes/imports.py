@@ -18,7 +18,7 @@ from app.services import schemas
 from app.services import versions as version_service
 from app.services.bodies import validated
 from app.services.errors import BadHeader, BadJson
-from app.services.objects import Registration
+from app.services.objects import DomainCache, Registration
 
 router = APIRouter(tags=["objects"])
 
@@ -86,8 +86,9 @@ def parse_import(raw: bytes, content_type: str, limits: EngineLimits) -> list[Re
     """
     if content_type.split(";")[0].strip().lower() == NDJSON:
         return import_service.parse_items(ndjson_items(raw), limits)
-    body = validated(schemas.ImportRequest, parse_json(raw))
-    return import_service.registrations(body.objects, limits)
+    domains = DomainCache()  # a domain repeated by the items is validated and parsed once
+    body = validated(schemas.ImportRequest, parse_json(raw), context=domains.context())
+    return import_service.registrations(body.objects, limits, domains=domains)
 
 
 @router.post(
