@@ -582,7 +582,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, str]] = []
     ok = True
     with (
-        fresh_database(keep=args.keep_database, migrate=args.tree == ROOT) as (url, _name),
+        fresh_database(
+            keep=args.keep_database, prefix=args.db_prefix, migrate=args.tree == ROOT
+        ) as (url, _name),
         tempfile.TemporaryDirectory() as tmp,
     ):
         population = Path(tmp) / "population.ndjson"
