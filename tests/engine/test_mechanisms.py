@@ -362,10 +362,10 @@ def test_listed_outputs_are_built_once_per_count_and_rebuilt_for_another() -> No
 def test_an_rr_mechanism_makes_its_exact_query_and_group_once(query: dict[str, Any]) -> None:
     """One ``ExactQuery`` (with its key) and one ``Group`` per mechanism, equal to fresh ones.
 
-    A submit asks for them 3-4 times (the decision, the record, each output's exact term); a
-    mechanism is read-only and a kept one (``app.services.queries``) serves every submit of its
-    query, so they are made once — and equal to what a freshly parsed mechanism makes, pickled
-    to a bound worker too.
+    A submit decided by basic composition makes one group (its output's exact term), a tight
+    decision three (the exact query, twice, and the term); a mechanism is read-only and a kept
+    one (``app.services.queries``) serves every submit of its query, so they are made once —
+    and equal to what a freshly parsed mechanism makes, pickled to a bound worker too.
     """
     import pickle
 

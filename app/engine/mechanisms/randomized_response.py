@@ -107,7 +107,7 @@ class GeneralizedRR(Mechanism):
 
     @cached_property
     def _group(self) -> Group:
-        """The written ε's group, made once: a submit asks for it 3-4 times (≈ 2 µs each)."""
+        """The written ε's group, made once (≈ 2 µs each: 1 per submit, 3 per tight decision)."""
         return Group(decimal_fraction(self.eps))
 
     @cached_property
