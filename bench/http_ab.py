@@ -18,6 +18,12 @@ per-pair ratios (second tree / first), the ratio of the two trees' total CPU and
 the second was lower, and the share of each tree's CPU spent in the kernel (system time: the
 sockets, the threads' wake-ups). The CPU comes in clock ticks (10 ms): a block of 200 submits at
 ≈ 2.7 ms each is ≈ 54 ticks, so one pair's ratio moves in steps of ≈ 2%.
+
+``--b-env NAME=VALUE`` (repeatable) gives the second tree's server extra environment: with the
+same folder twice it compares one setting against the default in one run, e.g. the Redis lock
+(its two of a submit's four round trips)::
+
+    .venv/bin/python bench/http_ab.py --trees /work/wt/base,/work/wt/base --b-env REDIS_LOCKS=false
 """
 
 from __future__ import annotations
@@ -90,11 +96,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=200, help="untimed submits first (200)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--db-prefix", default="gk_httpab_", help="the database's name prefix")
+    parser.add_argument(
+        "--b-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment of the second tree's server only, e.g. REDIS_LOCKS=false "
+        "(repeatable; with the same folder twice: one setting against the default)",
+    )
     args = parser.parse_args(argv)
+    b_env = dict(item.split("=", 1) for item in args.b_env)
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     if len(trees) != 2:
         parser.error("--trees takes two folders")
     names = [t.name for t in trees]
+    if b_env:
+        names[1] += "+" + ",".join(args.b_env)
     rng = random.Random(args.seed)
     body = json.dumps({"query": sl.grr_queries(rng)[0]}).encode()
     load0 = os.getloadavg()[0]
@@ -103,7 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         servers = []
         try:
             for n, tree in enumerate(trees):
-                servers.append(sl.Server(url, args.workers, 1, logs / f"server{n}.log", tree=tree))
+                extra = b_env if n == 1 else None
+                servers.append(
+                    sl.Server(
+                        url, args.workers, 1, logs / f"server{n}.log", tree=tree, extra_env=extra
+                    )
+                )
             setups = [sl.register_objects(s, "grr", "bayesian", args.objects, rng) for s in servers]
             cpu: list[list[float]] = [[], []]
             wall: list[float] = [0.0, 0.0]

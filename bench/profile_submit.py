@@ -24,6 +24,16 @@ With ``--direct`` there is no server: py-spy runs ``bench/submit_cpu.py --direct
 own time without HTTP, ASGI or the thread hand-off::
 
     .venv/bin/python bench/profile_submit.py --direct --gil --submits 3000 --functions 25
+
+With ``--layers`` every sample is also given to one layer of the service (:data:`LAYERS`): the
+innermost frame of its stack that a layer's rule names decides (a frame no rule names passes the
+sample to its caller: numpy's frames count for the engine code that called them, ``json``'s are a
+layer of their own). Each layer is marked ``A`` when ``bench/async_probe.py``'s road A — uvicorn,
+Starlette, the request context (access line, metrics), the thread hand-off and the submit's four
+round trips (Redis lock, the object's load, the accepted write) — does that work too, and
+``above`` when only the real submit does (FastAPI and the route's dependencies, pydantic, JSON,
+the engine, the decryption, audit, the odometer, the submit's own code): the "above the floor"
+share. ``--summarize RAW --layers`` tabulates stored stacks, several files side by side.
 """
 
 from __future__ import annotations
@@ -68,6 +78,140 @@ PARTS = [
     ("  metrics (multiprocess)", "Histogram.observe (prometheus_client"),
     ("inside psycopg's Connection.wait (waiting for PostgreSQL)", "Connection.wait (psycopg"),
 ]
+
+
+_ENGINE_LABEL = "engine: other (app/engine)"
+#: (label, in road A, substrings of a frame ``name (path``): the first rule naming the innermost
+#: frame it names decides a sample's layer (:func:`layers`).
+LAYERS: list[tuple[str, bool, tuple[str, ...]]] = [
+    ("Redis lock (redis-py, services/locks.py)", True, ("(redis/", "(app/services/locks.py")),
+    (
+        "crypto: the value's decryption",
+        False,
+        ("(cryptography/", "(app/crypto.py", "reveal (app/store/objects.py"),
+    ),
+    ("SQL: psycopg, SQLAlchemy", True, ("(psycopg/", "(psycopg_binary", "(sqlalchemy/")),
+    ("SQL: app/store (parameters, rows, kept connection)", True, ("(app/store/", "(app/db/")),
+    ("logging (the access line)", True, ("(logging/", "(app/logs.py")),
+    ("metrics (prometheus_client)", True, ("(prometheus_client/", "(app/metrics.py")),
+    (
+        "pydantic (models in and out, schemas.py, bodies.py)",
+        False,
+        ("(pydantic/", "(pydantic_core", "(app/services/schemas.py", "(app/services/bodies.py"),
+    ),
+    ("JSON (json, the strict body reader)", False, ("(json/", "(app/engine/jsonfields.py")),
+    (
+        "sampling (mech.sample)",
+        False,
+        ("sample (app/engine/mechanisms", "(app/engine/sampling.py", "(secrets.py", "(random.py"),
+    ),
+    ("engine: decide (services/decisions.py)", False, ("decide (app/services/decisions.py",)),
+    ("engine: record (services/decisions.py)", False, ("recorded (app/services/decisions.py",)),
+    ("engine: state load, advance, hashes (snapshots.py)", False, ("(app/services/snapshots.py",)),
+    (_ENGINE_LABEL, False, ("(app/engine/",)),
+    ("audit event (services/audit.py)", False, ("(app/services/audit.py",)),
+    (
+        "odometer (services/objects.py, quota.py)",
+        False,
+        ("(app/services/objects.py", "(app/services/quota.py"),
+    ),
+    ("fingerprint (services/reuse.py)", False, ("(app/services/reuse.py",)),
+    ("auth (key cache)", False, ("(app/services/auth.py", "get_caller (app/api/deps.py")),
+    ("the submit's own code (services/queries.py)", False, ("(app/services/queries.py",)),
+    (
+        "hand-off (in_thread, executor, threads)",
+        True,
+        (
+            "in_thread (app/api/deps.py",
+            "_settle (app/api/deps.py",
+            "_set_result (app/api/deps.py",
+            "_cancel_unstarted (app/api/deps.py",
+            "(concurrent/futures/",
+            "(threading.py",
+            "(queue.py",
+        ),
+    ),
+    (
+        "FastAPI, route and dependencies (app/api lean, direct, deps, routes)",
+        False,
+        (
+            "(app/api/direct.py",
+            "(app/api/lean.py",
+            "(app/api/deps.py",
+            "(app/api/routes/",
+            "(fastapi/",
+        ),
+    ),
+    (
+        "request context (api/middleware.py, ratelimit.py)",
+        True,
+        ("(app/api/middleware.py", "(app/api/ratelimit.py"),
+    ),
+    ("Starlette (Request, Response, exception wrapper)", True, ("(starlette/",)),
+    ("uvicorn (parsing, socket writes)", True, ("(uvicorn/", "(httptools/")),
+    ("event loop (asyncio, uvloop)", True, ("(asyncio/", "(uvloop/")),
+]
+
+
+_ENGINE = _ENGINE_LABEL
+
+
+def _layer(frames: list[str]) -> str:
+    """The layer of one sample's stack (root first): its innermost frame that a rule names.
+
+    The engine's own frames count for the service code that called into the engine (decide,
+    record, the state's load and advance, the sampling, the odometer) when one encloses them.
+    """
+    found = "other"
+    for n in range(len(frames) - 1, -1, -1):
+        named = _function(frames[n])
+        label = next((lb for lb, _, keys in LAYERS if any(k in named for k in keys)), None)
+        if label is None:
+            continue
+        if found == _ENGINE:  # the first enclosing service frame, if it is an engine caller
+            if label == _ENGINE:
+                continue
+            return label if label.startswith(("engine:", "sampling", "odometer")) else _ENGINE
+        found = label
+        if found != _ENGINE:
+            return found
+    return found
+
+
+def layers(raws: list[Path]) -> str:
+    """A markdown table: each layer's share of each file's samples; the floor's and the rest."""
+    counts: list[dict[str, int]] = []
+    for raw in raws:
+        found: dict[str, int] = {}
+        for line in raw.read_text().splitlines():
+            if not line.strip():
+                continue
+            stack, _, count = line.rpartition(" ")
+            frames = [f for f in stack.split(";") if " (" in f and not f.startswith("process ")]
+            label = _layer(frames)
+            found[label] = found.get(label, 0) + int(count)
+        counts.append(found)
+    totals = [max(1, sum(found.values())) for found in counts]
+    floor = {label: road_a for label, road_a, _ in LAYERS}
+    head = " | ".join(
+        f"{raw.name} ({sum(c.values())})" for raw, c in zip(raws, counts, strict=True)
+    )
+    lines = [f"| layer | road A | {head} |", "|---|---|" + "---:|" * len(raws)]
+    for label in [label for label, _, _ in LAYERS] + ["other"]:
+        if any(found.get(label) for found in counts):
+            mark = {True: "A", False: "above"}.get(floor.get(label), "?")  # type: ignore[call-overload]
+            shares = " | ".join(
+                f"{100 * found.get(label, 0) / total:.1f}%"
+                for found, total in zip(counts, totals, strict=True)
+            )
+            lines.append(f"| {label} | {mark} | {shares} |")
+    for road_a, name in ((True, "in road A (the floor)"), (False, "above the floor")):
+        shares = " | ".join(
+            f"{100 * sum(n for k, n in found.items() if floor.get(k) is road_a) / total:.1f}%"
+            for found, total in zip(counts, totals, strict=True)
+        )
+        lines.append(f"| **{name}** | | {shares} |")
+    return "\n".join(lines)
 
 
 def summarize(raw: Path) -> str:
@@ -161,6 +305,8 @@ def direct(args: argparse.Namespace, spy: str, raw: Path) -> int:
     print(summarize(raw).replace("both workers", "the submits"))
     if args.functions:
         print(by_function(raw, args.functions))
+    if args.layers:
+        print(layers([raw]))
     return out.returncode
 
 
@@ -182,7 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         "--functions", type=int, default=0, help="also the N functions with most own samples"
     )
     parser.add_argument(
-        "--summarize", type=Path, help="only summarize these collapsed stacks (no benchmark)"
+        "--summarize",
+        type=Path,
+        nargs="+",
+        help="only summarize these collapsed stacks (no benchmark; with --layers, side by side)",
+    )
+    parser.add_argument(
+        "--layers", action="store_true", help="also each layer's share (LAYERS): above the floor"
     )
     parser.add_argument(
         "--direct", action="store_true", help="no HTTP: submit_cpu.py --direct under py-spy"
@@ -191,9 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db-prefix", default="", help="passed to service_load")
     args = parser.parse_args(argv)
     if args.summarize is not None:
-        print(summarize(args.summarize))
-        if args.functions:
-            print(by_function(args.summarize, args.functions))
+        for raw in args.summarize:
+            print(summarize(raw))
+            if args.functions:
+                print(by_function(raw, args.functions))
+        if args.layers:
+            print(layers(args.summarize))
         return 0
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     raw = args.raw or Path(tempfile.mkdtemp(prefix="gk_spy_")) / "submit.raw"
@@ -243,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     print(summarize(raw))
     if args.functions:
         print(by_function(raw, args.functions))
+    if args.layers:
+        print(layers([raw]))
     return bench.returncode
 
 

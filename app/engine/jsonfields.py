@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -207,6 +208,42 @@ def _surrogate_here(node: Any, at: str) -> str | None:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+#: Whether the calling thread's :func:`loads_strict` met a repeated key (set by the hook).
+_SEEN = threading.local()
+
+
+def _as_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """:data:`_STRICT`'s object hook: a ``dict``, or a :class:`_Twice` naming a repeated key."""
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    _SEEN.twice = True
+    twice = _Twice(obj)
+    twice.repeated = _first_repeated(pairs)
+    return twice
+
+
+#: The strict parser, made once: ``json.loads(raw, object_pairs_hook=...)`` builds a new
+#: ``JSONDecoder`` (and its C scanner) per call, ≈ 3 µs of a request body's 7 (docs/benchmarks.md,
+#: "h/prof"). ``decode`` keeps no state of its own between calls (the scanner's key memo is
+#: only an interning cache), so one serves every thread; whether a key repeated is the calling
+#: thread's (:data:`_SEEN`).
+_STRICT = json.JSONDecoder(object_pairs_hook=_as_object)
+
+
+def _json_text(raw: str | bytes) -> str:
+    """What ``json.loads`` decodes ``raw`` to before parsing it, with its errors (Python 3.11+)."""
+    if isinstance(raw, str):
+        if raw.startswith("\ufeff"):
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", raw, 0)
+        return raw
+    if not isinstance(raw, (bytes, bytearray)):
+        raise TypeError(
+            f"the JSON object must be str, bytes or bytearray, not {raw.__class__.__name__}"
+        )
+    return raw.decode(json.detect_encoding(raw), "surrogatepass")
+
+
 def loads_strict(raw: str | bytes) -> Any:
     """``json.loads`` that refuses a key given twice in one object (:class:`RepeatedKey`).
 
@@ -222,20 +259,10 @@ def loads_strict(raw: str | bytes) -> Any:
     ...     print(exc.field)
     query[0].epsilon
     """
-    twice_seen = False
-
-    def as_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal twice_seen
-        obj = dict(pairs)
-        if len(obj) == len(pairs):
-            return obj
-        twice_seen = True
-        twice = _Twice(obj)
-        twice.repeated = _first_repeated(pairs)
-        return twice
-
-    document = json.loads(raw, object_pairs_hook=as_object)
-    if twice_seen:
+    _SEEN.twice = False
+    # json.loads(raw, object_pairs_hook=_as_object), its decoder made once
+    document = _STRICT.decode(_json_text(raw))
+    if _SEEN.twice:
         try:
             repeated = _first_path(document, "", _repeated_here)
         except RecursionError:  # nested too deep to name: the document as a whole

@@ -50,10 +50,19 @@ if TYPE_CHECKING:
 _BATCH = 5000
 
 
+#: The canonical form's encoder, made once: ``json.dumps`` with any keyword builds a new
+#: ``JSONEncoder`` per call (≈ 1.4 µs of a submit's fingerprint); ``encode`` keeps no state
+#: between calls, so one serves every thread. allow_nan: a NaN query must reach validation
+#: (422), not crash the canonical form.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
 def canonical_query(query: Any) -> str:
-    """The canonical JSON of a query as written: keys sorted, no whitespace."""
-    # allow_nan: a NaN query must reach validation (422), not crash the canonical form
-    return json.dumps(query, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    """The canonical JSON of a query as written: keys sorted, no whitespace.
+
+    ``json.dumps(query, sort_keys=True, separators=(",", ":"), allow_nan=True)``.
+    """
+    return _CANONICAL.encode(query)
 
 
 def query_hash(query: Any) -> str:

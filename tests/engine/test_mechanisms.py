@@ -346,3 +346,48 @@ def test_listed_outputs_are_built_once_per_count_and_rebuilt_for_another() -> No
         other.output_json(other.listed_output(j)) for j in range(2)
     )
     assert mech.listed_outputs(3) is three
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"mechanism": "grr", "attribute": "disease", "epsilon": 0.3},
+        {
+            "mechanism": "binary_rr",
+            "predicate": {"attribute": "age", "op": ">=", "value": 2},
+            "epsilon": 0.7,
+        },
+    ],
+)
+def test_an_rr_mechanism_makes_its_exact_query_and_group_once(query: dict[str, Any]) -> None:
+    """One ``ExactQuery`` (with its key) and one ``Group`` per mechanism, equal to fresh ones.
+
+    A submit decided by basic composition makes one group (its output's exact term), a tight
+    decision three (the exact query, twice, and the term); a mechanism is read-only and a kept
+    one (``app.services.queries``) serves every submit of its query, so they are made once —
+    and equal to what a freshly parsed mechanism makes, pickled to a bound worker too.
+    """
+    import pickle
+
+    from app.engine.exact import ExactQuery, Group
+    from app.engine.numerics import decimal_fraction
+
+    domain = parse_domain(DOMAIN, "domain")
+    mech = parse_query(query, domain, "query")
+    found = mech.exact_query()
+    assert found is not None
+    assert mech.exact_query() is found
+    group = Group(decimal_fraction(query["epsilon"]))
+    assert found.group == group
+    assert hash(found.group) == hash(group)
+    table = None if query["mechanism"] == "grr" else found.table
+    assert found.key == ExactQuery(found.axis, group, found.kind, table).key
+    for output in range(mech.output_count):
+        term = mech.exact_term(output)
+        assert term is not None
+        assert term.group is found.group
+    fresh = parse_query(query, domain, "query").exact_query()
+    assert fresh is not None
+    assert fresh.key == found.key
+    copied = pickle.loads(pickle.dumps(mech))  # noqa: S301 - our own object
+    assert copied.exact_query().key == found.key

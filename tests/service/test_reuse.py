@@ -9,6 +9,7 @@ versions; the dry-run says ``would_reuse``; surveys count reused members in ``ac
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -98,6 +99,34 @@ def test_canonical_json_is_sorted_and_keeps_numbers_as_the_reader_gives_them() -
     assert query_hash(a) == query_hash(b)
     # 1 and 1.0 differ for the engine (an integer attribute refuses 1.0): not identical
     assert query_hash({"value": 1}) != query_hash({"value": 1.0})
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"mechanism": "grr", "attribute": "b", "epsilon": 0.5},
+        {"z": [1, 1.0, -0.0, 1e300, 10**30, True, None], "a": {"y": "é\u2028\ud800", "b": []}},
+        {"epsilon": float("nan"), "x": float("inf"), "y": -float("inf")},
+        [{"b": 1, "a": 2}, "text", 3],
+    ],
+)
+def test_canonical_json_is_json_dumps_sorted_and_compact(
+    query: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same text as ``json.dumps(sort_keys, compact, allow_nan)``, from one prebuilt encoder."""
+    expected = json.dumps(query, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    made = []
+    real_init = json.JSONEncoder.__init__
+
+    def counted(self: json.JSONEncoder, *args: Any, **kwargs: Any) -> None:
+        made.append(kwargs)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(json.JSONEncoder, "__init__", counted)
+    assert canonical_query(query) == expected
+    assert made == []  # no encoder built per call
+    with pytest.raises(TypeError):  # keys that cannot be sorted: refused as json.dumps does
+        canonical_query({1: "a", "b": 2})
 
 
 def test_reuse_hit_returns_the_stored_output_and_changes_nothing(

@@ -109,6 +109,21 @@ def test_the_engine_gets_the_json_as_written() -> None:
     assert body.written() == {"query": query}
 
 
+def test_the_json_as_written_is_read_without_pydantics_attribute_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``written`` reads the private attributes' dict, not ``BaseModel.__getattr__`` (3.5 µs)."""
+    query = {"mechanism": "grr", "attribute": "x", "epsilon": 1}
+    body = validated(schemas.QueryRequest, {"query": query})
+
+    def refused(self: BaseModel, item: str) -> Any:
+        raise AssertionError(f"BaseModel.__getattr__ asked for {item}")
+
+    monkeypatch.setattr(BaseModel, "__getattr__", refused)
+    assert body.written("query") is body.written()["query"]
+    assert body.written() == {"query": query}
+
+
 def test_a_history_query_is_the_engines_to_read() -> None:
     """Past queries were accepted under their own rules (ε below today's floor too)."""
     entry = {"query": {"mechanism": "grr", "attribute": "x", "epsilon": 1e-9}, "output": 0}
