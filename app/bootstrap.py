@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from app.api.deps import Runtime
-    from app.services.survey_runs import ChildAnswer, Children, ChildRuns, News
+    from app.services.survey_runs import Children, ChildRuns, ChunkOutcome
     from app.worker.cache import RedisCache
     from app.worker.celery_app import CelerySettings, SurveyHandlers
     from app.worker.jobs import SurveyJobs
@@ -321,12 +321,12 @@ def _start_survey_child(given: dict[str, Any]) -> None:
 
 
 def _survey_child_decide(
-    survey_id: int, run: str, chunk: int, attempts: int, news: News
-) -> ChildAnswer:
+    survey_id: int, run: str, chunk: int, attempts: int
+) -> tuple[str, ChunkOutcome | None]:
     """A survey child's call (:meth:`~app.services.survey_runs.ChildRuns.decide`)."""
     if _SURVEY_CHILD is None:
         raise RuntimeError("not a survey child process")
-    return _SURVEY_CHILD.decide(survey_id, run, chunk, attempts, news)
+    return _SURVEY_CHILD.decide(survey_id, run, chunk, attempts)
 
 
 def survey_handlers(settings: Settings) -> SurveyHandlers:

@@ -34,13 +34,10 @@ lease expires (:func:`resumable_surveys`) and resume at the first pending chunk.
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import json
 import logging
 import math
-import os
-import pickle
 import secrets
 import threading
 import time
@@ -274,78 +271,6 @@ class RunCache:
         with self.lock:
             self.seen -= keys
 
-    def mark(self) -> _Mark:
-        """Where this cache stands, for :meth:`news` after a chunk."""
-        return _Mark(len(self.decisions), len(self.after), len(self.advances), len(self.contents))
-
-    def news(self, since: _Mark) -> bytes | None:
-        """What this cache learnt since ``since`` that another process's may take, pickled.
-
-        For a survey child process (:class:`ChildRuns`) after a committed chunk: the decisions
-        made (every one: a decision is the same whoever makes it on the same public state,
-        :func:`decision_key`), what accepted exact groups' outputs share (:class:`_GroupAfter`),
-        and the next states (:attr:`advances`, :attr:`contents`) — only those whose rows a
-        committed chunk stored (:attr:`stored`): the other process then locks them as this one
-        would, never stores empty bytes. Keyed by :class:`GroupKey` (a group's :meth:`number`
-        is this run cache's own). Nothing here is a value or a sample. The domains and
-        queries are sent by their domain texts and bound to the receiver's
-        (:meth:`learn`). None: nothing new.
-        """
-        decisions = list(_since(self.decisions, since.decisions))
-        after = list(_since(self.after, since.after))
-        stored = self.stored
-        advances = [
-            (number, output, change)
-            for (number, output), change in _since(self.advances, since.advances)
-            if change.stored is None or change.stored.key in stored
-        ]
-        contents = [
-            (key, found.err)
-            for key, found in _since(self.contents, since.contents)
-            if key in stored and not found.state
-        ]
-        if not (decisions or after or advances or contents):
-            return None
-        wanted = {number for number, _ in after} | {number for number, _, _ in advances}
-        keys = {n: k for k, n in self.numbers.items() if n in wanted}
-        bundle = (
-            decisions,
-            [(keys[n], shared) for n, shared in after if n in keys],
-            [(keys[n], output, change) for n, output, change in advances if n in keys],
-            contents,
-            sorted(
-                {key for key, _ in contents}
-                | {c.stored.key for _, _, c in advances if c.stored is not None}
-            ),
-        )
-        parsed = self.parsed
-        refs: dict[int, tuple[str, str]] = {id(d): ("d", t) for t, d in parsed.domains.items()}
-        refs.update((id(m), ("m", t)) for t, m in parsed.mechs.items() if m is not None)
-        out = io.BytesIO()
-        _RefPickler(out, refs).dump(bundle)
-        return out.getvalue()
-
-    def learn(self, data: bytes) -> None:
-        """Take what another process's cache of the same run learnt (:meth:`news`).
-
-        What this one knows already stays (it is the same); the domains and queries are this
-        cache's own (:attr:`parsed`).
-        """
-        decisions, after, advances, contents, stored = _RefUnpickler(
-            io.BytesIO(data), self.parsed
-        ).load()
-        for key, decision in decisions:
-            self.decisions.setdefault(key, decision)
-        number = self.number
-        for key, shared in after:
-            self.after.setdefault(number(key), shared)
-        self.stored.update(stored)
-        for key, err in contents:
-            self.contents.setdefault(key, StoredState(key, b"", err))
-        for key, output, change in advances:
-            self.advances.setdefault((number(key), output), change)
-        self.trim()
-
     def trim(self) -> None:
         """Forget everything once too large (it is only a cache)."""
         if len(self.advances) + len(self.decisions) > self.max_entries:
@@ -361,48 +286,6 @@ class RunCache:
             self.magnitudes.clear()
             self.history_mechs.clear()
             self.fractions.clear()
-
-
-class _Mark(NamedTuple):
-    """The sizes of a run cache's ordered parts (:meth:`RunCache.mark`)."""
-
-    decisions: int
-    after: int
-    advances: int
-    contents: int
-
-
-def _since(found: dict[_K, _V], size: int) -> Iterator[tuple[_K, _V]]:
-    """The entries added to ``found`` after it held ``size`` (every one, if it was emptied)."""
-    return itertools.islice(found.items(), size if len(found) >= size else 0, None)
-
-
-class _RefPickler(pickle.Pickler):
-    """Pickles a run cache's news with its domains and queries as references (their texts)."""
-
-    def __init__(self, file: io.BytesIO, refs: dict[int, tuple[str, str]]) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.refs = refs
-
-    def persistent_id(self, obj: Any) -> tuple[str, str] | None:
-        return self.refs.get(id(obj))
-
-
-class _RefUnpickler(pickle.Unpickler):
-    """:class:`_RefPickler`'s references bound to a run cache's own domains and queries."""
-
-    def __init__(self, file: io.BytesIO, parsed: ParsedQuery) -> None:
-        super().__init__(file)
-        self.parsed = parsed
-
-    def persistent_load(self, pid: Any) -> Any:
-        kind, text = pid
-        if kind == "d":
-            return self.parsed.domain(text)
-        mech = self.parsed.mech(text)
-        if kind != "m" or mech is None:
-            raise pickle.UnpicklingError(f"no query for {pid!r}")
-        return mech
 
 
 @dataclass
@@ -829,14 +712,7 @@ def _decide_rows(
 
     by_group = _grouped(keyed())
     states = parsed.states
-    # the stored states of the groups to decide (or fold): a group decided already in this run
-    # (or learnt from another process's run cache, :meth:`RunCache.learn`) reads none
-    decisions = cache.decisions
-    missing = {
-        k.state_hash
-        for k in by_group
-        if k.state_hash and k.state_hash not in states and (k.state_pending or k not in decisions)
-    }
+    missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
     by_group = _fold_pending(conn, by_group, cache, worker)
     work.keys = set(by_group)
@@ -1633,32 +1509,6 @@ def decide_chunk(
     return SKIPPED, None
 
 
-class News(NamedTuple):
-    """What the process running a survey hands a child with a chunk (:class:`_Shared`).
-
-    ``entries`` are the run's news from index ``start`` of log ``log``: (the child process that
-    learnt it, :meth:`RunCache.news`).
-    """
-
-    log: str
-    start: int
-    entries: tuple[tuple[int, bytes], ...] = ()
-
-
-class ChildAnswer(NamedTuple):
-    """A child's answer for a chunk: :func:`decide_chunk`'s, and what its run cache learnt.
-
-    ``applied``: the log's entries it has taken (:class:`News`); ``learnt``: its run cache's
-    news from this chunk (:meth:`RunCache.news`; None: nothing new, or not committed).
-    """
-
-    outcome: str
-    counts: ChunkOutcome | None
-    pid: int
-    applied: int
-    learnt: bytes | None
-
-
 @dataclass
 class ChildRuns:
     """A survey child process's side (:class:`app.worker.children.ChildPool`).
@@ -1673,32 +1523,17 @@ class ChildRuns:
     limits: EngineLimits
     run: tuple[int, str] | None = None
     cache: RunCache | None = None
-    #: The news log this child follows, and how many of its entries it has taken.
-    log: str = ""
-    applied: int = 0
 
     def decide(
-        self, survey_id: int, run: str, chunk: int, attempts: int, news: News
-    ) -> ChildAnswer:
-        """:func:`decide_chunk` of chunk ``chunk`` of run ``run`` of the survey.
-
-        What the other children learnt (``news``) is taken into the run cache first; what
-        this chunk learnt is handed back (:meth:`RunCache.news`).
-        """
+        self, survey_id: int, run: str, chunk: int, attempts: int
+    ) -> tuple[str, ChunkOutcome | None]:
+        """:func:`decide_chunk` of chunk ``chunk`` of run ``run`` of the survey."""
         if self.cache is None or self.run != (survey_id, run):
             self.cache = None  # the last run's cache goes first: never two held at once
             with reading(self.engine) as conn:
                 query = json.loads(load_survey(conn, survey_id).query)
             self.cache, self.run = new_run_cache(query, self.limits), (survey_id, run)
-        if news.log != self.log:
-            self.log, self.applied = news.log, 0
-        me = os.getpid()
-        for at, (source, data) in enumerate(news.entries, news.start):
-            if at >= self.applied and source != me:
-                self.cache.learn(data)
-        self.applied = max(self.applied, news.start + len(news.entries))
-        mark = self.cache.mark()
-        outcome, counts = decide_chunk(
+        return decide_chunk(
             engine=self.engine,
             worker=self.worker,
             survey_id=survey_id,
@@ -1707,12 +1542,10 @@ class ChildRuns:
             cache=self.cache,
             attempts=attempts,
         )
-        learnt = self.cache.news(mark) if counts is not None and counts.decided else None
-        return ChildAnswer(outcome, counts, me, self.applied, learnt)
 
 
 #: Survey child processes: their target is :meth:`ChildRuns.decide` (in :mod:`app.bootstrap`).
-Children = ChildPool[ChildAnswer]
+Children = ChildPool[tuple[str, ChunkOutcome | None]]
 
 
 def run_survey(
@@ -1844,90 +1677,48 @@ def _seen_by(
 CHILD_RESTARTS = 3
 
 
-class _Shared:
-    """What the children of a run learnt, handed to the others with their next chunks.
-
-    Each child's run cache learns decisions and next states from its own chunks; its answer
-    brings them here (:attr:`ChildAnswer.learnt`), appended to a log, and every chunk
-    dispatched carries the log's entries some child has not taken yet (:class:`News`; the
-    pool decides which child takes a call, so the oldest any child lacks). A child takes the
-    entries new to it before its chunk (:meth:`RunCache.learn`): a group another child decided
-    is not decided again (a sample is never shared: it is drawn per member, where the member
-    is decided). Entries every child has taken are dropped. A rebuilt pool starts a new log.
-    """
-
-    def __init__(self, processes: int) -> None:
-        self.processes = processes
-        self.log = secrets.token_hex(8)
-        self.start = 0
-        self.entries: list[tuple[int, bytes]] = []
-        self.applied: dict[int, int] = {}
-        self.answers = 0
-
-    def news(self) -> News:
-        return News(self.log, self.start, tuple(self.entries))
-
-    def answered(self, answer: ChildAnswer) -> None:
-        self.answers += 1
-        if answer.learnt is not None:
-            self.entries.append((answer.pid, answer.learnt))
-        self.applied[answer.pid] = max(self.applied.get(answer.pid, 0), answer.applied)
-        if len(self.applied) >= self.processes:  # every child heard from: drop what all took
-            taken = min(self.applied.values()) - self.start
-            if taken > 0:
-                del self.entries[:taken]
-                self.start += taken
-
-
 def _run_children(run: _Run, children: Children, token: str, chunks: list[int]) -> None:
     """Decide ``chunks`` in the child processes, renewing the lease after each one here.
 
-    One chunk per child at a time plus one queued, so a child does not wait for this process
-    between two chunks — and no more, so the chunk a child takes next carries what the others
-    learnt until shortly before (:class:`_Shared`); the first chunk goes alone, for every
-    child's first to carry what it learnt (its groups are the survey's most common ones).
-    The first outcome other than :data:`DECIDED` ends the run (``run.outcome``): nothing more
-    is dispatched, the chunks in flight finish (or roll back). A child that dies takes every
-    chunk in flight with it (the pool's other children are stopped too, their transactions
-    rolled back by the database): the pool is rebuilt and those chunks dispatched again — a
-    chunk that had committed is found decided and counted once — up to
-    :data:`CHILD_RESTARTS` times, then the run ends with that error.
+    One chunk per child at a time plus one queued each, so a child never waits for this
+    process between two chunks. The first outcome other than :data:`DECIDED` ends the run
+    (``run.outcome``): nothing more is dispatched, the chunks in flight finish (or roll back).
+    A child that dies takes every chunk in flight with it (the pool's other children are
+    stopped too, their transactions rolled back by the database): the pool is rebuilt and
+    those chunks dispatched again — a chunk that had committed is found decided and counted
+    once — up to :data:`CHILD_RESTARTS` times, then the run ends with that error.
     """
     todo = deque(chunks)
-    flying: dict[Future[ChildAnswer], int] = {}
+    flying: dict[Future[tuple[str, ChunkOutcome | None]], int] = {}
     deaths = 0
     counted = _GroupsCounted(run.engine, run.survey_id, _seen_in(run.cache.seen))
-    shared = _Shared(children.processes)
 
-    def settle(future: Future[ChildAnswer], *, renew: bool) -> bool:
+    def settle(future: Future[tuple[str, ChunkOutcome | None]], *, renew: bool) -> bool:
         """Count a finished chunk and end the run on its error; True if its child died."""
         chunk = flying.pop(future)
         try:
-            answer = future.result()
+            outcome, counts = future.result()
         except BrokenProcessPool:
             todo.appendleft(chunk)
             return True
-        shared.answered(answer)
-        if answer.counts is not None:
-            count_chunk(counted.once(answer.counts))
-        if answer.outcome != DECIDED:
-            run.end(answer.outcome)
+        if counts is not None:
+            count_chunk(counted.once(counts))
+        if outcome != DECIDED:
+            run.end(outcome)
         elif renew and not run.stop.is_set():
             run.renew()
         return False
 
     while flying or (todo and not run.stop.is_set()):
         broken = False
-        limit = children.processes + 1 if shared.answers else 1
-        while todo and not run.stop.is_set() and len(flying) < limit:
+        while todo and not run.stop.is_set() and len(flying) < 2 * children.processes:
             chunk = todo.popleft()
             try:
-                future = children.submit(run.survey_id, token, chunk, run.attempts, shared.news())
+                flying[children.submit(run.survey_id, token, chunk, run.attempts)] = chunk
             except BrokenProcessPool:  # a child died since the last look
                 todo.appendleft(chunk)
                 broken = True
                 break
-            flying[future] = chunk
         done, _ = wait(flying, return_when=FIRST_COMPLETED) if not broken else (set(), None)
         for future in done:
             broken = settle(future, renew=True) or broken
@@ -1942,7 +1733,6 @@ def _run_children(run: _Run, children: Children, token: str, chunks: list[int]) 
             run.end(f"a survey child process died {deaths} times (killed or out of memory)")
             return
         children.restart()
-        shared = _Shared(children.processes)  # new children: a new log
 
 
 # ------------------------------------------------------------------------------ distributed

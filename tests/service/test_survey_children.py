@@ -4,9 +4,7 @@ The same survey through the app with the chunks in threads (``SURVEY_PROCESSES=0
 child processes: every member decided once, the totals, tallies, history rows, audit and
 collected states alike; the children start with the first survey and are gone when the app
 stops. A child killed mid-survey: the pool is rebuilt and the survey finishes with each member
-queried exactly once. A cancel mid-run stops it; a lease taken over stops it. A child's run
-cache takes what another's learnt (decisions, next states): it decides and builds none of them
-again.
+queried exactly once. A cancel mid-run stops it; a lease taken over stops it.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from fastapi.testclient import TestClient
 from app.bootstrap import create_app, survey_children
 from app.db.session import make_engine
 from app.engine.limits import DEFAULT_LIMITS
-from app.engine.mechanisms.randomized_response import GeneralizedRR
 from app.services import survey_runs
 from app.services.history import object_history
 from app.store import reading, transaction
@@ -257,84 +254,3 @@ def test_a_lease_taken_over_stops_the_run(app_with: Any, database_url: str) -> N
         worker.close()
         engine.dispose()
     assert pool.pids() == []
-
-
-def truthful(self: GeneralizedRR, values: list[dict[str, Any]]) -> list[int]:
-    """Every member answers its own value: the same (group, output) pairs in every chunk."""
-    name = self.attribute.name
-    return [self.attribute.index_of(value[name], name) for value in values]
-
-
-def test_a_run_cache_that_learnt_another_s_news_decides_and_builds_none_of_it_again(
-    app_with: Any, database_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What one child's chunk learnt (:meth:`RunCache.news`), another's takes first.
-
-    Three groups (the members' histories: their own value twice), each of whose members
-    answers its value: the first chunk decides the three groups and builds the three next
-    states; a second run cache that learnt its news decides none and builds none for the
-    next chunk (without the news: three and three), locks the states the first stored, and
-    the survey ends as a run with one cache would.
-    """
-    monkeypatch.setattr(GeneralizedRR, "sample_many", truthful)
-    client = app_with(0)
-    analyst = auth(new_key(client, "analyst"))
-    study = unique_id("ln")
-    import_study(client, study, 120)
-    body = {"name": "learnt", "query": GRR, "cohort": {"labels": {"study": study}}}
-    for _ in range(2):  # the histories: each member's value, twice
-        view = client.post("/v1/surveys", headers=analyst, json=body).json()
-        assert wait_done(client, analyst, view["id"])["status"] == "done"
-    decided: list[int] = []
-    built: list[int] = []
-    decide = survey_runs.decide_snapshots
-    build = survey_runs._build_states
-
-    def counting_decide(mech: Any, snapshots: list[Any], worker: Any) -> Any:
-        decided.append(len(snapshots))
-        return decide(mech, snapshots, worker)
-
-    def counting_build(work: Any, cache: Any) -> None:
-        built.append(len(work.building))
-        build(work, cache)
-
-    monkeypatch.setattr(survey_runs, "decide_snapshots", counting_decide)
-    monkeypatch.setattr(survey_runs, "_build_states", counting_build)
-    engine = make_engine(database_url)
-    worker = BoundWorker(WorkerSettings(processes=0))
-    try:
-        survey_id, request = driven_survey(engine, body, max_members=MAX_MEMBERS, chunk_size=40)
-        run = {"engine": engine, "worker": worker, "survey_id": survey_id, "limits": DEFAULT_LIMITS}
-        first = survey_runs.new_run_cache(request.query, DEFAULT_LIMITS)
-        mark = first.mark()
-        done = survey_runs.run_chunk(chunk=0, cache=first, **run)
-        assert (done.accepted, done.groups) == (40, 3)
-        assert (sum(decided), sum(built)) == (3, 3)
-        news = first.news(mark)
-        assert news is not None
-        second = survey_runs.new_run_cache(request.query, DEFAULT_LIMITS)
-        second.learn(news)
-        assert second.stored == first.stored  # the first chunk's states: locked, not stored
-        decided.clear()
-        built.clear()
-        mark = second.mark()
-        done = survey_runs.run_chunk(chunk=1, cache=second, **run)
-        assert done.accepted == 40
-        assert done.keys == frozenset(first.seen)  # the same three groups, met again
-        assert (sum(decided), sum(built)) == (0, 0)  # none decided, no state built again
-        assert second.news(mark) is None  # nothing new to tell
-        alone = survey_runs.new_run_cache(request.query, DEFAULT_LIMITS)
-        done = survey_runs.run_chunk(chunk=2, cache=alone, **run)  # without the news
-        assert done.accepted == 40
-        assert (sum(decided), sum(built)) == (3, 3)
-        with reading(engine) as conn:
-            survey = survey_store.get_survey(conn, survey_id)
-        assert survey is not None
-        assert (survey.decided, survey.accepted) == (120, 120)
-    finally:
-        worker.close()
-        engine.dispose()
-    per_member = survey_rows_per_member(database_url, survey_id)
-    assert len(per_member) == 120
-    assert set(per_member.values()) == {1}
-    verify_clean(database_url)
