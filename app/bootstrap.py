@@ -13,7 +13,7 @@ import gc
 import os
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -344,6 +344,24 @@ def survey_handlers(settings: Settings) -> SurveyHandlers:
     def engine(pid: int) -> Engine:  # one engine per process: connections never cross a fork
         return make_engine(settings.database_url, pool_size=1, max_overflow=1)
 
+    # a survey's decision groups counted once across its chunk tasks: a set in the result Redis
+    counted: Callable[[int, list[bytes]], int] | None = None
+    if settings.broker_url is not None and settings.result_url is not None:
+        import redis
+
+        from app.worker.celery_app import counted_before
+
+        cfg, url = celery_settings(settings), settings.result_url
+
+        @cache
+        def results(pid: int) -> redis.Redis:  # one client per process, as the engine
+            return redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+
+        def in_redis(survey_id: int, digests: list[bytes]) -> int:
+            return counted_before(results(os.getpid()), cfg, survey_id, digests)
+
+        counted = in_redis
+
     def plan(survey_id: int) -> tuple[str, list[int]] | None:
         owner = f"celery:{secrets.token_hex(8)}"
         chunks = survey_runs.plan_survey(
@@ -363,6 +381,7 @@ def survey_handlers(settings: Settings) -> SurveyHandlers:
             chunk=chunk,
             limits=DEFAULT_LIMITS,
             lease_seconds=settings.survey_lease_seconds,
+            counted_before=counted,
         )
 
     return SurveyHandlers(plan=plan, run_range=run_range)

@@ -1407,10 +1407,11 @@ class _Run:
         lease_seconds: float,
         attempts: int,
         cache: RunCache,
+        counted: _GroupsCounted | None = None,
     ) -> None:
         self.engine, self.worker, self.survey_id, self.owner = engine, worker, survey_id, owner
         self.limits, self.lease_seconds = limits, lease_seconds
-        self.attempts, self.cache = attempts, cache
+        self.attempts, self.cache, self.counted = attempts, cache, counted
         self.stop = threading.Event()
         self.outcome: str | None = None  # set when the run must end early (why)
         self._guard = threading.Lock()
@@ -1437,7 +1438,7 @@ class _Run:
             stopped=self.stop.is_set,
         )
         if done is not None:
-            count_chunk(done)
+            count_chunk(done if self.counted is None else self.counted.once(done))
         if outcome == SKIPPED:
             return
         if outcome != DECIDED:
@@ -1608,26 +1609,67 @@ def run_survey(
 
 
 class _GroupsCounted:
-    """The decision groups a run's children counted, each counted once in the survey.
+    """The decision groups a run's chunks counted, each counted once in the survey.
 
-    Each child counts the groups new to its own run cache, so two children deciding members
-    of one group both count it; the chunk hands its groups' keys back and the second count is
-    taken back here (in the survey's row and the metrics) — the survey's ``groups`` end as the
-    threads' (and the dry-run's). The keys are kept in the run cache's ``seen``.
+    A chunk counts the groups new to its process's run cache, so two processes deciding
+    members of one group both count it (survey child processes; distributed chunk tasks, each
+    with a run cache of its own). A committed chunk hands its groups' keys back, ``before``
+    says how many of them a chunk counted already (and records them), and those are taken
+    back here (in the survey's row and the metrics) — the survey's ``groups`` end as one
+    process's threads' (and the dry-run's).
     """
 
-    def __init__(self, engine: Database, survey_id: int, cache: RunCache) -> None:
-        self.engine, self.survey_id, self.seen = engine, survey_id, cache.seen
+    def __init__(
+        self, engine: Database, survey_id: int, before: Callable[[frozenset[GroupKey]], int]
+    ) -> None:
+        self.engine, self.survey_id, self.before = engine, survey_id, before
 
     def once(self, outcome: ChunkOutcome) -> ChunkOutcome:
-        """``outcome`` with its groups counted before by another child taken back."""
-        twice = len(outcome.keys & self.seen)
-        self.seen |= outcome.keys
+        """``outcome`` with its groups counted before by another chunk taken back."""
+        if not outcome.keys:
+            return outcome
+        twice = min(self.before(outcome.keys), outcome.groups)
         if not twice:
             return outcome
         with transaction(self.engine) as conn:
             survey_store.uncount_groups(conn, survey_id=self.survey_id, groups=twice)
         return replace(outcome, groups=outcome.groups - twice)
+
+
+def _seen_in(seen: set[GroupKey]) -> Callable[[frozenset[GroupKey]], int]:
+    """:class:`_GroupsCounted`'s ``before`` on this process's ``seen`` (a run's children)."""
+
+    def before(keys: frozenset[GroupKey]) -> int:
+        twice = len(keys & seen)
+        seen.update(keys)
+        return twice
+
+    return before
+
+
+def group_digest(key: GroupKey) -> bytes:
+    """A decision group's key in 16 bytes, the same in every process and machine."""
+    return hashlib.blake2b(repr(tuple(key)).encode(), digest_size=16).digest()
+
+
+def _seen_by(
+    survey_id: int, counted_before: Callable[[int, list[bytes]], int]
+) -> Callable[[frozenset[GroupKey]], int]:
+    """:class:`_GroupsCounted`'s ``before`` on a deployment's ledger (distributed chunk tasks).
+
+    ``counted_before(survey_id, digests)``: how many of the groups (:func:`group_digest`) a
+    chunk of the survey counted already, recording them. When it fails the chunk's count
+    stands: a group may then be counted twice, never not at all.
+    """
+
+    def before(keys: frozenset[GroupKey]) -> int:
+        try:
+            return counted_before(survey_id, [group_digest(key) for key in keys])
+        except Exception as exc:
+            log.warning("survey %d: groups not checked (%s)", survey_id, type(exc).__name__)
+            return 0
+
+    return before
 
 
 #: Times a run rebuilds its child processes after one died (killed, out of memory) before the
@@ -1649,7 +1691,7 @@ def _run_children(run: _Run, children: Children, token: str, chunks: list[int]) 
     todo = deque(chunks)
     flying: dict[Future[tuple[str, ChunkOutcome | None]], int] = {}
     deaths = 0
-    counted = _GroupsCounted(run.engine, run.survey_id, run.cache)
+    counted = _GroupsCounted(run.engine, run.survey_id, _seen_in(run.cache.seen))
 
     def settle(future: Future[tuple[str, ChunkOutcome | None]], *, renew: bool) -> bool:
         """Count a finished chunk and end the run on its error; True if its child died."""
@@ -1733,12 +1775,17 @@ def run_survey_range(
     limits: EngineLimits,
     lease_seconds: float,
     attempts: int = 20,
+    counted_before: Callable[[int, list[bytes]], int] | None = None,
 ) -> str:
     """Decide chunk ``chunk`` (one task of :func:`plan_survey`).
 
     The same chunk code and retry rules as :func:`run_survey`; the lease is renewed under
     ``owner`` afterwards. The chunk that leaves no member pending marks the survey done.
     Returns the survey's status (``"not-claimed"`` when another run took the lease over).
+    Each call starts a run cache of its own, so it counts every decision group it meets:
+    ``counted_before`` (the deployment's ledger of the survey's counted groups, see
+    :func:`_seen_by`) takes back those another chunk counted; without it a group met by k
+    chunks is counted k times in the survey's ``groups``.
     """
     started = time.monotonic()
     with reading(engine) as conn:
@@ -1754,6 +1801,9 @@ def run_survey_range(
         lease_seconds=lease_seconds,
         attempts=attempts,
         cache=new_run_cache(json.loads(survey.query), limits),
+        counted=None
+        if counted_before is None
+        else _GroupsCounted(engine, survey_id, _seen_by(survey_id, counted_before)),
     )
     run.chunk(chunk)
     if run.outcome == "stopped":

@@ -334,7 +334,7 @@ def add_counts(
 
 
 def uncount_groups(conn: Tx, *, survey_id: int, groups: int) -> None:
-    """Take back ``groups`` decision groups counted twice (by two survey child processes)."""
+    """Take back ``groups`` decision groups counted twice (two child processes, chunk tasks)."""
     conn.execute(
         update(_SURVEYS).where(_SURVEYS.c.id == survey_id).values(groups=_SURVEYS.c.groups - groups)
     )

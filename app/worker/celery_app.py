@@ -142,6 +142,24 @@ def record_task(app: Celery, cfg: CelerySettings, name: str, seconds: float) -> 
         log.warning("task statistics not recorded (%s)", type(exc).__name__)
 
 
+#: Seconds a survey's counted decision groups stay in Redis after its last chunk task.
+GROUPS_TTL = 7 * 24 * 3600
+
+
+def counted_before(client: Any, cfg: CelerySettings, survey_id: int, digests: list[bytes]) -> int:
+    """How many of a committed chunk's decision groups a chunk of the survey counted before.
+
+    ``digests``: the chunk's groups (:func:`~app.services.survey_runs.group_digest`), now
+    recorded in the survey's set (``SADD`` says how many were new; the rest were counted).
+    """
+    key = cfg.key("survey-groups", str(survey_id))
+    pipe = client.pipeline()
+    pipe.sadd(key, *digests)
+    pipe.expire(key, GROUPS_TTL)
+    added, _ = pipe.execute()
+    return len(digests) - int(added)
+
+
 def make_celery(cfg: CelerySettings, surveys: SurveyHandlers | None = None) -> Celery:
     """The Celery app of ``cfg``: queues, reliability settings, and the four tasks.
 

@@ -28,7 +28,10 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from app.bootstrap import create_app
+from app.bootstrap import create_app, survey_handlers
+from app.db.session import make_engine
+from app.store import reading
+from app.store import surveys as survey_store
 from app.worker.jobs import InProcessJobs
 from tests.service.conftest import (
     ADMIN_KEY,
@@ -40,7 +43,9 @@ from tests.service.conftest import (
     make_settings,
     new_key,
     start_server,
+    unique_id,
 )
+from tests.service.factories import driven_survey
 from tests.service.test_survey_faults import survey_rows_per_member
 from tests.service.test_surveys import GRR, import_study, verify_clean, wait_done
 
@@ -283,6 +288,7 @@ def test_a_survey_waits_for_workers_visibly_then_a_root_worker_runs_it_on_postgr
     assert [s["waiting_for_workers"] for s in listed if s["id"] == survey_id] == [True]
     assert done["status"] == "done", done
     assert done["progress"]["decided"] == 20
+    assert done["groups"] == 1  # five chunk tasks met the one group: counted once
     assert done["waiting_for_workers"] is False
     assert [s["waiting_for_workers"] for s in listed_done if s["id"] == survey_id] == [False]
     assert dry.status_code == 200, dry.text
@@ -578,6 +584,48 @@ def test_cancel_revokes_the_queued_range_tasks(
     rows = survey_rows_per_member(postgres_url, survey_id)
     assert set(rows.values()) <= {1}
     assert len(rows) == final["progress"]["accepted"]
+
+
+def test_a_group_met_by_two_chunk_tasks_is_counted_once(database_url: str, redis_url: str) -> None:
+    """The survey's ``groups`` on the distributed road: what a worker's tasks run, no worker.
+
+    Twenty fresh members (one decision group) in five chunks, each decided by its own
+    ``run_range`` call as a chunk task does (:func:`~app.bootstrap.survey_handlers`, each
+    with a run cache of its own): the survey counts one group, as threads and child processes
+    count it (tests/service/test_survey_children.py) — the chunks' groups are checked against
+    the survey's set in the result Redis. Without that Redis the count stands (five).
+    """
+    studies = [unique_id("cg"), unique_id("cg")]
+    with TestClient(create_app(make_settings(database_url))) as client:
+        for study in studies:
+            import_study(client, study, 20)
+    # the app is stopped: its runner takes no survey; these are decided by the handlers
+    namespace = "t" + secrets.token_hex(4)
+    ledger = make_settings(
+        database_url, redis_url, broker_url=redis_url, broker_namespace=namespace
+    )
+    engine = make_engine(database_url)
+    found = []
+    try:
+        for study, settings in zip(studies, (ledger, make_settings(database_url)), strict=True):
+            body = {"name": "counted", "query": GRR, "cohort": {"labels": {"study": study}}}
+            survey_id, _ = driven_survey(engine, body, max_members=100, chunk_size=4)
+            handlers = survey_handlers(settings)
+            planned = handlers.plan(survey_id)
+            assert planned is not None
+            owner, chunks = planned
+            assert len(chunks) == 5
+            statuses = [handlers.run_range(survey_id, owner, chunk) for chunk in chunks]
+            assert statuses[-1] == "done"
+            with reading(engine) as conn:
+                survey = survey_store.get_survey(conn, survey_id)
+            assert survey is not None
+            assert (survey.decided, survey.accepted) == (20, 20)
+            found.append(survey.groups)
+    finally:
+        engine.dispose()
+        drop_namespace(redis_url, namespace)
+    assert found == [1, 5]
 
 
 def test_worker_command_needs_a_broker(monkeypatch: pytest.MonkeyPatch) -> None:
