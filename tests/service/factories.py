@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 
 from app.engine.limits import DEFAULT_LIMITS
+from app.services import survey_runs
 from app.services import surveys as survey_service
 from app.services.surveys import SurveyRequest
 from tests.inprocess import fresh_process_state, run_main
@@ -175,11 +176,25 @@ def kept_access_records() -> Iterator[KeptRecords]:
         access.setLevel(level)
 
 
+#: How long :func:`driven_survey` holds the lease for its test (renewed by the test's runs).
+DRIVEN_LEASE_SECONDS = 600.0
+
+
 def driven_survey(
-    engine: Engine, body: dict[str, Any], *, max_members: int, chunk_size: int
+    engine: Engine,
+    body: dict[str, Any],
+    *,
+    max_members: int,
+    chunk_size: int,
+    owner: str | None = None,
 ) -> tuple[int, SurveyRequest]:
     """A survey created through the service with no runner: the test decides its chunks.
 
+    ``owner``: the lease is taken under it for :data:`DRIVEN_LEASE_SECONDS`, so that the
+    service beside the test (whose sweeper resumes surveys nobody holds, every 10 s) never runs
+    it too — on a loaded machine it did, deciding a chunk the test had not asked for. The
+    test's own runs renew it under the same owner. Without ``owner`` the survey is queued and
+    unheld (a distributed plan claims it at once with an owner of its own).
     Returns its id and the parsed request (its ``query`` starts a run cache).
     """
     request = survey_service.parse_request(body, max_members=max_members)
@@ -193,4 +208,9 @@ def driven_survey(
         limits=DEFAULT_LIMITS,
         chunk_size=chunk_size,
     )
+    if owner is not None:
+        held = survey_runs.claim(
+            engine=engine, survey_id=view.id, owner=owner, lease_seconds=DRIVEN_LEASE_SECONDS
+        )
+        assert held, "the service's sweeper took the survey before the test"
     return view.id, request

@@ -261,7 +261,9 @@ def test_a_state_stored_and_forgotten_meanwhile_is_not_written_without_its_array
         "cohort": {"labels": {"study": study}},
     }
     try:
-        survey_id, request = driven_survey(engine, body, max_members=MEMBERS, chunk_size=40)
+        survey_id, request = driven_survey(
+            engine, body, max_members=MEMBERS, chunk_size=40, owner="test"
+        )
         cache = survey_runs.new_run_cache(request.query, DEFAULT_LIMITS)
         run = {"engine": engine, "worker": worker, "survey_id": survey_id, "limits": DEFAULT_LIMITS}
         assert survey_runs.run_chunk(chunk=0, cache=cache, **run).accepted == 40

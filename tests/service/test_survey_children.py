@@ -215,7 +215,9 @@ def test_a_lease_taken_over_stops_the_run(app_with: Any, database_url: str) -> N
     worker = BoundWorker(WorkerSettings(processes=0))
     body = {"name": "taken", "query": GRR, "cohort": {"labels": {"study": study}}}
     try:
-        survey_id, _ = driven_survey(engine, body, max_members=MAX_MEMBERS, chunk_size=2)
+        survey_id, _ = driven_survey(
+            engine, body, max_members=MAX_MEMBERS, chunk_size=2, owner="me"
+        )
         outcome: list[str] = []
         runner = threading.Thread(
             target=lambda: outcome.append(

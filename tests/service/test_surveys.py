@@ -445,7 +445,9 @@ def test_cancel_stops_before_undecided_members(
     worker = BoundWorker(WorkerSettings(processes=0))
     body = {"name": "cancel me", "query": GRR, "cohort": {"labels": {"study": study}}}
     try:
-        survey_id, _ = driven_survey(engine, body, max_members=MAX_MEMBERS, chunk_size=6)
+        survey_id, _ = driven_survey(
+            engine, body, max_members=MAX_MEMBERS, chunk_size=6, owner="test"
+        )
         first = survey_runs.run_chunk(
             engine=engine, worker=worker, survey_id=survey_id, chunk=0, limits=DEFAULT_LIMITS
         )

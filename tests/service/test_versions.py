@@ -415,7 +415,9 @@ def test_a_survey_asks_each_member_s_current_version(
     engine = make_engine(database_url)
     worker = BoundWorker(WorkerSettings(processes=0))
     try:
-        survey_id, _ = driven_survey(engine, survey_body, max_members=100, chunk_size=10)
+        survey_id, _ = driven_survey(
+            engine, survey_body, max_members=100, chunk_size=10, owner="test"
+        )
         bulk = {"versions": [{"id": spent, "value": {"b": 0}}, {"id": fresh, "value": {"b": 0}}]}
         assert client.post("/v1/versions", headers=ADMIN, json=bulk).status_code == 200
         dry = client.post("/v1/surveys/dry-run", headers=analyst, json=survey_body).json()
