@@ -13,7 +13,7 @@ import gc
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from app.api.deps import Runtime
     from app.services.survey_runs import Children, ChildRuns, ChunkOutcome
     from app.worker.cache import RedisCache
-    from app.worker.celery_app import CelerySettings, SurveyHandlers
+    from app.worker.celery_app import CelerySettings, CountedBefore, SurveyHandlers
     from app.worker.jobs import SurveyJobs
     from app.worker.pool import BoundWorker, WorkerSettings
 
@@ -344,24 +344,6 @@ def survey_handlers(settings: Settings) -> SurveyHandlers:
     def engine(pid: int) -> Engine:  # one engine per process: connections never cross a fork
         return make_engine(settings.database_url, pool_size=1, max_overflow=1)
 
-    # a survey's decision groups counted once across its chunk tasks: a set in the result Redis
-    counted: Callable[[int, list[bytes]], int] | None = None
-    if settings.broker_url is not None and settings.result_url is not None:
-        import redis
-
-        from app.worker.celery_app import counted_before
-
-        cfg, url = celery_settings(settings), settings.result_url
-
-        @cache
-        def results(pid: int) -> redis.Redis:  # one client per process, as the engine
-            return redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
-
-        def in_redis(survey_id: int, digests: list[bytes]) -> int:
-            return counted_before(results(os.getpid()), cfg, survey_id, digests)
-
-        counted = in_redis
-
     def plan(survey_id: int) -> tuple[str, list[int]] | None:
         owner = f"celery:{secrets.token_hex(8)}"
         chunks = survey_runs.plan_survey(
@@ -372,7 +354,7 @@ def survey_handlers(settings: Settings) -> SurveyHandlers:
         )
         return None if not chunks else (owner, chunks)
 
-    def run_range(survey_id: int, owner: str, chunk: int) -> str:
+    def run_range(survey_id: int, owner: str, chunk: int, counted: CountedBefore | None) -> str:
         return survey_runs.run_survey_range(
             engine=engine(os.getpid()),
             worker=bound,

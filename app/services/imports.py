@@ -79,7 +79,7 @@ def registrations(
 ) -> list[Registration]:
     """The registrations of a validated import (:class:`~app.services.schemas.ImportRequest`).
 
-    ``domains``: the cache its validation used (:meth:`DomainCache.context`), if any.
+    ``domains``: the cache its validation used (:attr:`DomainCache.context`), if any.
     """
     domains = domains if domains is not None else DomainCache()
     return _distinct(

@@ -114,17 +114,24 @@ class CelerySettings:
         return ":".join(("gatekeeper", "celery", self.namespace, *parts))
 
 
+#: ``counted(survey_id, digests)``: how many of a committed chunk's decision groups a chunk of
+#: the survey counted before (:func:`counted_before` on the worker's result Redis).
+CountedBefore = Callable[[int, list[bytes]], int]
+
+
 @dataclass(frozen=True)
 class SurveyHandlers:
     """What the survey tasks run (given to :func:`make_celery` by ``gatekeeper worker``).
 
     ``plan(survey_id)`` claims the survey and returns ``(owner, chunks)`` (the pending chunks'
     numbers), or None when there is nothing to dispatch (held elsewhere, finished, inactive);
-    ``run_range(survey_id, owner, chunk)`` decides one chunk and returns the survey's status.
+    ``run_range(survey_id, owner, chunk, counted)`` decides one chunk and returns the survey's
+    status; ``counted`` is the deployment's ledger of the survey's counted groups
+    (:data:`CountedBefore`; None: the chunk's count stands).
     """
 
     plan: Callable[[int], tuple[str, list[int]] | None]
-    run_range: Callable[[int, str, int], str]
+    run_range: Callable[[int, str, int, CountedBefore | None], str]
 
 
 def record_task(app: Celery, cfg: CelerySettings, name: str, seconds: float) -> None:
@@ -276,9 +283,19 @@ def make_celery(cfg: CelerySettings, surveys: SurveyHandlers | None = None) -> C
         ignore_result=True,
     )
     def run_range(survey_id: int, owner: str, chunk: int) -> str:
-        """Decide one chunk of a survey (at most once per member: the database decides)."""
+        """Decide one chunk of a survey (at most once per member: the database decides).
+
+        Its decision groups are counted once per survey across the chunks, in a set in the
+        worker's result Redis (the client Celery keeps for this process, as :func:`record_task`).
+        """
+
+        def counted(survey: int, digests: list[bytes]) -> int:
+            return counted_before(app.backend.client, cfg, survey, digests)
+
         try:
-            status: str = timed(RANGE_TASK, lambda: handlers().run_range(survey_id, owner, chunk))
+            status: str = timed(
+                RANGE_TASK, lambda: handlers().run_range(survey_id, owner, chunk, counted)
+            )
         except SoftTimeLimitExceeded:  # rolled back; the lease expires and the survey re-plans
             log.warning("survey %d: a chunk exceeded its time limit", survey_id)
             return "timed-out"

@@ -28,10 +28,11 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from app.bootstrap import create_app, survey_handlers
+from app.bootstrap import celery_settings, create_app, survey_handlers
 from app.db.session import make_engine
 from app.store import reading
 from app.store import surveys as survey_store
+from app.worker.celery_app import RANGE_TASK, make_celery
 from app.worker.jobs import InProcessJobs
 from tests.service.conftest import (
     ADMIN_KEY,
@@ -587,13 +588,14 @@ def test_cancel_revokes_the_queued_range_tasks(
 
 
 def test_a_group_met_by_two_chunk_tasks_is_counted_once(database_url: str, redis_url: str) -> None:
-    """The survey's ``groups`` on the distributed road: what a worker's tasks run, no worker.
+    """The survey's ``groups`` on the distributed road: a worker's chunk tasks, run in process.
 
-    Twenty fresh members (one decision group) in five chunks, each decided by its own
-    ``run_range`` call as a chunk task does (:func:`~app.bootstrap.survey_handlers`, each
-    with a run cache of its own): the survey counts one group, as threads and child processes
-    count it (tests/service/test_survey_children.py) — the chunks' groups are checked against
-    the survey's set in the result Redis. Without that Redis the count stands (five).
+    Twenty fresh members (one decision group) in five chunks, each decided by the worker app's
+    chunk task called here (no broker between: :func:`~app.bootstrap.survey_handlers` under
+    :func:`~app.worker.celery_app.make_celery`, each call with a run cache of its own): the
+    survey counts one group, as threads and child processes count it
+    (tests/service/test_survey_children.py) — the chunks' groups are checked against the
+    survey's set in the worker's result Redis. Without that ledger the count stands (five).
     """
     studies = [unique_id("cg"), unique_id("cg")]
     with TestClient(create_app(make_settings(database_url))) as client:
@@ -615,7 +617,11 @@ def test_a_group_met_by_two_chunk_tasks_is_counted_once(database_url: str, redis
             assert planned is not None
             owner, chunks = planned
             assert len(chunks) == 5
-            statuses = [handlers.run_range(survey_id, owner, chunk) for chunk in chunks]
+            if settings is ledger:  # the chunk task of a worker's app: its Redis is the ledger
+                task = make_celery(celery_settings(ledger), handlers).tasks[RANGE_TASK]
+                statuses = [task(survey_id, owner, chunk) for chunk in chunks]
+            else:
+                statuses = [handlers.run_range(survey_id, owner, chunk, None) for chunk in chunks]
             assert statuses[-1] == "done"
             with reading(engine) as conn:
                 survey = survey_store.get_survey(conn, survey_id)

@@ -37,14 +37,12 @@ def item(oid: str, domain: dict[str, Any] = FINITE, **extra: Any) -> dict[str, A
 
 def test_a_repeated_domain_is_validated_once_per_request() -> None:
     cache = DomainCache()
-    first, second = (
-        validated(RegisterRequest, item(oid), "", cache.context()) for oid in ("a", "b")
-    )
+    first, second = (validated(RegisterRequest, item(oid), "", cache.context) for oid in ("a", "b"))
     assert first.domain is second.domain
     assert len(cache.models) == 1
     # the same domain with its keys in another order is other JSON: validated on its own
     reordered = {"attributes": [dict(reversed(FINITE["attributes"][0].items()))]}
-    third = validated(RegisterRequest, item("c", reordered), "", cache.context())
+    third = validated(RegisterRequest, item("c", reordered), "", cache.context)
     assert third.domain == first.domain
     assert third.domain is not first.domain
     assert len(cache.models) == 2
@@ -58,7 +56,7 @@ def test_a_refused_domain_is_refused_on_every_line() -> None:
     messages = []
     for oid in ("a", "b"):
         with pytest.raises(InvalidInput) as caught:
-            validated(RegisterRequest, item(oid, BAD), f"objects[{oid}]", cache.context())
+            validated(RegisterRequest, item(oid, BAD), f"objects[{oid}]", cache.context)
         messages.append((caught.value.field, caught.value.message))
     assert messages[0][0] == "objects[a].domain.attributes[0].high"
     assert messages[1] == ("objects[b].domain.attributes[0].high", messages[0][1])
@@ -103,3 +101,35 @@ def test_an_import_reads_as_its_items_one_by_one() -> None:
     together = parse_items(items, DEFAULT_LIMITS)
     apart = [parse_items([i], DEFAULT_LIMITS)[0] for i in items]
     assert together == apart
+
+
+def test_the_engine_parses_each_kept_domain_once() -> None:
+    """The engine's parse is kept by the validated model: the items sharing it parse once; a
+    model of an item's own (no context, or the same domain written in another key order) is
+    parsed on its own, to the same stored text."""
+    from app.services.imports import registrations
+
+    reordered = {"attributes": [dict(reversed(FINITE["attributes"][0].items()))]}
+    cache = DomainCache()
+    requests = [
+        validated(RegisterRequest, body, "", cache.context)
+        for body in (item("a"), item("b"), item("c", REAL), item("d"), item("e", reordered))
+    ]
+    found = registrations(requests, DEFAULT_LIMITS, domains=cache)
+    assert len(cache.models) == 3
+    assert len(cache.parsed) == 3
+    assert [r.domain_text for r in found] == [
+        r.domain_text
+        for r in parse_items(
+            [
+                item(r.id, d)
+                for r, d in zip(found, (FINITE, FINITE, REAL, FINITE, reordered), strict=True)
+            ],
+            DEFAULT_LIMITS,
+        )
+    ]
+    assert found[0].domain_text == found[4].domain_text  # the same domain, stored alike
+    # validated without the context: a model per item, each parsed (the cache only grows)
+    alone = [validated(RegisterRequest, item(oid)) for oid in ("f", "g")]
+    registrations(alone, DEFAULT_LIMITS, domains=cache)
+    assert len(cache.parsed) == 5

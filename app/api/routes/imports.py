@@ -87,7 +87,7 @@ def parse_import(raw: bytes, content_type: str, limits: EngineLimits) -> list[Re
     if content_type.split(";")[0].strip().lower() == NDJSON:
         return import_service.parse_items(ndjson_items(raw), limits)
     domains = DomainCache()  # a domain repeated by the items is validated and parsed once
-    body = validated(schemas.ImportRequest, parse_json(raw), context=domains.context())
+    body = validated(schemas.ImportRequest, parse_json(raw), context=domains.context)
     return import_service.registrations(body.objects, limits, domains=domains)
 
 
