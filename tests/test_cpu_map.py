@@ -134,7 +134,7 @@ def test_a_forkserver_child_counts_though_the_forkserver_reaps_it(tmp_path: Path
     assert done.returncode == 0, done.stdout + done.stderr
     tests, sessions = read(str(out))
     (test,) = tests
-    assert test["forkserver"] >= 0.25  # the forked child's burn, reaped by the forkserver
-    assert test["children"] >= test["forkserver"]
+    assert test["children"] >= 0.25  # the forked child's burn, reaped by the forkserver
+    assert test["children"] >= test["forkserver"] >= 0.25
     (session,) = sessions
     assert session["children"] >= test["forkserver"]
