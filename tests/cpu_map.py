@@ -100,6 +100,7 @@ class CpuMap:
         item.stash[_CALL] = 0.0
         yield
         served = _forkserver_since(server)
+        call: float = item.stash[_CALL]
         self._write(
             {
                 "test": item.nodeid,
@@ -108,7 +109,7 @@ class CpuMap:
                 "cpu": round(_cpu(resource.RUSAGE_SELF) - own, 4),
                 "children": round(_cpu(resource.RUSAGE_CHILDREN) - children + served, 4),
                 "forkserver": round(served, 4),
-                "call": round(item.stash[_CALL], 4),
+                "call": round(call, 4),
                 "wall": round(time.monotonic() - wall, 4),
             }
         )
@@ -147,7 +148,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def read(path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The file's test lines and session lines."""
-    tests, sessions = [], []
+    tests: list[dict[str, Any]] = []
+    sessions: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as lines:
         for line in lines:
             record = json.loads(line)

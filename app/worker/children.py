@@ -9,8 +9,8 @@ GIL). A :class:`ChildPool` hands each call to one of ``processes`` child process
 * never ``fork`` from the web process: it has threads (a forked child would inherit their locks
   held). Where the platform has one (Linux, macOS), from a *forkserver*: a single-threaded
   process started by the web process with the first pool's first child, which imports the
-  modules the pools ``preload`` once, then forks each child (a child that replaces a killed one
-  starts in about 0.05 s instead of the 1.7 s of CPU a spawned child spends importing the app).
+  modules the pools ``preload`` once, then forks each child (two children replacing killed
+  ones answered in 0.16-0.24 s instead of 4.1-5.4 s spawned, docs/benchmarks.md).
   Elsewhere ``spawn`` (:data:`START_METHOD`). Each child is set up once by the ``initializer`` it
   is given (plain data: a child builds its own database engine), runs one BLAS thread and exits
   when the web process is gone, a ``kill -9`` included (:func:`app.worker.pool.init_pool_process`:
