@@ -293,7 +293,20 @@ def survey_children(settings: Settings) -> Children | None:
         target=_survey_child_decide,
         initializer=_start_survey_child,
         initargs=({k: v.value if k == "gatekeeper_env" else v for k, v in given.items()},),
+        preload=SURVEY_CHILD_MODULES,
     )
+
+
+#: What a survey child imports: this module (its target and initializer) and what
+#: :func:`_start_survey_child` imports; the children's forkserver imports them once
+#: (:class:`~app.worker.children.ChildPool`). None opens a connection or starts a thread when
+#: imported (tests/worker/test_children_forkserver.py checks both, and that this list is whole).
+SURVEY_CHILD_MODULES = (
+    __name__,
+    "app.logs",
+    "app.services.survey_runs",
+    "app.worker.pool",
+)
 
 
 #: A survey child process's side (set by :func:`_start_survey_child`, in the child only).

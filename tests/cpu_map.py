@@ -8,15 +8,22 @@ in every pytest process, xdist's workers included). Each test appends one JSON l
   of the test process is counted, and so is anything a thread left running does meanwhile);
 * ``children``: the user + system CPU of the child processes *reaped* meanwhile
   (``RUSAGE_CHILDREN``, which grows when a child is waited for; a reaped child's own reaped
-  children are in its figure, its un-reaped ones are not);
+  children are in its figure, its un-reaped ones are not), plus ``forkserver``;
+* ``forkserver``: the CPU the process's multiprocessing forkserver spent meanwhile, its own and
+  its reaped children's (``/proc/PID/stat``). The forkserver is started by the process with its
+  first forkserver child (:mod:`app.worker.children`) and lives as long as the process, so it
+  is never reaped: without this its children (the survey children) would count as 0 s, being
+  the forkserver's children, not the pytest process's;
 * ``call``: the process's CPU over the call phase alone; ``wall``: the whole test's wall time.
 
 Each process also appends one ``{"session": ...}`` line when its session ends, with its CPU
 since it started (imports and collection included) and its reaped children's: the controller's
-children are the xdist workers, so its line holds the whole run's CPU (PostgreSQL's aside).
+children are the xdist workers, so its line holds the whole run's CPU (PostgreSQL's aside) but
+for the workers' forkservers (re-parented when a worker exits: in the workers' lines alone).
 
 Not counted: PostgreSQL's and Redis's CPU (other processes, never children of the suite),
-children still running or not reaped when the process ends, and the xdist controller's tests
+children still running or not reaped when the process ends (a forkserver's children too: they
+count when the forkserver reaps them), and the xdist controller's tests
 (it runs none; its own CPU is in its session line). Module- and session-scoped fixtures are
 charged to the test that sets them up or tears them down, so the per-file sums are the figure
 to read for fixtures of module scope.
@@ -33,6 +40,8 @@ import resource
 import time
 from collections import defaultdict
 from collections.abc import Generator, Iterable
+from multiprocessing import forkserver
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,6 +52,28 @@ ENV = "GATEKEEPER_TEST_CPU"
 def _cpu(who: int) -> float:
     usage = resource.getrusage(who)
     return usage.ru_utime + usage.ru_stime
+
+
+def _forkserver_cpu() -> tuple[int | None, float]:
+    """This process's forkserver (None before it started) and its CPU, reaped children's included.
+
+    A forkserver that died and was started again is another pid: its CPU counts from 0.
+    """
+    pid: int | None = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    if pid is None:
+        return None, 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return pid, 0.0
+    # after the name: state (field 3) ... utime stime cutime cstime (fields 14-17), in ticks
+    ticks = stat.rsplit(")", 1)[1].split()[11:15]
+    return pid, sum(int(t) for t in ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def _forkserver_since(before: tuple[int | None, float]) -> float:
+    pid, cpu = _forkserver_cpu()
+    return cpu - before[1] if pid is not None and pid == before[0] else cpu
 
 
 class CpuMap:
@@ -60,21 +91,25 @@ class CpuMap:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
-        wall, own, children = (
+        wall, own, children, server = (
             time.monotonic(),
             _cpu(resource.RUSAGE_SELF),
             _cpu(resource.RUSAGE_CHILDREN),
+            _forkserver_cpu(),
         )
         item.stash[_CALL] = 0.0
         yield
+        served = _forkserver_since(server)
+        call: float = item.stash[_CALL]
         self._write(
             {
                 "test": item.nodeid,
                 "file": item.nodeid.split("::", 1)[0],
                 "worker": self.worker,
                 "cpu": round(_cpu(resource.RUSAGE_SELF) - own, 4),
-                "children": round(_cpu(resource.RUSAGE_CHILDREN) - children, 4),
-                "call": round(item.stash[_CALL], 4),
+                "children": round(_cpu(resource.RUSAGE_CHILDREN) - children + served, 4),
+                "forkserver": round(served, 4),
+                "call": round(call, 4),
                 "wall": round(time.monotonic() - wall, 4),
             }
         )
@@ -90,7 +125,7 @@ class CpuMap:
             {
                 "session": self.worker,
                 "cpu": round(_cpu(resource.RUSAGE_SELF), 4),
-                "children": round(_cpu(resource.RUSAGE_CHILDREN), 4),
+                "children": round(_cpu(resource.RUSAGE_CHILDREN) + _forkserver_cpu()[1], 4),
                 "wall": round(time.monotonic() - self.start_wall, 4),
             }
         )
@@ -113,7 +148,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def read(path: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The file's test lines and session lines."""
-    tests, sessions = [], []
+    tests: list[dict[str, Any]] = []
+    sessions: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as lines:
         for line in lines:
             record = json.loads(line)

@@ -82,3 +82,59 @@ def test_each_test_gets_a_line_with_its_cpu(tmp_path: Path) -> None:
     assert "2 tests:" in text
     assert "test_sample.py::test_own" in text
     assert json.loads(out.read_text().splitlines()[0])  # JSON lines
+
+
+#: a test whose child is forked by the process's forkserver (as the survey children are)
+FORKSERVER_SAMPLE = """
+import multiprocessing, time
+
+def burn(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+def test_forkserver_child():
+    process = multiprocessing.get_context("forkserver").Process(target=burn, args=(0.3,))
+    process.start()
+    process.join()
+    assert process.exitcode == 0
+"""
+
+
+def test_a_forkserver_child_counts_though_the_forkserver_reaps_it(tmp_path: Path) -> None:
+    """The forkserver's child is not the pytest process's: its CPU comes from the forkserver."""
+    (tmp_path / "test_sample.py").write_text(FORKSERVER_SAMPLE)
+    out = tmp_path / "cpu.jsonl"
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env = {
+        **inherited,
+        ENV: str(out),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "tests.cpu_map",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-n",
+            "0",
+            "test_sample.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    tests, sessions = read(str(out))
+    (test,) = tests
+    assert test["children"] >= 0.25  # the forked child's burn, reaped by the forkserver
+    assert test["children"] >= test["forkserver"] >= 0.25
+    (session,) = sessions
+    assert session["children"] >= test["forkserver"]

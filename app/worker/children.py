@@ -6,10 +6,24 @@ GIL). A :class:`ChildPool` hands each call to one of ``processes`` child process
 
 * started on the first call, not before: a web process that never runs a survey (``make run``,
   every test server) pays nothing for them;
-* ``spawn``, never ``fork``: the web process has threads (a forked child would inherit their
-  locks held). Each child is set up once by the ``initializer`` it is given (plain data: a
-  child builds its own database engine), runs one BLAS thread and exits when its parent is gone
-  (:func:`app.worker.pool.init_pool_process`, as the bound worker's pool);
+* never ``fork`` from the web process: it has threads (a forked child would inherit their locks
+  held). Where the platform has one (Linux, macOS), from a *forkserver*: a single-threaded
+  process started by the web process with the first pool's first child, which imports the
+  modules the pools ``preload`` once, then forks each child (two children replacing killed
+  ones answered in 0.16-0.24 s instead of 4.1-5.4 s spawned, docs/benchmarks.md).
+  Elsewhere ``spawn`` (:data:`START_METHOD`). Each child is set up once by the ``initializer`` it
+  is given (plain data: a child builds its own database engine), runs one BLAS thread and exits
+  when the web process is gone, a ``kill -9`` included (:func:`app.worker.pool.init_pool_process`:
+  a forkserver's child watches the web process, not its parent); the forkserver then exits
+  too (its "alive" pipe is held by the web process and the children alone);
+* the forkserver is one per process, shared by every pool of the process, and keeps the list
+  of modules it was started with: each pool's ``preload`` is added to that list when the pool
+  is built, so pools built before the first child starts are all preloaded; a pool built later
+  with modules the running forkserver lacks still works, its children importing those modules
+  themselves at their start (as a spawned child does). The preloaded modules must open no
+  connection and start no thread when imported (they would be the forkserver's, and forked;
+  numpy's OpenBLAS starts its threads when loaded but stops them before every fork, with a
+  ``pthread_atfork`` handler: the forkserver forks from one thread);
 * a child that dies (killed, out of memory) breaks the pool — ``concurrent.futures`` then fails
   every call in flight with ``BrokenProcessPool`` and stops the other children: the caller
   knows which calls to make again and calls :meth:`ChildPool.restart`;
@@ -27,7 +41,8 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from multiprocessing.context import BaseContext
 from typing import Any, Generic, TypeVar
 
 from app.worker.pool import init_pool_process
@@ -35,17 +50,45 @@ from app.worker.pool import init_pool_process
 R = TypeVar("R")
 
 
-def _init_child(parent: int, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> None:
+#: How children start: ``forkserver`` where the platform has it, else ``spawn``.
+START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+#: The modules the forkserver imports when it starts: every pool's ``preload``, in order.
+_PRELOAD: list[str] = []
+_PRELOAD_GUARD = threading.Lock()
+
+
+def _want_preloaded(modules: Sequence[str]) -> None:
+    """Add ``modules`` to the forkserver's list (taken when it starts: see the module's doc)."""
+    with _PRELOAD_GUARD:
+        _PRELOAD.extend(m for m in dict.fromkeys(modules) if m not in _PRELOAD)
+
+
+def _context(start_method: str) -> BaseContext:
+    context = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        with _PRELOAD_GUARD:
+            # the process's one forkserver reads its list when it starts (or starts again)
+            context.set_forkserver_preload(list(_PRELOAD))
+    return context
+
+
+def _init_child(
+    parent: int, forked_by_server: bool, initializer: Callable[..., None], initargs: tuple[Any, ...]
+) -> None:
     """A child's start: one BLAS thread, exit with ``parent``, then the caller's set-up."""
-    init_pool_process(parent)
+    init_pool_process(parent, forked_by_server=forked_by_server)
     initializer(*initargs)
 
 
 class ChildPool(Generic[R]):
-    """``processes`` spawned child processes calling ``target``, started on the first call.
+    """``processes`` child processes calling ``target``, started on the first call.
 
     ``target`` and ``initializer`` must be module-level functions (a child imports them by
-    name); their arguments and results plain data.
+    name); their arguments and results plain data. ``preload``: the modules a child imports
+    (the target's, the initializer's and what it imports), imported once by the forkserver
+    instead of by every child; none of them may open a connection or start a thread when
+    imported. ``start_method``: :data:`START_METHOD` unless given (``spawn`` for a comparison).
     """
 
     def __init__(
@@ -55,10 +98,18 @@ class ChildPool(Generic[R]):
         target: Callable[..., R],
         initializer: Callable[..., None],
         initargs: tuple[Any, ...] = (),
+        preload: Sequence[str] = (),
+        start_method: str | None = None,
     ) -> None:
         if processes < 1:
             raise ValueError("a child pool needs at least one process")
         self.processes = processes
+        self.start_method = start_method or START_METHOD
+        if self.start_method not in ("forkserver", "spawn"):
+            raise ValueError("children start from a forkserver or are spawned, never forked")
+        self.preload = tuple(preload)
+        if self.start_method == "forkserver":
+            _want_preloaded(self.preload)
         self._target = target
         self._initializer = initializer
         self._initargs = initargs
@@ -74,9 +125,14 @@ class ChildPool(Generic[R]):
             if self._pool is None:
                 self._pool = concurrent.futures.ProcessPoolExecutor(
                     max_workers=self.processes,
-                    mp_context=multiprocessing.get_context("spawn"),
+                    mp_context=_context(self.start_method),
                     initializer=_init_child,
-                    initargs=(os.getpid(), self._initializer, self._initargs),
+                    initargs=(
+                        os.getpid(),
+                        self.start_method == "forkserver",
+                        self._initializer,
+                        self._initargs,
+                    ),
                 )
             return self._pool.submit(self._target, *args)
 

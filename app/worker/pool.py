@@ -16,11 +16,13 @@ import copy
 import logging
 import multiprocessing
 import os
+import select
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from pathlib import Path
 from typing import Any, TypeVar
 
 from app.engine.approx import NEEDS_FINITE_DOMAIN, parse_delta_value
@@ -99,10 +101,17 @@ def with_time_limit(request: dict[str, Any], time_limit: float) -> dict[str, Any
 PARENT_CHECK_PERIOD = 0.5
 
 
-def init_pool_process(parent: int) -> None:
-    """Pool-process initializer: one BLAS thread, and exit when ``parent`` is gone."""
+def init_pool_process(parent: int, *, forked_by_server: bool = False) -> None:
+    """Pool-process initializer: one BLAS thread, and exit when ``parent`` is gone.
+
+    ``parent`` started this process (``spawn``), or, with ``forked_by_server``, started the
+    forkserver that forked it (:func:`_exit_with_grandparent`).
+    """
     single_threaded_blas()
-    _exit_with_parent(parent)
+    if forked_by_server:
+        _exit_with_grandparent(parent)
+    else:
+        _exit_with_parent(parent)
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -120,6 +129,52 @@ def _exit_with_parent(parent: int) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _exit_with_grandparent(web: int) -> None:
+    """Exit this process, forked by a forkserver that ``web`` started, as soon as ``web`` is gone.
+
+    Watching the parent would not do: the forkserver exits only when every holder of its "alive"
+    pipe is gone, and its children hold it too (``multiprocessing.forkserver``), so children
+    waiting for it would wait forever after a ``kill -9`` of ``web``. A daemon thread waits on a
+    pidfd of ``web`` (readable once it exited, reaped or not); the pidfd is opened first, then
+    the forkserver's parent read from ``/proc`` must still be ``web`` (had ``web`` exited before,
+    the forkserver would have been re-parented and ``web``'s pid could name another process).
+    Without pidfds (not Linux): ``os.kill(web, 0)`` every :data:`PARENT_CHECK_PERIOD`.
+    """
+    try:
+        pidfd = os.pidfd_open(web)
+    except ProcessLookupError:
+        os._exit(0)
+    except (AttributeError, OSError):  # no pidfd_open here (not Linux, or a kernel before 5.3)
+        pidfd = None
+    if _parent_of(os.getppid()) not in (web, None):
+        os._exit(0)  # web exited before the pidfd was opened: the pid may be another's now
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(web, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    pass
+                time.sleep(PARENT_CHECK_PERIOD)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-web-process", daemon=True).start()
+
+
+def _parent_of(pid: int) -> int | None:
+    """Process ``pid``'s parent from ``/proc`` (None where there is no ``/proc``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def run_calculator(request: dict[str, Any], stop_at: float | None = None) -> dict[str, Any]:
