@@ -484,14 +484,16 @@ class ExactLoss:
         template = templates[key]
         if template is None:
             return None
-        prefix, row, suffix = template
+        prefix, row, suffix, texts = template
         moves = term.moves
         if moves is None or len(term.coeff) != len(row):
             return None
-        moved = row.copy()
+        # the row's counts written once per template, only the moved ones again (a ``grr``
+        # output moves one): the same text as ``",".join(map(str, moved))``
+        moved = texts.copy()
         for at, c in moves:
-            moved[at] += c
-        return prefix + ",".join(map(str, moved)).encode() + suffix
+            moved[at] = str(row[at] + c).encode()
+        return prefix + b",".join(moved) + suffix
 
     def to_bytes_after(self, canonical: bytes) -> bytes | None:
         """``with_term(term).to_bytes()`` from :meth:`canonical_after`'s answer for ``term``.
@@ -512,11 +514,15 @@ class ExactLoss:
         return self._sorted_order == list(range(len(self.groups)))
 
     @cached_property
-    def _templates(self) -> dict[tuple[int, Group], tuple[bytes, list[int], bytes] | None]:
+    def _templates(
+        self,
+    ) -> dict[tuple[int, Group], tuple[bytes, list[int], bytes, list[bytes]] | None]:
         return {}
 
-    def _template(self, axis: int, group: Group) -> tuple[bytes, list[int], bytes] | None:
-        """The canonical bytes around ``group``'s count row on ``axis``, and that row."""
+    def _template(
+        self, axis: int, group: Group
+    ) -> tuple[bytes, list[int], bytes, list[bytes]] | None:
+        """The canonical bytes around ``group``'s count row on ``axis``, that row, its texts."""
         if group not in self.groups or axis not in self.counts:
             return None
         order = self._sorted_order
@@ -548,7 +554,8 @@ class ExactLoss:
         )
         if any(abs(v) >= _SAFE for v in rows[at]):
             return None  # a moved count could leave int64 (with_term's arithmetic)
-        return prefix.encode(), rows[at], suffix.encode()
+        row = rows[at]
+        return prefix.encode(), row, suffix.encode(), [str(v).encode() for v in row]
 
     def same_as(self, other: ExactLoss | None) -> bool:
         """Equal counts per group, whatever order the groups came in (``verify``).
