@@ -703,7 +703,9 @@ def _exact_advance(
         "basic_total": shared.basic_total,
         "f0_account": shared.f0_account,
     }
-    return Advance(columns, StoredState(key, b"", stored.err), by_content=True)
+    if stored.state:  # the advance names the state; its bytes stay in the chunk's gained ones
+        stored = StoredState(key, b"", stored.err)
+    return Advance(columns, stored, by_content=True)
 
 
 def _exact_with(exact: ExactLoss, term: Term, canonical: bytes) -> ExactLoss:
@@ -936,8 +938,10 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
             spread[axis + 1] = shape[axis]
         logp += terms.reshape(spread)
         logp -= logp.reshape(len(builds), -1).max(axis=1).reshape([len(builds)] + [1] * len(shape))
+        if logp.dtype != _LITTLE_F8:  # to_bytes's little-endian float64 (native here: no copy)
+            logp = logp.astype(_LITTLE_F8)
         for build, array in zip(builds, logp, strict=True):
-            data = array.astype("<f8").tobytes() + MAGIC + build.exact
+            data = array.tobytes() + MAGIC + build.exact
             cache.contents[build.key] = StoredState(build.key, data, build.err)
     for key, (state, count) in work.gained.items():
         if not state.state and key in work.building:
@@ -946,6 +950,8 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
     cache.advances.update(work.advances_built)
     work.advances_built.clear()
 
+
+_LITTLE_F8 = np.dtype("<f8")
 
 #: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
 FOLDED = "folded:"
