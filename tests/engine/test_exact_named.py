@@ -236,8 +236,10 @@ def test_canonical_after_near_the_int64_guard_is_the_canonical_bytes_after_the_t
                 continue
             answered += 1
             assert all(abs(v) < big for v in row)
-            assert found == form.with_term(term).canonical_bytes() == canonical_json(
-                form.with_term(term)
+            assert (
+                found
+                == form.with_term(term).canonical_bytes()
+                == canonical_json(form.with_term(term))
             )
     assert answered > 300
     assert refused > 300
