@@ -31,7 +31,7 @@ def test_a_group_snapshot_neither_reads_nor_keeps_the_process_forms() -> None:
     from app.engine.likelihood import LikelihoodState
     from app.engine.limits import EngineLimits
     from app.engine.mechanisms import parse_query
-    from app.services.snapshots import EXACT_FORMS, empty_state
+    from app.services.snapshots import EXACT_FORMS
     from app.services.survey_groups import ParsedQuery, group_snapshot
     from app.store.surveys import GroupKey
 
@@ -43,7 +43,7 @@ def test_a_group_snapshot_neither_reads_nor_keeps_the_process_forms() -> None:
     }
     limits = EngineLimits()
     domain = parse_domain(domain_json, limits=limits)
-    state = empty_state(domain)
+    state = LikelihoodState(domain)
     for attribute, output in (("age", 3), ("region", "b"), ("age", 7)):
         mech = parse_query(
             {"mechanism": "grr", "attribute": attribute, "epsilon": 0.5}, domain, limits=limits
