@@ -86,6 +86,26 @@ class Group:
         return self._hash
 
 
+#: Groups by their stored (numerator, denominator) (:func:`_group_of`); a survey decodes the
+#: stored form of every group it meets, nearly all of one or two ε's.
+_GROUPS: dict[tuple[int, int], Group] = {}
+_MAX_GROUPS_KEPT = 4096
+
+
+def _group_of(numerator: int, denominator: int) -> Group:
+    """``Group(Fraction(numerator, denominator))``, one per stored pair (immutable: shared).
+
+    Only integer pairs are kept (anything else is built, and refused, as before).
+    """
+    pair = (numerator, denominator)
+    found = _GROUPS.get(pair) if type(numerator) is int and type(denominator) is int else None
+    if found is None:
+        found = Group(Fraction(numerator, denominator))
+        if type(numerator) is int and type(denominator) is int and len(_GROUPS) < _MAX_GROUPS_KEPT:
+            _GROUPS[pair] = found
+    return found
+
+
 @dataclass(frozen=True)
 class ExactTerm:
     """The x-dependent part of one RR-type output's log-likelihood: ``ε · coeff[x_axis]``."""
@@ -386,7 +406,7 @@ class ExactLoss:
     def from_bytes(cls, shape: tuple[int, ...], data: bytes) -> ExactLoss:
         """Rebuild from :meth:`to_bytes`."""
         doc = json.loads(data)
-        groups = tuple(Group(Fraction(n, d)) for n, d in doc["g"])
+        groups = tuple(_group_of(n, d) for n, d in doc["g"])
         counts = {int(a): np.asarray(rows, dtype=np.int64) for a, rows in doc["c"].items()}
         return cls(shape, groups, counts)
 
@@ -484,14 +504,16 @@ class ExactLoss:
         template = templates[key]
         if template is None:
             return None
-        prefix, row, suffix = template
+        prefix, row, suffix, texts = template
         moves = term.moves
         if moves is None or len(term.coeff) != len(row):
             return None
-        moved = row.copy()
+        # the row's counts written once per template, only the moved ones again (a ``grr``
+        # output moves one): the same text as ``",".join(map(str, moved))``
+        moved = texts.copy()
         for at, c in moves:
-            moved[at] += c
-        return prefix + ",".join(map(str, moved)).encode() + suffix
+            moved[at] = str(row[at] + c).encode()
+        return prefix + b",".join(moved) + suffix
 
     def to_bytes_after(self, canonical: bytes) -> bytes | None:
         """``with_term(term).to_bytes()`` from :meth:`canonical_after`'s answer for ``term``.
@@ -512,30 +534,43 @@ class ExactLoss:
         return self._sorted_order == list(range(len(self.groups)))
 
     @cached_property
-    def _templates(self) -> dict[tuple[int, Group], tuple[bytes, list[int], bytes] | None]:
+    def _templates(
+        self,
+    ) -> dict[tuple[int, Group], tuple[bytes, list[int], bytes, list[bytes]] | None]:
         return {}
 
-    def _template(self, axis: int, group: Group) -> tuple[bytes, list[int], bytes] | None:
-        """The canonical bytes around ``group``'s count row on ``axis``, and that row."""
-        if group not in self.groups or axis not in self.counts:
+    def _template(
+        self, axis: int, group: Group
+    ) -> tuple[bytes, list[int], bytes, list[bytes]] | None:
+        """The canonical bytes around ``group``'s count row on ``axis``, that row, its texts.
+
+        Once per (axis, group) of a form: a survey meets each of its groups' forms once per run,
+        each first met in the run (20,000 of them in the seventh diverging survey at 2·10^5).
+        """
+        counts = self.counts
+        if axis not in counts:
+            return None
+        try:
+            g = self.groups.index(group)
+        except ValueError:  # not one of this form's groups
             return None
         order = self._sorted_order
-        at = order.index(self.groups.index(group))
-        written = self._groups_text(order)
-        shape = self._shape_text
+        at = order.index(g)
+        rows = self._rows_in(axis, order)
+        row = rows[at]
+        if row and (max(row) >= _SAFE or min(row) <= -_SAFE):
+            return None  # a moved count could leave int64 (with_term's arithmetic)
         # canonical_bytes(), cut around the row: the other axes' rows as _body writes them
         before: list[str] = []
         after: list[str] = []
-        rows: list[list[int]] = []
-        for a in sorted(self.counts):
-            found = self._rows_in(a, order)
-            if a == axis:
-                rows = found
-            else:
-                (after if rows else before).append(f'"{a}":' + str(found).replace(" ", ""))
+        for a in sorted(counts):
+            if a != axis:
+                (after if a > axis else before).append(
+                    f'"{a}":' + str(self._rows_in(a, order)).replace(" ", "")
+                )
         head = "".join(part + "," for part in before)
         prefix = (
-            f'{{"s":[{shape}],"g":[{written}],"c":{{{head}"{axis}":['
+            f'{{"s":[{self._shape_text}],"g":[{self._groups_text(order)}],"c":{{{head}"{axis}":['
             + "".join(str(r).replace(" ", "") + "," for r in rows[:at])
             + "["
         )
@@ -546,9 +581,9 @@ class ExactLoss:
             + "".join("," + part for part in after)
             + "}}"
         )
-        if any(abs(v) >= _SAFE for v in rows[at]):
-            return None  # a moved count could leave int64 (with_term's arithmetic)
-        return prefix.encode(), rows[at], suffix.encode()
+        # each count's text as str() writes it: the list's text split at its commas
+        texts = str(row)[1:-1].replace(" ", "").encode().split(b",") if row else []
+        return prefix.encode(), row, suffix.encode(), texts
 
     def same_as(self, other: ExactLoss | None) -> bool:
         """Equal counts per group, whatever order the groups came in (``verify``).

@@ -209,7 +209,13 @@ def group_snapshot(
     *,
     history: Sequence[HistoryItem] | None = None,
 ) -> ObjectSnapshot:
-    """The snapshot :func:`decide_group` decides on (``history``: the representative's, read)."""
+    """The snapshot :func:`decide_group` decides on (``history``: the representative's, read).
+
+    Its exact form is parsed from the stored bytes, not looked up nor kept in the process's
+    :data:`~app.services.snapshots.EXACT_FORMS`: a run decodes each group's state once (its
+    decision is kept for the run), a diverged survey meets ~20,000 new ones, and a single
+    submit after the survey reads the state the survey stored after its answer, not this one.
+    """
     domain = parsed.domain(key.domain)
     state, err = None, 0.0
     if key.state_hash is not None:
@@ -243,7 +249,7 @@ def group_snapshot(
             else LossBounds(key.lifetime_lower, key.lifetime_upper)
         )
         lifetime = Lifetime(key.lifetime_budget, closed)
-    return snapshot_of(conn, row, domain, parsed.limits, lifetime, history=history)
+    return snapshot_of(conn, row, domain, parsed.limits, lifetime, history=history, forms=None)
 
 
 @dataclass

@@ -56,7 +56,7 @@ import numpy.typing as npt
 from app import crypto, metrics
 from app.engine.estimates import tally_outputs
 from app.engine.exact import MAGIC, ExactLoss
-from app.engine.likelihood import LikelihoodState, Term, exact_after, exact_bounds, fold_many
+from app.engine.likelihood import LikelihoodState, Term, exact_after, fold_many
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits, for_history
 from app.engine.mechanisms import Mechanism, Output, parse_query
 from app.engine.mechanisms.base import output_index
@@ -72,7 +72,7 @@ from app.services.snapshots import (
     StoredState,
     advance,
     advance_from,
-    canonical_content_key,
+    canonical_content_keys,
     collect_states,
     history_hashes_after,
     keep_states,
@@ -177,6 +177,13 @@ class RunCache:
     reuse_mechs: dict[str, tuple[str, Mechanism | None]] = field(default_factory=dict)
     #: The queries of members' pending entries, per (domain text, stored query text).
     history_mechs: dict[tuple[str, str], Mechanism] = field(default_factory=dict)
+    #: :func:`~app.services.snapshots.canonical_content_keys` per domain text.
+    content_keys: dict[str, Callable[[bytes], str]] = field(default_factory=dict)
+    #: ``float(Fraction(units, denominator))`` by its two integers (an exact loss's bounds).
+    nearest: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: The history hash after each output of an empty history (``history_step(...)(None)``,
+    #: a finite decision group's: :func:`decision_key` drops its history hash), per domain text.
+    first_hashes: dict[tuple[str, Output], str] = field(default_factory=dict)
 
     def query_text(self, domain: str, mech: Mechanism) -> str:
         """``json.dumps(mech.to_json())``, once per domain."""
@@ -194,6 +201,30 @@ class RunCache:
             found = self.steps[(domain, output)] = history_hashes_after(
                 self.query_text(domain, mech), self.output_text(domain, mech, output)
             )
+        return found
+
+    def first_hash(self, domain: str, mech: Mechanism, output: Output) -> str:
+        """``history_step(domain, mech, output)(None)``, once per domain and output."""
+        found = self.first_hashes.get((domain, output))
+        if found is None:
+            found = self.first_hashes[(domain, output)] = self.history_step(domain, mech, output)(
+                None
+            )
+        return found
+
+    def content_key(self, domain: str) -> Callable[[bytes], str]:
+        """:func:`~app.services.snapshots.canonical_content_keys` of a domain text, once."""
+        found = self.content_keys.get(domain)
+        if found is None:
+            found = self.content_keys[domain] = canonical_content_keys(domain)
+        return found
+
+    def nearest_double(self, loss: Fraction) -> float:
+        """``float(loss)`` (the bounds of an exact loss: :func:`exact_bounds`), once per value."""
+        pair = (loss.numerator, loss.denominator)
+        found = self.nearest.get(pair)
+        if found is None:
+            found = self.nearest[pair] = float(loss)
         return found
 
     def output_text(self, domain: str, mech: Mechanism, output: Output) -> str:
@@ -286,6 +317,9 @@ class RunCache:
             self.magnitudes.clear()
             self.history_mechs.clear()
             self.fractions.clear()
+            self.content_keys.clear()
+            self.nearest.clear()
+            self.first_hashes.clear()
 
 
 @dataclass
@@ -635,7 +669,7 @@ def _exact_advance(
             return None
         canonical = exact.canonical_bytes()
     shared = _group_after(number, group, cache)
-    key = canonical_content_key(decided.domain, canonical)
+    key = cache.content_key(decided.domain)(canonical)
     stored = cache.contents.get(key)
     if stored is None and work is not None:
         build = work.building.get(key)
@@ -656,17 +690,22 @@ def _exact_advance(
     ahead = shared.losses.get(output_index(output))
     if ahead is None:
         ahead = (exact or _exact_with(state.exact, term, canonical)).loss()
-    loss = exact_bounds(ahead)
+    nearest = cache.nearest_double(ahead)  # exact_bounds(ahead): both bounds its nearest double
+    history_hash = decided.history_hash
     columns = {
         "state_hash": key,
         "state_pending": 0,
-        "history_hash": cache.history_step(decided.domain, mech, output)(decided.history_hash),
-        "loss_lower": loss.lower,
-        "loss_upper": loss.upper,
+        "history_hash": cache.first_hash(decided.domain, mech, output)
+        if history_hash is None
+        else cache.history_step(decided.domain, mech, output)(history_hash),
+        "loss_lower": nearest,
+        "loss_upper": nearest,
         "basic_total": shared.basic_total,
         "f0_account": shared.f0_account,
     }
-    return Advance(columns, StoredState(key, b"", stored.err), by_content=True)
+    if stored.state:  # the advance names the state; its bytes stay in the chunk's gained ones
+        stored = StoredState(key, b"", stored.err)
+    return Advance(columns, stored, by_content=True)
 
 
 def _exact_with(exact: ExactLoss, term: Term, canonical: bytes) -> ExactLoss:
@@ -899,8 +938,10 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
             spread[axis + 1] = shape[axis]
         logp += terms.reshape(spread)
         logp -= logp.reshape(len(builds), -1).max(axis=1).reshape([len(builds)] + [1] * len(shape))
+        if logp.dtype != _LITTLE_F8:  # to_bytes's little-endian float64 (native here: no copy)
+            logp = logp.astype(_LITTLE_F8)
         for build, array in zip(builds, logp, strict=True):
-            data = array.astype("<f8").tobytes() + MAGIC + build.exact
+            data = array.tobytes() + MAGIC + build.exact
             cache.contents[build.key] = StoredState(build.key, data, build.err)
     for key, (state, count) in work.gained.items():
         if not state.state and key in work.building:
@@ -909,6 +950,8 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
     cache.advances.update(work.advances_built)
     work.advances_built.clear()
 
+
+_LITTLE_F8 = np.dtype("<f8")
 
 #: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
 FOLDED = "folded:"

@@ -199,3 +199,61 @@ def test_canonical_after_is_the_canonical_bytes_of_the_form_after_the_term() -> 
                 assert stored == after.to_bytes() == stored_json(after)
     assert answered > 1000
     assert 300 < ordered < answered
+
+
+def test_canonical_after_near_the_int64_guard_is_the_canonical_bytes_after_the_term() -> None:
+    """Counts near ``2**62`` (the template's guard): the answer is ``with_term``'s or None.
+
+    ``canonical_after`` writes only the moved counts again (the others' texts kept per
+    template); the rows here mix small, huge and negative counts.
+    """
+    rng = random.Random(29)
+    pool = [Group(Fraction(n, d)) for n, d in ((1, 2), (1, 4), (3, 10))]
+    big = 1 << 62
+    answered = refused = 0
+    for _ in range(600):
+        groups = tuple(rng.sample(pool, rng.randint(1, 3)))
+        shape = tuple(rng.randint(1, 5) for _ in range(rng.randint(1, 3)))
+        values = [0, 1, -1, 7, big - 2, big - 1, big, -big + 1, -big, 123456789]
+        counts = {
+            axis: np.array(
+                [[rng.choice(values) for _ in range(k)] for _ in groups], dtype=np.int64
+            ).reshape(len(groups), k)
+            for axis, k in enumerate(shape)
+        }
+        form = ExactLoss(shape, groups, counts)
+        for _ in range(3):
+            axis = rng.randrange(len(shape))
+            group = rng.choice(groups)
+            coeff = np.zeros(shape[axis], dtype=np.int64)
+            coeff[rng.randrange(shape[axis])] = 1
+            term = ExactTerm(axis, group, coeff)
+            found = form.canonical_after(term)
+            row = counts[axis][groups.index(group)].tolist()
+            if found is None:
+                refused += 1
+                assert any(abs(v) >= big for v in row)
+                continue
+            answered += 1
+            assert all(abs(v) < big for v in row)
+            assert (
+                found
+                == form.with_term(term).canonical_bytes()
+                == canonical_json(form.with_term(term))
+            )
+    assert answered > 300
+    assert refused > 300
+
+
+def test_stored_groups_are_read_as_before() -> None:
+    """``from_bytes`` shares one group per stored pair: equal to a new one, and a pair that
+    is not two integers is refused as ``Fraction`` refuses it."""
+    form = ExactLoss.from_bytes((3,), b'{"g":[[1,2],[3,10]],"c":{"0":[[1,0,0],[0,0,2]]}}')
+    again = ExactLoss.from_bytes((3,), b'{"g":[[3,10],[1,2]],"c":{"0":[[0,0,2],[1,0,0]]}}')
+    assert form.groups == (Group(Fraction(1, 2)), Group(Fraction(3, 10)))
+    assert again.groups == form.groups[::-1]
+    assert form.canonical_bytes() == again.canonical_bytes()
+    assert ExactLoss.from_bytes((3,), b'{"g":[[2,4]],"c":{}}').groups == (Group(Fraction(1, 2)),)
+    for bad in (b'{"g":[[1.0,2]],"c":{}}', b'{"g":[["1",2]],"c":{}}'):
+        with pytest.raises(TypeError):
+            ExactLoss.from_bytes((3,), bad)
