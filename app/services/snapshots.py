@@ -361,11 +361,17 @@ def exact_content_key(domain_text: str, exact: ExactLoss) -> str:
 
 def canonical_content_key(domain_text: str, canonical: bytes) -> str:
     """:func:`content_key` of a state whose exact form's canonical bytes are ``canonical``."""
+    hasher = _content_hasher(domain_text)
+    hasher.update(canonical)
+    return hasher.hexdigest()
+
+
+def _content_hasher(domain_text: str) -> hashlib.blake2b:
+    """The content key's BLAKE2b with the domain's part hashed (the canonical bytes follow)."""
     hasher = hashlib.blake2b(digest_size=16, person=b"exact-state")
     hasher.update(domain_text.encode())
     hasher.update(b"\x1f")
-    hasher.update(canonical)
-    return hasher.hexdigest()
+    return hasher
 
 
 def canonical_content_keys(domain_text: str) -> Callable[[bytes], str]:
@@ -375,9 +381,7 @@ def canonical_content_keys(domain_text: str) -> Callable[[bytes], str]:
     only ever copied (a copy and one ``update`` instead of the keyword set-up, the domain's
     encoding and three updates): a survey names every new (group, output) state by it.
     """
-    prefix = hashlib.blake2b(digest_size=16, person=b"exact-state")
-    prefix.update(domain_text.encode())
-    prefix.update(b"\x1f")
+    prefix = _content_hasher(domain_text)
 
     def key(canonical: bytes) -> str:
         hasher = prefix.copy()

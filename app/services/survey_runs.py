@@ -56,7 +56,14 @@ import numpy.typing as npt
 from app import crypto, metrics
 from app.engine.estimates import tally_outputs
 from app.engine.exact import MAGIC, ExactLoss
-from app.engine.likelihood import LikelihoodState, Term, exact_after, fold_many
+from app.engine.likelihood import (
+    LikelihoodState,
+    LossBounds,
+    Term,
+    exact_after,
+    exact_bounds,
+    fold_many,
+)
 from app.engine.limits import DEFAULT_LIMITS, EngineLimits, for_history
 from app.engine.mechanisms import Mechanism, Output, parse_query
 from app.engine.mechanisms.base import output_index
@@ -179,8 +186,8 @@ class RunCache:
     history_mechs: dict[tuple[str, str], Mechanism] = field(default_factory=dict)
     #: :func:`~app.services.snapshots.canonical_content_keys` per domain text.
     content_keys: dict[str, Callable[[bytes], str]] = field(default_factory=dict)
-    #: ``float(Fraction(units, denominator))`` by its two integers (an exact loss's bounds).
-    nearest: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: :func:`~app.engine.likelihood.exact_bounds` of an exact loss, by its two integers.
+    bounds: dict[tuple[int, int], LossBounds] = field(default_factory=dict)
     #: The history hash after each output of an empty history (``history_step(...)(None)``,
     #: a finite decision group's: :func:`decision_key` drops its history hash), per domain text.
     first_hashes: dict[tuple[str, Output], str] = field(default_factory=dict)
@@ -219,12 +226,12 @@ class RunCache:
             found = self.content_keys[domain] = canonical_content_keys(domain)
         return found
 
-    def nearest_double(self, loss: Fraction) -> float:
-        """``float(loss)`` (the bounds of an exact loss: :func:`exact_bounds`), once per value."""
+    def exact_bounds(self, loss: Fraction) -> LossBounds:
+        """:func:`~app.engine.likelihood.exact_bounds` of ``loss``, once per value."""
         pair = (loss.numerator, loss.denominator)
-        found = self.nearest.get(pair)
+        found = self.bounds.get(pair)
         if found is None:
-            found = self.nearest[pair] = float(loss)
+            found = self.bounds[pair] = exact_bounds(loss)
         return found
 
     def output_text(self, domain: str, mech: Mechanism, output: Output) -> str:
@@ -318,7 +325,7 @@ class RunCache:
             self.history_mechs.clear()
             self.fractions.clear()
             self.content_keys.clear()
-            self.nearest.clear()
+            self.bounds.clear()
             self.first_hashes.clear()
 
 
@@ -690,7 +697,7 @@ def _exact_advance(
     ahead = shared.losses.get(output_index(output))
     if ahead is None:
         ahead = (exact or _exact_with(state.exact, term, canonical)).loss()
-    nearest = cache.nearest_double(ahead)  # exact_bounds(ahead): both bounds its nearest double
+    loss = cache.exact_bounds(ahead)
     history_hash = decided.history_hash
     columns = {
         "state_hash": key,
@@ -698,8 +705,8 @@ def _exact_advance(
         "history_hash": cache.first_hash(decided.domain, mech, output)
         if history_hash is None
         else cache.history_step(decided.domain, mech, output)(history_hash),
-        "loss_lower": nearest,
-        "loss_upper": nearest,
+        "loss_lower": loss.lower,
+        "loss_upper": loss.upper,
         "basic_total": shared.basic_total,
         "f0_account": shared.f0_account,
     }
