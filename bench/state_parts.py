@@ -25,11 +25,18 @@ of ``--calls`` calls, thread CPU time:
 
 The table gives each tree's median over the rounds and the median of the per-round ratios.
 
-``--fetch`` (PostgreSQL, a scratch database ``<prefix>parts`` dropped at the end): the stored
-state read as the submit's load reads it — an object row joined to its ``likelihood_states``
-row (lz4, the service's states) — in psycopg's text and binary result formats, and with the
-array left out (``NULL``), alternating; per read, the client's CPU (``process_time``) and the
-server backend's (``/proc/PID/stat``, clock ticks over ``--reads`` reads).
+``--fetch`` (PostgreSQL, a scratch database ``<prefix>parts`` dropped at the end): five objects
+of the scenario with ``--history`` accepted queries each (through the app, in process), then the
+submit's own load statement (:data:`app.store.objects._LOAD_FOR_SUBMIT_PG`, the row and its
+likelihood array) run ``--reads`` times per variant and round — psycopg's text and binary result
+formats, with the array and with ``NULL`` in its place — the variants' order alternating by
+round; per read, this process's CPU (``process_time``) and its PostgreSQL backend's
+(``/proc/PID/stat``, clock ticks).
+
+``--instructions CASES`` (valgrind): the named cases counted in instructions (callgrind's
+``Ir``), each tree: a child running a case ``--repeat`` times less one running none, so the
+interpreter's start, the imports and the set-up cancel out; instruction counts do not move
+with the machine's load.
 """
 
 from __future__ import annotations
@@ -37,10 +44,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +149,15 @@ print(json.dumps(out))
 """
 )
 
+COUNTED = (
+    SETUP
+    + r"""
+call = cases[sys.argv[3]]
+for _ in range(int(sys.argv[1])):
+    call()
+"""
+)
+
 
 def run(tree: Path, calls: int, history: int) -> dict[str, float]:
     """One child's µs per call of every case, ``tree``'s code first on the path."""
@@ -187,102 +205,179 @@ def parts(args: argparse.Namespace) -> None:
         )
 
 
-def _ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def counted(tree: Path, case: str, repeat: int, history: int) -> int:
+    """Instructions (callgrind's ``Ir``) of a child running ``case`` ``repeat`` times."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("valgrind is not installed")
+    with tempfile.TemporaryDirectory() as where:
+        out = Path(where, "callgrind.out")
+        subprocess.run(  # noqa: S603 - our own arguments
+            [
+                valgrind,
+                "--tool=callgrind",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                "-c",
+                COUNTED,
+                str(repeat),
+                str(history),
+                case,
+            ],
+            cwd=tree,
+            env={
+                **os.environ,
+                "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'clients' / 'python' / 'src'}",
+                "OPENBLAS_NUM_THREADS": "1",
+                "PYTHONHASHSEED": "0",
+            },
+            check=True,
+            capture_output=True,
+        )
+        summary = re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.MULTILINE)
+    if summary is None:
+        raise RuntimeError(f"{tree}: no instruction total in callgrind's output")
+    return int(summary.group(1))
+
+
+def instructions(args: argparse.Namespace) -> None:
+    """Instructions per call of the named cases, each tree: a run with, one without them."""
+    trees = [Path(t).resolve() for t in args.trees.split(",")]
+    load0 = os.getloadavg()[0]
+    found: dict[tuple[int, str], float] = {}
+    for k, tree in enumerate(trees):
+        idle = counted(tree, "from_bytes", 0, args.history)
+        for case in args.instructions.split(","):
+            total = counted(tree, case, args.repeat, args.history)
+            found[k, case] = (total - idle) / args.repeat
+    load1 = os.getloadavg()[0]
+    names = [t.name for t in trees]
+    print(
+        f"state_parts --instructions: callgrind, {args.repeat} calls a run less a run of none, "
+        f"history {args.history}; load {load0:.2f} -> {load1:.2f}"
+    )
+    print(f"{'case':<20} " + " ".join(f"{n + ' instr.':>16}" for n in names) + "  ratio")
+    for case in args.instructions.split(","):
+        values = [found[k, case] for k in range(len(trees))]
+        ratio = f"  {values[-1] / values[0]:.3f}" if len(values) == 2 else ""
+        print(f"{case:<20} " + " ".join(f"{v:>16,.0f}" for v in values) + ratio)
 
 
 def fetch(args: argparse.Namespace) -> None:
-    """The stored state read in text and binary format (and without it), alternating."""
-    import psycopg
-
-    tree = ROOT
-    env_path = f"{tree}{os.pathsep}{tree / 'clients' / 'python' / 'src'}"
-    sys.path[:0] = env_path.split(os.pathsep)
-    states: list[tuple[bytes, float]] = json.loads(
-        subprocess.run(  # noqa: S603 - our own interpreter and code
-            [
-                sys.executable,
-                "-c",
-                SETUP
-                + "\nout = []\ns = snap\n"
-                + "for i in range(20):\n"
-                + "    m = mechs[i % 3]\n"
-                + "    s = record(s, m, rng.randrange(10), evaluate(s, m))\n"
-                + "    out.append((s.state.to_bytes().hex(), s.state.err))\n"
-                + "print(json.dumps(out))\n",
-                "1",
-                str(args.history),
-            ],
-            cwd=tree,
-            env={**os.environ, "PYTHONPATH": env_path, "OPENBLAS_NUM_THREADS": "1"},
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
+    """The submit's load (its own statement) in text and binary format, with and without the
+    array, alternating (a child process: this tree's code, a scratch database)."""
     name = f"{args.db_prefix}parts"
-    admin = f"host=127.0.0.1 user={args.pg_user} dbname=test"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        with psycopg.connect(f"host=127.0.0.1 user={args.pg_user} dbname={name}") as conn:
-            conn.autocommit = True
-            conn.execute(
-                "CREATE TABLE t (hash text PRIMARY KEY, state bytea COMPRESSION lz4, err float8)"
-            )
-            conn.execute("CREATE TABLE o (id text PRIMARY KEY, state_hash text)")
-            for i, (data, err) in enumerate(states):
-                conn.execute(
-                    "INSERT INTO t VALUES (%s, %s, %s)", (f"h{i}", bytes.fromhex(data), err)
-                )
-                conn.execute("INSERT INTO o VALUES (%s, %s)", (f"o{i}", f"h{i}"))
-            size = conn.execute(
-                "SELECT avg(length(state)), avg(pg_column_size(state)) FROM t"
-            ).fetchone()
-            pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-            queries = {
-                "array": "SELECT o.id, s.state, s.err FROM o LEFT JOIN t s "
-                "ON s.hash = o.state_hash WHERE o.id = %(id)s",
-                "no array": "SELECT o.id, NULL::bytea, s.err FROM o LEFT JOIN t s "
-                "ON s.hash = o.state_hash WHERE o.id = %(id)s",
-            }
-            found: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'clients' / 'python' / 'src'}{os.pathsep}"
+        f"{ROOT / 'bench'}",
+        "OPENBLAS_NUM_THREADS": "1",
+    }
+    found = subprocess.run(  # noqa: S603 - our own interpreter and code
+        [
+            sys.executable,
+            "-c",
+            FETCH,
+            args.admin_url,
+            name,
+            str(args.history),
+            str(args.rounds),
+            str(args.reads),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode:
+        raise SystemExit(found.stderr[-3000:])
+    print(found.stdout.strip())
+
+
+FETCH = r"""
+import dataclasses, os, random, secrets, statistics, sys, tempfile, time
+import psycopg
+from fastapi.testclient import TestClient
+from service_load import GRR_DOMAIN, grr_value
+from app.bootstrap import create_app
+from app.db.migrate import upgrade
+from app.settings import Settings
+from app.store import compiled
+from app.store import objects as O
+
+admin_url, name, history, rounds, reads = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])
+url = admin_url.rsplit("/", 1)[0] + "/" + name
+with psycopg.connect(admin_url, autocommit=True) as c:
+    c.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    c.execute(f'CREATE DATABASE "{name}"')
+keys = tempfile.TemporaryDirectory()
+try:
+    upgrade(url)
+    admin = "b" * 40
+    app = create_app(Settings(database_url=url, gatekeeper_bootstrap_admin_key=admin,
+                              gatekeeper_encryption_key_file=keys.name + "/key",
+                              bound_processes=0))
+    with TestClient(app) as client:
+        headers = {"Authorization": "Bearer " + admin}
+        r = client.post("/v1/keys", headers=headers, json={"role": "analyst"})
+        r.raise_for_status()
+        analyst = {"Authorization": "Bearer " + r.json()["key"]}
+        ids = [f"parts-{n}" for n in range(5)]
+        for n, oid in enumerate(ids):
+            body = {"id": oid, "domain": GRR_DOMAIN, "value": grr_value(random.Random(n)),
+                    "budget": {"epsilon": 10000}, "filter": "bayesian"}
+            client.post("/v1/objects", headers=headers, json=body).raise_for_status()
+        for i in range(history):
+            query = {"mechanism": "grr", "attribute": "abc"[i % 3], "epsilon": 0.5}
+            for oid in ids:
+                r = client.post(f"/v1/objects/{oid}/queries", json={"query": query},
+                                headers={**analyst, "Idempotency-Key": secrets.token_hex(8)})
+                assert r.status_code == 201, r.text
+        statement = O._LOAD_FOR_SUBMIT_PG
+        no_array = dataclasses.replace(
+            statement, text=statement.text.replace("likelihood_states.state,", "NULL::bytea,"))
+        variants = [("array, text", statement, False), ("array, binary", statement, True),
+                    ("no array, text", no_array, False), ("no array, binary", no_array, True)]
+        with app.state.runtime.engine.connect() as conn:
+            raw = compiled.raw_connection(conn)
+            pid = raw.execute("SELECT pg_backend_pid()").fetchone()[0]
+            size = raw.execute("SELECT avg(length(state)), avg(pg_column_size(state)) "
+                               "FROM likelihood_states s JOIN objects o ON o.state_hash = s.hash"
+                               ).fetchone()
+
+            def ticks():
+                fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                return int(fields[11]) + int(fields[12])
+
+            found = {}
             load0 = os.getloadavg()[0]
-            for r in range(args.rounds):
-                order = [(q, f) for q in queries for f in ("text", "binary")]
-                for query, form in order if r % 2 == 0 else order[::-1]:
-                    cursor = conn.cursor(binary=form == "binary")
-                    ticks, cpu = _ticks(pid), time.process_time()
-                    for k in range(args.reads):
-                        cursor.execute(queries[query], {"id": f"o{k % 20}"}, prepare=True)
-                        cursor.fetchone()
-                    client = (time.process_time() - cpu) / args.reads * 1e6
-                    server = (_ticks(pid) - ticks) / os.sysconf("SC_CLK_TCK") / args.reads * 1e6
-                    found.setdefault((query, form), []).append((client, server))
+            for r in range(rounds):
+                for label, st, binary in variants if r % 2 == 0 else variants[::-1]:
+                    cpu, t0 = time.process_time(), ticks()
+                    for k in range(reads):
+                        compiled.fetch_one(conn, st, {"object_id": ids[k % 5], "key": None},
+                                           binary=binary)
+                    found.setdefault(label, []).append((
+                        (time.process_time() - cpu) / reads * 1e6,
+                        (ticks() - t0) / os.sysconf("SC_CLK_TCK") / reads * 1e6))
             load1 = os.getloadavg()[0]
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-    assert size is not None  # noqa: S101
-    print(
-        f"state_parts --fetch: {args.rounds} rounds x {args.reads} reads, history "
-        f"{args.history}, array {float(size[0]):.0f} B ({float(size[1]):.0f} B stored, lz4); "
-        f"load {load0:.2f} -> {load1:.2f}"
-    )
-    print(
-        f"{'read':<20} {'client µs/read (median, range)':>32} "
-        f"{'server µs/read (median, range)':>32}"
-    )
-    for (query, form), values in found.items():
-        client = [c for c, _ in values]
-        server = [s for _, s in values]
-        print(
-            f"{query + ', ' + form:<20} {statistics.median(client):>10.1f} "
-            f"({min(client):.1f}-{max(client):.1f}){'':>8} {statistics.median(server):>10.1f} "
-            f"({min(server):.1f}-{max(server):.1f})"
-        )
+    print(f"state_parts --fetch: the submit's load (app.store.objects), {rounds} rounds x "
+          f"{reads} reads, variants alternated; objects with {history} accepted grr queries, "
+          f"array {float(size[0]):.0f} B ({float(size[1]):.0f} B stored); "
+          f"load {load0:.2f} -> {load1:.2f}")
+    print(f"{'load':<18} {'client µs/read: median (range)':>32} "
+          f"{'PostgreSQL backend µs/read':>30}")
+    for label, values in found.items():
+        client_us = [c for c, _ in values]
+        server_us = [b for _, b in values]
+        print(f"{label:<18} {statistics.median(client_us):>12.1f} "
+              f"({min(client_us):.1f}-{max(client_us):.1f}){'':>6} "
+              f"{statistics.median(server_us):>12.1f} ({min(server_us):.1f}-{max(server_us):.1f})")
+finally:
+    with psycopg.connect(admin_url, autocommit=True) as c:
+        c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    keys.cleanup()
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,12 +387,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=5000, help="calls per repeat (5000)")
     parser.add_argument("--history", type=int, default=300, help="accepted queries first (300)")
     parser.add_argument("--fetch", action="store_true", help="the stored state's read instead")
-    parser.add_argument("--reads", type=int, default=5000, help="reads per round (--fetch)")
+    parser.add_argument(
+        "--instructions",
+        help="comma-separated cases counted in instructions under callgrind, each tree",
+    )
+    parser.add_argument("--repeat", type=int, default=200, help="calls a run (--instructions)")
+    parser.add_argument("--reads", type=int, default=4000, help="reads per round (--fetch)")
     parser.add_argument("--db-prefix", default="gk_bench_", help="scratch database's prefix")
-    parser.add_argument("--pg-user", default="postgres")
+    parser.add_argument(
+        "--admin-url",
+        default=os.environ.get(
+            "GATEKEEPER_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
+        ),
+    )
     args: Any = parser.parse_args(argv)
     if args.fetch:
         fetch(args)
+    elif args.instructions and args.trees:
+        instructions(args)
     elif args.trees:
         parts(args)
     else:
