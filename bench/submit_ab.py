@@ -28,6 +28,7 @@ import secrets
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -139,8 +140,9 @@ def child(args: argparse.Namespace) -> None:
                 row[0]
                 for row in conn.execute(
                     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND pid <> pg_backend_pid() AND client_port = ANY(%s)",
-                    (_client_ports(runtime.engine),),
+                    "AND pid <> pg_backend_pid() AND (client_port = ANY(%s) "
+                    "OR application_name = %s)",
+                    (_client_ports(runtime.engine), _application_name(args.url)),
                 )
             ]
         print(json.dumps({"ready": True, "backends": len(pids)}), flush=True)
@@ -156,6 +158,20 @@ def child(args: argparse.Namespace) -> None:
             )
 
     asyncio.run(start())
+
+
+def _application_name(url: str) -> str:
+    """The ``application_name`` the parent gave this child's URL ("" if none).
+
+    A request thread keeps its pooled connection across submits (h/conn), so the pool's idle
+    queue may hold none of the child's connections: its backends are found by this name.
+    """
+    query = url.partition("?")[2]
+    for pair in query.split("&"):
+        key, _, value = pair.partition("=")
+        if key == "application_name":
+            return value
+    return ""
 
 
 def _client_ports(engine: Any) -> list[int]:
@@ -193,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         "--redis",
         default=os.environ.get("GATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
     )
+    parser.add_argument("--db-prefix", default="submit_ab_", help="the database's name prefix")
     parser.add_argument(
         "--admin-url",
         default=os.environ.get(
@@ -213,24 +230,28 @@ def main(argv: list[str] | None = None) -> int:
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     if len(trees) != 2:
         parser.error("--trees takes two folders")
-    name = "submit_ab_" + secrets.token_hex(4)
+    name = args.db_prefix + secrets.token_hex(4)
     with psycopg.connect(args.admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = args.admin_url.rsplit("/", 1)[0] + "/" + name
     children: list[subprocess.Popen[str]] = []
+    keys = tempfile.TemporaryDirectory(prefix="submit_ab_keys_")
     try:
         upgrade(url)
         for i, tree in enumerate(trees):
             command = [
                 sys.executable,
                 str(Path(__file__).resolve()),
-                *("--child", "--url", url, "--redis", args.redis),
+                *("--child", "--url", f"{url}?application_name=submit_ab_{i}"),
+                *("--redis", args.redis),
                 *("--warmup", str(args.warmup), "--objects", str(args.objects)),
                 *("--budget", str(args.budget)),
                 *("--seed", str(args.seed + i)),
             ]
             env = {
                 **os.environ,
+                # not the tree's data/ folder (a baseline tree stays as it is)
+                "GATEKEEPER_ENCRYPTION_KEY_FILE": str(Path(keys.name) / f"key{i}"),
                 "PYTHONPATH": f"{tree}:{tree / 'clients' / 'python' / 'src'}",
                 "OPENBLAS_NUM_THREADS": "1",
             }
@@ -297,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             process.wait(timeout=60)
         with psycopg.connect(args.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        keys.cleanup()
     return 0
 
 

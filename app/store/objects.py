@@ -215,7 +215,7 @@ def load_for_submit(
     """
     params = {"object_id": object_id, "key": key}
     if scope is None and is_postgres(conn):  # the hot path: psycopg's row, typed as below
-        row = compiled.fetch_one(conn, _LOAD_FOR_SUBMIT_PG, params)
+        row = compiled.fetch_one(conn, _LOAD_FOR_SUBMIT_PG, params, binary=True)
     else:
         statement = (
             _LOAD_FOR_SUBMIT if scope is None else _LOAD_FOR_SUBMIT.where(*label_conditions(scope))

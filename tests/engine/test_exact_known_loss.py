@@ -225,6 +225,44 @@ def test_with_term_chains_write_the_same_bytes(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
+def test_with_term_hands_over_only_what_its_groups_decide(seed: int) -> None:
+    """The order of the groups, whether it is ε order, the shape's text: a form built by
+    :meth:`ExactLoss.with_term` gets its parent's when computed there and the groups are the
+    same (one group more: not handed over); each is what a fresh form computes, and the bytes
+    written from them are their definitions'."""
+    rng = random.Random(5900 + seed)
+    handed = fresh_groups = 0
+    decimals = [*DECIMALS[:-1], Fraction(1, 2)]
+    for _ in range(40):
+        shape = tuple(rng.choice([1, 2, 3, 7]) for _ in range(rng.randint(1, 4)))
+        exact = ExactLoss(shape)
+        for _ in range(rng.randint(1, 25)):
+            if rng.random() < 0.5:
+                exact.canonical_bytes()  # the parent's order and shape text computed
+            if rng.random() < 0.3:
+                assert isinstance(exact._in_order, bool)  # computed on the parent
+            term = _random_term(rng, shape, decimals=decimals)
+            parent = exact.__dict__
+            same = term.group in exact.groups
+            exact = exact.with_term(term)
+            fresh = ExactLoss(exact.shape, exact.groups, dict(exact.counts))
+            for name in ("_sorted_order", "_in_order", "_shape_text"):
+                got = exact.__dict__.get(name)
+                if name in parent and (same or name == "_shape_text"):
+                    assert got == parent[name]
+                    handed += 1
+                else:
+                    assert got is None, name
+                    fresh_groups += not same
+                if got is not None:
+                    assert got == getattr(fresh, name), name
+            assert exact.canonical_bytes() == canonical_json(exact)
+            assert exact.to_bytes() == stored_json(exact)
+    assert handed > 100
+    assert fresh_groups > 20
+
+
+@pytest.mark.parametrize("seed", range(6))
 def test_kept_values_are_the_forms_own(seed: int) -> None:
     """Whatever a form was handed (ranges, texts, a known loss), they are what it would compute.
 

@@ -428,6 +428,54 @@ def test_the_submit_load_types_its_row_as_sqlalchemy_does(
         assert load_for_submit(conn, object_id="store-missing", key=None) is None
 
 
+def test_the_submit_load_reads_its_row_in_binary_with_the_same_values(
+    client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the submit's load asks for PostgreSQL's binary format, every column.
+
+    A likelihood array then travels as its bytes (in text, ``bytea`` is twice as many hex
+    digits, written by the server and parsed by psycopg: docs/benchmarks.md, "Seventeenth
+    session, h/state"). The row, and the keyed answer with it (accepted or rejected), are the
+    values and types SQLAlchemy's text-format load gives (the scoped load goes through it).
+    """
+    if engine.dialect.name != "postgresql":
+        pytest.skip("the binary format is PostgreSQL's (SQLite's load goes through SQLAlchemy)")
+    from app.store import compiled
+
+    formats: list[tuple[int, ...]] = []
+    processors = compiled.Compiled.processors
+
+    def spied(self: compiled.Compiled, cursor: Any) -> Any:
+        result = cursor.pgresult
+        formats.append(tuple(result.fformat(i) for i in range(result.nfields)))
+        return processors(self, cursor)
+
+    key = new_key(client, "analyst")
+    oid = _register(client, budget=0.7)
+    accepted = _submit(client, key, oid, "yes", 0.5)
+    assert accepted.status_code == 201, accepted.text
+    rejected = _submit(client, key, oid, "no", 0.5)
+    assert rejected.status_code == 409, rejected.text
+    monkeypatch.setattr(compiled.Compiled, "processors", spied)
+    for idem in ("yes", "no", "none"):
+        with engine.connect() as conn:
+            got = load_for_submit(conn, object_id=oid, key=idem)
+            scoped = load_for_submit(conn, object_id=oid, key=idem, scope=[])
+        assert got is not None
+        assert scoped is not None
+        assert got == scoped
+        assert got[0].state is not None
+        assert type(got[0].state) is bytes
+        for name, value in vars(scoped[0]).items():
+            assert type(getattr(got[0], name)) is type(value), name
+        assert (got[1] is None) == (idem == "none")
+        if got[1] is not None and scoped[1] is not None:
+            for name, value in vars(scoped[1]).items():
+                assert type(getattr(got[1], name)) is type(value), name
+    assert len(formats) == 3
+    assert all(set(found) == {1} for found in formats), formats  # 1: binary, every column
+
+
 def test_a_write_failing_after_the_compare_and_set_leaves_nothing(
     client: TestClient, engine: Engine
 ) -> None:
