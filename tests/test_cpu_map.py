@@ -30,9 +30,9 @@ def test_child():
 """
 
 
-def test_each_test_gets_a_line_with_its_cpu(tmp_path: Path) -> None:
-    """Under xdist, as the suite runs: the workers' test lines, a session line per process."""
-    (tmp_path / "test_sample.py").write_text(SAMPLE)
+def run_sample(tmp_path: Path, sample: str, *, workers: int) -> Path:
+    """Run ``sample`` as a test file under the CPU map (``-n workers``); the map's file."""
+    (tmp_path / "test_sample.py").write_text(sample)
     out = tmp_path / "cpu.jsonl"
     # not the outer run's xdist variables (this test may run in one of its workers)
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
@@ -41,7 +41,7 @@ def test_each_test_gets_a_line_with_its_cpu(tmp_path: Path) -> None:
         ENV: str(out),
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: S603 - this interpreter on the test's own sample file
         [
             sys.executable,
             "-m",
@@ -52,7 +52,7 @@ def test_each_test_gets_a_line_with_its_cpu(tmp_path: Path) -> None:
             "no:cacheprovider",
             "-q",
             "-n",
-            "2",
+            str(workers),
             "test_sample.py",
         ],
         cwd=tmp_path,
@@ -62,6 +62,12 @@ def test_each_test_gets_a_line_with_its_cpu(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def test_each_test_gets_a_line_with_its_cpu(tmp_path: Path) -> None:
+    """Under xdist, as the suite runs: the workers' test lines, a session line per process."""
+    out = run_sample(tmp_path, SAMPLE, workers=2)
     tests, sessions = read(str(out))
     by_name = {t["test"]: t for t in tests}
     assert sorted(by_name) == ["test_sample.py::test_child", "test_sample.py::test_own"]
@@ -103,35 +109,7 @@ def test_forkserver_child():
 
 def test_a_forkserver_child_counts_though_the_forkserver_reaps_it(tmp_path: Path) -> None:
     """The forkserver's child is not the pytest process's: its CPU comes from the forkserver."""
-    (tmp_path / "test_sample.py").write_text(FORKSERVER_SAMPLE)
-    out = tmp_path / "cpu.jsonl"
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env = {
-        **inherited,
-        ENV: str(out),
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "tests.cpu_map",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-n",
-            "0",
-            "test_sample.py",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    out = run_sample(tmp_path, FORKSERVER_SAMPLE, workers=0)
     tests, sessions = read(str(out))
     (test,) = tests
     assert test["children"] >= 0.25  # the forked child's burn, reaped by the forkserver

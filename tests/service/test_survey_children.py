@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,21 +31,13 @@ from app.store.states import count_unnamed
 from app.worker.children import ChildPool
 from app.worker.jobs import InProcessJobs
 from app.worker.pool import BoundWorker, WorkerSettings
+from tests.processes import alive
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key, unique_id
 from tests.service.factories import driven_survey
 from tests.service.test_survey_faults import survey_rows_per_member
 from tests.service.test_surveys import GRR, all_responses, import_study, verify_clean, wait_done
 
 MAX_MEMBERS = 2000
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not reaped, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def children_of(client: TestClient) -> ChildPool[Any]:

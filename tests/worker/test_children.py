@@ -7,11 +7,11 @@ import os
 import signal
 import time
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 
 import pytest
 
 from app.worker.children import ChildPool
+from tests.processes import alive
 
 GIVEN: str | None = None
 
@@ -26,14 +26,6 @@ def given(pause: float = 0.0) -> tuple[str | None, int]:
     """The children's target here: what the initializer was given, and the child's pid."""
     time.sleep(pause)
     return GIVEN, os.getpid()
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_children_start_with_the_first_call_and_are_gone_after_close() -> None:

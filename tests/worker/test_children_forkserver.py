@@ -21,20 +21,12 @@ import pytest
 
 from app.bootstrap import SURVEY_CHILD_MODULES, survey_children
 from app.worker.children import START_METHOD
+from tests.processes import alive
 from tests.service.conftest import make_settings
 
 pytestmark = pytest.mark.skipif(START_METHOD != "forkserver", reason="no forkserver here")
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not reaped, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def standin(*args: str) -> subprocess.Popen[str]:
