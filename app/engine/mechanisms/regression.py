@@ -313,11 +313,15 @@ class ScalarResponse(TabulatedMechanism):
         one-row array of them), memoised by their bit patterns (``-0.0`` apart from ``0.0``) for
         up to :data:`SAMPLE_MEMO` points per mechanism: a survey's population holds few distinct
         values and calls :meth:`sample` once per member, and the one-row evaluation (numpy on
-        arrays of one element) was ~97% of a draw (~100 us of a ~3 us Bernoulli draw). The
+        arrays of one element) was nearly all of a draw (measured 49-77 us a draw without the
+        memo, 1.6-2.6 us with it: docs/benchmarks.md, eighteenth session, h/fuzz). The
         memoised pair is the very one computed, so every draw has the same distribution as
         before. The memo belongs to this mechanism object: a submit parses its ``linear`` or
         ``logistic`` query anew (``app.services.queries._KEPT_KINDS`` keeps randomized response
-        only), so its single draw always computes, whatever earlier submits drew.
+        only), so its single draw always computes, whatever earlier submits drew. In a survey the
+        sampling time then depends on how many distinct values were drawn for (as does the parse
+        of each distinct plaintext once, ``app.services.survey_runs._sample_groups``), not on
+        which.
         """
         key = struct.pack(self._point, *coords)
         known = self._memo.get(key)
