@@ -51,8 +51,10 @@ from app.engine.sampling import bernoulli
 #: Relative slack for a ``linear`` query without ``truncate`` whose range is met up to rounding
 #: (e.g. ``‖θ‖₁ = 1`` normalised in floating point); its ``t`` is clipped to ``[0, 1]``.
 RANGE_SLACK = 1e-9
-#: Points per mechanism whose draw probabilities :meth:`ScalarResponse.sample` keeps.
-SAMPLE_MEMO = 4096
+#: Points per mechanism whose draw probabilities :meth:`ScalarResponse.sample` keeps (a full
+#: memo of 4,096 two-coordinate points held 1.0 MiB, measured; a mechanism of a real-valued
+#: population whose members never repeat a value gains nothing from it).
+SAMPLE_MEMO = 1024
 #: Largest ``|c| + Σ |w_a| max|x_a|`` accepted: keeps every query value and sum finite.
 MAX_QUERY_MAGNITUDE = 1e150
 
