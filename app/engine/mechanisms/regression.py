@@ -311,19 +311,18 @@ class ScalarResponse(TabulatedMechanism):
     def _drawn(self, coords: list[float]) -> tuple[bool, Fraction]:
         """Which output :meth:`sample` draws at this point and its exact probability.
 
-        A deterministic function of the point's floats (no randomness: ``_accurate`` on the
-        one-row array of them), memoised by their bit patterns (``-0.0`` apart from ``0.0``) for
-        up to :data:`SAMPLE_MEMO` points per mechanism: a survey's population holds few distinct
-        values and calls :meth:`sample` once per member, and the one-row evaluation (numpy on
-        arrays of one element) was nearly all of a draw (measured 49-77 us a draw without the
-        memo, 1.6-2.6 us with it: docs/benchmarks.md, eighteenth session, h/fuzz). The
-        memoised pair is the very one computed, so every draw has the same distribution as
-        before. The memo belongs to this mechanism object: a submit parses its ``linear`` or
-        ``logistic`` query anew (``app.services.queries._KEPT_KINDS`` keeps randomized response
-        only), so its single draw always computes, whatever earlier submits drew. In a survey the
-        sampling time then depends on how many distinct values were drawn for (as does the parse
-        of each distinct plaintext once, ``app.services.survey_runs._sample_groups``), not on
-        which.
+        A deterministic function of the point's floats (no randomness: ``_accurate`` on the one-row
+        array of them), memoised by their bit patterns (``-0.0`` apart from ``0.0``) for up to
+        :data:`SAMPLE_MEMO` points per mechanism: a survey's population holds few distinct values
+        and calls :meth:`sample` once per member, and the one-row evaluation (numpy on arrays of one
+        element) was nearly all of a draw (measured 47-82 us a draw without the memo, 1.6-2.7 us
+        with it: bench/regression_draws.py). The memoised pair is the very one computed, so every
+        draw has the same distribution as before. The memo belongs to this mechanism object: a
+        submit parses its ``linear`` or ``logistic`` query anew
+        (``app.services.queries._KEPT_KINDS`` keeps randomized response only), so its single draw
+        always computes, whatever earlier submits drew. In a survey the sampling time then depends
+        on how many distinct values were drawn for (as does the parse of each distinct plaintext
+        once, ``app.services.survey_runs._sample_groups``), not on which.
         """
         key = struct.pack(self._point, *coords)
         known = self._memo.get(key)
