@@ -748,3 +748,49 @@ def test_a_probability_near_one_keeps_its_complement_positive(
     p_low, output = _drawn_probability(monkeypatch, logistic, domain, {"x": 1.0})
     assert output == 0
     assert 0 < float(p_low) < 1e-25
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"mechanism": "linear", "weights": {"x": 0.1, "y": 0.3}, "range": [-1, 1.5], "epsilon": 1},
+        {"mechanism": "logistic", "weights": {"x": 0.7, "x*y": -0.4}, "epsilon": 7.25},
+    ],
+    ids=["linear", "logistic"],
+)
+def test_a_memoised_draw_uses_the_probability_a_fresh_mechanism_computes(
+    monkeypatch: pytest.MonkeyPatch, query: dict[str, Any]
+) -> None:
+    """``sample`` keeps each point's probability (ScalarResponse._drawn): a second draw at the
+    point hands ``bernoulli`` the very rational a freshly parsed mechanism's first draw does,
+    ``-0.0`` is its own point, and past ``SAMPLE_MEMO`` points nothing more is kept."""
+    from app.engine.mechanisms import regression
+
+    domain = {
+        "attributes": [
+            {"name": "x", "type": "integer", "low": -2, "high": 2},
+            {"name": "y", "type": "real", "low": -1, "high": 1},
+        ]
+    }
+    seen: list[Fraction] = []
+
+    def record(p: Fraction) -> bool:
+        seen.append(p)
+        return len(seen) % 2 == 0
+
+    monkeypatch.setattr(regression, "bernoulli", record)
+    monkeypatch.setattr(regression, "SAMPLE_MEMO", 12)
+    warm = _mechanism(query, domain)
+    points = [{"x": x, "y": y} for x in (-2, 0, 1) for y in (-0.0, 0.0, 0.3, 1.0)]
+    for value in points:
+        fresh = _mechanism(query, domain)
+        outputs = [fresh.sample(value), warm.sample(value), warm.sample(value)]
+        assert seen[-3] == seen[-2] == seen[-1]
+        assert outputs[0] == outputs[2] != outputs[1]  # record() alternates True and False
+    assert len(warm._memo) == 12  # every point a key of its own, -0.0 included
+    extra = {"x": 2, "y": 0.5}
+    first, second = warm.sample(extra), warm.sample(extra)
+    assert len(warm._memo) == 12  # full: the 13th point is computed, not kept
+    assert first != second
+    _mechanism(query, domain).sample(extra)
+    assert seen[-3] == seen[-2] == seen[-1]
