@@ -8,6 +8,9 @@ cursor's ``description`` turned into a result's metadata (a psycopg ``Column`` p
 :class:`Compiled` keeps its PostgreSQL text, the values SQLAlchemy bound for its literals and,
 for a ``SELECT``, each column's result processor from the column's type (so a row comes back
 typed exactly as ``Connection.execute`` would type it: an encrypted column decrypted, say).
+Every read of stored likelihood arrays runs here too, in PostgreSQL's binary format
+(:attr:`Compiled.binary`): an object's loads (:mod:`app.store.objects`) and
+:func:`app.store.states.load_states` (through :func:`app.store.ids.rows_among`).
 
 Errors are SQLAlchemy's, as from ``Connection.execute``: psycopg's error is wrapped by
 ``DBAPIError.instance`` (a unique constraint is :class:`~app.store.Conflict`, a failed database
@@ -46,6 +49,11 @@ class Compiled:
     literals: dict[str, Any]
     #: Per result column (in order): its SQLAlchemy type.
     types: tuple[TypeEngine[Any], ...] = ()
+    #: Its rows in PostgreSQL's binary format (:func:`fetch_one`, :func:`fetch_all`): for a
+    #: statement whose columns psycopg's binary loaders give the same Python values as its text
+    #: ones (a ``bytea`` then travels as its bytes, not as twice as many hex digits that the
+    #: server writes and psycopg parses: a likelihood array of 1,000 points is 8 kB).
+    binary: bool = False
     #: The types' result processors (None: the value as psycopg gives it), by the result's
     #: column type codes (a processor may depend on them, a float's say: SQLAlchemy asks the
     #: cursor's description too). One entry in practice, made by the first row.
@@ -54,12 +62,12 @@ class Compiled:
     )
 
     @classmethod
-    def of(cls, statement: ClauseElement) -> Compiled:
-        """``statement`` compiled for PostgreSQL (psycopg), once."""
+    def of(cls, statement: ClauseElement, *, binary: bool = False) -> Compiled:
+        """``statement`` compiled for PostgreSQL (psycopg), once (``binary``: :attr:`binary`)."""
         compiled = statement.compile(dialect=DIALECT)
         literals = {name: value for name, value in compiled.params.items() if value is not None}
         types = tuple(column.type for column in getattr(compiled, "_result_columns", ()))
-        return cls(str(compiled), literals, types)
+        return cls(str(compiled), literals, types, binary=binary)
 
     def params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         """The execution's parameters: ``given`` and the literals' values."""
@@ -100,19 +108,17 @@ def wrapped(
 
 
 def fetch_one(
-    conn: Tx, statement: Compiled, params: Mapping[str, Any], *, binary: bool = False
+    conn: Tx, statement: Compiled, params: Mapping[str, Any], *, binary: bool | None = None
 ) -> tuple[Any, ...] | None:
     """The first row of ``statement`` (typed by its columns' processors), or None for no row.
 
     Runs in ``conn``'s transaction (or, in autocommit, on its own), as a prepared statement
     from its first use on the connection. ``binary``: the row in PostgreSQL's binary format
-    (psycopg's binary loaders give the same Python values as its text ones for the types of
-    the submit's load; a ``bytea`` then travels as its bytes, not as twice as many hex digits
-    that the server writes and psycopg parses: a likelihood array of 1,000 points is 8 kB).
+    or not (None: as the statement's :attr:`Compiled.binary` says; a bench compares both).
     """
     raw = raw_connection(conn)
     try:
-        with raw.cursor(binary=binary) as cursor:
+        with raw.cursor(binary=statement.binary if binary is None else binary) as cursor:
             cursor.execute(statement.text, statement.params(params), prepare=True)
             row = cursor.fetchone()
             if row is None:
@@ -131,7 +137,9 @@ def _typed(row: tuple[Any, ...], processors: tuple[_Processor | None, ...]) -> t
     )
 
 
-def fetch_all(conn: Tx, statement: Compiled, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+def fetch_all(
+    conn: Tx, statement: Compiled, params: Mapping[str, Any], *, binary: bool | None = None
+) -> list[tuple[Any, ...]]:
     """Every row of ``statement`` (typed by its columns' processors), fetched at once.
 
     As :func:`fetch_one`, but psycopg builds all the rows in one call (``fetchall``) instead of
@@ -139,7 +147,7 @@ def fetch_all(conn: Tx, statement: Compiled, params: Mapping[str, Any]) -> list[
     """
     raw = raw_connection(conn)
     try:
-        with raw.cursor() as cursor:
+        with raw.cursor(binary=statement.binary if binary is None else binary) as cursor:
             cursor.execute(statement.text, statement.params(params), prepare=True)
             rows = cursor.fetchall()
             processors = statement.processors(cursor)

@@ -15,7 +15,9 @@ with :func:`rows_among` (or binds :func:`parameter` itself), so the rule is writ
   999 host parameters of old SQLite builds).
 
 Statements are dialect-specific, so a module builds each once per dialect family with
-:func:`both` and picks it with :func:`app.store.base.is_postgres`.
+:func:`both` and picks it with :func:`app.store.base.is_postgres`. A statement whose rows are
+many or large (stored likelihood arrays) may be run on psycopg directly on PostgreSQL
+(:func:`compiled_for_postgres`: no SQLAlchemy result, and PostgreSQL's binary format if asked).
 
 >>> from sqlalchemy import column
 >>> str(among(column("id"), postgres=True))
@@ -35,6 +37,7 @@ from sqlalchemy import Delete, Select, String, Update, any_, bindparam, func
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.expression import ColumnElement, Executable
 
+from app.store import compiled
 from app.store.base import Tx, is_postgres
 
 #: Keys per statement on PostgreSQL (a bulk batch of versions or imports: one statement).
@@ -80,9 +83,22 @@ def where_among(statement: S, column: ColumnElement[Any], *, name: str = "ids") 
     return both(lambda postgres: statement.where(among(column, postgres=postgres, name=name)))
 
 
+def compiled_for_postgres(
+    statements: Mapping[bool, Select[Any]], *, binary: bool = False
+) -> dict[bool, Executable | compiled.Compiled]:
+    """``statements`` (:func:`both`), PostgreSQL's compiled once for psycopg (:mod:`compiled`).
+
+    :func:`rows_among` runs it with :func:`app.store.compiled.fetch_all` — psycopg builds a
+    statement's rows in one call, typed by the columns' result processors as SQLAlchemy's would
+    be — in PostgreSQL's binary format when ``binary`` (:attr:`app.store.compiled.Compiled.binary`:
+    only for columns whose binary and text loaders give the same values). SQLite's is unchanged.
+    """
+    return {True: compiled.Compiled.of(statements[True], binary=binary), False: statements[False]}
+
+
 def rows_among(
     conn: Tx,
-    statements: Mapping[bool, Executable],
+    statements: Mapping[bool, Executable | compiled.Compiled],
     keys: Sequence[str],
     *,
     name: str = "ids",
@@ -92,14 +108,18 @@ def rows_among(
     """The rows of the dialect's statement (built with :func:`among`), for every key of ``keys``.
 
     One statement per :func:`per_statement` keys (``size``: fewer), each bound with the other
-    ``params`` as given.
+    ``params`` as given. A compiled statement (:func:`compiled_for_postgres`) gives plain
+    tuples, not SQLAlchemy ``Row`` s: read its rows by position.
     """
     postgres = is_postgres(conn)
     statement = statements[postgres]
     limit = per_statement(postgres) if size is None else min(size, per_statement(postgres))
     for part in batches(keys, size=limit):
         values = {**(params or {}), name: parameter(part, postgres=postgres)}
-        yield from conn.execute(statement, values)
+        if isinstance(statement, compiled.Compiled):
+            yield from compiled.fetch_all(conn, statement, values)
+        else:
+            yield from conn.execute(statement, values)
 
 
 def execute_among(

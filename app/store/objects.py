@@ -17,6 +17,7 @@ from typing import Any, cast
 from sqlalchemy import (
     ColumnElement,
     Numeric,
+    Select,
     Table,
     Text,
     bindparam,
@@ -32,6 +33,7 @@ from sqlalchemy import (
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.expression import Executable
 from sqlalchemy.sql.util import ClauseAdapter
 
@@ -136,6 +138,8 @@ _LOAD_STATE = (
     .select_from(_WITH_STATE)
     .where(OBJECTS.c.id == bindparam("object_id"))
 )
+#: :data:`_LOAD_STATE` on psycopg, in binary format (as :data:`_LOAD_FOR_SUBMIT_PG`).
+_LOAD_STATE_PG = compiled.Compiled.of(_LOAD_STATE, binary=True)
 #: The same, with the rejection stored under a submit's Idempotency-Key (unique on
 #: ``(object, key)``: at most one row joins): a submit reads both in one round trip.
 _LOAD_FOR_SUBMIT = (
@@ -160,8 +164,44 @@ _LOAD_FOR_SUBMIT = (
 )
 #: :data:`_LOAD_FOR_SUBMIT` run on psycopg directly (:mod:`app.store.compiled`): a single
 #: submit's load without SQLAlchemy's execution context and result (the columns' types still
-#: process the row; the value is left as stored, see :class:`PrivateValue`).
-_LOAD_FOR_SUBMIT_PG = compiled.Compiled.of(_LOAD_FOR_SUBMIT)
+#: process the row; the value is left as stored, see :class:`PrivateValue`), in PostgreSQL's
+#: binary format (the likelihood array as its bytes, not as twice as many hex digits).
+_LOAD_FOR_SUBMIT_PG = compiled.Compiled.of(_LOAD_FOR_SUBMIT, binary=True)
+#: The most scoped loads kept compiled (:func:`_compiled_load`): one per statement and tuple of
+#: label names a project scope has; more are compiled again when needed (a scope's names come
+#: from a project's configuration, not from a request).
+_SCOPED_KEPT = 64
+_scoped_loads: dict[tuple[Select[Any], tuple[str, ...]], compiled.Compiled] = {}
+
+
+def _scope_parameter(i: int) -> str:
+    return f"scope_value_{i}"
+
+
+def _compiled_load(
+    statement: Select[Any], unscoped: compiled.Compiled, scope: list[tuple[str, str]] | None
+) -> tuple[compiled.Compiled, dict[str, str]]:
+    """``statement`` (a load) in ``scope``, compiled for psycopg (binary), and the scope's values.
+
+    ``unscoped``: ``statement`` compiled, for no scope. The label names are part of the
+    statement's text (one compiled statement per tuple of names), their values are its
+    parameters :func:`_scope_parameter` (:func:`label_conditions` compares a label with each).
+    """
+    if scope is None:
+        return unscoped, {}
+    names = tuple(name for name, _ in scope)
+    found = _scoped_loads.get((statement, names))
+    if found is None:
+        if len(_scoped_loads) >= _SCOPED_KEPT:
+            _scoped_loads.clear()
+        conditions = label_conditions(
+            [(name, bindparam(_scope_parameter(i), type_=Text)) for i, name in enumerate(names)]
+        )
+        found = compiled.Compiled.of(statement.where(*conditions), binary=True)
+        _scoped_loads[statement, names] = found
+    return found, {_scope_parameter(i): value for i, (_, value) in enumerate(scope)}
+
+
 # Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
 # cache on every call, which the profile showed (docs/benchmarks.md). The SET columns of the
 # compare-and-set come from the keys of the parameters passed at execution.
@@ -187,9 +227,16 @@ def load_state(
     With ``scope``: None also when the object is outside it — the same statement finds no row,
     so an object out of scope costs what a missing one does.
     """
-    statement = _LOAD_STATE if scope is None else _LOAD_STATE.where(*label_conditions(scope))
-    found = conn.execute(statement, {"object_id": object_id}).one_or_none()
-    return None if found is None else _state(tuple(found))
+    pairs = None if scope is None else list(scope)
+    params = {"object_id": object_id}
+    if is_postgres(conn):  # psycopg's row in binary format, typed as below
+        statement, values = _compiled_load(_LOAD_STATE, _LOAD_STATE_PG, pairs)
+        row = compiled.fetch_one(conn, statement, {**params, **values})
+    else:
+        scoped = _LOAD_STATE if pairs is None else _LOAD_STATE.where(*label_conditions(pairs))
+        found = conn.execute(scoped, params).one_or_none()
+        row = None if found is None else tuple(found)
+    return None if row is None else _state(row)
 
 
 #: The position of ``value`` in :class:`ObjectState`'s fields (and in a row of its columns).
@@ -213,14 +260,16 @@ def load_for_submit(
     accepted key's are never rejected; each table is unique on ``(object, key)``). None when
     there is no such object (or it is outside ``scope``); without a key, no answer.
     """
+    pairs = None if scope is None else list(scope)
     params = {"object_id": object_id, "key": key}
-    if scope is None and is_postgres(conn):  # the hot path: psycopg's row, typed as below
-        row = compiled.fetch_one(conn, _LOAD_FOR_SUBMIT_PG, params, binary=True)
+    if is_postgres(conn):  # the hot path: psycopg's row in binary format, typed as below
+        statement, values = _compiled_load(_LOAD_FOR_SUBMIT, _LOAD_FOR_SUBMIT_PG, pairs)
+        row = compiled.fetch_one(conn, statement, {**params, **values})
     else:
-        statement = (
-            _LOAD_FOR_SUBMIT if scope is None else _LOAD_FOR_SUBMIT.where(*label_conditions(scope))
+        scoped = (
+            _LOAD_FOR_SUBMIT if pairs is None else _LOAD_FOR_SUBMIT.where(*label_conditions(pairs))
         )
-        found = conn.execute(statement, params).one_or_none()
+        found = conn.execute(scoped, params).one_or_none()
         row = None if found is None else tuple(found)
     if row is None:
         return None
@@ -346,9 +395,12 @@ def retire(conn: Tx, *, object_id: str, at: datetime) -> bool:
 
 
 def label_conditions(
-    labels: Mapping[str, str] | Iterable[tuple[str, str]],
+    labels: Mapping[str, str] | Iterable[tuple[str, str | BindParameter[str]]],
 ) -> list[ColumnElement[bool]]:
-    """SQL conditions: the object carries every ``name: value`` given (all must hold)."""
+    """SQL conditions: the object carries every ``name: value`` given (all must hold).
+
+    A value may be a parameter (a compiled scoped load binds the values at each execution).
+    """
     pairs = labels.items() if isinstance(labels, Mapping) else labels
     return [OBJECTS.c.labels[name].as_string() == value for name, value in pairs]
 

@@ -122,7 +122,11 @@ _LOCK_STATES = ids_.both(
 _LOCK_UNNAMED = select(STATES.c.hash).where(~_NAMED).with_for_update(skip_locked=True)
 _DELETE_UNNAMED = ids_.where_among(delete(STATES).where(~_NAMED), STATES.c.hash)
 _DELETE_ALL_UNNAMED = delete(STATES).where(~_NAMED)
-_LOAD_STATES = ids_.where_among(select(STATES.c.hash, STATES.c.state, STATES.c.err), STATES.c.hash)
+#: PostgreSQL: run on psycopg in PostgreSQL's binary format (:func:`load_states`).
+_LOAD_STATES = ids_.compiled_for_postgres(
+    ids_.where_among(select(STATES.c.hash, STATES.c.state, STATES.c.err), STATES.c.hash),
+    binary=True,
+)
 _COUNT = select(func.count()).select_from(STATES)
 _COUNT_UNNAMED = select(func.count()).select_from(STATES).where(~_NAMED)
 
@@ -239,7 +243,12 @@ def collect_unnamed(conn: Tx) -> int:
 
 
 def load_states(conn: Tx, keys: set[str]) -> dict[str, tuple[bytes, float]]:
-    """The stored arrays (and rounding errors) of the given state keys."""
+    """The stored arrays (and rounding errors) of the given state keys (those stored).
+
+    On PostgreSQL the rows come in its binary format, by psycopg directly: an array travels
+    as its bytes, not as twice as many hex digits that the server writes and psycopg parses
+    (8 kB against 16 kB for 1,000 points), and no SQLAlchemy ``Row`` is built per state.
+    """
     return {
         key: (bytes(state), float(err))
         for key, state, err in ids_.rows_among(conn, _LOAD_STATES, sorted(keys))

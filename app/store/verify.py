@@ -123,7 +123,6 @@ _REST = list(_ALL.selected_columns)[2:]  # after the id and the domain's text
 _PAGE = select(_OBJECTS.c.id, _OBJECTS.c.domain_hash, *_REST).order_by(_OBJECTS.c.id)
 _IDS = select(_OBJECTS.c.id).order_by(_OBJECTS.c.id).offset(bindparam("at")).limit(1)
 _DOMAIN_TEXTS = select(_DOMAINS.c.hash, _DOMAINS.c.text)
-_STATE = select(_STATES.c.state, _STATES.c.err).where(_STATES.c.hash == bindparam("key"))
 _USERS = (
     select(_OBJECTS.c.state_hash, func.count())
     .where(_OBJECTS.c.state_hash.is_not(None))
@@ -247,9 +246,9 @@ def chunk_ranges(conn: Tx) -> list[ChunkRange]:
 
 
 def likelihood_state(conn: Tx, *, key: str) -> StoredState | None:
-    """The likelihood array stored under ``key``, or None."""
-    row = conn.execute(_STATE, {"key": key}).one_or_none()
-    return None if row is None else StoredState(*row)
+    """The likelihood array stored under ``key``, or None (:func:`load_states`' read)."""
+    found = load_states(conn, {key}).get(key)
+    return None if found is None else StoredState(*found)
 
 
 def state_users(conn: Tx) -> dict[str, int]:

@@ -7,9 +7,11 @@ connections in both orders) — and must delete every state no object names.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -401,3 +403,102 @@ def test_a_chunk_s_states_copied_are_stored_as_one_insert_per_row_stores_them(
         ).scalar_one()
     if column == "l":
         assert {c for *_, c in copied} == {"lz4"}
+
+
+def test_stored_arrays_read_back_byte_equal_through_every_read(
+    client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read of ``likelihood_states.state`` gives the bytes written, as ``bytes``.
+
+    The reads: :func:`load_states` (a survey chunk's, a version's; more keys than one
+    statement takes), ``gatekeeper verify``'s :func:`~app.store.verify.likelihood_states` and
+    :func:`~app.store.verify.likelihood_state`, and an object's loads (a dry-run's
+    :func:`~app.store.objects.load_state` and a submit's, unscoped and scoped). The arrays: a
+    10^5-point one (800 kB, stored out of line), a 1,000-point one, one TOAST compresses (all
+    zeros), the empty one, and one byte; an object naming no array loads None. On PostgreSQL
+    every read asks for its binary format (docs/benchmarks.md, "h/loads").
+    """
+    import random
+
+    from app.store import compiled
+    from app.store import verify as verify_store
+    from app.store.objects import load_for_submit, load_state
+
+    rng = random.Random(2711)
+    arrays = {
+        "large": rng.randbytes(8 * 100_000),
+        "grr": rng.randbytes(8 * 1_000),
+        "zeros": bytes(8 * 10_000),
+        "empty": b"",
+        "byte": b"\x00",
+    }
+    # more keys than one statement of load_states takes (PostgreSQL: 10,000; SQLite: 500)
+    small = {f"n{n:05d}": n.to_bytes(3, "big") + b"\\x" for n in range(PG_PER_STATEMENT + 1)}
+    written = {f"bytes-{k}": (a, n / 8) for n, (k, a) in enumerate({**arrays, **small}.items())}
+    formats: list[tuple[int, ...]] = []
+    processors = compiled.Compiled.processors
+
+    def spied(self: compiled.Compiled, cursor: Any) -> Any:
+        result = cursor.pgresult
+        formats.append(tuple(result.fformat(i) for i in range(result.nfields)))
+        return processors(self, cursor)
+
+    oids = {name: _object(client) for name in arrays}
+    none = _object(client)
+    labelled = {}
+    for name in arrays:
+        with transaction(engine) as conn:
+            conn.execute(
+                text("UPDATE objects SET labels = :l WHERE id = :o"),
+                {"l": json.dumps({"team": name}), "o": oids[name]},
+            )
+            labelled[name] = [("team", name)]
+    with engine.connect() as conn, conn.begin() as tx:  # rolled back: nothing is left stored
+        name_states(conn, [(k, a, e) for k, (a, e) in written.items()])
+        for name, oid in oids.items():
+            _named_in(conn, oid, f"bytes-{name}")
+        monkeypatch.setattr(compiled.Compiled, "processors", spied)
+        loaded = load_states(conn, set(written) | {"bytes-never"})
+        by_verify = verify_store.likelihood_states(conn, sorted(written))
+        for key, (array, err) in written.items():
+            assert type(loaded[key][0]) is bytes
+            assert loaded[key] == (array, err), key
+            assert type(by_verify[key].state) is bytes
+            assert (by_verify[key].state, by_verify[key].err) == (array, err), key
+        assert set(loaded) == set(by_verify) == set(written)
+        for name, oid in oids.items():
+            key = f"bytes-{name}"
+            one = verify_store.likelihood_state(conn, key=key)
+            assert one is not None
+            assert type(one.state) is bytes
+            assert (one.state, one.err) == written[key]
+            for scope in (None, labelled[name]):
+                state = load_state(conn, object_id=oid, scope=scope)
+                submit = load_for_submit(conn, object_id=oid, key=None, scope=scope)
+                assert state is not None
+                assert submit is not None
+                for found in (state, submit[0]):
+                    assert type(found.state) is bytes
+                    assert (found.state, found.state_err) == written[key], (name, scope)
+                    assert found.state_hash == key
+            assert load_state(conn, object_id=oid, scope=[("team", "other")]) is None
+        assert verify_store.likelihood_state(conn, key="bytes-never") is None
+        missing = load_state(conn, object_id=none)
+        assert missing is not None
+        assert missing.state is None
+        assert missing.state_err == 0.0
+        monkeypatch.undo()
+        tx.rollback()
+    with engine.connect() as conn:
+        assert load_states(conn, set(written)) == {}
+    if engine.dialect.name == "postgresql":
+        # load_states and verify's likelihood_states: 2 statements each (10,006 keys); per
+        # array verify's single read and 4 loads of its object (the one out of scope finds no
+        # row); the never-stored key's read; the object naming none. Every column in binary (1)
+        assert len(formats) == 2 + 2 + 5 * (1 + 4) + 1 + 1
+        assert all(set(found) == {1} for found in formats), formats
+
+
+def _named_in(conn: Connection, oid: str, key: str) -> None:
+    """Make ``oid`` name ``key`` in ``conn``'s transaction."""
+    conn.execute(text("UPDATE objects SET state_hash = :k WHERE id = :o"), {"k": key, "o": oid})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,6 +29,7 @@ from app.db.session import make_engine
 from app.services import audit
 from app.services.snapshots import collect_states
 from app.store import Conflict, begin_writes, is_postgres, submitting, transaction
+from app.store import objects as objects_store
 from app.store.objects import load_for_submit, load_state
 from app.store.submits import AcceptedQuery, NewState, record_accepted
 from tests.service import factories
@@ -383,15 +385,27 @@ def client(database_url: str) -> Iterator[TestClient]:
         yield test_client
 
 
-def test_the_submit_load_types_its_row_as_sqlalchemy_does(
-    client: TestClient, engine: Engine
-) -> None:
-    """On PostgreSQL the submit's load runs on psycopg directly (``app.store.compiled``).
+@contextmanager
+def _through_sqlalchemy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The loads of :mod:`app.store.objects` through SQLAlchemy (text format), as on SQLite.
 
-    Its row must come back as ``Connection.execute`` types it (``load_state`` and the scoped
-    load still go through SQLAlchemy): the value as stored (decrypted when revealed), datetimes
-    aware, the labels a dict, the likelihood array bytes — for a fresh object, one with a
-    history, and a retired one.
+    On PostgreSQL they run on psycopg directly, in binary format: this is their reference.
+    """
+    with monkeypatch.context() as patched:
+        patched.setattr(objects_store, "is_postgres", lambda _conn: False)
+        yield
+
+
+def test_the_submit_load_types_its_row_as_sqlalchemy_does(
+    client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On PostgreSQL the loads run on psycopg directly (``app.store.compiled``).
+
+    Their rows must come back as ``Connection.execute`` types them (the same statements through
+    SQLAlchemy, :func:`_through_sqlalchemy`): the value as stored (decrypted when revealed),
+    datetimes aware, the labels a dict, the likelihood array bytes — for a fresh object, one
+    with a history, a labelled one (in and out of a scope) and a retired one; unscoped, scoped
+    to no label and scoped to labels.
     """
     key = new_key(client, "analyst")
     fresh = _register(client)
@@ -412,31 +426,55 @@ def test_the_submit_load_types_its_row_as_sqlalchemy_does(
     assert _submit(client, key, labelled, f"{labelled}-0").status_code == 201
     retired = _register(client)
     assert client.delete(f"/v1/objects/{retired}", headers=auth(factories.ADMIN_KEY)).is_success
+    team = [("team", "a"), ("unit", "b")]
+    other = [("team", "a"), ("unit", "c")]
     for oid in (fresh, used, labelled, retired):
         with engine.connect() as conn:
-            expected = load_state(conn, object_id=oid)
+            with _through_sqlalchemy(monkeypatch):
+                expected = load_state(conn, object_id=oid)
+                expected_in = load_state(conn, object_id=oid, scope=team)
+                assert load_state(conn, object_id=oid, scope=other) is None
             got = load_for_submit(conn, object_id=oid, key="none")
             scoped = load_for_submit(conn, object_id=oid, key="none", scope=[])
+            state = load_state(conn, object_id=oid)
+            in_team = load_for_submit(conn, object_id=oid, key="none", scope=team)
+            state_in_team = load_state(conn, object_id=oid, scope=team)
+            assert load_state(conn, object_id=oid, scope=other) is None
+            assert load_for_submit(conn, object_id=oid, key="none", scope=other) is None
         assert expected is not None
+        assert state is not None
         assert got == scoped == (expected, None)
+        assert state == expected
+        if oid == labelled:
+            assert expected_in == expected
+            assert in_team == (expected, None)
+            assert state_in_team == expected
+        else:
+            assert expected_in is None
+            assert in_team is None
+            assert state_in_team is None
         assert json.loads(got[0].value.reveal()) == ({"x": 2} if oid == labelled else {"x": 1})
         for name, value in vars(expected).items():  # the same types, not only equal values
             assert type(getattr(got[0], name)) is type(value), name
+            assert type(getattr(state, name)) is type(value), name
     assert got[0].retired_at is not None
     assert got[0].retired_at.tzinfo is not None
     with engine.connect() as conn:
         assert load_for_submit(conn, object_id="store-missing", key=None) is None
+        assert load_state(conn, object_id="store-missing") is None
+        assert load_state(conn, object_id="store-missing", scope=team) is None
 
 
-def test_the_submit_load_reads_its_row_in_binary_with_the_same_values(
+def test_the_loads_read_their_row_in_binary_with_the_same_values(
     client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On PostgreSQL the submit's load asks for PostgreSQL's binary format, every column.
+    """On PostgreSQL every load of an object asks for PostgreSQL's binary format, every column.
 
     A likelihood array then travels as its bytes (in text, ``bytea`` is twice as many hex
     digits, written by the server and parsed by psycopg: docs/benchmarks.md, "Seventeenth
     session, h/state"). The row, and the keyed answer with it (accepted or rejected), are the
-    values and types SQLAlchemy's text-format load gives (the scoped load goes through it).
+    values and types SQLAlchemy's text-format load gives, unscoped and scoped, and so is the
+    dry-run's :func:`load_state`.
     """
     if engine.dialect.name != "postgresql":
         pytest.skip("the binary format is PostgreSQL's (SQLite's load goes through SQLAlchemy)")
@@ -456,23 +494,34 @@ def test_the_submit_load_reads_its_row_in_binary_with_the_same_values(
     assert accepted.status_code == 201, accepted.text
     rejected = _submit(client, key, oid, "no", 0.5)
     assert rejected.status_code == 409, rejected.text
-    monkeypatch.setattr(compiled.Compiled, "processors", spied)
     for idem in ("yes", "no", "none"):
         with engine.connect() as conn:
-            got = load_for_submit(conn, object_id=oid, key=idem)
-            scoped = load_for_submit(conn, object_id=oid, key=idem, scope=[])
+            with _through_sqlalchemy(monkeypatch):
+                expected = load_for_submit(conn, object_id=oid, key=idem)
+                expected_state = load_state(conn, object_id=oid)
+            with monkeypatch.context() as patched:
+                patched.setattr(compiled.Compiled, "processors", spied)
+                got = load_for_submit(conn, object_id=oid, key=idem)
+                scoped = load_for_submit(conn, object_id=oid, key=idem, scope=[])
+                state = load_state(conn, object_id=oid)
+                state_scoped = load_state(conn, object_id=oid, scope=[])
+        assert expected is not None
         assert got is not None
         assert scoped is not None
-        assert got == scoped
+        assert state is not None
+        assert state_scoped is not None
+        assert got == scoped == expected
+        assert state == state_scoped == expected_state == expected[0]
         assert got[0].state is not None
         assert type(got[0].state) is bytes
-        for name, value in vars(scoped[0]).items():
-            assert type(getattr(got[0], name)) is type(value), name
+        for name, value in vars(expected[0]).items():
+            for found in (got[0], scoped[0], state, state_scoped):
+                assert type(getattr(found, name)) is type(value), name
         assert (got[1] is None) == (idem == "none")
-        if got[1] is not None and scoped[1] is not None:
-            for name, value in vars(scoped[1]).items():
+        if got[1] is not None and expected[1] is not None:
+            for name, value in vars(expected[1]).items():
                 assert type(getattr(got[1], name)) is type(value), name
-    assert len(formats) == 3
+    assert len(formats) == 12
     assert all(set(found) == {1} for found in formats), formats  # 1: binary, every column
 
 
