@@ -144,8 +144,9 @@ class Instance:
         """``log P(x)`` and its gradient (:meth:`_probs`' values; only the output's formed)."""
         z = self.values(x[None, :])[0]
         k = np.tanh(self.eps / 2.0)
-        p = self._t(z, self.high) * k + sigmoid(-self.eps)
-        slope = self._slope(z, self.high) * k
+        t = self._t(z, self.high)
+        p = t * k + sigmoid(-self.eps)
+        slope = self._slope(z, self.high, t) * k
         dz = np.where(self.high, slope, -slope) / p
         return float(np.log(p).sum()), (self.weights * dz[:, None]).sum(axis=0)
 
