@@ -60,31 +60,68 @@ class Instance:
         return [f"x{k}" for k in range(self.dim)]
 
     # --- the reference likelihood (contract.md formulas) ----------------------------------------
+    def _t(self, z: np.ndarray, high: np.ndarray | bool) -> np.ndarray:
+        """``t`` where ``high`` is True and ``1 - t`` where it is False, for every term.
+
+        ``t = σ(z)`` for a logistic term, ``(y - a)/(b - a)`` with ``y = clip(z, a, b)``
+        otherwise (the mechanism clips y to ``[a, b]``; plain queries only reach it up to
+        rounding); ``1 - t`` is formed directly (``σ(-z)``, ``(b - y)/(b - a)``) so that large ε
+        keeps its precision. Each kind is computed on its own terms' columns only (on every column
+        for a few points, where selecting columns costs more than it saves).
+        """
+        z = np.asarray(z, dtype=np.float64)
+        high = np.asarray(high, dtype=bool)
+        logistics = self.kinds.count(LOGISTIC)
+        if logistics == self.size:
+            return sigmoid(np.where(high, z, -z))
+        if not logistics or z.size < 256:  # a few points: both kinds on every column
+            y = np.clip(z, self.a, self.b)
+            t: np.ndarray = np.where(high, y - self.a, self.b - y) / (self.b - self.a)
+            if not logistics:
+                return t
+            logistic = np.array([kind == LOGISTIC for kind in self.kinds])
+            return np.where(logistic, sigmoid(np.where(high, z, -z)), t)
+        logistic = np.array([kind == LOGISTIC for kind in self.kinds])
+        linear = ~logistic
+        t = np.empty(z.shape)
+        zl = z[..., logistic]
+        t[..., logistic] = sigmoid(np.where(high if high.ndim == 0 else high[logistic], zl, -zl))
+        a, b = self.a[linear], self.b[linear]
+        y = np.clip(z[..., linear], a, b)
+        t[..., linear] = np.where(high if high.ndim == 0 else high[linear], y - a, b - y) / (b - a)
+        return t
+
     def _probs(self, z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``Pr(high | z)``, ``Pr(low | z)`` and ``d Pr(high)/dz`` for every term (``(..., n)``).
 
         ``Pr(high) = t k + 1/(e^ε + 1)`` with ``k = (e^ε - 1)/(e^ε + 1)`` (eqs. 37, 40, 45) and
-        ``Pr(low) = 1 - Pr(high) = (1 - t) k + 1/(e^ε + 1)``, with ``1 - t`` formed directly
-        (``(b - y)/(b - a)``, ``σ(-z)``) so that large ε keeps its precision.
+        ``Pr(low) = 1 - Pr(high) = (1 - t) k + 1/(e^ε + 1)`` (:meth:`_t`).
         """
         k = np.tanh(self.eps / 2.0)  # (e^ε - 1)/(e^ε + 1)
         base = sigmoid(-self.eps)  # 1/(e^ε + 1)
-        logistic = np.array([kind == LOGISTIC for kind in self.kinds])
-        width = self.b - self.a
-        # the mechanism clips y to [a, b] (plain queries only reach it up to rounding)
-        y = np.clip(z, self.a, self.b)
+        t, one_minus_t = self._t(z, True), self._t(z, False)
+        return t * k + base, one_minus_t * k + base, self._slope(z, True, t) * k
+
+    def _slope(
+        self, z: np.ndarray, high: np.ndarray | bool, t: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``dt/dz``: ``σ(z)σ(-z)`` for a logistic term, ``1/(b - a)`` inside ``[a, b]`` (else 0)
+        for a linear one; ``t`` is :meth:`_t` at ``high`` if the caller has it."""
         inside = (z >= self.a) & (z <= self.b)
-        dt_lin = np.where(inside, 1.0 / width, 0.0)
-        sig, sig_neg = sigmoid(z), sigmoid(-z)
-        t = np.where(logistic, sig, (y - self.a) / width)
-        one_minus_t = np.where(logistic, sig_neg, (self.b - y) / width)
-        dt = np.where(logistic, sig * sig_neg, dt_lin)
-        return t * k + base, one_minus_t * k + base, dt * k
+        dt_lin = np.where(inside, 1.0 / (self.b - self.a), 0.0)
+        if LOGISTIC not in self.kinds:
+            return dt_lin
+        logistic = np.array([kind == LOGISTIC for kind in self.kinds])
+        t = self._t(z, high) if t is None else t
+        return np.where(logistic, t * self._t(z, ~np.asarray(high, dtype=bool)), dt_lin)
 
     def term_logs(self, z: np.ndarray) -> np.ndarray:
-        """``log Pr(M_i = y_i | z_i)`` for every term."""
-        p_high, p_low, _ = self._probs(z)
-        return np.log(np.where(self.high, p_high, p_low))
+        """``log Pr(M_i = y_i | z_i)`` for every term (:meth:`_probs`' value of the output, only
+        that one formed)."""
+        k = np.tanh(self.eps / 2.0)
+        base = sigmoid(-self.eps)
+        logs: np.ndarray = np.log(self._t(z, self.high) * k + base)
+        return logs
 
     def values(self, points: np.ndarray) -> np.ndarray:
         """``z`` for each row of ``points``: shape ``(len(points), n)``.
@@ -104,9 +141,12 @@ class Instance:
         return self.term_logs(self.values(points)).sum(axis=-1)
 
     def logp_and_grad(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        """``log P(x)`` and its gradient (:meth:`_probs`' values; only the output's formed)."""
         z = self.values(x[None, :])[0]
-        p_high, p_low, slope = self._probs(z)
-        p = np.where(self.high, p_high, p_low)
+        k = np.tanh(self.eps / 2.0)
+        t = self._t(z, self.high)
+        p = t * k + sigmoid(-self.eps)
+        slope = self._slope(z, self.high, t) * k
         dz = np.where(self.high, slope, -slope) / p
         return float(np.log(p).sum()), (self.weights * dz[:, None]).sum(axis=0)
 
