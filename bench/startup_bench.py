@@ -22,8 +22,9 @@ announced themselves, then SIGTERM to its process group)::
         --kinds help,keys-list,verify,migrate,serve1,serve2,celery --broker redis://127.0.0.1:6379/7
 
 On a shared machine those CPU times move by a few per cent from run to run, more than a change
-of a few milliseconds. ``--instructions`` instead runs the command and one worker build once per
-tree under Valgrind's callgrind (``PYTHONHASHSEED=0``) and prints the instructions each
+of a few milliseconds. ``--instructions`` instead runs the command and one worker build (or
+the ``--kinds`` among help, keys-list, verify, migrate, worker-build) once per tree under
+Valgrind's callgrind (``PYTHONHASHSEED=0``) and prints the instructions each
 executed: the same tree gives the same count to a few parts per million whatever the load
 (about 40 s of CPU per run). Instructions are not time — the collector's pointer chasing and
 cache misses cost more than their count says — so read them beside the timed rounds.
@@ -227,6 +228,15 @@ def celery_worker(tree: str, env: dict[str, str], broker: str, tag: str) -> tupl
     return ready, children_cpu() - cpu
 
 
+#: The kinds that are one command to its exit (what ``--instructions`` can count).
+COMMANDS = {
+    "help": ["-m", "app.cli", "--help"],
+    "keys-list": KEYS_LIST,
+    "verify": ["-m", "app.cli", "verify", "--quiet"],
+    "migrate": ["-m", "app.cli", "migrate"],
+    "worker-build": WORKER_BUILD,
+}
+
 KINDS = ("help", "keys-list", "verify", "migrate", "worker-build", "serve1", "serve2", "serve4")
 
 
@@ -234,15 +244,8 @@ def one_start(
     kind: str, tree: str, env: dict[str, str], broker: str | None, tag: str
 ) -> tuple[float, float]:
     """Wall and CPU of one start of ``kind`` in ``tree``."""
-    commands = {
-        "help": ["-m", "app.cli", "--help"],
-        "keys-list": KEYS_LIST,
-        "verify": ["-m", "app.cli", "verify", "--quiet"],
-        "migrate": ["-m", "app.cli", "migrate"],
-        "worker-build": WORKER_BUILD,
-    }
-    if kind in commands:
-        return run_command(tree, env, commands[kind])
+    if kind in COMMANDS:
+        return run_command(tree, env, COMMANDS[kind])
     if kind.startswith("serve"):
         return serve(tree, env, int(kind.removeprefix("serve")))
     if kind == "celery":
@@ -321,14 +324,14 @@ def main() -> None:
             env=environment(tree, urls[name], key),
             check=True,
         )
-    if args.kinds:
+    if args.kinds and not args.instructions:
         by_kind(trees, urls, key, args.kinds.split(","), args.rounds, args.broker)
         return
     if args.instructions:
         counted = {
             name: {
-                what: instructions(tree, environment(tree, urls[name], key), argv)
-                for what, argv in (("keys list", KEYS_LIST), ("worker build", WORKER_BUILD))
+                what: instructions(tree, environment(tree, urls[name], key), COMMANDS[what])
+                for what in (args.kinds or "keys-list,worker-build").split(",")
             }
             for name, tree in trees.items()
         }
