@@ -45,8 +45,9 @@ def prepare_database(settings: Settings | None = None) -> tuple[Settings, Engine
 
     A database already at the newest migration is left as it is without starting Alembic:
     Alembic's upgrade to where the database already is (importing Alembic, Mako and Pygments,
-    then every migration script and what the scripts import) was about a third of a ``serve``
-    parent's CPU at every start (docs/benchmarks.md, "Eighteenth session, h/start"). Any other
+    then every migration script) was a quarter of a ``gatekeeper migrate``'s instructions and
+    7 % of a one-worker ``serve`` process's up to its app, at every start (docs/benchmarks.md,
+    "Eighteenth session, h/start"). Any other
     answer of :func:`~app.db.migrate.migration_problem` — never migrated, behind, or at a
     revision this version does not know — goes to Alembic as before, which migrates or refuses.
     """
