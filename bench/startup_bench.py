@@ -222,8 +222,9 @@ def celery_worker(tree: str, env: dict[str, str], broker: str, tag: str) -> tupl
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        for key in client.scan_iter(match=f"gatekeeper:celery:{namespace}:*"):
-            client.delete(key)
+        for match in (f"gatekeeper:celery:{namespace}:*", f"_kombu.binding*.{namespace}.*"):
+            for key in client.scan_iter(match=match):
+                client.delete(key)
         client.close()
     return ready, children_cpu() - cpu
 
