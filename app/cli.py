@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from app.engine.calculator import compute_loss
 from app.engine.errors import InvalidInput, Unsupported
 from app.engine.jsonfields import NotText, RepeatedKey, loads_strict
 
@@ -39,6 +38,11 @@ def _problem(kind: str, title: str, detail: str, field: str | None) -> dict[str,
 
 def cmd_loss(args: argparse.Namespace) -> int:
     """Print the calculator's JSON answer for FILE (``-`` for stdin); problems go to stderr."""
+    # the engine (NumPy with it: ~0.1 s of CPU) is imported by the commands that use it, not
+    # by every `gatekeeper` command and `--help` (docs/benchmarks.md, "Eighteenth session,
+    # h/start")
+    from app.engine.calculator import compute_loss
+
     try:
         request = _read_json(args.file)
     except FileNotFoundError:

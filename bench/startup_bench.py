@@ -9,9 +9,22 @@ the children's CPU (``getrusage(RUSAGE_CHILDREN)``). Usage::
 
     python bench/startup_bench.py --tree main=/path/to/main --tree branch=. --rounds 5
 
+``--kinds`` measures other starts instead, one table row per kind and tree (CPU of the process
+and everything it reaped, to its first answer and its stop; wall to its first answer), each
+round alternating which tree goes first: ``help`` (``gatekeeper --help``), ``keys-list``,
+``verify`` (on the migrated, empty SQLite file), ``migrate`` (of a database already at the
+newest migration), ``worker-build`` (as above), ``serve1``/``serve2``/``serve4`` (``gatekeeper
+serve --workers N`` to its first 200 on ``/readyz``, then SIGTERM) and ``celery``
+(``gatekeeper worker --concurrency 1`` on ``--broker``, a Redis URL, until both nodes have
+announced themselves, then SIGTERM to its process group)::
+
+    python bench/startup_bench.py --tree base=/work/wt/base --tree branch=. --rounds 3 \
+        --kinds help,keys-list,verify,migrate,serve1,serve2,celery --broker redis://127.0.0.1:6379/7
+
 On a shared machine those CPU times move by a few per cent from run to run, more than a change
-of a few milliseconds. ``--instructions`` instead runs the command and one worker build once per
-tree under Valgrind's callgrind (``PYTHONHASHSEED=0``) and prints the instructions each
+of a few milliseconds. ``--instructions`` instead runs the command and one worker build (or
+the ``--kinds`` among help, keys-list, verify, migrate, worker-build) once per tree under
+Valgrind's callgrind (``PYTHONHASHSEED=0``) and prints the instructions each
 executed: the same tree gives the same count to a few parts per million whatever the load
 (about 40 s of CPU per run). Instructions are not time — the collector's pointer chasing and
 cache misses cost more than their count says — so read them beside the timed rounds.
@@ -23,7 +36,9 @@ import argparse
 import os
 import re
 import resource
+import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -133,6 +148,152 @@ def server(tree: str, env: dict[str, str]) -> tuple[float, float, int]:
     return ready, children_cpu() - cpu, out.count("Application startup complete")
 
 
+def run_command(tree: str, env: dict[str, str], argv: list[str]) -> tuple[float, float]:
+    """Wall and CPU (the process and what it reaped) of one ``python argv`` to its exit."""
+    cpu, wall = children_cpu(), time.perf_counter()
+    subprocess.run(  # noqa: S603 - this interpreter, our own CLI
+        [sys.executable, *argv], cwd=tree, env=env, check=True, capture_output=True
+    )
+    return time.perf_counter() - wall, children_cpu() - cpu
+
+
+def serve(tree: str, env: dict[str, str], workers: int) -> tuple[float, float]:
+    """``gatekeeper serve --workers N``: wall to the first 200 on ``/readyz``, CPU to its stop.
+
+    Polled every 50 ms with one kept client (the poll's own CPU is this process's, not counted).
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    cpu, wall = children_cpu(), time.perf_counter()
+    process = subprocess.Popen(  # noqa: S603 - this interpreter, our own CLI
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers", str(workers)],
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    ready = None
+    with httpx.Client(timeout=1) as client:
+        while ready is None:
+            if process.poll() is not None:
+                raise RuntimeError(f"serve exited: {process.communicate()[0][-2000:]}")
+            try:
+                if client.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    ready = time.perf_counter() - wall
+            except httpx.HTTPError:
+                time.sleep(0.05)
+    process.terminate()
+    out = process.communicate(timeout=60)[0]
+    started = out.count("Application startup complete")
+    if started != workers:
+        raise RuntimeError(f"{started} of {workers} workers started: {out[-2000:]}")
+    return ready, children_cpu() - cpu
+
+
+def celery_worker(tree: str, env: dict[str, str], broker: str, tag: str) -> tuple[float, float]:
+    """``gatekeeper worker --concurrency 1``: wall until both nodes announced themselves in
+    Redis (what tests/service/test_celery_worker.py waits for), CPU to its warm stop."""
+    import redis
+
+    namespace = f"startbench{tag}"
+    client = redis.Redis.from_url(broker)
+    pattern = f"gatekeeper:celery:{namespace}:workers:*"
+    cpu, wall = children_cpu(), time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--concurrency", "1"],
+        cwd=tree,
+        env={**env, "BROKER_URL": broker, "BROKER_NAMESPACE": namespace},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        while len(list(client.scan_iter(match=pattern))) < 2:
+            if process.poll() is not None:
+                raise RuntimeError(f"worker exited: {process.communicate()[0][-2000:]}")
+            time.sleep(0.05)
+        ready = time.perf_counter() - wall
+        os.killpg(process.pid, signal.SIGTERM)
+        process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        for match in (f"gatekeeper:celery:{namespace}:*", f"_kombu.binding*.{namespace}.*"):
+            for key in client.scan_iter(match=match):
+                client.delete(key)
+        client.close()
+    return ready, children_cpu() - cpu
+
+
+#: The kinds that are one command to its exit (what ``--instructions`` can count).
+COMMANDS = {
+    "help": ["-m", "app.cli", "--help"],
+    "keys-list": KEYS_LIST,
+    "verify": ["-m", "app.cli", "verify", "--quiet"],
+    "migrate": ["-m", "app.cli", "migrate"],
+    "worker-build": WORKER_BUILD,
+}
+
+KINDS = ("help", "keys-list", "verify", "migrate", "worker-build", "serve1", "serve2", "serve4")
+
+
+def one_start(
+    kind: str, tree: str, env: dict[str, str], broker: str | None, tag: str
+) -> tuple[float, float]:
+    """Wall and CPU of one start of ``kind`` in ``tree``."""
+    if kind in COMMANDS:
+        return run_command(tree, env, COMMANDS[kind])
+    if kind.startswith("serve"):
+        return serve(tree, env, int(kind.removeprefix("serve")))
+    if kind == "celery":
+        if broker is None:
+            raise SystemExit("--kinds celery needs --broker redis://...")
+        return celery_worker(tree, env, broker, tag)
+    raise SystemExit(f"unknown kind {kind!r}: one of {', '.join((*KINDS, 'celery'))}")
+
+
+def by_kind(
+    trees: dict[str, str],
+    urls: dict[str, str],
+    key: str,
+    kinds: list[str],
+    rounds: int,
+    broker: str | None,
+) -> None:
+    """Each round, each kind, each tree (alternating which tree goes first); then a table."""
+    results: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    order = list(trees)
+    print(f"load at the start: {os.getloadavg()}", flush=True)
+    for r in range(rounds):
+        for kind in kinds:
+            for name in order if r % 2 == 0 else order[::-1]:
+                env = environment(trees[name], urls[name], key)
+                measured = one_start(kind, trees[name], env, broker, f"{name}{r}")
+                results.setdefault((kind, name), []).append(measured)
+        print(f"round {r + 1} done, load {os.getloadavg()}", flush=True)
+    print(f"load at the end: {os.getloadavg()}")
+    first = order[0]
+    print(
+        "| start | tree | n | CPU mean s | CPU median s | CPU / first tree (means) | wall median s"
+        " |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for kind in kinds:
+        base_mean = statistics.mean(c for _, c in results[(kind, first)])
+        for name in order:
+            got = results[(kind, name)]
+            cpus = [c for _, c in got]
+            print(
+                f"| {kind} | {name} | {len(got)} | {statistics.mean(cpus):.3f} |"
+                f" {statistics.median(cpus):.3f} | {statistics.mean(cpus) / base_mean:.3f} |"
+                f" {statistics.median(w for w, _ in got):.2f} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tree", action="append", required=True, help="NAME=PATH (repeat)")
@@ -141,6 +302,11 @@ def main() -> None:
     parser.add_argument(
         "--instructions", action="store_true", help="count instructions under callgrind instead"
     )
+    parser.add_argument(
+        "--kinds",
+        help=f"comma-separated starts to measure instead: {', '.join(KINDS)}, celery",
+    )
+    parser.add_argument("--broker", help="Redis URL for --kinds celery (broker and results)")
     args = parser.parse_args()
     trees = dict(item.split("=", 1) for item in args.tree)
     key = subprocess.run(
@@ -159,11 +325,14 @@ def main() -> None:
             env=environment(tree, urls[name], key),
             check=True,
         )
+    if args.kinds and not args.instructions:
+        by_kind(trees, urls, key, args.kinds.split(","), args.rounds, args.broker)
+        return
     if args.instructions:
         counted = {
             name: {
-                what: instructions(tree, environment(tree, urls[name], key), argv)
-                for what, argv in (("keys list", KEYS_LIST), ("worker build", WORKER_BUILD))
+                what: instructions(tree, environment(tree, urls[name], key), COMMANDS[what])
+                for what in (args.kinds or "keys-list,worker-build").split(",")
             }
             for name, tree in trees.items()
         }

@@ -63,3 +63,22 @@ def test_the_probe_sees_them_when_they_are_used() -> None:
     assert "highspy" in loaded
     assert "threadpoolctl" in loaded
     assert "alembic" in loaded
+
+
+def test_the_command_line_parser_starts_without_the_engine_or_numpy() -> None:
+    # `gatekeeper --help` and a mistyped command need only the parser: the engine (with NumPy,
+    # ~0.1 s of CPU) is imported by the commands that use it (`loss`: app.cli.cmd_loss)
+    probe = (
+        "import json, sys\nimport app.cli\n"
+        "print(json.dumps(sorted(m for m in sys.modules"
+        " if m.split('.')[0] == 'numpy' or m == 'app.engine.calculator')))"
+    )
+    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed program
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

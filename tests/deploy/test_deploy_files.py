@@ -198,13 +198,15 @@ def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    # one client for every poll (an ``httpx.get`` builds one and its SSL context each time)
+    poll = httpx.Client(timeout=1)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         ready = None
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                ready = httpx.get(url + "/readyz", timeout=1)
+                ready = poll.get(url + "/readyz")
                 if ready.status_code == 200:
                     break
             except httpx.HTTPError:
@@ -214,7 +216,7 @@ def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
         assert ready.json()["status"] == "ok", ready.text
         while time.monotonic() < deadline and ready.json().get("workers") != 2:
             time.sleep(0.3)
-            ready = httpx.get(url + "/readyz", timeout=1)
+            ready = poll.get(url + "/readyz")
         # one worker container: a bounds node and a surveys node
         assert ready.json() == {
             "status": "ok",
@@ -231,6 +233,7 @@ def test_the_entrypoint_prestarts_and_serves_with_the_compose_environment(
         )
         assert keys.status_code == 201, keys.text
     finally:
+        poll.close()
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)
         worker_log.close()

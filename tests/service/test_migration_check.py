@@ -206,3 +206,53 @@ def test_a_command_checks_its_database_without_importing_alembic(sqlite_url: str
     code, loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert code == 0, done.stderr
     assert loaded == []
+
+
+MIGRATE_PROBE = """
+import json, sys
+from app.cli import main
+code = main(["migrate"])
+print(json.dumps([code, sorted({m.split(".")[0] for m in sys.modules} & {"alembic", "mako"})]))
+"""
+
+
+def _migrate_in_a_new_process(url: str, key_file: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in SETTINGS_ENV}
+    env.update({"PYTHONPATH": str(ROOT), "DATABASE_URL": url})
+    env["GATEKEEPER_ENCRYPTION_KEY_FILE"] = str(key_file)
+    return subprocess.run(  # noqa: S603 - this interpreter, a fixed program
+        [sys.executable, "-c", MIGRATE_PROBE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_serve_and_migrate_start_alembic_only_for_a_database_not_at_the_newest_migration(
+    tmp_path: Path,
+) -> None:
+    # serve's and migrate's prestart step (app.bootstrap.prepare_database): a fresh database is
+    # migrated by Alembic, one at the newest migration is left alone without importing it, and
+    # one a newer version migrated still goes to Alembic, which refuses it loudly
+    url = f"sqlite:///{tmp_path / 'gatekeeper.db'}"
+    key_file = tmp_path / "key"
+    fresh = _migrate_in_a_new_process(url, key_file)
+    assert fresh.returncode == 0, fresh.stderr
+    assert json.loads(fresh.stdout.strip().splitlines()[-1]) == [0, ["alembic", "mako"]]
+    engine = make_engine(url)
+    try:
+        assert migration_problem(engine) is None
+        at_head = _migrate_in_a_new_process(url, key_file)
+        assert at_head.returncode == 0, at_head.stderr
+        assert json.loads(at_head.stdout.strip().splitlines()[-1]) == [0, []]
+        assert f"database at migration {head_revision()} (the newest)" in at_head.stderr
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = 'ffff9'"))
+        newer = _migrate_in_a_new_process(url, key_file)
+        assert newer.returncode != 0
+        assert "Can't locate revision identified by 'ffff9'" in newer.stderr, newer.stderr[-2000:]
+    finally:
+        engine.dispose()
