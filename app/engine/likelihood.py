@@ -285,8 +285,8 @@ class LikelihoodState:
         """
         size = 8 * math.prod(domain.shape)
         exact = None
-        if len(data) > size and data[size : size + len(MAGIC)] == MAGIC:
-            tail = data[size + len(MAGIC) :]
+        tail = cls.exact_part(domain, data)
+        if tail is not None:
             exact = None if forms is None else forms.get(domain.shape, tail)
             if exact is None:
                 exact = ExactLoss.from_bytes(domain.shape, tail)
@@ -294,6 +294,14 @@ class LikelihoodState:
                     forms.put(domain.shape, tail, exact)
         logp = np.frombuffer(data[:size], dtype="<f8").reshape(domain.shape)
         return cls(domain, logp, err, exact)
+
+    @staticmethod
+    def exact_part(domain: Domain, data: bytes) -> bytes | None:
+        """The exact form's bytes in ``data`` (:meth:`to_bytes`'s), None when it has none."""
+        size = 8 * math.prod(domain.shape)
+        if len(data) > size and data[size : size + len(MAGIC)] == MAGIC:
+            return data[size + len(MAGIC) :]
+        return None
 
 
 class ExactForms:

@@ -499,12 +499,48 @@ def _decide_groups(
         snapshots = []
         for key in keys:
             first = by_group[key][0]
-            snapshots.append(
-                group_snapshot(
-                    conn, key, (first.id, first.version, first.version_start), cache.parsed
-                )
+            snapshot = group_snapshot(
+                conn, key, (first.id, first.version, first.version_start), cache.parsed
             )
+            _hand_canonical(key, snapshot, cache)
+            snapshots.append(snapshot)
         cache.decisions.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
+
+
+def _hand_canonical(key: GroupKey, snapshot: ObjectSnapshot, cache: RunCache) -> None:
+    """Hand a group's exact form its canonical bytes, when its stored bytes hold them.
+
+    Each (group, output)'s next state is named by :meth:`~app.engine.exact.ExactLoss.
+    canonical_after`, whose template around the moved row is then a cut of the group's
+    canonical bytes instead of every axis's rows written again. The stored exact part is the
+    canonical bytes without the shape when its writer was :meth:`~app.engine.exact.ExactLoss.
+    to_bytes` with the groups in ε order (:meth:`~app.engine.exact.ExactLoss.
+    canonical_from_stored`); an older writer's spacing, group order or numbers parse to the
+    same form but are not those bytes. So the candidate is checked against the state's key:
+    an exact state is stored under the content key of its canonical bytes (:func:`~app.
+    services.snapshots.content_key`, BLAKE2b under its own ``person``), so a candidate whose
+    content key is the state's key is those canonical bytes (else two contents would share one
+    key, which naming states by content already excludes). Any other candidate (not in ε
+    order, another writer's, a state named by its history) is dropped: the form writes its
+    template as before. Only for a snapshot that is the stored state itself (no pending entry
+    folded on: its form would be another).
+    """
+    state = snapshot.state
+    if (
+        key.state_hash is None
+        or key.state_pending
+        or not isinstance(state, LikelihoodState)
+        or state.exact is None
+        or state.exact.kept.canonical is not None
+    ):
+        return
+    stored = cache.parsed.states.get(key.state_hash)
+    tail = None if stored is None else LikelihoodState.exact_part(state.domain, stored[0])
+    if tail is None:
+        return
+    candidate = state.exact.canonical_from_stored(tail)
+    if cache.content_key(key.domain)(candidate) == key.state_hash:
+        state.exact.kept.canonical = candidate
 
 
 def _advance_of(
