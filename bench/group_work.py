@@ -15,8 +15,10 @@ database (the states are in the run's cache; ``load_states`` is not called).
 
 The input: ``--groups`` decision groups, each a distinct exact history of six ``grr`` outputs
 (the population of the bench's ``survey_load.py``: age 0..9, sex 0..1, 15 regions), each group's
-state stored as :meth:`LikelihoodState.to_bytes` writes it; ``--members`` members per group, each
-with a history hash of its own, spread at random over ``--chunks`` chunks of one run (one run
+state stored as :meth:`LikelihoodState.to_bytes` writes it under its content key (as the service
+stores an exact state, ``snapshots.content_key``: one group per content; h/group's first version
+keyed each by a hash of its bytes); ``--members`` members per group, each with a history hash
+of its own, spread at random over ``--chunks`` chunks of one run (one run
 cache), each member drawing a region (the bench population's skew). For every round and tree
 (the order alternating by round) a child process with that tree first on ``PYTHONPATH`` runs the
 whole survey and prints its thread CPU seconds and a digest of everything the chunks would
@@ -45,7 +47,7 @@ from app.engine.domain import parse_domain
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
 from app.services import survey_runs
-from app.services.snapshots import EXACT_FORMS, empty_state, next_history_hash
+from app.services.snapshots import EXACT_FORMS, content_key, empty_state, next_history_hash
 from app.store.surveys import GroupKey, MemberRow
 from app.worker.pool import BoundWorker, WorkerSettings
 
@@ -85,7 +87,9 @@ while len(states) < groups:
     if data in seen:
         continue
     seen.add(data)
-    key = hashlib.blake2b(data, digest_size=16).hexdigest()
+    key = content_key(domain_text, state)  # as the service keys an exact state
+    if key in states:  # the same outputs in another order: the same content, one state
+        continue
     states[key] = (data, state.err, state.exact.loss())
 
 keys = []

@@ -555,6 +555,7 @@ class ExactLoss:
 
         Once per (axis, group) of a form: a survey meets each of its groups' forms once per run,
         each first met in the run (20,000 of them in the seventh diverging survey at 2·10^5).
+        Cut from the canonical bytes when they are known (:meth:`_template_cut`), else written.
         """
         counts = self.counts
         if axis not in counts:
@@ -563,6 +564,9 @@ class ExactLoss:
             g = self.groups.index(group)
         except ValueError:  # not one of this form's groups
             return None
+        canonical = self.kept.canonical
+        if canonical is not None:
+            return self._template_cut(canonical, axis, g)
         order = self._sorted_order
         at = order.index(g)
         rows = self._rows_in(axis, order)
@@ -593,6 +597,44 @@ class ExactLoss:
         # each count's text as str() writes it: the list's text split at its commas
         texts = str(row)[1:-1].replace(" ", "").encode().split(b",") if row else []
         return prefix.encode(), row, suffix.encode(), texts
+
+    def _template_cut(
+        self, canonical: bytes, axis: int, g: int
+    ) -> tuple[bytes, list[int], bytes, list[bytes]] | None:
+        """:meth:`_template` of group ``g``'s row on ``axis``, cut from the canonical bytes.
+
+        ``canonical``: this form's (:attr:`Kept.canonical`, known: never computed here). The
+        template is those bytes around the row (:meth:`_template` writes them piece by piece):
+        the prefix ends with the row's ``[``, the suffix starts with its ``]``, the row's text
+        between is its counts joined by commas. The cut finds the row by the text's structure:
+        ``"c":{`` occurs once (the shape and the groups are numbers, commas and brackets), each
+        axis's ``"axis":[`` once after it (keys are quoted, counts are not), and a count row is
+        ``[`` integers ``]`` with no bracket inside. A survey meets each group's form once per
+        run, its canonical bytes verified from its stored bytes (``survey_runs``): ≈ 2 µs
+        instead of rendering every axis's rows again (≈ 13 µs, a form of three axes).
+        """
+        at = 0 if len(self.groups) == 1 else self._sorted_order.index(g)
+        row: list[int] = self.counts[axis][g].tolist()
+        if row and (max(row) >= _SAFE or min(row) <= -_SAFE):
+            return None  # a moved count could leave int64 (with_term's arithmetic)
+        head = b'"%d":[' % axis
+        start = canonical.index(head, canonical.index(b'"c":{')) + len(head)
+        for _ in range(at):  # past the rows before it, each "[...],"
+            start = canonical.index(b"]", start) + 2
+        end = canonical.index(b"]", start)
+        texts = canonical[start + 1 : end].split(b",") if row else []
+        return canonical[: start + 1], row, canonical[end:], texts
+
+    def canonical_from_stored(self, stored: bytes) -> bytes:
+        """The canonical bytes if ``stored`` is :meth:`to_bytes`'s with groups in ε order.
+
+        Then they are the shape, then the stored document. ``stored``: the bytes this form was
+        read from (:meth:`from_bytes`). A candidate only, not checked here: an older writer's
+        spacing, group order or numbers (a pair not in lowest terms) parse to this form too.
+        The caller verifies it before handing it over (:attr:`Kept.canonical`): a stored
+        state's key is the content key of its canonical bytes (``survey_runs``).
+        """
+        return b'{"s":[' + ",".join(map(str, self.shape)).encode() + b"]," + stored[1:]
 
     def same_as(self, other: ExactLoss | None) -> bool:
         """Equal counts per group, whatever order the groups came in (``verify``).

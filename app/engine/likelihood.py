@@ -139,7 +139,9 @@ class LikelihoodState:
     domain:
         A finite domain.
     logp:
-        Optional initial array of shape ``domain.shape`` (copied); defaults to zeros (P = 1).
+        Optional initial array of shape ``domain.shape`` (copied, then shifted so that its
+        maximum is 0: not when that maximum is +0.0 already, as a stored array's is — the
+        shift would subtract +0.0, which changes no float64); defaults to zeros (P = 1).
     err:
         Bound on the accumulated rounding error of every entry (see :mod:`app.engine.numerics`).
     exact:
@@ -164,7 +166,13 @@ class LikelihoodState:
                 exact = ExactLoss(domain.shape)
         else:
             self.logp = np.array(logp, dtype=np.float64).reshape(domain.shape)
-            self.logp -= self.logp.max()
+            top = self.logp.max()
+            # a stored array's maximum is +0.0 already (to_bytes writes a normalised one), and
+            # x - (+0.0) is x for every float64 x (-0.0 and infinities included; a NaN would
+            # make the maximum NaN): the shift is skipped then, bit-identical. Not for a
+            # maximum of -0.0 (x - (-0.0) turns -0.0 into +0.0) nor any other.
+            if top != 0.0 or math.copysign(1.0, top) < 0.0:
+                self.logp -= top
         self.err = float(err)
         self.exact = exact
         self._min = float(self.logp.min())
@@ -285,15 +293,25 @@ class LikelihoodState:
         """
         size = 8 * math.prod(domain.shape)
         exact = None
-        if len(data) > size and data[size : size + len(MAGIC)] == MAGIC:
-            tail = data[size + len(MAGIC) :]
+        tail = cls.exact_part(domain, data)
+        if tail is not None:
             exact = None if forms is None else forms.get(domain.shape, tail)
             if exact is None:
                 exact = ExactLoss.from_bytes(domain.shape, tail)
                 if forms is not None:
                     forms.put(domain.shape, tail, exact)
-        logp = np.frombuffer(data[:size], dtype="<f8").reshape(domain.shape)
+        # read in place (no slice of the bytes); the constructor copies it into an array of
+        # the state's own, writable (apply adds in place) and sharing nothing with ``data``
+        logp = np.frombuffer(data, dtype="<f8", count=size // 8)
         return cls(domain, logp, err, exact)
+
+    @staticmethod
+    def exact_part(domain: Domain, data: bytes) -> bytes | None:
+        """The exact form's bytes in ``data`` (:meth:`to_bytes`'s), None when it has none."""
+        size = 8 * math.prod(domain.shape)
+        if len(data) > size and data[size : size + len(MAGIC)] == MAGIC:
+            return data[size + len(MAGIC) :]
+        return None
 
 
 class ExactForms:

@@ -499,12 +499,48 @@ def _decide_groups(
         snapshots = []
         for key in keys:
             first = by_group[key][0]
-            snapshots.append(
-                group_snapshot(
-                    conn, key, (first.id, first.version, first.version_start), cache.parsed
-                )
+            snapshot = group_snapshot(
+                conn, key, (first.id, first.version, first.version_start), cache.parsed
             )
+            _hand_canonical(key, snapshot, cache)
+            snapshots.append(snapshot)
         cache.decisions.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
+
+
+def _hand_canonical(key: GroupKey, snapshot: ObjectSnapshot, cache: RunCache) -> None:
+    """Hand a group's exact form its canonical bytes, when its stored bytes hold them.
+
+    Each (group, output)'s next state is named by :meth:`~app.engine.exact.ExactLoss.
+    canonical_after`, whose template around the moved row is then a cut of the group's
+    canonical bytes instead of every axis's rows written again. The stored exact part is the
+    canonical bytes without the shape when its writer was :meth:`~app.engine.exact.ExactLoss.
+    to_bytes` with the groups in ε order (:meth:`~app.engine.exact.ExactLoss.
+    canonical_from_stored`); an older writer's spacing, group order or numbers parse to the
+    same form but are not those bytes. So the candidate is checked against the state's key:
+    an exact state is stored under the content key of its canonical bytes (:func:`~app.
+    services.snapshots.content_key`, BLAKE2b under its own ``person``), so a candidate whose
+    content key is the state's key is those canonical bytes (else two contents would share one
+    key, which naming states by content already excludes). Any other candidate (not in ε
+    order, another writer's, a state named by its history) is dropped: the form writes its
+    template as before. Only for a snapshot that is the stored state itself (no pending entry
+    folded on: its form would be another).
+    """
+    state = snapshot.state
+    if (
+        key.state_hash is None
+        or key.state_pending
+        or not isinstance(state, LikelihoodState)
+        or state.exact is None
+        or state.exact.kept.canonical is not None
+    ):
+        return
+    stored = cache.parsed.states.get(key.state_hash)
+    tail = None if stored is None else LikelihoodState.exact_part(state.domain, stored[0])
+    if tail is None:
+        return
+    candidate = state.exact.canonical_from_stored(tail)
+    if cache.content_key(key.domain)(candidate) == key.state_hash:
+        state.exact.kept.canonical = candidate
 
 
 def _advance_of(
@@ -520,15 +556,14 @@ def _advance_of(
 
     ``number``: the group's in the run (:meth:`RunCache.number`). Computed once per decision
     group and output (its history hash: ``decided``'s; each
-    member's own follows, :func:`~app.services.snapshots.advance_from`). An exact history's
-    next state is named by its content first (:func:`_exact_advance`): its array is computed
-    only for a content this run has not met yet (with ``work``, with the chunk's other new
-    arrays: :func:`_build_states`).
+    member's own follows, :func:`~app.services.snapshots.advance_from`): called when
+    :attr:`RunCache.advances` has none for ``(number, output)`` (the caller looked). An exact
+    history's next state is named by its content first (:func:`_exact_advance`): its array is
+    computed only for a content this run has not met yet (with ``work``, with the chunk's other
+    new arrays: :func:`_build_states`).
     """
     mech = group.mech
-    found = cache.advances.get((number, output))
-    if found is None and work is not None:
-        found = work.advances_built.get((number, output))
+    found = None if work is None else work.advances_built.get((number, output))
     if found is None:
         found = _exact_advance(decided, group, output, cache, worker, work, number)
         if found is None:
@@ -550,30 +585,49 @@ def _advance_of(
 
 @dataclass(slots=True)
 class _GroupAfter:
-    """What every output of an accepted exact decision group shares (:func:`_exact_advance`)."""
+    """What every output of an accepted exact decision group shares (:func:`_exact_advance`).
+
+    Kept per group for the run (:attr:`RunCache.after`): a diverged survey's group has one or
+    two members in most chunks that meet it, so what its outputs share is looked up once per
+    run, not once per chunk nor per output.
+    """
 
     #: The exact loss after each output (by output index) computed ahead, for the chunk's
     #: drawn outputs at once (:func:`_losses_ahead`); an output missing here is computed alone.
     losses: dict[int, Fraction]
     basic_total: str
     f0_account: str
+    #: The group's state (``group.snapshot.state``) and its exact form (``state.exact``).
+    state: LikelihoodState
+    exact: ExactLoss
+    #: The content key of the group's domain (:meth:`RunCache.content_key`).
+    named: Callable[[bytes], str]
     #: ``losses`` holds every output's (the later chunks meeting the group have nothing to do).
     complete: bool = False
 
 
-def _group_after(number: int, group: GroupAccepted, cache: RunCache) -> _GroupAfter:
-    """The :class:`_GroupAfter` of accepted decision group ``number``, once per run."""
+def _group_after(
+    number: int, group: GroupAccepted, state: LikelihoodState, domain: str, cache: RunCache
+) -> _GroupAfter:
+    """The :class:`_GroupAfter` of accepted decision group ``number``, once per run.
+
+    ``state``: the group's (``group.snapshot.state``), with an exact form; ``domain``: its
+    domain text.
+    """
     shared = cache.after.get(number)
     if shared is None:
+        assert state.exact is not None  # noqa: S101 - the callers' condition
         basic, account = accounts_after(group.snapshot, group.mech)
-        shared = cache.after[number] = _GroupAfter({}, str(basic), str(account))
+        shared = cache.after[number] = _GroupAfter(
+            {}, str(basic), str(account), state, state.exact, cache.content_key(domain)
+        )
     return shared
 
 
 def _losses_ahead(
-    groups: Sequence[tuple[int, GroupAccepted, Iterable[Output]]], cache: RunCache
+    domain: str, groups: Sequence[tuple[int, GroupAccepted, Iterable[Output]]], cache: RunCache
 ) -> None:
-    """The exact loss after each (exact decision group, output) of a domain, in one engine call.
+    """The exact loss after each (exact decision group, output) of ``domain``, in one engine call.
 
     What :func:`_exact_advance` brackets for a new state (its exact form's
     :meth:`~app.engine.exact.ExactLoss.loss`). For ``grr`` and table queries every output's
@@ -595,7 +649,7 @@ def _losses_ahead(
         state = group.snapshot.state
         if not isinstance(state, LikelihoodState) or state.exact is None:
             continue
-        shared = shared or _group_after(number, group, cache)
+        shared = shared or _group_after(number, group, state, domain, cache)
         losses = shared.losses
         need = [
             (at, output)
@@ -661,50 +715,53 @@ def _exact_advance(
     arrays in one pass (:func:`_build_states`). None: not an exact history (or its exact form
     would not survive the output), left to :func:`advance` of :func:`recorded`.
     """
-    snapshot, mech = group.snapshot, group.mech
-    state = snapshot.state
-    if not isinstance(state, LikelihoodState) or state.exact is None:
-        return None
-    term = cache.term(decided.domain, mech, output)
+    domain, mech = decided.domain, group.mech
+    shared = cache.after.get(number)  # the group's part, once per run: its form is exact
+    if shared is None:
+        state = group.snapshot.state
+        if not isinstance(state, LikelihoodState) or state.exact is None:
+            return None
+        shared = _group_after(number, group, state, domain, cache)
+    state, form = shared.state, shared.exact
+    term = cache.term(domain, mech, output)
     # the next form's canonical bytes from the group's (one count row moved), the form itself
     # built only for a content not met yet or a loss not computed ahead
-    canonical = None if term.exact is None else state.exact.canonical_after(term.exact)
+    canonical = None if term.exact is None else form.canonical_after(term.exact)
     exact = None
     if canonical is None:
-        exact = exact_after(state.exact, term)
+        exact = exact_after(form, term)
         if exact is None:
             return None
         canonical = exact.canonical_bytes()
-    shared = _group_after(number, group, cache)
-    key = cache.content_key(decided.domain)(canonical)
+    key = shared.named(canonical)
     stored = cache.contents.get(key)
     if stored is None and work is not None:
         build = work.building.get(key)
         if build is None:
             # the new form's stored bytes: from its canonical ones when this form's groups are
             # in ε order (the output's group among them), else the form's own (built here)
-            exact_bytes = None if exact is not None else state.exact.to_bytes_after(canonical)
+            exact_bytes = None if exact is not None else form.to_bytes_after(canonical)
             if exact_bytes is None:
-                exact = exact or _exact_with(state.exact, term, canonical)
+                exact = exact or _exact_with(form, term, canonical)
                 exact_bytes = exact.to_bytes()
-            err = state.error_after(cache.magnitude(decided.domain, term), term.extra_error)
+            err = state.error_after(cache.magnitude(domain, term), term.extra_error)
             build = work.building[key] = _Build(key, state, term, exact_bytes, err)
         stored = StoredState(key, b"", build.err)
     elif stored is None:
-        after = recorded(snapshot, group.decision, mech, output, worker)
+        after = recorded(group.snapshot, group.decision, mech, output, worker)
         assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
         stored = cache.contents[key] = StoredState(key, after.state.to_bytes(), after.state.err)
     ahead = shared.losses.get(output_index(output))
     if ahead is None:
-        ahead = (exact or _exact_with(state.exact, term, canonical)).loss()
+        ahead = (exact or _exact_with(form, term, canonical)).loss()
     loss = cache.exact_bounds(ahead)
     history_hash = decided.history_hash
     columns = {
         "state_hash": key,
         "state_pending": 0,
-        "history_hash": cache.first_hash(decided.domain, mech, output)
+        "history_hash": cache.first_hash(domain, mech, output)
         if history_hash is None
-        else cache.history_step(decided.domain, mech, output)(history_hash),
+        else cache.history_step(domain, mech, output)(history_hash),
         "loss_lower": loss.lower,
         "loss_upper": loss.upper,
         "basic_total": shared.basic_total,
@@ -796,8 +853,8 @@ def _decide_rows(
     ):
         if not pends:
             ahead[key.domain].append((number, group, by_output))
-    for drawn in ahead.values():
-        _losses_ahead(drawn, cache)
+    for domain, drawn in ahead.items():
+        _losses_ahead(domain, drawn, cache)
     advances = cache.advances
     for (key, group, _, passed), number, by_output, pends in zip(
         accepted, numbers, sampled, pendings, strict=True

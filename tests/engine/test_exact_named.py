@@ -9,6 +9,7 @@ including several ε's, negative counts, ties and values far beyond ``int64``-sa
 
 from __future__ import annotations
 
+import json
 import random
 from fractions import Fraction
 from typing import Any
@@ -243,6 +244,98 @@ def test_canonical_after_near_the_int64_guard_is_the_canonical_bytes_after_the_t
             )
     assert answered > 300
     assert refused > 300
+
+
+def test_a_template_cut_from_the_canonical_bytes_is_the_written_one() -> None:
+    """A form whose canonical bytes are known cuts its template from them (a survey's group
+    forms, :meth:`ExactLoss._template_cut`): the same prefix, row, suffix and texts as the
+    template written piece by piece, for groups in and out of ε order, every (axis, group)
+    and rows near the int64 guard; and ``canonical_after`` answers as ``with_term``."""
+    rng = random.Random(31)
+    pool = [Group(Fraction(n, d)) for n, d in ((1, 2), (1, 4), (3, 10), (1, 1), (7, 3))]
+    big = 1 << 62
+    values = [0, 1, -1, 2, 7, 10, 123456789, big - 1, big, -big]
+    cut = later = refused = 0
+    for _ in range(800):
+        groups = tuple(rng.sample(pool, rng.randint(1, 4)))
+        shape = tuple(rng.randint(1, 12) for _ in range(rng.randint(1, 4)))
+        counts = {
+            axis: np.array(
+                [
+                    [rng.choice(values[: 7 if rng.random() < 0.8 else None]) for _ in range(k)]
+                    for _ in groups
+                ],
+                dtype=np.int64,
+            ).reshape(len(groups), k)
+            for axis, k in enumerate(shape)
+            if rng.random() < 0.8
+        }
+        written = ExactLoss(shape, groups, counts)
+        known = ExactLoss(shape, groups, counts)
+        known.kept.canonical = canonical_json(written)
+        order = sorted(range(len(groups)), key=lambda g: groups[g].epsilon)
+        for axis in range(len(shape)):
+            for group in (*groups, rng.choice(pool)):
+                expected = written._template(axis, group)
+                assert known._template(axis, group) == expected
+                if axis not in counts or group not in groups:
+                    assert expected is None
+                    continue
+                g = groups.index(group)
+                found = known._template_cut(canonical_json(written), axis, g)
+                assert found == expected
+                if found is None:
+                    refused += 1
+                    continue
+                cut += 1
+                later += order.index(g) > 0
+                coeff = np.zeros(shape[axis], dtype=np.int64)
+                coeff[rng.randrange(shape[axis])] = 1
+                term = ExactTerm(axis, group, coeff)
+                assert known.canonical_after(term) == written.with_term(term).canonical_bytes()
+    assert cut > 2000
+    assert later > 800  # rows after others in the canonical order
+    assert refused > 100  # rows past the guard refused by the cut too
+
+
+def test_canonical_bytes_from_stored_ones_only_for_to_bytes_in_order() -> None:
+    """The candidate canonical bytes from stored ones (the shape, then the stored document) are
+    the form's when the stored bytes are ``to_bytes``'s with the groups in ε order; not for
+    groups out of ε order, an older writer's spacing or a pair not in lowest terms — all of
+    which parse to the same form (why a caller must verify the candidate)."""
+    rng = random.Random(37)
+    pool = [Group(Fraction(n, d)) for n, d in ((1, 2), (1, 4), (3, 10), (1, 1), (7, 3))]
+    in_order = out_of_order = 0
+    for _ in range(400):
+        groups = tuple(rng.sample(pool, rng.randint(1, 3)))
+        shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(1, 3)))
+        counts = {
+            axis: np.array(
+                [[rng.randint(-3, 9) for _ in range(k)] for _ in groups], dtype=np.int64
+            ).reshape(len(groups), k)
+            for axis, k in enumerate(shape)
+            if rng.random() < 0.8
+        }
+        form = ExactLoss(shape, groups, counts)
+        stored = form.to_bytes()
+        read = ExactLoss.from_bytes(shape, stored)
+        candidate = read.canonical_from_stored(stored)
+        if [g.epsilon for g in groups] == sorted(g.epsilon for g in groups):
+            in_order += 1
+            assert candidate == form.canonical_bytes() == read.canonical_bytes()
+        else:
+            out_of_order += 1
+            assert candidate != read.canonical_bytes()
+        spaced = json.dumps(json.loads(stored)).encode()  # json.dumps' default separators
+        again = ExactLoss.from_bytes(shape, spaced)
+        assert again.canonical_bytes() == read.canonical_bytes()
+        assert again.canonical_from_stored(spaced) != read.canonical_bytes()
+    assert in_order > 100
+    assert out_of_order > 100
+    doubled = b'{"g":[[2,4]],"c":{"0":[[1,0,0]]}}'
+    form = ExactLoss.from_bytes((3,), doubled)
+    assert form.canonical_bytes() == b'{"s":[3],"g":[[1,2]],"c":{"0":[[1,0,0]]}}'
+    assert form.canonical_from_stored(doubled) != form.canonical_bytes()
 
 
 def test_stored_groups_are_read_as_before() -> None:
