@@ -97,11 +97,13 @@ def _group_of(numerator: int, denominator: int) -> Group:
 
     Only integer pairs are kept (anything else is built, and refused, as before).
     """
+    if type(numerator) is not int or type(denominator) is not int:
+        return Group(Fraction(numerator, denominator))
     pair = (numerator, denominator)
-    found = _GROUPS.get(pair) if type(numerator) is int and type(denominator) is int else None
+    found = _GROUPS.get(pair)
     if found is None:
         found = Group(Fraction(numerator, denominator))
-        if type(numerator) is int and type(denominator) is int and len(_GROUPS) < _MAX_GROUPS_KEPT:
+        if len(_GROUPS) < _MAX_GROUPS_KEPT:
             _GROUPS[pair] = found
     return found
 
