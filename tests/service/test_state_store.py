@@ -11,7 +11,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -40,6 +39,7 @@ from app.store.states import (
 from tests.service import factories
 from tests.service.conftest import make_settings, new_key
 from tests.service.factories import grr_query, integer_domain
+from tests.service.formats import record_result_formats
 
 
 @pytest.fixture(scope="module")
@@ -420,7 +420,6 @@ def test_stored_arrays_read_back_byte_equal_through_every_read(
     """
     import random
 
-    from app.store import compiled
     from app.store import verify as verify_store
     from app.store.objects import load_for_submit, load_state
 
@@ -436,12 +435,6 @@ def test_stored_arrays_read_back_byte_equal_through_every_read(
     small = {f"n{n:05d}": n.to_bytes(3, "big") + b"\\x" for n in range(PG_PER_STATEMENT + 1)}
     written = {f"bytes-{k}": (a, n / 8) for n, (k, a) in enumerate({**arrays, **small}.items())}
     formats: list[tuple[int, ...]] = []
-    processors = compiled.Compiled.processors
-
-    def spied(self: compiled.Compiled, cursor: Any) -> Any:
-        result = cursor.pgresult
-        formats.append(tuple(result.fformat(i) for i in range(result.nfields)))
-        return processors(self, cursor)
 
     oids = {name: _object(client) for name in arrays}
     none = _object(client)
@@ -457,7 +450,7 @@ def test_stored_arrays_read_back_byte_equal_through_every_read(
         name_states(conn, [(k, a, e) for k, (a, e) in written.items()])
         for name, oid in oids.items():
             _named_in(conn, oid, f"bytes-{name}")
-        monkeypatch.setattr(compiled.Compiled, "processors", spied)
+        record_result_formats(monkeypatch, formats)
         loaded = load_states(conn, set(written) | {"bytes-never"})
         by_verify = verify_store.likelihood_states(conn, sorted(written))
         for key, (array, err) in written.items():

@@ -35,6 +35,7 @@ from app.store.submits import AcceptedQuery, NewState, record_accepted
 from tests.service import factories
 from tests.service.conftest import auth, make_settings, new_key
 from tests.service.factories import grr_query, integer_domain
+from tests.service.formats import record_result_formats
 
 
 @pytest.fixture(scope="module")
@@ -478,15 +479,8 @@ def test_the_loads_read_their_row_in_binary_with_the_same_values(
     """
     if engine.dialect.name != "postgresql":
         pytest.skip("the binary format is PostgreSQL's (SQLite's load goes through SQLAlchemy)")
-    from app.store import compiled
 
     formats: list[tuple[int, ...]] = []
-    processors = compiled.Compiled.processors
-
-    def spied(self: compiled.Compiled, cursor: Any) -> Any:
-        result = cursor.pgresult
-        formats.append(tuple(result.fformat(i) for i in range(result.nfields)))
-        return processors(self, cursor)
 
     key = new_key(client, "analyst")
     oid = _register(client, budget=0.7)
@@ -500,7 +494,7 @@ def test_the_loads_read_their_row_in_binary_with_the_same_values(
                 expected = load_for_submit(conn, object_id=oid, key=idem)
                 expected_state = load_state(conn, object_id=oid)
             with monkeypatch.context() as patched:
-                patched.setattr(compiled.Compiled, "processors", spied)
+                record_result_formats(patched, formats)
                 got = load_for_submit(conn, object_id=oid, key=idem)
                 scoped = load_for_submit(conn, object_id=oid, key=idem, scope=[])
                 state = load_state(conn, object_id=oid)
