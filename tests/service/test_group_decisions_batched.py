@@ -185,11 +185,13 @@ def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
     rng = random.Random(950 + seed)
     _, keys, cache = _decided_together(rng)
     numbered: dict[int, GroupAccepted] = {}  # a key drawn twice is one group
+    domains: dict[int, str] = {}  # each group's domain text (_losses_ahead is per domain)
     for key in keys:
         group = cache.decisions[key]
         state = group.snapshot.state if isinstance(group, GroupAccepted) else None
         if isinstance(state, LikelihoodState) and state.exact is not None:
             numbered[cache.number(key)] = group  # type: ignore[assignment]
+            domains[cache.number(key)] = key.domain
     accepted = list(numbered.items())
     assert len(accepted) > 20
     mech = accepted[0][1].mech
@@ -199,13 +201,18 @@ def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
     assert 0 < kept < len(accepted)  # some decided by their exact candidates, some not
     outputs = list(range(5))
     firsts = [rng.sample(outputs, rng.randint(1, 3)) for _ in accepted]
-    survey_runs._losses_ahead(
-        [(n, g, drawn) for (n, g), drawn in zip(accepted, firsts, strict=True)], cache
-    )
+    drawn_first = list(zip(accepted, firsts, strict=True))
+    for domain in set(domains.values()):  # as _decide_rows: one call per domain
+        survey_runs._losses_ahead(
+            domain, [(n, g, drawn) for (n, g), drawn in drawn_first if domains[n] == domain], cache
+        )
     for n, _ in accepted:  # the first chunk meeting a group knows every output's loss
         assert cache.after[n].complete
         assert sorted(cache.after[n].losses) == outputs
-    survey_runs._losses_ahead([(n, g, outputs) for n, g in accepted], cache)
+    for domain in set(domains.values()):
+        survey_runs._losses_ahead(
+            domain, [(n, g, outputs) for n, g in accepted if domains[n] == domain], cache
+        )
     for n, group in accepted:
         exact = group.snapshot.state.exact  # type: ignore[union-attr]
         losses = cache.after[n].losses
