@@ -24,10 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("scipy", "highspy", "threadpoolctl", "alembic", "mako", "pygments")
 
 
-def _loaded_after(statement: str) -> list[str]:
+def _loaded_after(statement: str, where: str = f"m.split('.')[0] in {HEAVY!r}") -> list[str]:
+    """The modules ``m`` loaded after ``statement`` (in a new interpreter) for which ``where``."""
     probe = (
         f"{statement}\nimport json, sys\n"
-        f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
+        f"print(json.dumps(sorted(m for m in sys.modules if {where})))"
     )
     done = subprocess.run(  # noqa: S603 - this interpreter, a fixed program
         [sys.executable, "-c", probe],
@@ -68,17 +69,5 @@ def test_the_probe_sees_them_when_they_are_used() -> None:
 def test_the_command_line_parser_starts_without_the_engine_or_numpy() -> None:
     # `gatekeeper --help` and a mistyped command need only the parser: the engine (with NumPy,
     # ~0.1 s of CPU) is imported by the commands that use it (`loss`: app.cli.cmd_loss)
-    probe = (
-        "import json, sys\nimport app.cli\n"
-        "print(json.dumps(sorted(m for m in sys.modules"
-        " if m.split('.')[0] == 'numpy' or m == 'app.engine.calculator')))"
-    )
-    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed program
-        [sys.executable, "-c", probe],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    where = "m.split('.')[0] == 'numpy' or m == 'app.engine.calculator'"
+    assert _loaded_after("import app.cli", where) == []
