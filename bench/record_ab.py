@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import os
 import random
 import secrets
 import statistics
@@ -34,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+import service_load as sl  # type: ignore[import-not-found]  # noqa: E402
 
 ADMIN_KEY = "record-ab-" + "k" * 40
 
@@ -114,16 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--baseline", type=Path, required=True, help="the other tree's folder")
     parser.add_argument("--submits", type=int, default=1000)
-    parser.add_argument(
-        "--admin-url",
-        default=os.environ.get(
-            "GATEKEEPER_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-    )
-    parser.add_argument(
-        "--redis",
-        default=os.environ.get("GATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
-    )
+    sl.add_scratch_args(parser, db_prefix="record_ab_")
     args = parser.parse_args(argv)
     import psycopg
 
@@ -132,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
     baseline = _load(args.baseline / "app" / "store" / "submits.py")
     versions = {"baseline": baseline.record_accepted, "this tree": submits.record_accepted}
-    name = "record_ab_" + secrets.token_hex(4)
+    name = args.db_prefix + secrets.token_hex(4)
     with psycopg.connect(args.admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = args.admin_url.rsplit("/", 1)[0] + "/" + name

@@ -257,6 +257,23 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def procs_cpu(pids: list[int]) -> float:
+    """User + system CPU seconds of the processes ``pids`` (gone ones count 0)."""
+    return sum(proc_cpu(pid) for pid in pids)
+
+
+def add_scratch_args(
+    parser: argparse.ArgumentParser, *, db_prefix: str, redis: bool = True
+) -> None:
+    """The options of a bench that makes its own scratch database: ``--db-prefix``,
+    ``--admin-url`` (``GATEKEEPER_BENCH_POSTGRES_URL``) and, with ``redis``, ``--redis``
+    (``GATEKEEPER_BENCH_REDIS_URL``)."""
+    parser.add_argument("--db-prefix", default=db_prefix, help="the database's name prefix")
+    parser.add_argument("--admin-url", default=POSTGRES_URL, help="PostgreSQL to create it in")
+    if redis:
+        parser.add_argument("--redis", default=REDIS_URL, help="the service's Redis")
+
+
 def descendants(root: int) -> list[int]:
     """``root`` and every process below it."""
     children: dict[int, list[int]] = {}

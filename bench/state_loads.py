@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import service_load as sl  # type: ignore[import-not-found]  # noqa: E402
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 ADMIN_KEY = "bench-admin-" + "c" * 40
 SCOPE = [("team", "bench")]
@@ -128,8 +131,6 @@ def setup(args: argparse.Namespace, url: str, keys_dir: str) -> dict[str, list[s
 
     import psycopg
     from fastapi.testclient import TestClient
-
-    sys.path.insert(0, str(ROOT / "bench"))
     from service_load import GRR_DOMAIN, grr_value  # type: ignore[import-not-found]
 
     from app.bootstrap import create_app
@@ -208,17 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--states", type=int, default=10_000, help="more arrays (10,000)")
     parser.add_argument("--cases", help="comma-separated subset of the cases")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--redis",
-        default=os.environ.get("GATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
-    )
-    parser.add_argument("--db-prefix", default="state_loads_", help="the database's name prefix")
-    parser.add_argument(
-        "--admin-url",
-        default=os.environ.get(
-            "GATEKEEPER_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-    )
+    sl.add_scratch_args(parser, db_prefix="state_loads_")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--keys", help=argparse.SUPPRESS)

@@ -34,19 +34,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import service_load as sl  # type: ignore[import-not-found]  # noqa: E402
+
 ADMIN_KEY = "bench-admin-" + "a" * 40
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _backend_cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return total
 
 
 def child(args: argparse.Namespace) -> None:
@@ -56,8 +47,6 @@ def child(args: argparse.Namespace) -> None:
 
     import httpx
     import psycopg
-
-    sys.path.insert(0, str(ROOT / "bench"))
     from service_load import GRR_DOMAIN, SCENARIOS, grr_value  # type: ignore[import-not-found]
 
     from app.bootstrap import create_app
@@ -150,9 +139,9 @@ def child(args: argparse.Namespace) -> None:
             n = int(line)
             if n <= 0:
                 break
-            cpu0, pg0 = time.process_time(), _backend_cpu(pids)
+            cpu0, pg0 = time.process_time(), sl.procs_cpu(pids)
             rejected = run(n)
-            cpu1, pg1 = time.process_time(), _backend_cpu(pids)
+            cpu1, pg1 = time.process_time(), sl.procs_cpu(pids)
             print(
                 json.dumps({"cpu": cpu1 - cpu0, "pg": pg1 - pg0, "rejected": rejected}), flush=True
             )
@@ -205,17 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         help="each object's ε budget (10000: all accepted; 0.6: one accepted, then rejections)",
     )
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--redis",
-        default=os.environ.get("GATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
-    )
-    parser.add_argument("--db-prefix", default="submit_ab_", help="the database's name prefix")
-    parser.add_argument(
-        "--admin-url",
-        default=os.environ.get(
-            "GATEKEEPER_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-    )
+    sl.add_scratch_args(parser, db_prefix="submit_ab_")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

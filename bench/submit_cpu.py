@@ -44,21 +44,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+import service_load as sl  # type: ignore[import-not-found]  # noqa: E402
 
 ADMIN_KEY = "bench-admin-" + "s" * 40
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def backend_cpu(pids: list[int]) -> float:
-    """CPU seconds (user + system) of the processes ``pids`` (gone ones count 0)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return total
 
 
 def child(args: argparse.Namespace) -> None:
@@ -156,11 +144,11 @@ def child(args: argparse.Namespace) -> None:
                         "AND pid <> pg_backend_pid()"
                     )
                 ]
-            cpu0, pg0, wall0 = time.process_time(), backend_cpu(pids), time.perf_counter()
+            cpu0, pg0, wall0 = time.process_time(), sl.procs_cpu(pids), time.perf_counter()
             loop0 = time.thread_time()
             await clients(args.submits)
             loop1 = time.thread_time()
-            cpu1, pg1, wall1 = time.process_time(), backend_cpu(pids), time.perf_counter()
+            cpu1, pg1, wall1 = time.process_time(), sl.procs_cpu(pids), time.perf_counter()
             n = args.submits
             return {
                 "cpu_ms": 1000 * (cpu1 - cpu0) / n,
@@ -229,16 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4, help="submits in flight at once (4)")
     parser.add_argument("--scenario", default="grr", help="grr or binary_rr")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--redis",
-        default=os.environ.get("GATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14"),
-    )
-    parser.add_argument(
-        "--admin-url",
-        default=os.environ.get(
-            "GATEKEEPER_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
-        ),
-    )
+    sl.add_scratch_args(parser, db_prefix="submit_cpu_")
     parser.add_argument(
         "--strace",
         action="store_true",
@@ -261,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.db.migrate import upgrade
 
     trees = [Path(t).resolve() for t in args.trees.split(",")]
-    name = "submit_cpu_" + secrets.token_hex(4)
+    name = args.db_prefix + secrets.token_hex(4)
     with psycopg.connect(args.admin_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = args.admin_url.rsplit("/", 1)[0] + "/" + name
