@@ -293,10 +293,18 @@ def _encrypt_legacy_values(engine: Any) -> None:
 
 
 def _collect_states(engine: Any) -> int:
-    """Delete the stored likelihood states no object names (:mod:`app.store.states`)."""
-    from app.services.snapshots import collect_states
+    """Delete the stored likelihood states no object names (:mod:`app.store.states`).
 
-    collected = collect_states(engine)
+    :func:`app.services.snapshots.collect_states`'s transaction, called on the store: that
+    module imports the engine, the schemas and the ORM models (~0.13 s of CPU with
+    :func:`_fold_object_counts`'s), which a ``gatekeeper serve`` parent of several workers
+    never uses (docs/benchmarks.md, "Nineteenth session, h/spawn").
+    """
+    from app.store import transaction
+    from app.store.states import collect_unnamed
+
+    with transaction(engine) as conn:
+        collected = collect_unnamed(conn)
     if collected:
         print(
             f"gatekeeper: deleted {collected} likelihood state(s) no object names", file=sys.stderr
@@ -314,10 +322,16 @@ def cmd_states_collect(args: argparse.Namespace) -> int:
 
 
 def _fold_object_counts(engine: Any) -> None:
-    """Fold the per-process rows of ``object_counts`` into one (PostgreSQL; sums unchanged)."""
-    from app.services.objects import fold_object_counts
+    """Fold the per-process rows of ``object_counts`` into one (PostgreSQL; sums unchanged).
 
-    folded = fold_object_counts(engine=engine)
+    :func:`app.services.objects.fold_object_counts`'s transaction, called on the store without
+    importing the services (see :func:`_collect_states`).
+    """
+    from app.store import transaction
+    from app.store.objects import fold_counts
+
+    with transaction(engine) as conn:
+        folded = fold_counts(conn)
     if folded:
         print(f"gatekeeper: folded {folded} row(s) of object_counts into one", file=sys.stderr)
 
@@ -1095,10 +1109,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    # after the parse: `--help` and a mistyped command exit in it without NumPy
+    # (app.crypto's), pydantic and pydantic-settings (~0.2 s of a 0.35 s `gatekeeper --help`)
     from app.crypto import EncryptionKeyError
     from app.settings import SettingsError
 
-    args = build_parser().parse_args(argv)
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit

@@ -30,14 +30,20 @@ import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import numpy.typing as npt
 from cryptography.exceptions import InvalidSignature
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.hmac import HMAC
+
+# NumPy (~0.06 s of CPU) is imported by the batch decryption that uses it, not with this module:
+# app.settings imports this module, and a `gatekeeper serve` parent or a command that never
+# decrypts a batch need not load it (docs/benchmarks.md, "Nineteenth session, h/spawn")
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 log = logging.getLogger("gatekeeper")
 
@@ -113,6 +119,8 @@ class ValueCipher:
 
     def _open(self, indexes: Sequence[int], data: npt.NDArray[np.uint8], plain: list[str]) -> None:
         """:meth:`decrypt_many` of tokens of one length (one a row of ``data``) into ``plain``."""
+        import numpy as np
+
         count, size = data.shape
         body = size - 57  # version 1 + timestamp 8 + IV 16 + tag 32
         if body <= 0 or body % 16 or not (data[:, 0] == 0x80).all():
@@ -188,6 +196,8 @@ def _decoded(stored: Sequence[str]) -> list[tuple[Sequence[int], npt.NDArray[np.
     any other text by ``binascii`` alone, as ``urlsafe_b64decode`` (Fernet's) decodes it.
     Raises :class:`EncryptionKeyError` for a value without the prefix or that is not base64.
     """
+    import numpy as np
+
     lengths = list(map(len, stored))
     if lengths and min(lengths) == max(lengths):
         groups: dict[int, Sequence[int]] = {lengths[0]: range(len(stored))}
@@ -217,7 +227,7 @@ def _decoded(stored: Sequence[str]) -> list[tuple[Sequence[int], npt.NDArray[np.
 #: as a zero sextet (``A``): the bytes a padded quad does encode come out the same (its other
 #: bits, which binascii ignores, become bytes cut off).
 _STANDARD = bytes.maketrans(b"-_=", b"+/A")
-_PREFIX_BYTES = np.frombuffer(PREFIX.encode("ascii"), dtype=np.uint8)
+_PREFIX_BYTES = PREFIX.encode("ascii")
 
 
 def _decoded_alike(texts: list[str], length: int) -> npt.NDArray[np.uint8] | None:
@@ -232,12 +242,14 @@ def _decoded_alike(texts: list[str], length: int) -> npt.NDArray[np.uint8] | Non
     width = length - len(PREFIX)
     if not texts or width <= 0 or width % 4:
         return None
+    import numpy as np
+
     try:
         joined = "".join(texts).encode("ascii")
     except UnicodeEncodeError:
         return None
     chars = np.frombuffer(joined, dtype=np.uint8).reshape(len(texts), length)
-    if not (chars[:, : len(PREFIX)] == _PREFIX_BYTES).all():
+    if not (chars[:, : len(PREFIX)] == np.frombuffer(_PREFIX_BYTES, dtype=np.uint8)).all():
         return None
     padding = 0
     while padding < 2 and chars[0, length - 1 - padding] == ord("="):

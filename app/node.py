@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import logging
 import multiprocessing
 import os
@@ -48,6 +49,43 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+#: What each node imports once forked, imported by the command before it forks them: the
+#: survey tasks' handlers (:func:`app.bootstrap.survey_handlers`: the services, the store,
+#: SQLAlchemy's ORM, psycopg), the Celery command line ``worker_main`` parses with (its
+#: ``amqp`` shell brings prompt_toolkit), the worker's consumer and prefork pool, and cffi's C
+#: parser (billiard's ``PR_SET_PDEATHSIG`` in each pool process). Each node had imported them
+#: itself, the same modules twice a start (docs/benchmarks.md, "Nineteenth session, h/spawn");
+#: forked, the nodes share the parent's copy. tests/service/test_celery_worker.py checks that a
+#: node's start imports none of these, nor any ``app`` module, itself.
+NODE_MODULES = (
+    "app.services.survey_runs",
+    "app.worker.celery_app",
+    "app.worker.pool",
+    "celery.bin.celery",
+    "celery.apps.worker",
+    "celery.worker.consumer",
+    "celery.concurrency.prefork",
+    "celery.concurrency.asynpool",
+    "celery.events.dispatcher",
+    "celery.events.receiver",
+    "billiard.sharedctypes",
+    "billiard.synchronize",
+    "kombu.matcher",
+    "kombu.pidbox",
+    "cffi.cparser",
+)
+
+
+def _preload() -> None:
+    """Import :data:`NODE_MODULES` once, in the command, before the nodes fork."""
+    for name in NODE_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # cffi is optional for billiard; the nodes do without it too
+            if not name.startswith("cffi"):
+                raise
 
 
 #: Exit status of a node whose Celery worker stopped before it was ready, or of the command
@@ -137,6 +175,7 @@ def run_worker(settings: Settings, *, concurrency: int, queues: tuple[str, ...])
     if problem is not None:
         print(f"gatekeeper worker: {problem}", file=sys.stderr)
         return START_FAILED
+    _preload()
     context = multiprocessing.get_context("fork")
     nodes = [
         context.Process(target=_run_node, args=(settings, q, concurrency), name=f"node-{q}")

@@ -13,8 +13,10 @@ the children's CPU (``getrusage(RUSAGE_CHILDREN)``). Usage::
 and everything it reaped, to its first answer and its stop; wall to its first answer), each
 round alternating which tree goes first: ``help`` (``gatekeeper --help``), ``keys-list``,
 ``verify`` (on the migrated, empty SQLite file), ``migrate`` (of a database already at the
-newest migration), ``worker-build`` (as above), ``serve1``/``serve2``/``serve4`` (``gatekeeper
-serve --workers N`` to its first 200 on ``/readyz``, then SIGTERM) and ``celery``
+newest migration), ``states-collect``, ``worker-build`` (as above), ``serve1``/``serve2``/
+``serve4`` (``gatekeeper serve --workers N`` to its first 200 on ``/readyz``, then SIGTERM),
+``serve2-split`` (``serve2``, and a second table of the parent's and each spawned worker's own
+CPU, read from ``/proc`` once both workers are up and idle) and ``celery``
 (``gatekeeper worker --concurrency 1`` on ``--broker``, a Redis URL, until both nodes have
 announced themselves, then SIGTERM to its process group)::
 
@@ -157,10 +159,51 @@ def run_command(tree: str, env: dict[str, str], argv: list[str]) -> tuple[float,
     return time.perf_counter() - wall, children_cpu() - cpu
 
 
-def serve(tree: str, env: dict[str, str], workers: int) -> tuple[float, float]:
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` itself (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spawned_workers(pid: int) -> list[int]:
+    """The uvicorn workers ``multiprocessing`` spawned under ``pid`` (not its resource tracker)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+    return found
+
+
+def idle_parts(pid: int, workers: int) -> tuple[float, list[float]]:
+    """The serving parent's and each spawned worker's own CPU, once all ``workers`` exist and
+    none used CPU for 0.3 s (all started and idle; at most 30 s)."""
+    before: tuple[float, list[float]] | None = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kids = spawned_workers(pid)
+        now = (process_cpu(pid), [process_cpu(k) for k in kids])
+        if len(kids) == workers and now == before:
+            return now
+        before = now
+        time.sleep(0.3)
+    raise RuntimeError(f"the {workers} workers of {pid} did not settle")
+
+
+#: Per-process CPU of the ``split`` serve kinds (``serve2-split``), by (kind, tree path).
+SPLITS: dict[tuple[str, str], list[tuple[float, list[float]]]] = {}
+
+
+def serve(
+    tree: str,
+    env: dict[str, str],
+    workers: int,
+    split: list[tuple[float, list[float]]] | None = None,
+) -> tuple[float, float]:
     """``gatekeeper serve --workers N``: wall to the first 200 on ``/readyz``, CPU to its stop.
 
     Polled every 50 ms with one kept client (the poll's own CPU is this process's, not counted).
+    With ``split`` (N ≥ 2), appends the parent's and each worker's own CPU once all are idle.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -184,6 +227,8 @@ def serve(tree: str, env: dict[str, str], workers: int) -> tuple[float, float]:
                     ready = time.perf_counter() - wall
             except httpx.HTTPError:
                 time.sleep(0.05)
+    if split is not None:
+        split.append(idle_parts(process.pid, workers))
     process.terminate()
     out = process.communicate(timeout=60)[0]
     started = out.count("Application startup complete")
@@ -235,10 +280,22 @@ COMMANDS = {
     "keys-list": KEYS_LIST,
     "verify": ["-m", "app.cli", "verify", "--quiet"],
     "migrate": ["-m", "app.cli", "migrate"],
+    "states-collect": ["-m", "app.cli", "states", "collect"],
     "worker-build": WORKER_BUILD,
 }
 
-KINDS = ("help", "keys-list", "verify", "migrate", "worker-build", "serve1", "serve2", "serve4")
+KINDS = (
+    "help",
+    "keys-list",
+    "verify",
+    "migrate",
+    "states-collect",
+    "worker-build",
+    "serve1",
+    "serve2",
+    "serve4",
+    "serve2-split",
+)
 
 
 def one_start(
@@ -247,6 +304,9 @@ def one_start(
     """Wall and CPU of one start of ``kind`` in ``tree``."""
     if kind in COMMANDS:
         return run_command(tree, env, COMMANDS[kind])
+    if kind.endswith("-split"):
+        split = SPLITS.setdefault((kind, tree), [])
+        return serve(tree, env, int(kind.removeprefix("serve").removesuffix("-split")), split)
     if kind.startswith("serve"):
         return serve(tree, env, int(kind.removeprefix("serve")))
     if kind == "celery":
@@ -291,6 +351,24 @@ def by_kind(
                 f"| {kind} | {name} | {len(got)} | {statistics.mean(cpus):.3f} |"
                 f" {statistics.median(cpus):.3f} | {statistics.mean(cpus) / base_mean:.3f} |"
                 f" {statistics.median(w for w, _ in got):.2f} |"
+            )
+    split_kinds = [kind for kind in kinds if kind.endswith("-split")]
+    if split_kinds:
+        print()
+        print(
+            "| start | tree | n | parent's own CPU mean s | per worker: n | CPU mean s |"
+            " CPU median s | worker / first tree (means) |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for kind in split_kinds:
+        first_workers = [w for _, ws in SPLITS[(kind, trees[first])] for w in ws]
+        for name in order:
+            parts = SPLITS[(kind, trees[name])]
+            each = [w for _, ws in parts for w in ws]
+            print(
+                f"| {kind} | {name} | {len(parts)} | {statistics.mean(p for p, _ in parts):.3f} |"
+                f" {len(each)} | {statistics.mean(each):.3f} | {statistics.median(each):.3f} |"
+                f" {statistics.mean(each) / statistics.mean(first_workers):.3f} |"
             )
 
 

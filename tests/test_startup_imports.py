@@ -71,3 +71,51 @@ def test_the_command_line_parser_starts_without_the_engine_or_numpy() -> None:
     # ~0.1 s of CPU) is imported by the commands that use it (`loss`: app.cli.cmd_loss)
     where = "m.split('.')[0] == 'numpy' or m == 'app.engine.calculator'"
     assert _loaded_after("import app.cli", where) == []
+
+
+def test_help_exits_in_the_parser_without_numpy_or_pydantic() -> None:
+    # app.cli.main imports the settings' and the cipher's errors after the parse: `--help` and a
+    # mistyped command exit inside argparse (NumPy, pydantic, pydantic-settings: ~0.2 s)
+    where = "m.split('.')[0] in ('numpy', 'pydantic', 'pydantic_settings', 'cryptography')"
+    for argv in (["--help"], ["no-such-command"]):
+        statement = f"from app.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    0"
+        assert _loaded_after(statement, where) == []
+    # the probe sees them once a command runs past the parse
+    assert {"pydantic_settings", "cryptography"} <= set(
+        _loaded_after("from app.cli import main\nmain(['encryption', 'new-key'])", where)
+    )
+
+
+def test_the_serve_parents_prestart_folds_import_neither_the_services_nor_numpy(
+    tmp_path: Path,
+) -> None:
+    # `gatekeeper serve` (and `migrate`, `states collect`) fold object_counts and collect unnamed
+    # states through the store: the services' modules would bring the engine, the schemas and
+    # the ORM models (~0.13 s) into a parent that never serves
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    subprocess.run(  # noqa: S603 - this interpreter, a fixed program
+        [sys.executable, "-c", f"from app.db.migrate import upgrade; upgrade({url!r})"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    # nor NumPy: app.crypto (which app.settings imports) imports it for its batch decryption
+    where = (
+        "m in ('app.services.objects', 'app.services.snapshots', 'app.engine.pipeline', 'numpy')"
+    )
+    folds = (
+        "import app.settings, app.crypto\n"
+        "from app.cli import _collect_states, _fold_object_counts\n"
+        "from app.db.session import make_engine\n"
+        f"engine = make_engine({url!r})\n"
+        "_fold_object_counts(engine)\nassert _collect_states(engine) == 0"
+    )
+    assert _loaded_after(folds, where) == []
+    # and the probe sees them where the service is used
+    assert {"app.services.snapshots", "numpy"} <= set(
+        _loaded_after(
+            folds + "\nfrom app.services.snapshots import collect_states\ncollect_states(engine)",
+            where,
+        )
+    )

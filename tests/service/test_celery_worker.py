@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from sqlalchemy import func, select
 
 from app.bootstrap import celery_settings, create_app, survey_handlers
 from app.db.session import make_engine
+from app.node import NODE_MODULES
 from app.store import reading
 from app.store import surveys as survey_store
 from app.store.chunks import CHUNKS
@@ -363,6 +365,46 @@ def test_a_worker_that_cannot_start_exits_non_zero_before_any_heartbeat(
     assert done.returncode != 0, done.stderr
     assert "unreachable" in done.stderr
     assert beats == []
+
+
+def imported_by(log: Path) -> Counter[str]:
+    """How many processes imported each module, from ``-X importtime`` lines in ``log``."""
+    return Counter(
+        line.split("|")[2].strip()
+        for line in log.read_text().splitlines()
+        if line.startswith("import time:") and "self [us]" not in line
+    )
+
+
+@pytest.mark.slow
+def test_the_nodes_find_their_modules_imported_by_the_command(
+    tmp_path: Path, sqlite_url: str, redis_url: str
+) -> None:
+    """``gatekeeper worker`` imports :data:`app.node.NODE_MODULES` once before it forks its two
+    nodes: in the importtime lines of the command and both nodes none of them, and no ``app``
+    module, appears twice (each node importing one itself writes a line each: twice)."""
+    namespace = "t" + secrets.token_hex(4)
+    env = {
+        "DATABASE_URL": sqlite_url,
+        "BROKER_URL": redis_url,
+        "BROKER_NAMESPACE": namespace,
+        "PYTHONPROFILEIMPORTTIME": "1",
+    }
+    worker = Worker(env, tmp_path / "worker.log")
+    try:
+        wait_nodes(redis_url, namespace, 2)
+    finally:
+        worker.stop()
+        drop_namespace(redis_url, namespace)
+    imported = imported_by(worker.log_path)
+    assert imported["app.node"] == 1  # the command's own import: the lines are there
+    # (importlib.import_module, the command's preload, writes no line of its own: 0 or 1)
+    twice = [
+        name
+        for name, n in imported.items()
+        if n > 1 and (name.startswith("app.") or name in NODE_MODULES)
+    ]
+    assert twice == []
 
 
 @pytest.mark.slow
