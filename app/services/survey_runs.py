@@ -910,31 +910,36 @@ def _answer_group(
     the state's key when it is named by history). The states gained are counted per key, the
     answer's variant is found once.
     """
-    query_text = cache.query_text(key.domain, mech)
-    output_text = cache.output_text(key.domain, mech, output)
-    if len(answered) == 1:  # a diverged survey's usual case
-        by_hash = {answered[0].key.history_hash: answered}
-    else:
-        by_hash = _grouped((row.key.history_hash, row) for row in answered)
+    domain = key.domain
+    query_text = cache.query_text(domain, mech)
+    output_text = cache.output_text(domain, mech, output)
     stored = change.stored
     if stored is not None and not change.by_content:
+        by_hash = _grouped((row.key.history_hash, row) for row in answered)
         _answer_by_history(work, key, mech, change, by_hash, query_text, output_text)
         return
     # the state is the group's whatever the member's history (named by its content, or none):
-    # only the history hash differs, :func:`advance_from`'s columns without its other work
+    # only the history hash differs, :func:`advance_from`'s columns without its other work —
+    # every member names the group's columns and its own new hash (``Advanced.history_hash``)
     if stored is not None:  # named by content: its bytes, unless a committed chunk stored it
         stored = cache.contents.get(stored.key, stored)
         work.gained[stored.key] = (
             stored,
             work.gained.get(stored.key, (stored, 0))[1] + len(answered),
         )
-    after = cache.history_step(key.domain, mech, output)
+    after = cache.history_step(domain, mech, output)
+    group_hash = key.history_hash
+    if len(answered) == 1:  # a diverged survey's usual case
+        own = answered[0].key.history_hash
+        mine = None if own == group_hash else after(own)
+        _answer(work, mech, query_text, output_text, change.columns, answered, own=mine)
+        return
     pick = None
-    for own, rows in by_hash.items():
-        columns = change.columns
-        if own != key.history_hash:
-            columns = {**columns, "history_hash": after(own)}
-        pick = _answer(work, mech, query_text, output_text, columns, rows, pick=pick)
+    for own, rows in _grouped((row.key.history_hash, row) for row in answered).items():
+        mine = None if own == group_hash else after(own)
+        pick = _answer(
+            work, mech, query_text, output_text, change.columns, rows, pick=pick, own=mine
+        )
 
 
 def _answer_by_history(
@@ -1298,11 +1303,14 @@ def _answer(
     *,
     basic_after: float | None = None,
     pick: int | None = None,
+    own: str | None = None,
 ) -> int:
     """One distinct answer of the chunk (a variant) and the members who drew it; its number.
 
     ``basic_after``: ``float(Fraction(columns["basic_total"]))`` when the caller has it;
-    ``pick``: the variant, when stored already for other members (with other columns).
+    ``pick``: the variant, when stored already for other members (with other columns);
+    ``own``: the members' new history hash when not ``columns["history_hash"]``
+    (:attr:`~app.store.surveys.Advanced.history_hash`).
     Answers whose entries are equal — the same query and output, loss bounds and ``Σ ε`` after
     it, from any decision group — share one variant (a diverged survey's chunk otherwise
     stored one per history and output, nearly one per member).
@@ -1341,7 +1349,7 @@ def _answer(
         seq = row.accepted + 1
         picks[row.id] = pick
         seqs[row.id] = seq
-        advances.append(new(Advanced, (row.id, row.version, seq, columns)))
+        advances.append(new(Advanced, (row.id, row.version, seq, columns, own)))
     return pick
 
 
