@@ -804,14 +804,29 @@ def _decide_rows(
     keys: dict[GroupKey, GroupKey] = {}  # each distinct public state's decision key
 
     def keyed() -> Iterator[tuple[GroupKey, MemberRow]]:
-        for row in rows:
+        # the public states' dict pays when they repeat (an early survey's chunk); in a
+        # diverged chunk every member's is its own (its history hash): two hashes of a 15-field
+        # key per member for nothing. Given up after _MEMO_TRIAL members without a repeat.
+        hits = 0
+        for n, row in enumerate(rows):
+            if n == _MEMO_TRIAL and not hits:
+                break
             if row.retired:
                 _refuse(work, row, Refusal.RETIRED)
                 continue
             key = keys.get(row.key)
             if key is None:
                 key = keys[row.key] = decision_key(row.key, parsed)
+            else:
+                hits += 1
             yield key, row
+        else:
+            return
+        for row in itertools.islice(rows, _MEMO_TRIAL, None):
+            if row.retired:
+                _refuse(work, row, Refusal.RETIRED)
+                continue
+            yield decision_key(row.key, parsed), row
 
     by_group = _grouped(keyed())
     states = parsed.states
@@ -892,6 +907,11 @@ def _decide_rows(
     for mech, outputs, counts in reports.values():
         work.tally.update(tally_outputs(mech, outputs, counts))
     return work
+
+
+#: Members of a chunk looked up in its public states' dict before it is given up when none
+#: repeated (:func:`_decide_rows`).
+_MEMO_TRIAL = 256
 
 
 def _answer_group(
