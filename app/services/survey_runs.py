@@ -274,7 +274,7 @@ class RunCache:
 
     def stored_committed(self, gained: dict[str, tuple[StoredState, int]]) -> None:
         """A chunk storing ``gained`` committed: keep their keys, drop the arrays' bytes."""
-        self.stored |= set(gained)
+        self.stored.update(gained)  # no set of the keys built first
         for key in gained:
             found = self.contents.get(key)
             if found is not None and found.state:
