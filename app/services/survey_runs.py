@@ -48,7 +48,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -477,7 +477,7 @@ def _decide_groups(
     by_group: dict[GroupKey, list[MemberRow]],
     cache: RunCache,
     worker: BoundWorker,
-) -> None:
+) -> list[GroupAccepted | Refusal]:
     """Decide every decision group of the chunk not decided yet in this run, per domain at once.
 
     Each group's snapshot is built from one representative (:func:`group_snapshot`, as
@@ -485,16 +485,24 @@ def _decide_groups(
     decided by one engine call (:func:`~app.services.survey_groups.decide_snapshots`: the
     filter code of :func:`~app.engine.pipeline.evaluate` on the same inputs, the finite
     histories' losses computed together). Remembered for the run (:attr:`RunCache.decisions`).
+
+    Returns every group's decision, in ``by_group``'s order (each group's key looked up once:
+    a diverged survey's chunk has about one group per member).
     """
+    decisions = cache.decisions
+    found = [decisions.get(key) for key in by_group]
     todo: dict[str, list[GroupKey]] = defaultdict(list)
-    for key in by_group:
-        if key not in cache.decisions:
+    for key, decided in zip(by_group, found, strict=True):
+        if decided is None:
             todo[key.domain].append(key)
+    if not todo:  # every group decided by an earlier chunk
+        return cast(list[GroupAccepted | Refusal], found)
+    new: dict[GroupKey, GroupAccepted | Refusal] = {}
     for domain, keys in todo.items():
         mech = cache.parsed.mech(domain)
         if mech is None:
             for key in keys:
-                cache.decisions[key] = Refusal.INVALID
+                new[key] = Refusal.INVALID
             continue
         snapshots = []
         for key in keys:
@@ -504,7 +512,12 @@ def _decide_groups(
             )
             _hand_canonical(key, snapshot, cache)
             snapshots.append(snapshot)
-        cache.decisions.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
+        new.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
+    decisions.update(new)
+    return [
+        new[key] if decided is None else decided
+        for key, decided in zip(by_group, found, strict=True)
+    ]
 
 
 def _hand_canonical(key: GroupKey, snapshot: ObjectSnapshot, cache: RunCache) -> None:
@@ -834,7 +847,7 @@ def _decide_rows(
     states.update(load_states(conn, {k for k in missing if k is not None}))
     by_group = _fold_pending(conn, by_group, cache, worker)
     work.keys = set(by_group)
-    _decide_groups(conn, by_group, cache, worker)
+    decided = _decide_groups(conn, by_group, cache, worker)
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
     pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
@@ -846,8 +859,7 @@ def _decide_rows(
         )
     )
     accepted: list[_Sampling] = []
-    for key, members in by_group.items():
-        group = cache.decisions[key]
+    for (key, members), group in zip(by_group.items(), decided, strict=True):
         if isinstance(group, Refusal):
             for row in members:
                 _refuse(work, row, group)
