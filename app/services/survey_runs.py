@@ -883,13 +883,15 @@ def _decide_rows(
     for domain, drawn in ahead.items():
         _losses_ahead(domain, drawn, cache)
     advances = cache.advances
+    # per domain and output: the answer's query and output texts and its history step, once
+    # per chunk (a diverged chunk's (group, output) pairs are nearly one per member)
+    said: dict[str, dict[Output, tuple[str, str, Callable[[str | None], str]]]] = {}
     for (key, group, _, passed), number, by_output, pends in zip(
         accepted, numbers, sampled, pendings, strict=True
     ):
         mech = group.mech
-        work.domains.add(key.domain)
-        query_text = cache.query_text(key.domain, mech)
         if quotas is not None and passed is not None:
+            query_text = cache.query_text(key.domain, mech)
             for output, answered in by_output.items():
                 output_text = cache.output_text(key.domain, mech, output)
                 answer = Answer(mech, output, query_text, output_text)
@@ -900,17 +902,24 @@ def _decide_rows(
         report = reports.get(key.domain)
         if report is None:
             report = reports[key.domain] = (mech, [], [])
+            work.domains.add(key.domain)
         outputs, counts = report[1], report[2]
         outputs.extend(by_output)
         counts.extend(map(len, by_output.values()))
         if pends:
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
+        per_output = said.get(key.domain)
+        if per_output is None:
+            per_output = said[key.domain] = {}
         for output, answered in by_output.items():
             change = advances.get((number, output))  # _advance_of's first look
             if change is None:
                 change = _advance_of(key, number, group, output, cache, worker, work)
-            _answer_group(work, key, mech, output, change, answered, cache)
+            texts = per_output.get(output)
+            if texts is None:
+                texts = per_output[output] = _texts(key.domain, mech, output, cache)
+            _answer_group(work, key, mech, output, change, answered, cache, texts)
     _build_states(work, cache)
     for groups in pending.values():
         _record_pending(groups, work)
@@ -934,17 +943,20 @@ def _answer_group(
     change: Advance,
     answered: list[MemberRow],
     cache: RunCache,
+    texts: tuple[str, str, Callable[[str | None], str]] | None = None,
 ) -> None:
     """Accept the members of decision group ``key`` who drew ``output`` (``change``: its state).
+
+    ``texts``: :func:`_texts` of the group's domain and ``output``, when the caller has them.
 
     Members whose history hash is the group's take ``change`` as it is; the others, per
     distinct history hash, :func:`~app.services.snapshots.advance_from` (their new hash, and
     the state's key when it is named by history). The states gained are counted per key, the
     answer's variant is found once.
     """
-    domain = key.domain
-    query_text = cache.query_text(domain, mech)
-    output_text = cache.output_text(domain, mech, output)
+    if texts is None:
+        texts = _texts(key.domain, mech, output, cache)
+    query_text, output_text, after = texts
     stored = change.stored
     if stored is not None and not change.by_content:
         by_hash = _grouped((row.key.history_hash, row) for row in answered)
@@ -959,7 +971,6 @@ def _answer_group(
             stored,
             work.gained.get(stored.key, (stored, 0))[1] + len(answered),
         )
-    after = cache.history_step(domain, mech, output)
     group_hash = key.history_hash
     if len(answered) == 1:  # a diverged survey's usual case
         own = answered[0].key.history_hash
@@ -972,6 +983,17 @@ def _answer_group(
         pick = _answer(
             work, mech, query_text, output_text, change.columns, rows, pick=pick, own=mine
         )
+
+
+def _texts(
+    domain: str, mech: Mechanism, output: Output, cache: RunCache
+) -> tuple[str, str, Callable[[str | None], str]]:
+    """An answer's query and output texts and its history step (:meth:`RunCache.history_step`)."""
+    return (
+        cache.query_text(domain, mech),
+        cache.output_text(domain, mech, output),
+        cache.history_step(domain, mech, output),
+    )
 
 
 def _answer_by_history(
