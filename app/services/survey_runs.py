@@ -1242,7 +1242,8 @@ def _sample_groups(
         at = slot.get(row.id)
         if at is not None:
             batches[domains[at]].append((at, row))
-    found: list[dict[Output, list[MemberRow]]] = [defaultdict(list) for _ in accepted]
+    # plain dicts (a diverged chunk has a group per member: a ``defaultdict`` each cost a call)
+    found: list[dict[Output, list[MemberRow]]] = [{} for _ in accepted]
     for members in batches.values():
         mech = accepted[members[0][0]].group.mech
         # a population holds few distinct values: each plaintext parsed once (the mechanisms
@@ -1255,7 +1256,12 @@ def _sample_groups(
                 value = parsed[text] = json.loads(text)
             values.append(value)
         for (n, row), output in zip(members, mech.sample_many(values), strict=True):
-            found[n][output].append(row)
+            drawn = found[n]
+            same = drawn.get(output)
+            if same is None:
+                drawn[output] = [row]
+            else:
+                same.append(row)
     return found
 
 
