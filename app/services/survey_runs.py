@@ -870,7 +870,9 @@ def _decide_rows(
             members = [row for row in members if row.id in passed]
             if not members:
                 continue
-        accepted.append(_Sampling(key, group, members, passed))
+        # built by ``tuple.__new__``: a named tuple's ``__new__`` is a Python call, and a
+        # diverged chunk has a group per member
+        accepted.append(tuple.__new__(_Sampling, (key, group, members, passed)))
     sampled = _sample_groups(accepted, cipher, rows)
     numbers = [cache.number(item.key) for item in accepted]
     pendings = [_pending(item.key, item.group) for item in accepted]
@@ -967,9 +969,10 @@ def _answer_group(
     # every member names the group's columns and its own new hash (``Advanced.history_hash``)
     if stored is not None:  # named by content: its bytes, unless a committed chunk stored it
         stored = cache.contents.get(stored.key, stored)
+        counted = work.gained.get(stored.key)
         work.gained[stored.key] = (
             stored,
-            work.gained.get(stored.key, (stored, 0))[1] + len(answered),
+            len(answered) if counted is None else counted[1] + len(answered),
         )
     group_hash = key.history_hash
     if len(answered) == 1:  # a diverged survey's usual case
