@@ -819,11 +819,9 @@ def _decide_rows(
     def keyed() -> Iterator[tuple[GroupKey, MemberRow]]:
         # the public states' dict pays when they repeat (an early survey's chunk); in a
         # diverged chunk every member's is its own (its history hash): two hashes of a 15-field
-        # key per member for nothing. Given up after _MEMO_TRIAL members without a repeat.
+        # key per member for nothing. Given up when none of the first _MEMO_TRIAL repeated.
         hits = 0
-        for n, row in enumerate(rows):
-            if n == _MEMO_TRIAL and not hits:
-                break
+        for row in rows[:_MEMO_TRIAL]:
             if row.retired:
                 _refuse(work, row, Refusal.RETIRED)
                 continue
@@ -833,13 +831,17 @@ def _decide_rows(
             else:
                 hits += 1
             yield key, row
-        else:
-            return
-        for row in itertools.islice(rows, _MEMO_TRIAL, None):
+        for row in rows[_MEMO_TRIAL:]:
             if row.retired:
                 _refuse(work, row, Refusal.RETIRED)
                 continue
-            yield decision_key(row.key, parsed), row
+            if not hits:
+                yield decision_key(row.key, parsed), row
+                continue
+            key = keys.get(row.key)
+            if key is None:
+                key = keys[row.key] = decision_key(row.key, parsed)
+            yield key, row
 
     by_group = _grouped(keyed())
     states = parsed.states
