@@ -157,8 +157,11 @@ for chunk in sorted(by_chunk):
     work = survey_runs._decide_rows(None, rows, cache, worker, work)
     cache.stored_committed(work.gained)
     spent += time.thread_time() - start
-    for advanced in sorted(work.advances):
-        digest.update(repr((advanced[0], advanced[1], advanced[2], sorted(advanced[3].items()),
+    for advanced in sorted(work.advances, key=lambda a: a[0]):
+        columns = dict(advanced[3])  # what the member's row is set to (its own hash, if any)
+        if len(advanced) > 4 and advanced[4] is not None:
+            columns["history_hash"] = advanced[4]
+        digest.update(repr((advanced[0], advanced[1], advanced[2], sorted(columns.items()),
                             work.picks[advanced[0]])).encode())
     for v in work.variants:
         digest.update(repr(v).encode())

@@ -514,13 +514,17 @@ def keep_states(
     state no object names any more waits for :func:`collect_states`
     (:mod:`app.store.states`: why a state being named is never collected).
     """
-    stored = frozenset(stored)  # one view: another thread may add to the caller's set meanwhile
+    # each key asked once (another thread may add to the caller's set meanwhile), not the whole
+    # set copied: a run's set grows to every state it stored, a chunk gains a few thousand
+    known = [key in stored for key in gained]
     rows = [
-        (key, state.state, state.err) for key, (state, _) in gained.items() if key not in stored
+        (key, state.state, state.err)
+        for (key, (state, _)), there in zip(gained.items(), known, strict=True)
+        if not there
     ]
     if any(not state for _, state, _ in rows):
         raise StateGone  # its bytes were dropped when stored, and it was forgotten since
-    if name_states(conn, rows, [key for key in gained if key in stored]):
+    if name_states(conn, rows, [key for key, there in zip(gained, known, strict=True) if there]):
         raise StateGone
 
 

@@ -48,7 +48,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -274,7 +274,7 @@ class RunCache:
 
     def stored_committed(self, gained: dict[str, tuple[StoredState, int]]) -> None:
         """A chunk storing ``gained`` committed: keep their keys, drop the arrays' bytes."""
-        self.stored |= set(gained)
+        self.stored.update(gained)  # no set of the keys built first
         for key in gained:
             found = self.contents.get(key)
             if found is not None and found.state:
@@ -477,7 +477,7 @@ def _decide_groups(
     by_group: dict[GroupKey, list[MemberRow]],
     cache: RunCache,
     worker: BoundWorker,
-) -> None:
+) -> list[GroupAccepted | Refusal]:
     """Decide every decision group of the chunk not decided yet in this run, per domain at once.
 
     Each group's snapshot is built from one representative (:func:`group_snapshot`, as
@@ -485,16 +485,24 @@ def _decide_groups(
     decided by one engine call (:func:`~app.services.survey_groups.decide_snapshots`: the
     filter code of :func:`~app.engine.pipeline.evaluate` on the same inputs, the finite
     histories' losses computed together). Remembered for the run (:attr:`RunCache.decisions`).
+
+    Returns every group's decision, in ``by_group``'s order (each group's key looked up once:
+    a diverged survey's chunk has about one group per member).
     """
+    decisions = cache.decisions
+    found = [decisions.get(key) for key in by_group]
     todo: dict[str, list[GroupKey]] = defaultdict(list)
-    for key in by_group:
-        if key not in cache.decisions:
+    for key, decided in zip(by_group, found, strict=True):
+        if decided is None:
             todo[key.domain].append(key)
+    if not todo:  # every group decided by an earlier chunk
+        return cast(list[GroupAccepted | Refusal], found)
+    new: dict[GroupKey, GroupAccepted | Refusal] = {}
     for domain, keys in todo.items():
         mech = cache.parsed.mech(domain)
         if mech is None:
             for key in keys:
-                cache.decisions[key] = Refusal.INVALID
+                new[key] = Refusal.INVALID
             continue
         snapshots = []
         for key in keys:
@@ -504,7 +512,12 @@ def _decide_groups(
             )
             _hand_canonical(key, snapshot, cache)
             snapshots.append(snapshot)
-        cache.decisions.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
+        new.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
+    decisions.update(new)
+    return [
+        new[key] if decided is None else decided
+        for key, decided in zip(by_group, found, strict=True)
+    ]
 
 
 def _hand_canonical(key: GroupKey, snapshot: ObjectSnapshot, cache: RunCache) -> None:
@@ -804,9 +817,26 @@ def _decide_rows(
     keys: dict[GroupKey, GroupKey] = {}  # each distinct public state's decision key
 
     def keyed() -> Iterator[tuple[GroupKey, MemberRow]]:
-        for row in rows:
+        # the public states' dict pays when they repeat (an early survey's chunk); in a
+        # diverged chunk every member's is its own (its history hash): two hashes of a 15-field
+        # key per member for nothing. Given up when none of the first _MEMO_TRIAL repeated.
+        hits = 0
+        for row in rows[:_MEMO_TRIAL]:
             if row.retired:
                 _refuse(work, row, Refusal.RETIRED)
+                continue
+            key = keys.get(row.key)
+            if key is None:
+                key = keys[row.key] = decision_key(row.key, parsed)
+            else:
+                hits += 1
+            yield key, row
+        for row in rows[_MEMO_TRIAL:]:
+            if row.retired:
+                _refuse(work, row, Refusal.RETIRED)
+                continue
+            if not hits:
+                yield decision_key(row.key, parsed), row
                 continue
             key = keys.get(row.key)
             if key is None:
@@ -819,7 +849,7 @@ def _decide_rows(
     states.update(load_states(conn, {k for k in missing if k is not None}))
     by_group = _fold_pending(conn, by_group, cache, worker)
     work.keys = set(by_group)
-    _decide_groups(conn, by_group, cache, worker)
+    decided = _decide_groups(conn, by_group, cache, worker)
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
     pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
@@ -831,8 +861,7 @@ def _decide_rows(
         )
     )
     accepted: list[_Sampling] = []
-    for key, members in by_group.items():
-        group = cache.decisions[key]
+    for (key, members), group in zip(by_group.items(), decided, strict=True):
         if isinstance(group, Refusal):
             for row in members:
                 _refuse(work, row, group)
@@ -843,7 +872,9 @@ def _decide_rows(
             members = [row for row in members if row.id in passed]
             if not members:
                 continue
-        accepted.append(_Sampling(key, group, members, passed))
+        # built by ``tuple.__new__``: a named tuple's ``__new__`` is a Python call, and a
+        # diverged chunk has a group per member
+        accepted.append(tuple.__new__(_Sampling, (key, group, members, passed)))
     sampled = _sample_groups(accepted, cipher, rows)
     numbers = [cache.number(item.key) for item in accepted]
     pendings = [_pending(item.key, item.group) for item in accepted]
@@ -856,13 +887,15 @@ def _decide_rows(
     for domain, drawn in ahead.items():
         _losses_ahead(domain, drawn, cache)
     advances = cache.advances
+    # per domain and output: the answer's query and output texts and its history step, once
+    # per chunk (a diverged chunk's (group, output) pairs are nearly one per member)
+    said: dict[str, dict[Output, tuple[str, str, Callable[[str | None], str]]]] = {}
     for (key, group, _, passed), number, by_output, pends in zip(
         accepted, numbers, sampled, pendings, strict=True
     ):
         mech = group.mech
-        work.domains.add(key.domain)
-        query_text = cache.query_text(key.domain, mech)
         if quotas is not None and passed is not None:
+            query_text = cache.query_text(key.domain, mech)
             for output, answered in by_output.items():
                 output_text = cache.output_text(key.domain, mech, output)
                 answer = Answer(mech, output, query_text, output_text)
@@ -873,17 +906,24 @@ def _decide_rows(
         report = reports.get(key.domain)
         if report is None:
             report = reports[key.domain] = (mech, [], [])
+            work.domains.add(key.domain)
         outputs, counts = report[1], report[2]
         outputs.extend(by_output)
         counts.extend(map(len, by_output.values()))
         if pends:
             pending.setdefault(key.domain, []).append((key, group, by_output))
             continue
+        per_output = said.get(key.domain)
+        if per_output is None:
+            per_output = said[key.domain] = {}
         for output, answered in by_output.items():
             change = advances.get((number, output))  # _advance_of's first look
             if change is None:
                 change = _advance_of(key, number, group, output, cache, worker, work)
-            _answer_group(work, key, mech, output, change, answered, cache)
+            texts = per_output.get(output)
+            if texts is None:
+                texts = per_output[output] = _texts(key.domain, mech, output, cache)
+            _answer_group(work, key, mech, output, change, answered, cache, texts)
     _build_states(work, cache)
     for groups in pending.values():
         _record_pending(groups, work)
@@ -894,6 +934,11 @@ def _decide_rows(
     return work
 
 
+#: Members of a chunk looked up in its public states' dict before it is given up when none
+#: repeated (:func:`_decide_rows`).
+_MEMO_TRIAL = 256
+
+
 def _answer_group(
     work: _Chunk,
     key: GroupKey,
@@ -902,39 +947,58 @@ def _answer_group(
     change: Advance,
     answered: list[MemberRow],
     cache: RunCache,
+    texts: tuple[str, str, Callable[[str | None], str]] | None = None,
 ) -> None:
     """Accept the members of decision group ``key`` who drew ``output`` (``change``: its state).
+
+    ``texts``: :func:`_texts` of the group's domain and ``output``, when the caller has them.
 
     Members whose history hash is the group's take ``change`` as it is; the others, per
     distinct history hash, :func:`~app.services.snapshots.advance_from` (their new hash, and
     the state's key when it is named by history). The states gained are counted per key, the
     answer's variant is found once.
     """
-    query_text = cache.query_text(key.domain, mech)
-    output_text = cache.output_text(key.domain, mech, output)
-    if len(answered) == 1:  # a diverged survey's usual case
-        by_hash = {answered[0].key.history_hash: answered}
-    else:
-        by_hash = _grouped((row.key.history_hash, row) for row in answered)
+    if texts is None:
+        texts = _texts(key.domain, mech, output, cache)
+    query_text, output_text, after = texts
     stored = change.stored
     if stored is not None and not change.by_content:
+        by_hash = _grouped((row.key.history_hash, row) for row in answered)
         _answer_by_history(work, key, mech, change, by_hash, query_text, output_text)
         return
     # the state is the group's whatever the member's history (named by its content, or none):
-    # only the history hash differs, :func:`advance_from`'s columns without its other work
+    # only the history hash differs, :func:`advance_from`'s columns without its other work —
+    # every member names the group's columns and its own new hash (``Advanced.history_hash``)
     if stored is not None:  # named by content: its bytes, unless a committed chunk stored it
         stored = cache.contents.get(stored.key, stored)
+        counted = work.gained.get(stored.key)
         work.gained[stored.key] = (
             stored,
-            work.gained.get(stored.key, (stored, 0))[1] + len(answered),
+            len(answered) if counted is None else counted[1] + len(answered),
         )
-    after = cache.history_step(key.domain, mech, output)
+    group_hash = key.history_hash
+    if len(answered) == 1:  # a diverged survey's usual case
+        own = answered[0].key.history_hash
+        mine = None if own == group_hash else after(own)
+        _answer(work, mech, query_text, output_text, change.columns, answered, own=mine)
+        return
     pick = None
-    for own, rows in by_hash.items():
-        columns = change.columns
-        if own != key.history_hash:
-            columns = {**columns, "history_hash": after(own)}
-        pick = _answer(work, mech, query_text, output_text, columns, rows, pick=pick)
+    for own, rows in _grouped((row.key.history_hash, row) for row in answered).items():
+        mine = None if own == group_hash else after(own)
+        pick = _answer(
+            work, mech, query_text, output_text, change.columns, rows, pick=pick, own=mine
+        )
+
+
+def _texts(
+    domain: str, mech: Mechanism, output: Output, cache: RunCache
+) -> tuple[str, str, Callable[[str | None], str]]:
+    """An answer's query and output texts and its history step (:meth:`RunCache.history_step`)."""
+    return (
+        cache.query_text(domain, mech),
+        cache.output_text(domain, mech, output),
+        cache.history_step(domain, mech, output),
+    )
 
 
 def _answer_by_history(
@@ -1183,7 +1247,8 @@ def _sample_groups(
         at = slot.get(row.id)
         if at is not None:
             batches[domains[at]].append((at, row))
-    found: list[dict[Output, list[MemberRow]]] = [defaultdict(list) for _ in accepted]
+    # plain dicts (a diverged chunk has a group per member: a ``defaultdict`` each cost a call)
+    found: list[dict[Output, list[MemberRow]]] = [{} for _ in accepted]
     for members in batches.values():
         mech = accepted[members[0][0]].group.mech
         # a population holds few distinct values: each plaintext parsed once (the mechanisms
@@ -1196,7 +1261,12 @@ def _sample_groups(
                 value = parsed[text] = json.loads(text)
             values.append(value)
         for (n, row), output in zip(members, mech.sample_many(values), strict=True):
-            found[n][output].append(row)
+            drawn = found[n]
+            same = drawn.get(output)
+            if same is None:
+                drawn[output] = [row]
+            else:
+                same.append(row)
     return found
 
 
@@ -1298,11 +1368,14 @@ def _answer(
     *,
     basic_after: float | None = None,
     pick: int | None = None,
+    own: str | None = None,
 ) -> int:
     """One distinct answer of the chunk (a variant) and the members who drew it; its number.
 
     ``basic_after``: ``float(Fraction(columns["basic_total"]))`` when the caller has it;
-    ``pick``: the variant, when stored already for other members (with other columns).
+    ``pick``: the variant, when stored already for other members (with other columns);
+    ``own``: the members' new history hash when not ``columns["history_hash"]``
+    (:attr:`~app.store.surveys.Advanced.history_hash`).
     Answers whose entries are equal — the same query and output, loss bounds and ``Σ ε`` after
     it, from any decision group — share one variant (a diverged survey's chunk otherwise
     stored one per history and output, nearly one per member).
@@ -1341,7 +1414,7 @@ def _answer(
         seq = row.accepted + 1
         picks[row.id] = pick
         seqs[row.id] = seq
-        advances.append(new(Advanced, (row.id, row.version, seq, columns)))
+        advances.append(new(Advanced, (row.id, row.version, seq, columns, own)))
     return pick
 
 
@@ -1418,8 +1491,11 @@ def _refuse(work: _Chunk, row: MemberRow, reason: Refusal) -> None:
 
 def _decided(ids: list[str], work: _Chunk) -> dict[str, list[int]]:
     """Every member's pick and seq, in the chunk's order (reused members' from the arrays)."""
-    if work.reuse is None:
-        return {"picks": [work.picks[i] for i in ids], "seqs": [work.seqs[i] for i in ids]}
+    if work.reuse is None:  # ``map`` of the dicts' lookups: no bytecode per member
+        return {
+            "picks": list(map(work.picks.__getitem__, ids)),
+            "seqs": list(map(work.seqs.__getitem__, ids)),
+        }
     picks, seqs = work.reuse.picks.tolist(), work.reuse.seqs.tolist()
     for at in np.flatnonzero(~work.reuse.hit).tolist():
         picks[at], seqs[at] = work.picks[ids[at]], work.seqs[ids[at]]

@@ -679,10 +679,11 @@ def _shared_row(given: Mapping[str, Any]) -> tuple[Any, ...]:
 def _advance_copied(conn: Tx, members: Sequence[Advanced], *, updated_at: datetime) -> int:
     """:func:`advance_members` on PostgreSQL: the members copied (binary), then one ``UPDATE``.
 
-    Each distinct accounting dict is checked and typed once (members of one answer share it:
-    :func:`app.services.survey_runs._answer`); a member's row is its id, version, sequence
-    number, history hash and that dict's typed columns. ``COPY ... (FORMAT BINARY)`` sends
-    them without a text form to build or parse, where the earlier statement (one JSON object per
+    Each distinct accounting dict is checked and typed once (members of one answer share it,
+    a diverged survey's with their own history hashes: :func:`app.services.survey_runs.
+    _answer`); a member's row is its id, version, sequence number, history hash (its own,
+    else the dict's) and that dict's typed columns. ``COPY ... (FORMAT BINARY)`` sends them
+    without a text form to build or parse, where the earlier statement (one JSON object per
     distinct dict, the rest as joined texts) took 37.5 ms of PostgreSQL's CPU and 7.4 ms of the
     client's per chunk of 5,000 with ~5,000 distinct dicts against 26.8 and 2.8 ms this way
     (docs/benchmarks.md, "h/pgsurv").
@@ -697,12 +698,19 @@ def _advance_copied(conn: Tx, members: Sequence[Advanced], *, updated_at: dateti
             with cursor.copy(_ADVANCE_COPY) as copy:
                 copy.set_types(_ADVANCE_COPY_TYPES)
                 write = copy.write_row
-                for object_id, version, accepted, given in members:
+                for object_id, version, accepted, given, own in members:
                     shared = typed.get(id(given))
                     if shared is None:
                         shared = typed[id(given)] = _shared_row(given)
-                    history = given["history_hash"]
-                    write((object_id, version, accepted, history, *shared))
+                    write(
+                        (
+                            object_id,
+                            version,
+                            accepted,
+                            given["history_hash"] if own is None else own,
+                            *shared,
+                        )
+                    )
             sent = _ADVANCE_PG
             cursor.execute(_ADVANCE_PG, {"updated_at": updated_at}, prepare=False)
             return cursor.rowcount
@@ -719,6 +727,11 @@ class Advanced(NamedTuple):
     accepted: int
     #: The new ``objects`` accounting columns (``app.services.snapshots.Advance.columns``).
     columns: Mapping[str, Any]
+    #: The member's own new history hash when not ``columns["history_hash"]`` (None: that
+    #: one). A diverged survey's members share their answer's columns but for this hash: one
+    #: dict shared by them all (checked and typed once, :func:`_advance_copied`), not a copy
+    #: per member.
+    history_hash: str | None = None
 
 
 def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: datetime) -> int:
@@ -740,6 +753,7 @@ def advance_members(conn: Tx, members: Sequence[Advanced], *, updated_at: dateti
                 "accepted": m.accepted,
                 "updated_at": updated_at,
                 **m.columns,
+                **({} if m.history_hash is None else {"history_hash": m.history_hash}),
             }
             for m in members
         ]
