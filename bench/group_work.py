@@ -38,20 +38,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CHILD = r"""
-import hashlib, json, random, sys, time
-from collections import defaultdict
-from fractions import Fraction
+#: The bench population's domain (``survey_load.py``: age 0..9, sex 0..1, 15 regions), parsed,
+#: and the seeded ``rng``: the start of every child here and of ``sample_work.py``'s (which
+#: defines ``seed`` before it).
+POPULATION = r"""
+import json, random
 
 from app.engine.domain import parse_domain
 from app.engine.limits import EngineLimits
-from app.engine.mechanisms import parse_query
-from app.services import survey_runs
-from app.services.snapshots import EXACT_FORMS, content_key, empty_state, next_history_hash
-from app.store.surveys import GroupKey, MemberRow
-from app.worker.pool import BoundWorker, WorkerSettings
 
-groups, per_group, chunks, seed = (int(a) for a in sys.argv[1:5])
 DOMAIN = {
     "attributes": [
         {"name": "age", "type": "integer", "low": 0, "high": 9},
@@ -63,7 +58,24 @@ domain_text = json.dumps(DOMAIN)
 limits = EngineLimits()
 domain = parse_domain(DOMAIN, limits=limits)
 rng = random.Random(seed)
-mechs = {
+"""
+
+CHILD = (
+    r"""
+import hashlib, json, random, sys, time
+from collections import defaultdict
+from fractions import Fraction
+
+from app.engine.mechanisms import parse_query
+from app.services import survey_runs
+from app.services.snapshots import EXACT_FORMS, content_key, empty_state, next_history_hash
+from app.store.surveys import GroupKey, MemberRow
+from app.worker.pool import BoundWorker, WorkerSettings
+
+groups, per_group, chunks, seed = (int(a) for a in sys.argv[1:5])
+"""
+    + POPULATION
+    + r"""mechs = {
     a: parse_query({"mechanism": "grr", "attribute": a, "epsilon": 0.5}, domain, "q", limits=limits)
     for a in ("region", "age", "sex")
 }
@@ -173,36 +185,25 @@ print(f"{spent:.4f} {digest.hexdigest()[:16]} {len(work.advances)}")
 for name, seconds in PHASES.items():
     print(f"  {name} {seconds:.3f}", file=sys.stderr)
 """
+)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trees", required=True, help="comma-separated worktrees (first: base)")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--groups", type=int, default=10000)
-    parser.add_argument("--members", type=int, default=10, help="members per group")
-    parser.add_argument("--chunks", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=27)
-    args = parser.parse_args()
-    trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
+def run_trees(child: str, argv: list[object], given: str, rounds: int) -> None:
+    """Run ``child`` (``python -c``, the tree first on ``PYTHONPATH``, ``argv`` after it) in each
+    tree of ``given`` (comma-separated; the first is the base), ``rounds`` times, the order
+    alternating by round; print each round's CPU seconds and the table of medians, minimums,
+    per-round ratios and digests (the child prints ``SECONDS DIGEST``)."""
+    trees = [str(Path(t).resolve()) for t in given.split(",")]
     times: dict[str, list[float]] = {t: [] for t in trees}
     ratios: dict[str, list[float]] = {t: [] for t in trees}
     digests: dict[str, set[str]] = {t: set() for t in trees}
-    for r in range(args.rounds):
+    for r in range(rounds):
         order = trees if r % 2 == 0 else trees[::-1]
         found: dict[str, float] = {}
         for tree in order:
             env = {**os.environ, "PYTHONPATH": tree, "OPENBLAS_NUM_THREADS": "1"}
             out = subprocess.run(  # noqa: S603 - this interpreter, our own script
-                [
-                    sys.executable,
-                    "-c",
-                    CHILD,
-                    str(args.groups),
-                    str(args.members),
-                    str(args.chunks),
-                    str(args.seed),
-                ],
+                [sys.executable, "-c", child, *map(str, argv)],
                 env=env,
                 cwd=tree,
                 capture_output=True,
@@ -228,6 +229,18 @@ def main() -> None:
             f"| {tree} | {statistics.median(times[tree]):.3f} | {min(times[tree]):.3f} | "
             f"{statistics.median(ratios[tree]):.3f} | {', '.join(sorted(digests[tree]))} |"
         )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trees", required=True, help="comma-separated worktrees (first: base)")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--groups", type=int, default=10000)
+    parser.add_argument("--members", type=int, default=10, help="members per group")
+    parser.add_argument("--chunks", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=27)
+    args = parser.parse_args()
+    run_trees(CHILD, [args.groups, args.members, args.chunks, args.seed], args.trees, args.rounds)
 
 
 if __name__ == "__main__":

@@ -22,35 +22,23 @@ in order, each output's members in order): the trees must print the same digest.
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import subprocess
-import sys
-from pathlib import Path
 
-CHILD = r"""
+from group_work import POPULATION, run_trees  # type: ignore[import-not-found]
+
+CHILD = (
+    r"""
 import hashlib, json, random, sys, time
 
 from app import crypto
-from app.engine.domain import parse_domain
-from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
 from app.services import survey_runs
 from app.services.survey_groups import GroupAccepted
 from app.store.surveys import GroupKey, MemberRow
 
 members, groups, chunks, seed = (int(a) for a in sys.argv[1:5])
-DOMAIN = {
-    "attributes": [
-        {"name": "age", "type": "integer", "low": 0, "high": 9},
-        {"name": "sex", "type": "integer", "low": 0, "high": 1},
-        {"name": "region", "type": "categorical", "values": [f"r{i}" for i in range(15)]},
-    ]
-}
-domain_text = json.dumps(DOMAIN)
-limits = EngineLimits()
-domain = parse_domain(DOMAIN, limits=limits)
-rng = random.Random(seed)
+"""
+    + POPULATION
+    + r"""
 real = parse_query({"mechanism": "grr", "attribute": "region", "epsilon": 0.5}, domain, "q",
                    limits=limits)
 draws = random.Random(seed + 1)
@@ -94,6 +82,7 @@ for accepted, rows in work:
         digest.update(repr([(y, [r.id for r in rs]) for y, rs in by_output.items()]).encode())
 print(f"{spent:.4f} {digest.hexdigest()[:16]}")
 """
+)
 
 
 def main() -> None:
@@ -105,42 +94,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=20)
     parser.add_argument("--seed", type=int, default=27)
     args = parser.parse_args()
-    trees = [str(Path(t).resolve()) for t in args.trees.split(",")]
-    times: dict[str, list[float]] = {t: [] for t in trees}
-    ratios: dict[str, list[float]] = {t: [] for t in trees}
-    digests: dict[str, set[str]] = {t: set() for t in trees}
-    for r in range(args.rounds):
-        order = trees if r % 2 == 0 else trees[::-1]
-        found: dict[str, float] = {}
-        for tree in order:
-            env = {**os.environ, "PYTHONPATH": tree, "OPENBLAS_NUM_THREADS": "1"}
-            out = subprocess.run(  # noqa: S603 - this interpreter, our own script
-                [sys.executable, "-c", CHILD]
-                + [str(a) for a in (args.members, args.groups, args.chunks, args.seed)],
-                env=env,
-                cwd=tree,
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.split()
-            found[tree] = float(out[0])
-            times[tree].append(found[tree])
-            digests[tree].add(out[1])
-        for tree in trees:
-            ratios[tree].append(found[tree] / found[trees[0]])
-        print(
-            f"round {r + 1}: "
-            + ", ".join(f"{found[t]:.3f}" for t in trees)
-            + f" (load {os.getloadavg()[0]:.2f})",
-            file=sys.stderr,
-        )
-    print("| tree | median CPU s | min CPU s | median ratio | digest |")
-    print("|---|---|---|---|---|")
-    for tree in trees:
-        print(
-            f"| {tree} | {statistics.median(times[tree]):.3f} | {min(times[tree]):.3f} | "
-            f"{statistics.median(ratios[tree]):.3f} | {', '.join(sorted(digests[tree]))} |"
-        )
+    run_trees(CHILD, [args.members, args.groups, args.chunks, args.seed], args.trees, args.rounds)
 
 
 if __name__ == "__main__":
