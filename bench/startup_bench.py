@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 import httpx
+from service_load import proc_cpu  # type: ignore[import-not-found]
 
 ADMIN = "bench-admin-" + "k" * 40
 
@@ -159,12 +160,6 @@ def run_command(tree: str, env: dict[str, str], argv: list[str]) -> tuple[float,
     return time.perf_counter() - wall, children_cpu() - cpu
 
 
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` itself (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def spawned_workers(pid: int) -> list[int]:
     """The uvicorn workers ``multiprocessing`` spawned under ``pid`` (not its resource tracker)."""
     found = []
@@ -182,7 +177,7 @@ def idle_parts(pid: int, workers: int) -> tuple[float, list[float]]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         kids = spawned_workers(pid)
-        now = (process_cpu(pid), [process_cpu(k) for k in kids])
+        now = (proc_cpu(pid), [proc_cpu(k) for k in kids])
         if len(kids) == workers and now == before:
             return now
         before = now

@@ -137,11 +137,15 @@ def wait_nodes(result_url: str, namespace: str, nodes: int, timeout: float = 60)
     raise AssertionError(f"{nodes} worker nodes of {namespace} did not start")
 
 
+def _tasks_counted(client: redis.Redis, namespace: str, task: str) -> int:
+    return int(client.hget(f"gatekeeper:celery:{namespace}:tasks", task) or 0)
+
+
 def tasks_run(result_url: str, namespace: str, task: str) -> int:
     """How many ``task`` tasks the workers of ``namespace`` ran (the workers' own count)."""
     client = redis.Redis.from_url(result_url)
     try:
-        return int(client.hget(f"gatekeeper:celery:{namespace}:tasks", task) or 0)
+        return _tasks_counted(client, namespace, task)
     finally:
         client.close()
 
@@ -157,10 +161,10 @@ def settled_tasks(result_url: str, namespace: str, task: str, quiet: float = 2.0
     client = redis.Redis.from_url(result_url)
     try:
         deadline = time.monotonic() + 60
-        count, since = tasks_run(result_url, namespace, task), time.monotonic()
+        count, since = _tasks_counted(client, namespace, task), time.monotonic()
         while time.monotonic() < deadline:
             time.sleep(0.25)
-            now = tasks_run(result_url, namespace, task)
+            now = _tasks_counted(client, namespace, task)
             queued = sum(
                 int(client.llen(key)) for key in client.scan_iter(match=f"{namespace}.surveys*")
             )
