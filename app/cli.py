@@ -591,6 +591,23 @@ def _ndjson_input(args: argparse.Namespace, desc: str) -> Iterator[tuple[IO[byte
         yield source, bar
 
 
+def _bad_batch_options(args: argparse.Namespace, most: int) -> bool:
+    """Whether ``import``'s batch options are unusable, after printing the first problem.
+
+    ``--batch-size`` must be 1..*most*, ``--jobs`` and ``--jobs-min-lines`` 0 or more.
+    """
+    problems = []
+    if not 1 <= args.batch_size <= most:
+        problems.append(f"--batch-size must be 1..{most}")
+    if args.jobs < 0:
+        problems.append("--jobs must be 0 or more")
+    if args.jobs_min_lines < 0:
+        problems.append("--jobs-min-lines must be 0 or more")
+    if problems:
+        print(problems[0], file=sys.stderr)
+    return bool(problems)
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     """Register the objects of an NDJSON file (``-``: stdin) in batches, with a progress bar.
 
@@ -609,14 +626,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.versions:
         return _import_versions(args)
     batch_size = args.batch_size
-    if not 1 <= batch_size <= MAX_IMPORT:
-        print(f"--batch-size must be 1..{MAX_IMPORT}", file=sys.stderr)
-        return 2
-    if args.jobs < 0:
-        print("--jobs must be 0 or more", file=sys.stderr)
-        return 2
-    if args.jobs_min_lines < 0:
-        print("--jobs-min-lines must be 0 or more", file=sys.stderr)
+    if _bad_batch_options(args, MAX_IMPORT):
         return 2
     engine = _open_database(values=True)
     created = existing = 0
@@ -663,14 +673,7 @@ def _import_versions(args: argparse.Namespace) -> int:
     from app.services.schemas import MAX_VERSIONS
     from app.services.versions import StaleSeal
 
-    if not 1 <= args.batch_size <= MAX_VERSIONS:
-        print(f"--batch-size must be 1..{MAX_VERSIONS}", file=sys.stderr)
-        return 2
-    if args.jobs < 0:
-        print("--jobs must be 0 or more", file=sys.stderr)
-        return 2
-    if args.jobs_min_lines < 0:
-        print("--jobs-min-lines must be 0 or more", file=sys.stderr)
+    if _bad_batch_options(args, MAX_VERSIONS):
         return 2
     engine = _open_database(values=True)
     # SQLite encrypts values by the column type: nothing for workers to seal ahead

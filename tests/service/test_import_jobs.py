@@ -135,12 +135,21 @@ def test_a_small_import_parses_in_process_and_a_larger_one_starts_the_workers(
     assert pools == [2, 2]
 
 
-def test_a_negative_threshold_is_refused(tmp_path: Path, sqlite_url: str) -> None:
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--jobs-min-lines", "-1", "--jobs-min-lines must be 0 or more"),
+        ("--jobs", "-1", "--jobs must be 0 or more"),
+        ("--batch-size", "0", "--batch-size must be 1.."),
+    ],
+)
+def test_an_unusable_batch_option_is_refused(
+    tmp_path: Path, sqlite_url: str, option: str, value: str, message: str
+) -> None:
     path = tmp_path / "objects.ndjson"
     write_objects(path, [unique_id("neg")])
     for versions in ([], ["--versions"]):
-        done = run_cli(
-            "import", *versions, str(path), "--jobs-min-lines", "-1", database_url=sqlite_url
-        )
+        done = run_cli("import", *versions, str(path), option, value, database_url=sqlite_url)
         assert done.returncode == 2
-        assert "--jobs-min-lines must be 0 or more" in done.stderr
+        assert message in done.stderr
+        assert done.stderr.count("must be") == 1
