@@ -199,13 +199,14 @@ def forked_workers(workers: int) -> Iterator[bool]:
     if workers < 2:
         yield False
         return
-    seam = uvicorn_seam() if sys.platform.startswith("linux") else None
-    if seam is None:
-        print(
-            "gatekeeper: workers spawned (this uvicorn's supervisor is not the one "
-            "gatekeeper forks workers for)",
-            file=sys.stderr,
+    seam = uvicorn_seam()
+    if seam is None or not sys.platform.startswith("linux"):
+        why = (
+            "this uvicorn's supervisor is not the one gatekeeper forks workers for"
+            if seam is None
+            else "gatekeeper forks workers on Linux only"
         )
+        print(f"gatekeeper: workers spawned ({why})", file=sys.stderr)
         yield False
         return
     preload()
