@@ -198,13 +198,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Wait for the database, migrate it, then serve with uvicorn.
 
     With several workers their metrics are summed through a temporary directory
-    (:func:`app.multiproc.metrics_directory`), removed when the server stops.
+    (:func:`app.multiproc.metrics_directory`), removed when the server stops, and the workers
+    are forked from this process once it imported the app's modules (:mod:`app.webfork`).
     """
     import uvicorn
 
     from app.logs import configure, uvicorn_log_config
     from app.multiproc import metrics_directory
     from app.settings import get_settings
+    from app.webfork import forked_workers
 
     configure(get_settings().log_level)
     settings, engine = _prepare_database()
@@ -219,7 +221,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     # before the workers start: they read PROMETHEUS_MULTIPROC_DIR when importing prometheus
-    with metrics_directory(workers) as metrics_dir:
+    # (so does the parent importing the app for its forked workers)
+    with metrics_directory(workers) as metrics_dir, forked_workers(workers):
         if metrics_dir is not None:
             print(
                 f"gatekeeper: metrics of all workers are summed in {metrics_dir}", file=sys.stderr

@@ -15,6 +15,8 @@ sums them:
   must, but ``livesum`` gauges must forget it: the files of live gauges of dead processes are
   removed (``prometheus_client.multiprocess.mark_process_dead``). A worker that stops normally
   marks itself (:func:`mark_this_process_dead`).
+* :func:`forget_this_process`: the ``serve`` parent that imported the metrics before forking its
+  workers (:mod:`app.webfork`) removes its own files, which never count anything.
 """
 
 from __future__ import annotations
@@ -98,3 +100,24 @@ def mark_this_process_dead() -> None:
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(os.getpid(), path)  # type: ignore[no-untyped-call]
+
+
+def forget_this_process() -> list[str]:
+    """Remove every metrics file of this process; returns their names.
+
+    For the ``gatekeeper serve`` parent that imports :mod:`app.metrics` before it forks its
+    workers (:mod:`app.webfork`): it never counts anything, and its files (all zero) would name
+    a process that does not serve — a live-gauge file of a process still alive is never marked
+    dead. Its forked workers write their own files (prometheus_client notices the pid change at
+    each one's first metric). No-op in single-process mode.
+    """
+    path = directory()
+    if path is None:
+        return []
+    suffix = f"_{os.getpid()}.db"
+    removed = []
+    for entry in sorted(os.listdir(path)):
+        if entry.endswith(suffix):
+            Path(path, entry).unlink(missing_ok=True)
+            removed.append(entry)
+    return removed

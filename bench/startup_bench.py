@@ -15,8 +15,8 @@ round alternating which tree goes first: ``help`` (``gatekeeper --help``), ``key
 ``verify`` (on the migrated, empty SQLite file), ``migrate`` (of a database already at the
 newest migration), ``states-collect``, ``worker-build`` (as above), ``serve1``/``serve2``/
 ``serve4`` (``gatekeeper serve --workers N`` to its first 200 on ``/readyz``, then SIGTERM),
-``serve2-split`` (``serve2``, and a second table of the parent's and each spawned worker's own
-CPU, read from ``/proc`` once both workers are up and idle) and ``celery``
+``serve2-split``/``serve4-split`` (``serve2``/``serve4``, and a second table of the parent's and
+each worker's own CPU, read from ``/proc`` once all workers are up and idle) and ``celery``
 (``gatekeeper worker --concurrency 1`` on ``--broker``, a Redis URL, until both nodes have
 announced themselves, then SIGTERM to its process group)::
 
@@ -161,11 +161,14 @@ def run_command(tree: str, env: dict[str, str], argv: list[str]) -> tuple[float,
 
 
 def spawned_workers(pid: int) -> list[int]:
-    """The uvicorn workers ``multiprocessing`` spawned under ``pid`` (not its resource tracker)."""
+    """The uvicorn workers ``multiprocessing`` started under ``pid``: spawned (``spawn_main``)
+    or forked (``pid``'s own command line, :mod:`app.webfork`); not its resource tracker."""
+    own = Path(f"/proc/{pid}/cmdline").read_bytes()
     found = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         for child in (task / "children").read_text().split():
-            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline or cmdline == own:
                 found.append(int(child))
     return found
 
@@ -290,6 +293,7 @@ KINDS = (
     "serve2",
     "serve4",
     "serve2-split",
+    "serve4-split",
 )
 
 

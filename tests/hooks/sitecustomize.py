@@ -1,11 +1,11 @@
 """Test hooks inside a server's processes: act on a submit after its commit, before its answer.
 
 A test puts this folder on ``PYTHONPATH`` of a ``gatekeeper serve``. Python imports
-``sitecustomize`` at start-up in every process of the server — uvicorn's workers included, which
-multiprocessing spawns afresh. When a process imports the submit use case
-(``app.services.queries``), the hook wraps its ``submit``, which returns once its transaction
-committed. What the wrapper does after a submit that stored a new output (not a replay, not a
-reused answer) is set by the environment:
+``sitecustomize`` at start-up in every process of the server — uvicorn's workers included when
+multiprocessing spawns them afresh; forked (``app.webfork``), they inherit the parent's patched
+module. When a process imports the submit use case (``app.services.queries``), the hook wraps
+its ``submit``, which returns once its transaction committed. What the wrapper does after a
+submit that stored a new output (not a replay, not a reused answer) is set by the environment:
 
 * ``GATEKEEPER_TEST_KILL_AFTER_COMMIT`` (a file path; ``tests/client/test_client_faults.py``):
   the first such submit writes the output and query id to the file, then kills its own process

@@ -121,10 +121,12 @@ QUERY = grr_query(EPSILON)
 
 # --- workers of a server ------------------------------------------------------------------------
 def worker_pids(server: Server) -> list[int]:
-    """The uvicorn worker processes of ``server`` (children started by multiprocessing)."""
+    """The uvicorn worker processes of ``server`` (children started by multiprocessing: forked
+    from ``serve``, its command line, or spawned, ``spawn_main``; not a resource tracker)."""
     master = server.process.pid
     try:
         children = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+        own = Path(f"/proc/{master}/cmdline").read_bytes()
     except OSError:
         return []
     pids = []
@@ -133,7 +135,7 @@ def worker_pids(server: Server) -> list[int]:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"spawn_main" in cmdline:
+        if b"spawn_main" in cmdline or cmdline == own:
             pids.append(int(child))
     return pids
 
