@@ -1,12 +1,13 @@
 """Migration 0019: the object-count UPDATE trigger skips its sums when no share can change.
 
-The trigger's function first asks whether every old and new row of the statement is *quiet*
-(active, budget in 0018's float range, loss below both of 0018's "not exhausted" and "not near
-exhaustion" thresholds) with as many new rows as old and the same total of ``rejected``; then
-every sum is zero and it returns without running 0018's query. That is right only if a quiet
-row's six shares are what the test assumes, and if no statement the test lets through changes
-a count: both are checked here, the second against a count of the rows after each of many
-random statements, and the revision's upgrade and downgrade.
+The trigger's function first asks whether the statement changed one row whose old and new
+versions are both *quiet* (active, budget in 0018's float range, loss below both of 0018's
+"not exhausted" and "not near exhaustion" thresholds) with the same ``rejected``; then every
+sum is zero and it returns without running 0018's query. That is right only if a quiet row's
+six shares are what the test assumes, and if no statement the test lets through changes a
+count (nor one of several rows, which it must never let through): both are checked here, the
+second against a count of the rows after each of many random statements, and the revision's
+upgrade and downgrade.
 """
 
 from __future__ import annotations
