@@ -4,6 +4,8 @@ How to run (from the project root, PostgreSQL and Redis reachable; ``pgbench`` o
 
     GATEKEEPER_BENCH_REDIS_URL=redis://127.0.0.1:6379/13 OPENBLAS_NUM_THREADS=1 \\
       .venv/bin/python bench/pg_submit.py --rounds 16 --block 150 --pgbench 10 --db-prefix pgsub_
+    .venv/bin/python bench/pg_submit.py --pgbench 10 --clients 8,16 --pgbench-variants 0,1,2,4 \\
+      --bulk 5000
 
 A warm finite submit sends PostgreSQL two statements (docs/benchmarks.md, "h/async"): the
 object's ``SELECT`` with the answer stored under the key (prepared,
@@ -36,7 +38,11 @@ autocommit, :func:`app.store.submits.record_accepted`). This script
    with the version and count it returned; one object per client), alternating, with the
    PostgreSQL backends' CPU per transaction: the ceiling of this SQL shape next to pgbench's
    own, in one run. (pgbench reads results as text: the load's 8 kB array travels as 16 kB of
-   hex, which the service's binary read does not pay.)
+   hex, which the service's binary read does not pay.) ``--pgbench-variants`` replays them on
+   copies of other variants too, ``--clients 8,16`` at several client counts;
+5. with ``--bulk ROWS``, times many-row ``UPDATE``s of ``objects`` (a survey chunk's shape)
+   under the object-count function of revision 0018 and under this tree's, alternating: what a
+   change of that trigger costs statements other than a single submit's.
 
 The copies are dropped at the end (``--keep``: kept). CPU figures are of one backend at a time
 (one replaying connection), not under the service's concurrency; the ``pgbench`` rows are.
@@ -580,6 +586,76 @@ def pgbench_side(
                 print(f"| {n} | {rnd + 1} | {label} | {tps:,.0f} | {ms:.3f} |", flush=True)
 
 
+def bulk_side(admin: Any, stem: str, base_name: str, captured: Captured, args: Any) -> None:
+    """Many-row ``UPDATE``s under 0018's count function and this tree's, interleaved.
+
+    ``--bulk ROWS`` copies of the captured object (far from their budget); per round, with each
+    function in turn (order alternating): a statement moving every row's loss a little (no
+    count changes), one counting a rejection on every row (two counts change per row), and a
+    one-row quiet statement; the backend's CPU per statement.
+    """
+    import psycopg
+
+    name = f"{base_name}_bulk"
+    url = f"{stem}/{name}"
+    copy_database(admin, base_name, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        head = str(
+            conn.execute(
+                "SELECT pg_get_functiondef('gatekeeper_object_counts_update'::regproc)"
+            ).fetchone()[0]  # type: ignore[index]
+        )
+        conn.execute(
+            "INSERT INTO objects SELECT (jsonb_populate_record(NULL::objects, to_jsonb(o) || "
+            "jsonb_build_object('id', 'bulk-' || k))).* FROM objects o, "
+            "generate_series(1, %s) k WHERE o.id = %s",
+            (args.bulk, captured.object_id),
+        )
+        pid = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+        statements = {
+            f"{args.bulk:,} rows, loss + 0.001 (no count changes)": (
+                "UPDATE objects SET loss_upper = loss_upper + 0.001 WHERE id LIKE 'bulk-%'",
+                3,
+            ),
+            f"{args.bulk:,} rows, rejected + 1 (two counts change per row)": (
+                "UPDATE objects SET rejected = rejected + 1 WHERE id LIKE 'bulk-%'",
+                3,
+            ),
+            "1 row, loss + 0.001": (
+                "UPDATE objects SET loss_upper = loss_upper + 0.001 WHERE id = 'bulk-1'",
+                200,
+            ),
+        }
+        functions = {"0018": function_0018(), "this tree": head}
+        found: dict[tuple[str, str], list[float]] = {
+            (f, s): [] for f in functions for s in statements
+        }
+        for rnd in range(args.bulk_rounds):
+            order = list(functions) if rnd % 2 == 0 else list(functions)[::-1]
+            for label in order:
+                conn.execute(functions[label])
+                for text, (sql, repeat) in statements.items():
+                    conn.execute(sql)  # warm: the function's plans made
+                    before = schedstat_ns(pid)
+                    for _ in range(repeat):
+                        conn.execute(sql)
+                    found[label, text].append((schedstat_ns(pid) - before) / repeat / 1e6)
+        conn.execute(head)
+    print(
+        f"\nmany-row UPDATEs {datetime.now(UTC):%H:%M:%S} UTC, load {os.getloadavg()[0]:.2f}: "
+        f"{args.bulk_rounds} rounds, functions alternating"
+    )
+    print("| statement | 0018 ms | this tree ms | per round: this tree / 0018, median |")
+    print("|---|---:|---:|---:|")
+    for text in statements:
+        old, new = found["0018", text], found["this tree", text]
+        ratio = statistics.median(b / a for a, b in zip(old, new, strict=True))
+        print(
+            f"| {text} | {statistics.median(old):.3f} | {statistics.median(new):.3f} | "
+            f"{ratio:.3f} |"
+        )
+
+
 def replace_text(statement: Statement, change: Callable[[str], str]) -> Statement:
     return Statement(change(statement.text), statement.params, statement.prepare)
 
@@ -615,6 +691,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variants", default="", help="comma-separated variant numbers (default: all)"
     )
+    parser.add_argument(
+        "--bulk", type=int, default=0, metavar="ROWS", help="many-row UPDATEs (0: skip)"
+    )
+    parser.add_argument("--bulk-rounds", type=int, default=8)
     parser.add_argument("--keep", action="store_true", help="keep the databases")
     parser.add_argument("--no-explain", action="store_true")
     sl.add_scratch_args(parser, db_prefix="gk_pgsub_")
@@ -631,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     admin_url = args.admin_url.replace("postgresql+psycopg://", "postgresql://")
     base_name = args.db_prefix + secrets.token_hex(4)
     names = [f"{base_name}_{i}" for i in range(len(chosen))]
-    names += [f"{base_name}_pgb{i}" for i in range(len(chosen))]
+    names += [f"{base_name}_pgb{i}" for i in range(len(VARIANTS))] + [f"{base_name}_bulk"]
     replays: list[Replay] = []
     with (
         tempfile.TemporaryDirectory() as keys,
@@ -705,6 +785,8 @@ def main(argv: list[str] | None = None) -> int:
             replays.clear()
             if args.pgbench:
                 pgbench_side(admin, stem, base_name, captured, chosen, args)
+            if args.bulk:
+                bulk_side(admin, stem, base_name, captured, args)
             print(f"\nend {datetime.now(UTC):%H:%M:%S} UTC, load {os.getloadavg()[0]:.2f}")
         finally:
             for replay in replays:
