@@ -6,7 +6,7 @@ large ``CASE`` trees with 0018's float tests and the NUMERIC ones behind them �
 sums added to ``object_counts`` when one is not zero. A single accepted submit's
 compare-and-set is such an ``UPDATE``, of one row whose shares do not change (the loss moves,
 far from the budget). Setting up that query's executor (its expressions, the ``INSERT … ON
-CONFLICT``) cost PostgreSQL ≈ 80 µs per one-row ``UPDATE`` on this machine: the largest part of
+CONFLICT``) cost PostgreSQL ≈ 65–90 µs per one-row ``UPDATE`` on this machine: the largest part of
 the accepted write that is not a write (docs/benchmarks.md, "h/pgsub").
 
 Here the function first asks a small question of the same transition tables, reading at most
@@ -20,9 +20,9 @@ same tests), the row is active (1) and not retired (0) before and after, and bot
 shares are its ``coalesce(rejected, 0)``, unchanged; every sum is zero — what the full query
 would find — and the function returns without it. Otherwise (a statement of several rows or
 none, a rejection counted, a retirement, a loss near a threshold, a budget out of the range,
-NaN) 0018's query runs unchanged, so a survey chunk's statement over thousands of rows pays
-only the two-row look (measured: 1.00-1.03x). The kept counts are the same either way; only the
-work to find that a single submit does not change them is smaller.
+NaN) 0018's query runs unchanged, so a statement over thousands of rows (a survey chunk's) pays
+only the two-row look on top of it. The kept counts are the same either way; only the work to
+find that a single submit does not change them is smaller.
 
 PostgreSQL only (SQLite's row triggers compare one row at a time: nothing to gain). The
 INSERT and DELETE functions change every count they see and stay as 0018 made them. Downgrade
