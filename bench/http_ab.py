@@ -24,20 +24,28 @@ same folder twice it compares one setting against the default in one run, e.g. t
 (its two of a submit's four round trips)::
 
     .venv/bin/python bench/http_ab.py --trees /work/wt/base,/work/wt/base --b-env REDIS_LOCKS=false
+
+``--databases`` puts each tree's server on a database of its own, migrated by that tree's code,
+so a change of the schema (a migration: a trigger, an index) is compared side by side too; the
+table then adds each tree's PostgreSQL CPU per submit (its database's client backends, from
+``/proc/PID/schedstat``, over the same blocks) and its ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,11 +66,75 @@ def split_cpu(server: sl.Server) -> tuple[float, float]:
     return user, system
 
 
+#: Migrates a database with the code on ``PYTHONPATH`` and stores the bootstrap admin key.
+_MIGRATE = (
+    "import sys\n"
+    "from app.db.migrate import upgrade\n"
+    "from app.db.session import make_engine\n"
+    "from app.services.auth import ensure_bootstrap_admin\n"
+    "upgrade(sys.argv[1])\n"
+    "engine = make_engine(sys.argv[1])\n"
+    "ensure_bootstrap_admin(engine=engine, secret=sys.argv[2])\n"
+    "engine.dispose()\n"
+)
+
+
+@contextlib.contextmanager
+def tree_database(tree: Path, prefix: str) -> Iterator[tuple[str, str]]:
+    """A fresh database migrated by ``tree``'s own code (dropped afterwards)."""
+    with sl.fresh_database(prefix=prefix, migrate=False) as (url, name):
+        path = f"{tree}{os.pathsep}{tree / 'clients' / 'python' / 'src'}"
+        subprocess.run(  # noqa: S603 - our own code
+            [sys.executable, "-c", _MIGRATE, url, sl.ADMIN_KEY],
+            cwd=tree,  # its own ``app`` first (``-c`` puts the folder first on sys.path)
+            env={**os.environ, "PYTHONPATH": path},
+            check=True,
+        )
+        yield url, name
+
+
+def schedstat_ns(pid: int) -> int:
+    """Nanoseconds process ``pid`` has run on a CPU (0 if it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def backends_meter(name: str) -> Callable[[], dict[int, int]]:
+    """A reading of the client backends of database ``name``: pid -> CPU ns so far."""
+    import psycopg
+
+    admin = sl.POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
+    conn = psycopg.connect(admin, autocommit=True)
+
+    def read() -> dict[int, int]:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'",
+            (name,),
+        ).fetchall()
+        return {int(r[0]): schedstat_ns(int(r[0])) for r in rows}
+
+    return read
+
+
+def used_ns(before: dict[int, int], after: dict[int, int]) -> int:
+    """CPU ns the backends used between two readings (a new backend counts from 0)."""
+    return sum(ns - before.get(pid, 0) for pid, ns in after.items())
+
+
 async def block(
-    server: sl.Server, ids: list[str], analyst: str, count: int, clients: int, body: bytes
-) -> tuple[float, float, dict[int, int], float]:
-    """``count`` submits over ``clients`` connections: server CPU seconds, wall, statuses and
-    the CPU's system seconds."""
+    server: sl.Server,
+    ids: list[str],
+    analyst: str,
+    count: int,
+    clients: int,
+    body: bytes,
+    meter: Callable[[], dict[int, int]] | None = None,
+) -> tuple[float, float, dict[int, int], float, float]:
+    """``count`` submits over ``clients`` connections: server CPU seconds, wall, statuses,
+    the CPU's system seconds and (with ``meter``) the database backends' CPU seconds."""
     conns = [sl.Connection("127.0.0.1", server.port) for _ in range(clients)]
     statuses: dict[int, int] = {}
     left = list(range(count))
@@ -77,12 +149,14 @@ async def block(
     # connections opened before the CPU is read (a connection per block, as a client pool would)
     for conn in conns:
         await conn._open()
+    pg0 = meter() if meter else {}
     (user0, sys0), t0 = split_cpu(server), time.perf_counter()
     await asyncio.gather(*(client(c) for c in conns))
     (user1, sys1), wall = split_cpu(server), time.perf_counter() - t0
+    pg = used_ns(pg0, meter()) / 1e9 if meter else 0.0
     for conn in conns:
         await conn.close()
-    return (user1 - user0) + (sys1 - sys0), wall, statuses, sys1 - sys0
+    return (user1 - user0) + (sys1 - sys0), wall, statuses, sys1 - sys0, pg
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=200, help="untimed submits first (200)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--db-prefix", default="gk_httpab_", help="the database's name prefix")
+    parser.add_argument(
+        "--databases",
+        action="store_true",
+        help="each tree on a database of its own, migrated by its own code (a schema change "
+        "side by side); prints the PostgreSQL CPU per submit too",
+    )
     parser.add_argument(
         "--b-env",
         action="append",
@@ -116,18 +196,29 @@ def main(argv: list[str] | None = None) -> int:
     body = json.dumps({"query": sl.grr_queries(rng)[0]}).encode()
     load0 = os.getloadavg()[0]
     logs = Path(tempfile.mkdtemp(prefix="gk_httpab_"))
-    with sl.fresh_database(prefix=args.db_prefix) as (url, _name):
+    with contextlib.ExitStack() as stack:
+        if args.databases:
+            made = [stack.enter_context(tree_database(t, args.db_prefix)) for t in trees]
+        else:
+            made = [stack.enter_context(sl.fresh_database(prefix=args.db_prefix))] * 2
+        meters = [backends_meter(name) for _, name in made] if args.databases else [None, None]
         servers = []
         try:
             for n, tree in enumerate(trees):
                 extra = b_env if n == 1 else None
                 servers.append(
                     sl.Server(
-                        url, args.workers, 1, logs / f"server{n}.log", tree=tree, extra_env=extra
+                        made[n][0],
+                        args.workers,
+                        1,
+                        logs / f"server{n}.log",
+                        tree=tree,
+                        extra_env=extra,
                     )
                 )
             setups = [sl.register_objects(s, "grr", "bayesian", args.objects, rng) for s in servers]
             cpu: list[list[float]] = [[], []]
+            pg: list[list[float]] = [[], []]
             wall: list[float] = [0.0, 0.0]
             statuses: list[dict[int, int]] = [{}, {}]
             system: list[float] = [0.0, 0.0]
@@ -136,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
             for b in range(args.blocks):
                 order = (0, 1) if b % 2 == 0 else (1, 0)
                 for k in order:
-                    used, took, seen, kernel = asyncio.run(
-                        block(servers[k], *setups[k], args.block, args.clients, body)
+                    used, took, seen, kernel, database = asyncio.run(
+                        block(servers[k], *setups[k], args.block, args.clients, body, meters[k])
                     )
                     cpu[k].append(used / args.block * 1000)
+                    pg[k].append(database / args.block * 1000)
                     wall[k] += took
                     system[k] += kernel
                     for status, count in seen.items():
@@ -169,6 +261,21 @@ def main(argv: list[str] | None = None) -> int:
         f"ratio of the totals {sum(cpu[1]) / sum(cpu[0]):.3f}, "
         f"{names[1]} lower in {lower} of {len(ratios)} pairs"
     )
+    if args.databases:
+        for k in (0, 1):
+            q = statistics.quantiles(pg[k], n=4)
+            print(
+                f"{names[k]:<14} PostgreSQL cpu ms/submit: median {statistics.median(pg[k]):.3f}"
+                f"  IQR {q[0]:.3f}-{q[2]:.3f}"
+            )
+        pg_ratios = [b / a for a, b in zip(pg[0], pg[1], strict=True) if a > 0]
+        pg_lower = sum(b < a for a, b in zip(pg[0], pg[1], strict=True))
+        print(
+            f"{names[1]} / {names[0]}: median per-pair PostgreSQL CPU ratio "
+            f"{statistics.median(pg_ratios):.3f}, ratio of the totals "
+            f"{sum(pg[1]) / sum(pg[0]):.3f}, {names[1]} lower in {pg_lower} of "
+            f"{len(pg_ratios)} pairs"
+        )
     return 0
 
 
