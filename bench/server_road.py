@@ -33,6 +33,12 @@ configuration and multiprocess metrics directory; the collector tuned as
    ``ThreadPoolExecutor`` of 5 per worker).
 7. ``lock``: (6) with the real :class:`~app.services.locks.ObjectLocks` held around it (redis-py:
    ``SET … NX PX`` and ``EVALSHA``, the submit's two Redis round trips).
+7b. ``read`` (``--arms``, not in the default ladder): (7) with the submit's first SQL round trip
+   alone in the lock (the real ``load_for_submit`` in a ``submitting()`` block, the answer from
+   the row read): splits (8)'s two statements.
+7c. ``unnamed`` (``--arms``, not in the default ladder): (7b) and the accepted write without a
+   new likelihood array (``record_accepted`` with no ``new_state``, the object naming the array
+   it named): what the 8 KB array's part of the write costs. Not a correct submit.
 8. ``sql``: (7) with the submit's two SQL round trips in the lock: ``bench/async_probe.py``'s
    ``SyncRoad`` (the real ``load_for_submit`` and ``record_accepted`` in a real ``submitting()``
    block, the accepted write's parameters of the real shapes and sizes); its round trips are
@@ -59,7 +65,13 @@ multiple of pgbench's transactions per second twice: **measured** (the rung's re
 second over pgbench's transactions per second in the same block) and **by CPU** (pgbench's CPU
 per transaction, client + backends, over the rung's per request, server + backends + client:
 the ratio of what each could do on the same cores if CPU were all that bounded them; load
-drifts over both alike). ``--profile`` is not offered: ``bench/profile_submit.py`` does that.
+drifts over both alike).
+
+PostgreSQL's ``max_connections`` is shared with whatever else runs on the machine: the rungs
+without SQL keep one connection per worker (the key cache's misses), and a block whose
+connection PostgreSQL refused (pgbench's, the backend sampler's) is tried again, 5 s apart, up
+to 10 times. A failed request in a warm-up refuses the run; failed requests in a block are
+counted and printed beside the arm (the exit status is then 1).
 """
 
 from __future__ import annotations
@@ -97,7 +109,7 @@ ENV_STEP, ENV_URL, ENV_REDIS, ENV_EXTRA = (
     "ROAD_EXTRA_PATH",
 )
 #: The probe steps, in the ladder's order (``real`` is the application itself).
-STEPS = ("bare", "context", "fastapi", "handoff", "lock", "sql", "real")
+STEPS = ("bare", "context", "fastapi", "handoff", "lock", "read", "unnamed", "sql", "real")
 #: The arms: name -> (step, server). ``real`` under uvicorn is ``gatekeeper serve`` itself.
 ARMS: dict[str, tuple[str, str]] = {
     "bare": ("bare", "uvicorn"),
@@ -107,6 +119,8 @@ ARMS: dict[str, tuple[str, str]] = {
     "fastapi_granian": ("fastapi", "granian"),
     "handoff": ("handoff", "uvicorn"),
     "lock": ("lock", "uvicorn"),
+    "read": ("read", "uvicorn"),
+    "unnamed": ("unnamed", "uvicorn"),
     "sql": ("sql", "uvicorn"),
     "real": ("real", "serve"),
     "real_granian": ("real", "granian"),
@@ -118,6 +132,10 @@ LAYERS = (
     ("fastapi", "handoff", "hand-off to a request thread (in_thread)"),
     ("handoff", "lock", "the Redis lock's two round trips (ObjectLocks)"),
     ("lock", "sql", "the two SQL round trips (load_for_submit, record_accepted)"),
+    ("lock", "read", "the first SQL round trip (load_for_submit, prepared)"),
+    ("read", "sql", "the second SQL round trip (record_accepted: the accepted write)"),
+    ("read", "unnamed", "the accepted write without its likelihood array (not the service's)"),
+    ("unnamed", "sql", "the 8 KB likelihood array named and inserted by the accepted write"),
     ("sql", "real", "the service's own work: engine, state, sampling, decryption, audit, glue"),
     ("bare", "bare_granian", "granian instead of uvicorn (bare)"),
     ("fastapi", "fastapi_granian", "granian instead of uvicorn (FastAPI route)"),
@@ -228,10 +246,47 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
     def recorded(object_id: str, key: str) -> Any:
         return submit_result(runtime.road.submit(object_id, key))
 
+    def read(object_id: str, key: str) -> Any:
+        """The submit's read alone (as SyncRoad.submit reads), the answer from the row read."""
+        from app.store import objects as object_store
+        from app.store.base import submitting
+
+        with runtime.locks.hold(object_id), submitting(runtime.engine) as conn:
+            found = object_store.load_for_submit(conn, object_id=object_id, key=key)
+        if found is None:
+            raise LookupError("no such object")
+        row = found[0]
+        return submit_result(ap.answer_body(row, row.accepted + 1, 4242, datetime.now(UTC)))
+
+    def unnamed(object_id: str, key: str) -> Any:
+        """SyncRoad.submit with no new likelihood array: the object keeps naming the one it
+        names (the accepted write's other variant, ``names_state`` false) — what the array's
+        part of the write costs, not a correct submit."""
+        from app.store import objects as object_store
+        from app.store import submits as submit_store
+        from app.store.base import submitting
+
+        road = runtime.road
+        with runtime.locks.hold(object_id):
+            for _ in range(ap.ATTEMPTS):
+                with submitting(road.engine) as conn:
+                    found = object_store.load_for_submit(conn, object_id=object_id, key=key)
+                    if found is None:
+                        raise LookupError("no such object")
+                    row = found[0]
+                    inputs = ap.accept_inputs(row, key, road.key_id, row.state or b"")
+                    inputs["new_state"] = None
+                    inputs["columns"]["state_hash"] = row.state_hash
+                    query_id = submit_store.record_accepted(conn, commit=True, **inputs)
+                if query_id is not None:
+                    now = inputs["query"].created_at
+                    return submit_result(ap.answer_body(row, row.accepted + 1, query_id, now))
+        raise RuntimeError("lost races")
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         road = None
-        if step == "sql":
+        if step in ("read", "unnamed", "sql"):
             key_id = int(os.environ.get("ROAD_KEY_ID", "0"))
             road = ap.SyncRoad.make(url, redis_url, key_id)  # engine, ObjectLocks, 5 threads
             engine, threads, locks = road.engine, road.threads, road.locks
@@ -289,6 +344,10 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
             return await in_thread(runtime, answered, object_id)
         if step == "lock":
             return await in_thread(runtime, locked, object_id)
+        if step == "read":
+            return await in_thread(runtime, read, object_id, key)
+        if step == "unnamed":
+            return await in_thread(runtime, unnamed, object_id, key)
         return await in_thread(runtime, recorded, object_id, key)
 
     # the route's own annotations as objects (this module's are strings, and the names are
@@ -567,8 +626,8 @@ def measure(
         tps, count = pgbench_run(url, seconds=args.seconds)
         pg = sampler.stop()
         client = children_cpu() - client0
-        n = max(1, count)
-        return {"rate": tps, "server": 0.0, "pg": 1000 * pg / n, "client": 1000 * client / n}
+        tx = max(1, count)
+        return {"rate": tps, "server": 0.0, "pg": 1000 * pg / tx, "client": 1000 * client / tx}
     assert arm.script is not None  # noqa: S101 - for mypy: a server arm has its script
     pids = sl.descendants(arm.server.process.pid)
     cpu0 = sl.procs_cpu(pids)
@@ -711,7 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="server workers (2)")
     parser.add_argument("--objects", type=int, default=20, help="objects per arm (20)")
     parser.add_argument(
-        "--arms", default=",".join(ARMS), help=f"comma-separated, of: {', '.join(ARMS)}"
+        "--arms",
+        default=",".join(a for a in ARMS if a not in ("read", "unnamed")),
+        help=f"comma-separated, of: {', '.join(ARMS)} (all but read and unnamed)",
     )
     parser.add_argument("--extra-path", help="the folder granian is installed in")
     parser.add_argument("--seed", type=int, default=1)
@@ -721,6 +782,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.serve:
         return serve_uvicorn(args.port, args.workers)
+    if args.blocks < 2:
+        parser.error("--blocks: at least 2 (the table gives quartiles)")
     names = [a for a in args.arms.split(",") if a]
     if unknown := [a for a in names if a not in ARMS]:
         parser.error(f"--arms: unknown {unknown}")
