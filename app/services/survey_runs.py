@@ -814,36 +814,35 @@ def _decide_rows(
     the project's quota on its sub-history, whose state after the answer is then stored.
     """
     parsed = cache.parsed
-    keys: dict[GroupKey, GroupKey] = {}  # each distinct public state's decision key
-
-    def keyed() -> Iterator[tuple[GroupKey, MemberRow]]:
-        # the public states' dict pays when they repeat (an early survey's chunk); in a
-        # diverged chunk every member's is its own (its history hash): two hashes of a 15-field
-        # key per member for nothing. Given up when none of the first _MEMO_TRIAL repeated.
-        hits = 0
-        for row in rows[:_MEMO_TRIAL]:
+    live = [row for row in rows if not row.retired]
+    if len(live) != len(rows):
+        for row in rows:
             if row.retired:
                 _refuse(work, row, Refusal.RETIRED)
-                continue
-            key = keys.get(row.key)
+    # the public states' dict pays when they repeat (an early survey's chunk); in a diverged
+    # chunk every member's is its own (its history hash): two hashes of a 15-field key per
+    # member for nothing. Given up when none of the first _MEMO_TRIAL repeated; then the keys
+    # are built by ``map`` and paired by ``zip`` (no generator resumed per member).
+    keys: dict[GroupKey, GroupKey] = {}
+    found: list[GroupKey] = []
+    hits = 0
+    for row in live[:_MEMO_TRIAL]:
+        key = keys.get(row.key)
+        if key is None:
+            key = keys[row.key] = decision_key(row.key, parsed)
+        else:
+            hits += 1
+        found.append(key)
+    rest = [row.key for row in live[_MEMO_TRIAL:]]
+    if hits:
+        for public in rest:
+            key = keys.get(public)
             if key is None:
-                key = keys[row.key] = decision_key(row.key, parsed)
-            else:
-                hits += 1
-            yield key, row
-        for row in rows[_MEMO_TRIAL:]:
-            if row.retired:
-                _refuse(work, row, Refusal.RETIRED)
-                continue
-            if not hits:
-                yield decision_key(row.key, parsed), row
-                continue
-            key = keys.get(row.key)
-            if key is None:
-                key = keys[row.key] = decision_key(row.key, parsed)
-            yield key, row
-
-    by_group = _grouped(keyed())
+                key = keys[public] = decision_key(public, parsed)
+            found.append(key)
+    else:
+        found += map(decision_key, rest, itertools.repeat(parsed))
+    by_group = _grouped(zip(found, live, strict=True))
     states = parsed.states
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
@@ -876,8 +875,10 @@ def _decide_rows(
         # diverged chunk has a group per member
         accepted.append(tuple.__new__(_Sampling, (key, group, members, passed)))
     sampled = _sample_groups(accepted, cipher, rows)
-    numbers = [cache.number(item.key) for item in accepted]
-    pendings = [_pending(item.key, item.group) for item in accepted]
+    # a group's number looked up in place (``RunCache.number`` only for one new to the run)
+    known, number_of = cache.numbers.get, cache.number
+    numbers = [number_of(item.key) if (n := known(item.key)) is None else n for item in accepted]
+    pendings = _pendings(accepted)
     ahead: dict[str, list[tuple[int, GroupAccepted, Iterable[Output]]]] = defaultdict(list)
     for (key, group, _, _), number, by_output, pends in zip(
         accepted, numbers, sampled, pendings, strict=True
@@ -980,7 +981,7 @@ def _answer_group(
     if len(answered) == 1:  # a diverged survey's usual case
         own = answered[0].key.history_hash
         mine = None if own == group_hash else after(own)
-        _answer(work, mech, query_text, output_text, change.columns, answered, own=mine)
+        _answer(work, mech, query_text, output_text, change.columns, answered, None, None, mine)
         return
     pick = None
     for own, rows in _grouped((row.key.history_hash, row) for row in answered).items():
@@ -1270,15 +1271,19 @@ def _sample_groups(
     return found
 
 
-def _pending(key: GroupKey, group: GroupAccepted) -> bool:
-    """Whether the group's answers keep their arrays unstored (``objects.state_pending``).
+def _pendings(accepted: Sequence[_Sampling]) -> list[bool]:
+    """Whether each group's answers keep their arrays unstored (``objects.state_pending``).
 
     When each answer's array would be its member's alone: the mechanism's outputs never
     coincide (``olh``), or the members already have pending entries (their histories are
-    their own since an earlier such answer, so each is a group of one).
+    their own since an earlier such answer, so each is a group of one). One call per chunk
+    (a diverged chunk has a group per member).
     """
-    finite = isinstance(group.snapshot.state, LikelihoodState)
-    return finite and (group.mech.distinct_outputs or key.state_pending > 0)
+    return [
+        isinstance(group.snapshot.state, LikelihoodState)
+        and (group.mech.distinct_outputs or key.state_pending > 0)
+        for key, group, _, _ in accepted
+    ]
 
 
 def _record_pending(
@@ -1365,7 +1370,6 @@ def _answer(
     output_text: str,
     columns: dict[str, Any],
     answered: list[MemberRow],
-    *,
     basic_after: float | None = None,
     pick: int | None = None,
     own: str | None = None,
