@@ -173,6 +173,8 @@ class RunCache:
     after: dict[int, _GroupAfter] = field(default_factory=dict)
     #: Each decision key's number in the run (:meth:`number`).
     numbers: dict[GroupKey, int] = field(default_factory=dict)
+    #: ``decisions`` by the groups' numbers (what a chunk looks up: an int, not a 15-field key).
+    decided: dict[int, GroupAccepted | Refusal] = field(default_factory=dict)
     #: The next number (``next`` is atomic: two threads never draw the same one).
     counter: Iterator[int] = field(default_factory=itertools.count)
     #: ``Fraction(units, denominator)`` by its two integers (a survey's losses take few values).
@@ -320,6 +322,7 @@ class RunCache:
             self.contents.clear()
             self.after.clear()
             self.numbers.clear()
+            self.decided.clear()
             self.terms.clear()
             self.magnitudes.clear()
             self.history_mechs.clear()
@@ -477,6 +480,7 @@ def _decide_groups(
     by_group: dict[GroupKey, list[MemberRow]],
     cache: RunCache,
     worker: BoundWorker,
+    numbers: Sequence[int] | None = None,
 ) -> list[GroupAccepted | Refusal]:
     """Decide every decision group of the chunk not decided yet in this run, per domain at once.
 
@@ -484,35 +488,48 @@ def _decide_groups(
     :func:`~app.services.survey_groups.decide_group` builds it) and the groups of a domain are
     decided by one engine call (:func:`~app.services.survey_groups.decide_snapshots`: the
     filter code of :func:`~app.engine.pipeline.evaluate` on the same inputs, the finite
-    histories' losses computed together). Remembered for the run (:attr:`RunCache.decisions`).
+    histories' losses computed together). Remembered for the run (:attr:`RunCache.decisions`,
+    and by the groups' numbers: :attr:`RunCache.decided`).
 
-    Returns every group's decision, in ``by_group``'s order (each group's key looked up once:
-    a diverged survey's chunk has about one group per member).
+    ``numbers``: each group's :meth:`RunCache.number`, in ``by_group``'s order (looked up here
+    when not given). Returns every group's decision, in ``by_group``'s order, each looked up by
+    its number (an int: a diverged survey's chunk has about one group per member, and a
+    ``GroupKey`` hashes and compares 15 fields); under its key only when not found so (a group
+    new to the run, or one :func:`_fold_pending` decided).
     """
-    decisions = cache.decisions
-    found = [decisions.get(key) for key in by_group]
-    todo: dict[str, list[GroupKey]] = defaultdict(list)
-    for key, decided in zip(by_group, found, strict=True):
+    if numbers is None:
+        numbers = [cache.number(key) for key in by_group]
+    decisions, by_number = cache.decisions, cache.decided
+    found = list(map(by_number.get, numbers))
+    todo: dict[str, list[tuple[GroupKey, int]]] = defaultdict(list)
+    for at, (key, number, decided) in enumerate(zip(by_group, numbers, found, strict=True)):
         if decided is None:
-            todo[key.domain].append(key)
+            decided = decisions.get(key)
+            if decided is None:
+                todo[key.domain].append((key, number))
+            else:
+                found[at] = by_number[number] = decided
     if not todo:  # every group decided by an earlier chunk
         return cast(list[GroupAccepted | Refusal], found)
     new: dict[GroupKey, GroupAccepted | Refusal] = {}
-    for domain, keys in todo.items():
+    for domain, pairs in todo.items():
         mech = cache.parsed.mech(domain)
         if mech is None:
-            for key in keys:
-                new[key] = Refusal.INVALID
+            for key, number in pairs:
+                new[key] = by_number[number] = Refusal.INVALID
             continue
         snapshots = []
-        for key in keys:
+        for key, _ in pairs:
             first = by_group[key][0]
             snapshot = group_snapshot(
                 conn, key, (first.id, first.version, first.version_start), cache.parsed
             )
             _hand_canonical(key, snapshot, cache)
             snapshots.append(snapshot)
-        new.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
+        for (key, number), group in zip(
+            pairs, decide_snapshots(mech, snapshots, worker), strict=True
+        ):
+            new[key] = by_number[number] = group
     decisions.update(new)
     return [
         new[key] if decided is None else decided
@@ -848,7 +865,11 @@ def _decide_rows(
     states.update(load_states(conn, {k for k in missing if k is not None}))
     by_group = _fold_pending(conn, by_group, cache, worker)
     work.keys = set(by_group)
-    decided = _decide_groups(conn, by_group, cache, worker)
+    # each group's number looked up once, in place (``RunCache.number`` only for one new to
+    # the run); its decision, answers and states are found by it from here on
+    known, number_of = cache.numbers.get, cache.number
+    group_numbers = [number_of(key) if (n := known(key)) is None else n for key in by_group]
+    decided = _decide_groups(conn, by_group, cache, worker, group_numbers)
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
     pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
@@ -860,7 +881,8 @@ def _decide_rows(
         )
     )
     accepted: list[_Sampling] = []
-    for (key, members), group in zip(by_group.items(), decided, strict=True):
+    numbers: list[int] = []
+    for (key, members), number, group in zip(by_group.items(), group_numbers, decided, strict=True):
         if isinstance(group, Refusal):
             for row in members:
                 _refuse(work, row, group)
@@ -874,10 +896,8 @@ def _decide_rows(
         # built by ``tuple.__new__``: a named tuple's ``__new__`` is a Python call, and a
         # diverged chunk has a group per member
         accepted.append(tuple.__new__(_Sampling, (key, group, members, passed)))
+        numbers.append(number)
     sampled = _sample_groups(accepted, cipher, rows)
-    # a group's number looked up in place (``RunCache.number`` only for one new to the run)
-    known, number_of = cache.numbers.get, cache.number
-    numbers = [number_of(item.key) if (n := known(item.key)) is None else n for item in accepted]
     pendings = _pendings(accepted)
     ahead: dict[str, list[tuple[int, GroupAccepted, Iterable[Output]]]] = defaultdict(list)
     for (key, group, _, _), number, by_output, pends in zip(
