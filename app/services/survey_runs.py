@@ -850,14 +850,14 @@ def _decide_rows(
         else:
             hits += 1
         found.append(key)
-    rest = [row.key for row in live[_MEMO_TRIAL:]]
     if hits:
-        for public in rest:
-            key = keys.get(public)
+        for row in live[_MEMO_TRIAL:]:
+            key = keys.get(row.key)
             if key is None:
-                key = keys[public] = decision_key(public, parsed)
+                key = keys[row.key] = decision_key(row.key, parsed)
             found.append(key)
     else:
+        rest = [row.key for row in live[_MEMO_TRIAL:]]
         found += map(decision_key, rest, itertools.repeat(parsed))
     by_group = _grouped(zip(found, live, strict=True))
     states = parsed.states
