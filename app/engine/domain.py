@@ -11,7 +11,7 @@ coordinates ``numpy.unravel_index(i, domain.shape)``. A domain with a ``real`` a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
@@ -106,6 +106,28 @@ class Attribute:
                 )
             return self._index[raw]
         raise ValueError(f"real attribute {self.name!r} has no value index")
+
+    def indexes_of(self, raws: Iterable[Any], field_path: str) -> list[int]:
+        """:meth:`index_of` of each of ``raws``, in order (raising at the first it refuses).
+
+        Each distinct ``str`` or ``int`` is checked once (a survey chunk samples 5,000 values
+        of a few hundred): its position is a function of the value alone. Any other type is
+        checked every time (``True == 1`` and ``1.0 == 1`` would share a dict key, not an
+        answer: a boolean is refused, a float accepted as an integer).
+        """
+        found: dict[str | int, int] = {}
+        index_of = self.index_of
+        indexes = []
+        for raw in raws:
+            kind = type(raw)
+            if kind is str or kind is int:
+                at = found.get(raw)
+                if at is None:
+                    at = found[raw] = index_of(raw, field_path)
+            else:
+                at = index_of(raw, field_path)
+            indexes.append(at)
+        return indexes
 
     def value_at(self, index: int) -> str | int:
         """The value at position ``index`` of a finite attribute."""

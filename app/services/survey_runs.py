@@ -173,6 +173,8 @@ class RunCache:
     after: dict[int, _GroupAfter] = field(default_factory=dict)
     #: Each decision key's number in the run (:meth:`number`).
     numbers: dict[GroupKey, int] = field(default_factory=dict)
+    #: ``decisions`` by the groups' numbers (what a chunk looks up: an int, not a 15-field key).
+    decided: dict[int, GroupAccepted | Refusal] = field(default_factory=dict)
     #: The next number (``next`` is atomic: two threads never draw the same one).
     counter: Iterator[int] = field(default_factory=itertools.count)
     #: ``Fraction(units, denominator)`` by its two integers (a survey's losses take few values).
@@ -320,6 +322,7 @@ class RunCache:
             self.contents.clear()
             self.after.clear()
             self.numbers.clear()
+            self.decided.clear()
             self.terms.clear()
             self.magnitudes.clear()
             self.history_mechs.clear()
@@ -477,6 +480,7 @@ def _decide_groups(
     by_group: dict[GroupKey, list[MemberRow]],
     cache: RunCache,
     worker: BoundWorker,
+    numbers: Sequence[int] | None = None,
 ) -> list[GroupAccepted | Refusal]:
     """Decide every decision group of the chunk not decided yet in this run, per domain at once.
 
@@ -484,35 +488,48 @@ def _decide_groups(
     :func:`~app.services.survey_groups.decide_group` builds it) and the groups of a domain are
     decided by one engine call (:func:`~app.services.survey_groups.decide_snapshots`: the
     filter code of :func:`~app.engine.pipeline.evaluate` on the same inputs, the finite
-    histories' losses computed together). Remembered for the run (:attr:`RunCache.decisions`).
+    histories' losses computed together). Remembered for the run (:attr:`RunCache.decisions`,
+    and by the groups' numbers: :attr:`RunCache.decided`).
 
-    Returns every group's decision, in ``by_group``'s order (each group's key looked up once:
-    a diverged survey's chunk has about one group per member).
+    ``numbers``: each group's :meth:`RunCache.number`, in ``by_group``'s order (looked up here
+    when not given). Returns every group's decision, in ``by_group``'s order, each looked up by
+    its number (an int: a diverged survey's chunk has about one group per member, and a
+    ``GroupKey`` hashes and compares 15 fields); under its key only when not found so (a group
+    new to the run, or one :func:`_fold_pending` decided).
     """
-    decisions = cache.decisions
-    found = [decisions.get(key) for key in by_group]
-    todo: dict[str, list[GroupKey]] = defaultdict(list)
-    for key, decided in zip(by_group, found, strict=True):
+    if numbers is None:
+        numbers = [cache.number(key) for key in by_group]
+    decisions, by_number = cache.decisions, cache.decided
+    found = list(map(by_number.get, numbers))
+    todo: dict[str, list[tuple[GroupKey, int]]] = defaultdict(list)
+    for at, (key, number, decided) in enumerate(zip(by_group, numbers, found, strict=True)):
         if decided is None:
-            todo[key.domain].append(key)
+            decided = decisions.get(key)
+            if decided is None:
+                todo[key.domain].append((key, number))
+            else:
+                found[at] = by_number[number] = decided
     if not todo:  # every group decided by an earlier chunk
         return cast(list[GroupAccepted | Refusal], found)
     new: dict[GroupKey, GroupAccepted | Refusal] = {}
-    for domain, keys in todo.items():
+    for domain, pairs in todo.items():
         mech = cache.parsed.mech(domain)
         if mech is None:
-            for key in keys:
-                new[key] = Refusal.INVALID
+            for key, number in pairs:
+                new[key] = by_number[number] = Refusal.INVALID
             continue
         snapshots = []
-        for key in keys:
+        for key, _ in pairs:
             first = by_group[key][0]
             snapshot = group_snapshot(
                 conn, key, (first.id, first.version, first.version_start), cache.parsed
             )
             _hand_canonical(key, snapshot, cache)
             snapshots.append(snapshot)
-        new.update(zip(keys, decide_snapshots(mech, snapshots, worker), strict=True))
+        for (key, number), group in zip(
+            pairs, decide_snapshots(mech, snapshots, worker), strict=True
+        ):
+            new[key] = by_number[number] = group
     decisions.update(new)
     return [
         new[key] if decided is None else decided
@@ -814,42 +831,45 @@ def _decide_rows(
     the project's quota on its sub-history, whose state after the answer is then stored.
     """
     parsed = cache.parsed
-    keys: dict[GroupKey, GroupKey] = {}  # each distinct public state's decision key
-
-    def keyed() -> Iterator[tuple[GroupKey, MemberRow]]:
-        # the public states' dict pays when they repeat (an early survey's chunk); in a
-        # diverged chunk every member's is its own (its history hash): two hashes of a 15-field
-        # key per member for nothing. Given up when none of the first _MEMO_TRIAL repeated.
-        hits = 0
-        for row in rows[:_MEMO_TRIAL]:
+    live = [row for row in rows if not row.retired]
+    if len(live) != len(rows):
+        for row in rows:
             if row.retired:
                 _refuse(work, row, Refusal.RETIRED)
-                continue
+    # the public states' dict pays when they repeat (an early survey's chunk); in a diverged
+    # chunk every member's is its own (its history hash): two hashes of a 15-field key per
+    # member for nothing. Given up when none of the first _MEMO_TRIAL repeated; then the keys
+    # are built by ``map`` and paired by ``zip`` (no generator resumed per member).
+    keys: dict[GroupKey, GroupKey] = {}
+    found: list[GroupKey] = []
+    hits = 0
+    for row in live[:_MEMO_TRIAL]:
+        key = keys.get(row.key)
+        if key is None:
+            key = keys[row.key] = decision_key(row.key, parsed)
+        else:
+            hits += 1
+        found.append(key)
+    if hits:
+        for row in live[_MEMO_TRIAL:]:
             key = keys.get(row.key)
             if key is None:
                 key = keys[row.key] = decision_key(row.key, parsed)
-            else:
-                hits += 1
-            yield key, row
-        for row in rows[_MEMO_TRIAL:]:
-            if row.retired:
-                _refuse(work, row, Refusal.RETIRED)
-                continue
-            if not hits:
-                yield decision_key(row.key, parsed), row
-                continue
-            key = keys.get(row.key)
-            if key is None:
-                key = keys[row.key] = decision_key(row.key, parsed)
-            yield key, row
-
-    by_group = _grouped(keyed())
+            found.append(key)
+    else:
+        rest = [row.key for row in live[_MEMO_TRIAL:]]
+        found += map(decision_key, rest, itertools.repeat(parsed))
+    by_group = _grouped(zip(found, live, strict=True))
     states = parsed.states
     missing = {k.state_hash for k in by_group if k.state_hash and k.state_hash not in states}
     states.update(load_states(conn, {k for k in missing if k is not None}))
     by_group = _fold_pending(conn, by_group, cache, worker)
     work.keys = set(by_group)
-    decided = _decide_groups(conn, by_group, cache, worker)
+    # each group's number looked up once, in place (``RunCache.number`` only for one new to
+    # the run); its decision, answers and states are found by it from here on
+    known, number_of = cache.numbers.get, cache.number
+    group_numbers = [number_of(key) if (n := known(key)) is None else n for key in by_group]
+    decided = _decide_groups(conn, by_group, cache, worker, group_numbers)
     cipher = crypto.active()
     reports: dict[str, tuple[Mechanism, list[Output], list[int]]] = {}
     pending: dict[str, list[tuple[GroupKey, GroupAccepted, dict[Output, list[MemberRow]]]]] = {}
@@ -861,7 +881,8 @@ def _decide_rows(
         )
     )
     accepted: list[_Sampling] = []
-    for (key, members), group in zip(by_group.items(), decided, strict=True):
+    numbers: list[int] = []
+    for (key, members), number, group in zip(by_group.items(), group_numbers, decided, strict=True):
         if isinstance(group, Refusal):
             for row in members:
                 _refuse(work, row, group)
@@ -875,9 +896,9 @@ def _decide_rows(
         # built by ``tuple.__new__``: a named tuple's ``__new__`` is a Python call, and a
         # diverged chunk has a group per member
         accepted.append(tuple.__new__(_Sampling, (key, group, members, passed)))
+        numbers.append(number)
     sampled = _sample_groups(accepted, cipher, rows)
-    numbers = [cache.number(item.key) for item in accepted]
-    pendings = [_pending(item.key, item.group) for item in accepted]
+    pendings = _pendings(accepted)
     ahead: dict[str, list[tuple[int, GroupAccepted, Iterable[Output]]]] = defaultdict(list)
     for (key, group, _, _), number, by_output, pends in zip(
         accepted, numbers, sampled, pendings, strict=True
@@ -980,7 +1001,7 @@ def _answer_group(
     if len(answered) == 1:  # a diverged survey's usual case
         own = answered[0].key.history_hash
         mine = None if own == group_hash else after(own)
-        _answer(work, mech, query_text, output_text, change.columns, answered, own=mine)
+        _answer(work, mech, query_text, output_text, change.columns, answered, None, None, mine)
         return
     pick = None
     for own, rows in _grouped((row.key.history_hash, row) for row in answered).items():
@@ -1270,15 +1291,19 @@ def _sample_groups(
     return found
 
 
-def _pending(key: GroupKey, group: GroupAccepted) -> bool:
-    """Whether the group's answers keep their arrays unstored (``objects.state_pending``).
+def _pendings(accepted: Sequence[_Sampling]) -> list[bool]:
+    """Whether each group's answers keep their arrays unstored (``objects.state_pending``).
 
     When each answer's array would be its member's alone: the mechanism's outputs never
     coincide (``olh``), or the members already have pending entries (their histories are
-    their own since an earlier such answer, so each is a group of one).
+    their own since an earlier such answer, so each is a group of one). One call per chunk
+    (a diverged chunk has a group per member).
     """
-    finite = isinstance(group.snapshot.state, LikelihoodState)
-    return finite and (group.mech.distinct_outputs or key.state_pending > 0)
+    return [
+        isinstance(group.snapshot.state, LikelihoodState)
+        and (group.mech.distinct_outputs or key.state_pending > 0)
+        for key, group, _, _ in accepted
+    ]
 
 
 def _record_pending(
@@ -1365,7 +1390,6 @@ def _answer(
     output_text: str,
     columns: dict[str, Any],
     answered: list[MemberRow],
-    *,
     basic_after: float | None = None,
     pick: int | None = None,
     own: str | None = None,

@@ -1558,3 +1558,27 @@ def test_enumeration_with_negative_integers_and_integer_categories() -> None:
         {"c": "x", "i": 0},
     ]
     assert [d.point_index(p) for p in points] == list(range(6))
+
+
+def test_indexes_of_is_index_of_of_each_value() -> None:
+    """``Attribute.indexes_of`` (a survey chunk's values at once, each distinct str/int checked
+    once) answers and refuses as ``index_of`` of each: equal values of other types (``True``,
+    ``1.0``) are not taken for the ``int`` met before them."""
+    domain = parse_domain(
+        {
+            "attributes": [
+                {"name": "age", "type": "integer", "low": 1, "high": 9},
+                {"name": "region", "type": "categorical", "values": ["a", "b", 3]},
+            ]
+        },
+        limits=EngineLimits(),
+    )
+    age, region = domain.attributes
+    assert age.indexes_of([1, 5, 1, 5.0, 9, 5], "v") == [0, 4, 0, 4, 8, 4]
+    assert region.indexes_of(["b", 3, "a", "b", 3], "v") == [1, 2, 0, 1, 2]
+    for attribute, raws in ((age, [1, 2, True]), (age, [5, 5, 10]), (region, [3, "b", 3.0])):
+        with pytest.raises(InvalidInput):
+            attribute.indexes_of(raws, "v")
+        with pytest.raises(InvalidInput):
+            [attribute.index_of(raw, "v") for raw in raws]  # the same refusal, one by one
+    assert age.indexes_of([], "v") == []

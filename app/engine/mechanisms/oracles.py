@@ -476,7 +476,7 @@ class OptimizedLocalHashing(_TwoLevel):
             return []
         name = self.attribute.name
         indexes = np.array(
-            [self.attribute.index_of(value[name], name) for value in values], dtype=np.uint64
+            self.attribute.indexes_of([value[name] for value in values], name), dtype=np.uint64
         )
         seeds = sampling.words(count)
         a, b = hash_coefficients_array(seeds)

@@ -154,8 +154,9 @@ class GeneralizedRR(Mechanism):
         per member, the Python calls of :meth:`sample` were most of the sampling's time).
         """
         name = self.attribute.name
-        index_of = self.attribute.index_of
-        truth = np.array([index_of(value[name], name) for value in values], dtype=np.int64)
+        truth = np.array(
+            self.attribute.indexes_of([value[name] for value in values], name), dtype=np.int64
+        )
         count = len(truth)
         if not count or self.k == 1:
             return [0] * count
