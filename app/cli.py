@@ -599,16 +599,16 @@ def _bad_batch_options(args: argparse.Namespace, most: int) -> bool:
 
     ``--batch-size`` must be 1..*most*, ``--jobs`` and ``--jobs-min-lines`` 0 or more.
     """
-    problems = []
     if not 1 <= args.batch_size <= most:
-        problems.append(f"--batch-size must be 1..{most}")
-    if args.jobs < 0:
-        problems.append("--jobs must be 0 or more")
-    if args.jobs_min_lines < 0:
-        problems.append("--jobs-min-lines must be 0 or more")
-    if problems:
-        print(problems[0], file=sys.stderr)
-    return bool(problems)
+        problem = f"--batch-size must be 1..{most}"
+    elif args.jobs < 0:
+        problem = "--jobs must be 0 or more"
+    elif args.jobs_min_lines < 0:
+        problem = "--jobs-min-lines must be 0 or more"
+    else:
+        return False
+    print(problem, file=sys.stderr)
+    return True
 
 
 def cmd_import(args: argparse.Namespace) -> int:

@@ -842,20 +842,8 @@ def _decide_rows(
     # are built by ``map`` and paired by ``zip`` (no generator resumed per member).
     keys: dict[GroupKey, GroupKey] = {}
     found: list[GroupKey] = []
-    hits = 0
-    for row in live[:_MEMO_TRIAL]:
-        key = keys.get(row.key)
-        if key is None:
-            key = keys[row.key] = decision_key(row.key, parsed)
-        else:
-            hits += 1
-        found.append(key)
-    if hits:
-        for row in live[_MEMO_TRIAL:]:
-            key = keys.get(row.key)
-            if key is None:
-                key = keys[row.key] = decision_key(row.key, parsed)
-            found.append(key)
+    if _memo_keys(live[:_MEMO_TRIAL], keys, found, parsed):
+        _memo_keys(live[_MEMO_TRIAL:], keys, found, parsed)
     else:
         rest = [row.key for row in live[_MEMO_TRIAL:]]
         found += map(decision_key, rest, itertools.repeat(parsed))
@@ -958,6 +946,27 @@ def _decide_rows(
 #: Members of a chunk looked up in its public states' dict before it is given up when none
 #: repeated (:func:`_decide_rows`).
 _MEMO_TRIAL = 256
+
+
+def _memo_keys(
+    rows: Sequence[MemberRow],
+    keys: dict[GroupKey, GroupKey],
+    found: list[GroupKey],
+    parsed: ParsedQuery,
+) -> int:
+    """Append each row's :func:`decision_key` to ``found``; returns how many ``keys`` held.
+
+    Memoised by the row's public state in ``keys`` (one loop per call, no call per member).
+    """
+    hits = 0
+    for row in rows:
+        key = keys.get(row.key)
+        if key is None:
+            key = keys[row.key] = decision_key(row.key, parsed)
+        else:
+            hits += 1
+        found.append(key)
+    return hits
 
 
 def _answer_group(
