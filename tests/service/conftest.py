@@ -2,7 +2,8 @@
 
 PostgreSQL and Redis come from ``GATEKEEPER_TEST_POSTGRES_URL`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``) and ``GATEKEEPER_TEST_REDIS_URL`` (default
-``redis://127.0.0.1:6379/15``). Each test module gets a fresh PostgreSQL database (created from
+``redis://127.0.0.1:6379/15``; each xdist process takes its own database, counting down from
+that one: ``process_redis_url``). Each test module gets a fresh PostgreSQL database (created from
 the admin URL, migrated with Alembic like production, dropped afterwards) and a fresh SQLite
 file, so tests never see each other's rows. Each test process migrates one PostgreSQL database
 and one SQLite file, and the modules' databases are copies of them (``CREATE DATABASE ...
@@ -25,7 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -111,15 +112,47 @@ def postgres_url(_postgres_template: str) -> Iterator[str]:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def process_redis_url(url: str, worker: str | None) -> str:
+    """The Redis database of one test process: ``url``'s database minus the xdist worker's number.
+
+    The service's keys carry no database name (``gatekeeper:lock:<object>``,
+    ``gatekeeper:rate:<key id>:<window>``, the Celery namespaces' sets under
+    ``gatekeeper:celery:``), and every module's database numbers its keys and objects alike,
+    so two test processes on one Redis database would share locks and rate counters, and one
+    module's cleanup would delete the keys of a test still running in another process (it did:
+    a held lock vanished, a survey's task ids before its cancel could revoke them). Each
+    process therefore gets a database of its own (``gw0`` the URL's, ``gw1`` the one below, …);
+    within a process the modules run one after another.
+
+    >>> process_redis_url("redis://127.0.0.1:6379/15", "gw2")
+    'redis://127.0.0.1:6379/13'
+    >>> process_redis_url("redis://127.0.0.1:6379/15", None)
+    'redis://127.0.0.1:6379/15'
+    """
+    if not worker or not worker.startswith("gw"):
+        return url
+    parts = urlsplit(url)
+    base = int(parts.path.strip("/") or 0)
+    db = base - int(worker[2:])
+    if db < 0:
+        raise pytest.UsageError(
+            f"GATEKEEPER_TEST_REDIS_URL's database {base} leaves none for xdist worker {worker}: "
+            "each test process takes the database below the previous one's"
+        )
+    return urlunsplit(parts._replace(path=f"/{db}"))
+
+
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    """A reachable Redis (database 15 by default); the keys the tests create are removed."""
+    """A reachable Redis (database 15 by default, one per test process: ``process_redis_url``);
+    the keys the module's tests create are removed."""
     if not _reachable(REDIS_URL, 6379):
         _unavailable(f"Redis at {REDIS_URL}", "start it or set GATEKEEPER_TEST_REDIS_URL")
     import redis
 
-    client = redis.Redis.from_url(REDIS_URL)
-    yield REDIS_URL
+    url = process_redis_url(REDIS_URL, os.environ.get("PYTEST_XDIST_WORKER"))
+    client = redis.Redis.from_url(url)
+    yield url
     for key in client.scan_iter("gatekeeper:*"):
         client.delete(key)
     client.close()
