@@ -26,6 +26,7 @@ The rules:
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -392,7 +393,6 @@ def test_out_of_scope_and_missing_take_the_same_time(client: TestClient, world: 
     Both read one row by primary key (the scope is checked on the row read); requests are
     interleaved in a random order so that drift affects both alike.
     """
-    import time
 
     from scipy.stats import ks_2samp
 
@@ -413,6 +413,24 @@ def test_out_of_scope_and_missing_take_the_same_time(client: TestClient, world: 
     )
 
 
+def _settled_surveys(client: TestClient, world: World) -> dict[str, Any]:
+    """The survey listing once no survey of the module's earlier tests is queued or running.
+
+    A survey an earlier test started may still be finishing in the background (its member
+    decided, its status not yet ``done``): listed before it ends and after, it would differ
+    by its own progress, not by anything the test under way created.
+    """
+    deadline = time.monotonic() + 60
+    while True:
+        listing: dict[str, Any] = client.get(
+            "/v1/surveys", params={"limit": 200}, headers=auth(world.viewer)
+        ).json()
+        if all(item["status"] not in ("queued", "running") for item in listing["items"]):
+            return listing
+        assert time.monotonic() < deadline, "an earlier test's survey did not finish in 60 s"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("path", ["/v1/surveys", "/v1/surveys/dry-run"])
 def test_a_cohort_mixing_ids_in_and_out_of_scope_names_only_the_unknown(
     client: TestClient, world: World, path: str
@@ -420,7 +438,7 @@ def test_a_cohort_mixing_ids_in_and_out_of_scope_names_only_the_unknown(
     """Issue 25 bad input: an ids cohort with an id out of scope is refused exactly as with a
     missing id — 422 ``invalid-cohort`` naming ``cohort.ids``, ``unknown_ids`` the one id — and
     the id in scope is not mentioned; nothing is created."""
-    before = client.get("/v1/surveys", params={"limit": 200}, headers=auth(world.viewer)).json()
+    before = _settled_surveys(client, world)
     answers = {}
     for variant in (OUT, MISSING):
         ids = [world.ids[IN], world.ids[variant]]
