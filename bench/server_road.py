@@ -40,18 +40,21 @@ configuration and multiprocess metrics directory; the collector tuned as
    new likelihood array (``record_accepted`` with no ``new_state``, the object naming the array
    it named): what the 8 KB array's part of the write costs. Not a correct submit.
 8b. ``batched`` (``--arms``, not in the default ladder): (8) with group commit — what option
-   (c) of issue 27 item 1 would buy at most. The request thread holds the lock and reads as
-   (8) does, then hands the accepted write (the same statement and parameters as
-   ``record_accepted`` sends) to its worker's one committer thread (:class:`Committer`) and
-   waits; the committer sends every write handed to it while its previous batch was committing
-   as one transaction in one pipeline (``BEGIN``, the writes, ``COMMIT``: one round trip, one
-   commit flush; a batch of one is the statement alone in autocommit, as (8) sends it) and
-   answers each request after the commit. A batch never holds two writes of one object (the
-   lock keeps them apart; the committer defers a second one to the next batch all the same);
-   when a batch fails (a lost race's guarded cast aborts the transaction, or a conflict) each of
-   its writes runs again alone, so a lost race is a lost race of that write only. The batch
-   sizes go to ``ROAD_STATS_DIR`` (one file per worker), read around each block. Not the
-   service: the write still one statement per submit (no multi-row statement).
+   (c) of issue 27 item 1 would buy at most. A request thread takes the lock and reads as (8)
+   does and builds the accepted write (the same statement and parameters ``record_accepted``
+   sends); the route then awaits it on the event loop (no thread waits) while the worker's one
+   committer thread (:class:`Committer`, a connection of its own) sends every write handed to
+   it while its previous batch was committing as one transaction in one pipeline (``BEGIN``,
+   the writes, ``COMMIT``: one round trip, one commit flush; a batch of one is the statement
+   alone in autocommit, as (8) sends it), releases the batch's locks after the commit and
+   answers each request. A batch never holds two writes of one object (the lock keeps them
+   apart; the committer defers a second one to the next batch all the same); when a batch
+   fails (a lost race's guarded cast aborts the transaction, or a conflict) each of its writes
+   runs again alone, so a lost race loses that write only. The batch sizes go to
+   ``ROAD_STATS_DIR`` (one file per worker), read around each block. Not the service: each
+   submit still its own statement (no multi-row statement).
+8c. ``batched_thread`` (``--arms``): (8b) with the request thread waiting for its batch (the
+   lock held and released in it, as (8)): a worker's batch is then at most its 5 threads.
 8. ``sql``: (7) with the submit's two SQL round trips in the lock: ``bench/async_probe.py``'s
    ``SyncRoad`` (the real ``load_for_submit`` and ``record_accepted`` in a real ``submitting()``
    block, the accepted write's parameters of the real shapes and sizes); its round trips are
@@ -133,6 +136,7 @@ STEPS = (
     "unnamed",
     "sql",
     "batched",
+    "batched_thread",
     "real",
 )
 #: The arms: name -> (step, server). ``real`` under uvicorn is ``gatekeeper serve`` itself.
@@ -148,6 +152,7 @@ ARMS: dict[str, tuple[str, str]] = {
     "unnamed": ("unnamed", "uvicorn"),
     "sql": ("sql", "uvicorn"),
     "batched": ("batched", "uvicorn"),
+    "batched_thread": ("batched_thread", "uvicorn"),
     "real": ("real", "serve"),
     "real_granian": ("real", "granian"),
 }
@@ -164,6 +169,7 @@ LAYERS = (
     ("unnamed", "sql", "the 8 KB likelihood array named and inserted by the accepted write"),
     ("sql", "real", "the service's own work: engine, state, sampling, decryption, audit, glue"),
     ("sql", "batched", "group commit: the accepted writes of concurrent submits, one transaction"),
+    ("sql", "batched_thread", "group commit, each request thread waiting for its batch"),
     ("bare", "bare_granian", "granian instead of uvicorn (bare)"),
     ("fastapi", "fastapi_granian", "granian instead of uvicorn (FastAPI route)"),
     ("real", "real_granian", "granian instead of uvicorn (the real service)"),
@@ -262,23 +268,64 @@ def accept_statement(inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 class _Write:
-    """One accepted write waiting for its batch: its object, statement, and the answer's slot
-    (a lock the waiting request thread blocks on until the committer releases it)."""
+    """One accepted write waiting for its batch: its object, statement, what to release after
+    the commit (the object's lock, for a caller that does not wait in a thread) and the answer's
+    slot: a lock the waiting request thread blocks on until the committer releases it, or an
+    asyncio future of ``loop`` the committer settles."""
 
-    __slots__ = ("done", "error", "object_id", "params", "query_id", "text")
+    __slots__ = (
+        "done",
+        "error",
+        "future",
+        "loop",
+        "object_id",
+        "params",
+        "query_id",
+        "release",
+        "text",
+    )
 
-    def __init__(self, object_id: str, text: str, params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        object_id: str,
+        text: str,
+        params: dict[str, Any],
+        release: Any = None,
+        loop: Any = None,
+    ) -> None:
         import threading
 
         self.object_id, self.text, self.params = object_id, text, params
-        self.done = threading.Lock()
-        self.done.acquire()
+        self.release, self.loop = release, loop
+        self.future = None if loop is None else loop.create_future()
+        self.done = None
+        if loop is None:
+            self.done = threading.Lock()
+            self.done.acquire()
         self.query_id: int | None = None
         self.error: BaseException | None = None
 
     def answer(self, query_id: int | None = None, error: BaseException | None = None) -> None:
+        """The write's outcome, after its batch: what it holds released, then its caller woken."""
+        if self.release is not None:
+            try:
+                self.release()
+            except Exception as exc:  # the caller's error; the committer goes on
+                error = error or exc
         self.query_id, self.error = query_id, error
-        self.done.release()
+        if self.loop is None:
+            self.done.release()
+        else:
+            self.loop.call_soon_threadsafe(_settle, self.future, query_id, error)
+
+
+def _settle(future: Any, query_id: int | None, error: BaseException | None) -> None:
+    if future.done():  # the request was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(query_id)
 
 
 class Committer:
@@ -312,7 +359,8 @@ class Committer:
         self._thread.start()
 
     def write(self, object_id: str, inputs: dict[str, Any]) -> int | None:
-        """Hand the accepted write of ``inputs`` to the next batch; its id after the commit."""
+        """Hand the accepted write of ``inputs`` to the next batch; its id after the commit (the
+        calling thread waits)."""
         text, params = accept_statement(inputs)
         item = _Write(object_id, text, params)
         self._queue.put(item)
@@ -320,6 +368,19 @@ class Committer:
         if item.error is not None:
             raise item.error
         return item.query_id
+
+    async def write_async(
+        self, object_id: str, statement: tuple[str, dict[str, Any]], release: Any
+    ) -> int | None:
+        """Hand an accepted write (:func:`accept_statement`'s) to the next batch from the event
+        loop; the committer calls ``release`` after the batch's commit, then the awaiting
+        coroutine has its id (no thread waits)."""
+        import asyncio
+
+        item = _Write(object_id, *statement, release=release, loop=asyncio.get_running_loop())
+        self._queue.put(item)
+        result: int | None = await item.future
+        return result
 
     def close(self) -> None:
         """Stop the thread after the batches handed to it (its connection closed)."""
@@ -541,9 +602,47 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
                     return submit_result(ap.answer_body(row, row.accepted + 1, query_id, now))
         raise RuntimeError("lost races")
 
-    def batched(object_id: str, key: str) -> Any:
+    def locked_read(object_id: str, key: str) -> tuple[Any, Any, dict[str, Any], Any]:
+        """The batched rung's request thread: the object's lock taken (held past the return: the
+        committer releases it after the batch's commit), the row read as the sql rung reads it,
+        the accepted write's statement built."""
+        from contextlib import ExitStack
+
+        from app.store import objects as object_store
+        from app.store.base import submitting
+
+        road = runtime.road
+        held = ExitStack()
+        held.enter_context(road.locks.hold(object_id))
+        try:
+            with submitting(road.engine) as conn:
+                found = object_store.load_for_submit(conn, object_id=object_id, key=key)
+            if found is None:
+                raise LookupError("no such object")
+            row = found[0]
+            inputs = ap.accept_inputs(row, key, road.key_id, row.state or ap._FIRST_STATE)
+            return held, row, inputs, accept_statement(inputs)
+        except BaseException:
+            held.close()
+            raise
+
+    async def batched(object_id: str, key: str) -> Any:
+        """The sql rung's submit with group commit: the lock and the read in a request thread,
+        then the accepted write awaited on the loop (no thread waits) while the worker's
+        :class:`Committer` commits it with the others handed to it; the lock released after the
+        batch's commit, the answer after that."""
+        for _ in range(ap.ATTEMPTS):
+            held, row, inputs, statement = await in_thread(runtime, locked_read, object_id, key)
+            query_id = await runtime.committer.write_async(object_id, statement, held.close)
+            if query_id is not None:
+                now = inputs["query"].created_at
+                return submit_result(ap.answer_body(row, row.accepted + 1, query_id, now))
+        raise RuntimeError("lost races")
+
+    def batched_thread(object_id: str, key: str) -> Any:
         """SyncRoad.submit with the accepted write handed to the worker's :class:`Committer`:
-        the lock held and the row read as the sql rung's, the answer after the batch's commit."""
+        the lock held and the row read as the sql rung's, the request thread waiting for the
+        batch's commit (so a worker's batch is at most its request threads)."""
         from app.store import objects as object_store
         from app.store.base import submitting
 
@@ -571,13 +670,13 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
     async def lifespan(app: FastAPI) -> Any:
         road = None
         committer = committer_engine = None
-        if step == "batched":
+        if step in ("batched", "batched_thread"):
             committer_engine = make_engine(url, pool_size=1, max_overflow=0)
             runtime.committer_engine = committer_engine
             stats = os.environ.get(ENV_STATS)
             where = Path(stats) / f"{os.getpid()}.json" if stats else None
             committer = Committer(committer_connection, where)
-        if step in ("read", "unnamed", "sql", "batched"):
+        if step in ("read", "unnamed", "sql", "batched", "batched_thread"):
             key_id = int(os.environ.get("ROAD_KEY_ID", "0"))
             road = ap.SyncRoad.make(url, redis_url, key_id)  # engine, ObjectLocks, 5 threads
             engine, threads, locks = road.engine, road.threads, road.locks
@@ -645,7 +744,9 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
         if step == "unnamed":
             return await in_thread(runtime, unnamed, object_id, key)
         if step == "batched":
-            return await in_thread(runtime, batched, object_id, key)
+            return await batched(object_id, key)
+        if step == "batched_thread":
+            return await in_thread(runtime, batched_thread, object_id, key)
         return await in_thread(runtime, recorded, object_id, key)
 
     # the route's own annotations as objects (this module's are strings, and the names are
@@ -756,7 +857,7 @@ class RoadServer(sl.Server):
         if step == "real":
             full["DATABASE_URL"] = f"{url}?application_name=road_{arm}"
         self.stats_dir: Path | None = None
-        if step == "batched":  # the committers' batch sizes, one file per worker
+        if step.startswith("batched"):  # the committers' batch sizes, one file per worker
             self.stats_dir = Path(tempfile.mkdtemp(prefix="road_batches_"))
             full[ENV_STATS] = str(self.stats_dir)
         if kind == "granian":
@@ -1105,8 +1206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--objects", type=int, default=20, help="objects per arm (20)")
     parser.add_argument(
         "--arms",
-        default=",".join(a for a in ARMS if a not in ("read", "unnamed", "batched")),
-        help=f"comma-separated, of: {', '.join(ARMS)} (all but read, unnamed and batched)",
+        default=",".join(a for a in ARMS if a not in ("read", "unnamed") and "batched" not in a),
+        help=f"comma-separated, of: {', '.join(ARMS)} (all but read, unnamed, batched*)",
     )
     parser.add_argument("--extra-path", help="the folder granian is installed in")
     parser.add_argument("--seed", type=int, default=1)
@@ -1141,7 +1242,7 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     started = datetime.now(UTC)
     with sl.fresh_database(prefix=args.db_prefix) as (url, db_name):
-        trips = check_sql_rung(url) if {"sql", "batched"} & set(names) else ""
+        trips = check_sql_rung(url) if {"sql", "batched", "batched_thread"} & set(names) else ""
         from survey_load import pgbench_tables
 
         pgbench_tables(url)
@@ -1176,6 +1277,9 @@ def main(argv: list[str] | None = None) -> int:
                 script = logs / f"{name}.lua"
                 script.write_text(wrk_script(ids, analyst, body))
                 arms.append(Arm(name, server, script))
+            if "real" not in names:  # its connections back to the shared PostgreSQL
+                real.stop()
+                servers.remove(real)
             pgbench = Arm("pgbench")
             rpid = redis_pid()
             for arm in arms:  # warm: connections made, statements prepared, caches filled

@@ -60,7 +60,7 @@ def made(
 def engine(postgres_url: str) -> Iterator[Any]:  # noqa: F811 - the fixture
     from app.db.session import make_engine
 
-    made = make_engine(postgres_url, pool_size=2, max_overflow=0)
+    made = make_engine(postgres_url, pool_size=4, max_overflow=0)
     yield made
     made.dispose()
 
@@ -210,3 +210,47 @@ def test_two_writes_of_one_object_are_never_one_batch(
     assert committer.alone == 0
     assert _load(engine, objects[0]).version == first.version + 2
     assert _load(engine, objects[2]).version == other.version + 1
+
+
+def test_the_loops_writes_release_their_locks_after_the_commit_then_answer(
+    made: tuple[list[str], int], engine: Any
+) -> None:
+    """``write_async`` (the batched rung's): the committer commits, calls each write's release,
+    then settles its future on the loop; no thread waits meanwhile."""
+    import asyncio
+
+    objects, key_id = made
+    rows = [_load(engine, o) for o in objects[:2]]
+    held = _Held(engine)
+    committer = sr.Committer(held)
+    released: list[tuple[str, int]] = []
+    answered: list[str] = []
+
+    def release(object_id: str) -> Any:
+        def done() -> None:  # committed already (another connection sees it), not answered yet
+            released.append((object_id, _load(engine, object_id).version))
+            assert object_id not in answered
+
+        return done
+
+    async def run() -> list[int | None]:
+        async def one(row: Any) -> int | None:
+            statement = sr.accept_statement(_inputs(row, key_id))
+            query_id = await committer.write_async(row.id, statement, release(row.id))
+            answered.append(row.id)
+            return query_id
+
+        tasks = [asyncio.create_task(one(r)) for r in rows]
+        while committer._queue.qsize() < 2:
+            await asyncio.sleep(0.01)
+        held.release()
+        return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+    try:
+        ids = asyncio.run(run())
+    finally:
+        committer.close()
+    assert all(isinstance(i, int) for i in ids)
+    assert sorted(released) == sorted((r.id, r.version + 1) for r in rows)
+    assert sorted(answered) == sorted(r.id for r in rows)
+    assert dict(committer.sizes) == {2: 1}
