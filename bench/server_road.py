@@ -1219,7 +1219,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve_uvicorn(args.port, args.workers)
     if args.blocks < 2:
         parser.error("--blocks: at least 2 (the table gives quartiles)")
-    names = [a for a in args.arms.split(",") if a]
+    names = [a for a in args.arms.split(",") if a and a != "pgbench"]  # pgbench: always an arm
     if unknown := [a for a in names if a not in ARMS]:
         parser.error(f"--arms: unknown {unknown}")
     if shutil.which("wrk") is None:
