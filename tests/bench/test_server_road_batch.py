@@ -254,3 +254,35 @@ def test_the_loops_writes_release_their_locks_after_the_commit_then_answer(
     assert sorted(released) == sorted((r.id, r.version + 1) for r in rows)
     assert sorted(answered) == sorted(r.id for r in rows)
     assert dict(committer.sizes) == {2: 1}
+
+
+def test_the_batched_write_is_the_one_record_accepted_sends(
+    made: tuple[list[str], int], engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``accept_statement`` builds what ``record_accepted`` sends: the same text, the same
+    parameters (a change to the real write must fail here, not leave the rung timing an old
+    one)."""
+    import psycopg
+
+    from app.store import submits as submit_store
+    from app.store.base import submitting
+
+    objects, key_id = made
+    row = _load(engine, objects[1])
+    inputs = _inputs(row, key_id)
+    sent: list[tuple[Any, Any]] = []
+    original = psycopg.Cursor.execute
+
+    def execute(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        sent.append((query, params))
+        return original(self, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+    with submitting(engine) as conn:
+        query_id = submit_store.record_accepted(conn, commit=True, **inputs)
+    monkeypatch.undo()
+    assert query_id is not None
+    (real,) = [(q, p) for q, p in sent if isinstance(q, str) and "cas AS" in q]
+    text, params = sr.accept_statement(inputs)
+    assert text == real[0]
+    assert params == real[1]
