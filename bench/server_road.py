@@ -39,6 +39,22 @@ configuration and multiprocess metrics directory; the collector tuned as
 7c. ``unnamed`` (``--arms``, not in the default ladder): (7b) and the accepted write without a
    new likelihood array (``record_accepted`` with no ``new_state``, the object naming the array
    it named): what the 8 KB array's part of the write costs. Not a correct submit.
+8b. ``batched`` (``--arms``, not in the default ladder): (8) with group commit — what option
+   (c) of issue 27 item 1 would buy at most. A request thread takes the lock and reads as (8)
+   does and builds the accepted write (the same statement and parameters ``record_accepted``
+   sends); the route then awaits it on the event loop (no thread waits) while the worker's one
+   committer thread (:class:`Committer`, a connection of its own) sends every write handed to
+   it while its previous batch was committing as one transaction in one pipeline (``BEGIN``,
+   the writes, ``COMMIT``: one round trip, one commit flush; a batch of one is the statement
+   alone in autocommit, as (8) sends it), releases the batch's locks after the commit and
+   answers each request. A batch never holds two writes of one object (the lock keeps them
+   apart; the committer defers a second one to the next batch all the same); when a batch
+   fails (a lost race's guarded cast aborts the transaction, or a conflict) each of its writes
+   runs again alone, so a lost race loses that write only. The batch sizes go to
+   ``ROAD_STATS_DIR`` (one file per worker), read around each block. Not the service: each
+   submit still its own statement (no multi-row statement).
+8c. ``batched_thread`` (``--arms``): (8b) with the request thread waiting for its batch (the
+   lock held and released in it, as (8)): a worker's batch is then at most its 5 threads.
 8. ``sql``: (7) with the submit's two SQL round trips in the lock: ``bench/async_probe.py``'s
    ``SyncRoad`` (the real ``load_for_submit`` and ``record_accepted`` in a real ``submitting()``
    block, the accepted write's parameters of the real shapes and sizes); its round trips are
@@ -102,14 +118,27 @@ sys.path.insert(0, str(BENCH))
 import service_load as sl  # noqa: E402
 
 #: The environment a probe server's workers read.
-ENV_STEP, ENV_URL, ENV_REDIS, ENV_EXTRA = (
+ENV_STEP, ENV_URL, ENV_REDIS, ENV_EXTRA, ENV_STATS = (
     "ROAD_STEP",
     "ROAD_DATABASE_URL",
     "ROAD_REDIS_URL",
     "ROAD_EXTRA_PATH",
+    "ROAD_STATS_DIR",
 )
 #: The probe steps, in the ladder's order (``real`` is the application itself).
-STEPS = ("bare", "context", "fastapi", "handoff", "lock", "read", "unnamed", "sql", "real")
+STEPS = (
+    "bare",
+    "context",
+    "fastapi",
+    "handoff",
+    "lock",
+    "read",
+    "unnamed",
+    "sql",
+    "batched",
+    "batched_thread",
+    "real",
+)
 #: The arms: name -> (step, server). ``real`` under uvicorn is ``gatekeeper serve`` itself.
 ARMS: dict[str, tuple[str, str]] = {
     "bare": ("bare", "uvicorn"),
@@ -122,6 +151,8 @@ ARMS: dict[str, tuple[str, str]] = {
     "read": ("read", "uvicorn"),
     "unnamed": ("unnamed", "uvicorn"),
     "sql": ("sql", "uvicorn"),
+    "batched": ("batched", "uvicorn"),
+    "batched_thread": ("batched_thread", "uvicorn"),
     "real": ("real", "serve"),
     "real_granian": ("real", "granian"),
 }
@@ -137,6 +168,8 @@ LAYERS = (
     ("read", "unnamed", "the accepted write without its likelihood array (not the service's)"),
     ("unnamed", "sql", "the 8 KB likelihood array named and inserted by the accepted write"),
     ("sql", "real", "the service's own work: engine, state, sampling, decryption, audit, glue"),
+    ("sql", "batched", "group commit: the accepted writes of concurrent submits, one transaction"),
+    ("sql", "batched_thread", "group commit, each request thread waiting for its batch"),
     ("bare", "bare_granian", "granian instead of uvicorn (bare)"),
     ("fastapi", "fastapi_granian", "granian instead of uvicorn (FastAPI route)"),
     ("real", "real_granian", "granian instead of uvicorn (the real service)"),
@@ -209,8 +242,294 @@ def submit_result(answer: dict[str, Any]) -> Any:
     return schemas.SubmitResult(**{**answer, "odometer": odometer, "reused": False})
 
 
+# --------------------------------------------------------------------------- group commit
+
+
+def accept_statement(inputs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The accepted write's text and parameters for ``record_accepted``'s arguments
+    (``async_probe.accept_inputs``): what :func:`app.store.submits.record_accepted` sends on
+    PostgreSQL, built as it builds them (the same compiled statement, the same names)."""
+    from app.store import audit as audit_store
+    from app.store import submits as submit_store
+
+    query, version, columns = inputs["query"], inputs["version"], inputs["columns"]
+    new_state = inputs["new_state"]
+    cas = {"where_id": query.object_id, "where_version": version, "version": version + 1}
+    cas.update(columns)
+    accept = submit_store._accept_sql(frozenset(columns) | {"version"}, new_state is not None)
+    params = {submit_store._QUERY_PARAM + n: getattr(query, n) for n in submit_store._QUERY_COLUMNS}
+    params.update(audit_store.query_event_params(inputs["event"]))
+    params.update(cas)
+    if new_state is not None:
+        params[submit_store._STATE_PARAM + "hash"] = new_state.key
+        params[submit_store._STATE_PARAM + "state"] = new_state.state
+        params[submit_store._STATE_PARAM + "err"] = new_state.err
+    return accept.text, accept.params(params)
+
+
+class _Write:
+    """One accepted write waiting for its batch: its object, statement, what to release after
+    the commit (the object's lock, for a caller that does not wait in a thread) and the answer's
+    slot: a lock the waiting request thread blocks on until the committer releases it, or an
+    asyncio future of ``loop`` the committer settles."""
+
+    __slots__ = (
+        "done",
+        "error",
+        "future",
+        "loop",
+        "object_id",
+        "params",
+        "query_id",
+        "release",
+        "text",
+    )
+
+    def __init__(
+        self,
+        object_id: str,
+        text: str,
+        params: dict[str, Any],
+        release: Any = None,
+        loop: Any = None,
+    ) -> None:
+        import threading
+
+        self.object_id, self.text, self.params = object_id, text, params
+        self.release, self.loop = release, loop
+        self.future = None if loop is None else loop.create_future()
+        self.done = None
+        if loop is None:
+            self.done = threading.Lock()
+            self.done.acquire()
+        self.query_id: int | None = None
+        self.error: BaseException | None = None
+
+    def answer(self, query_id: int | None = None, error: BaseException | None = None) -> None:
+        """The write's outcome, after its batch: what it holds released, then its caller woken."""
+        if self.release is not None:
+            try:
+                self.release()
+            except Exception as exc:  # the caller's error; the committer goes on
+                error = error or exc
+        self.query_id, self.error = query_id, error
+        if self.loop is None:
+            self.done.release()
+        else:
+            self.loop.call_soon_threadsafe(_settle, self.future, query_id, error)
+
+
+def _settle(future: Any, query_id: int | None, error: BaseException | None) -> None:
+    if future.done():  # the request was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(query_id)
+
+
+class Committer:
+    """One worker's group commit: a thread on a connection of its own that sends every write
+    handed to it while its previous batch was committing as one transaction in one pipeline.
+
+    ``connect`` makes the connection (a pool's, given back at :meth:`close`, or psycopg's own),
+    used in autocommit. ``write`` blocks the calling (request) thread until its batch committed
+    and returns the new query's id, or None when the write's compare-and-set missed (a lost
+    race: the caller reads again, as ``record_accepted``'s caller does). A batch never holds two
+    writes of one object: a second one waits for the next batch. A batch of one is the statement
+    alone in autocommit (as ``record_accepted`` sends it). When a batch fails, nothing of it was
+    committed, and each of its writes runs again alone in its own transaction: its own outcome
+    (id, None, or the error) is what its caller gets. ``sizes`` counts the batches by size,
+    ``alone`` the writes run again alone after a failed batch; with ``stats`` both go to that
+    file (JSON), at most every ``every`` seconds while busy and whenever the queue goes idle.
+    """
+
+    def __init__(self, connect: Any, stats: Path | None = None, every: float = 0.25) -> None:
+        import queue
+        import threading
+        from collections import Counter
+
+        self._connect = connect
+        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self.sizes: Counter[int] = Counter()
+        self.alone = 0
+        self._stats, self._every, self._saved = stats, every, 0.0
+        self._dirty = False
+        self._thread = threading.Thread(target=self._run, name="committer", daemon=True)
+        self._thread.start()
+
+    def write(self, object_id: str, inputs: dict[str, Any]) -> int | None:
+        """Hand the accepted write of ``inputs`` to the next batch; its id after the commit (the
+        calling thread waits)."""
+        text, params = accept_statement(inputs)
+        item = _Write(object_id, text, params)
+        self._queue.put(item)
+        item.done.acquire()
+        if item.error is not None:
+            raise item.error
+        return item.query_id
+
+    async def write_async(
+        self, object_id: str, statement: tuple[str, dict[str, Any]], release: Any
+    ) -> int | None:
+        """Hand an accepted write (:func:`accept_statement`'s) to the next batch from the event
+        loop; the committer calls ``release`` after the batch's commit, then the awaiting
+        coroutine has its id (no thread waits)."""
+        import asyncio
+
+        item = _Write(object_id, *statement, release=release, loop=asyncio.get_running_loop())
+        self._queue.put(item)
+        result: int | None = await item.future
+        return result
+
+    def close(self) -> None:
+        """Stop the thread after the batches handed to it (its connection closed)."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        import queue
+
+        own = self._connect()  # a pool's connection (SQLAlchemy's proxy) or psycopg's own
+        conn = getattr(own, "driver_connection", own)
+        conn.autocommit = True
+        waiting: list[_Write] = []  # deferred: a second write of an object already batched
+        stopping = False
+        try:
+            while not (stopping and not waiting):
+                if not waiting:
+                    try:
+                        first = self._queue.get(timeout=self._every)
+                    except queue.Empty:
+                        self._save(idle=True)
+                        continue
+                    if first is None:
+                        break
+                    waiting.append(first)
+                while True:  # everything handed over so far
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        stopping = True
+                        break
+                    waiting.append(more)
+                batch, seen, later = [], set(), []
+                for item in waiting:
+                    if item.object_id in seen:
+                        later.append(item)
+                    else:
+                        seen.add(item.object_id)
+                        batch.append(item)
+                waiting = later
+                self._commit(conn, batch)
+                self.sizes[len(batch)] += 1
+                self._dirty = True
+                self._save(idle=False)
+        finally:
+            self._save(idle=True)
+            own.close()
+
+    def _commit(self, conn: Any, batch: list[_Write]) -> None:
+        import psycopg
+
+        if len(batch) == 1:
+            self._alone(conn, batch[0])
+            return
+        try:
+            cursors = [conn.cursor() for _ in batch]
+            with conn.pipeline():
+                conn.execute(b"BEGIN", prepare=False)
+                for cursor, item in zip(cursors, batch, strict=True):
+                    cursor.execute(item.text, item.params)
+                conn.execute(b"COMMIT", prepare=False)
+            ids = [cursor.fetchone() for cursor in cursors]
+        except psycopg.Error:
+            from psycopg.pq import TransactionStatus
+
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.execute(b"ROLLBACK", prepare=False)
+            for item in batch:  # nothing of the batch stayed: each alone, its own outcome
+                self.alone += 1
+                self._alone(conn, item)
+            return
+        for item, row in zip(batch, ids, strict=True):
+            item.answer(None if row is None else int(row[0]))
+
+    @staticmethod
+    def _alone(conn: Any, item: _Write) -> None:
+        """One write as ``record_accepted`` sends it with ``commit``: a transaction of its own."""
+        import psycopg
+
+        from app.store import submits as submit_store
+
+        try:
+            row = conn.cursor().execute(item.text, item.params).fetchone()
+        except psycopg.errors.InvalidTextRepresentation as exc:
+            item.answer(error=None if submit_store._lost_race(exc) else exc)
+        except psycopg.Error as exc:
+            item.answer(error=exc)
+        except BaseException as exc:  # the request thread must not wait for ever
+            item.answer(error=exc)
+            raise
+        else:
+            item.answer(None if row is None else int(row[0]))
+
+    def _save(self, *, idle: bool) -> None:
+        if self._stats is None or not self._dirty:
+            return
+        now = time.monotonic()
+        if not idle and now - self._saved < self._every:
+            return
+        self._saved, self._dirty = now, False
+        data = {"sizes": {str(k): v for k, v in self.sizes.items()}, "alone": self.alone}
+        temporary = self._stats.with_suffix(".tmp")
+        temporary.write_text(json.dumps(data))
+        temporary.replace(self._stats)
+
+
+def batch_stats(folder: Path) -> dict[str, Any]:
+    """The batch sizes of every worker's committer in ``folder`` (summed): ``sizes`` (size ->
+    batches) and ``alone``."""
+    from collections import Counter
+
+    sizes: Counter[int] = Counter()
+    alone = 0
+    for path in folder.glob("*.json"):
+        data = json.loads(path.read_text())
+        sizes.update({int(k): v for k, v in data["sizes"].items()})
+        alone += data["alone"]
+    return {"sizes": sizes, "alone": alone}
+
+
+def size_summary(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """What a block's batches were (``after`` minus ``before``): batches, writes, writes per
+    batch (mean), the median write's batch size, the largest batch, writes run alone again."""
+    sizes = after["sizes"] - before["sizes"]
+    batches = sum(sizes.values())
+    writes = sum(k * v for k, v in sizes.items())
+    # the batch size the median write was committed in
+    median = 0
+    seen = 0
+    for size in sorted(sizes):
+        seen += size * sizes[size]
+        if 2 * seen >= writes:
+            median = size
+            break
+    return {
+        "batches": float(batches),
+        "writes": float(writes),
+        "mean": writes / batches if batches else 0.0,
+        "median_write": float(median),
+        "max": float(max(sizes, default=0)),
+        "alone": float(after["alone"] - before["alone"]),
+    }
+
+
 def fastapi_app(step: str, url: str, redis_url: str) -> Any:
-    """Rungs 4, 6, 7, 8: the submit's route shape in a FastAPI app built as the service's."""
+    """Rungs 4, 6, 7, 8 (and 7b, 7c, 8b): the submit's route shape in a FastAPI app built as
+    the service's."""
     from concurrent.futures import ThreadPoolExecutor
     from contextlib import asynccontextmanager
     from typing import Annotated
@@ -283,10 +602,81 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
                     return submit_result(ap.answer_body(row, row.accepted + 1, query_id, now))
         raise RuntimeError("lost races")
 
+    def locked_read(object_id: str, key: str) -> tuple[Any, Any, dict[str, Any], Any]:
+        """The batched rung's request thread: the object's lock taken (held past the return: the
+        committer releases it after the batch's commit), the row read as the sql rung reads it,
+        the accepted write's statement built."""
+        from contextlib import ExitStack
+
+        from app.store import objects as object_store
+        from app.store.base import submitting
+
+        road = runtime.road
+        held = ExitStack()
+        held.enter_context(road.locks.hold(object_id))
+        try:
+            with submitting(road.engine) as conn:
+                found = object_store.load_for_submit(conn, object_id=object_id, key=key)
+            if found is None:
+                raise LookupError("no such object")
+            row = found[0]
+            inputs = ap.accept_inputs(row, key, road.key_id, row.state or ap._FIRST_STATE)
+            return held, row, inputs, accept_statement(inputs)
+        except BaseException:
+            held.close()
+            raise
+
+    async def batched(object_id: str, key: str) -> Any:
+        """The sql rung's submit with group commit: the lock and the read in a request thread,
+        then the accepted write awaited on the loop (no thread waits) while the worker's
+        :class:`Committer` commits it with the others handed to it; the lock released after the
+        batch's commit, the answer after that."""
+        for _ in range(ap.ATTEMPTS):
+            held, row, inputs, statement = await in_thread(runtime, locked_read, object_id, key)
+            query_id = await runtime.committer.write_async(object_id, statement, held.close)
+            if query_id is not None:
+                now = inputs["query"].created_at
+                return submit_result(ap.answer_body(row, row.accepted + 1, query_id, now))
+        raise RuntimeError("lost races")
+
+    def batched_thread(object_id: str, key: str) -> Any:
+        """SyncRoad.submit with the accepted write handed to the worker's :class:`Committer`:
+        the lock held and the row read as the sql rung's, the request thread waiting for the
+        batch's commit (so a worker's batch is at most its request threads)."""
+        from app.store import objects as object_store
+        from app.store.base import submitting
+
+        road = runtime.road
+        with road.locks.hold(object_id):
+            for _ in range(ap.ATTEMPTS):
+                with submitting(road.engine) as conn:
+                    found = object_store.load_for_submit(conn, object_id=object_id, key=key)
+                if found is None:
+                    raise LookupError("no such object")
+                row = found[0]
+                state = row.state or ap._FIRST_STATE
+                inputs = ap.accept_inputs(row, key, road.key_id, state)
+                query_id = runtime.committer.write(object_id, inputs)
+                if query_id is not None:
+                    now = inputs["query"].created_at
+                    return submit_result(ap.answer_body(row, row.accepted + 1, query_id, now))
+        raise RuntimeError("lost races")
+
+    def committer_connection() -> Any:
+        """The committer's connection: the app's engine's kind, a pool of its own (one)."""
+        return runtime.committer_engine.raw_connection()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         road = None
-        if step in ("read", "unnamed", "sql"):
+        committer = committer_engine = None
+        if step in ("batched", "batched_thread"):
+            committer_engine = make_engine(url, pool_size=1, max_overflow=0)
+            runtime.committer_engine = committer_engine
+            stats = os.environ.get(ENV_STATS)
+            where = Path(stats) / f"{os.getpid()}.json" if stats else None
+            committer = Committer(committer_connection, where)
+        if step in ("read", "unnamed", "sql", "batched", "batched_thread"):
             key_id = int(os.environ.get("ROAD_KEY_ID", "0"))
             road = ap.SyncRoad.make(url, redis_url, key_id)  # engine, ObjectLocks, 5 threads
             engine, threads, locks = road.engine, road.threads, road.locks
@@ -306,11 +696,16 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
             threads=threads,
             locks=locks,
             road=road,
+            committer=committer,
             keys=KeyCache(settings.auth_cache_seconds),
         )
         app.state.runtime = runtime
         yield
         threads.shutdown()
+        if committer is not None:
+            committer.close()
+        if committer_engine is not None:
+            committer_engine.dispose()
         engine.dispose()
 
     runtime = SimpleNamespace()
@@ -348,6 +743,10 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
             return await in_thread(runtime, read, object_id, key)
         if step == "unnamed":
             return await in_thread(runtime, unnamed, object_id, key)
+        if step == "batched":
+            return await batched(object_id, key)
+        if step == "batched_thread":
+            return await in_thread(runtime, batched_thread, object_id, key)
         return await in_thread(runtime, recorded, object_id, key)
 
     # the route's own annotations as objects (this module's are strings, and the names are
@@ -457,6 +856,10 @@ class RoadServer(sl.Server):
         }
         if step == "real":
             full["DATABASE_URL"] = f"{url}?application_name=road_{arm}"
+        self.stats_dir: Path | None = None
+        if step.startswith("batched"):  # the committers' batch sizes, one file per worker
+            self.stats_dir = Path(tempfile.mkdtemp(prefix="road_batches_"))
+            full[ENV_STATS] = str(self.stats_dir)
         if kind == "granian":
             self.metrics_dir = tempfile.mkdtemp(prefix="road_metrics_")
             full["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
@@ -501,6 +904,8 @@ class RoadServer(sl.Server):
         super().stop()
         if getattr(self, "metrics_dir", None):
             shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        if self.stats_dir is not None:
+            shutil.rmtree(self.stats_dir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- the load
@@ -629,6 +1034,8 @@ def measure(
         tx = max(1, count)
         return {"rate": tps, "server": 0.0, "pg": 1000 * pg / tx, "client": 1000 * client / tx}
     assert arm.script is not None  # noqa: S101 - for mypy: a server arm has its script
+    stats = getattr(arm.server, "stats_dir", None)
+    batches0 = batch_stats(stats) if stats else None
     pids = sl.descendants(arm.server.process.pid)
     cpu0 = sl.procs_cpu(pids)
     pg0 = ap.backends(admin, db_name)
@@ -641,7 +1048,13 @@ def measure(
     pg = sum(used - pg0.get(pid, ("", 0.0))[1] for pid, (app, used) in pg1.items() if app == name)
     n = max(1.0, out["requests"])
     arm.bad += int(out["bad_status"] + out["connect"] + out["read"] + out["write"] + out["timeout"])
+    batches: dict[str, float] = {}
+    if stats and batches0 is not None:  # the committers save when idle (after the CPU read)
+        time.sleep(0.6)
+        summary = size_summary(batches0, batch_stats(stats))
+        batches = {"batch_" + key: value for key, value in summary.items()}
     return {
+        **batches,
         "rate": out["requests"] / (out["us"] / 1e6),
         "server": 1000 * (cpu1 - cpu0) / n,
         "pg": 1000 * pg / n,
@@ -737,6 +1150,28 @@ def layer_costs(named: dict[str, Arm]) -> list[str]:
     return lines
 
 
+def batch_lines(arms: list[Arm]) -> list[str]:
+    """Per arm with a committer (``batched``): its batches per block, medians over the blocks
+    (writes per batch, the batch size the median write was committed in), the largest batch of
+    any block and the writes run again alone after a failed batch (all blocks)."""
+    lines = []
+    for arm in arms:
+        rows = [r for r in arm.rows if "batch_writes" in r]
+        if not rows:
+            continue
+        means = sorted(r["batch_mean"] for r in rows)
+        lines.append(
+            f"{arm.name}: writes per batch median {statistics.median(means):.2f} "
+            f"(blocks {means[0]:.2f}..{means[-1]:.2f}), the median write's batch "
+            f"{statistics.median(r['batch_median_write'] for r in rows):.0f}, largest "
+            f"{max(r['batch_max'] for r in rows):.0f}, batches per block median "
+            f"{statistics.median(r['batch_batches'] for r in rows):.0f} for "
+            f"{statistics.median(r['batch_writes'] for r in rows):.0f} writes; run alone again "
+            f"after a failed batch: {sum(r['batch_alone'] for r in rows):.0f}"
+        )
+    return lines
+
+
 # --------------------------------------------------------------------------- the run
 
 
@@ -771,8 +1206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--objects", type=int, default=20, help="objects per arm (20)")
     parser.add_argument(
         "--arms",
-        default=",".join(a for a in ARMS if a not in ("read", "unnamed")),
-        help=f"comma-separated, of: {', '.join(ARMS)} (all but read and unnamed)",
+        default=",".join(a for a in ARMS if a not in ("read", "unnamed") and "batched" not in a),
+        help=f"comma-separated, of: {', '.join(ARMS)} (all but read, unnamed, batched*)",
     )
     parser.add_argument("--extra-path", help="the folder granian is installed in")
     parser.add_argument("--seed", type=int, default=1)
@@ -784,7 +1219,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve_uvicorn(args.port, args.workers)
     if args.blocks < 2:
         parser.error("--blocks: at least 2 (the table gives quartiles)")
-    names = [a for a in args.arms.split(",") if a]
+    names = [a for a in args.arms.split(",") if a and a != "pgbench"]  # pgbench: always an arm
     if unknown := [a for a in names if a not in ARMS]:
         parser.error(f"--arms: unknown {unknown}")
     if shutil.which("wrk") is None:
@@ -807,7 +1242,7 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()
     started = datetime.now(UTC)
     with sl.fresh_database(prefix=args.db_prefix) as (url, db_name):
-        trips = check_sql_rung(url) if "sql" in names else ""
+        trips = check_sql_rung(url) if {"sql", "batched", "batched_thread"} & set(names) else ""
         from survey_load import pgbench_tables
 
         pgbench_tables(url)
@@ -842,6 +1277,9 @@ def main(argv: list[str] | None = None) -> int:
                 script = logs / f"{name}.lua"
                 script.write_text(wrk_script(ids, analyst, body))
                 arms.append(Arm(name, server, script))
+            if "real" not in names:  # its connections back to the shared PostgreSQL
+                real.stop()
+                servers.remove(real)
             pgbench = Arm("pgbench")
             rpid = redis_pid()
             for arm in arms:  # warm: connections made, statements prepared, caches filled
@@ -878,6 +1316,8 @@ def main(argv: list[str] | None = None) -> int:
     if trips:
         print(f"round trips per warm submit (real = sql rung): {trips}")
     for line in ladder(arms, pgbench):
+        print(line)
+    for line in batch_lines(arms):
         print(line)
     print("layers (per-block differences of the server's CPU per request, median):")
     for line in layer_costs({arm.name: arm for arm in arms}):
