@@ -115,6 +115,9 @@ SLOW_LINK_DELAY = 0.05
 REQUEST_TIMEOUT = 60.0
 #: Seconds a Redis outage may add to the slowest answer seen before it (issue: "within 2 s").
 REDIS_OUTAGE_LATENCY = 2.0
+#: Seconds a fault scenario waits at most, after a fault ended, for the service to be back (see
+#: :func:`wait_recovered`); past it the scenario goes on and the audit judges what happened.
+RECOVERY_TIMEOUT = 60.0
 DOMAIN = integer_domain(3)
 QUERY = grr_query(EPSILON)
 
@@ -207,6 +210,8 @@ class LoadResult:
     max_latency: float = 0.0
     #: (start, seconds) of every answered request, on the ``time.monotonic()`` clock
     timings: list[tuple[float, float]] = field(default_factory=list)
+    #: (client thread, start) of every definitive answer (201 or 409 budget-exhausted)
+    answers: list[tuple[int, float]] = field(default_factory=list)
     retry_after_missing: int = 0
     #: seconds spent under load (with the fault) and auditing afterwards
     seconds: dict[str, float] = field(default_factory=dict)
@@ -252,6 +257,7 @@ def run_load(
                 body = response.json()
                 with result.lock:
                     result.acked[key] = (object_id, body["output"])
+                    result.answers.append((threading.get_ident(), start))
                     if attempts > 1:
                         replayed = response.headers.get("Idempotent-Replayed") == "true"
                         if replayed:
@@ -264,6 +270,7 @@ def run_load(
             ):
                 with result.lock:
                     result.rejected[key] = object_id
+                    result.answers.append((threading.get_ident(), start))
                 return
             if response.status_code == 503:
                 if "retry-after" not in response.headers:
@@ -343,6 +350,23 @@ def audit(url: str, database_url: str, analyst: str, objects: Objects, load: Loa
     verify = run_cli_process("verify", database_url=database_url, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert "ok" in verify.stdout, verify.stdout
+
+
+def wait_recovered(load: LoadResult, since: float) -> None:
+    """Wait until the service is back after a fault that ended at ``since``: every client has had
+    a definitive answer (``201`` or ``409``) to a request it sent after ``since``. At most
+    :data:`RECOVERY_TIMEOUT` seconds; the scenario then goes on (the audit judges the run).
+
+    It replaces a fixed pause after each fault: the load between the faults is what the
+    service answers once it is back, not a number of seconds of it.
+    """
+    deadline = time.monotonic() + RECOVERY_TIMEOUT
+    while time.monotonic() < deadline:
+        with load.lock:
+            clients = {client for client, start in load.answers if start >= since}
+        if len(clients) >= CLIENTS:
+            return
+        time.sleep(0.02)
 
 
 def check_outage_latency(load: LoadResult, first_fault: float) -> tuple[float, float]:
@@ -668,19 +692,22 @@ def test_postgres_restart_during_load(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Crash and restart PostgreSQL three times under load: 503s in between, nothing lost."""
+    """Crash and restart PostgreSQL three times under load: 503s in between, nothing lost.
+    After each restart the next crash (or the end) waits until the service is back
+    (:func:`wait_recovered`)."""
     server = serve(tmp_path, private_postgres.url, redis_url, 2, DATABASE_WAIT_SECONDS="60")
+    live = LoadResult()
 
     def fault(stop: threading.Event) -> None:
+        time.sleep(1.5)
         for _ in range(3):
-            time.sleep(1.5)
             private_postgres.crash()
             time.sleep(1.0)
             private_postgres.start()
-        time.sleep(2.0)
+            wait_recovered(live, time.monotonic())
 
     try:
-        load = under_fault(server, private_postgres.url, fault, budget=300.0)
+        load = under_fault(server, private_postgres.url, fault, budget=300.0, live=live)
     finally:
         server.stop()
     assert load.statuses[503] > 0, f"no request saw the outage: {load.statuses}"
@@ -721,23 +748,26 @@ def test_redis_outage_during_load(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Redis killed (x3) or frozen (x2 for 3 s) under load: decisions go on on the database
-    alone, and no answer takes much longer than before the first outage."""
+    alone, and no answer takes much longer than before the first outage. The load runs 1.5 s
+    before the first outage (the answers the latency is compared with); after each outage the
+    next one (or the end) waits until the service is back (:func:`wait_recovered`)."""
     server = serve(tmp_path, postgres_url, private_redis.url, 2)
+    live = LoadResult()
 
     first_fault = math.inf
 
     def fault(stop: threading.Event) -> None:
         nonlocal first_fault
+        time.sleep(1.5)
+        first_fault = time.monotonic()
         for _ in range(outage.times):
-            time.sleep(1.5)
-            first_fault = min(first_fault, time.monotonic())
             outage.begin(private_redis)
             time.sleep(outage.seconds)
             outage.end(private_redis)
-        time.sleep(1.5)
+            wait_recovered(live, time.monotonic())
 
     try:
-        load = under_fault(server, postgres_url, fault, budget=300.0)
+        load = under_fault(server, postgres_url, fault, budget=300.0, live=live)
     finally:
         private_redis.resume()
         server.stop()
