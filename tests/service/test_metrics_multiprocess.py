@@ -61,6 +61,24 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return parse(r.text)
 
 
+def counted(url: str, sent: int) -> None:
+    """Wait until a scrape counts exactly ``sent`` ``/healthz`` requests (at most 10 s).
+
+    The request context counts a request once its answer is sent, so a scrape right after the
+    last answer can come before that answer's count; the count must reach ``sent``, and a
+    scrape never shows more than was sent.
+    """
+    deadline = time.monotonic() + 10
+    while True:
+        seen = value(scrape(url), COUNT, **HEALTHZ)
+        assert seen <= sent, f"{seen} requests counted, {sent} sent"
+        if seen == sent:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"{seen} of {sent} requests counted after 10 s")
+        time.sleep(0.05)
+
+
 def live_workers(directory: Path) -> set[int]:
     return {int(f.stem.split("_")[-1]) for f in directory.glob("gauge_livesum_*.db")}
 
@@ -114,6 +132,7 @@ def test_every_scrape_shows_the_sum_over_workers(
         time.sleep(0.2)
     healthz_burst(running.url, 10)
     sent += 10
+    counted(running.url, sent)
     for _ in range(4):
         samples = scrape(running.url)
         assert value(samples, COUNT, **HEALTHZ) == sent
@@ -134,7 +153,7 @@ def test_serve_makes_and_removes_a_private_directory(tmp_path: Path, postgres_ur
         directory = Path(found.group(1))
         assert directory.is_dir()
         healthz_burst(running.url, 4)
-        assert value(scrape(running.url), COUNT, **HEALTHZ) == 4
+        counted(running.url, 4)
         assert list(directory.glob("histogram_*.db"))
     finally:
         running.stop()
