@@ -18,10 +18,11 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 	touch $(RUN_STAMP)
 
 # the dev venv also holds the Python client (clients/python, with its pandas extra): its tests
-# run against the app in tests/client
+# run against the app in tests/client. It holds everything `make run` installs too, so its
+# stamp is `make run`'s as well (the README's walk-through test runs `make run` in the clone)
 $(STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]' -e 'clients/python[pandas]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUN_STAMP)
 
 run: $(RUN_STAMP)
 	$(BIN)/gatekeeper serve
