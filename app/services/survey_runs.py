@@ -280,7 +280,7 @@ class RunCache:
         for key in gained:
             found = self.contents.get(key)
             if found is not None and found.state:
-                self.contents[key] = StoredState(key, b"", found.err)
+                self.contents[key] = tuple.__new__(StoredState, (key, b"", found.err))
 
     def history_mech(self, domain: str, text: str) -> Mechanism:
         """A stored history query parsed as :func:`~app.engine.pipeline.history_entry` does.
@@ -775,8 +775,12 @@ def _exact_advance(
                 exact = exact or _exact_with(form, term, canonical)
                 exact_bytes = exact.to_bytes()
             err = state.error_after(cache.magnitude(domain, term), term.extra_error)
-            build = work.building[key] = _Build(key, state, term, exact_bytes, err)
-        stored = StoredState(key, b"", build.err)
+            # the advance's state (no bytes) built once per new state, kept on its build: a
+            # named tuple by ``tuple.__new__`` (its ``__new__`` is a Python call)
+            stored = tuple.__new__(StoredState, (key, b"", err))
+            work.building[key] = tuple.__new__(_Build, (state, term, exact_bytes, stored))
+        else:
+            stored = build.stored
     elif stored is None:
         after = recorded(group.snapshot, group.decision, mech, output, worker)
         assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
@@ -798,8 +802,8 @@ def _exact_advance(
         "f0_account": shared.f0_account,
     }
     if stored.state:  # the advance names the state; its bytes stay in the chunk's gained ones
-        stored = StoredState(key, b"", stored.err)
-    return Advance(columns, stored, by_content=True)
+        stored = tuple.__new__(StoredState, (key, b"", stored.err))
+    return tuple.__new__(Advance, (columns, stored, True))  # Advance(columns, stored, True)
 
 
 def _exact_with(exact: ExactLoss, term: Term, canonical: bytes) -> ExactLoss:
@@ -1064,14 +1068,14 @@ def _answer_by_history(
 class _Build(NamedTuple):
     """A new exact state of a chunk whose array is still to compute (:func:`_build_states`)."""
 
-    key: str
     #: The decision group's state, and the output's term recorded on it.
     state: LikelihoodState
     term: Term
-    #: The new state's exact form's bytes (:meth:`ExactLoss.to_bytes`) and error bound
-    #: (:meth:`LikelihoodState.applied`'s).
+    #: The new state's exact form's bytes (:meth:`ExactLoss.to_bytes`).
     exact: bytes
-    err: float
+    #: The state without its bytes (what the advances name): its key and error bound
+    #: (:meth:`LikelihoodState.applied`'s).
+    stored: StoredState
 
 
 def _build_states(work: _Chunk, cache: RunCache) -> None:
@@ -1088,28 +1092,47 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
     batches: dict[tuple[tuple[int, ...], tuple[int, ...]], list[_Build]] = defaultdict(list)
     for build in work.building.values():
         batches[(build.state.logp.shape, build.term.axes)].append(build)
+    contents, gained, new = cache.contents, work.gained, tuple.__new__
     for (shape, axes), builds in batches.items():
-        logp = np.stack([b.state.logp for b in builds])
-        terms = np.stack([b.term.values for b in builds])
-        spread = [len(builds)] + [1] * len(shape)
+        count = len(builds)
+        # ``np.stack`` of equal shapes is their concatenation along a new first axis: the same
+        # array, without stack's per-array view (one of each state and term per new state)
+        logp = _stacked([b.state.logp for b in builds], count, shape)
+        spread = [count] + [1] * len(shape)
         for axis in axes:
             spread[axis + 1] = shape[axis]
+        terms = _stacked([b.term.values for b in builds], count, builds[0].term.values.shape)
         logp += terms.reshape(spread)
-        logp -= logp.reshape(len(builds), -1).max(axis=1).reshape([len(builds)] + [1] * len(shape))
+        logp -= logp.reshape(count, -1).max(axis=1).reshape([count] + [1] * len(shape))
         if logp.dtype != _LITTLE_F8:  # to_bytes's little-endian float64 (native here: no copy)
             logp = logp.astype(_LITTLE_F8)
         for build, array in zip(builds, logp, strict=True):
-            data = array.tobytes() + MAGIC + build.exact
-            cache.contents[build.key] = StoredState(build.key, data, build.err)
-    for key, (state, count) in work.gained.items():
-        if not state.state and key in work.building:
-            work.gained[key] = (cache.contents[key], count)
+            # the row's bytes, the marker and the exact part copied once (``tobytes`` and two
+            # concatenations copied the array's three times)
+            stored = build.stored
+            key = stored.key
+            full = contents[key] = new(
+                StoredState, (key, b"".join((array, MAGIC, build.exact)), stored.err)
+            )
+            counted = gained.get(key)
+            if counted is not None and not counted[0].state:  # named by the chunk's answers
+                gained[key] = (full, counted[1])
     work.building.clear()
     cache.advances.update(work.advances_built)
     work.advances_built.clear()
 
 
 _LITTLE_F8 = np.dtype("<f8")
+
+
+def _stacked(
+    arrays: list[npt.NDArray[Any]], count: int, shape: tuple[int, ...]
+) -> npt.NDArray[Any]:
+    """``np.stack(arrays)`` of ``count`` arrays of ``shape`` (a new array, C order)."""
+    if not shape:  # zero-dimensional: nothing to concatenate along
+        return np.stack(arrays)
+    return np.concatenate(arrays).reshape((count, *shape))
+
 
 #: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
 FOLDED = "folded:"
