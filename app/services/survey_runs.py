@@ -177,8 +177,12 @@ class RunCache:
     decided: dict[int, GroupAccepted | Refusal] = field(default_factory=dict)
     #: The next number (``next`` is atomic: two threads never draw the same one).
     counter: Iterator[int] = field(default_factory=itertools.count)
-    #: ``Fraction(units, denominator)`` by its two integers (a survey's losses take few values).
-    fractions: dict[tuple[int, int], Fraction] = field(default_factory=dict)
+    #: ``exact_bounds(Fraction(units, denominator))`` by the two integers, not in lowest terms
+    #: (a survey's losses take few values: :func:`_losses_ahead`).
+    unit_bounds: dict[tuple[int, int], LossBounds] = field(default_factory=dict)
+    #: What an exact advance needs of each output, per domain text and output
+    #: (:meth:`exact_step`).
+    exact_steps: dict[tuple[str, Output], _ExactStep] = field(default_factory=dict)
     #: The query's term per domain text and output.
     terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
     magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -261,6 +265,23 @@ class RunCache:
             found = self.terms[(domain, output)] = mech.term(output)
         return found
 
+    def exact_step(self, domain: str, mech: Mechanism, output: Output) -> _ExactStep:
+        """:meth:`term`, its magnitude, :meth:`first_hash` and :meth:`history_step`, at once.
+
+        Once per domain and output (:attr:`exact_steps`): :func:`_exact_advance` looks them up
+        per (decision group, output), one lookup rather than three or four.
+        """
+        found = self.exact_steps.get((domain, output))
+        if found is None:
+            term = self.term(domain, mech, output)
+            found = self.exact_steps[(domain, output)] = _ExactStep(
+                term,
+                self.magnitude(domain, term),
+                self.first_hash(domain, mech, output),
+                self.history_step(domain, mech, output),
+            )
+        return found
+
     def magnitude(self, domain: str, term: Term) -> float:
         """``term.magnitude`` of a term of :meth:`term`, once per domain and term."""
         found = self.magnitudes.get((domain, id(term)))
@@ -326,7 +347,8 @@ class RunCache:
             self.terms.clear()
             self.magnitudes.clear()
             self.history_mechs.clear()
-            self.fractions.clear()
+            self.unit_bounds.clear()
+            self.exact_steps.clear()
             self.content_keys.clear()
             self.bounds.clear()
             self.first_hashes.clear()
@@ -622,9 +644,10 @@ class _GroupAfter:
     run, not once per chunk nor per output.
     """
 
-    #: The exact loss after each output (by output index) computed ahead, for the chunk's
+    #: The bounds of the exact loss after each output (by output index; :func:`~app.engine.
+    #: likelihood.exact_bounds`, the only use of the loss) computed ahead, for the chunk's
     #: drawn outputs at once (:func:`_losses_ahead`); an output missing here is computed alone.
-    losses: dict[int, Fraction]
+    losses: dict[int, LossBounds]
     basic_total: str
     f0_account: str
     #: The group's state (``group.snapshot.state``) and its exact form (``state.exact``).
@@ -696,18 +719,20 @@ def _losses_ahead(
     histories: list[ExactLoss] = []
     outputs: list[Output] = []
     owners: list[int] = []
-    targets: list[tuple[dict[int, Fraction], int]] = []
-    fractions = cache.fractions
+    targets: list[tuple[dict[int, LossBounds], int]] = []
+    unit_bounds = cache.unit_bounds
     for n, (history, shared, need) in enumerate(needs):
         losses = shared.losses
         found_units = None if units is None else units[n]
         if found_units is not None:  # every output's loss, once for the run
             row, denominator = found_units
             for at, units_at in enumerate(row):
-                loss = fractions.get((units_at, denominator))
-                if loss is None:
-                    loss = fractions[(units_at, denominator)] = Fraction(units_at, denominator)
-                losses[at] = loss
+                bounds = unit_bounds.get((units_at, denominator))
+                if bounds is None:
+                    bounds = unit_bounds[(units_at, denominator)] = cache.exact_bounds(
+                        Fraction(units_at, denominator)
+                    )
+                losses[at] = bounds
             shared.complete = True
             continue
         owner = len(histories)
@@ -721,8 +746,9 @@ def _losses_ahead(
     found = mech.exact_losses_after(histories, outputs, owners)
     if found is None:
         return
+    bounds_of = cache.exact_bounds
     for (losses, at), loss in zip(targets, found, strict=True):
-        losses[at] = loss
+        losses[at] = bounds_of(loss)
 
 
 def _exact_advance(
@@ -753,7 +779,10 @@ def _exact_advance(
             return None
         shared = _group_after(number, group, state, domain, cache)
     state, form = shared.state, shared.exact
-    term = cache.term(domain, mech, output)
+    step = cache.exact_steps.get((domain, output))
+    if step is None:
+        step = cache.exact_step(domain, mech, output)
+    term = step.term
     # the next form's canonical bytes from the group's (one count row moved), the form itself
     # built only for a content not met yet or a loss not computed ahead
     canonical = None if term.exact is None else form.canonical_after(term.exact)
@@ -774,7 +803,7 @@ def _exact_advance(
             if exact_bytes is None:
                 exact = exact or _exact_with(form, term, canonical)
                 exact_bytes = exact.to_bytes()
-            err = state.error_after(cache.magnitude(domain, term), term.extra_error)
+            err = state.error_after(step.magnitude, term.extra_error)
             # the advance's state (no bytes) built once per new state, kept on its build: a
             # named tuple by ``tuple.__new__`` (its ``__new__`` is a Python call)
             stored = tuple.__new__(StoredState, (key, b"", err))
@@ -785,17 +814,14 @@ def _exact_advance(
         after = recorded(group.snapshot, group.decision, mech, output, worker)
         assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
         stored = cache.contents[key] = StoredState(key, after.state.to_bytes(), after.state.err)
-    ahead = shared.losses.get(output_index(output))
-    if ahead is None:
-        ahead = (exact or _exact_with(form, term, canonical)).loss()
-    loss = cache.exact_bounds(ahead)
+    loss = shared.losses.get(output_index(output))
+    if loss is None:
+        loss = cache.exact_bounds((exact or _exact_with(form, term, canonical)).loss())
     history_hash = decided.history_hash
     columns = {
         "state_hash": key,
         "state_pending": 0,
-        "history_hash": cache.first_hash(domain, mech, output)
-        if history_hash is None
-        else cache.history_step(domain, mech, output)(history_hash),
+        "history_hash": step.first if history_hash is None else step.after(history_hash),
         "loss_lower": loss.lower,
         "loss_upper": loss.upper,
         "basic_total": shared.basic_total,
@@ -1063,6 +1089,18 @@ def _answer_by_history(
                 work.gained.get(stored.key, (stored, 0))[1] + len(rows),
             )
         pick = _answer(work, mech, query_text, output_text, mine.columns, rows, pick=pick)
+
+
+class _ExactStep(NamedTuple):
+    """What an exact advance needs of one output of a domain (:meth:`RunCache.exact_step`)."""
+
+    term: Term
+    #: ``term.magnitude`` (:meth:`RunCache.magnitude`).
+    magnitude: float
+    #: The history hash after the output of an empty history (:meth:`RunCache.first_hash`).
+    first: str
+    #: The history hash after the output, of the one before (:meth:`RunCache.history_step`).
+    after: Callable[[str | None], str]
 
 
 class _Build(NamedTuple):
