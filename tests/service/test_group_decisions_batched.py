@@ -176,8 +176,9 @@ def _same_snapshot(got: GroupAccepted, want: GroupAccepted) -> bool:
 def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
     """The exact loss after each (group, output), read from what each history keeps.
 
-    Kept as its bounds (``exact_bounds``, the exact value among them). A group's losses after every output are computed once per run (or kept by its decision,
-    ``evaluate_many``'s exact candidates) and read by each chunk that draws an output of it
+    Kept as its bounds (``exact_bounds``, the exact value among them). A group's losses after
+    every output are computed once per run (or kept by its decision, ``evaluate_many``'s exact
+    candidates) and read by each chunk that draws an output of it
     (``survey_runs._losses_ahead``): each must be ``with_term(...).loss()`` of that output, in
     the first chunk meeting the group (which learns every output's) and in a later one, whether
     the group was decided by basic composition (nothing kept) or by its exact candidates.
