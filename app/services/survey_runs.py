@@ -296,12 +296,22 @@ class RunCache:
         self.advances.clear()
 
     def stored_committed(self, gained: dict[str, tuple[StoredState, int]]) -> None:
-        """A chunk storing ``gained`` committed: keep their keys, drop the arrays' bytes."""
+        """A chunk storing ``gained`` committed: keep their keys, drop the arrays' bytes.
+
+        Only a state the chunk held bytes of is looked up: one it named without them was
+        byte-less in :attr:`contents` when named (stored by a committed chunk), and a lookup in
+        that dict (every state of the run) misses the processor's caches — a diverged survey's
+        chunk names thousands. (Should another chunk have put bytes there since, they stay until
+        its own commit drops them; a later chunk naming the state only locks it, the key being
+        in :attr:`stored`.)
+        """
         self.stored.update(gained)  # no set of the keys built first
-        for key in gained:
-            found = self.contents.get(key)
-            if found is not None and found.state:
-                self.contents[key] = tuple.__new__(StoredState, (key, b"", found.err))
+        contents = self.contents
+        for key, (state, _) in gained.items():
+            if state.state:
+                found = contents.get(key)
+                if found is not None and found.state:
+                    contents[key] = tuple.__new__(StoredState, (key, b"", found.err))
 
     def history_mech(self, domain: str, text: str) -> Mechanism:
         """A stored history query parsed as :func:`~app.engine.pipeline.history_entry` does.
