@@ -51,6 +51,9 @@ MAX_GROUPS = 32
 #: ratio rounded below ``e^ε``) is not read: such a history is decided by the float rule.
 MAGIC = b"\x00EXACT2\x00"
 _SAFE = 1 << 62
+#: What :meth:`ExactLoss.canonical_after`'s templates hold for a key not met yet (this object,
+#: by identity: a template is never it).
+_NO_TEMPLATE: tuple[bytes, list[int], bytes, list[bytes]] = (b"", [], b"", [])
 #: Count arrays of at most this many entries are summed in Python ints (:meth:`ExactLoss._range`).
 _SMALL = 64
 
@@ -510,9 +513,9 @@ class ExactLoss:
         """
         key = (term.axis, term.group)
         templates = self._templates
-        if key not in templates:
-            templates[key] = self._template(term.axis, term.group)
-        template = templates[key]
+        template = templates.get(key, _NO_TEMPLATE)  # one lookup (a Group hashes in Python)
+        if template is _NO_TEMPLATE:
+            template = templates[key] = self._template(term.axis, term.group)
         if template is None:
             return None
         prefix, row, suffix, texts = template

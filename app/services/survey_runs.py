@@ -177,8 +177,12 @@ class RunCache:
     decided: dict[int, GroupAccepted | Refusal] = field(default_factory=dict)
     #: The next number (``next`` is atomic: two threads never draw the same one).
     counter: Iterator[int] = field(default_factory=itertools.count)
-    #: ``Fraction(units, denominator)`` by its two integers (a survey's losses take few values).
-    fractions: dict[tuple[int, int], Fraction] = field(default_factory=dict)
+    #: ``exact_bounds(Fraction(units, denominator))`` by the two integers, not in lowest terms
+    #: (a survey's losses take few values: :func:`_losses_ahead`).
+    unit_bounds: dict[tuple[int, int], LossBounds] = field(default_factory=dict)
+    #: What an exact advance needs of each output, per domain text and output
+    #: (:meth:`exact_step`).
+    exact_steps: dict[tuple[str, Output], _ExactStep] = field(default_factory=dict)
     #: The query's term per domain text and output.
     terms: dict[tuple[str, Output], Term] = field(default_factory=dict)
     magnitudes: dict[tuple[str, int], float] = field(default_factory=dict)
@@ -261,6 +265,23 @@ class RunCache:
             found = self.terms[(domain, output)] = mech.term(output)
         return found
 
+    def exact_step(self, domain: str, mech: Mechanism, output: Output) -> _ExactStep:
+        """:meth:`term`, its magnitude, :meth:`first_hash` and :meth:`history_step`, at once.
+
+        Once per domain and output (:attr:`exact_steps`): :func:`_exact_advance` looks them up
+        per (decision group, output), one lookup rather than three or four.
+        """
+        found = self.exact_steps.get((domain, output))
+        if found is None:
+            term = self.term(domain, mech, output)
+            found = self.exact_steps[(domain, output)] = _ExactStep(
+                term,
+                self.magnitude(domain, term),
+                self.first_hash(domain, mech, output),
+                self.history_step(domain, mech, output),
+            )
+        return found
+
     def magnitude(self, domain: str, term: Term) -> float:
         """``term.magnitude`` of a term of :meth:`term`, once per domain and term."""
         found = self.magnitudes.get((domain, id(term)))
@@ -275,12 +296,22 @@ class RunCache:
         self.advances.clear()
 
     def stored_committed(self, gained: dict[str, tuple[StoredState, int]]) -> None:
-        """A chunk storing ``gained`` committed: keep their keys, drop the arrays' bytes."""
+        """A chunk storing ``gained`` committed: keep their keys, drop the arrays' bytes.
+
+        Only a state the chunk held bytes of is looked up: one it named without them was
+        byte-less in :attr:`contents` when named (stored by a committed chunk), and a lookup in
+        that dict (every state of the run) misses the processor's caches — a diverged survey's
+        chunk names thousands. (Should another chunk have put bytes there since, they stay until
+        its own commit drops them; a later chunk naming the state only locks it, the key being
+        in :attr:`stored`.)
+        """
         self.stored.update(gained)  # no set of the keys built first
-        for key in gained:
-            found = self.contents.get(key)
-            if found is not None and found.state:
-                self.contents[key] = StoredState(key, b"", found.err)
+        contents = self.contents
+        for key, (state, _) in gained.items():
+            if state.state:
+                found = contents.get(key)
+                if found is not None and found.state:
+                    contents[key] = tuple.__new__(StoredState, (key, b"", found.err))
 
     def history_mech(self, domain: str, text: str) -> Mechanism:
         """A stored history query parsed as :func:`~app.engine.pipeline.history_entry` does.
@@ -326,7 +357,8 @@ class RunCache:
             self.terms.clear()
             self.magnitudes.clear()
             self.history_mechs.clear()
-            self.fractions.clear()
+            self.unit_bounds.clear()
+            self.exact_steps.clear()
             self.content_keys.clear()
             self.bounds.clear()
             self.first_hashes.clear()
@@ -622,9 +654,10 @@ class _GroupAfter:
     run, not once per chunk nor per output.
     """
 
-    #: The exact loss after each output (by output index) computed ahead, for the chunk's
+    #: The bounds of the exact loss after each output (by output index; :func:`~app.engine.
+    #: likelihood.exact_bounds`, the only use of the loss) computed ahead, for the chunk's
     #: drawn outputs at once (:func:`_losses_ahead`); an output missing here is computed alone.
-    losses: dict[int, Fraction]
+    losses: dict[int, LossBounds]
     basic_total: str
     f0_account: str
     #: The group's state (``group.snapshot.state``) and its exact form (``state.exact``).
@@ -696,18 +729,20 @@ def _losses_ahead(
     histories: list[ExactLoss] = []
     outputs: list[Output] = []
     owners: list[int] = []
-    targets: list[tuple[dict[int, Fraction], int]] = []
-    fractions = cache.fractions
+    targets: list[tuple[dict[int, LossBounds], int]] = []
+    unit_bounds = cache.unit_bounds
     for n, (history, shared, need) in enumerate(needs):
         losses = shared.losses
         found_units = None if units is None else units[n]
         if found_units is not None:  # every output's loss, once for the run
             row, denominator = found_units
             for at, units_at in enumerate(row):
-                loss = fractions.get((units_at, denominator))
-                if loss is None:
-                    loss = fractions[(units_at, denominator)] = Fraction(units_at, denominator)
-                losses[at] = loss
+                bounds = unit_bounds.get((units_at, denominator))
+                if bounds is None:
+                    bounds = unit_bounds[(units_at, denominator)] = cache.exact_bounds(
+                        Fraction(units_at, denominator)
+                    )
+                losses[at] = bounds
             shared.complete = True
             continue
         owner = len(histories)
@@ -721,8 +756,9 @@ def _losses_ahead(
     found = mech.exact_losses_after(histories, outputs, owners)
     if found is None:
         return
+    bounds_of = cache.exact_bounds
     for (losses, at), loss in zip(targets, found, strict=True):
-        losses[at] = loss
+        losses[at] = bounds_of(loss)
 
 
 def _exact_advance(
@@ -753,7 +789,10 @@ def _exact_advance(
             return None
         shared = _group_after(number, group, state, domain, cache)
     state, form = shared.state, shared.exact
-    term = cache.term(domain, mech, output)
+    step = cache.exact_steps.get((domain, output))
+    if step is None:
+        step = cache.exact_step(domain, mech, output)
+    term = step.term
     # the next form's canonical bytes from the group's (one count row moved), the form itself
     # built only for a content not met yet or a loss not computed ahead
     canonical = None if term.exact is None else form.canonical_after(term.exact)
@@ -774,32 +813,33 @@ def _exact_advance(
             if exact_bytes is None:
                 exact = exact or _exact_with(form, term, canonical)
                 exact_bytes = exact.to_bytes()
-            err = state.error_after(cache.magnitude(domain, term), term.extra_error)
-            build = work.building[key] = _Build(key, state, term, exact_bytes, err)
-        stored = StoredState(key, b"", build.err)
+            err = state.error_after(step.magnitude, term.extra_error)
+            # the advance's state (no bytes) built once per new state, kept on its build: a
+            # named tuple by ``tuple.__new__`` (its ``__new__`` is a Python call)
+            stored = tuple.__new__(StoredState, (key, b"", err))
+            work.building[key] = tuple.__new__(_Build, (state, term, exact_bytes, stored))
+        else:
+            stored = build.stored
     elif stored is None:
         after = recorded(group.snapshot, group.decision, mech, output, worker)
         assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
         stored = cache.contents[key] = StoredState(key, after.state.to_bytes(), after.state.err)
-    ahead = shared.losses.get(output_index(output))
-    if ahead is None:
-        ahead = (exact or _exact_with(form, term, canonical)).loss()
-    loss = cache.exact_bounds(ahead)
+    loss = shared.losses.get(output_index(output))
+    if loss is None:
+        loss = cache.exact_bounds((exact or _exact_with(form, term, canonical)).loss())
     history_hash = decided.history_hash
     columns = {
         "state_hash": key,
         "state_pending": 0,
-        "history_hash": cache.first_hash(domain, mech, output)
-        if history_hash is None
-        else cache.history_step(domain, mech, output)(history_hash),
+        "history_hash": step.first if history_hash is None else step.after(history_hash),
         "loss_lower": loss.lower,
         "loss_upper": loss.upper,
         "basic_total": shared.basic_total,
         "f0_account": shared.f0_account,
     }
     if stored.state:  # the advance names the state; its bytes stay in the chunk's gained ones
-        stored = StoredState(key, b"", stored.err)
-    return Advance(columns, stored, by_content=True)
+        stored = tuple.__new__(StoredState, (key, b"", stored.err))
+    return tuple.__new__(Advance, (columns, stored, True))  # Advance(columns, stored, True)
 
 
 def _exact_with(exact: ExactLoss, term: Term, canonical: bytes) -> ExactLoss:
@@ -1061,17 +1101,29 @@ def _answer_by_history(
         pick = _answer(work, mech, query_text, output_text, mine.columns, rows, pick=pick)
 
 
+class _ExactStep(NamedTuple):
+    """What an exact advance needs of one output of a domain (:meth:`RunCache.exact_step`)."""
+
+    term: Term
+    #: ``term.magnitude`` (:meth:`RunCache.magnitude`).
+    magnitude: float
+    #: The history hash after the output of an empty history (:meth:`RunCache.first_hash`).
+    first: str
+    #: The history hash after the output, of the one before (:meth:`RunCache.history_step`).
+    after: Callable[[str | None], str]
+
+
 class _Build(NamedTuple):
     """A new exact state of a chunk whose array is still to compute (:func:`_build_states`)."""
 
-    key: str
     #: The decision group's state, and the output's term recorded on it.
     state: LikelihoodState
     term: Term
-    #: The new state's exact form's bytes (:meth:`ExactLoss.to_bytes`) and error bound
-    #: (:meth:`LikelihoodState.applied`'s).
+    #: The new state's exact form's bytes (:meth:`ExactLoss.to_bytes`).
     exact: bytes
-    err: float
+    #: The state without its bytes (what the advances name): its key and error bound
+    #: (:meth:`LikelihoodState.applied`'s).
+    stored: StoredState
 
 
 def _build_states(work: _Chunk, cache: RunCache) -> None:
@@ -1088,28 +1140,47 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
     batches: dict[tuple[tuple[int, ...], tuple[int, ...]], list[_Build]] = defaultdict(list)
     for build in work.building.values():
         batches[(build.state.logp.shape, build.term.axes)].append(build)
+    contents, gained, new = cache.contents, work.gained, tuple.__new__
     for (shape, axes), builds in batches.items():
-        logp = np.stack([b.state.logp for b in builds])
-        terms = np.stack([b.term.values for b in builds])
-        spread = [len(builds)] + [1] * len(shape)
+        count = len(builds)
+        # ``np.stack`` of equal shapes is their concatenation along a new first axis: the same
+        # array, without stack's per-array view (one of each state and term per new state)
+        logp = _stacked([b.state.logp for b in builds], count, shape)
+        spread = [count] + [1] * len(shape)
         for axis in axes:
             spread[axis + 1] = shape[axis]
+        terms = _stacked([b.term.values for b in builds], count, builds[0].term.values.shape)
         logp += terms.reshape(spread)
-        logp -= logp.reshape(len(builds), -1).max(axis=1).reshape([len(builds)] + [1] * len(shape))
+        logp -= logp.reshape(count, -1).max(axis=1).reshape([count] + [1] * len(shape))
         if logp.dtype != _LITTLE_F8:  # to_bytes's little-endian float64 (native here: no copy)
             logp = logp.astype(_LITTLE_F8)
         for build, array in zip(builds, logp, strict=True):
-            data = array.tobytes() + MAGIC + build.exact
-            cache.contents[build.key] = StoredState(build.key, data, build.err)
-    for key, (state, count) in work.gained.items():
-        if not state.state and key in work.building:
-            work.gained[key] = (cache.contents[key], count)
+            # the row's bytes, the marker and the exact part copied once (``tobytes`` and two
+            # concatenations copied the array's three times)
+            stored = build.stored
+            key = stored.key
+            full = contents[key] = new(
+                StoredState, (key, b"".join((array, MAGIC, build.exact)), stored.err)
+            )
+            counted = gained.get(key)
+            if counted is not None and not counted[0].state:  # named by the chunk's answers
+                gained[key] = (full, counted[1])
     work.building.clear()
     cache.advances.update(work.advances_built)
     work.advances_built.clear()
 
 
 _LITTLE_F8 = np.dtype("<f8")
+
+
+def _stacked(
+    arrays: list[npt.NDArray[Any]], count: int, shape: tuple[int, ...]
+) -> npt.NDArray[Any]:
+    """``np.stack(arrays)`` of ``count`` arrays of ``shape`` (a new array, C order)."""
+    if not shape:  # zero-dimensional: nothing to concatenate along
+        return np.stack(arrays)
+    return np.concatenate(arrays).reshape((count, *shape))
+
 
 #: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
 FOLDED = "folded:"

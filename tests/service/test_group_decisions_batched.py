@@ -22,7 +22,7 @@ import pytest
 
 from app.engine.domain import parse_domain
 from app.engine.filters import FilterKind
-from app.engine.likelihood import LikelihoodState
+from app.engine.likelihood import LikelihoodState, exact_bounds
 from app.engine.limits import EngineLimits
 from app.engine.mechanisms import parse_query
 from app.services import survey_runs
@@ -176,8 +176,9 @@ def _same_snapshot(got: GroupAccepted, want: GroupAccepted) -> bool:
 def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
     """The exact loss after each (group, output), read from what each history keeps.
 
-    A group's losses after every output are computed once per run (or kept by its decision,
-    ``evaluate_many``'s exact candidates) and read by each chunk that draws an output of it
+    Kept as its bounds (``exact_bounds``, the exact value among them). A group's losses after
+    every output are computed once per run (or kept by its decision, ``evaluate_many``'s exact
+    candidates) and read by each chunk that draws an output of it
     (``survey_runs._losses_ahead``): each must be ``with_term(...).loss()`` of that output, in
     the first chunk meeting the group (which learns every output's) and in a later one, whether
     the group was decided by basic composition (nothing kept) or by its exact candidates.
@@ -218,7 +219,9 @@ def test_losses_ahead_equal_each_output_alone(seed: int) -> None:
         losses = cache.after[n].losses
         for y in outputs:
             want = exact.with_term(mech.exact_term(y))  # type: ignore[union-attr,arg-type]
-            assert losses[y] == want.loss(), (n, y)
+            # kept as its bounds (the only use of the loss), the exact value among them
+            assert losses[y] == exact_bounds(want.loss()), (n, y)
+            assert losses[y].value == want.loss(), (n, y)
 
 
 @pytest.mark.parametrize("seed", range(3))
