@@ -1145,11 +1145,11 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
         count = len(builds)
         # ``np.stack`` of equal shapes is their concatenation along a new first axis: the same
         # array, without stack's per-array view (one of each state and term per new state)
-        logp = _stacked([b.state.logp for b in builds], count, shape)
+        logp = _stacked([b.state.logp for b in builds])
         spread = [count] + [1] * len(shape)
         for axis in axes:
             spread[axis + 1] = shape[axis]
-        terms = _stacked([b.term.values for b in builds], count, builds[0].term.values.shape)
+        terms = _stacked([b.term.values for b in builds])
         logp += terms.reshape(spread)
         logp -= logp.reshape(count, -1).max(axis=1).reshape([count] + [1] * len(shape))
         if logp.dtype != _LITTLE_F8:  # to_bytes's little-endian float64 (native here: no copy)
@@ -1173,13 +1173,12 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
 _LITTLE_F8 = np.dtype("<f8")
 
 
-def _stacked(
-    arrays: list[npt.NDArray[Any]], count: int, shape: tuple[int, ...]
-) -> npt.NDArray[Any]:
-    """``np.stack(arrays)`` of ``count`` arrays of ``shape`` (a new array, C order)."""
+def _stacked(arrays: list[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+    """``np.stack(arrays)`` of arrays of one shape (a new array, C order)."""
+    shape = arrays[0].shape
     if not shape:  # zero-dimensional: nothing to concatenate along
         return np.stack(arrays)
-    return np.concatenate(arrays).reshape((count, *shape))
+    return np.concatenate(arrays).reshape((len(arrays), *shape))
 
 
 #: Marks a decision group of pending members keyed by their folded state (:func:`_fold_pending`).
