@@ -565,16 +565,22 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
     def recorded(object_id: str, key: str) -> Any:
         return submit_result(runtime.road.submit(object_id, key))
 
-    def read(object_id: str, key: str) -> Any:
-        """The submit's read alone (as SyncRoad.submit reads), the answer from the row read."""
+    def load_row(object_id: str, key: str) -> Any:
+        """The submit's read in a transaction of its own (as SyncRoad.submit reads): the
+        object's row (``LookupError`` if there is none)."""
         from app.store import objects as object_store
         from app.store.base import submitting
 
-        with runtime.locks.hold(object_id), submitting(runtime.engine) as conn:
+        with submitting(runtime.engine) as conn:
             found = object_store.load_for_submit(conn, object_id=object_id, key=key)
         if found is None:
             raise LookupError("no such object")
-        row = found[0]
+        return found[0]
+
+    def read(object_id: str, key: str) -> Any:
+        """The submit's read alone (as SyncRoad.submit reads), the answer from the row read."""
+        with runtime.locks.hold(object_id):
+            row = load_row(object_id, key)
         return submit_result(ap.answer_body(row, row.accepted + 1, 4242, datetime.now(UTC)))
 
     def unnamed(object_id: str, key: str) -> Any:
@@ -608,18 +614,11 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
         the accepted write's statement built."""
         from contextlib import ExitStack
 
-        from app.store import objects as object_store
-        from app.store.base import submitting
-
         road = runtime.road
         held = ExitStack()
         held.enter_context(road.locks.hold(object_id))
         try:
-            with submitting(road.engine) as conn:
-                found = object_store.load_for_submit(conn, object_id=object_id, key=key)
-            if found is None:
-                raise LookupError("no such object")
-            row = found[0]
+            row = load_row(object_id, key)
             inputs = ap.accept_inputs(row, key, road.key_id, row.state or ap._FIRST_STATE)
             return held, row, inputs, accept_statement(inputs)
         except BaseException:
@@ -643,17 +642,10 @@ def fastapi_app(step: str, url: str, redis_url: str) -> Any:
         """SyncRoad.submit with the accepted write handed to the worker's :class:`Committer`:
         the lock held and the row read as the sql rung's, the request thread waiting for the
         batch's commit (so a worker's batch is at most its request threads)."""
-        from app.store import objects as object_store
-        from app.store.base import submitting
-
         road = runtime.road
         with road.locks.hold(object_id):
             for _ in range(ap.ATTEMPTS):
-                with submitting(road.engine) as conn:
-                    found = object_store.load_for_submit(conn, object_id=object_id, key=key)
-                if found is None:
-                    raise LookupError("no such object")
-                row = found[0]
+                row = load_row(object_id, key)
                 state = row.state or ap._FIRST_STATE
                 inputs = ap.accept_inputs(row, key, road.key_id, state)
                 query_id = runtime.committer.write(object_id, inputs)
