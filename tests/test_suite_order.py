@@ -99,3 +99,41 @@ def test_the_concurrency_servers_start_once_per_lock_mode() -> None:
         holding = [share for share in shares if any(f"[{mode}]" in t for t in share)]
         assert len(holding) == 1, (mode, shares)
         assert sum(f"[{mode}]" in t for t in holding[0]) == 4
+
+
+def collected(*args: str) -> list[str]:
+    """The node ids a ``-n 3`` run of the suite would order, as ``pytest --collect-only``."""
+    done = subprocess.run(  # noqa: S603 - pytest of our venv collecting files of the suite
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *args],
+        cwd=ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "GATEKEEPER_TEST_CPU"},
+            "PYTEST_XDIST_WORKER_COUNT": "3",
+        },
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+def test_the_longest_tests_head_the_shares() -> None:
+    """The tests marked ``longest`` come before every other slow test, one to each share in
+    turn: under ``-n 3`` each process starts with one of them (collected here with other
+    files' slow tests ahead of them in collection order)."""
+    files = [
+        "tests/service/test_concurrency.py",
+        "tests/service/test_faults.py",
+        "tests/service/test_schemathesis.py",
+        "tests/service/test_schemathesis_cli.py",
+    ]
+    longest = collected("-m", "longest", *files)
+    assert len(longest) >= 3
+    order = collected(*files)
+    assert set(longest) <= set(order)
+    heads = {share[0] for share in worksteal_shares(order, 3)}
+    assert len(heads) == 3, heads
+    assert heads <= set(longest), heads
+    for share in worksteal_shares(order, 3):
+        mine = [t for t in share if t in longest]
+        assert share[: len(mine)] == mine, share[:5]
