@@ -43,8 +43,8 @@ typecheck: $(STAMP)
 # session's merges"). One BLAS thread per test process: BLAS threads on top slow the suite
 # down and inflate the CPU-time checks of the search's time limits.
 # worksteal: a process that is done takes queued tests from the other one, which may be held
-# for minutes by one long test (tests/conftest.py deals the slow tests to the head of each
-# process's share, the few marked `longest` first, one to each process)
+# for minutes by one long test (tests/conftest.py puts half of the slow tests first in each
+# process's share)
 # PYTHONDONTWRITEBYTECODE emptied: the suite starts hundreds of Python processes (gatekeeper
 # commands, servers and their workers, spawned pools); where the environment sets it (this
 # project's CI machine does) each of them compiled app/ from source again, and each pytest

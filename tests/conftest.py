@@ -65,12 +65,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     into N contiguous shares, and the slow tests are dealt to N. Stable: within each group the
     collection order stays. Without xdist the order is simply slow, fast, slow, fast.
 
-    The few tests of minutes, marked ``longest`` (and ``slow``), are dealt before every other
-    slow test, one to each share in turn, so each starts as its process starts: dealt in
-    collection order with the rest, the schemathesis tests were the 81st of their shares' 85
-    slow tests and began minutes into the run, their end setting the run's (docs/benchmarks.md,
-    "Twentysecond session, h/ciwall").
-
     Slow tests marked ``shared_fixtures`` that share a module's fixture (with the same
     parameter, such as a lock mode) are dealt together, to one share: dealt one by one, each
     process that ran one of them set the fixture up again (``test_concurrency.py``: a 4-worker
@@ -78,11 +72,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
     fast = [item for item in items if item.get_closest_marker("slow") is None]
-    unmarked = [i.nodeid for i in fast if i.get_closest_marker("longest") is not None]
-    if unmarked:
-        raise pytest.UsageError(f"marked longest but not slow: {', '.join(unmarked)}")
-    longest = [item for item in slow if item.get_closest_marker("longest") is not None]
-    slow = longest + [item for item in slow if item.get_closest_marker("longest") is None]
     processes = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 2)
     items[:] = dealt(slow, fast, processes, group=fixture_group)
 

@@ -618,7 +618,6 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 
 
 # --- scenarios ----------------------------------------------------------------------------------
-@pytest.mark.longest
 def test_sigkill_workers_mid_submit(
     postgres_url: str, redis_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -200,7 +200,6 @@ def run_schemathesis(database_url: str, examples: int) -> tuple[Counter[str], li
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 @pytest.mark.slow
-@pytest.mark.longest
 def test_openapi_contract(backend: str, request: pytest.FixtureRequest) -> None:
     """Every check passes on every generated request, and each operation got its examples."""
     examples = EXAMPLES

@@ -64,7 +64,6 @@ def config_toml(examples: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.longest
 def test_the_command_line_with_every_check_finds_nothing(postgres_url: str, tmp_path: Path) -> None:
     key = _run_key(postgres_url)
     # the command line is what is tested, not the server's process: the app on a thread of
