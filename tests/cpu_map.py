@@ -14,12 +14,15 @@ in every pytest process, xdist's workers included). Each test appends one JSON l
   first forkserver child (:mod:`app.worker.children`) and lives as long as the process, so it
   is never reaped: without this its children (the survey children) would count as 0 s, being
   the forkserver's children, not the pytest process's;
-* ``call``: the process's CPU over the call phase alone; ``wall``: the whole test's wall time.
+* ``call``: the process's CPU over the call phase alone; ``wall``: the whole test's wall time;
+* ``start``, ``end``: when the test began and ended (Unix time, s): the processes' lines share a
+  clock, so a run's timeline (which test ran when, what ended last) can be read from them.
 
 Each process also appends one ``{"session": ...}`` line when its session ends, with its CPU
-since it started (imports and collection included) and its reaped children's: the controller's
-children are the xdist workers, so its line holds the whole run's CPU (PostgreSQL's aside) but
-for the workers' forkservers (re-parented when a worker exits: in the workers' lines alone).
+since it started (imports and collection included), its reaped children's and its ``end`` (Unix
+time): the controller's children are the xdist workers, so its line holds the whole run's CPU
+(PostgreSQL's aside) but for the workers' forkservers (re-parented when a worker exits: in the
+workers' lines alone).
 
 Not counted: PostgreSQL's and Redis's CPU (other processes, never children of the suite),
 children still running or not reaped when the process ends (a forkserver's children too: they
@@ -28,7 +31,9 @@ count when the forkserver reaps them), and the xdist controller's tests
 charged to the test that sets them up or tears them down, so the per-file sums are the figure
 to read for fixtures of module scope.
 
-``python -m tests.cpu_map path.jsonl [--top N]`` prints the total and the top files and tests.
+``python -m tests.cpu_map path.jsonl [--top N]`` prints the total and the top files and tests;
+``--timeline`` prints instead when each process's tests ended and when the ``--top`` longest tests
+(by wall) started and ended, in seconds before the last test's end: the run's critical path.
 """
 
 from __future__ import annotations
@@ -91,7 +96,8 @@ class CpuMap:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Generator[None, None, None]:
-        wall, own, children, server = (
+        start, wall, own, children, server = (
+            time.time(),
             time.monotonic(),
             _cpu(resource.RUSAGE_SELF),
             _cpu(resource.RUSAGE_CHILDREN),
@@ -111,6 +117,8 @@ class CpuMap:
                 "forkserver": round(served, 4),
                 "call": round(call, 4),
                 "wall": round(time.monotonic() - wall, 4),
+                "start": round(start, 3),
+                "end": round(time.time(), 3),
             }
         )
 
@@ -127,6 +135,7 @@ class CpuMap:
                 "cpu": round(_cpu(resource.RUSAGE_SELF), 4),
                 "children": round(_cpu(resource.RUSAGE_CHILDREN) + _forkserver_cpu()[1], 4),
                 "wall": round(time.monotonic() - self.start_wall, 4),
+                "end": round(time.time(), 3),
             }
         )
 
@@ -195,13 +204,41 @@ def summary(tests: Iterable[dict[str, Any]], sessions: Iterable[dict[str, Any]],
     return "\n".join(out)
 
 
+def timeline(tests: Iterable[dict[str, Any]], top: int) -> str:
+    """Each process's test span and the ``top`` longest tests' start and end, relative to the
+    last test's end (lines of maps written before ``start`` and ``end`` existed are skipped)."""
+    tests = [t for t in tests if "start" in t]
+    if not tests:
+        return "no line with start and end times"
+    first, last = min(t["start"] for t in tests), max(t["end"] for t in tests)
+    out = [f"{len(tests)} tests from the first start to the last end: {last - first:.1f} s", ""]
+    out.append("per process: tests, wall summed s, first start s, last end s (before the end)")
+    by_worker: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for t in tests:
+        by_worker[t["worker"]].append(t)
+    for worker, mine in sorted(by_worker.items()):
+        began, ended = min(t["start"] for t in mine), max(t["end"] for t in mine)
+        out.append(
+            f"  {worker:5s} {len(mine):5d}  {sum(t['wall'] for t in mine):8.1f}  "
+            f"{last - began:8.1f}  {last - ended:8.1f}"
+        )
+    out += ["", f"top {top} tests by wall: wall s, started s and ended s before the end, process"]
+    for t in sorted(tests, key=lambda t: -t["wall"])[:top]:
+        out.append(
+            f"  {t['wall']:8.1f}  {last - t['start']:8.1f}  {last - t['end']:8.1f}  "
+            f"{t['worker']:5s} {t['test']}"
+        )
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("path")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--timeline", action="store_true", help="when the tests ran, not CPU")
     args = parser.parse_args()
     tests, sessions = read(args.path)
-    print(summary(tests, sessions, args.top))
+    print(timeline(tests, args.top) if args.timeline else summary(tests, sessions, args.top))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cpu_map import ENV, read, summary
+from tests.cpu_map import ENV, read, summary, timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,6 +77,9 @@ def test_each_test_gets_a_line_with_its_cpu(tmp_path: Path) -> None:
     assert own["children"] < 0.05
     assert child["children"] >= 0.25  # the reaped child's CPU
     assert own["wall"] >= 0.25
+    for t in (own, child):  # one clock for every process's lines
+        assert t["start"] < t["end"] <= main_end(out)
+        assert t["end"] - t["start"] >= 0.25
     assert all(t["file"] == "test_sample.py" for t in tests)
     assert {t["worker"] for t in tests} <= {"gw0", "gw1"}
     # a session line per process: xdist's controller and its two workers
@@ -88,6 +91,15 @@ def test_each_test_gets_a_line_with_its_cpu(tmp_path: Path) -> None:
     assert "2 tests:" in text
     assert "test_sample.py::test_own" in text
     assert json.loads(out.read_text().splitlines()[0])  # JSON lines
+    line = timeline(tests, 5)
+    assert "2 tests from the first start to the last end" in line
+    assert "test_sample.py::test_child" in line
+
+
+def main_end(out: Path) -> float:
+    """The controller's session end: after every worker's test."""
+    _, sessions = read(str(out))
+    return float(next(s["end"] for s in sessions if s["session"] == "main"))
 
 
 #: a test whose child is forked by the process's forkserver (as the survey children are)
