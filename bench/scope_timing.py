@@ -26,8 +26,10 @@ dry-run; ``load_for_submit``: a submit) is called in the scope ``{team: mine}`` 
 connection, in pairs of two ids in an order drawn at random (``perf_counter`` around each call).
 Per row: the two medians (µs), the median of the differences within pairs, the two-sample
 Kolmogorov-Smirnov test's p (as the HTTP test's) and the paired Wilcoxon signed-rank test's p.
-The last rows time the same functions on the ``in`` object, in the scope and unscoped (an
-admin's read). The load average is printed before and after.
+Then an ids cohort's check (:func:`app.store.surveys.unknown_ids`, ``--pairs`` / 10 pairs): the
+ids of ``--cohort`` objects of the population (all out of scope) against as many missing ids.
+The last rows time the functions on the ``in`` object, in the scope and unscoped (an admin's
+read). The load average is printed before and after.
 """
 
 from __future__ import annotations
@@ -158,6 +160,30 @@ def run_backend(name: str, url: str, ids: dict[str, str], args: argparse.Namespa
                     f"{1e6 * statistics.median(diffs):+8.2f} {ks_2samp(ta, tb).pvalue:7.3f} "
                     f"{wilcoxon(diffs).pvalue:10.4f}"
                 )
+        # an ids cohort's check: as many ids of objects out of scope as missing ones
+        from app.store.surveys import unknown_ids
+
+        step = max(1, args.objects // args.cohort)
+        cohorts = {
+            "out": [f"scope-a-{n:06d}" for n in range(0, args.objects, step)][: args.cohort],
+            "missing": [f"scope-a-{n:06d}y" for n in range(0, args.objects, step)][: args.cohort],
+        }
+        assert unknown_ids(conn, cohorts["out"], SCOPE) == cohorts["out"]  # noqa: S101
+        ta, tb = timed_pairs(
+            lambda name, scope: unknown_ids(conn, cohorts[name], scope),
+            "out",
+            "missing",
+            max(1, args.pairs // 10),
+            rng,
+        )
+        conn.rollback()
+        diffs = [x - y for x, y in zip(ta, tb, strict=True)]
+        print(
+            f"{name:<9} {'unknown_ids':<16} {f'{args.cohort} ids':<14} "
+            f"{1e6 * statistics.median(ta):8.2f} {1e6 * statistics.median(tb):8.2f} "
+            f"{1e6 * statistics.median(diffs):+8.2f} {ks_2samp(ta, tb).pvalue:7.3f} "
+            f"{wilcoxon(diffs).pvalue:10.4f}  (a: out of scope, b: missing)"
+        )
         for fname, call in functions.items():
             scoped, unscoped = [], []
             for _ in range(args.pairs // 2):
@@ -177,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--pairs", type=int, default=5000, help="pairs per row (5,000)")
     parser.add_argument("--objects", type=int, default=1000, help="population (1,000)")
+    parser.add_argument("--cohort", type=int, default=100, help="ids per cohort check (100)")
     parser.add_argument("--backends", default="sqlite,postgres")
     parser.add_argument("--seed", type=int, default=1)
     sl.add_scratch_args(parser, db_prefix="scope_timing_")

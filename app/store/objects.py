@@ -9,7 +9,7 @@ built once at import time.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
@@ -36,13 +36,14 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.sql.elements import BindParameter
-from sqlalchemy.sql.expression import Executable
+from sqlalchemy.sql.expression import Executable, FromClause, Subquery
 from sqlalchemy.sql.util import ClauseAdapter
 
 from app import crypto
 from app.db.models import ObjectCount, ProtectedObject, RejectionRecord
 from app.engine.limits import MIN_EPSILON, NEAR_EXHAUSTION_FRACTION
 from app.store import compiled
+from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
 from app.store.queries import QUERIES, StoredAnswer
@@ -168,28 +169,40 @@ _LOAD_FOR_SUBMIT = _READ_FOR_SUBMIT.where(_BY_ID)
 _LOAD_FOR_SUBMIT_PG = compiled.Compiled.of(_LOAD_FOR_SUBMIT, binary=True)
 
 
-_OWN = OBJECTS.alias("own")
-_DECOY = OBJECTS.alias("decoy")
-_ASKED = select(bindparam("object_id", type_=OBJECTS.c.id.type).label("id")).subquery("asked")
-#: The id whose row a scoped read reads: ``object_id``'s own if there is such an object, else the
-#: decoy's (:func:`_decoy`, a registered object's id). Two index probes whatever the id names, of
-#: which exactly one finds an entry: ``object_id`` (found or not), then the decoy if it was not
-#: found, or else ``''`` (never an id: found by nobody). Then :func:`_scoped` reads that one row
-#: and judges its labels. An object out of scope and a missing id so cost the same work: an
-#: object's own row read where a missing id ended at the index's miss was measurably slower
-#: (docs/reliability.md "Timing").
-_TARGET = (
-    select(func.coalesce(_OWN.c.id, _DECOY.c.id))
-    .select_from(
-        _ASKED.outerjoin(_OWN, _OWN.c.id == _ASKED.c.id).outerjoin(
-            _DECOY,
-            _DECOY.c.id
-            == case((_OWN.c.id.is_(None), bindparam("decoy", type_=Text)), else_=literal("")),
-        )
+def _probes(asked: Subquery) -> tuple[FromClause, ColumnElement[str]]:
+    """``asked`` (ids, a column ``id``) joined to two index probes each, and the id to read.
+
+    Two probes whatever an id names, of which exactly one finds an entry: the id (found or
+    not), then the decoy (:func:`_decoy`, a registered object's id) if it was not found, or
+    else ``''`` (never an id: found by nobody). The id to read is the id's own if there is
+    such an object, else the decoy's; :func:`_kept` then judges that one row. An object out
+    of scope and a missing id so cost the same work: an object's own row read where a missing
+    id ended at the index's miss was measurably slower (docs/reliability.md "Timing").
+    """
+    own, decoy = OBJECTS.alias("own"), OBJECTS.alias("decoy")
+    instead = case((own.c.id.is_(None), bindparam("decoy", type_=Text)), else_=literal(""))
+    joined = asked.outerjoin(own, own.c.id == asked.c.id).outerjoin(decoy, decoy.c.id == instead)
+    return joined, func.coalesce(own.c.id, decoy.c.id)
+
+
+def _kept(names: tuple[str, ...], asked: ColumnElement[str]) -> ColumnElement[bool]:
+    """The row read (:func:`_probes`) is the ``asked`` id's own and carries the scope's labels.
+
+    The labels are compared first, on whichever row was read, and the id after them
+    (``CASE WHEN <labels> THEN id END = <asked>``): the decoy's row is judged by the same work
+    as the object's own (an ``AND`` could end at the id, before reading any label). The
+    label values are parameters :func:`_scope_parameter`.
+    """
+    labels = label_conditions(
+        [(name, bindparam(_scope_parameter(i), type_=Text)) for i, name in enumerate(names)]
     )
-    .correlate(None)
-    .scalar_subquery()
-)
+    return case((and_(true(), *labels), OBJECTS.c.id)) == asked
+
+
+_ASKED = select(bindparam("object_id", type_=OBJECTS.c.id.type).label("id")).subquery("asked")
+_PROBED, _TARGET_ID = _probes(_ASKED)
+#: The id whose row a scoped read of ``object_id`` reads (:func:`_probes`).
+_TARGET = select(_TARGET_ID).select_from(_PROBED).correlate(None).scalar_subquery()
 #: The most scoped reads kept (:func:`_in_scope`): one per read and tuple of label names a
 #: project scope has; more are built again when needed (a scope's names come from a project's
 #: configuration, not from a request).
@@ -220,20 +233,10 @@ def _scope_parameter(i: int) -> str:
 
 
 def _scoped(read: Select[Any], names: tuple[str, ...]) -> Select[Any]:
-    """``read`` of the row :data:`_TARGET` names, kept only if it is ``object_id``'s and in scope.
-
-    The scope's labels are compared first, on whichever row was read, and the id after them
-    (``CASE WHEN <labels> THEN id END = :object_id``): the decoy's row is judged by the same
-    work as the object's own (an ``AND`` could end at the id, before reading any label).
-    The label values are parameters :func:`_scope_parameter`.
-    """
-    labels = label_conditions(
-        [(name, bindparam(_scope_parameter(i), type_=Text)) for i, name in enumerate(names)]
+    """``read`` of the row :data:`_TARGET` names, kept if it is ``object_id``'s and in scope."""
+    return read.where(
+        OBJECTS.c.id == _TARGET, _kept(names, bindparam("object_id", type_=OBJECTS.c.id.type))
     )
-    kept = case((and_(true(), *labels), OBJECTS.c.id)) == bindparam(
-        "object_id", type_=OBJECTS.c.id.type
-    )
-    return read.where(OBJECTS.c.id == _TARGET, kept)
 
 
 def _in_scope(
@@ -252,6 +255,38 @@ def _in_scope(
         found = _scoped_reads[read, names] = _scoped(read, names)
     values = {_scope_parameter(i): value for i, (_, value) in enumerate(scope)}
     return found, {**values, "decoy": _decoy(conn)}
+
+
+_scoped_among: dict[tuple[bool, tuple[str, ...]], Select[Any]] = {}
+
+
+def ids_in_scope(conn: Tx, ids: Sequence[str], scope: Iterable[tuple[str, str]]) -> Iterator[str]:
+    """Those of ``ids`` that name an object in ``scope`` (an ids cohort's check).
+
+    Each id costs what a missing one does when its object is out of scope (:func:`_probes`):
+    a cohort of many ids would otherwise add up their differences.
+    """
+    pairs = list(scope)
+    postgres = is_postgres(conn)
+    names = tuple(name for name, _ in pairs)
+    statement = _scoped_among.get((postgres, names))
+    if statement is None:
+        if len(_scoped_among) >= _SCOPED_KEPT:
+            _scoped_among.clear()
+        asked = ids_.listed(postgres=postgres)
+        probed, target = _probes(asked)
+        statement = (
+            select(asked.c.id)
+            .select_from(probed.join(OBJECTS, OBJECTS.c.id == target))
+            .where(_kept(names, asked.c.id))
+        )
+        _scoped_among[postgres, names] = statement
+    values = {_scope_parameter(i): value for i, (_, value) in enumerate(pairs)}
+    values["decoy"] = _decoy(conn)
+    for part in ids_.batches(ids, size=ids_.per_statement(postgres)):
+        listed = ids_.listed_parameter(part, postgres=postgres)
+        for row in conn.execute(statement, {"ids": listed, **values}):
+            yield str(row.id)
 
 
 def _compiled_load(
