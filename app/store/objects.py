@@ -36,7 +36,7 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.sql.elements import BindParameter
-from sqlalchemy.sql.expression import Executable, FromClause, Subquery
+from sqlalchemy.sql.expression import Executable, FromClause
 from sqlalchemy.sql.util import ClauseAdapter
 
 from app import crypto
@@ -169,10 +169,10 @@ _LOAD_FOR_SUBMIT = _READ_FOR_SUBMIT.where(_BY_ID)
 _LOAD_FOR_SUBMIT_PG = compiled.Compiled.of(_LOAD_FOR_SUBMIT, binary=True)
 
 
-def _probes(asked: Subquery) -> tuple[FromClause, ColumnElement[str]]:
-    """``asked`` (ids, a column ``id``) joined to two index probes each, and the id to read.
+def _probes(start: FromClause, asked: ColumnElement[str]) -> tuple[FromClause, ColumnElement[str]]:
+    """``start`` (one row) joined to two index probes for the ``asked`` id, and the id to read.
 
-    Two probes whatever an id names, of which exactly one finds an entry: the id (found or
+    Two probes whatever the id names, of which exactly one finds an entry: the id (found or
     not), then the decoy (:func:`_decoy`, a registered object's id) if it was not found, or
     else ``''`` (never an id: found by nobody). The id to read is the id's own if there is
     such an object, else the decoy's; :func:`_kept` then judges that one row. An object out
@@ -181,26 +181,31 @@ def _probes(asked: Subquery) -> tuple[FromClause, ColumnElement[str]]:
     """
     own, decoy = OBJECTS.alias("own"), OBJECTS.alias("decoy")
     instead = case((own.c.id.is_(None), bindparam("decoy", type_=Text)), else_=literal(""))
-    joined = asked.outerjoin(own, own.c.id == asked.c.id).outerjoin(decoy, decoy.c.id == instead)
+    joined = start.outerjoin(own, own.c.id == asked).outerjoin(decoy, decoy.c.id == instead)
     return joined, func.coalesce(own.c.id, decoy.c.id)
 
 
-def _kept(names: tuple[str, ...], asked: ColumnElement[str]) -> ColumnElement[bool]:
-    """The row read (:func:`_probes`) is the ``asked`` id's own and carries the scope's labels.
+def _judged(names: tuple[str, ...]) -> ColumnElement[str]:
+    """The row's id if it carries the scope's labels, else NULL: ``CASE WHEN <labels> THEN id``.
 
-    The labels are compared first, on whichever row was read, and the id after them
-    (``CASE WHEN <labels> THEN id END = <asked>``): the decoy's row is judged by the same work
-    as the object's own (an ``AND`` could end at the id, before reading any label). The
-    label values are parameters :func:`_scope_parameter`.
+    The labels are compared first, on whichever row was read (:func:`_probes`), and the id
+    after them (:func:`_kept`): the decoy's row is judged by the same work as the object's own
+    (an ``AND`` could end at the id, before reading any label). The label values are
+    parameters :func:`_scope_parameter`.
     """
     labels = label_conditions(
         [(name, bindparam(_scope_parameter(i), type_=Text)) for i, name in enumerate(names)]
     )
-    return case((and_(true(), *labels), OBJECTS.c.id)) == asked
+    return case((and_(true(), *labels), OBJECTS.c.id))
+
+
+def _kept(names: tuple[str, ...], asked: ColumnElement[str]) -> ColumnElement[bool]:
+    """The row read (:func:`_probes`) is the ``asked`` id's own and carries the scope's labels."""
+    return _judged(names) == asked
 
 
 _ASKED = select(bindparam("object_id", type_=OBJECTS.c.id.type).label("id")).subquery("asked")
-_PROBED, _TARGET_ID = _probes(_ASKED)
+_PROBED, _TARGET_ID = _probes(_ASKED, _ASKED.c.id)
 #: The id whose row a scoped read of ``object_id`` reads (:func:`_probes`).
 _TARGET = select(_TARGET_ID).select_from(_PROBED).correlate(None).scalar_subquery()
 #: The most scoped reads kept (:func:`_in_scope`): one per read and tuple of label names a
@@ -258,6 +263,7 @@ def _in_scope(
 
 
 _scoped_among: dict[tuple[bool, tuple[str, ...]], Select[Any]] = {}
+_ONE = select(literal(1).label("one")).subquery("one")
 
 
 def ids_in_scope(conn: Tx, ids: Sequence[str], scope: Iterable[tuple[str, str]]) -> Iterator[str]:
@@ -274,12 +280,18 @@ def ids_in_scope(conn: Tx, ids: Sequence[str], scope: Iterable[tuple[str, str]])
         if len(_scoped_among) >= _SCOPED_KEPT:
             _scoped_among.clear()
         asked = ids_.listed(postgres=postgres)
-        probed, target = _probes(asked)
-        statement = (
-            select(asked.c.id)
+        # each id's single read (its probes, its row, its labels judged) in a subquery run
+        # once per id: never the ids joined to the objects as a set (a hash or merge join
+        # probes the index for all the ids at once and leaves the decoy's probe as the one
+        # difference, or judges the labels of every object)
+        probed, target = _probes(_ONE, asked.c.id)
+        judged = (
+            select(_judged(names))
             .select_from(probed.join(OBJECTS, OBJECTS.c.id == target))
-            .where(_kept(names, asked.c.id))
+            .correlate(asked)
+            .scalar_subquery()
         )
+        statement = select(asked.c.id).where(judged == asked.c.id)
         _scoped_among[postgres, names] = statement
     values = {_scope_parameter(i): value for i, (_, value) in enumerate(pairs)}
     values["decoy"] = _decoy(conn)

@@ -438,20 +438,21 @@ def _plan_work(conn: Any, sql: str, params: dict[str, Any]) -> tuple[int, int]:
 def test_out_of_scope_and_missing_touch_the_same_buffers(
     client: TestClient, world: World, database_url: str
 ) -> None:
-    """The timing test's cause, counted (PostgreSQL): each scoped read of one object — a
-    dry-run's load, a submit's, the object view's (``get_object``: odometers, histories) —
-    touches as many buffers for an object out of scope as for a missing id, and keeps no row.
-    Before h/scope the out-of-scope read touched one more: the object's heap page.
+    """The timing test's cause, counted (PostgreSQL): each scoped read — a dry-run's load, a
+    submit's, the object view's (``get_object``: odometers, histories) and an ids cohort's
+    check — touches as many buffers for an object out of scope as for a missing id, and keeps
+    no row. Before h/scope the out-of-scope read touched one more: the object's heap page.
 
     A fresh object is the decoy a missing id reads in its place; ``VACUUM`` first, once no
     survey of the module is running, so that no page's visibility changes between the runs.
-    (Not an ids cohort's check: on a small table PostgreSQL joins its ids to ``objects`` by a
-    hash, and then the decoy's probe is the one difference — docs/reliability.md "Timing".)
+    The reads are planned as on a table of more than a few pages (``enable_seqscan`` off):
+    this module's dozen objects fit in three pages, which PostgreSQL scans rather than probes.
     """
     if not database_url.startswith("postgresql"):
         pytest.skip("buffer counts are PostgreSQL's (EXPLAIN ANALYZE BUFFERS)")
     from app.db.session import make_engine
     from app.store import objects
+    from app.store.surveys import unknown_ids
 
     decoy = _register(client, {"team": world.other_team, "site": unique_id("decoy")})
     _settled_surveys(client, world)
@@ -460,6 +461,7 @@ def test_out_of_scope_and_missing_touch_the_same_buffers(
     try:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.exec_driver_sql("VACUUM objects")
+            conn.exec_driver_sql("SET enable_seqscan = off")
             objects._decoys[engine] = decoy  # the row a missing id reads in its place
             runs: list[tuple[str, Callable[[str], dict[str, Any]]]] = []
             for read, unscoped in (
@@ -478,6 +480,9 @@ def test_out_of_scope_and_missing_touch_the_same_buffers(
             runs.append(
                 (str(text), lambda oid, c=text, v=values: {**c.params, **v, "object_id": oid})
             )
+            assert unknown_ids(conn, [world.ids[OUT]], scope) == [world.ids[OUT]]
+            among = objects._scoped_among[True, ("team",)].compile(dialect=conn.dialect)
+            runs.append((str(among), lambda oid, c=among, v=values: {**c.params, **v, "ids": oid}))
             for sql, params in runs:
                 out = _plan_work(conn, sql, params(world.ids[OUT]))
                 missing = _plan_work(conn, sql, params(world.ids[MISSING]))
