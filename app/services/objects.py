@@ -438,8 +438,8 @@ def register_object(
 def load_object(conn: Tx, object_id: str, scope: Scope | None = None) -> ObjectRecord:
     """The object's public columns, or :class:`~app.services.errors.NotFound`.
 
-    An object outside ``scope`` is not found, exactly as a missing one: the scope is a condition
-    of the one ``SELECT``, which finds no row either way (same problem, same work).
+    An object outside ``scope`` is not found, exactly as a missing one: the one ``SELECT``
+    finds no row either way, after the same work (:func:`app.store.objects.get_object`).
     """
     # an id that could never have been registered (e.g. a NUL byte, which PostgreSQL rejects)
     labels = None if scope is None else scope.labels

@@ -1,9 +1,10 @@
 """A project key's scope (issue 25): the labels every object it sees must carry.
 
 Out of scope is not found: the scope's labels are SQL conditions of the one ``SELECT`` that
-reads an object by id (no row, as for a missing id: the same answer after the same work), of
-every listing, total and cohort (:func:`app.store.objects.scope_conditions`); :func:`admits`
-checks a row read once more.
+reads an object by id (no row, as for a missing id: the same answer after the same work — a
+missing id's read reads another object's row and labels in its place, ``app.store.objects``
+``_TARGET``), of every listing, total and cohort (:func:`app.store.objects.scope_conditions`);
+:func:`admits` checks a row read once more.
 """
 
 from __future__ import annotations

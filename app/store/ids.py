@@ -30,12 +30,13 @@ many or large (stored likelihood arrays) may be run on psycopg directly on Postg
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Delete, Select, String, Update, any_, bindparam, func
+from sqlalchemy import Delete, Select, String, Subquery, Update, any_, bindparam, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.sql.expression import ColumnElement, Executable
+from sqlalchemy.sql.expression import ColumnElement, Executable, literal_column
 
 from app.store import compiled
 from app.store.base import Tx, is_postgres
@@ -55,6 +56,24 @@ def among(column: ColumnElement[Any], *, postgres: bool, name: str = "ids") -> C
         split = func.string_to_array(bindparam(name, type_=String), "\n", type_=ARRAY(String))
         return column == any_(split)
     return column.in_(bindparam(name, expanding=True))
+
+
+def listed(*, postgres: bool, name: str = "ids") -> Subquery:
+    """The keys of the parameter ``name`` as rows: a subquery ``listed`` of one column ``id``.
+
+    Bind it with :func:`listed_parameter`: on PostgreSQL the keys joined by newlines (as
+    :func:`among`'s), on SQLite a JSON array (``json_each``: one host parameter).
+    """
+    if postgres:
+        split = func.string_to_array(bindparam(name, type_=String), "\n", type_=ARRAY(String))
+        return select(func.unnest(split).label("id")).subquery("listed")
+    rows = func.json_each(bindparam(name, type_=String))
+    return select(literal_column("value", String).label("id")).select_from(rows).subquery("listed")
+
+
+def listed_parameter(keys: Sequence[str], *, postgres: bool) -> str:
+    """The value of :func:`listed`'s parameter for ``keys`` (at most one statement's worth)."""
+    return "\n".join(keys) if postgres else json.dumps(list(keys))
 
 
 def parameter(keys: Sequence[str], *, postgres: bool) -> str | list[str]:

@@ -8,7 +8,8 @@ built once at import time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from decimal import Decimal
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Select,
     Table,
     Text,
+    and_,
     bindparam,
     case,
     delete,
@@ -32,15 +34,16 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.sql.elements import BindParameter
-from sqlalchemy.sql.expression import Executable
+from sqlalchemy.sql.expression import Executable, FromClause
 from sqlalchemy.sql.util import ClauseAdapter
 
 from app import crypto
 from app.db.models import ObjectCount, ProtectedObject, RejectionRecord
 from app.engine.limits import MIN_EPSILON, NEAR_EXHAUSTION_FRACTION
 from app.store import compiled
+from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT
 from app.store.queries import QUERIES, StoredAnswer
@@ -132,74 +135,188 @@ _DECISION_COLUMNS = tuple(
     for f in fields(ObjectState)
 )
 _WITH_STATE = OBJECTS.outerjoin(STATES, STATES.c.hash == OBJECTS.c.state_hash)
-#: The object's row and its stored likelihood array (finite domains), in one statement.
-_LOAD_STATE = (
-    select(*_DECISION_COLUMNS)
-    .select_from(_WITH_STATE)
-    .where(OBJECTS.c.id == bindparam("object_id"))
-)
+#: The condition of an unscoped read of one object: its id (a scoped read: :func:`_in_scope`).
+_BY_ID = OBJECTS.c.id == bindparam("object_id")
+#: The object's row and its stored likelihood array (finite domains), before :data:`_BY_ID`.
+_READ_STATE = select(*_DECISION_COLUMNS).select_from(_WITH_STATE)
+#: The object's row and its stored likelihood array, in one statement.
+_LOAD_STATE = _READ_STATE.where(_BY_ID)
 #: :data:`_LOAD_STATE` on psycopg, in binary format (as :data:`_LOAD_FOR_SUBMIT_PG`).
 _LOAD_STATE_PG = compiled.Compiled.of(_LOAD_STATE, binary=True)
 #: The same, with the rejection stored under a submit's Idempotency-Key (unique on
 #: ``(object, key)``: at most one row joins): a submit reads both in one round trip.
-_LOAD_FOR_SUBMIT = (
-    select(
-        *_DECISION_COLUMNS,
-        QUERIES.c.id.label("answer_id"),
-        func.coalesce(QUERIES.c.analyst_key_id, _REJECTIONS.c.analyst_key_id).label("owner"),
-        func.coalesce(QUERIES.c.fingerprint, _REJECTIONS.c.fingerprint).label("fingerprint"),
-        func.coalesce(QUERIES.c.response, _REJECTIONS.c.response).label("response"),
+_READ_FOR_SUBMIT = select(
+    *_DECISION_COLUMNS,
+    QUERIES.c.id.label("answer_id"),
+    func.coalesce(QUERIES.c.analyst_key_id, _REJECTIONS.c.analyst_key_id).label("owner"),
+    func.coalesce(QUERIES.c.fingerprint, _REJECTIONS.c.fingerprint).label("fingerprint"),
+    func.coalesce(QUERIES.c.response, _REJECTIONS.c.response).label("response"),
+).select_from(
+    _WITH_STATE.outerjoin(
+        _REJECTIONS,
+        (_REJECTIONS.c.object_id == OBJECTS.c.id)
+        & (_REJECTIONS.c.idempotency_key == bindparam("key")),
+    ).outerjoin(
+        QUERIES,
+        (QUERIES.c.object_id == OBJECTS.c.id) & (QUERIES.c.idempotency_key == bindparam("key")),
     )
-    .select_from(
-        _WITH_STATE.outerjoin(
-            _REJECTIONS,
-            (_REJECTIONS.c.object_id == OBJECTS.c.id)
-            & (_REJECTIONS.c.idempotency_key == bindparam("key")),
-        ).outerjoin(
-            QUERIES,
-            (QUERIES.c.object_id == OBJECTS.c.id) & (QUERIES.c.idempotency_key == bindparam("key")),
-        )
-    )
-    .where(OBJECTS.c.id == bindparam("object_id"))
 )
+_LOAD_FOR_SUBMIT = _READ_FOR_SUBMIT.where(_BY_ID)
 #: :data:`_LOAD_FOR_SUBMIT` run on psycopg directly (:mod:`app.store.compiled`): a single
 #: submit's load without SQLAlchemy's execution context and result (the columns' types still
 #: process the row; the value is left as stored, see :class:`PrivateValue`), in PostgreSQL's
 #: binary format (the likelihood array as its bytes, not as twice as many hex digits).
 _LOAD_FOR_SUBMIT_PG = compiled.Compiled.of(_LOAD_FOR_SUBMIT, binary=True)
-#: The most scoped loads kept compiled (:func:`_compiled_load`): one per statement and tuple of
-#: label names a project scope has; more are compiled again when needed (a scope's names come
-#: from a project's configuration, not from a request).
+
+
+def _probes(start: FromClause, asked: ColumnElement[str]) -> tuple[FromClause, ColumnElement[str]]:
+    """``start`` (one row) joined to two index probes for the ``asked`` id, and the id to read.
+
+    Two probes whatever the id names, of which exactly one finds an entry: the id (found or
+    not), then the decoy (:func:`_decoy`, a registered object's id) if it was not found, or
+    else ``''`` (never an id: found by nobody). The id to read is the id's own if there is
+    such an object, else the decoy's; :func:`_kept` then judges that one row. An object out
+    of scope and a missing id so cost the same work: an object's own row read where a missing
+    id ended at the index's miss was measurably slower (docs/reliability.md "Timing").
+    """
+    own, decoy = OBJECTS.alias("own"), OBJECTS.alias("decoy")
+    instead = case((own.c.id.is_(None), bindparam("decoy", type_=Text)), else_=literal(""))
+    joined = start.outerjoin(own, own.c.id == asked).outerjoin(decoy, decoy.c.id == instead)
+    return joined, func.coalesce(own.c.id, decoy.c.id)
+
+
+def _judged(names: tuple[str, ...]) -> ColumnElement[str]:
+    """The row's id if it carries the scope's labels, else NULL: ``CASE WHEN <labels> THEN id``.
+
+    The labels are compared first, on whichever row was read (:func:`_probes`), and the id
+    after them (:func:`_kept`): the decoy's row is judged by the same work as the object's own
+    (an ``AND`` could end at the id, before reading any label). The label values are
+    parameters :func:`_scope_parameter`.
+    """
+    labels = label_conditions(
+        [(name, bindparam(_scope_parameter(i), type_=Text)) for i, name in enumerate(names)]
+    )
+    return case((and_(true(), *labels), OBJECTS.c.id))
+
+
+def _kept(names: tuple[str, ...], asked: ColumnElement[str]) -> ColumnElement[bool]:
+    """The row read (:func:`_probes`) is the ``asked`` id's own and carries the scope's labels."""
+    return _judged(names) == asked
+
+
+_ASKED = select(bindparam("object_id", type_=OBJECTS.c.id.type).label("id")).subquery("asked")
+_PROBED, _TARGET_ID = _probes(_ASKED, _ASKED.c.id)
+#: The id whose row a scoped read of ``object_id`` reads (:func:`_probes`).
+_TARGET = select(_TARGET_ID).select_from(_PROBED).correlate(None).scalar_subquery()
+#: The most scoped reads kept (:func:`_in_scope`): one per read and tuple of label names a
+#: project scope has; more are built again when needed (a scope's names come from a project's
+#: configuration, not from a request).
 _SCOPED_KEPT = 64
-_scoped_loads: dict[tuple[Select[Any], tuple[str, ...]], compiled.Compiled] = {}
+_scoped_reads: dict[tuple[Select[Any], tuple[str, ...]], Select[Any]] = {}
+_scoped_compiled: dict[Select[Any], compiled.Compiled] = {}
+#: Per database, the id of a registered object (:func:`_decoy`).
+_decoys: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
+_FIRST_ID = select(func.min(OBJECTS.c.id))
+
+
+def _decoy(conn: Tx) -> str:
+    """A registered object's id, read once per database (objects are never deleted).
+
+    ``''`` while there is none (read again on the next call): with no object, none is hidden.
+    """
+    found = _decoys.get(conn.engine)
+    if found is None:
+        found = conn.execute(_FIRST_ID).scalar()
+        if found is None:
+            return ""
+        _decoys[conn.engine] = found
+    return found
 
 
 def _scope_parameter(i: int) -> str:
     return f"scope_value_{i}"
 
 
-def _compiled_load(
-    statement: Select[Any], unscoped: compiled.Compiled, scope: list[tuple[str, str]] | None
-) -> tuple[compiled.Compiled, dict[str, str]]:
-    """``statement`` (a load) in ``scope``, compiled for psycopg (binary), and the scope's values.
+def _scoped(read: Select[Any], names: tuple[str, ...]) -> Select[Any]:
+    """``read`` of the row :data:`_TARGET` names, kept if it is ``object_id``'s and in scope."""
+    return read.where(
+        OBJECTS.c.id == _TARGET, _kept(names, bindparam("object_id", type_=OBJECTS.c.id.type))
+    )
 
-    ``unscoped``: ``statement`` compiled, for no scope. The label names are part of the
-    statement's text (one compiled statement per tuple of names), their values are its
-    parameters :func:`_scope_parameter` (:func:`label_conditions` compares a label with each).
+
+def _in_scope(
+    conn: Tx, read: Select[Any], scope: list[tuple[str, str]]
+) -> tuple[Select[Any], dict[str, str]]:
+    """``read`` (one of ``object_id``'s) in ``scope`` (:func:`_scoped`), and its parameters.
+
+    The parameters beside ``object_id``: the scope's values and the decoy (:func:`_decoy`).
+    """
+    names = tuple(name for name, _ in scope)
+    found = _scoped_reads.get((read, names))
+    if found is None:
+        if len(_scoped_reads) >= _SCOPED_KEPT:
+            _scoped_reads.clear()
+            _scoped_compiled.clear()
+        found = _scoped_reads[read, names] = _scoped(read, names)
+    values = {_scope_parameter(i): value for i, (_, value) in enumerate(scope)}
+    return found, {**values, "decoy": _decoy(conn)}
+
+
+_scoped_among: dict[tuple[bool, tuple[str, ...]], Select[Any]] = {}
+_ONE = select(literal(1).label("one")).subquery("one")
+
+
+def ids_in_scope(conn: Tx, ids: Sequence[str], scope: Iterable[tuple[str, str]]) -> Iterator[str]:
+    """Those of ``ids`` that name an object in ``scope`` (an ids cohort's check).
+
+    Each id costs what a missing one does when its object is out of scope (:func:`_probes`):
+    a cohort of many ids would otherwise add up their differences.
+    """
+    pairs = list(scope)
+    postgres = is_postgres(conn)
+    names = tuple(name for name, _ in pairs)
+    statement = _scoped_among.get((postgres, names))
+    if statement is None:
+        if len(_scoped_among) >= _SCOPED_KEPT:
+            _scoped_among.clear()
+        asked = ids_.listed(postgres=postgres)
+        # each id's single read (its probes, its row, its labels judged) in a subquery run
+        # once per id: never the ids joined to the objects as a set (a hash or merge join
+        # probes the index for all the ids at once and leaves the decoy's probe as the one
+        # difference, or judges the labels of every object)
+        probed, target = _probes(_ONE, asked.c.id)
+        judged = (
+            select(_judged(names))
+            .select_from(probed.join(OBJECTS, OBJECTS.c.id == target))
+            .correlate(asked)
+            .scalar_subquery()
+        )
+        statement = select(asked.c.id).where(judged == asked.c.id)
+        _scoped_among[postgres, names] = statement
+    values = {_scope_parameter(i): value for i, (_, value) in enumerate(pairs)}
+    values["decoy"] = _decoy(conn)
+    for part in ids_.batches(ids, size=ids_.per_statement(postgres)):
+        listed = ids_.listed_parameter(part, postgres=postgres)
+        for row in conn.execute(statement, {"ids": listed, **values}):
+            yield str(row.id)
+
+
+def _compiled_load(
+    conn: Tx, read: Select[Any], unscoped: compiled.Compiled, scope: list[tuple[str, str]] | None
+) -> tuple[compiled.Compiled, dict[str, str]]:
+    """``read`` (a load) in ``scope``, compiled for psycopg (binary), and the scope's values.
+
+    ``unscoped``: ``read`` by :data:`_BY_ID`, compiled, for no scope. The label names are part
+    of the statement's text (one compiled statement per tuple of names), their values are its
+    parameters (:func:`_in_scope`).
     """
     if scope is None:
         return unscoped, {}
-    names = tuple(name for name, _ in scope)
-    found = _scoped_loads.get((statement, names))
+    statement, values = _in_scope(conn, read, scope)
+    found = _scoped_compiled.get(statement)
     if found is None:
-        if len(_scoped_loads) >= _SCOPED_KEPT:
-            _scoped_loads.clear()
-        conditions = label_conditions(
-            [(name, bindparam(_scope_parameter(i), type_=Text)) for i, name in enumerate(names)]
-        )
-        found = compiled.Compiled.of(statement.where(*conditions), binary=True)
-        _scoped_loads[statement, names] = found
-    return found, {_scope_parameter(i): value for i, (_, value) in enumerate(scope)}
+        found = _scoped_compiled[statement] = compiled.Compiled.of(statement, binary=True)
+    return found, values
 
 
 # Built once: statements with literal ``.values(...)`` are rebuilt and re-keyed for the compiled
@@ -224,17 +341,18 @@ def load_state(
 ) -> ObjectState | None:
     """The object as a decision reads it (one ``SELECT``), or None if there is none.
 
-    With ``scope``: None also when the object is outside it — the same statement finds no row,
-    so an object out of scope costs what a missing one does.
+    With ``scope``: None also when the object is outside it — the statement reads one row and
+    its labels whether the id names an object or not (:func:`_scoped`), so an object out of
+    scope costs what a missing one does.
     """
     pairs = None if scope is None else list(scope)
     params = {"object_id": object_id}
     if is_postgres(conn):  # psycopg's row in binary format, typed as below
-        statement, values = _compiled_load(_LOAD_STATE, _LOAD_STATE_PG, pairs)
+        statement, values = _compiled_load(conn, _READ_STATE, _LOAD_STATE_PG, pairs)
         row = compiled.fetch_one(conn, statement, {**params, **values})
     else:
-        scoped = _LOAD_STATE if pairs is None else _LOAD_STATE.where(*label_conditions(pairs))
-        found = conn.execute(scoped, params).one_or_none()
+        scoped, values = (_LOAD_STATE, {}) if pairs is None else _in_scope(conn, _READ_STATE, pairs)
+        found = conn.execute(scoped, {**params, **values}).one_or_none()
         row = None if found is None else tuple(found)
     return None if row is None else _state(row)
 
@@ -258,18 +376,19 @@ def load_for_submit(
     The answer is an accepted query's (its ``query_id`` set) or a rejection's (``query_id``
     None): a key has at most one (a rejected key's retries replay it and are never accepted, an
     accepted key's are never rejected; each table is unique on ``(object, key)``). None when
-    there is no such object (or it is outside ``scope``); without a key, no answer.
+    there is no such object (or it is outside ``scope``, at the same cost: :func:`load_state`);
+    without a key, no answer.
     """
     pairs = None if scope is None else list(scope)
     params = {"object_id": object_id, "key": key}
     if is_postgres(conn):  # the hot path: psycopg's row in binary format, typed as below
-        statement, values = _compiled_load(_LOAD_FOR_SUBMIT, _LOAD_FOR_SUBMIT_PG, pairs)
+        statement, values = _compiled_load(conn, _READ_FOR_SUBMIT, _LOAD_FOR_SUBMIT_PG, pairs)
         row = compiled.fetch_one(conn, statement, {**params, **values})
     else:
-        scoped = (
-            _LOAD_FOR_SUBMIT if pairs is None else _LOAD_FOR_SUBMIT.where(*label_conditions(pairs))
+        scoped, values = (
+            (_LOAD_FOR_SUBMIT, {}) if pairs is None else _in_scope(conn, _READ_FOR_SUBMIT, pairs)
         )
-        found = conn.execute(scoped, params).one_or_none()
+        found = conn.execute(scoped, {**params, **values}).one_or_none()
         row = None if found is None else tuple(found)
     if row is None:
         return None
@@ -358,7 +477,8 @@ _RECORD_COLUMNS = [
 ]
 #: The columns of a record that are the row's own (``domain`` is read through its hash).
 _RECORD_FIELDS = [f.name for f in fields(ObjectRecord) if f.name != "domain"]
-_GET = select(*_RECORD_COLUMNS).where(OBJECTS.c.id == bindparam("object_id"))
+_READ_RECORD = select(*_RECORD_COLUMNS)
+_GET = _READ_RECORD.where(_BY_ID)
 _RETIRE = (
     update(OBJECTS)
     .where(OBJECTS.c.id == bindparam("object_id"), OBJECTS.c.retired_at.is_(None))
@@ -371,9 +491,12 @@ _RETIRE = (
 def get_object(
     conn: Tx, *, object_id: str, scope: Iterable[tuple[str, str]] | None = None
 ) -> ObjectRecord | None:
-    """The object's public columns, or None if there is none (or it is outside ``scope``)."""
-    statement = _GET if scope is None else _GET.where(*label_conditions(scope))
-    found = conn.execute(statement, {"object_id": object_id}).one_or_none()
+    """The object's public columns, or None if there is none (or it is outside ``scope``).
+
+    Out of scope costs what a missing id does (:func:`_scoped`).
+    """
+    statement, values = (_GET, {}) if scope is None else _in_scope(conn, _READ_RECORD, list(scope))
+    found = conn.execute(statement, {"object_id": object_id, **values}).one_or_none()
     return None if found is None else ObjectRecord(**found._mapping)
 
 
@@ -399,7 +522,7 @@ def label_conditions(
 ) -> list[ColumnElement[bool]]:
     """SQL conditions: the object carries every ``name: value`` given (all must hold).
 
-    A value may be a parameter (a compiled scoped load binds the values at each execution).
+    A value may be a parameter (a scoped read binds the values at each execution: :func:`_scoped`).
     """
     pairs = labels.items() if isinstance(labels, Mapping) else labels
     return [OBJECTS.c.labels[name].as_string() == value for name, value in pairs]

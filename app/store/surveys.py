@@ -37,7 +37,7 @@ from app.store import bulk, compiled
 from app.store import ids as ids_
 from app.store.base import Tx, is_postgres
 from app.store.domains import DOMAIN_TEXT, domain_texts
-from app.store.objects import ScopeLabels, label_conditions, scope_conditions
+from app.store.objects import ScopeLabels, ids_in_scope, label_conditions, scope_conditions
 
 _OBJECTS = cast(Table, ProtectedObject.__table__)
 _SURVEYS = cast(Table, Survey.__table__)
@@ -373,11 +373,18 @@ def _labelled(labels: Mapping[str, str]) -> ColumnElement[bool]:
     return and_(*label_conditions(labels))
 
 
+_KNOWN_IDS = ids_.where_among(select(_OBJECTS.c.id), _OBJECTS.c.id)
+
+
 def unknown_ids(conn: Tx, ids: Sequence[str], scope: ScopeLabels = None) -> list[str]:
-    """The ids of ``ids`` that name no registered object (in ``scope``), in their order."""
-    statement = select(_OBJECTS.c.id).where(*scope_conditions(scope))
-    statements = ids_.where_among(statement, _OBJECTS.c.id)
-    known = {row.id for row in ids_.rows_among(conn, statements, ids)}
+    """The ids of ``ids`` that name no registered object (in ``scope``), in their order.
+
+    An id out of ``scope`` costs what a missing one does (:func:`app.store.objects.ids_in_scope`).
+    """
+    if scope is None:
+        known = {row.id for row in ids_.rows_among(conn, _KNOWN_IDS, ids)}
+    else:
+        known = set(ids_in_scope(conn, ids, scope))
     return [i for i in ids if i not in known]
 
 

@@ -428,6 +428,70 @@ def test_out_of_scope_and_missing_take_the_same_time(client: TestClient, world: 
     assert result.pvalue > 0.01, summary
 
 
+def _plan_work(conn: Any, sql: str, params: dict[str, Any]) -> tuple[int, int]:
+    """The buffers a statement's run touches (hit or read: EXPLAIN ANALYZE) and its rows."""
+    plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", params).scalar()
+    top = plan[0]["Plan"]
+    return top["Shared Hit Blocks"] + top["Shared Read Blocks"], top["Actual Rows"]
+
+
+def test_out_of_scope_and_missing_touch_the_same_buffers(
+    client: TestClient, world: World, database_url: str
+) -> None:
+    """The timing test's cause, counted (PostgreSQL): each scoped read — a dry-run's load, a
+    submit's, the object view's (``get_object``: odometers, histories) and an ids cohort's
+    check — touches as many buffers for an object out of scope as for a missing id, and keeps
+    no row. Before h/scope the out-of-scope read touched one more: the object's heap page.
+
+    A fresh object is the decoy a missing id reads in its place; ``VACUUM`` first, once no
+    survey of the module is running, so that no page's visibility changes between the runs.
+    The reads are planned as on a table of more than a few pages (``enable_seqscan`` off):
+    this module's dozen objects fit in three pages, which PostgreSQL scans rather than probes.
+    """
+    if not database_url.startswith("postgresql"):
+        pytest.skip("buffer counts are PostgreSQL's (EXPLAIN ANALYZE BUFFERS)")
+    from app.db.session import make_engine
+    from app.store import objects
+    from app.store.surveys import unknown_ids
+
+    decoy = _register(client, {"team": world.other_team, "site": unique_id("decoy")})
+    _settled_surveys(client, world)
+    engine = make_engine(database_url, pool_size=1, max_overflow=0)
+    scope = [("team", world.team)]
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.exec_driver_sql("VACUUM objects")
+            conn.exec_driver_sql("SET enable_seqscan = off")
+            objects._decoys[engine] = decoy  # the row a missing id reads in its place
+            runs: list[tuple[str, Callable[[str], dict[str, Any]]]] = []
+            for read, unscoped in (
+                (objects._READ_STATE, objects._LOAD_STATE_PG),
+                (objects._READ_FOR_SUBMIT, objects._LOAD_FOR_SUBMIT_PG),
+            ):
+                load, values = objects._compiled_load(conn, read, unscoped, scope)
+                runs.append(
+                    (
+                        load.text,
+                        lambda oid, c=load, v=values: c.params({"object_id": oid, "key": "k", **v}),
+                    )
+                )
+            get, values = objects._in_scope(conn, objects._READ_RECORD, scope)
+            text = get.compile(dialect=conn.dialect)
+            runs.append(
+                (str(text), lambda oid, c=text, v=values: {**c.params, **v, "object_id": oid})
+            )
+            assert unknown_ids(conn, [world.ids[OUT]], scope) == [world.ids[OUT]]
+            among = objects._scoped_among[True, ("team",)].compile(dialect=conn.dialect)
+            runs.append((str(among), lambda oid, c=among, v=values: {**c.params, **v, "ids": oid}))
+            for sql, params in runs:
+                out = _plan_work(conn, sql, params(world.ids[OUT]))
+                missing = _plan_work(conn, sql, params(world.ids[MISSING]))
+                assert out == missing, (sql, out, missing)
+                assert out[1] == 0
+    finally:
+        engine.dispose()
+
+
 def _settled_surveys(client: TestClient, world: World) -> dict[str, Any]:
     """The survey listing once no survey of the module's earlier tests is queued or running.
 
