@@ -436,11 +436,13 @@ class SlowLink:
     before a retry had been replayed.
     """
 
-    def __init__(self, upstream: tuple[str, int], delay: float) -> None:
+    def __init__(self, upstream: tuple[str, int], delay: float, db: str = "0") -> None:
         self.upstream = upstream
         self.delay = delay
         self._listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/0"
+        # the test run's database number (GATEKEEPER_TEST_REDIS_URL's), not always 0: runs
+        # beside each other on one Redis keep to their own databases
+        self.url = f"redis://127.0.0.1:{self._listener.getsockname()[1]}/{db}"
         self._closed = threading.Event()
         threading.Thread(target=self._accept, name="slow-link", daemon=True).start()
 
@@ -630,7 +632,11 @@ def test_sigkill_workers_mid_submit(
     through a :class:`SlowLink` (``SLOW_LINK_DELAY`` per reply; the lock is released after the
     commit), so that a kill often lands after a commit."""
     target = urlsplit(redis_url)
-    link = SlowLink((target.hostname or "127.0.0.1", target.port or 6379), SLOW_LINK_DELAY)
+    link = SlowLink(
+        (target.hostname or "127.0.0.1", target.port or 6379),
+        SLOW_LINK_DELAY,
+        db=target.path.strip("/") or "0",
+    )
     hooks: dict[str, str] = {}
     if COMMIT_DELAY > 0:
         paths = [str(HOOKS), *filter(None, [os.environ.get("PYTHONPATH")])]
