@@ -38,7 +38,6 @@ from typing import Any
 import httpx
 import pytest
 
-from app.db.migrate import upgrade
 from app.db.session import make_engine
 from app.engine.accountant import Accountant
 from app.engine.domain import parse_domain
@@ -372,17 +371,18 @@ def test_server_log_has_no_errors(server: Server) -> None:
 
 
 @contextmanager
-def _fresh_database() -> Iterator[str]:
-    """A new, migrated PostgreSQL database (like the ``postgres_url`` fixture), dropped after."""
+def _fresh_database(template: str) -> Iterator[str]:
+    """A new, migrated PostgreSQL database, dropped after: like the ``postgres_url`` fixture, a
+    copy of the test process's migrated ``template`` (what the migration wrote: the schema and
+    ``alembic_version``, no key, no object), without migrating again at each attempt."""
     import psycopg
 
     admin = POSTGRES_URL.replace("postgresql+psycopg://", "postgresql://")
     name = "gk_test_" + secrets.token_hex(6)
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     try:
         url = admin.rsplit("/", 1)[0] + "/" + name
-        upgrade(url)
         yield url
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
@@ -392,7 +392,11 @@ def _fresh_database() -> Iterator[str]:
 STARTUP_ATTEMPTS = 3
 
 
-def test_first_start_of_several_workers(postgres_url: str, redis_url: str, tmp_path: Path) -> None:
+def test_first_start_of_several_workers(
+    _postgres_template: str,  # noqa: PT019 - its value is used: the template's name
+    redis_url: str,
+    tmp_path: Path,
+) -> None:
     """``gatekeeper serve --workers 4`` with a bootstrap admin key on a fresh database starts.
 
     Every worker runs ``ensure_bootstrap_admin`` in its lifespan at the same moment; all four
@@ -400,7 +404,7 @@ def test_first_start_of_several_workers(postgres_url: str, redis_url: str, tmp_p
     later). A race, so the start is tried on up to three fresh databases.
     """
     for attempt in range(STARTUP_ATTEMPTS):
-        with _fresh_database() as url:
+        with _fresh_database(_postgres_template) as url:
             folder = tmp_path / f"start{attempt}"
             folder.mkdir()
             srv = start_server(folder, database_url=url, redis_url=redis_url, workers=WORKERS)

@@ -18,7 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.bootstrap import create_app
-from app.services.auth import KeyCache, Role
+from app.services.auth import KeyCache, RevocationListener, Role
 from tests.service import factories
 from tests.service.conftest import ADMIN_KEY, auth, make_settings, new_key
 from tests.service.factories import grr_query, integer_domain
@@ -340,6 +340,31 @@ def test_with_redis_a_revocation_reaches_every_worker_at_once(
     assert a.get("/v1/odometers", headers=auth(secret)).status_code == 401
     # b cached the key for 300 s: only the announcement can make it refuse the key now
     assert _refused_within(b, secret, 1.0) < 1.0
+
+
+def test_the_listener_stops_at_once_and_its_wake_up_forgets_no_key(redis_url: str) -> None:
+    """A process's shutdown stops its listener; the thread waits for a message up to 0.5 s at a
+    time, and every app with Redis (each server worker, each in-process app of the tests) waited
+    that out at its shutdown until ``stop`` woke it (an empty message on a channel of its own)."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    try:
+        took = []
+        for _ in range(3):
+            cache = KeyCache(300.0)
+            listener = RevocationListener(client, cache).start()
+            assert listener.subscribed.wait(5.0)  # (subscribing clears the cache)
+            cache.put("h1", 1, Role.ANALYST, generation=cache.generation)
+            time.sleep(0.1)  # it has read the subscriptions' confirmations: it waits for a message
+            started = time.monotonic()
+            listener.stop()
+            took.append(time.monotonic() - started)
+            assert not listener._thread.is_alive()
+            assert cache.get("h1") == (1, Role.ANALYST)  # the wake-up named no key
+        assert min(took) < 0.3, took
+    finally:
+        client.close()
 
 
 def test_with_redis_a_revocation_on_the_command_line_reaches_the_workers(
