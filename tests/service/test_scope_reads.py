@@ -30,7 +30,9 @@ import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select, text
@@ -327,3 +329,83 @@ def test_a_retired_or_new_version_decoy_changes_no_answer(
             assert record.data_version == 2
     finally:
         objects._decoys.pop(engine, None)
+
+
+def _project_key(client: TestClient, team: str, role: str) -> dict[str, str]:
+    name = "p-" + secrets.token_hex(4)
+    body = {"name": name, "scope": {"labels": {"team": team}}, "quota": {"epsilon": 10_000}}
+    r = client.post("/v1/projects", headers=auth(ADMIN_KEY), json=body)
+    assert r.status_code == 201, r.text
+    r = client.post("/v1/keys", headers=auth(ADMIN_KEY), json={"role": role, "project": name})
+    assert r.status_code == 201, r.text
+    return auth(str(r.json()["key"]))
+
+
+def _masked(r: httpx.Response, oid: str) -> bytes:
+    """The body, the id named in it (a cohort's 422: quoted in ``detail``, in ``unknown_ids``)
+    replaced: a 404's body names no id."""
+    return r.content.replace(f"'{oid}'".encode(), b"<id>").replace(f'"{oid}"'.encode(), b"<id>")
+
+
+@pytest.mark.parametrize("scope", ["decoy-in-scope", "decoy-out-of-scope"])
+def test_http_reads_of_tricky_ids_answer_as_missing(
+    client: TestClient, engine: Engine, objs: Objects, scope: str
+) -> None:
+    """Through HTTP, with a project key whose scope holds the decoy (min id) or not: every
+    object route finds exactly the objects of the scope (the row its own: ``id`` in the body),
+    and every other id — out of scope, the decoy out of scope, a case or space variant, a
+    wildcard — gets the missing id's 404 byte for byte; an ids cohort of it (an id the API
+    accepts) the missing id's 422, the id aside. An object in scope is answered byte for byte
+    as to an admin key, which sees every registered object."""
+    from app.services.schemas import ID_PATTERN
+
+    team = objs.team if scope == "decoy-in-scope" else objs.other
+    viewer, analyst = _project_key(client, team, "viewer"), _project_key(client, team, "analyst")
+    missing = "missing-" + secrets.token_hex(4)
+    # "" is no path segment, and the API cannot show labels that are not strings (its own
+    # objects never have any): the store's tests above read those
+    odd = {"", objs.ids["number"], objs.ids["true"], objs.ids["null"]}
+    asked = [oid for oid in _asked(objs) if oid not in odd]
+    registered = set(objs.ids.values()) - odd
+    with engine.connect() as conn:
+        expected = {oid for oid in asked if _in_scope(conn, oid, [("team", team)])}
+    assert (objs.ids["decoy"] in expected) == (scope == "decoy-in-scope")
+
+    def calls(oid: str, admin: bool = False) -> list[httpx.Response]:
+        url = f"/v1/objects/{quote(oid, safe='')}"
+        look, act = (auth(ADMIN_KEY), auth(ADMIN_KEY)) if admin else (viewer, analyst)
+        answers = [
+            client.get(url, headers=act),
+            client.get(f"{url}/odometer", headers=look),
+            client.get(f"{url}/odometer/history", headers=look),
+            client.get(f"{url}/queries", headers=act),
+            client.post(f"{url}/dry-run", headers=act, json={"query": QUERY}),
+        ]
+        if ID_PATTERN.fullmatch(oid):
+            cohort = {"name": "c", "query": QUERY, "cohort": {"ids": [oid]}}
+            answers.append(client.post("/v1/surveys/dry-run", headers=act, json=cohort))
+        return answers
+
+    baseline = calls(missing)
+    assert [r.status_code for r in baseline] == [404, 404, 404, 404, 404, 422]
+    for oid in asked:
+        answers = calls(oid)
+        if oid in expected:  # the admin's answers (its own row: a decoy's would differ)
+            unscoped = calls(oid, admin=True)
+            assert answers[0].status_code == 200, (oid, answers[0].text)
+            assert answers[0].json()["id"] == oid
+            for got, want in zip(answers, unscoped, strict=True):
+                assert got.status_code == want.status_code, (oid, got.text)
+                # what differs by key, not by scope: the projects an admin's odometer names, the
+                # quota a project key's dry-run judges too
+                role = {"projects", "quota"}
+                mine = {k: v for k, v in got.json().items() if k not in role}
+                assert mine == {k: v for k, v in want.json().items() if k not in role}, oid
+            continue
+        for got, want in zip(answers, baseline, strict=False):
+            assert got.status_code == want.status_code, (oid, got.text)
+            assert got.headers["content-type"] == want.headers["content-type"]
+            assert _masked(got, oid) == _masked(want, missing), oid
+    for oid in asked:
+        r = client.get(f"/v1/objects/{quote(oid, safe='')}", headers=auth(ADMIN_KEY))
+        assert r.status_code == (200 if oid in registered else 404), oid
