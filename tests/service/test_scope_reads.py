@@ -42,6 +42,8 @@ from tests.service.factories import integer_domain
 
 DOMAIN = integer_domain(3)
 QUERY = {"mechanism": "grr", "attribute": "x", "epsilon": 0.01}
+#: A label value with characters special to LIKE, JSON and SQL strings (and not ASCII).
+SPECIAL = "a\"b%_\\'c $.x é"
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,12 @@ def objs(client: TestClient, engine: Engine) -> Objects:
         "true": _register(client, f"true-{tag}", {"team": "placeholder"}),
         "null": _register(client, f"null-{tag}", {"team": "placeholder"}),
         "dotted": _register(client, f"dot.{tag}:a@b", {"team": team}),
+        # label values that differ from the scope's by a space or case, or with characters
+        # special to LIKE, JSON paths and strings; a label name with a dot and a dash
+        "spaced": _register(client, f"spaced-{tag}", {"team": team + " "}),
+        "upper": _register(client, f"upper-{tag}", {"team": team.upper()}),
+        "special": _register(client, f"special-{tag}", {"team": SPECIAL}),
+        "dotted-name": _register(client, f"dname-{tag}", {"dept.sub-x": team}),
     }
     # labels the API refuses (values must be strings) but a database may hold
     with engine.begin() as conn:
@@ -147,6 +155,11 @@ def _scopes(objs: Objects) -> list[list[tuple[str, str]]]:
         [("team", "null")],
         [("team", "")],
         [("team", objs.team), ("nobody", "x")],
+        [("team", SPECIAL)],
+        [("team", SPECIAL.upper())],
+        [("team", "%")],
+        [("dept.sub-x", objs.team)],
+        [("dept", objs.team)],
         [],  # no label (a project's scope has one at least): every object
     ]
 
@@ -239,6 +252,10 @@ def test_the_expected_answers_by_hand(engine: Engine, objs: Objects) -> None:
         assert found == {ids["decoy"], ids["in"], ids["other-site"], ids["dotted"]}
         found = {oid for oid in _asked(objs) if _in_scope(conn, oid, both)}
         assert found == {ids["in"]}
+        found = {oid for oid in _asked(objs) if _in_scope(conn, oid, [("team", SPECIAL)])}
+        assert found == {ids["special"]}
+        dotted = [("dept.sub-x", objs.team)]
+        assert {oid for oid in _asked(objs) if _in_scope(conn, oid, dotted)} == {ids["dotted-name"]}
         found = {oid for oid in _asked(objs) if _in_scope(conn, oid, [("team", "1")])}
         # a number label reads as its text on both databases; a JSON true reads as "1" on
         # SQLite (JSON_EXTRACT's integer) and "true" on PostgreSQL (->>): a difference of
