@@ -10,7 +10,8 @@ every listing uses and what the reads were before h/scope), for:
 
 * objects in and out of scope, without labels (NULL and ``{}``), without the scope's label,
   with only one of a two-label scope's labels, with a label of another JSON type (1, true,
-  null: not possible through the API, which takes strings, but a row a restore may hold);
+  null: not possible through the API, which takes strings, but a row written outside it), with
+  a label value a space or a case away from the scope's, or special to LIKE, JSON and SQL;
 * ids differing from a registered one by case, by a trailing or leading space, by a prefix, a
   LIKE wildcard (``%``, ``_``), JSON-special characters, ``''``, and missing ids;
 * scopes of one label, two (either order), a label nobody has, none at all (the API requires
@@ -21,7 +22,8 @@ every listing uses and what the reads were before h/scope), for:
   the decoy retired and given a new data version.
 
 A found object's row must be its own: each scoped read is compared with the unscoped read of
-the same id (never the decoy's columns). Runs on SQLite and PostgreSQL.
+the same id (never the decoy's columns); through HTTP, an object in scope is answered as to an
+admin and any other id exactly as a missing one. Runs on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
