@@ -1376,11 +1376,13 @@ def _pendings(accepted: Sequence[_Sampling]) -> list[bool]:
     When each answer's array would be its member's alone: the mechanism's outputs never
     coincide (``olh``), or the members already have pending entries (their histories are
     their own since an earlier such answer, so each is a group of one). One call per chunk
-    (a diverged chunk has a group per member).
+    (a diverged chunk has a group per member). The snapshot's state is read last: for a
+    ``grr`` member without pending entries the two checks before it answer, without reaching
+    into each group's snapshot (a diverged chunk's thousands are spread over the heap).
     """
     return [
-        isinstance(group.snapshot.state, LikelihoodState)
-        and (group.mech.distinct_outputs or key.state_pending > 0)
+        (key.state_pending > 0 or group.mech.distinct_outputs)
+        and isinstance(group.snapshot.state, LikelihoodState)
         for key, group, _, _ in accepted
     ]
 
