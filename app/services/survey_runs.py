@@ -1340,27 +1340,33 @@ def _sample_groups(
         for row in item.members:
             slot[row.id] = n
     # drawn in the chunk's order, whatever the grouping: the grouping decides nothing about a
-    # member's draw, and a replayed stream draws the same per member
+    # member's draw, and a replayed stream draws the same per member. Per domain, its members'
+    # places in ``accepted`` and their rows, as two lists (no pair built per member); a chunk
+    # of one domain (the usual case) keeps its accepted rows in one pass
+    batches: dict[str, tuple[list[int], list[MemberRow]]] = {}
     domains = [item.key.domain for item in accepted]
-    batches: dict[str, list[tuple[int, MemberRow]]] = defaultdict(list)
-    for row in rows:
-        at = slot.get(row.id)
-        if at is not None:
-            batches[domains[at]].append((at, row))
+    if domains and domains.count(domains[0]) == len(domains):
+        picked = [row for row in rows if row.id in slot]
+        batches[domains[0]] = ([slot[row.id] for row in picked], picked)
+    else:
+        for row in rows:
+            at = slot.get(row.id)
+            if at is not None:
+                places, members = batches.setdefault(domains[at], ([], []))
+                places.append(at)
+                members.append(row)
     # plain dicts (a diverged chunk has a group per member: a ``defaultdict`` each cost a call)
     found: list[dict[Output, list[MemberRow]]] = [{} for _ in accepted]
-    for members in batches.values():
-        mech = accepted[members[0][0]].group.mech
+    for places, members in batches.values():
+        mech = accepted[places[0]].group.mech
         # a population holds few distinct values: each plaintext parsed once (the mechanisms
-        # only read them), every member still sampled on its own
-        parsed: dict[str, Any] = {}
-        values = []
-        for text in cipher.decrypt_many([r.sealed for _, r in members]):
-            value = parsed.get(text)
-            if value is None:
-                value = parsed[text] = json.loads(text)
-            values.append(value)
-        for (n, row), output in zip(members, mech.sample_many(values), strict=True):
+        # only read them), every member still sampled on its own; the lookups by ``map``
+        texts = cipher.decrypt_many([r.sealed for r in members])
+        parsed: dict[str, Any] = dict.fromkeys(texts)
+        for text in parsed:
+            parsed[text] = json.loads(text)
+        values = list(map(parsed.__getitem__, texts))
+        for n, row, output in zip(places, members, mech.sample_many(values), strict=True):
             drawn = found[n]
             same = drawn.get(output)
             if same is None:
