@@ -169,6 +169,11 @@ class RunCache:
     #: Exact states met by this run, by content key (:func:`_exact_advance`): the array's
     #: bytes until a chunk storing it committed, then none (``b""``: it is in ``stored``).
     contents: dict[str, StoredState] = field(default_factory=dict)
+    #: The states of :attr:`contents` that hold their bytes, the same objects: what every
+    #: answer naming a state looks up (:func:`_answer_group`) — the few chunks' worth of states
+    #: not stored yet, where :attr:`contents` holds every state of the run (at 10^6 a lookup
+    #: there misses the processor's caches, once per answer of a diverged chunk).
+    unstored: dict[str, StoredState] = field(default_factory=dict)
     #: Per accepted exact decision group, what all its outputs share (:class:`_GroupAfter`).
     after: dict[int, _GroupAfter] = field(default_factory=dict)
     #: Each decision key's number in the run (:meth:`number`).
@@ -293,24 +298,25 @@ class RunCache:
         """Forget every state this run stored or computed (one may have been deleted since)."""
         self.stored.clear()
         self.contents.clear()
+        self.unstored.clear()
         self.advances.clear()
 
     def stored_committed(self, gained: dict[str, tuple[StoredState, int]]) -> None:
         """A chunk storing ``gained`` committed: keep their keys, drop the arrays' bytes.
 
-        Only a state the chunk held bytes of is looked up: one it named without them was
-        byte-less in :attr:`contents` when named (stored by a committed chunk), and a lookup in
-        that dict (every state of the run) misses the processor's caches — a diverged survey's
-        chunk names thousands. (Should another chunk have put bytes there since, they stay until
-        its own commit drops them; a later chunk naming the state only locks it, the key being
-        in :attr:`stored`.)
+        Only a state the chunk held bytes of is looked up, in :attr:`unstored`: one it named
+        without them was byte-less in :attr:`contents` when named (stored by a committed chunk),
+        and a lookup in that dict (every state of the run) misses the processor's caches — a
+        diverged survey's chunk names thousands. (Should another chunk have put bytes there
+        since, they stay until its own commit drops them; a later chunk naming the state only
+        locks it, the key being in :attr:`stored`.)
         """
         self.stored.update(gained)  # no set of the keys built first
-        contents = self.contents
+        contents, unstored = self.contents, self.unstored
         for key, (state, _) in gained.items():
             if state.state:
-                found = contents.get(key)
-                if found is not None and found.state:
+                found = unstored.pop(key, None)
+                if found is not None:
                     contents[key] = tuple.__new__(StoredState, (key, b"", found.err))
 
     def history_mech(self, domain: str, text: str) -> Mechanism:
@@ -351,6 +357,7 @@ class RunCache:
             self.texts.clear()
             self.steps.clear()
             self.contents.clear()
+            self.unstored.clear()
             self.after.clear()
             self.numbers.clear()
             self.decided.clear()
@@ -823,7 +830,8 @@ def _exact_advance(
     elif stored is None:
         after = recorded(group.snapshot, group.decision, mech, output, worker)
         assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
-        stored = cache.contents[key] = StoredState(key, after.state.to_bytes(), after.state.err)
+        stored = StoredState(key, after.state.to_bytes(), after.state.err)
+        cache.contents[key] = cache.unstored[key] = stored
     loss = shared.losses.get(output_index(output))
     if loss is None:
         loss = cache.exact_bounds((exact or _exact_with(form, term, canonical)).loss())
@@ -1040,7 +1048,7 @@ def _answer_group(
     # only the history hash differs, :func:`advance_from`'s columns without its other work —
     # every member names the group's columns and its own new hash (``Advanced.history_hash``)
     if stored is not None:  # named by content: its bytes, unless a committed chunk stored it
-        stored = cache.contents.get(stored.key, stored)
+        stored = cache.unstored.get(stored.key, stored)
         counted = work.gained.get(stored.key)
         work.gained[stored.key] = (
             stored,
@@ -1140,7 +1148,7 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
     batches: dict[tuple[tuple[int, ...], tuple[int, ...]], list[_Build]] = defaultdict(list)
     for build in work.building.values():
         batches[(build.state.logp.shape, build.term.axes)].append(build)
-    contents, gained, new = cache.contents, work.gained, tuple.__new__
+    contents, unstored, gained, new = cache.contents, cache.unstored, work.gained, tuple.__new__
     for (shape, axes), builds in batches.items():
         count = len(builds)
         # ``np.stack`` of equal shapes is their concatenation along a new first axis: the same
@@ -1159,7 +1167,7 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
             # concatenations copied the array's three times)
             stored = build.stored
             key = stored.key
-            full = contents[key] = new(
+            full = contents[key] = unstored[key] = new(
                 StoredState, (key, b"".join((array, MAGIC, build.exact)), stored.err)
             )
             counted = gained.get(key)
