@@ -101,12 +101,11 @@ def collector_paused() -> Iterator[None]:
 
 
 #: Container allocations (net of frees) between two youngest-generation collections; Python's
-#: default is 700. Above what a diverged survey's chunk holds at once: its 5,000 members are
-#: each a group of their own, with a dozen tuples, lists and dicts each alive until the chunk
-#: ends (~60,000 a chunk, two chunks at a time), so at 50,000 a pass ran inside every chunk
-#: and traversed them all — 1.3 s of the seventh diverging survey's 11.5 s of server CPU at
-#: 2·10^5 (a gen-1 pass 0.1-0.15 s, docs/benchmarks.md "h/member3"); at 250,000 the passes
-#: are a few per survey, 0.36 s there.
+#: default is 700. Above what a diverged survey's chunks hold at once: their members are each
+#: a group of their own, with about ten tuples, lists and dicts each alive until the chunk
+#: ends, so at 50,000 the seventh diverging survey at 2·10^5 ran 36 passes in its 40 chunks,
+#: each traversing them — 1.3 s of its 11.5 s of server CPU (a gen-1 pass 0.1-0.15 s,
+#: docs/benchmarks.md "h/member3"); at 250,000, 4 passes, 0.36 s.
 COLLECT_EVERY = 250_000
 
 
