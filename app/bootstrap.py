@@ -101,8 +101,12 @@ def collector_paused() -> Iterator[None]:
 
 
 #: Container allocations (net of frees) between two youngest-generation collections; Python's
-#: default is 700.
-COLLECT_EVERY = 50_000
+#: default is 700. Above what a diverged survey's chunks hold at once: their members are each
+#: a group of their own, with about ten tuples, lists and dicts each alive until the chunk
+#: ends, so at 50,000 the seventh diverging survey at 2·10^5 ran 36 passes in its 40 chunks,
+#: each traversing them — 1.3 s of its 11.5 s of server CPU (a gen-1 pass 0.1-0.15 s,
+#: docs/benchmarks.md "h/member3"); at 250,000, 4 passes, 0.36 s.
+COLLECT_EVERY = 250_000
 
 
 def tune_collector() -> None:

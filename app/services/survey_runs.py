@@ -169,6 +169,11 @@ class RunCache:
     #: Exact states met by this run, by content key (:func:`_exact_advance`): the array's
     #: bytes until a chunk storing it committed, then none (``b""``: it is in ``stored``).
     contents: dict[str, StoredState] = field(default_factory=dict)
+    #: The states of :attr:`contents` that hold their bytes, the same objects: what every
+    #: answer naming a state looks up (:func:`_answer_group`) — the few chunks' worth of states
+    #: not stored yet, where :attr:`contents` holds every state of the run (at 10^6 a lookup
+    #: there misses the processor's caches, once per answer of a diverged chunk).
+    unstored: dict[str, StoredState] = field(default_factory=dict)
     #: Per accepted exact decision group, what all its outputs share (:class:`_GroupAfter`).
     after: dict[int, _GroupAfter] = field(default_factory=dict)
     #: Each decision key's number in the run (:meth:`number`).
@@ -293,24 +298,25 @@ class RunCache:
         """Forget every state this run stored or computed (one may have been deleted since)."""
         self.stored.clear()
         self.contents.clear()
+        self.unstored.clear()
         self.advances.clear()
 
     def stored_committed(self, gained: dict[str, tuple[StoredState, int]]) -> None:
         """A chunk storing ``gained`` committed: keep their keys, drop the arrays' bytes.
 
-        Only a state the chunk held bytes of is looked up: one it named without them was
-        byte-less in :attr:`contents` when named (stored by a committed chunk), and a lookup in
-        that dict (every state of the run) misses the processor's caches — a diverged survey's
-        chunk names thousands. (Should another chunk have put bytes there since, they stay until
-        its own commit drops them; a later chunk naming the state only locks it, the key being
-        in :attr:`stored`.)
+        Only a state the chunk held bytes of is looked up, in :attr:`unstored`: one it named
+        without them was byte-less in :attr:`contents` when named (stored by a committed chunk),
+        and a lookup in that dict (every state of the run) misses the processor's caches — a
+        diverged survey's chunk names thousands. (Should another chunk have put bytes there
+        since, they stay until its own commit drops them; a later chunk naming the state only
+        locks it, the key being in :attr:`stored`.)
         """
         self.stored.update(gained)  # no set of the keys built first
-        contents = self.contents
+        contents, unstored = self.contents, self.unstored
         for key, (state, _) in gained.items():
             if state.state:
-                found = contents.get(key)
-                if found is not None and found.state:
+                found = unstored.pop(key, None)
+                if found is not None:
                     contents[key] = tuple.__new__(StoredState, (key, b"", found.err))
 
     def history_mech(self, domain: str, text: str) -> Mechanism:
@@ -351,6 +357,7 @@ class RunCache:
             self.texts.clear()
             self.steps.clear()
             self.contents.clear()
+            self.unstored.clear()
             self.after.clear()
             self.numbers.clear()
             self.decided.clear()
@@ -823,7 +830,8 @@ def _exact_advance(
     elif stored is None:
         after = recorded(group.snapshot, group.decision, mech, output, worker)
         assert isinstance(after.state, LikelihoodState)  # noqa: S101 - a finite snapshot
-        stored = cache.contents[key] = StoredState(key, after.state.to_bytes(), after.state.err)
+        stored = StoredState(key, after.state.to_bytes(), after.state.err)
+        cache.contents[key] = cache.unstored[key] = stored
     loss = shared.losses.get(output_index(output))
     if loss is None:
         loss = cache.exact_bounds((exact or _exact_with(form, term, canonical)).loss())
@@ -1040,7 +1048,7 @@ def _answer_group(
     # only the history hash differs, :func:`advance_from`'s columns without its other work —
     # every member names the group's columns and its own new hash (``Advanced.history_hash``)
     if stored is not None:  # named by content: its bytes, unless a committed chunk stored it
-        stored = cache.contents.get(stored.key, stored)
+        stored = cache.unstored.get(stored.key, stored)
         counted = work.gained.get(stored.key)
         work.gained[stored.key] = (
             stored,
@@ -1140,7 +1148,7 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
     batches: dict[tuple[tuple[int, ...], tuple[int, ...]], list[_Build]] = defaultdict(list)
     for build in work.building.values():
         batches[(build.state.logp.shape, build.term.axes)].append(build)
-    contents, gained, new = cache.contents, work.gained, tuple.__new__
+    contents, unstored, gained, new = cache.contents, cache.unstored, work.gained, tuple.__new__
     for (shape, axes), builds in batches.items():
         count = len(builds)
         # ``np.stack`` of equal shapes is their concatenation along a new first axis: the same
@@ -1159,7 +1167,7 @@ def _build_states(work: _Chunk, cache: RunCache) -> None:
             # concatenations copied the array's three times)
             stored = build.stored
             key = stored.key
-            full = contents[key] = new(
+            full = contents[key] = unstored[key] = new(
                 StoredState, (key, b"".join((array, MAGIC, build.exact)), stored.err)
             )
             counted = gained.get(key)
@@ -1340,27 +1348,33 @@ def _sample_groups(
         for row in item.members:
             slot[row.id] = n
     # drawn in the chunk's order, whatever the grouping: the grouping decides nothing about a
-    # member's draw, and a replayed stream draws the same per member
+    # member's draw, and a replayed stream draws the same per member. Per domain, its members'
+    # places in ``accepted`` and their rows, as two lists (no pair built per member); a chunk
+    # of one domain (the usual case) keeps its accepted rows in one pass
+    batches: dict[str, tuple[list[int], list[MemberRow]]] = {}
     domains = [item.key.domain for item in accepted]
-    batches: dict[str, list[tuple[int, MemberRow]]] = defaultdict(list)
-    for row in rows:
-        at = slot.get(row.id)
-        if at is not None:
-            batches[domains[at]].append((at, row))
+    if domains and domains.count(domains[0]) == len(domains):
+        picked = [row for row in rows if row.id in slot]
+        batches[domains[0]] = ([slot[row.id] for row in picked], picked)
+    else:
+        for row in rows:
+            at = slot.get(row.id)
+            if at is not None:
+                places, members = batches.setdefault(domains[at], ([], []))
+                places.append(at)
+                members.append(row)
     # plain dicts (a diverged chunk has a group per member: a ``defaultdict`` each cost a call)
     found: list[dict[Output, list[MemberRow]]] = [{} for _ in accepted]
-    for members in batches.values():
-        mech = accepted[members[0][0]].group.mech
+    for places, members in batches.values():
+        mech = accepted[places[0]].group.mech
         # a population holds few distinct values: each plaintext parsed once (the mechanisms
-        # only read them), every member still sampled on its own
-        parsed: dict[str, Any] = {}
-        values = []
-        for text in cipher.decrypt_many([r.sealed for _, r in members]):
-            value = parsed.get(text)
-            if value is None:
-                value = parsed[text] = json.loads(text)
-            values.append(value)
-        for (n, row), output in zip(members, mech.sample_many(values), strict=True):
+        # only read them), every member still sampled on its own; the lookups by ``map``
+        texts = cipher.decrypt_many([r.sealed for r in members])
+        parsed: dict[str, Any] = dict.fromkeys(texts)
+        for text in parsed:
+            parsed[text] = json.loads(text)
+        values = list(map(parsed.__getitem__, texts))
+        for n, row, output in zip(places, members, mech.sample_many(values), strict=True):
             drawn = found[n]
             same = drawn.get(output)
             if same is None:
@@ -1376,11 +1390,13 @@ def _pendings(accepted: Sequence[_Sampling]) -> list[bool]:
     When each answer's array would be its member's alone: the mechanism's outputs never
     coincide (``olh``), or the members already have pending entries (their histories are
     their own since an earlier such answer, so each is a group of one). One call per chunk
-    (a diverged chunk has a group per member).
+    (a diverged chunk has a group per member). The snapshot's state is read last: for a
+    ``grr`` member without pending entries the two checks before it answer, without reaching
+    into each group's snapshot (a diverged chunk's thousands are spread over the heap).
     """
     return [
-        isinstance(group.snapshot.state, LikelihoodState)
-        and (group.mech.distinct_outputs or key.state_pending > 0)
+        (key.state_pending > 0 or group.mech.distinct_outputs)
+        and isinstance(group.snapshot.state, LikelihoodState)
         for key, group, _, _ in accepted
     ]
 
