@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                 load.KEY_FILE = Path(tempfile.gettempdir()) / f"gk-verify-bench-{os.getpid()}.key"
                 print(f"encryption key: {load.KEY_FILE}")
             load.KEY_FILE.write_text(Fernet.generate_key().decode())
-            with fresh_database(keep=args.keep_database, prefix=args.db_prefix) as (url, _name):
+            with fresh_database(keep=args.keep_database, prefix=args.db_prefix) as (url, name):
+                if args.keep_database:
+                    print(f"database: {name} (reuse: --database {name} --key-file {load.KEY_FILE})")
                 seed(url, args, Path(tmp))
                 for tree, jobs in runs:
                     results.append((tree, jobs, *_timed(url, tree, jobs)))
