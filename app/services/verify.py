@@ -182,9 +182,10 @@ class Replays:
         self._tokens = itertools.count(1)
         #: Parsed entries by domain text and content (and whether the stored ε is the query's).
         self._entries: dict[tuple[str, Content], tuple[HistoryEntry, bool]] = {}
-        #: Replays computed, and objects checked against an earlier replay.
+        #: Replays computed, objects checked against an earlier replay, prefixes folded.
         self.folded = 0
         self.reused = 0
+        self.steps = 0
 
     def domain(self, text: str) -> Domain:
         """The domain of a canonical text (parsed once)."""
@@ -230,14 +231,20 @@ class Replays:
             node = _Prefix(next(self._tokens), (), None, Fraction(0), (), empty)
             self._roots[domain_text] = node
         found = [node]
-        for content in contents:
+        last = len(contents) - 1
+        for at, content in enumerate(contents):
             key = (node.token, content)
             child = self._prefixes.get(key)
             if child is not None:
                 self._prefixes.move_to_end(key)
             else:
                 child = self._step(domain_text, node, content)
+                self.steps += 1
                 self._prefixes[key] = child
+                if at == last:
+                    # a whole history is a prefix of few others (its replay is kept anyway):
+                    # first to go, unless a longer history meets it before
+                    self._prefixes.move_to_end(key, last=False)
                 if child.state is not None:
                     self._cells += child.state.logp.size
                 while self._prefixes and (
