@@ -27,7 +27,7 @@ DOMAIN = {
     ]
 }
 DOMAIN_TEXT = json.dumps(DOMAIN, sort_keys=True, separators=(",", ":"))
-QUERIES = [
+QUERIES: list[tuple[dict[str, object], list[object], str]] = [
     ({"mechanism": "grr", "attribute": "flu", "epsilon": 0.5}, ["no", "yes", "unsure"], "1/2"),
     ({"mechanism": "grr", "attribute": "age", "epsilon": 1.0}, list(range(10)), "1"),
 ]
