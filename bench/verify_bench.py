@@ -10,7 +10,9 @@ What it does
 ------------
 1. Seeds a fresh PostgreSQL database the way ``bench/survey_load.py`` does: ``gatekeeper
    import`` of ``--objects`` registrations (300-point domain, budget 4), then the surveys of
-   ``--surveys`` (default: ``grr`` ε = 1 on region, age, region) through ``gatekeeper serve``,
+   ``--surveys`` (default ``3``: ``grr`` ε = 1 on region, age, region; ``7``: issue 27 item 3's
+   diverging sequence, ``grr`` ε = 0.5 on region, age, sex, ... seven times, after which nearly
+   every member has its own ordered history) through ``gatekeeper serve``,
    then ``--singles`` objects with 3 single submits each (``grr`` on sex, age, region) — so
    histories mix survey answers (in their chunks) and rows of ``queries``, and likelihood
    states are shared by many objects. ``--database NAME`` skips the seeding and reuses a kept
@@ -46,6 +48,8 @@ SURVEY_SETS = {
     "3": load.SURVEYS,
     "1": load.SURVEYS[:1],
     "0": [],
+    # issue 27 item 3's diverging sequence: nearly every member ends with its own ordered history
+    "7": [load.series_query(i) for i in range(7)],
 }
 SINGLE_QUERIES = [
     {"mechanism": "grr", "attribute": "sex", "epsilon": 0.5},
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=20261126)
     parser.add_argument("--keep-database", action="store_true")
     parser.add_argument("--database", help="reuse this kept database (no seeding)")
+    parser.add_argument("--db-prefix", default="gk_bench_", help="a seeded database's name prefix")
     parser.add_argument("--key-file", type=Path, help="its encryption key (with --database)")
     parser.add_argument(
         "--jobs",
@@ -156,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                 load.KEY_FILE = Path(tempfile.gettempdir()) / f"gk-verify-bench-{os.getpid()}.key"
                 print(f"encryption key: {load.KEY_FILE}")
             load.KEY_FILE.write_text(Fernet.generate_key().decode())
-            with fresh_database(keep=args.keep_database) as (url, _name):
+            with fresh_database(keep=args.keep_database, prefix=args.db_prefix) as (url, name):
+                if args.keep_database:
+                    print(f"database: {name} (reuse: --database {name} --key-file {load.KEY_FILE})")
                 seed(url, args, Path(tmp))
                 for tree, jobs in runs:
                     results.append((tree, jobs, *_timed(url, tree, jobs)))

@@ -212,12 +212,29 @@ def fold_history(
     state = empty_state(domain, bnb)
     basic = Fraction(0)
     for i, entry in enumerate(entries):
-        if isinstance(state, LikelihoodState):
-            state.apply(entry.mechanism.term(entry.output))
-        else:
-            state.record(entry.mechanism, entry.output, path(path(field, i), "query"))
-        basic += entry.mechanism.epsilon_exact
+        basic = fold_step(state, basic, entry, i, field=field)
     return state, basic
+
+
+def fold_step(
+    state: LikelihoodState | ContinuousState,
+    basic: Fraction,
+    entry: HistoryEntry,
+    index: int,
+    *,
+    field: str = "history",
+) -> Fraction:
+    """One step of :func:`fold_history`: ``entry`` folded into ``state`` (changed in place).
+
+    ``entry`` is the history's ``index``-th (from 0); returns ``Σ ε_i`` after it, ``basic``
+    before. A replay that keeps a prefix's state (``gatekeeper verify``) takes the next step
+    from a copy of it: the same state, bit for bit, as folding the longer history from the start.
+    """
+    if isinstance(state, LikelihoodState):
+        state.apply(entry.mechanism.term(entry.output))
+    else:
+        state.record(entry.mechanism, entry.output, path(path(field, index), "query"))
+    return basic + entry.mechanism.epsilon_exact
 
 
 def domain_points(domain: Domain) -> int | None:

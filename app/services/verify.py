@@ -26,9 +26,12 @@ replay (:func:`check_object`, which :func:`verify_object` also runs for one obje
 from __future__ import annotations
 
 import bisect
+import gc
+import itertools
 import json
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
@@ -38,11 +41,19 @@ from operator import itemgetter
 import numpy as np
 
 from app.engine.calculator import DEFAULT_TOLERANCE
+from app.engine.continuous.state import ContinuousState
 from app.engine.domain import Domain, parse_domain
 from app.engine.lifetime import NO_CLOSED, add_losses
 from app.engine.likelihood import LikelihoodState, LossBounds, exact_bounds
 from app.engine.limits import DEFAULT_LIMITS
-from app.engine.pipeline import HistoryEntry, fold_history, history_account, history_entry
+from app.engine.pipeline import (
+    HistoryEntry,
+    empty_state,
+    fold_history,
+    fold_step,
+    history_account,
+    history_entry,
+)
 from app.services.history import stored_entries
 from app.services.objects import stored_domain
 from app.services.quota import sub_snapshot
@@ -123,6 +134,23 @@ class _Replay:
 _Key = tuple[str, int, tuple[Content, ...]]
 
 
+@dataclass
+class _Prefix:
+    """The first entries of a history replayed: kept so that a longer one takes one more step."""
+
+    #: Never reused: a prefix's one step longer ones are found by it (and the next content).
+    token: int
+    entries: tuple[HistoryEntry, ...]
+    #: The history hash chain after these entries (None: no entry).
+    chain: str | None
+    #: Finite domains: Σε and the fold of these entries (never changed once kept); None
+    #: otherwise (a continuous history is folded whole).
+    basic: Fraction | None
+    #: Positions of entries whose stored ε differs from the query's.
+    bad_epsilon: tuple[int, ...]
+    state: LikelihoodState | None
+
+
 class Replays:
     """Histories replayed so far in one run, by content, the most recent ``capacity`` of them.
 
@@ -130,18 +158,34 @@ class Replays:
     drew the same outputs): each distinct history is folded — and its stored array compared —
     once, and every object with it is checked against that one replay. Nothing is skipped: every
     object's own stored fields are compared with its history's replay.
+
+    Histories that differ share their prefixes (after diverging surveys nearly every member has
+    a history of its own, but a survey adds one entry to histories met before): the replay of
+    ``h[:n]`` is the kept replay of ``h[:n-1]`` one step further (:func:`fold_step`, the engine's
+    fold) — its entries, hash chain, Σε, likelihood state and differing ε's. Each distinct
+    ``(query, output, ε)`` text is parsed once.
     """
 
-    def __init__(self, capacity: int = 20_000) -> None:
+    def __init__(self, capacity: int = 20_000, prefix_cells: int = 20_000_000) -> None:
         self.capacity = capacity
         self._held: OrderedDict[_Key, _Replay] = OrderedDict()
         self._domains: dict[str, Domain] = {}
         self._closed: OrderedDict[tuple[str, tuple[Content, ...]], tuple[Fraction, LossBounds]] = (
             OrderedDict()
         )
-        #: Replays computed, and objects checked against an earlier replay.
+        #: Kept prefixes by (the one entry shorter's token, the last entry's content); the
+        #: empty history's token by domain text. Bounded by their arrays' cells in all.
+        self._prefixes: OrderedDict[tuple[int, Content], _Prefix] = OrderedDict()
+        self._roots: dict[str, _Prefix] = {}
+        self._prefix_cells = prefix_cells
+        self._cells = 0
+        self._tokens = itertools.count(1)
+        #: Parsed entries by domain text and content (and whether the stored ε is the query's).
+        self._entries: dict[tuple[str, Content], tuple[HistoryEntry, bool]] = {}
+        #: Replays computed, objects checked against an earlier replay, prefixes folded.
         self.folded = 0
         self.reused = 0
+        self.steps = 0
 
     def domain(self, text: str) -> Domain:
         """The domain of a canonical text (parsed once)."""
@@ -150,19 +194,119 @@ class Replays:
             found = self._domains[text] = parse_domain(json.loads(text))
         return found
 
-    def replay(self, key: _Key, records: Sequence[Recorded]) -> _Replay:
-        """The replay of ``records`` (whose content is ``key``)."""
+    def replay(self, key: _Key) -> _Replay:
+        """The replay of the history whose content is ``key``."""
         found = self._held.get(key)
         if found is not None:
             self._held.move_to_end(key)
             self.reused += 1
             return found
-        found = _replay(self.domain(key[0]), key[0], key[1], records)
+        found = self._replay(key[0], key[1], key[2])
         self.folded += 1
         self._held[key] = found
         if len(self._held) > self.capacity:
             self._held.popitem(last=False)
         return found
+
+    def _entry(self, domain_text: str, content: Content) -> tuple[HistoryEntry, bool]:
+        """A stored entry parsed (once per domain and content), and whether its ε is right."""
+        key = (domain_text, content)
+        found = self._entries.get(key)
+        if found is None:
+            query, output, epsilon_exact = content
+            entry = history_entry(self.domain(domain_text), json.loads(query), json.loads(output))
+            found = (entry, _fraction(epsilon_exact) == entry.mechanism.epsilon_exact)
+            if len(self._entries) >= 4 * self.capacity:
+                self._entries.clear()
+            self._entries[key] = found
+        return found
+
+    def _prefixes_of(self, domain_text: str, contents: Sequence[Content]) -> list[_Prefix]:
+        """The replays of ``contents[:n]`` for n = 0 .. len(contents), kept ones reused."""
+        domain = self.domain(domain_text)
+        node = self._roots.get(domain_text)
+        if node is None:
+            empty = empty_state(domain) if domain.is_finite else None
+            assert empty is None or isinstance(empty, LikelihoodState)  # noqa: S101 - finite
+            node = _Prefix(next(self._tokens), (), None, Fraction(0), (), empty)
+            self._roots[domain_text] = node
+        found = [node]
+        last = len(contents) - 1
+        for at, content in enumerate(contents):
+            key = (node.token, content)
+            child = self._prefixes.get(key)
+            if child is not None:
+                self._prefixes.move_to_end(key)
+            else:
+                child = self._step(domain_text, node, content)
+                self.steps += 1
+                self._prefixes[key] = child
+                if at == last:
+                    # a whole history is a prefix of few others (its replay is kept anyway):
+                    # first to go, unless a longer history meets it before
+                    self._prefixes.move_to_end(key, last=False)
+                if child.state is not None:
+                    self._cells += child.state.logp.size
+                while self._prefixes and (
+                    len(self._prefixes) > 4 * self.capacity or self._cells > self._prefix_cells
+                ):
+                    _, dropped = self._prefixes.popitem(last=False)
+                    if dropped.state is not None:
+                        self._cells -= dropped.state.logp.size
+            found.append(child)
+            node = child
+        return found
+
+    def _step(self, domain_text: str, before: _Prefix, content: Content) -> _Prefix:
+        """``before`` one entry (``content``) longer."""
+        entry, epsilon_ok = self._entry(domain_text, content)
+        at = len(before.entries)
+        state, basic = None, None
+        if before.state is not None and before.basic is not None:
+            state = before.state.copy()
+            basic = fold_step(state, before.basic, entry, at)
+        return _Prefix(
+            token=next(self._tokens),
+            entries=(*before.entries, entry),
+            chain=next_history_hash(before.chain, content[0], content[1]),
+            basic=basic,
+            bad_epsilon=before.bad_epsilon if epsilon_ok else (*before.bad_epsilon, at),
+            state=state,
+        )
+
+    def _replay(self, domain_text: str, held: int, contents: Sequence[Content]) -> _Replay:
+        """Fold a current version's history with the engine (from its kept prefixes).
+
+        :func:`fold_step` is the step of :func:`fold_history`, the one replay every decision
+        uses; a continuous history is folded from its start and its loss searched afresh.
+        """
+        prefixes = self._prefixes_of(domain_text, contents)
+        whole = prefixes[-1]
+        domain = self.domain(domain_text)
+        entries = list(whole.entries)
+        state: LikelihoodState | ContinuousState
+        if whole.state is not None and whole.basic is not None:
+            state, basic = whole.state, whole.basic
+        else:
+            state, basic = fold_history(domain, entries)
+        held_state = prefixes[held].state  # what the stored array holds (finite domains)
+        held_chain = prefixes[held].chain
+        return _Replay(
+            domain=domain,
+            finite=held_state is not None,
+            entries=entries,
+            basic=basic,
+            chain=whole.chain,
+            expected_key=state_key(domain_text, held_chain) if held_chain is not None else None,
+            content_key=(
+                content_key(domain_text, held_state)
+                if held_state is not None and held_chain is not None
+                else None
+            ),
+            bad_epsilon=list(whole.bad_epsilon),
+            loss=state.loss(basic),
+            held_state=held_state,
+        )
 
     def closed_fold(
         self, domain_text: str, contents: Sequence[Content]
@@ -185,50 +329,6 @@ class Replays:
         if len(self._closed) > self.capacity:
             self._closed.popitem(last=False)
         return found
-
-
-def _replay(domain: Domain, domain_text: str, held: int, records: Sequence[Recorded]) -> _Replay:
-    """Fold a current version's history with the engine.
-
-    :func:`fold_history` is the one replay every decision uses; a continuous history's loss is
-    searched afresh.
-    """
-    entries = []
-    chain: str | None = None
-    held_chain: str | None = None
-    bad_epsilon = []
-    for i, (_, (query, output, epsilon_exact)) in enumerate(records):
-        entries.append(history_entry(domain, json.loads(query), json.loads(output)))
-        chain = next_history_hash(chain, query, output)
-        if len(entries) == held:
-            held_chain = chain
-        if _fraction(epsilon_exact) != entries[-1].mechanism.epsilon_exact:
-            bad_epsilon.append(i)
-    state, basic = fold_history(domain, entries)
-    loss = state.loss(basic)
-    held_state: LikelihoodState | None = None
-    if isinstance(state, LikelihoodState):
-        held_state = state
-        if held < len(records):
-            pending, _ = fold_history(domain, entries[:held])  # what the stored array holds
-            assert isinstance(pending, LikelihoodState)  # noqa: S101 - a finite domain
-            held_state = pending
-    return _Replay(
-        domain=domain,
-        finite=held_state is not None,
-        entries=entries,
-        basic=basic,
-        chain=chain,
-        expected_key=state_key(domain_text, held_chain) if held_chain is not None else None,
-        content_key=(
-            content_key(domain_text, held_state)
-            if held_state is not None and held_chain is not None
-            else None
-        ),
-        bad_epsilon=bad_epsilon,
-        loss=loss,
-        held_state=held_state,
-    )
 
 
 @lru_cache(maxsize=4096)
@@ -289,7 +389,7 @@ def check_object(
         report.problems.append(f"{row.id}: state_pending={row.state_pending} is impossible")
         held = len(records)
     key = (row.domain, held, tuple(content for _, content in records))
-    replay = replays.replay(key, records)
+    replay = replays.replay(key)
     for i in replay.bad_epsilon:
         report.problems.append(f"{row.id}: query {records[i][0]} has a stored epsilon that differs")
     basic = replay.basic
@@ -343,9 +443,7 @@ def _array_problems(state: LikelihoodState, found: StoredState | None) -> list[s
     """How the stored array ``found`` (None: none stored) differs from ``state``."""
     data = found.state if found else b""
     stored = np.frombuffer(data[: 8 * state.logp.size], dtype="<f8")
-    if stored.size != state.logp.size or not np.allclose(
-        stored, state.logp.ravel(), rtol=0, atol=TOLERANCE
-    ):
+    if stored.size != state.logp.size or not _close(stored, state.logp.ravel()):
         return ["likelihood array differs from the history's"]
     if found is not None and state.exact is not None:
         # an array stored before exact forms existed has none (decided by floats)
@@ -353,6 +451,19 @@ def _array_problems(state: LikelihoodState, found: StoredState | None) -> list[s
         if exact is not None and not state.exact.same_as(exact):
             return ["exact loss differs from the history's"]
     return []
+
+
+def _close(stored: np.ndarray, computed: np.ndarray) -> bool:
+    """``np.allclose(stored, computed, rtol=0, atol=TOLERANCE)``, its common case first.
+
+    Every difference within the tolerance (no NaN, no infinity: their differences are NaN or
+    infinite) is what ``allclose`` accepts too, in one pass instead of its several; anything
+    else is ``allclose``'s to decide.
+    """
+    with np.errstate(invalid="ignore"):
+        if float(np.max(np.abs(stored - computed))) <= TOLERANCE:
+            return True
+    return bool(np.allclose(stored, computed, rtol=0, atol=TOLERANCE))
 
 
 def _verify_versions(
@@ -562,11 +673,12 @@ def verify_objects(
     """
     report = Report()
     replays = Replays()
-    with reading(engine) as conn:
+    with reading(engine) as conn, _full_collections_every(FULL_COLLECTION_PAGES):
         domain_texts = store.domains(conn)
         answers = _SurveyAnswers(store.chunk_ranges(conn))
-        read_states: set[str] = set()  # keys whose array some replay has been compared with
+        states = _StoredStates(conn)
         batches = version_store.BatchCache()  # packed closed versions, met page after page
+        pages = 0
         while page := store.object_page(
             conn, after=after, upto=upto, size=page_size, domain_texts=domain_texts
         ):
@@ -576,17 +688,7 @@ def verify_objects(
             closed, broken = version_store.closed_versions_among(conn, ids, batches)
             report.problems.extend(broken)
             surveyed = answers.of_page(conn, ids)
-            wanted = {row.state_hash for row in page if row.state_hash} - read_states
-            states = store.likelihood_states(conn, sorted(wanted)) if wanted else {}
-            read_states |= wanted
-
-            def stored_state(
-                key: str, wanted: set[str] = wanted, states: dict[str, StoredState] = states
-            ) -> StoredState | None:
-                if key in wanted:
-                    return states.get(key)
-                return store.likelihood_state(conn, key=key)  # met before with another history
-
+            states.read({row.state_hash for row in page if row.state_hash})
             for row in page:
                 records = surveyed.get(row.id) or []
                 single = submits.get(row.id)
@@ -594,7 +696,10 @@ def verify_objects(
                     records[:0] = [recorded(item) for item in single]
                 if len(records) > 1:
                     records.sort(key=_SEQ)
-                check_object(row, records, closed.get(row.id, []), stored_state, report, replays)
+                check_object(row, records, closed.get(row.id, []), states.get, report, replays)
+            pages += 1
+            if pages % FULL_COLLECTION_PAGES == 0:
+                gc.collect()
             if progress is not None:
                 progress(len(page))
     report.replays = replays.folded
@@ -602,6 +707,64 @@ def verify_objects(
 
 
 _SEQ = itemgetter(0)
+
+#: Pages between two full garbage collections in :func:`verify_objects`.
+FULL_COLLECTION_PAGES = 50
+
+
+@contextmanager
+def _full_collections_every(pages: int) -> Iterator[None]:
+    """No automatic full garbage collection inside (the caller runs one every ``pages``).
+
+    A run keeps millions of objects (replays, prefixes, arrays, chunks): each automatic full
+    collection walks them all, again and again as the caches turn over — a quarter of a
+    diverged population's run (py-spy). Young objects are still collected as usual.
+    """
+    before = gc.get_threshold()
+    gc.set_threshold(before[0], before[1], 1 << 30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
+class _StoredStates:
+    """Stored likelihood arrays read so far in a run, by key, the most recent of them.
+
+    After diverging surveys the objects of a page name arrays that objects of earlier pages
+    named too (an array is shared by every history with its content, whatever their order):
+    each page's keys not held are read in one statement, and the arrays read are kept up to
+    ``capacity`` bytes in all (the current page's always).
+    """
+
+    def __init__(self, conn: Tx, capacity: int = 128 * 2**20) -> None:
+        self._conn = conn
+        self._capacity = capacity
+        self._held: OrderedDict[str, StoredState | None] = OrderedDict()
+        self._bytes = 0
+
+    def read(self, keys: set[str]) -> None:
+        """Hold the arrays stored under ``keys`` (None for a key with none stored)."""
+        missing = []
+        for key in keys:
+            if key in self._held:
+                self._held.move_to_end(key)
+            else:
+                missing.append(key)
+        if missing:
+            found = store.likelihood_states(self._conn, sorted(missing))
+            for key in missing:
+                state = self._held[key] = found.get(key)
+                self._bytes += len(state.state) if state is not None else 0
+        while self._bytes > self._capacity and len(self._held) > len(keys):
+            _, dropped = self._held.popitem(last=False)
+            self._bytes -= len(dropped.state) if dropped is not None else 0
+
+    def get(self, key: str) -> StoredState | None:
+        """The array stored under ``key`` (read now if not held), None if none is."""
+        if key in self._held:
+            return self._held[key]
+        return store.likelihood_state(self._conn, key=key)
 
 
 class _SurveyAnswers:
