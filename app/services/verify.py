@@ -673,12 +673,11 @@ def verify_objects(
     """
     report = Report()
     replays = Replays()
-    with reading(engine) as conn, _full_collections_every(FULL_COLLECTION_PAGES):
+    with reading(engine) as conn, _full_collections_every(FULL_COLLECTION_PAGES) as page_done:
         domain_texts = store.domains(conn)
         answers = _SurveyAnswers(store.chunk_ranges(conn))
         states = _StoredStates(conn)
         batches = version_store.BatchCache()  # packed closed versions, met page after page
-        pages = 0
         while page := store.object_page(
             conn, after=after, upto=upto, size=page_size, domain_texts=domain_texts
         ):
@@ -697,9 +696,7 @@ def verify_objects(
                 if len(records) > 1:
                     records.sort(key=_SEQ)
                 check_object(row, records, closed.get(row.id, []), states.get, report, replays)
-            pages += 1
-            if pages % FULL_COLLECTION_PAGES == 0:
-                gc.collect()
+            page_done()
             if progress is not None:
                 progress(len(page))
     report.replays = replays.folded
@@ -713,17 +710,24 @@ FULL_COLLECTION_PAGES = 50
 
 
 @contextmanager
-def _full_collections_every(pages: int) -> Iterator[None]:
-    """No automatic full garbage collection inside (the caller runs one every ``pages``).
+def _full_collections_every(pages: int) -> Iterator[Callable[[], None]]:
+    """No automatic full garbage collection inside; one every ``pages`` calls of what it yields.
 
-    A run keeps millions of objects (replays, prefixes, arrays, chunks): each automatic full
-    collection walks them all, again and again as the caches turn over — a quarter of a
-    diverged population's run (py-spy). Young objects are still collected as usual.
+    The caller calls it once per page. A run keeps millions of objects (replays, prefixes,
+    arrays, chunks): each automatic full collection walks them all, again and again as the
+    caches turn over — a quarter of a diverged population's run (py-spy). Young objects are
+    still collected as usual.
     """
+    done = itertools.count(1)
+
+    def page_done() -> None:
+        if next(done) % pages == 0:
+            gc.collect()
+
     before = gc.get_threshold()
     gc.set_threshold(before[0], before[1], 1 << 30)
     try:
-        yield
+        yield page_done
     finally:
         gc.set_threshold(*before)
 

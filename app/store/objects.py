@@ -258,8 +258,14 @@ def _in_scope(
             _scoped_reads.clear()
             _scoped_compiled.clear()
         found = _scoped_reads[read, names] = _scoped(read, names)
+    return found, _scope_values(conn, scope)
+
+
+def _scope_values(conn: Tx, scope: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """The parameters of a scoped read beside its ids: the scope's values and the decoy."""
     values = {_scope_parameter(i): value for i, (_, value) in enumerate(scope)}
-    return found, {**values, "decoy": _decoy(conn)}
+    values["decoy"] = _decoy(conn)
+    return values
 
 
 _scoped_among: dict[tuple[bool, tuple[str, ...]], Select[Any]] = {}
@@ -293,8 +299,7 @@ def ids_in_scope(conn: Tx, ids: Sequence[str], scope: Iterable[tuple[str, str]])
         )
         statement = select(asked.c.id).where(judged == asked.c.id)
         _scoped_among[postgres, names] = statement
-    values = {_scope_parameter(i): value for i, (_, value) in enumerate(pairs)}
-    values["decoy"] = _decoy(conn)
+    values = _scope_values(conn, pairs)
     for part in ids_.batches(ids, size=ids_.per_statement(postgres)):
         listed = ids_.listed_parameter(part, postgres=postgres)
         for row in conn.execute(statement, {"ids": listed, **values}):
